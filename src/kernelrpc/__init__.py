@@ -1,0 +1,39 @@
+"""kernelrpc: compile CPU kernels on a host and measure them on remote devices.
+
+Importing the package is cheap and needs only the standard library; the
+compiler (numpy, llvmlite) loads on first use of ``build`` / ``lower`` / ``te``.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .errors import (ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
+                     RemoteError, RPCError, ServerCrashed, SessionTimeout, TrackerError,
+                     VersionMismatch)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "cpu": (".runtime", "cpu"),
+    "device": (".runtime", "device"),
+    "build": (".te", "build"),
+    "lower": (".te", "lower"),
+    "Target": (".te", "Target"),
+    "te": (".te", None),
+    "nd": (".nd", None),
+    "rpc": (".rpc", None),
+    "runtime": (".runtime", None),
+}
+
+
+def __getattr__(name: str):
+    entry = _LAZY.get(name)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(entry[0], __name__)
+    return module if entry[1] is None else getattr(module, entry[1])
+
+
+__all__ = ["ConnectionLost", "ConnectTimeout", "HandshakeError", "ProtocolError", "QueueTimeout",
+           "RemoteError", "RPCError", "ServerCrashed", "SessionTimeout", "TrackerError",
+           "VersionMismatch", "__version__", *sorted(_LAZY)]

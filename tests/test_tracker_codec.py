@@ -1,0 +1,52 @@
+import struct
+
+import pytest
+from hypothesis import given, strategies as st
+
+from kernelrpc.errors import ProtocolError
+from kernelrpc.rpc.tracker_codec import FrameDecoder, MAGIC_BYTES, check_magic, encode_frame
+
+
+def test_frames_match_tvm_capture():
+    put = encode_frame([3, "testkey", [19090, "testkey:0.8880375067090914"], None])
+    assert put[:4] == bytes.fromhex("3b000000")
+    assert put[4:] == b'[3, "testkey", [19090, "testkey:0.8880375067090914"], null]'
+    assert encode_frame([1]) == bytes.fromhex("03000000") + b"[1]"
+    assert MAGIC_BYTES == bytes.fromhex("71f20200")
+
+
+def test_decoder_handles_split_and_pipelined_frames():
+    stream = encode_frame([1]) + encode_frame([6]) + encode_frame({"a": [1, 2]})
+    dec = FrameDecoder()
+    out = []
+    for i in range(len(stream)):
+        out += dec.feed(stream[i:i + 1])
+    assert out == [[1], [6], {"a": [1, 2]}]
+    assert FrameDecoder().feed(stream) == out
+
+
+@pytest.mark.parametrize("bad", [struct.pack("<i", 0), struct.pack("<i", -5), struct.pack("<i", (1 << 20) + 1),
+                                 struct.pack("<i", 3) + b"[1,"])
+def test_decoder_rejects_bad_frames(bad):
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(bad)
+
+
+def test_check_magic():
+    check_magic(MAGIC_BYTES)
+    with pytest.raises(ProtocolError):
+        check_magic(b"\x71\xf2\x0f\x00")
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(), c, max_size=4), max_leaves=20))
+def test_round_trip(obj):
+    assert FrameDecoder().feed(encode_frame(obj)) == [obj]
+
+
+@given(st.binary(max_size=64))
+def test_arbitrary_bytes_raise_only_protocol_error(data):
+    try:
+        FrameDecoder().feed(data)
+    except ProtocolError:
+        pass

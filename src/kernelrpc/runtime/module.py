@@ -1,0 +1,208 @@
+"""Loading kernelrpc modules (docs/module-format.md) and calling their functions with ctypes."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+from ..errors import KernelError, ModuleError
+from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
+from .dtype import DTYPES, pack_scalar
+from .tensor import Tensor, _is_ndarray
+
+
+class PackedArgs:
+    """Validated arguments in the packed calling convention: ``pointer`` is the ``void **args``
+    array. Keeps the tensors and the 8-byte scalar slots alive while it is in use."""
+
+    __slots__ = ("argv", "slots", "tensors", "pointer")
+
+    def __init__(self, spec: FunctionSpec, values: tuple):
+        n = len(spec.args)
+        self.argv = (ctypes.c_void_p * max(n, 1))()
+        self.slots = (ctypes.c_uint64 * max(n, 1))()
+        self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
+        slot_base = ctypes.addressof(self.slots)
+        for i, (arg, value) in enumerate(zip(spec.args, values)):
+            where = f"{spec.name}() argument {i} '{arg.name}'"
+            if arg.kind == "tensor":
+                _check_tensor(arg, value, where)
+                self.tensors.append((i, value))
+                self.argv[i] = value.data
+            else:
+                raw = pack_scalar(arg.dtype, value, where)
+                ctypes.memmove(slot_base + 8 * i, raw, len(raw))
+                self.argv[i] = slot_base + 8 * i
+        self.pointer = ctypes.addressof(self.argv)
+
+
+def _check_tensor(arg: ArgSpec, value, where: str) -> None:
+    expected = f"{arg.dtype}{list(arg.shape)}"
+    if not isinstance(value, Tensor):
+        if _is_ndarray(value):
+            hint = "; wrap it with kernelrpc.nd.array(...)"
+        elif getattr(getattr(value, "device", None), "session", None) is not None:
+            hint = "; it lives on a remote device, so call the remote module's function"
+        else:
+            hint = ""
+        raise TypeError(f"{where}: expected a tensor {expected}, got {type(value).__name__}{hint}")
+    if value.freed:
+        raise ValueError(f"{where}: the tensor has been freed")
+    if value.dtype != arg.dtype.name:
+        raise TypeError(f"{where}: expected dtype {arg.dtype}, got {value.dtype}")
+    if value.ndim != len(arg.shape):
+        raise ValueError(f"{where}: expected {len(arg.shape)} dimensions {expected}, "
+                         f"got {value.ndim} {list(value.shape)}")
+    if value.shape != arg.shape:
+        raise ValueError(f"{where}: expected shape {expected}, got {list(value.shape)}")
+
+
+class Function:
+    """A kernel of a loaded module; calling it checks the arguments against the metadata."""
+
+    def __init__(self, module: Module, spec: FunctionSpec, cfunc):
+        self.module = module
+        self.spec = spec
+        self._cfunc = cfunc
+        self.address: int = ctypes.cast(cfunc, ctypes.c_void_p).value
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def pack(self, args: tuple) -> PackedArgs:
+        if len(args) != len(self.spec.args):
+            raise TypeError(f"{self.spec.signature()} takes {len(self.spec.args)} arguments, "
+                            f"got {len(args)}")
+        return PackedArgs(self.spec, args)
+
+    def invoke(self, packed: PackedArgs) -> None:
+        code = self._cfunc(packed.pointer)
+        if code != 0:
+            raise KernelError(self.spec.name, code)
+
+    def __call__(self, *args) -> None:
+        self.invoke(self.pack(args))
+
+    def __repr__(self) -> str:
+        return f"<Function {self.spec.signature()}>"
+
+
+class Module:
+    """A loaded kernelrpc module. Modules stay loaded for the life of the process."""
+
+    def __init__(self, path: str, lib: ctypes.CDLL, meta: ModuleMetadata):
+        self.path = path
+        self._lib = lib
+        self._meta = meta
+        self._functions: dict[str, Function] = {}
+        for spec in meta.functions.values():
+            cfunc = _symbol(lib, spec.symbol, ctypes.c_int32, (ctypes.c_void_p,))
+            if cfunc is None:
+                raise ModuleError(f"{path}: function {spec.name!r} is declared but its symbol "
+                                  f"{spec.symbol} is not exported")
+            self._functions[spec.name] = Function(self, spec, cfunc)
+        self._time = _symbol(lib, "__kernelrpc_time", ctypes.c_int64,
+                             (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64))
+        if self._time is None:
+            raise ModuleError(f"{path}: required symbol __kernelrpc_time is not exported")
+        self._cache_flush = _symbol(lib, "__kernelrpc_cache_flush", None,
+                                    (ctypes.c_void_p, ctypes.c_int64))
+        self._set_num_threads = _symbol(lib, "__kernelrpc_set_num_threads", ctypes.c_int32,
+                                        (ctypes.c_int32,))
+
+    @property
+    def metadata(self) -> dict:
+        return self._meta.document
+
+    @property
+    def entry_name(self) -> str | None:
+        return self._meta.entry
+
+    @property
+    def target(self) -> dict:
+        return self._meta.target
+
+    @property
+    def function_names(self) -> list[str]:
+        return list(self._functions)
+
+    @property
+    def entry_func(self) -> Function:
+        if self._meta.entry is None:
+            raise AttributeError(f"module {self.path} has no entry function")
+        return self._functions[self._meta.entry]
+
+    def implements_function(self, name: str) -> bool:
+        return name in self._functions
+
+    __contains__ = implements_function
+
+    def get_function(self, name: str) -> Function:
+        function = self._functions.get(name) if isinstance(name, str) else None
+        if function is None:
+            raise AttributeError(f"module {os.path.basename(self.path)} has no function {name!r}; "
+                                 f"it has: {', '.join(self._functions) or 'none'}")
+        return function
+
+    __getitem__ = get_function
+
+    def time_evaluator(self, name: str, dev, number: int = 10, repeat: int = 1,
+                       min_repeat_ms: float = 0, cooldown_interval_ms: float = 0,
+                       repeats_to_cooldown: int = 1, f_preproc: str = "", *,
+                       limit_zero_time_iterations: int = 100, cache_flush_bytes: int = 0):
+        """A callable that runs ``name`` with TVM's time_evaluator semantics and returns a
+        ProfileResult (see kernelrpc.runtime.evaluator.TimeEvaluator)."""
+        from .evaluator import TimeEvaluator
+
+        return TimeEvaluator(self.get_function(name), dev, number=number, repeat=repeat,
+                             min_repeat_ms=min_repeat_ms, cooldown_interval_ms=cooldown_interval_ms,
+                             repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc,
+                             limit_zero_time_iterations=limit_zero_time_iterations,
+                             cache_flush_bytes=cache_flush_bytes)
+
+    def set_num_threads(self, n: int) -> int:
+        """Worker threads for parallel loops (0 = all cores); returns the number now in use."""
+        pack_scalar(DTYPES["int32"], n, "set_num_threads()")
+        if self._set_num_threads is None:
+            return 1
+        return self._set_num_threads(n)
+
+    def __repr__(self) -> str:
+        return f"<Module {self.path} functions={self.function_names}>"
+
+
+def _symbol(lib, symbol, restype, argtypes):
+    """A fresh ctypes function for ``symbol``, or None when the library does not export it."""
+    try:
+        fn = lib[symbol]
+    except AttributeError:
+        return None
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+def load_module(path) -> Module:
+    """Load a kernelrpc module (a shared library exported by kernelrpc, docs/module-format.md)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"module file not found: {path}")
+    try:
+        lib = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as exc:
+        raise ModuleError(f"cannot load {path}: {exc}") from None
+    try:
+        get_metadata = lib["__kernelrpc_metadata"]
+    except AttributeError:
+        raise ModuleError(f"{path} is not a kernelrpc module: it does not export "
+                          f"__kernelrpc_metadata") from None
+    get_metadata.argtypes = ()
+    get_metadata.restype = ctypes.c_char_p
+    text = get_metadata()
+    if text is None:
+        raise ModuleError(f"{path}: __kernelrpc_metadata returned NULL")
+    try:
+        meta = parse_metadata(text)
+    except ModuleError as exc:
+        raise ModuleError(f"{path}: {exc}") from None
+    return Module(path, lib, meta)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .runtime import Device, Tensor, cpu, parse_dtype
+from .runtime import DTYPES, Device, Tensor, cpu, parse_dtype
 from .runtime.dtype import normalize_shape
 
 __all__ = ["Tensor", "array", "empty"]
@@ -32,7 +32,8 @@ def array(source, device: Device | None = None):
     try:
         dtype = parse_dtype(array_.dtype)
     except TypeError:
-        raise TypeError(f"nd.array: numpy dtype {array_.dtype} has no kernelrpc equivalent") from None
+        raise TypeError(f"nd.array: numpy dtype {array_.dtype} has no kernelrpc equivalent; "
+                        f"supported: {', '.join(DTYPES)}") from None
     tensor = empty(array_.shape, dtype, device)
     tensor.copyfrom(np.ascontiguousarray(array_))
     return tensor

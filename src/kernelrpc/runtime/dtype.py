@@ -67,7 +67,7 @@ def pack_scalar(dtype: DType, value, where: str = "scalar") -> bytes:
         except (OverflowError, struct.error):
             raise ValueError(f"{where}: {number!r} is out of range for {dtype}") from None
     if dtype.kind == "b":
-        if type(value).__name__ == "bool_":
+        if type(value).__name__ in ("bool", "bool_"):   # numpy.bool_
             value = bool(value)
         if not isinstance(value, int) or value not in (0, 1):
             raise TypeError(f"{where}: expected a bool, got {value!r}")

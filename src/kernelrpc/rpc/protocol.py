@@ -310,7 +310,7 @@ class HelloReply:
     info: dict
 
 
-_TVM_SERVER_VERSION = re.compile(r"server protocol=(\S+)")
+_TVM_SERVER_VERSION = re.compile(r"server protocol=([\w.]+)")
 
 
 class HelloReplyParser(_TVMPacketParser):

@@ -24,16 +24,17 @@ from .workspace import Workspace
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
-EXIT_REFUSED = 3       # the child already told the client why it ends (version mismatch)
 EXIT_INTERNAL = 70     # unexpected exception in the child; reported to the client as a crash
+_CLEAN_END = b"e"      # written by the child to the status pipe when it ends the session itself
 
 
 class SessionProcess:
     """A session child seen from the parent: wait for it, time it out, clean up after it."""
 
     def __init__(self, pid: int, sock: socket.socket, workspace: Workspace, timeout: float | None,
-                 peer: str) -> None:
+                 peer: str, status_fd: int) -> None:
         self.pid = pid
+        self._status_fd = status_fd
         self.sock = sock
         self.workspace = workspace
         self.timeout = timeout
@@ -57,7 +58,7 @@ class SessionProcess:
         pid, status = os.waitpid(self.pid, os.WNOHANG)
         if pid == 0:
             return False
-        self._finish(status)
+        self._finish(status, self._ended_cleanly())
         return True
 
     def expire_if_due(self, now: float) -> bool:
@@ -68,8 +69,8 @@ class SessionProcess:
         except ProcessLookupError:
             pass
         _, status = os.waitpid(self.pid, 0)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (EXIT_OK, EXIT_REFUSED):
-            self._finish(status)  # it ended on its own just in time
+        if self._ended_cleanly():  # it ended on its own just in time
+            self._finish(status, True)
             return True
         log.info("session from %s expired after %.1fs; child %d killed", self.peer, self.timeout, self.pid)
         self._notify(P.encode_notice(
@@ -101,24 +102,33 @@ class SessionProcess:
         os.waitpid(self.pid, 0)
         self._cleanup()
 
-    def _finish(self, status: int) -> None:
-        if os.WIFSIGNALED(status):
+    def _ended_cleanly(self) -> bool:
+        """Whether the child said it ended the session itself (an exit code alone cannot tell:
+        a kernel may call ``_exit(0)``)."""
+        try:
+            return os.read(self._status_fd, 1) == _CLEAN_END
+        except OSError:
+            return False
+
+    def _finish(self, status: int, clean: bool) -> None:
+        if clean:
+            self._cleanup()
+            log.info("session from %s finished after %.2fs", self.peer, time.monotonic() - self.started)
+        elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
             log.warning("session child %d for %s died of signal %s", self.pid, self.peer, name)
             self._notify(P.encode_notice(
                 P.NOTICE_CRASHED, f"the session process died of signal {sig} ({name}), probably in native "
                 "code (a kernel); the server goes on serving", signal=sig))
+            self._cleanup()
         else:
             code = os.WEXITSTATUS(status)
-            if code not in (EXIT_OK, EXIT_REFUSED):
-                log.warning("session child %d for %s exited with code %d", self.pid, self.peer, code)
-                self._notify(P.encode_notice(
-                    P.NOTICE_CRASHED, f"the session process exited with code {code} in the middle of "
-                    "the session; the server goes on serving", exit_code=code))
-            else:
-                log.info("session from %s finished after %.2fs", self.peer, time.monotonic() - self.started)
-        self._cleanup()
+            log.warning("session child %d for %s exited with code %d", self.pid, self.peer, code)
+            self._notify(P.encode_notice(
+                P.NOTICE_CRASHED, f"the session process exited with code {code} in the middle of "
+                "the session; the server goes on serving", exit_code=code))
+            self._cleanup()
 
     def _notify(self, notice: bytes) -> None:
         """Best effort: tell the client, without ever blocking the server on a stuck peer."""
@@ -132,6 +142,7 @@ class SessionProcess:
     def _cleanup(self) -> None:
         self.done = True
         self.sock.close()
+        os.close(self._status_fd)
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
@@ -155,10 +166,14 @@ def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConf
         peer = "%s:%s" % sock.getpeername()[:2]
     except OSError:
         peer = "?"
+    status_r, status_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child_main(sock, workspace, config, timeout, initial)
-    return SessionProcess(pid, sock, workspace, timeout, peer)
+        os.close(status_r)
+        _child_main(sock, status_w, workspace, config, timeout, initial)
+    os.close(status_w)
+    os.set_blocking(status_r, False)
+    return SessionProcess(pid, sock, workspace, timeout, peer, status_r)
 
 
 def serve_connection(sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
@@ -167,17 +182,21 @@ def serve_connection(sock: socket.socket, client_key: ParsedKey, config: ServerC
     start_session(sock, client_key, config, initial).wait()
 
 
-def _child_main(sock: socket.socket, workspace: Workspace, config: ServerConfig,
+def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, config: ServerConfig,
                 timeout: float | None, initial: bytes) -> None:
     code = EXIT_INTERNAL
     try:
+        signal.set_wakeup_fd(-1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        fd = sock.fileno()
-        os.closerange(3, fd)
-        os.closerange(fd + 1, _max_fd())
+        keep = sorted((sock.fileno(), status_fd))
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[1])
+        os.closerange(keep[1] + 1, _max_fd())
         os.chdir(workspace.root)
-        code = run_session(sock, workspace, config, timeout, initial)
+        run_session(sock, workspace, config, timeout, initial)
+        os.write(status_fd, _CLEAN_END)
+        code = EXIT_OK
     except BaseException:
         log.exception("session child failed")
     finally:
@@ -192,8 +211,8 @@ def _max_fd() -> int:
 
 
 def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
-                timeout: float | None, initial: bytes = b"") -> int:
-    """The child's whole life: version exchange, then requests. Returns the exit code."""
+                timeout: float | None, initial: bytes = b"") -> None:
+    """The child's whole life: version exchange, then requests, until the session ends."""
     sock.setblocking(True)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(config.handshake_timeout)
@@ -203,7 +222,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
         while version is None:
             data = sock.recv(4096)
             if not data:
-                return EXIT_OK
+                return
             version = parser.feed(data)
         P.check_client_version(version)
     except (VersionMismatch, ProtocolError) as exc:
@@ -212,10 +231,10 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
             sock.sendall(P.encode_hello_refuse(str(exc)))
         except OSError:
             pass
-        return EXIT_REFUSED
+        return
     except OSError as exc:  # includes the hello deadline
         log.warning("session hello failed: %s", exc)
-        return EXIT_OK
+        return
     sock.settimeout(None)
     info = {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
             "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
@@ -232,5 +251,3 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
             conn.send(P.encode_error("ProtocolError", str(exc)))
         except ConnectionLost:
             pass
-        return EXIT_REFUSED
-    return EXIT_OK

@@ -150,7 +150,7 @@ def test_cache_flush_bytes(mod):
 def test_scratch_buffer_fallback_without_module_flush(tmp_path):
     noflush = load_module(compile_module(SOURCE.read_text(), tmp_path, "noflush",
                                          {"KRPC_NO_CACHE_FLUSH": ""}))
-    assert noflush._cache_flush is None
+    assert not noflush.has_cache_flush
     evaluator = noflush.time_evaluator("counted", cpu(0), number=1, repeat=2,
                                        f_preproc="cache_flush_cpu_non_first_arg")
     a, b = nd.empty((16,)), nd.empty((16,))

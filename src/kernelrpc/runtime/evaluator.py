@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 import time
 
-from ..errors import KernelError
 from .buffer import AlignedBuffer
 from .cacheflush import ScratchFlusher
 from .device import Device
@@ -86,14 +86,11 @@ class TimeEvaluator:
             if flush_buffers is not None:
                 src, dst = flush_buffers
                 ctypes.memmove(dst.address, src.address, dst.nbytes)
-            elapsed = module._time(function.address, packed.pointer, number)
-            if elapsed < 0:
-                raise KernelError(function.name, -elapsed)
-            return elapsed
+            return module.time_batch(function, packed, number)
 
         preproc = None
         if self.f_preproc == CACHE_FLUSH_NON_FIRST_ARG:
-            preproc = lambda: self._flush_non_first(packed)  # noqa: E731
+            preproc = functools.partial(self._flush_non_first, packed)
         results = measure(self._state, self.config, warmup=lambda: function.invoke(packed),
                           run_batch=run_batch, preproc=preproc, sleep=time.sleep)
         return ProfileResult(results, self._state.number, module.target, function.name)
@@ -107,14 +104,14 @@ class TimeEvaluator:
         return self._flush_buffers
 
     def _flush_non_first(self, packed) -> None:
-        flush = self.function.module._cache_flush
+        module = self.function.module
         tensors = [tensor for position, tensor in packed.tensors if position > 0]
-        if flush is None:
+        if not module.has_cache_flush:
             if tensors:
                 self._scratch.flush()
             return
         for tensor in tensors:
-            flush(tensor.data, tensor.nbytes)
+            module.cache_flush(tensor)
 
     def __repr__(self) -> str:
         return (f"<TimeEvaluator {self.function.name} number={self.number} "

@@ -5,28 +5,31 @@ import ctypes
 import os
 
 from ..errors import KernelError, ModuleError
-from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
 from .dtype import DTYPES, pack_scalar
+from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
 from .tensor import Tensor, _is_ndarray
 
 
 class PackedArgs:
     """Validated arguments in the packed calling convention: ``pointer`` is the ``void **args``
-    array. Keeps the tensors and the 8-byte scalar slots alive while it is in use."""
+    array. Holds the tensors' memory (even if a tensor is freed meanwhile) and the 8-byte
+    scalar slots while it is in use."""
 
-    __slots__ = ("argv", "slots", "tensors", "pointer")
+    __slots__ = ("argv", "slots", "tensors", "pointer", "_memory")
 
     def __init__(self, spec: FunctionSpec, values: tuple):
         n = len(spec.args)
         self.argv = (ctypes.c_void_p * max(n, 1))()
         self.slots = (ctypes.c_uint64 * max(n, 1))()
         self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
+        self._memory: list[memoryview] = []
         slot_base = ctypes.addressof(self.slots)
         for i, (arg, value) in enumerate(zip(spec.args, values)):
             where = f"{spec.name}() argument {i} '{arg.name}'"
             if arg.kind == "tensor":
                 _check_tensor(arg, value, where)
                 self.tensors.append((i, value))
+                self._memory.append(value.buffer)
                 self.argv[i] = value.data
             else:
                 raw = pack_scalar(arg.dtype, value, where)
@@ -160,6 +163,21 @@ class Module:
                              limit_zero_time_iterations=limit_zero_time_iterations,
                              cache_flush_bytes=cache_flush_bytes)
 
+    def time_batch(self, function: Function, packed: PackedArgs, number: int) -> int:
+        """Nanoseconds for ``number`` calls, timed by the module's native ``__kernelrpc_time``."""
+        elapsed = self._time(function.address, packed.pointer, number)
+        if elapsed < 0:
+            raise KernelError(function.name, -elapsed)
+        return elapsed
+
+    @property
+    def has_cache_flush(self) -> bool:
+        return self._cache_flush is not None
+
+    def cache_flush(self, tensor: Tensor) -> None:
+        """Evict ``tensor`` from the CPU caches with the module's ``__kernelrpc_cache_flush``."""
+        self._cache_flush(tensor.data, tensor.nbytes)
+
     def set_num_threads(self, n: int) -> int:
         """Worker threads for parallel loops (0 = all cores); returns the number now in use."""
         pack_scalar(DTYPES["int32"], n, "set_num_threads()")
@@ -191,13 +209,10 @@ def load_module(path) -> Module:
         lib = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
     except OSError as exc:
         raise ModuleError(f"cannot load {path}: {exc}") from None
-    try:
-        get_metadata = lib["__kernelrpc_metadata"]
-    except AttributeError:
+    get_metadata = _symbol(lib, "__kernelrpc_metadata", ctypes.c_char_p, ())
+    if get_metadata is None:
         raise ModuleError(f"{path} is not a kernelrpc module: it does not export "
-                          f"__kernelrpc_metadata") from None
-    get_metadata.argtypes = ()
-    get_metadata.restype = ctypes.c_char_p
+                          f"__kernelrpc_metadata")
     text = get_metadata()
     if text is None:
         raise ModuleError(f"{path}: __kernelrpc_metadata returned NULL")

@@ -15,27 +15,40 @@ class PackedArgs:
     array. Holds the tensors' memory (even if a tensor is freed meanwhile) and the 8-byte
     scalar slots while it is in use."""
 
-    __slots__ = ("argv", "slots", "tensors", "pointer", "_memory")
+    __slots__ = ("words", "tensors", "pointer", "_memory")
 
     def __init__(self, spec: FunctionSpec, values: tuple):
         n = len(spec.args)
-        self.argv = (ctypes.c_void_p * max(n, 1))()
-        self.slots = (ctypes.c_uint64 * max(n, 1))()
+        # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
+        self.words = (ctypes.c_uint64 * max(2 * n, 1))()
+        self.pointer = ctypes.addressof(self.words)
         self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
         self._memory: list[memoryview] = []
-        slot_base = ctypes.addressof(self.slots)
-        for i, (arg, value) in enumerate(zip(spec.args, values)):
-            where = f"{spec.name}() argument {i} '{arg.name}'"
+        words = self.words
+        for i, arg in enumerate(spec.args):
+            value = values[i]
             if arg.kind == "tensor":
-                _check_tensor(arg, value, where)
+                # Fast path for the common case; _check_tensor explains anything else.
+                if (type(value) is not Tensor or value._dtype is not arg.dtype
+                        or value.shape != arg.shape or value._buf.freed):
+                    _check_tensor(arg, value, _where(spec, i))
+                buf = value._buf
                 self.tensors.append((i, value))
-                self._memory.append(value.buffer)
-                self.argv[i] = value.data
+                self._memory.append(buf.view)
+                words[i] = buf.address
             else:
-                raw = pack_scalar(arg.dtype, value, where)
-                ctypes.memmove(slot_base + 8 * i, raw, len(raw))
-                self.argv[i] = slot_base + 8 * i
-        self.pointer = ctypes.addressof(self.argv)
+                try:
+                    raw = pack_scalar(arg.dtype, value)
+                except (TypeError, ValueError):
+                    pack_scalar(arg.dtype, value, _where(spec, i))   # raises, naming the argument
+                    raise
+                slot = self.pointer + 8 * (n + i)
+                ctypes.memmove(slot, raw, len(raw))
+                words[i] = slot
+
+
+def _where(spec: FunctionSpec, i: int) -> str:
+    return f"{spec.name}() argument {i} '{spec.args[i].name}'"
 
 
 def _check_tensor(arg: ArgSpec, value, where: str) -> None:

@@ -8,7 +8,10 @@ All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import logging
+import operator
 import secrets
 import socket
 import time
@@ -178,8 +181,11 @@ class TrackerService:
         info = dict(cmd.info)
         if info["addr"][0] is None:
             info["addr"] = [conn.host, info["addr"][1]]
+        merged = {**conn.info, **info}
+        if len(json.dumps(merged)) > messages.MAX_INFO_BYTES:
+            raise ProtocolError(f"a connection's info may hold at most {messages.MAX_INFO_BYTES} bytes")
         was_server = conn.is_server
-        conn.info.update(info)
+        conn.info = merged
         if conn.is_server and not was_server:
             log.info("server %s registered from %s, address %s:%s", conn.info["key"], conn.name, *conn.info["addr"])
         if "session" in info:
@@ -207,7 +213,7 @@ class TrackerService:
 
     def summary(self, now: float) -> dict:
         """TVM's SUMMARY payload, plus leases, waiting requests and per-key statistics."""
-        describe = _describe_peer
+        describe = operator.attrgetter("name")
         return {
             "queue_info": self.scheduler.queue_info(),
             "server_info": [conn.info for conn in self.connections if conn.is_server],
@@ -215,10 +221,6 @@ class TrackerService:
             "waiting": self.scheduler.wait_info(now, describe)[:MAX_SUMMARY_ROWS],
             "stats": self.scheduler.key_stats(),
         }
-
-
-def _describe_peer(conn: TrackerConnection) -> str:
-    return conn.name
 
 
 def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
@@ -234,6 +236,8 @@ def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
             sock.bind((host, candidate))
         except OSError as exc:
             sock.close()
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
             last_error = exc
             continue
         sock.listen(1024)

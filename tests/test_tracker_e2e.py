@@ -136,3 +136,16 @@ def test_server_logs_when_tracker_is_unreachable(start_service):
     server = start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{free_port()}",
                                                 "--key", "board"])
     assert "cannot reach tracker" in server.wait_for_line("cannot reach tracker")
+
+
+def test_lease_returns_when_client_never_arrives(start_service):
+    tracker = start_service("kernelrpc.tracker", ["--port", "0", "--lease-timeout", "1"])
+    start_server(start_service, tracker)
+    until(lambda: queue(tracker)["free"] == 1)
+    with connect_tracker(*tracker.address) as t:
+        ghost = t.request_address("board", timeout=10)        # and never connects
+        with t.request("board", timeout=10) as sess:         # served once the 1 s lease expires
+            assert sess.address.endswith(f":{ghost[1]}")
+            assert roundtrip(sess, b"after lease") == b"after lease"
+        stats = t.summary()["stats"]["board"]
+    assert stats["expired_leases"] == 1 and stats["matches"] == 2

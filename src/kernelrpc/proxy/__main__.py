@@ -39,12 +39,15 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
     p.add_argument("--timeout-server", type=_seconds, default=600.0,
                    help="seconds a device waits for a client before MISMATCH; it then "
                         "reconnects (default 600, as TVM)")
+    p.add_argument("--timeout-handshake", type=_seconds, default=10.0,
+                   help="seconds a new connection has to send its key (default 10)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
     return ProxyConfig(host=a.host, port=a.port, port_end=a.port_end, tracker=a.tracker,
-                       timeout_client=a.timeout_client, timeout_server=a.timeout_server), a.log_level
+                       timeout_client=a.timeout_client, timeout_server=a.timeout_server,
+                       handshake_timeout=a.timeout_handshake), a.log_level
 
 
 async def _serve(config: ProxyConfig) -> None:

@@ -5,9 +5,11 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from kernelrpc.rpc import handshake as hs
 from proxy_peers import connect, offered_matchkey, read_reply, recv_exactly, wait_for_matches
 from servicectl import child_env
 
@@ -16,6 +18,7 @@ pytest.importorskip("tvm", reason="apache-tvm is not installed")
 
 TVM_SESSION = r"""
 import sys
+import threading
 import numpy as np
 import tvm
 from tvm import rpc
@@ -130,3 +133,78 @@ def test_tvm_proxy_pairs_our_handshake_peers(start_service):
     assert read_reply(device)[0].key == "client:ours -timeout=7"
     client.sendall(b"ping" * 1000)
     assert recv_exactly(device, 4000) == b"ping" * 1000
+
+
+def tracker_free_slots(address, key: str) -> int:
+    """SUMMARY from a tracker over a raw socket: free slots for ``key``."""
+    from kernelrpc.rpc import tracker_codec as tc
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(tc.MAGIC_BYTES)
+        tc.check_magic(recv_exactly(sock, 4))
+        sock.sendall(tc.encode_frame([tc.TrackerCode.SUMMARY]))
+        decoder = tc.FrameDecoder()
+        while True:
+            messages = decoder.feed(sock.recv(65536))
+            if messages:
+                code, summary = messages[0]
+                return summary["queue_info"].get(key, {}).get("free", 0)
+
+
+def test_slots_of_devices_that_left_are_withdrawn_from_the_tracker(start_service, proxy):
+    lo, hi = free_port_range()
+    tracker = start_service("tvm.exec.rpc_tracker",
+                            ["--host", "127.0.0.1", "--port", str(lo), "--port-end", str(hi)],
+                            ready=_BIND)
+    p = proxy("--tracker", f"{tracker.host}:{tracker.port}")
+    wait_for_matches(p, "registered with tracker")
+    devices = [connect(p.address, "server:wd") for _ in range(2)]
+    wait_for_matches(p, r"offered wd:\S+ to the tracker", 2)
+    assert tracker_free_slots(tracker.address, "wd") == 2
+    devices[0].close()  # leaves while offered
+    client = connect(p.address, "client:wd")  # takes the other one by plain key
+    assert read_reply(client)[0].ok
+    wait_for_matches(p, "withdrawing slots")
+    wait_for_matches(p, "registered with tracker", 2)
+    wait_until(lambda: tracker_free_slots(tracker.address, "wd") == 0)
+
+
+def wait_until(predicate, timeout: float = 20.0) -> None:
+    import time
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached in time"
+        threading.Event().wait(0.1)
+
+
+def tracker_request(address, key: str) -> list:
+    """REQUEST a slot as TVM's client does; returns [host, port, matchkey] and never connects."""
+    from kernelrpc.rpc import tracker_codec as tc
+    with socket.create_connection(address, timeout=20) as sock:
+        sock.sendall(tc.MAGIC_BYTES)
+        tc.check_magic(recv_exactly(sock, 4))
+        sock.sendall(tc.encode_frame([tc.TrackerCode.REQUEST, key, "", 1]))
+        decoder = tc.FrameDecoder()
+        while True:
+            messages = decoder.feed(sock.recv(65536))
+            if messages:
+                return messages[0][1]
+
+
+def test_a_handed_out_key_that_nobody_uses_is_rotated(start_service, proxy):
+    lo, hi = free_port_range()
+    tracker = start_service("tvm.exec.rpc_tracker",
+                            ["--host", "127.0.0.1", "--port", str(lo), "--port-end", str(hi)],
+                            ready=_BIND)
+    p = proxy("--tracker", f"{tracker.host}:{tracker.port}")
+    device = connect(p.address, "server:rot")
+    first = wait_for_matches(p, r"offered (rot:\S+) to the tracker")[0].group(1)
+    host, port, matchkey = tracker_request(tracker.address, "rot")
+    assert (host, port, matchkey) == ("127.0.0.1", p.port, first)
+    wait_for_matches(p, rf"no client came for {re.escape(first)}")
+    second = wait_for_matches(p, r"offered (rot:\S+) to the tracker", 2)[1].group(1)
+    assert second != first
+    late = connect(p.address, f"client:{first}")
+    assert read_reply(late)[0].code == hs.RPC_CODE_MISMATCH  # MISMATCH at once: TVM's client re-requests
+    assert tracker_request(tracker.address, "rot")[2] == second
+    client = connect(p.address, f"client:{second}")
+    assert read_reply(client)[0].ok and read_reply(device)[0].ok

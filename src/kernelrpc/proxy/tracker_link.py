@@ -128,6 +128,7 @@ class TrackerLink:
                 device.offered = True
                 await self._expect_success(
                     [TrackerCode.PUT, device.wanted, [self.proxy_port, device.matchkey], None])
+                logger.info("offered %s to the tracker", device.matchkey)
 
     async def _poll(self, now: float) -> None:
         pending = await self._call([TrackerCode.GET_PENDING_MATCHKEYS])

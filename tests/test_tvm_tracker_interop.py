@@ -11,7 +11,7 @@ from kernelrpc.rpc.tracker_client import connect_tracker, format_summary
 from kernelrpc.server.registration import TrackerRegistration
 
 pytestmark = pytest.mark.tvm
-tvm_rpc = pytest.importorskip("tvm.rpc", reason="apache-tvm is not installed")
+tvm_rpc = pytest.importorskip("tvm.rpc", reason="apache-tvm is not installed", exc_type=ImportError)
 
 TVM_READY = re.compile(r"bind to (\S+):(\d+)")
 
@@ -77,3 +77,17 @@ def test_our_registration_with_tvm_tracker(start_service):
             assert mine.request_address("ourkey", timeout=10)[2] == reg.matchkey
     finally:
         reg.close()
+
+
+def test_our_server_through_tvm_tracker(start_service):
+    port = free_port()
+    tvm_tracker = start_service("tvm.exec.rpc_tracker", ["--host", "127.0.0.1", "--port", str(port),
+                                                         "--port-end", str(port + 1)], ready=TVM_READY, timeout=60)
+    server = start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{port}", "--key", "ours"])
+    server.wait_for_line("registered key ours at tracker")
+    with connect_tracker(*tvm_tracker.address) as session:
+        for round_ in range(2):
+            with session.request("ours", session_timeout=30, timeout=30) as sess:
+                assert sess.address.endswith(f":{server.port}")
+                sess.upload(b"via TVM's tracker", "probe.bin")
+                assert sess.download("probe.bin") == b"via TVM's tracker"

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 MAX_SLOTS_PER_CONNECTION = 4096
 MAX_REQUESTS_PER_CONNECTION = 1024
 MAX_SUMMARY_ROWS = 1000
+OK_FRAME = encode_frame(TrackerCode.SUCCESS)
 OPENING_TIMEOUT = 10.0
 """Seconds a new connection has to send the magic before it is closed."""
 
@@ -141,7 +142,9 @@ class TrackerService:
             log.warning("%s: bad tracker message %.200r: %s", conn.name, msg, exc)
             conn.send([TrackerCode.FAIL, str(exc)])
             return
-        if reply is not None:
+        if reply == TrackerCode.SUCCESS and type(reply) is not list:
+            conn.transport.write(OK_FRAME)
+        elif reply is not None:
             conn.send(reply)
 
     def _run(self, conn: TrackerConnection, cmd):
@@ -156,7 +159,7 @@ class TrackerService:
                 raise ProtocolError(f"more than {MAX_SLOTS_PER_CONNECTION} free slots on one connection")
             host = cmd.custom_addr if cmd.custom_addr is not None else conn.host
             matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, now)
-            conn.send(TrackerCode.SUCCESS)
+            conn.transport.write(OK_FRAME)
             self._deliver(matches)
             return None
         if isinstance(cmd, messages.UpdateInfo):

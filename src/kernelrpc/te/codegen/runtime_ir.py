@@ -3,7 +3,7 @@
 Every exported module carries its own copy (docs/module-format.md):
 
 * ``__kernelrpc_time``: ``clock_gettime(CLOCK_MONOTONIC)`` around ``number`` calls.
-* ``__kernelrpc_cache_flush``: ``clflush`` (x86-64) / ``dc civac`` (AArch64) per line.
+* ``__kernelrpc_cache_flush``: ``clflush`` per line (x86-64 only).
 * ``__kernelrpc_set_num_threads`` and the thread pool behind
   ``__kernelrpc_parallel_launch(body, ctx)``, which runs
   ``i32 body(ptr ctx, i32 task, i32 ntasks)`` for ``task`` in ``0..ntasks-1``.
@@ -12,10 +12,11 @@ Every exported module carries its own copy (docs/module-format.md):
 The pool is created on first use and kept for the life of the process. Workers
 spin on a generation counter for a short while after each job (launches in a
 timing loop then cost well under a microsecond) and then sleep on a pthread
-condition variable, so an idle pool burns no CPU. Every created worker
-acknowledges every job (workers beyond the active count skip the body): the
-caller waits for all of them, so no late worker can mistake the next job for
-the one it woke up for. A launch from inside a job or from a second thread
+condition variable, so an idle pool burns no CPU. The pool holds exactly
+``threads - 1`` workers (``__kernelrpc_set_num_threads`` starts or stops and
+joins workers), every worker takes part in every job, and the caller waits for
+all of them: no late worker can mistake the next job for the one it woke up
+for, and no idle extra thread competes for a core. A launch from inside a job or from a second thread
 while one runs falls back to ``body(ctx, 0, 1)`` on the calling thread. After
 ``fork()`` the child starts with no workers and creates them again on first use.
 """
@@ -30,7 +31,8 @@ MAX_WORKERS = 63
 SPIN_ITERATIONS = 20000
 _SC_NPROCESSORS_ONLN = 84  # Linux (glibc and musl)
 _CLOCK_MONOTONIC = 1
-_PTHREAD_OBJECT_BYTES = 64  # >= sizeof(pthread_mutex_t), sizeof(pthread_cond_t) on Linux ABIs
+_PTHREAD_OBJECT_BYTES = 64
+_NO_QUIT = 1 << 30  # >= sizeof(pthread_mutex_t), sizeof(pthread_cond_t) on Linux ABIs
 
 LAUNCH_SYMBOL = "__kernelrpc_parallel_launch"
 
@@ -39,23 +41,25 @@ def _pause_ir(arch: str) -> tuple[str, str]:
     """(declaration, call) of the spin-wait hint for ``arch``."""
     if arch in ("x86_64", "i386", "i686"):
         return "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"
-    if arch.startswith("aarch64") or arch.startswith("arm"):
-        return "", 'call void asm sideeffect "yield", ""()'
+    if arch.startswith("aarch64"):
+        return "declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)"
+    if arch.startswith("arm") or arch.startswith("thumb"):
+        return "declare void @llvm.arm.hint(i32)", "call void @llvm.arm.hint(i32 1)"
     return "", ""
 
 
 def _flush_ir(arch: str) -> str:
-    """``__kernelrpc_cache_flush`` for ``arch``, or "" where we know no user-mode flush."""
-    if arch == "x86_64":
-        line_op = "call void @llvm.x86.sse2.clflush(ptr %line)"
-        fence = "call void @llvm.x86.sse2.mfence()"
-        decls = "declare void @llvm.x86.sse2.clflush(ptr)\ndeclare void @llvm.x86.sse2.mfence()"
-    elif arch.startswith("aarch64"):
-        line_op = 'call void asm sideeffect "dc civac, $0", "r,~{memory}"(ptr %line)'
-        fence = 'call void asm sideeffect "dsb ish", "~{memory}"()'
-        decls = ""
-    else:
+    """``__kernelrpc_cache_flush`` where the ISA has a user-mode flush LLVM exposes (x86-64).
+
+    Elsewhere the symbol is left out (it is optional) and the runtime evicts by
+    writing a scratch buffer; AArch64's ``dc civac`` would need inline assembly,
+    which llvmlite cannot assemble for a foreign target.
+    """
+    if arch != "x86_64":
         return ""
+    line_op = "call void @llvm.x86.sse2.clflush(ptr %line)"
+    fence = "call void @llvm.x86.sse2.mfence()"
+    decls = "declare void @llvm.x86.sse2.clflush(ptr)\ndeclare void @llvm.x86.sse2.mfence()"
     return f"""{decls}
 define void @__kernelrpc_cache_flush(ptr %ptr, i64 %nbytes) nounwind {{
 entry:
@@ -94,6 +98,7 @@ def runtime_ir(target: Target, metadata_json: str) -> str:
 {pause_decl}
 declare i32 @clock_gettime(i32, ptr)
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
+declare i32 @pthread_join({word}, ptr)
 declare i32 @pthread_mutex_lock(ptr)
 declare i32 @pthread_mutex_unlock(ptr)
 declare i32 @pthread_cond_wait(ptr, ptr)
@@ -126,6 +131,7 @@ declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
 @__krpc_job_ctx = internal global ptr null
 @__krpc_job_n = internal global i32 0
 @__krpc_job_err = internal global i32 0
+@__krpc_job_quit = internal global i32 {_NO_QUIT}  ; workers with index >= this exit after the job
 
 define ptr @__kernelrpc_metadata() nounwind {{
   ret ptr @__krpc_meta
@@ -249,6 +255,7 @@ loop:
   call void @__krpc_wait_change(ptr @__krpc_gen, i32 %seen, ptr @__krpc_cv_work, ptr @__krpc_sleepers)
   %gen = load atomic i32, ptr @__krpc_gen acquire, align 4
   %n = load i32, ptr @__krpc_job_n
+  %quit = load i32, ptr @__krpc_job_quit
   %mine = icmp slt i32 %task, %n
   br i1 %mine, label %run, label %ack
 run:
@@ -268,7 +275,69 @@ notify:
   call void @__krpc_wake(ptr @__krpc_cv_done, ptr @__krpc_waiter)
   br label %next
 next:
-  br label %loop
+  %leave = icmp sge i32 %tid, %quit
+  br i1 %leave, label %exit, label %loop
+exit:
+  ret ptr null
+}}
+
+; Publish a job to every worker (caller holds __krpc_busy).
+define internal void @__krpc_publish(ptr %fn, ptr %ctx, i32 %n, i32 %quit) nounwind {{
+  store ptr %fn, ptr @__krpc_job_fn
+  store ptr %ctx, ptr @__krpc_job_ctx
+  store i32 %n, ptr @__krpc_job_n
+  store i32 %quit, ptr @__krpc_job_quit
+  store i32 0, ptr @__krpc_job_err
+  %nw = load i32, ptr @__krpc_nworkers
+  store atomic i32 %nw, ptr @__krpc_pending seq_cst, align 4
+  %g = atomicrmw add ptr @__krpc_gen, i32 1 seq_cst
+  call void @__krpc_wake(ptr @__krpc_cv_work, ptr @__krpc_sleepers)
+  ret void
+}}
+
+; Wait until every worker has acknowledged the published job.
+define internal void @__krpc_join() nounwind {{
+entry:
+  br label %join
+join:
+  %left = load atomic i32, ptr @__krpc_pending acquire, align 4
+  %alldone = icmp eq i32 %left, 0
+  br i1 %alldone, label %done, label %wait
+wait:
+  call void @__krpc_wait_change(ptr @__krpc_pending, i32 %left, ptr @__krpc_cv_done, ptr @__krpc_waiter)
+  br label %join
+done:
+  ret void
+}}
+
+define internal i32 @__krpc_noop(ptr %ctx, i32 %task, i32 %n) nounwind {{
+  ret i32 0
+}}
+
+; Stop and join the workers with index >= %keep (caller holds __krpc_busy).
+define internal void @__krpc_shrink(i32 %keep) nounwind {{
+entry:
+  %have = load i32, ptr @__krpc_nworkers
+  %more = icmp slt i32 %keep, %have
+  br i1 %more, label %stop, label %done
+stop:
+  call void @__krpc_publish(ptr @__krpc_noop, ptr null, i32 1, i32 %keep)
+  call void @__krpc_join()
+  store i32 {_NO_QUIT}, ptr @__krpc_job_quit
+  br label %reap
+reap:
+  %i = phi i32 [ %keep, %stop ], [ %inext, %reap ]
+  %th = getelementptr [{MAX_WORKERS} x {word}], ptr @__krpc_threads, i32 0, i32 %i
+  %handle = load {word}, ptr %th
+  %j = call i32 @pthread_join({word} %handle, ptr null)
+  %inext = add i32 %i, 1
+  %again = icmp slt i32 %inext, %have
+  br i1 %again, label %reap, label %shrunk
+shrunk:
+  store i32 %keep, ptr @__krpc_nworkers
+  br label %done
+done:
+  ret void
 }}
 
 ; Grow the pool to %want workers (caller holds __krpc_busy or is the initialiser).
@@ -396,24 +465,9 @@ claim:
   %won = extractvalue {{ i32, i1 }} %x, 1
   br i1 %won, label %launch, label %serial
 launch:
-  store ptr %fn, ptr @__krpc_job_fn
-  store ptr %ctx, ptr @__krpc_job_ctx
-  store i32 %n, ptr @__krpc_job_n
-  store i32 0, ptr @__krpc_job_err
-  %nw = load i32, ptr @__krpc_nworkers
-  store atomic i32 %nw, ptr @__krpc_pending seq_cst, align 4
-  %g = atomicrmw add ptr @__krpc_gen, i32 1 seq_cst
-  call void @__krpc_wake(ptr @__krpc_cv_work, ptr @__krpc_sleepers)
+  call void @__krpc_publish(ptr %fn, ptr %ctx, i32 %n, i32 {_NO_QUIT})
   %rc0 = call i32 %fn(ptr %ctx, i32 0, i32 %n)
-  br label %join
-join:
-  %left = load atomic i32, ptr @__krpc_pending acquire, align 4
-  %alldone = icmp eq i32 %left, 0
-  br i1 %alldone, label %finish, label %wait
-wait:
-  call void @__krpc_wait_change(ptr @__krpc_pending, i32 %left, ptr @__krpc_cv_done, ptr @__krpc_waiter)
-  br label %join
-finish:
+  call void @__krpc_join()
   %err = load i32, ptr @__krpc_job_err
   %ok0 = icmp eq i32 %rc0, 0
   %rc = select i1 %ok0, i32 %err, i32 %rc0
@@ -438,6 +492,7 @@ yield:
 set:
   %n = call i32 @__krpc_resolve_threads(i32 %want)
   %w = sub i32 %n, 1
+  call void @__krpc_shrink(i32 %w)
   call void @__krpc_grow(i32 %w)
   %have = load i32, ptr @__krpc_nworkers
   %avail = add i32 %have, 1

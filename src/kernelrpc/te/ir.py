@@ -174,8 +174,8 @@ class Evaluate(Stmt):
         self.value = value
 
 
-def seq(*stmts) -> Stmt:
-    """A SeqStmt flattened and without ``None``s; a single statement stays itself."""
+def seq(*stmts) -> Stmt | None:
+    """A SeqStmt flattened and without ``None``s; a single statement stays itself, none -> None."""
     flat = []
     for s in stmts:
         if s is None:
@@ -184,8 +184,8 @@ def seq(*stmts) -> Stmt:
             flat.extend(s.seq)
         else:
             flat.append(s)
-    if len(flat) == 1:
-        return flat[0]
+    if len(flat) <= 1:
+        return flat[0] if flat else None
     return SeqStmt(flat)
 
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 READY = re.compile(r"listening on (\S+):(\d+)")
@@ -69,24 +70,14 @@ class Service:
     def wait_for_line(self, pattern: str, timeout: float = 30.0) -> str:
         """Wait until a line matching ``pattern`` has been printed; return it."""
         regex = re.compile(pattern)
-        done = threading.Event()
-        deadline = timeout
-
-        def scan():
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
             for line in list(self.lines):
                 if regex.search(line):
                     return line
-            return None
-
-        import time
-        end = time.monotonic() + deadline
-        while time.monotonic() < end:
-            found = scan()
-            if found:
-                return found
-            if self.proc.poll() is not None and not self._reader.is_alive():
+            if not self._reader.is_alive():
                 break
-            done.wait(0.05)
+            self._reader.join(0.05)
         raise TimeoutError(f"{self.module}: no line matching {pattern!r}; output:\n" + "\n".join(self.lines))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:

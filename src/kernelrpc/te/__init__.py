@@ -9,6 +9,8 @@ from .lower import LowerError, PassContext, lower
 from .schedule import Schedule, ScheduleError, Stage, create_schedule
 from .tensor import (IterVar, Tensor, TensorError, compute, max, min, placeholder, reduce_axis,
                      sum, var)
+from .build import BuiltModule, build  # the backend (LLVM via llvmlite)
+from .target import Target
 
 
 def _math(op):

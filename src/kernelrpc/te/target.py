@@ -40,6 +40,8 @@ class Target:
         features: comma-separated ``+feat,-feat`` list; empty means the cpu's defaults.
         abi: optional ABI name (``lp64d`` on riscv64).
         num_cores: thread count hint recorded for the device (0 = all cores).
+        mattr_given: whether ``-mattr`` was spelled out (else ``features`` are the
+            host's or the cpu's own, and ``str()`` leaves them out for readability).
     """
 
     kind: str
@@ -48,24 +50,22 @@ class Target:
     features: str
     abi: str = ""
     num_cores: int = 0
+    mattr_given: bool = False
 
     def __init__(self, target: "str | Target | None" = None):
         if isinstance(target, Target):
-            values = (target.triple, target.cpu, target.features, target.abi, target.num_cores)
+            values = (target.triple, target.cpu, target.features, target.abi, target.num_cores,
+                      target.mattr_given)
         else:
             values = _parse(target or "llvm")
         object.__setattr__(self, "kind", "llvm")
-        for name, value in zip(("triple", "cpu", "features", "abi", "num_cores"), values):
+        for name, value in zip(("triple", "cpu", "features", "abi", "num_cores", "mattr_given"),
+                               values):
             object.__setattr__(self, name, value)
 
     @classmethod
     def host(cls) -> "Target":
         return cls("llvm")
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Target":
-        """Rebuild a target from :meth:`to_dict` output (module metadata)."""
-        return cls(str(data.get("string", "llvm")))
 
     @property
     def arch(self) -> str:
@@ -82,7 +82,7 @@ class Target:
 
     def __str__(self) -> str:
         parts = ["llvm", f"-mtriple={self.triple}", f"-mcpu={self.cpu}"]
-        if self.features:
+        if self.features and self.mattr_given:
             parts.append(f"-mattr={self.features}")
         if self.abi:
             parts.append(f"-mabi={self.abi}")
@@ -96,7 +96,7 @@ class Target:
                 "features": self.features}
 
 
-def _parse(text: str) -> tuple[str, str, str, str, int]:
+def _parse(text: str) -> tuple[str, str, str, str, int, bool]:
     if not isinstance(text, str):
         raise TargetError(f"target must be a string or Target, got {type(text).__name__}")
     try:
@@ -131,7 +131,7 @@ def _parse(text: str) -> tuple[str, str, str, str, int]:
     if num_cores < 0 or num_cores > 1024:
         raise TargetError(f"-num-cores out of range in {text!r}")
     _check_llvm_knows(triple, cpu, text)
-    return triple, cpu, features, options.get("mabi", ""), num_cores
+    return triple, cpu, features, options.get("mabi", ""), num_cores, "mattr" in options
 
 
 def _same_arch(triple: str, host_triple: str) -> bool:

@@ -206,28 +206,37 @@ class ScheduleLowering:
             return
         parent = self.infos.get(stage.attach_stage)
         pos = self._leaf_pos(parent, stage)
-        readers = [s for s in computes if _loads_of(self.infos[s].body, stage, self.sch)]
-        if readers != [parent.stage]:
-            names = ", ".join(s.op.name for s in readers) or "nobody"
-            raise LowerError(f"compute_at: {op.name} is read by {names}; it can only be "
-                             f"attached to its single reader")
-        relaxed = {leaf.var: rng for leaf, rng in
-                   zip(parent.leaves[pos + 1:], _ranges(parent, parent.leaves[pos + 1:]))}
-        all_ranges = parent.leaf_ranges()
-        roots = list(parent.stage.op.axis) + list(parent.stage.op.reduce_axis)
-        values = {iv.var: parent.root_value(iv) for iv in roots}
+        outer_relaxed = dict(zip((leaf.var for leaf in parent.leaves[pos + 1:]),
+                                 _ranges(parent, parent.leaves[pos + 1:])))
         regions = [None] * len(op.axis)
-        for load in _loads_of(parent.body, stage, self.sch):
-            for d, idx in enumerate(load.indices):
-                idx = simplify(substitute(idx, values))
-                lo_hi = _interval(idx, relaxed, all_ranges)
-                if lo_hi is None or regions[d] == "full":
-                    regions[d] = "full"
-                elif regions[d] is None:
-                    regions[d] = lo_hi
-                else:
-                    regions[d] = (simplify(minimum(regions[d][0], lo_hi[0])),
-                                  simplify(maximum(regions[d][1], lo_hi[1])))
+        for reader in computes:
+            reader_info = self.infos[reader]
+            loads = _loads_of(reader_info.body, stage, self.sch)
+            if not loads:
+                continue
+            if reader is parent.stage:
+                relaxed = outer_relaxed
+            elif reader.attach_stage is parent.stage and self._leaf_pos(parent, reader) >= pos:
+                relaxed = {**outer_relaxed, **dict(zip((leaf.var for leaf in reader_info.leaves),
+                                                       _ranges(reader_info, reader_info.leaves)))}
+            else:
+                raise LowerError(f"compute_at: {op.name} is read by {reader.op.name}, which "
+                                 f"is not inside {parent.stage.op.name}'s loop "
+                                 f"{stage.attach_ivar.name}")
+            all_ranges = {**parent.leaf_ranges(), **reader_info.leaf_ranges()}
+            roots = list(reader.op.axis) + list(reader.op.reduce_axis)
+            values = {iv.var: reader_info.root_value(iv) for iv in roots}
+            for load in loads:
+                for d, idx in enumerate(load.indices):
+                    idx = simplify(substitute(idx, values))
+                    lo_hi = _interval(idx, relaxed, all_ranges)
+                    if lo_hi is None or regions[d] == "full":
+                        regions[d] = "full"
+                    elif regions[d] is None:
+                        regions[d] = lo_hi
+                    else:
+                        regions[d] = (simplify(minimum(regions[d][0], lo_hi[0])),
+                                      simplify(maximum(regions[d][1], lo_hi[1])))
         for d, iv in enumerate(op.axis):
             region = regions[d]
             dom = full[iv]

@@ -6,8 +6,7 @@ buffer with a declared (row-major) shape and a scalar dtype.  A vector access ha
 """
 from __future__ import annotations
 
-from .expr import (Add, BinaryOp, Call, Cast, CmpOp, FloatImm, FloorDiv, FloorMod, IntImm, Let,
-                   Max, Min, Not, PrimExpr, Select, Var, dtype_element, dtype_lanes, is_bool,
+from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, PrimExpr, Var, dtype_lanes,
                    with_lanes)
 
 FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
@@ -291,119 +290,16 @@ def uses_var(node, var: Var) -> bool:
 
 # --------------------------------------------------------------------------- printing
 
-def _fmt_float(v: float) -> str:
-    if v != v or v in (float("inf"), float("-inf")):
-        return repr(v)
-    if v == int(v) and abs(v) < 1e15:
-        return str(int(v))
-    return repr(v)
-
-
 def expr_to_str(e) -> str:
-    if isinstance(e, Var):
-        return e.name
-    if isinstance(e, IntImm):
-        if is_bool(e.dtype):
-            return "True" if e.value else "False"
-        return str(e.value) if e.dtype == "int32" else f"{e.value}{_suffix(e.dtype)}"
-    if isinstance(e, FloatImm):
-        return f"{_fmt_float(e.value)}{_suffix(e.dtype)}"
-    if isinstance(e, (FloorDiv, FloorMod, Min, Max)):
-        return f"{e.symbol}({expr_to_str(e.a)}, {expr_to_str(e.b)})"
-    if isinstance(e, BinaryOp):
-        sep = e.symbol if e.symbol in "*/" else f" {e.symbol} "
-        return f"({expr_to_str(e.a)}{sep}{expr_to_str(e.b)})"
-    if isinstance(e, Not):
-        return f"!{expr_to_str(e.a)}"
-    if isinstance(e, Select):
-        return (f"select({expr_to_str(e.condition)}, {expr_to_str(e.true_value)}, "
-                f"{expr_to_str(e.false_value)})")
-    if isinstance(e, Cast):
-        return f"{e.dtype}({expr_to_str(e.value)})"
-    if isinstance(e, Call):
-        return f"{e.op}({', '.join(expr_to_str(a) for a in e.args)})"
-    if isinstance(e, Let):
-        return f"(let {e.var.name} = {expr_to_str(e.value)} in {expr_to_str(e.body)})"
-    if isinstance(e, Ramp):
-        return f"ramp({expr_to_str(e.base)}, {expr_to_str(e.stride)}, {e.lanes})"
-    if isinstance(e, Broadcast):
-        return f"broadcast({expr_to_str(e.value)}, {e.lanes})"
-    if isinstance(e, Load):
-        return f"{e.buffer.name}[{expr_to_str(e.index)}]"
-    to_str = getattr(e, "to_str", None)
-    if to_str is not None:
-        return to_str()
-    return f"<{type(e).__name__}>"
-
-
-def _suffix(dtype: str) -> str:
-    elem = dtype_element(dtype)
-    short = {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64",
-             "int8": "i8", "int16": "i16", "uint8": "u8"}.get(elem, elem)
-    return short + (f"x{dtype_lanes(dtype)}" if dtype_lanes(dtype) > 1 else "")
-
-
-def _shape_str(shape) -> str:
-    return "[" + ", ".join(expr_to_str(d) if isinstance(d, PrimExpr) else str(d)
-                           for d in shape) + "]"
-
-
-def _stmt_lines(s, ind: str, out: list) -> None:
-    if s is None:
-        return
-    if isinstance(s, SeqStmt):
-        for x in s.seq:
-            _stmt_lines(x, ind, out)
-    elif isinstance(s, Store):
-        out.append(f"{ind}{s.buffer.name}[{expr_to_str(s.index)}] = {expr_to_str(s.value)}")
-    elif isinstance(s, For):
-        kind = "" if s.kind == "serial" else f' "{s.kind}"'
-        rng = f"{expr_to_str(s.min)}, {expr_to_str(s.extent)}"
-        out.append(f"{ind}for ({s.var.name}: {s.var.dtype}, {rng}){kind} {{")
-        _stmt_lines(s.body, ind + "  ", out)
-        out.append(f"{ind}}}")
-    elif isinstance(s, Allocate):
-        b = s.buffer
-        out.append(f"{ind}allocate({b.name}: Pointer({b.scope} {b.dtype}), {b.dtype}, "
-                   f"{_shape_str(b.shape)}), storage_scope = {b.scope};")
-        _stmt_lines(s.body, ind, out)
-    elif isinstance(s, IfThenElse):
-        out.append(f"{ind}if {_paren(expr_to_str(s.condition))} {{")
-        _stmt_lines(s.then_case, ind + "  ", out)
-        if s.else_case is not None:
-            out.append(f"{ind}}} else {{")
-            _stmt_lines(s.else_case, ind + "  ", out)
-        out.append(f"{ind}}}")
-    elif isinstance(s, LetStmt):
-        out.append(f"{ind}let {s.var.name}: {s.var.dtype} = {expr_to_str(s.value)}")
-        _stmt_lines(s.body, ind, out)
-    elif isinstance(s, Evaluate):
-        out.append(f"{ind}{expr_to_str(s.value)}")
-    else:
-        out.append(f"{ind}<{type(s).__name__}>")
-
-
-def _paren(text: str) -> str:
-    return text if text.startswith("(") and text.endswith(")") else f"({text})"
+    from .printer import Printer
+    return Printer().expr(e)
 
 
 def stmt_to_str(s, indent: str = "") -> str:
-    out: list = []
-    _stmt_lines(s, indent, out)
-    return "\n".join(out)
+    from .printer import Printer
+    return Printer().stmt(s, indent)
 
 
 def func_to_str(f: PrimFunc) -> str:
-    params = ", ".join(f"{p.name}: {'handle' if isinstance(p, Buffer) else p.dtype}"
-                       for p in f.params)
-    attrs = ", ".join(f'"{k}": ' + (f'"{v}"' if isinstance(v, str) else repr(v))
-                      for k, v in f.attrs.items())
-    buffers = ",\n             ".join(
-        f"{p.name}: Buffer({p.name}: Pointer({p.dtype}), {p.dtype}, {_shape_str(p.shape)}, [])"
-        for p in f.params if isinstance(p, Buffer))
-    lines = [f"@{f.name} = primfn({params}) -> ()",
-             f"  attr = {{{attrs}}}",
-             f"  buffers = {{{buffers}}} {{"]
-    _stmt_lines(f.body, "  ", lines)
-    lines.append("}")
-    return "\n".join(lines)
+    from .printer import Printer
+    return Printer().func(f)

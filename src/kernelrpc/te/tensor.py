@@ -64,9 +64,8 @@ class TensorLoad(PrimExpr):
         self.indices = tuple(indices)
         self.dtype = tensor.dtype
 
-    def to_str(self) -> str:
-        from .ir import expr_to_str
-        return f"{self.tensor.name}[{', '.join(expr_to_str(i) for i in self.indices)}]"
+    def to_str(self, printer) -> str:
+        return f"{self.tensor.name}[{', '.join(printer.expr(i) for i in self.indices)}]"
 
 
 REDUCERS = {
@@ -95,11 +94,10 @@ class Reduce(PrimExpr):
     def combine(self, acc: PrimExpr, value: PrimExpr) -> PrimExpr:
         return REDUCERS[self.combiner][0](acc, value)
 
-    def to_str(self) -> str:
-        from .ir import expr_to_str
-        axes = ", ".join(a.var.name for a in self.axis)
-        cond = "" if self.condition is None else f", where={expr_to_str(self.condition)}"
-        return f"{self.combiner}({expr_to_str(self.source)}, axis=[{axes}]{cond})"
+    def to_str(self, printer) -> str:
+        axes = ", ".join(printer.var(a.var) for a in self.axis)
+        cond = "" if self.condition is None else f", where={printer.expr(self.condition)}"
+        return f"{self.combiner}({printer.expr(self.source)}, axis=[{axes}]{cond})"
 
 
 class Operation:

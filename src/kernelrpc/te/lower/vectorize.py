@@ -7,10 +7,10 @@ lane-invariant address, an allocation, a nested vector) stays a serial loop.
 """
 from __future__ import annotations
 
-from ..expr import (EQ, GE, GT, LE, LT, NE, Add, And, BinaryOp, Call, Cast, CmpOp, IntImm, Let,
-                    Mul, Not, PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
-from ..ir import (Allocate, Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
-                  post_order_visit, seq, substitute, uses_var)
+from ..expr import (GE, GT, LE, LT, Add, And, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
+                    PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
+from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
+                  post_order_visit, substitute, uses_var)
 from .arith import linear, simplify
 
 
@@ -230,5 +230,3 @@ class LoopVectorizer(Mutator):
 def vectorize_func(func, enabled: bool = True):
     return func.with_body(LoopVectorizer(enabled).visit(func.body))
 
-
-__all__ = ["vectorize_func", "Vectorizer", "seq", "CmpOp", "EQ", "NE", "GE", "GT"]

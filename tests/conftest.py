@@ -1,5 +1,6 @@
 import pytest
 
+from fixtures.build import build_fixture_module
 from servicectl import Service
 
 
@@ -16,3 +17,9 @@ def start_service():
     yield start
     for svc in reversed(started):
         svc.stop()
+
+
+@pytest.fixture(scope="session")
+def fixture_module(tmp_path_factory):
+    """Path of tests/fixtures/kernels.c compiled into a kernelrpc module, built once per session."""
+    return build_fixture_module(tmp_path_factory.mktemp("fixture_module"))

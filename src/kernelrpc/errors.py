@@ -68,3 +68,16 @@ class QueueTimeout(TrackerError):
 
 class ConnectTimeout(RPCError):
     """Connecting to a tracker, proxy or server did not finish in time."""
+
+
+class ModuleError(ValueError):
+    """A file is not a loadable kernelrpc module (bad metadata, newer format, missing symbol)."""
+
+
+class KernelError(RuntimeError):
+    """A kernel function returned a non-zero error code."""
+
+    def __init__(self, function: str, code: int):
+        super().__init__(f"kernel function {function!r} failed with error code {code}")
+        self.function = function
+        self.code = code

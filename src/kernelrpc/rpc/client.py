@@ -1,0 +1,495 @@
+"""Client sessions with a device server: ``connect()`` and the remote Device/Tensor/Module/Function.
+
+The API is synchronous over a plain blocking socket, so it also works when
+called from inside a running asyncio event loop (Jupyter). The remote objects
+have the same names as the local runtime's, so code runs unchanged locally or
+remotely.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+
+from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError, RPCError,
+                      ServerCrashed, SessionTimeout)
+from ..runtime.device import Device
+from . import handshake as H
+from . import protocol as P
+from .transport import FramedSocket
+from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle,
+                     TensorValue, nbytes_of)
+
+_TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
+
+
+def connect(host: str, port: int, key: str = "", session_timeout: float = 0, *,
+            connect_timeout: float | None = 60.0) -> "RPCSession":
+    """Open a session with the device server at ``host:port``.
+
+    ``key`` is the server's key; ``session_timeout`` (seconds, 0 = none) asks the server to end the
+    session after that long. ``connect_timeout`` bounds the TCP connect, the handshake and the
+    version exchange (a server busy with another session makes the handshake wait).
+    """
+    try:
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
+    except socket.timeout:
+        raise ConnectTimeout(f"connecting to {host}:{port} took more than {connect_timeout}s") from None
+    except OSError as exc:
+        raise ConnectionLost(f"cannot connect to kernelrpc server at {host}:{port}: {exc}") from exc
+    try:
+        return open_session(sock, H.make_key("client", key, session_timeout or None),
+                            f"{host}:{port}", session_timeout)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def open_session(sock: socket.socket, handshake_key: str, where: str,
+                 session_timeout: float = 0) -> "RPCSession":
+    """Run the handshake and the version exchange on a connected socket (direct, tracker or proxy)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.sendall(H.encode_preamble(handshake_key))
+        reply = _read_until(sock, H.ReplyParser(), where, "handshake")
+        reply.raise_for_code(where)
+        sock.sendall(P.encode_hello())
+        hello_parser = P.HelloReplyParser()
+        hello = _read_until(sock, hello_parser, where, "version exchange")
+    except socket.timeout:
+        raise ConnectTimeout(f"{where} did not complete the handshake in time (is it busy with "
+                             "another session, or not a kernelrpc server?)") from None
+    sock.settimeout(None)
+    return RPCSession(sock, hello.info, where, hello_parser.unused)
+
+
+def _read_until(sock: socket.socket, parser, where: str, stage: str):
+    while True:
+        try:
+            data = sock.recv(65536)
+        except OSError as exc:
+            if isinstance(exc, socket.timeout):
+                raise
+            raise ConnectionLost(f"{where}: connection lost during the {stage}: {exc}") from exc
+        if not data:
+            raise ConnectionLost(f"{where} closed the connection during the {stage} (wrong key for a "
+                                 "proxy, or a server that speaks another protocol)")
+        result = parser.feed(data)
+        if result is not None:
+            return result
+
+
+class RPCSession:
+    """A session with one device server. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, sock: socket.socket, info: dict, where: str, initial: bytes = b"") -> None:
+        self.info = info
+        self.address = where
+        self._conn = FramedSocket(sock, int(info.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES)),
+                                  initial)
+        self._lock = threading.RLock()
+        self._closed = False
+        self._to_free: list = []
+        timeout = float(info.get("session_timeout") or 0)
+        self._deadline = time.monotonic() + timeout if timeout else None
+        self._timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"RPCSession({self.address})"
+
+    def __enter__(self) -> "RPCSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ requests
+
+    def _request(self, op: int, args=(), raw=None) -> list:
+        """Send a request (and a raw stream after it) and return the RETURN values."""
+        with self._lock:
+            self._send(op, args, raw)
+            return self._expect(self._receive(), P.RETURN)
+
+    def _send(self, op: int, args, raw) -> None:
+        if self._closed:
+            raise ConnectionLost(f"the session with {self.address} is closed")
+        frames = P.encode_request(op, args)
+        freed = self._to_free
+        if freed:
+            self._to_free = []
+            frames = P.encode_request(P.FREE, freed) + frames
+        try:
+            if raw is None:
+                self._conn.send(frames)
+            else:
+                self._conn.send_with_raw(frames, raw)
+        except ConnectionLost as exc:
+            raise self._lost(exc) from None
+        if freed:
+            self._expect(self._receive(), P.RETURN)
+
+    def _receive(self) -> P.Frame:
+        try:
+            return self._conn.recv_frame()
+        except (ConnectionLost, ProtocolError) as exc:
+            raise self._lost(exc) from None
+
+    def _expect(self, frame: P.Frame, frame_type: int):
+        if frame.type == frame_type:
+            if frame_type == P.RETURN:
+                return P.decode_values(frame.body)
+            return P.decode_data_header(frame.body)
+        if frame.type == P.ERROR:
+            raise RemoteError(*P.decode_error(frame.body))
+        if frame.type == P.NOTICE:
+            self._mark_closed()
+            kind, message, sig, exit_code = P.decode_notice(frame.body)
+            if kind == P.NOTICE_TIMEOUT:
+                raise SessionTimeout(message)
+            if kind == P.NOTICE_CRASHED:
+                raise ServerCrashed(message, signal=sig, exit_code=exit_code)
+            raise RPCError(f"the server ended the session: {kind}: {message}")
+        self._mark_closed()
+        raise ProtocolError(f"expected {P.FRAME_NAMES[frame_type]}, got {P.FRAME_NAMES[frame.type]}")
+
+    def _lost(self, exc: Exception) -> RPCError:
+        self._mark_closed()
+        if self._deadline is not None and time.monotonic() >= self._deadline - _TIMEOUT_SLACK:
+            return SessionTimeout(f"your {self._timeout:g}s session has expired (connection closed "
+                                  f"by the server: {exc})")
+        return exc if isinstance(exc, RPCError) else ConnectionLost(str(exc))
+
+    def _mark_closed(self) -> None:
+        self._closed = True
+        try:
+            self._conn.sock.close()
+        except OSError:
+            pass
+
+    def _free_later(self, handle) -> None:
+        """Called from finalizers: queue the free, sent with the next request (never mid-request)."""
+        if not self._closed:
+            self._to_free.append(handle)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """End the session; the server removes its workspace."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._conn.send(P.encode_request(P.SHUTDOWN))
+            except ConnectionLost:
+                pass
+            self._mark_closed()
+
+    # ------------------------------------------------------------ values
+
+    def _to_wire(self, value):
+        if isinstance(value, (Tensor, Module, Function)):
+            if value._session is not self:
+                raise ValueError(f"{value!r} belongs to another session")
+            return value._handle
+        if isinstance(value, Device):
+            return DeviceValue(value.device_type, value.device_id)
+        if isinstance(value, (list, tuple)):
+            return [self._to_wire(v) for v in value]
+        if hasattr(value, "__array_interface__") or type(value).__name__ == "Tensor":
+            return _inline_tensor(value)
+        if type(value).__module__ == "numpy":  # numpy scalars
+            return value.item()
+        return value
+
+    def _from_wire(self, value):
+        if isinstance(value, TensorHandle):
+            return Tensor(self, value)
+        if isinstance(value, ModuleHandle):
+            return Module(self, value, None)
+        if isinstance(value, FunctionHandle):
+            return Function(self, value, "<remote function>")
+        if isinstance(value, DeviceValue):
+            return Device(value.device_type, value.device_id, session=self)
+        if isinstance(value, list):
+            return [self._from_wire(v) for v in value]
+        return value
+
+    # ------------------------------------------------------------ public API
+
+    def cpu(self, dev_id: int = 0) -> Device:
+        return Device("cpu", dev_id, session=self)
+
+    def device(self, dev_type="cpu", dev_id: int = 0) -> Device:
+        return Device(dev_type, dev_id, session=self)
+
+    def get_function(self, name: str) -> "Function":
+        """A global function registered on the server, e.g. ``"testing.echo"``."""
+        (handle,) = self._request(P.GET_GLOBAL, [name])
+        return Function(self, handle, name)
+
+    def list_global_func_names(self) -> list[str]:
+        (names,) = self._request(P.LIST_GLOBALS)
+        return names
+
+    def upload(self, data, target: str | None = None) -> None:
+        """Upload bytes, or the file at a host path, to ``target`` in the session's workspace."""
+        if isinstance(data, (str, os.PathLike)):
+            path = os.fspath(data)
+            target = target or os.path.basename(path)
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                self._check_upload(size)
+                with self._lock:
+                    self._send(P.UPLOAD, [target, size], b"")
+                    try:
+                        if size:
+                            self._conn.sock.sendfile(f, 0, size)
+                    except OSError as exc:
+                        raise self._lost(exc) from None
+                    self._expect(self._receive(), P.RETURN)
+            return
+        if target is None:
+            raise ValueError("upload of bytes needs a target name")
+        view = memoryview(data).cast("B")
+        self._check_upload(view.nbytes)
+        self._request(P.UPLOAD, [target, view.nbytes], view)
+
+    def _check_upload(self, size: int) -> None:
+        limit = self.info.get("max_upload_bytes")
+        if limit is not None and size > limit:
+            raise ValueError(f"upload of {size} bytes exceeds the server's limit of {limit} bytes "
+                             "(--max-upload-bytes)")
+
+    def download(self, name: str) -> bytes:
+        with self._lock:
+            self._send(P.DOWNLOAD, [name], None)
+            nbytes = self._expect(self._receive(), P.DATA)
+            out = bytearray(nbytes)
+            self._recv_raw(out)
+        return bytes(out)
+
+    def _recv_raw(self, target) -> None:
+        try:
+            self._conn.recv_raw_into(target)
+        except ConnectionLost as exc:
+            raise self._lost(exc) from None
+
+    def remove(self, name: str) -> None:
+        self._request(P.REMOVE, [name])
+
+    def listdir(self, path: str = "") -> list[str]:
+        (names,) = self._request(P.LISTDIR, [path])
+        return names
+
+    def load_module(self, name: str) -> "Module":
+        """Load a module uploaded to the workspace (``upload(path)`` first)."""
+        handle, metadata = self._request(P.LOAD_MODULE, [name])
+        return Module(self, handle, json.loads(metadata))
+
+    def empty(self, shape, dtype="float32", dev: Device | None = None) -> "Tensor":
+        """Allocate an uninitialised-looking (zero-filled) tensor on the remote device."""
+        dev = dev or self.cpu(0)
+        if isinstance(shape, int):
+            shape = (shape,)
+        dtype = getattr(dtype, "name", None) or str(dtype)
+        (handle,) = self._request(P.EMPTY, [list(shape), dtype, DeviceValue(dev.device_type, dev.device_id)])
+        return Tensor(self, handle)
+
+    def array(self, source, dev: Device | None = None) -> "Tensor":
+        """A remote tensor holding a copy of ``source`` (an ndarray or anything numpy accepts)."""
+        import numpy as np
+
+        array = np.ascontiguousarray(source)
+        tensor = self.empty(array.shape, array.dtype.name, dev)
+        tensor.copyfrom(array)
+        return tensor
+
+
+def _inline_tensor(value) -> TensorValue:
+    """A local array or runtime Tensor sent by value as a call argument."""
+    if type(value).__name__ == "Tensor" and hasattr(value, "buffer"):
+        return TensorValue(value.dtype, tuple(value.shape), DeviceValue("cpu", 0), bytes(value.buffer))
+    import numpy as np
+
+    array = np.ascontiguousarray(value)
+    return TensorValue(array.dtype.name, tuple(array.shape), DeviceValue("cpu", 0), array.tobytes())
+
+
+def _byte_view(array) -> memoryview:
+    """A flat byte view of a C-contiguous ndarray (also for zero-sized arrays, which cast refuses)."""
+    import numpy as np
+
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+class _Remote:
+    __slots__ = ("_session", "_handle", "__weakref__")
+
+    def __del__(self) -> None:
+        session = getattr(self, "_session", None)
+        if session is not None:
+            session._free_later(self._handle)
+
+
+class Function(_Remote):
+    """A function on the server (a module's kernel or a global function); call it like one."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, session: RPCSession, handle: FunctionHandle, name: str) -> None:
+        self._session = session
+        self._handle = handle
+        self.name = name
+
+    def __call__(self, *args):
+        session = self._session
+        (result,) = session._request(P.CALL, [self._handle, *[session._to_wire(a) for a in args]])
+        return session._from_wire(result)
+
+    def __repr__(self) -> str:
+        return f"<remote Function {self.name} on {self._session.address}>"
+
+
+class TimeEvaluator(Function):
+    """The callable ``Module.time_evaluator`` returns: each call runs the timing on the device."""
+
+    __slots__ = ()
+
+    def __call__(self, *args):
+        from ..runtime import ProfileResult
+
+        return ProfileResult.from_dict(json.loads(super().__call__(*args)))
+
+
+class Module(_Remote):
+    """A module loaded on the server."""
+
+    __slots__ = ("metadata",)
+
+    def __init__(self, session: RPCSession, handle: ModuleHandle, metadata: dict | None) -> None:
+        self._session = session
+        self._handle = handle
+        self.metadata = metadata
+
+    @property
+    def entry_name(self) -> str | None:
+        return (self.metadata or {}).get("entry")
+
+    def get_function(self, name: str) -> Function:
+        (handle,) = self._session._request(P.GET_FUNCTION, [self._handle, name])
+        return Function(self._session, handle, name)
+
+    def __getitem__(self, name: str) -> Function:
+        return self.get_function(name)
+
+    def time_evaluator(self, name: str, dev: Device, number: int = 10, repeat: int = 1,
+                       min_repeat_ms: int = 0, cooldown_interval_ms: int = 0,
+                       repeats_to_cooldown: int = 1, f_preproc: str = "") -> TimeEvaluator:
+        """A callable that times ``name`` on the device (TVM semantics); returns a ProfileResult."""
+        args = [self._handle, name, DeviceValue(dev.device_type, dev.device_id), int(number),
+                int(repeat), int(min_repeat_ms), int(cooldown_interval_ms), int(repeats_to_cooldown),
+                f_preproc]
+        (handle,) = self._session._request(P.TIME_EVALUATOR, args)
+        return TimeEvaluator(self._session, handle, name)
+
+    def __repr__(self) -> str:
+        return f"<remote Module {self.entry_name or ''} on {self._session.address}>"
+
+
+class Tensor(_Remote):
+    """A tensor in the device's memory. ``numpy()`` and ``copyfrom()`` stream its bytes."""
+
+    __slots__ = ("shape", "dtype", "device")
+
+    def __init__(self, session: RPCSession, handle: TensorHandle) -> None:
+        self._session = session
+        self._handle = handle
+        self.shape = tuple(handle.shape)
+        self.dtype = handle.dtype
+        self.device = Device(handle.device.device_type, handle.device.device_id, session=session)
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes_of(self.dtype, self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def copyfrom(self, source) -> "Tensor":
+        """Fill from an ndarray (same shape; converted to this dtype), a local Tensor or a buffer."""
+        if hasattr(source, "__array_interface__") or isinstance(source, (list, tuple)):
+            import numpy as np
+
+            array = np.asarray(source)
+            if array.shape != self.shape:
+                raise ValueError(f"copyfrom: array shape {array.shape} does not match tensor shape "
+                                 f"{self.shape}")
+            view = _byte_view(np.ascontiguousarray(array, dtype=self.dtype))
+        elif hasattr(source, "buffer") and hasattr(source, "shape"):
+            if tuple(source.shape) != self.shape or source.dtype != self.dtype:
+                raise ValueError(f"copyfrom: source is {source.dtype}{list(source.shape)}, this tensor "
+                                 f"is {self.dtype}{list(self.shape)}")
+            view = source.buffer
+        else:
+            view = memoryview(source).cast("B")
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"copyfrom: source has {view.nbytes} bytes, the tensor {self.nbytes}")
+        self._session._request(P.COPY_TO, [self._handle, 0, view.nbytes], view)
+        return self
+
+    def copyto_buffer(self, target) -> None:
+        """Stream the tensor's bytes into a writable buffer of exactly ``nbytes``."""
+        view = target if isinstance(target, memoryview) and target.format == "B" else \
+            memoryview(target).cast("B")
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"copyto: target has {view.nbytes} bytes, the tensor {self.nbytes}")
+        session = self._session
+        with session._lock:
+            session._send(P.COPY_FROM, [self._handle, 0, view.nbytes], None)
+            nbytes = session._expect(session._receive(), P.DATA)
+            if nbytes != view.nbytes:
+                session._mark_closed()
+                raise ProtocolError(f"server sent {nbytes} bytes for a {view.nbytes}-byte tensor")
+            session._recv_raw(view)
+
+    def numpy(self):
+        import numpy as np
+
+        array = np.empty(self.shape, dtype=self.dtype)
+        self.copyto_buffer(_byte_view(array))
+        return array
+
+    asnumpy = numpy
+
+    def copyto(self, target):
+        """Copy into a local runtime Tensor or ndarray of the same layout, or onto a Device."""
+        if isinstance(target, Device):
+            if target.session is None:
+                from ..runtime import Tensor as LocalTensor
+
+                local = LocalTensor(self.shape, self.dtype, target)
+                self.copyto_buffer(local.buffer)
+                return local
+            return target.session.empty(self.shape, self.dtype, target).copyfrom(self.numpy())
+        if hasattr(target, "buffer"):
+            self.copyto_buffer(target.buffer)
+        else:
+            self.copyto_buffer(target)
+        return target
+
+    def __repr__(self) -> str:
+        return f"<remote Tensor {self.dtype}{list(self.shape)} on {self._session.address}>"
+
+
+__all__ = ["RPCSession", "connect", "open_session", "Tensor", "Module", "Function", "TimeEvaluator"]

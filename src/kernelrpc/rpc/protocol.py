@@ -1,0 +1,362 @@
+"""Sans-IO codec for kernelrpc's session protocol (see docs/protocol.md).
+
+A session starts, after TVM's handshake (``handshake.py``), with a *hello*: the
+client sends a packet framed exactly like TVM's ``kInitServer`` but carrying the
+version string ``"kernelrpc/1"``, and the server answers with a TVM-framed
+``kReturn`` (accepted) or ``kException`` (refused, naming both versions).
+Using TVM's framing for this one exchange means that each side can tell a TVM
+peer apart and tell it why, in a form that peer displays, instead of hanging.
+
+After the hello both sides exchange frames: ``u32 body_length, u8 type, body``.
+Some requests and replies are followed by a raw byte stream whose length the
+frame announces; the transport moves those bytes straight into and out of
+buffers, so they never pass through this codec.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import struct
+
+from ..errors import ProtocolError, VersionMismatch
+from .values import decode_values, encode_values
+
+PROTOCOL_NAME = "kernelrpc"
+PROTOCOL_VERSION = 1
+VERSION_STRING = f"{PROTOCOL_NAME}/{PROTOCOL_VERSION}"
+
+DEFAULT_MAX_FRAME_BYTES = 64 << 20
+MIN_MAX_FRAME_BYTES = 4096
+MAX_HELLO_BYTES = 4096
+MAX_HELLO_REPLY_BYTES = 1 << 20
+
+# Frame types.
+REQUEST, RETURN, ERROR, DATA, NOTICE = 1, 2, 3, 4, 5
+FRAME_NAMES = {REQUEST: "REQUEST", RETURN: "RETURN", ERROR: "ERROR", DATA: "DATA", NOTICE: "NOTICE"}
+
+# Request operations (first byte of a REQUEST body).
+(GET_GLOBAL, LOAD_MODULE, GET_FUNCTION, CALL, FREE, EMPTY, COPY_TO, COPY_FROM, UPLOAD, DOWNLOAD,
+ REMOVE, LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS) = range(1, 16)
+OPS = dict(enumerate(
+    ("GET_GLOBAL", "LOAD_MODULE", "GET_FUNCTION", "CALL", "FREE", "EMPTY", "COPY_TO", "COPY_FROM",
+     "UPLOAD", "DOWNLOAD", "REMOVE", "LISTDIR", "TIME_EVALUATOR", "SHUTDOWN", "LIST_GLOBALS"), start=1))
+OPS_WITH_RAW_INPUT = frozenset({COPY_TO, UPLOAD})  # raw bytes follow these request frames
+
+# NOTICE kinds: the server's parent process ended the session.
+NOTICE_TIMEOUT = "SessionTimeout"
+NOTICE_CRASHED = "ServerCrashed"
+
+_HEADER = struct.Struct("<IB")
+HEADER_SIZE = _HEADER.size
+_U64 = struct.Struct("<Q")
+_OP = struct.Struct("<B")
+
+# TVM packet pieces used only by the hello (tvm-rpc-protocol.md sections 5.1-5.5).
+_TVM_HEAD = struct.Struct("<Qi")
+_TVM_INIT_SERVER, _TVM_RETURN, _TVM_EXCEPTION = 2, 4, 5
+_TVM_RAWSTR = 8
+_TVM_STR_HEAD = struct.Struct("<iQ")
+_TVM_NARGS = struct.Struct("<i")
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    type: int
+    body: bytes
+
+
+# ---------------------------------------------------------------- frames
+
+def encode_frame(frame_type: int, body: bytes = b"") -> bytes:
+    return _HEADER.pack(len(body), frame_type) + body
+
+
+def frame_header(frame_type: int, body_length: int) -> bytes:
+    return _HEADER.pack(body_length, frame_type)
+
+
+def parse_header(header, max_frame_bytes: int) -> tuple[int, int]:
+    """Return ``(type, body_length)`` of a 5-byte frame header, checking both."""
+    length, frame_type = _HEADER.unpack(header)
+    if frame_type not in FRAME_NAMES:
+        raise ProtocolError(f"unknown frame type {frame_type} (header {bytes(header).hex(' ')}); "
+                            "the peer does not speak kernelrpc's session protocol")
+    if length > max_frame_bytes:
+        raise ProtocolError(f"{FRAME_NAMES[frame_type]} frame of {length} bytes exceeds the limit of "
+                            f"{max_frame_bytes} bytes (max_frame_bytes)")
+    return frame_type, length
+
+
+class FrameReader:
+    """Splits a byte stream into frames; also hands out buffered bytes for raw streams."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data) -> None:
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None when more bytes are needed."""
+        avail = len(self._buf) - self._pos
+        if avail < HEADER_SIZE:
+            return None
+        frame_type, length = parse_header(
+            memoryview(self._buf)[self._pos:self._pos + HEADER_SIZE], self.max_frame_bytes)
+        if avail < HEADER_SIZE + length:
+            return None
+        start = self._pos + HEADER_SIZE
+        body = bytes(self._buf[start:start + length])
+        self._advance(HEADER_SIZE + length)
+        return Frame(frame_type, body)
+
+    def take(self, n: int) -> bytes:
+        """Up to ``n`` already buffered bytes (the start of a raw stream)."""
+        n = min(n, len(self._buf) - self._pos)
+        chunk = bytes(self._buf[self._pos:self._pos + n])
+        self._advance(n)
+        return chunk
+
+    def _advance(self, n: int) -> None:
+        self._pos += n
+        if self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        elif self._pos > 1 << 16:
+            del self._buf[:self._pos]
+            self._pos = 0
+
+
+# ---------------------------------------------------------------- requests and replies
+
+def encode_request(op: int, args=()) -> bytes:
+    body = _OP.pack(op) + encode_values(args)
+    return encode_frame(REQUEST, body)
+
+
+def decode_request(body) -> tuple[int, list]:
+    if not body:
+        raise ProtocolError("empty REQUEST frame")
+    op = body[0]
+    if op not in OPS:
+        raise ProtocolError(f"unknown request operation {op}")
+    return op, decode_values(memoryview(body)[1:])
+
+
+def encode_return(values=()) -> bytes:
+    return encode_frame(RETURN, encode_values(values))
+
+
+def encode_error(type_name: str, message: str, traceback_text: str = "") -> bytes:
+    return encode_frame(ERROR, encode_values([type_name, message, traceback_text]))
+
+
+def decode_error(body) -> tuple[str, str, str]:
+    values = decode_values(body)
+    if len(values) != 3 or not all(isinstance(v, str) for v in values):
+        raise ProtocolError("malformed ERROR frame")
+    return values[0], values[1], values[2]
+
+
+def encode_data_header(nbytes: int) -> bytes:
+    """A DATA frame announcing ``nbytes`` raw bytes that follow it."""
+    return encode_frame(DATA, _U64.pack(nbytes))
+
+
+def decode_data_header(body) -> int:
+    if len(body) != _U64.size:
+        raise ProtocolError("malformed DATA frame")
+    return _U64.unpack(body)[0]
+
+
+def encode_notice(kind: str, message: str, signal: int | None = None, exit_code: int | None = None) -> bytes:
+    return encode_frame(NOTICE, encode_values([kind, message, signal, exit_code]))
+
+
+def decode_notice(body) -> tuple[str, str, int | None, int | None]:
+    values = decode_values(body)
+    if (len(values) != 4 or not isinstance(values[0], str) or not isinstance(values[1], str)
+            or not all(v is None or type(v) is int for v in values[2:])):
+        raise ProtocolError("malformed NOTICE frame")
+    return values[0], values[1], values[2], values[3]
+
+
+# ---------------------------------------------------------------- hello (version exchange)
+
+def _tvm_packet(code: int, body: bytes) -> bytes:
+    return _TVM_HEAD.pack(len(body) + 4, code) + body
+
+
+def _tvm_rawstr(text: str) -> bytes:
+    raw = text.encode()
+    return _TVM_STR_HEAD.pack(_TVM_RAWSTR, len(raw)) + raw
+
+
+def encode_hello(version: str = VERSION_STRING) -> bytes:
+    """The client's first packet: TVM's kInitServer carrying our version string, no arguments."""
+    raw = version.encode()
+    return _tvm_packet(_TVM_INIT_SERVER, _U64.pack(len(raw)) + raw + _TVM_NARGS.pack(0))
+
+
+def encode_hello_accept(info: dict) -> bytes:
+    """The server's acceptance: TVM kReturn with [version, JSON of the session's limits]."""
+    body = _TVM_NARGS.pack(2) + _tvm_rawstr(VERSION_STRING) + _tvm_rawstr(json.dumps(info))
+    return _tvm_packet(_TVM_RETURN, body)
+
+
+def encode_hello_refuse(message: str) -> bytes:
+    """A TVM kException: TVM clients raise it as an RPCError carrying ``message``."""
+    return _tvm_packet(_TVM_EXCEPTION, _TVM_NARGS.pack(1) + _tvm_rawstr(message))
+
+
+def describe_version(version: str) -> str:
+    if version.startswith(PROTOCOL_NAME + "/"):
+        return f"kernelrpc session protocol {version}"
+    return f"TVM RPC protocol {version}"
+
+
+def check_client_version(version: str) -> None:
+    """Raise VersionMismatch naming both versions unless ``version`` is ours."""
+    if version == VERSION_STRING:
+        return
+    advice = ("use kernelrpc.rpc.connect (or the kernelrpc release that matches this server)"
+              if version.startswith(PROTOCOL_NAME + "/") else
+              "connect with kernelrpc.rpc.connect, or point TVM clients at a TVM rpc_server")
+    raise VersionMismatch(
+        f"version mismatch: this kernelrpc server speaks kernelrpc session protocol {VERSION_STRING}, "
+        f"the client speaks {describe_version(version)}; {advice}", ours=VERSION_STRING, theirs=version)
+
+
+class _TVMPacketParser:
+    """Collects one TVM-framed packet (``u64 nbytes, i32 code, body``) of bounded size."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self._buf = bytearray()
+        self._limit = limit
+        self._what = what
+        self.unused = b""
+
+    def _packet(self, data) -> tuple[int, memoryview] | None:
+        self._buf += data
+        if len(self._buf) < _TVM_HEAD.size:
+            return None
+        nbytes, code = _TVM_HEAD.unpack_from(self._buf)
+        if nbytes < 4 or nbytes > self._limit:
+            raise ProtocolError(
+                f"{self._what}: first bytes {bytes(self._buf[:12]).hex(' ')} announce a {nbytes}-byte "
+                f"packet; the peer speaks neither kernelrpc's nor TVM's session protocol")
+        if len(self._buf) < 8 + nbytes:
+            return None
+        self.unused = bytes(self._buf[8 + nbytes:])
+        return code, memoryview(self._buf)[12:8 + nbytes]
+
+
+def _read_tvm_strings(body: memoryview, what: str) -> list[str]:
+    if len(body) < 4:
+        raise ProtocolError(f"{what}: truncated argument list")
+    (count,) = _TVM_NARGS.unpack_from(body)
+    pos, out = 4, []
+    if not 0 <= count <= 16:
+        raise ProtocolError(f"{what}: unexpected argument count {count}")
+    for _ in range(count):
+        if pos + _TVM_STR_HEAD.size > len(body):
+            raise ProtocolError(f"{what}: truncated argument")
+        type_index, n = _TVM_STR_HEAD.unpack_from(body, pos)
+        pos += _TVM_STR_HEAD.size
+        if type_index != _TVM_RAWSTR or n > len(body) - pos:
+            raise ProtocolError(f"{what}: expected string arguments")
+        out.append(str(body[pos:pos + n], "utf-8", "replace"))
+        pos += n
+    return out
+
+
+class HelloParser(_TVMPacketParser):
+    """Server side: ``feed`` returns the client's version string once the hello is complete."""
+
+    def __init__(self) -> None:
+        super().__init__(MAX_HELLO_BYTES, "session hello")
+
+    def feed(self, data) -> str | None:
+        packet = self._packet(data)
+        if packet is None:
+            return None
+        code, body = packet
+        if code != _TVM_INIT_SERVER:
+            raise ProtocolError(f"session hello: the first packet has code {code}, expected the "
+                                f"version exchange (kInitServer, {_TVM_INIT_SERVER})")
+        if len(body) < 8:
+            raise ProtocolError("session hello: truncated version string")
+        (n,) = _U64.unpack_from(body)
+        if n > len(body) - 8 or n > 64:
+            raise ProtocolError(f"session hello: version string length {n} is out of range")
+        try:
+            return str(body[8:8 + n], "ascii")
+        except UnicodeDecodeError:
+            raise ProtocolError("session hello: the version string is not ASCII") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class HelloReply:
+    version: str
+    info: dict
+
+
+_TVM_SERVER_VERSION = re.compile(r"server protocol=([\w.]+)")
+
+
+class HelloReplyParser(_TVMPacketParser):
+    """Client side: ``feed`` returns a HelloReply, or raises VersionMismatch / ProtocolError."""
+
+    def __init__(self) -> None:
+        super().__init__(MAX_HELLO_REPLY_BYTES, "session hello reply")
+
+    def feed(self, data) -> HelloReply | None:
+        packet = self._packet(data)
+        if packet is None:
+            return None
+        code, body = packet
+        strings = _read_tvm_strings(body, "session hello reply")
+        if code == _TVM_EXCEPTION and len(strings) == 1:
+            raise self._refusal(strings[0])
+        if code != _TVM_RETURN:
+            raise ProtocolError(f"session hello reply has TVM code {code}, expected kReturn or kException")
+        if len(strings) != 2:
+            if strings == [] or len(strings) == 1:
+                raise VersionMismatch(
+                    f"version mismatch: this client speaks kernelrpc session protocol {VERSION_STRING}, "
+                    "the server accepted it as a TVM RPC session (it is a TVM rpc_server or proxy "
+                    "end point); use tvm.rpc to talk to it", ours=VERSION_STRING, theirs="TVM RPC")
+            raise ProtocolError("session hello reply: unexpected values")
+        version, info_text = strings
+        if version != VERSION_STRING:
+            raise VersionMismatch(
+                f"version mismatch: this client speaks {VERSION_STRING}, the server {describe_version(version)}",
+                ours=VERSION_STRING, theirs=version)
+        try:
+            info = json.loads(info_text)
+        except ValueError:
+            raise ProtocolError("session hello reply: server info is not JSON") from None
+        if not isinstance(info, dict):
+            raise ProtocolError("session hello reply: server info is not an object")
+        return HelloReply(version, info)
+
+    @staticmethod
+    def _refusal(message: str) -> VersionMismatch:
+        if message.startswith("version mismatch:"):
+            theirs = message.split("speaks kernelrpc session protocol ", 1)[-1].split(",", 1)[0]
+            return VersionMismatch(message, ours=VERSION_STRING, theirs=theirs)
+        found = _TVM_SERVER_VERSION.search(message)
+        theirs = found.group(1) if found else "unknown"
+        return VersionMismatch(
+            f"version mismatch: this client speaks kernelrpc session protocol {VERSION_STRING}, the server "
+            f"refused it and looks like a TVM RPC server (TVM RPC protocol {theirs}); its message: "
+            f"{message.strip()[:500]}", ours=VERSION_STRING, theirs=theirs)

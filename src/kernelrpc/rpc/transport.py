@@ -1,0 +1,87 @@
+"""The thin socket layer under the session protocol: frames in, frames out, raw streams.
+
+Raw payloads (tensor contents, files) go straight between the socket and the
+caller's buffer: ``sendmsg`` of the frame header together with a memoryview,
+``recv_into`` a memoryview, so no payload byte is copied by Python.
+"""
+from __future__ import annotations
+
+import socket
+
+from ..errors import ConnectionLost
+from .protocol import DEFAULT_MAX_FRAME_BYTES, Frame, FrameReader
+
+_RECV_CHUNK = 1 << 16
+
+
+class FramedSocket:
+    """Blocking frame I/O over a connected socket. Socket errors surface as ConnectionLost."""
+
+    def __init__(self, sock: socket.socket, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 initial: bytes = b"") -> None:
+        self.sock = sock
+        self.reader = FrameReader(max_frame_bytes)
+        self._scratch = bytearray(_RECV_CHUNK)
+        if initial:
+            self.reader.feed(initial)
+
+    def send(self, data) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while sending: {exc}") from exc
+
+    def send_with_raw(self, head: bytes, raw) -> None:
+        """Send ``head`` followed by the bytes of ``raw`` (any buffer) without copying them."""
+        raw = memoryview(raw).cast("B")
+        try:
+            if len(raw) <= _RECV_CHUNK:
+                self.sock.sendall(head + raw)
+                return
+            sent = self.sock.sendmsg([head, raw])
+            if sent < len(head):
+                self.sock.sendall(head[sent:])
+                sent = len(head)
+            if sent - len(head) < len(raw):
+                self.sock.sendall(raw[sent - len(head):])
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while sending: {exc}") from exc
+
+    def _fill(self) -> None:
+        try:
+            n = self.sock.recv_into(self._scratch)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if n == 0:
+            raise ConnectionLost("the peer closed the connection")
+        self.reader.feed(memoryview(self._scratch)[:n])
+
+    def recv_frame(self) -> Frame:
+        while True:
+            frame = self.reader.next_frame()
+            if frame is not None:
+                return frame
+            self._fill()
+
+    def recv_raw_into(self, target) -> None:
+        """Fill ``target`` (a writable buffer) with the next raw bytes of the stream."""
+        view = memoryview(target).cast("B")
+        head = self.reader.take(len(view))
+        view[:len(head)] = head
+        pos = len(head)
+        try:
+            while pos < len(view):
+                n = self.sock.recv_into(view[pos:])
+                if n == 0:
+                    raise ConnectionLost("the peer closed the connection in the middle of a transfer")
+                pos += n
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+
+    def discard_raw(self, nbytes: int) -> None:
+        """Read and drop ``nbytes`` raw bytes (a refused transfer keeps the stream in step)."""
+        chunk = bytearray(min(nbytes, 1 << 20))
+        while nbytes:
+            part = memoryview(chunk)[:min(nbytes, len(chunk))]
+            self.recv_raw_into(part)
+            nbytes -= len(part)

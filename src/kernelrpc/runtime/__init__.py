@@ -1,0 +1,15 @@
+"""The kernelrpc runtime: devices, tensors, modules and timing. Standard library only, because
+it also runs on devices (numpy is imported lazily, by ``Tensor.numpy()`` and ndarray copies)."""
+from __future__ import annotations
+
+from ..errors import KernelError, ModuleError
+from .device import Device, cpu, device
+from .dtype import DTYPES, DType, parse_dtype, shape_nbytes
+from .evaluator import TimeEvaluator
+from .module import Function, Module, load_module
+from .profile import ProfileResult
+from .tensor import Tensor, empty
+
+__all__ = ["DTYPES", "DType", "Device", "Function", "KernelError", "Module", "ModuleError",
+           "ProfileResult", "Tensor", "TimeEvaluator", "cpu", "device", "empty", "load_module",
+           "parse_dtype", "shape_nbytes"]

@@ -1,0 +1,118 @@
+"""time_evaluator on a local module: TVM's algorithm (timing.py) around the module's native
+``__kernelrpc_time`` loop."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import operator
+import time
+
+from .buffer import AlignedBuffer
+from .cacheflush import ScratchFlusher
+from .device import Device
+from .profile import MAX_RESULTS, ProfileResult
+from .timing import TimerState, TimingConfig, measure
+
+CACHE_FLUSH_NON_FIRST_ARG = "cache_flush_cpu_non_first_arg"
+F_PREPROC_NAMES = ("", CACHE_FLUSH_NON_FIRST_ARG)
+MAX_NUMBER = (1 << 31) - 1
+MAX_INTERVAL_MS = 3_600_000
+MAX_CACHE_FLUSH_BYTES = 1 << 32
+
+
+def _bounded_int(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"time_evaluator: {name} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"time_evaluator: {name} must be an integer, "
+                        f"got {type(value).__name__}") from None
+    if not lo <= value <= hi:
+        raise ValueError(f"time_evaluator: {name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _bounded_ms(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"time_evaluator: {name} must be a number of milliseconds, got {value!r}")
+    if not 0 <= value <= MAX_INTERVAL_MS:
+        raise ValueError(f"time_evaluator: {name} must be in [0, {MAX_INTERVAL_MS}], got {value}")
+    return value
+
+
+class TimeEvaluator:
+    """Calling it with the function's arguments returns a ProfileResult. Like TVM's timer, it
+    keeps ``number`` once min_repeat_ms has grown it, for later repeats and later calls."""
+
+    def __init__(self, function, dev, *, number=10, repeat=1, min_repeat_ms=0,
+                 cooldown_interval_ms=0, repeats_to_cooldown=1, f_preproc="",
+                 limit_zero_time_iterations=100, cache_flush_bytes=0):
+        if not isinstance(dev, Device) or not dev.is_local:
+            raise ValueError(f"time_evaluator of a local module needs a local device, got {dev!r}")
+        if f_preproc not in F_PREPROC_NAMES:
+            raise ValueError(f"time_evaluator: unknown f_preproc {f_preproc!r}; "
+                             f"supported: {', '.join(repr(n) for n in F_PREPROC_NAMES)}")
+        self.function = function
+        self.device = dev
+        self.f_preproc = f_preproc
+        self._state = TimerState(_bounded_int("number", number, 1, MAX_NUMBER))
+        self.config = TimingConfig(
+            repeat=_bounded_int("repeat", repeat, 1, MAX_RESULTS),
+            min_repeat_ms=_bounded_ms("min_repeat_ms", min_repeat_ms),
+            limit_zero_time_iterations=_bounded_int("limit_zero_time_iterations",
+                                                    limit_zero_time_iterations, 0, MAX_NUMBER),
+            cooldown_interval_ms=_bounded_ms("cooldown_interval_ms", cooldown_interval_ms),
+            repeats_to_cooldown=_bounded_int("repeats_to_cooldown", repeats_to_cooldown, 1,
+                                             MAX_NUMBER),
+        )
+        self.cache_flush_bytes = _bounded_int("cache_flush_bytes", cache_flush_bytes, 0,
+                                              MAX_CACHE_FLUSH_BYTES)
+        self._flush_buffers: tuple[AlignedBuffer, AlignedBuffer] | None = None
+        self._scratch = ScratchFlusher()
+
+    @property
+    def number(self) -> int:
+        """The current ``number`` (calls per timed batch), grown by min_repeat_ms if needed."""
+        return self._state.number
+
+    def __call__(self, *args) -> ProfileResult:
+        function = self.function
+        module = function.module
+        packed = function.pack(args)
+        flush_buffers = self._cache_flush_buffers()
+
+        def run_batch(number: int) -> int:
+            if flush_buffers is not None:
+                src, dst = flush_buffers
+                ctypes.memmove(dst.address, src.address, dst.nbytes)
+            return module.time_batch(function, packed, number)
+
+        preproc = None
+        if self.f_preproc == CACHE_FLUSH_NON_FIRST_ARG:
+            preproc = functools.partial(self._flush_non_first, packed)
+        results = measure(self._state, self.config, warmup=lambda: function.invoke(packed),
+                          run_batch=run_batch, preproc=preproc, sleep=time.sleep)
+        return ProfileResult(results, self._state.number, module.target, function.name)
+
+    def _cache_flush_buffers(self):
+        """TVM's cache_flush_bytes: two int32 buffers; copying one into the other before every
+        timed batch evicts the caches."""
+        if self.cache_flush_bytes and self._flush_buffers is None:
+            size = self.cache_flush_bytes // 4 * 4
+            self._flush_buffers = (AlignedBuffer(size), AlignedBuffer(size))
+        return self._flush_buffers
+
+    def _flush_non_first(self, packed) -> None:
+        module = self.function.module
+        tensors = [tensor for position, tensor in packed.tensors if position > 0]
+        if not module.has_cache_flush:
+            if tensors:
+                self._scratch.flush()
+            return
+        for tensor in tensors:
+            module.cache_flush(tensor)
+
+    def __repr__(self) -> str:
+        return (f"<TimeEvaluator {self.function.name} number={self.number} "
+                f"repeat={self.config.repeat} min_repeat_ms={self.config.min_repeat_ms}>")

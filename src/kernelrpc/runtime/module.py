@@ -1,0 +1,236 @@
+"""Loading kernelrpc modules (docs/module-format.md) and calling their functions with ctypes."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+from ..errors import KernelError, ModuleError
+from .dtype import DTYPES, pack_scalar
+from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
+from .tensor import Tensor, _is_ndarray
+
+
+class PackedArgs:
+    """Validated arguments in the packed calling convention: ``pointer`` is the ``void **args``
+    array. Holds the tensors' memory (even if a tensor is freed meanwhile) and the 8-byte
+    scalar slots while it is in use."""
+
+    __slots__ = ("words", "tensors", "pointer", "_memory")
+
+    def __init__(self, spec: FunctionSpec, values: tuple):
+        n = len(spec.args)
+        # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
+        self.words = (ctypes.c_uint64 * max(2 * n, 1))()
+        self.pointer = ctypes.addressof(self.words)
+        self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
+        self._memory: list[memoryview] = []
+        words = self.words
+        for i, arg in enumerate(spec.args):
+            value = values[i]
+            if arg.kind == "tensor":
+                # Fast path for the common case; _check_tensor explains anything else.
+                if (type(value) is not Tensor or value._dtype is not arg.dtype
+                        or value.shape != arg.shape or value._buf.freed):
+                    _check_tensor(arg, value, _where(spec, i))
+                buf = value._buf
+                self.tensors.append((i, value))
+                self._memory.append(buf.view)
+                words[i] = buf.address
+            else:
+                try:
+                    raw = pack_scalar(arg.dtype, value)
+                except (TypeError, ValueError):
+                    pack_scalar(arg.dtype, value, _where(spec, i))   # raises, naming the argument
+                    raise
+                slot = self.pointer + 8 * (n + i)
+                ctypes.memmove(slot, raw, len(raw))
+                words[i] = slot
+
+
+def _where(spec: FunctionSpec, i: int) -> str:
+    return f"{spec.name}() argument {i} '{spec.args[i].name}'"
+
+
+def _check_tensor(arg: ArgSpec, value, where: str) -> None:
+    expected = f"{arg.dtype}{list(arg.shape)}"
+    if not isinstance(value, Tensor):
+        if _is_ndarray(value):
+            hint = "; wrap it with kernelrpc.nd.array(...)"
+        elif getattr(getattr(value, "device", None), "session", None) is not None:
+            hint = "; it lives on a remote device, so call the remote module's function"
+        else:
+            hint = ""
+        raise TypeError(f"{where}: expected a tensor {expected}, got {type(value).__name__}{hint}")
+    if value.freed:
+        raise ValueError(f"{where}: the tensor has been freed")
+    if value.dtype != arg.dtype.name:
+        raise TypeError(f"{where}: expected dtype {arg.dtype}, got {value.dtype}")
+    if value.ndim != len(arg.shape):
+        raise ValueError(f"{where}: expected {len(arg.shape)} dimensions {expected}, "
+                         f"got {value.ndim} {list(value.shape)}")
+    if value.shape != arg.shape:
+        raise ValueError(f"{where}: expected shape {expected}, got {list(value.shape)}")
+
+
+class Function:
+    """A kernel of a loaded module; calling it checks the arguments against the metadata."""
+
+    def __init__(self, module: Module, spec: FunctionSpec, cfunc):
+        self.module = module
+        self.spec = spec
+        self._cfunc = cfunc
+        self.address: int = ctypes.cast(cfunc, ctypes.c_void_p).value
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def pack(self, args: tuple) -> PackedArgs:
+        if len(args) != len(self.spec.args):
+            raise TypeError(f"{self.spec.signature()} takes {len(self.spec.args)} arguments, "
+                            f"got {len(args)}")
+        return PackedArgs(self.spec, args)
+
+    def invoke(self, packed: PackedArgs) -> None:
+        code = self._cfunc(packed.pointer)
+        if code != 0:
+            raise KernelError(self.spec.name, code)
+
+    def __call__(self, *args) -> None:
+        self.invoke(self.pack(args))
+
+    def __repr__(self) -> str:
+        return f"<Function {self.spec.signature()}>"
+
+
+class Module:
+    """A loaded kernelrpc module. Modules stay loaded for the life of the process."""
+
+    def __init__(self, path: str, lib: ctypes.CDLL, meta: ModuleMetadata):
+        self.path = path
+        self._lib = lib
+        self._meta = meta
+        self._functions: dict[str, Function] = {}
+        for spec in meta.functions.values():
+            cfunc = _symbol(lib, spec.symbol, ctypes.c_int32, (ctypes.c_void_p,))
+            if cfunc is None:
+                raise ModuleError(f"{path}: function {spec.name!r} is declared but its symbol "
+                                  f"{spec.symbol} is not exported")
+            self._functions[spec.name] = Function(self, spec, cfunc)
+        self._time = _symbol(lib, "__kernelrpc_time", ctypes.c_int64,
+                             (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64))
+        if self._time is None:
+            raise ModuleError(f"{path}: required symbol __kernelrpc_time is not exported")
+        self._cache_flush = _symbol(lib, "__kernelrpc_cache_flush", None,
+                                    (ctypes.c_void_p, ctypes.c_int64))
+        self._set_num_threads = _symbol(lib, "__kernelrpc_set_num_threads", ctypes.c_int32,
+                                        (ctypes.c_int32,))
+
+    @property
+    def metadata(self) -> dict:
+        return self._meta.document
+
+    @property
+    def entry_name(self) -> str | None:
+        return self._meta.entry
+
+    @property
+    def target(self) -> dict:
+        return self._meta.target
+
+    @property
+    def function_names(self) -> list[str]:
+        return list(self._functions)
+
+    @property
+    def entry_func(self) -> Function:
+        if self._meta.entry is None:
+            raise AttributeError(f"module {self.path} has no entry function")
+        return self._functions[self._meta.entry]
+
+    def implements_function(self, name: str) -> bool:
+        return name in self._functions
+
+    __contains__ = implements_function
+
+    def get_function(self, name: str) -> Function:
+        function = self._functions.get(name) if isinstance(name, str) else None
+        if function is None:
+            raise AttributeError(f"module {os.path.basename(self.path)} has no function {name!r}; "
+                                 f"it has: {', '.join(self._functions) or 'none'}")
+        return function
+
+    __getitem__ = get_function
+
+    def time_evaluator(self, name: str, dev, number: int = 10, repeat: int = 1,
+                       min_repeat_ms: float = 0, cooldown_interval_ms: float = 0,
+                       repeats_to_cooldown: int = 1, f_preproc: str = "", *,
+                       limit_zero_time_iterations: int = 100, cache_flush_bytes: int = 0):
+        """A callable that runs ``name`` with TVM's time_evaluator semantics and returns a
+        ProfileResult (see kernelrpc.runtime.evaluator.TimeEvaluator)."""
+        from .evaluator import TimeEvaluator
+
+        return TimeEvaluator(self.get_function(name), dev, number=number, repeat=repeat,
+                             min_repeat_ms=min_repeat_ms, cooldown_interval_ms=cooldown_interval_ms,
+                             repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc,
+                             limit_zero_time_iterations=limit_zero_time_iterations,
+                             cache_flush_bytes=cache_flush_bytes)
+
+    def time_batch(self, function: Function, packed: PackedArgs, number: int) -> int:
+        """Nanoseconds for ``number`` calls, timed by the module's native ``__kernelrpc_time``."""
+        elapsed = self._time(function.address, packed.pointer, number)
+        if elapsed < 0:
+            raise KernelError(function.name, -elapsed)
+        return elapsed
+
+    @property
+    def has_cache_flush(self) -> bool:
+        return self._cache_flush is not None
+
+    def cache_flush(self, tensor: Tensor) -> None:
+        """Evict ``tensor`` from the CPU caches with the module's ``__kernelrpc_cache_flush``."""
+        self._cache_flush(tensor.data, tensor.nbytes)
+
+    def set_num_threads(self, n: int) -> int:
+        """Worker threads for parallel loops (0 = all cores); returns the number now in use."""
+        pack_scalar(DTYPES["int32"], n, "set_num_threads()")
+        if self._set_num_threads is None:
+            return 1
+        return self._set_num_threads(n)
+
+    def __repr__(self) -> str:
+        return f"<Module {self.path} functions={self.function_names}>"
+
+
+def _symbol(lib, symbol, restype, argtypes):
+    """A fresh ctypes function for ``symbol``, or None when the library does not export it."""
+    try:
+        fn = lib[symbol]
+    except AttributeError:
+        return None
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+def load_module(path) -> Module:
+    """Load a kernelrpc module (a shared library exported by kernelrpc, docs/module-format.md)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"module file not found: {path}")
+    try:
+        lib = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as exc:
+        raise ModuleError(f"cannot load {path}: {exc}") from None
+    get_metadata = _symbol(lib, "__kernelrpc_metadata", ctypes.c_char_p, ())
+    if get_metadata is None:
+        raise ModuleError(f"{path} is not a kernelrpc module: it does not export "
+                          f"__kernelrpc_metadata")
+    text = get_metadata()
+    if text is None:
+        raise ModuleError(f"{path}: __kernelrpc_metadata returned NULL")
+    try:
+        meta = parse_metadata(text)
+    except ModuleError as exc:
+        raise ModuleError(f"{path}: {exc}") from None
+    return Module(path, lib, meta)

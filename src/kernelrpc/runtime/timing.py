@@ -1,0 +1,62 @@
+"""The time_evaluator algorithm of TVM's ``runtime.RPCTimeEvaluator`` (src/runtime/timer.cc),
+as a pure function over callables so tests can drive it with a counting fake clock.
+
+Reference: ``tvm-rpc-protocol.md`` section 6.2. Only ``run_batch`` touches the kernel's timing
+clock; the warm-up call, ``f_preproc`` and the cooldown sleeps are never timed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+GOLDEN_RATIO = 1.618
+
+
+@dataclass
+class TimerState:
+    """``number`` grows with ``min_repeat_ms`` and stays grown for later repeats and calls."""
+    number: int
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    repeat: int = 1
+    min_repeat_ms: float = 0
+    limit_zero_time_iterations: int = 100
+    cooldown_interval_ms: float = 0
+    repeats_to_cooldown: int = 1
+
+
+def measure(state: TimerState, config: TimingConfig, *,
+            warmup: Callable[[], None],
+            run_batch: Callable[[int], int],
+            preproc: Callable[[], None] | None = None,
+            sleep: Callable[[float], None]) -> list[float]:
+    """Seconds per call for each repeat.
+
+    ``warmup()`` calls the function once; ``run_batch(number)`` calls it ``number`` times and
+    returns the elapsed nanoseconds; ``preproc()`` runs before each repeat; ``sleep(seconds)``
+    is the cooldown.
+    """
+    warmup()
+    results = []
+    for i in range(config.repeat):
+        if preproc is not None:
+            preproc()
+        duration_ms = 0.0
+        zero_passes = 0
+        while True:
+            if duration_ms > 0.0:
+                state.number = int(max(config.min_repeat_ms / (duration_ms / state.number) + 1,
+                                       state.number * GOLDEN_RATIO))
+            elapsed_ns = run_batch(state.number)
+            if elapsed_ns == 0:
+                zero_passes += 1
+            duration_ms = elapsed_ns / 1e6
+            if not (duration_ms < config.min_repeat_ms
+                    and zero_passes < config.limit_zero_time_iterations):
+                break
+        results.append(duration_ms / 1e3 / state.number)
+        if config.cooldown_interval_ms > 0 and i % config.repeats_to_cooldown == 0:
+            sleep(config.cooldown_interval_ms / 1e3)
+    return results

@@ -1,0 +1,57 @@
+"""``python -m kernelrpc.server``: serve sessions on a port, one child process per session."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .config import ServerConfig
+from .listener import Server, bind_first_free
+
+
+def parse_args(argv=None) -> tuple[ServerConfig, str]:
+    parser = argparse.ArgumentParser(prog="python -m kernelrpc.server", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9090,
+                        help="first port to try; 0 lets the OS choose (default 9090)")
+    parser.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
+    parser.add_argument("--key", default="", help="the key clients must present (client:KEY)")
+    parser.add_argument("--session-timeout", type=float, default=0.0,
+                        help="end every session after this many seconds (0: no limit of our own)")
+    parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes)
+    parser.add_argument("--max-frame-bytes", type=int, default=ServerConfig.max_frame_bytes)
+    parser.add_argument("--max-tensor-bytes", type=int, default=ServerConfig.max_tensor_bytes)
+    parser.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout)
+    parser.add_argument("--max-sessions", type=int, default=1,
+                        help="sessions served at the same time (default 1: measurements never overlap)")
+    parser.add_argument("--workspace-root", default=None, help="parent directory of session workspaces")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    from ..rpc.protocol import MIN_MAX_FRAME_BYTES
+    if args.max_frame_bytes < MIN_MAX_FRAME_BYTES:
+        parser.error(f"--max-frame-bytes must be at least {MIN_MAX_FRAME_BYTES}")
+    if args.max_sessions < 1 or args.session_timeout < 0 or args.handshake_timeout <= 0:
+        parser.error("--max-sessions must be >= 1, timeouts positive")
+    return ServerConfig(
+        host=args.host, port=args.port, port_end=args.port_end, key=args.key,
+        session_timeout=args.session_timeout, max_upload_bytes=args.max_upload_bytes,
+        max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
+        handshake_timeout=args.handshake_timeout, max_sessions=args.max_sessions,
+        workspace_root=args.workspace_root), args.log_level
+
+
+def main(argv=None) -> int:
+    config, log_level = parse_args(argv)
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    sock = bind_first_free(config.host, config.port, config.port_end)
+    server = Server(config, sock)
+    server.install_signal_handlers()
+    host, port = server.address
+    print(f"kernelrpc.server listening on {host}:{port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

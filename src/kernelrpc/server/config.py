@@ -1,0 +1,28 @@
+"""The device server's options (one field per command-line flag)."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..rpc.protocol import DEFAULT_MAX_FRAME_BYTES
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9090
+    port_end: int = 9199
+    key: str = ""
+    session_timeout: float = 0.0          # seconds; 0 = only the client's -timeout= applies
+    max_upload_bytes: int = 1 << 30
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_tensor_bytes: int = 8 << 30       # largest single tensor a client may allocate
+    handshake_timeout: float = 10.0       # a silent peer is dropped after this long
+    max_sessions: int = 1                 # sessions at a time; more would disturb measurements
+    workspace_root: str | None = None     # parent of per-session temp dirs (default: system temp)
+    tracker_addr: tuple[str, int] | None = None
+    custom_addr: str | None = None
+
+    def effective_timeout(self, client_timeout: float | None) -> float | None:
+        """The session's time limit: the smaller of the client's and the server's, if any."""
+        limits = [t for t in (client_timeout, self.session_timeout) if t]
+        return min(limits) if limits else None

@@ -1,0 +1,257 @@
+"""One session's request loop, run inside the session's child process.
+
+Remote objects live in a handle table; the client holds only their ids. Every
+request is answered with RETURN, ERROR or DATA; an exception raised while
+serving a request becomes an ERROR frame with the type, message and traceback,
+and the session goes on.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import traceback
+
+from .. import runtime
+from ..errors import ConnectionLost, ProtocolError
+from ..rpc import protocol as P
+from ..rpc.transport import FramedSocket
+from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
+                          nbytes_of)
+from . import registry
+from .config import ServerConfig
+from .workspace import Workspace, WorkspaceError
+
+log = logging.getLogger(__name__)
+
+
+class SessionEnd(Exception):
+    """The client asked to end the session (SHUTDOWN)."""
+
+
+def _expect(args: list, *kinds) -> list:
+    if len(args) != len(kinds):
+        raise ProtocolError(f"expected {len(kinds)} arguments, got {len(args)}")
+    for i, (value, kind) in enumerate(zip(args, kinds)):
+        if kind is int and (type(value) is not int):
+            raise ProtocolError(f"argument {i} must be an integer, got {type(value).__name__}")
+        if kind is not int and not isinstance(value, kind):
+            raise ProtocolError(f"argument {i} must be {getattr(kind, '__name__', kind)}, "
+                                f"got {type(value).__name__}")
+    return args
+
+
+class SessionHandler:
+    def __init__(self, conn: FramedSocket, workspace: Workspace, config: ServerConfig) -> None:
+        self.conn = conn
+        self.workspace = workspace
+        self.config = config
+        self._objects: dict[int, object] = {}
+        self._next_id = 1
+        self._ops = {
+            P.GET_GLOBAL: self._get_global, P.LIST_GLOBALS: self._list_globals,
+            P.LOAD_MODULE: self._load_module, P.GET_FUNCTION: self._get_function,
+            P.CALL: self._call, P.FREE: self._free, P.EMPTY: self._empty,
+            P.COPY_TO: self._copy_to, P.COPY_FROM: self._copy_from, P.UPLOAD: self._upload,
+            P.DOWNLOAD: self._download, P.REMOVE: self._remove, P.LISTDIR: self._listdir,
+            P.TIME_EVALUATOR: self._time_evaluator,
+        }
+
+    def serve(self) -> None:
+        """Answer requests until the client shuts the session down or disconnects."""
+        while True:
+            frame = self.conn.recv_frame()
+            if frame.type != P.REQUEST:
+                raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame.type]}")
+            op, args = P.decode_request(frame.body)
+            if op == P.SHUTDOWN:
+                return
+            try:
+                reply = self._ops[op](args)
+            except ConnectionLost:
+                raise
+            except Exception as exc:  # reported to the client, the session goes on
+                if op in P.OPS_WITH_RAW_INPUT and not getattr(exc, "raw_consumed", False):
+                    self._skip_raw_input(args)
+                log.debug("%s failed", P.OPS[op], exc_info=True)
+                reply = P.encode_error(type(exc).__name__, str(exc), traceback.format_exc())
+            if reply is not None:
+                self.conn.send(reply)
+
+    def _skip_raw_input(self, args: list) -> None:
+        nbytes = args[-1] if args and type(args[-1]) is int else -1
+        limit = max(self.config.max_tensor_bytes, self.config.max_upload_bytes)
+        if not 0 <= nbytes <= limit:
+            raise ProtocolError(f"refused transfer announces {nbytes} bytes; cannot stay in step")
+        self.conn.discard_raw(nbytes)
+
+    # ------------------------------------------------------------ handles
+
+    def _put(self, obj) -> int:
+        handle = self._next_id
+        self._next_id += 1
+        self._objects[handle] = obj
+        return handle
+
+    def _lookup(self, handle: int, kind: type, what: str):
+        obj = self._objects.get(handle)
+        if obj is None or not isinstance(obj, kind):
+            raise LookupError(f"no {what} with handle {handle} in this session (freed already?)")
+        return obj
+
+    def _tensor(self, value) -> runtime.Tensor:
+        if not isinstance(value, TensorHandle):
+            raise ProtocolError(f"expected a tensor handle, got {type(value).__name__}")
+        return self._lookup(value.id, runtime.Tensor, "tensor")
+
+    def _to_local(self, value):
+        """A decoded argument as the runtime object it stands for."""
+        if isinstance(value, TensorHandle):
+            return self._tensor(value)
+        if isinstance(value, ModuleHandle):
+            return self._lookup(value.id, runtime.Module, "module")
+        if isinstance(value, FunctionHandle):
+            return self._lookup(value.id, object, "function")
+        if isinstance(value, DeviceValue):
+            return runtime.Device(value.device_type, value.device_id)
+        if isinstance(value, TensorValue):
+            tensor = runtime.Tensor(value.shape, value.dtype, runtime.Device(value.device.device_type,
+                                                                             value.device.device_id))
+            tensor.buffer[:] = value.data
+            return tensor
+        if isinstance(value, list):
+            return [self._to_local(v) for v in value]
+        return value
+
+    def _to_wire(self, value):
+        """A result as a wire value; runtime objects stay here and travel as handles."""
+        if isinstance(value, runtime.Tensor):
+            return self._tensor_handle(value)
+        if isinstance(value, runtime.Module):
+            return ModuleHandle(self._put(value))
+        if isinstance(value, runtime.Device):
+            return DeviceValue(value.device_type, value.device_id)
+        if isinstance(value, runtime.ProfileResult):
+            return json.dumps(value.to_dict())
+        if isinstance(value, (list, tuple)):
+            return [self._to_wire(v) for v in value]
+        if callable(value):
+            return FunctionHandle(self._put(value))
+        return value
+
+    def _tensor_handle(self, tensor: runtime.Tensor) -> TensorHandle:
+        device = DeviceValue(tensor.device.device_type, tensor.device.device_id)
+        return TensorHandle(self._put(tensor), tensor.dtype, tuple(tensor.shape), device)
+
+    # ------------------------------------------------------------ operations
+
+    def _get_global(self, args):
+        (name,) = _expect(args, str)
+        return P.encode_return([FunctionHandle(self._put(registry.get(name)))])
+
+    def _list_globals(self, args):
+        _expect(args)
+        return P.encode_return([registry.names()])
+
+    def _load_module(self, args):
+        (name,) = _expect(args, str)
+        module = runtime.load_module(str(self.workspace.existing_file(name)))
+        return P.encode_return([ModuleHandle(self._put(module)), json.dumps(module.metadata)])
+
+    def _get_function(self, args):
+        module_handle, name = _expect(args, ModuleHandle, str)
+        module = self._lookup(module_handle.id, runtime.Module, "module")
+        return P.encode_return([FunctionHandle(self._put(module.get_function(name)))])
+
+    def _call(self, args):
+        if not args or not isinstance(args[0], FunctionHandle):
+            raise ProtocolError("CALL needs a function handle first")
+        func = self._lookup(args[0].id, object, "function")
+        result = func(*[self._to_local(a) for a in args[1:]])
+        return P.encode_return([self._to_wire(result)])
+
+    def _free(self, args):
+        for value in args:
+            if isinstance(value, (ModuleHandle, FunctionHandle, TensorHandle)):
+                obj = self._objects.pop(value.id, None)
+                if isinstance(obj, runtime.Tensor):
+                    obj.free()
+        return P.encode_return()
+
+    def _empty(self, args):
+        shape, dtype, device = _expect(args, list, str, DeviceValue)
+        nbytes = nbytes_of(dtype, shape)
+        if nbytes > self.config.max_tensor_bytes:
+            raise MemoryError(f"tensor of {nbytes} bytes exceeds the server's limit of "
+                              f"{self.config.max_tensor_bytes} bytes (max_tensor_bytes)")
+        tensor = runtime.Tensor(tuple(shape), dtype, runtime.Device(device.device_type, device.device_id))
+        return P.encode_return([self._tensor_handle(tensor)])
+
+    def _tensor_range(self, args) -> memoryview:
+        handle, offset, nbytes = _expect(args, TensorHandle, int, int)
+        tensor = self._tensor(handle)
+        if offset < 0 or nbytes < 0 or offset + nbytes > tensor.nbytes:
+            raise ValueError(f"byte range [{offset}, {offset + nbytes}) is outside the tensor's "
+                             f"{tensor.nbytes} bytes")
+        return tensor.buffer[offset:offset + nbytes]
+
+    def _copy_to(self, args):
+        target = self._tensor_range(args)
+        self.conn.recv_raw_into(target)
+        return P.encode_return()
+
+    def _copy_from(self, args):
+        source = self._tensor_range(args)
+        self.conn.send_with_raw(P.encode_data_header(len(source)), source)
+        return None
+
+    def _upload(self, args):
+        name, nbytes = _expect(args, str, int)
+        if not 0 <= nbytes <= self.config.max_upload_bytes:
+            raise WorkspaceError(f"upload of {nbytes} bytes exceeds the server's limit of "
+                                 f"{self.config.max_upload_bytes} bytes (--max-upload-bytes)")
+        with self.workspace.open_for_upload(name) as out:
+            chunk = bytearray(min(nbytes, 1 << 20))
+            left = nbytes
+            try:
+                while left:
+                    part = memoryview(chunk)[:min(left, len(chunk))]
+                    self.conn.recv_raw_into(part)
+                    left -= len(part)
+                    out.write(part)
+            except OSError as exc:  # disk full: drain the rest so the stream stays in step
+                self.conn.discard_raw(left - len(part))
+                exc.raw_consumed = True
+                raise
+        return P.encode_return()
+
+    def _download(self, args):
+        (name,) = _expect(args, str)
+        path = self.workspace.existing_file(name)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self.conn.send(P.encode_data_header(size))
+            sent = self.conn.sock.sendfile(f, 0, size) if size else 0
+            if sent != size:
+                raise ProtocolError(f"{name!r} changed size while it was being sent")
+        return None
+
+    def _remove(self, args):
+        (name,) = _expect(args, str)
+        self.workspace.remove_file(name)
+        return P.encode_return()
+
+    def _listdir(self, args):
+        (name,) = _expect(args, str)
+        return P.encode_return([self.workspace.listdir(name)])
+
+    def _time_evaluator(self, args):
+        (module_handle, name, device, number, repeat, min_repeat_ms, cooldown_interval_ms,
+         repeats_to_cooldown, f_preproc) = _expect(args, ModuleHandle, str, DeviceValue, int, int, int,
+                                                   int, int, str)
+        module = self._lookup(module_handle.id, runtime.Module, "module")
+        timer = module.time_evaluator(
+            name, runtime.Device(device.device_type, device.device_id), number=number, repeat=repeat,
+            min_repeat_ms=min_repeat_ms, cooldown_interval_ms=cooldown_interval_ms,
+            repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc)
+        return P.encode_return([FunctionHandle(self._put(timer))])

@@ -1,0 +1,241 @@
+"""The server's accept loop: non-blocking handshakes, one child process per session.
+
+A connection first completes TVM's handshake here, without blocking: a peer
+that stays silent is dropped at its deadline and never holds up others. Clients
+whose key matches wait in arrival order for a free session slot
+(``max_sessions``, default 1, so measurements never overlap), then get the
+success reply and their session child.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import selectors
+import signal
+import socket
+import time
+
+from ..errors import ProtocolError
+from ..rpc import handshake as H
+from .config import ServerConfig
+from .session import SessionProcess, start_session
+
+log = logging.getLogger(__name__)
+
+
+def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
+    """Bind the first free port in [port, port_end); port 0 lets the OS choose."""
+    candidates = [0] if port == 0 else range(port, max(port_end, port + 1))
+    last_error: OSError | None = None
+    for candidate in candidates:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, candidate))
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+            last_error = exc
+            continue
+        sock.listen(128)
+        return sock
+    raise OSError(errno.EADDRINUSE, f"no free port in [{port}, {port_end}) on {host}: {last_error}")
+
+
+class _Pending:
+    """A connection in the middle of the handshake."""
+
+    def __init__(self, sock: socket.socket, addr, deadline: float) -> None:
+        self.sock = sock
+        self.peer = "%s:%s" % addr[:2]
+        self.deadline = deadline
+        self.parser = H.PreambleParser()
+        self.key: H.ParsedKey | None = None
+        self.extra = b""
+
+
+class Server:
+    def __init__(self, config: ServerConfig, listen_sock: socket.socket, registration=None) -> None:
+        self.config = config
+        self.listen_sock = listen_sock
+        self.registration = registration
+        self.selector = selectors.DefaultSelector()
+        self.pending: dict[socket.socket, _Pending] = {}
+        self.waiting: collections.deque[_Pending] = collections.deque()
+        self.sessions: list[SessionProcess] = []
+        self._watched: dict[SessionProcess, int] = {}  # session -> its registered pidfd
+        self._stopping = False
+        listen_sock.setblocking(False)
+        self.selector.register(listen_sock, selectors.EVENT_READ, self._accept)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.listen_sock.getsockname()[:2]
+
+    def matchkey(self) -> str:
+        if self.registration is not None and self.registration.matchkey is not None:
+            return self.registration.matchkey
+        return self.config.key
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the loop promptly: the wakeup fd interrupts the selector."""
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        self._wakeup = (wake_r, wake_w)
+        self.selector.register(wake_r, selectors.EVENT_READ, lambda s: s.recv(512))
+        signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def serve_forever(self) -> None:
+        try:
+            while not self._stopping:
+                for key, _ in self.selector.select(self._next_timeout()):
+                    key.data(key.fileobj)
+                self._on_tick()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.kill()
+        self.sessions.clear()
+        for pending in list(self.pending.values()):
+            self._drop(pending)
+        if self.registration is not None:
+            self.registration.close()
+        self.selector.close()
+        self.listen_sock.close()
+
+    # ------------------------------------------------------------ loop plumbing
+
+    def _next_timeout(self) -> float:
+        deadlines = [p.deadline for p in self.pending.values() if p.key is None]
+        deadlines += [s.deadline for s in self.sessions if s.deadline is not None]
+        if any(s not in self._watched for s in self.sessions):
+            deadlines.append(time.monotonic() + 0.05)
+        if self.registration is not None:
+            deadlines.append(self.registration.next_deadline())
+        if not deadlines:
+            return 1.0
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def _on_tick(self) -> None:
+        now = time.monotonic()
+        for pending in [p for p in self.pending.values() if p.key is None and now >= p.deadline]:
+            log.info("dropping %s: no handshake within %.1fs", pending.peer, self.config.handshake_timeout)
+            self._drop(pending)
+        for session in list(self.sessions):
+            if session.expire_if_due(now) or (session not in self._watched and session.poll()):
+                self._session_over(session)
+        if self.registration is not None:
+            self.registration.tick()
+        self._start_waiting()
+
+    def _accept(self, listen_sock: socket.socket) -> None:
+        try:
+            sock, addr = listen_sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # EMFILE and friends: keep serving the sessions we have
+            log.warning("accept failed: %s", exc)
+            return
+        sock.setblocking(False)
+        pending = _Pending(sock, addr, time.monotonic() + self.config.handshake_timeout)
+        self.pending[sock] = pending
+        self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
+
+    def _read_pending(self, sock: socket.socket) -> None:
+        pending = self.pending[sock]
+        try:
+            data = sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(pending)
+            return
+        if pending.key is not None:  # bytes sent before our reply: keep them for the session
+            pending.extra += data
+            if len(pending.extra) > 1 << 16:
+                self._drop(pending)
+            return
+        try:
+            key = pending.parser.feed(data)
+            if key is None:
+                return
+            parsed = H.parse_key(key)
+            parsed.timeout  # validates -timeout= now, while we can still refuse cleanly
+        except (ProtocolError, H.HandshakeError) as exc:
+            log.info("refusing %s: %s", pending.peer, exc)
+            self._drop(pending)
+            return
+        pending.key = parsed
+        pending.extra = pending.parser.unused
+        if not self._key_matches(parsed):
+            log.info("key mismatch from %s (role %r)", pending.peer, parsed.role)
+            self._reply(pending, H.encode_reply(H.RPC_CODE_MISMATCH))
+            self._drop(pending)
+            return
+        self.waiting.append(pending)
+
+    def _key_matches(self, parsed: H.ParsedKey) -> bool:
+        return parsed.role == "client" and parsed.matchkey == self.matchkey()
+
+    def _start_waiting(self) -> None:
+        while self.waiting and len(self.sessions) < self.config.max_sessions:
+            pending = self.waiting.popleft()
+            if pending.sock not in self.pending:
+                continue  # it hung up while waiting
+            if not self._key_matches(pending.key):  # the matchkey rotated while it waited
+                self._reply(pending, H.encode_reply(H.RPC_CODE_MISMATCH))
+                self._drop(pending)
+                continue
+            self.selector.unregister(pending.sock)
+            del self.pending[pending.sock]
+            if not self._reply(pending, H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)):
+                pending.sock.close()
+                continue
+            log.info("session for %s starts", pending.peer)
+            session = start_session(pending.sock, pending.key, self.config, pending.extra)
+            self.sessions.append(session)
+            if session.fileno() is not None:
+                self._watched[session] = session.fileno()
+                self.selector.register(session.fileno(), selectors.EVENT_READ, self._session_event)
+            if self.registration is not None:
+                self.registration.session_started()
+
+    def _session_event(self, fd: int) -> None:
+        for session, watched in list(self._watched.items()):
+            if watched == fd and session.poll():
+                self._session_over(session)
+                return
+
+    def _session_over(self, session: SessionProcess) -> None:
+        self.sessions.remove(session)
+        fd = self._watched.pop(session, None)
+        if fd is not None:
+            self.selector.unregister(fd)  # the pidfd is closed already; this drops the selector's entry
+        if self.registration is not None:
+            self.registration.session_finished()
+
+    @staticmethod
+    def _reply(pending: _Pending, data: bytes) -> bool:
+        """Send a short handshake reply; a peer whose buffer is full is not worth waiting for."""
+        try:
+            return pending.sock.send(data) == len(data)
+        except OSError:
+            return False
+
+    def _drop(self, pending: _Pending) -> None:
+        if self.pending.pop(pending.sock, None) is not None:
+            self.selector.unregister(pending.sock)
+        pending.sock.close()

@@ -1,0 +1,253 @@
+"""Running one session in a child process, and reporting how it ended.
+
+The parent forks a child per session. The child owns the connection from the
+version exchange on; the parent keeps its copy of the socket only to tell the
+client how the session ended when the child cannot (it crashed, or it ran past
+the session timeout and was killed), and it removes the session's workspace.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+
+from ..errors import ConnectionLost, ProtocolError, VersionMismatch
+from ..rpc import protocol as P
+from ..rpc.handshake import ParsedKey
+from ..rpc.transport import FramedSocket
+from .config import ServerConfig
+from .handler import SessionHandler
+from .workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_INTERNAL = 70     # unexpected exception in the child; reported to the client as a crash
+_CLEAN_END = b"e"      # written by the child to the status pipe when it ends the session itself
+
+
+class SessionProcess:
+    """A session child seen from the parent: wait for it, time it out, clean up after it."""
+
+    def __init__(self, pid: int, sock: socket.socket, workspace: Workspace, timeout: float | None,
+                 peer: str, status_fd: int) -> None:
+        self.pid = pid
+        self._status_fd = status_fd
+        self.sock = sock
+        self.workspace = workspace
+        self.timeout = timeout
+        self.peer = peer
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout if timeout else None
+        self.done = False
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def fileno(self) -> int | None:
+        """A descriptor that becomes readable when the child exits (None: poll instead)."""
+        return self._pidfd
+
+    def poll(self) -> bool:
+        """Reap the child if it has exited; True once the session is over."""
+        if self.done:
+            return True
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        self._finish(status, self._ended_cleanly())
+        return True
+
+    def expire_if_due(self, now: float) -> bool:
+        if self.done or self.deadline is None or now < self.deadline:
+            return False
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, status = os.waitpid(self.pid, 0)
+        if self._ended_cleanly():  # it ended on its own just in time
+            self._finish(status, True)
+            return True
+        log.info("session from %s expired after %.1fs; child %d killed", self.peer, self.timeout, self.pid)
+        self._notify(P.encode_notice(
+            P.NOTICE_TIMEOUT, f"your {self.timeout:g}s session has expired; the server ended it. "
+            "Increase session_timeout (connect(..., session_timeout=S)) or the server's --session-timeout"))
+        self._cleanup()
+        return True
+
+    def wait(self) -> None:
+        """Block until the session is over (used when serving one connection at a time)."""
+        while not self.poll():
+            if self.deadline is not None:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    self.expire_if_due(time.monotonic())
+                    return
+                _wait_readable(self._pidfd, min(remaining, 0.5))
+            else:
+                _wait_readable(self._pidfd, 0.5)
+
+    def kill(self) -> None:
+        """End the session now (server shutdown)."""
+        if self.done:
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        self._cleanup()
+
+    def _ended_cleanly(self) -> bool:
+        """Whether the child said it ended the session itself (an exit code alone cannot tell:
+        a kernel may call ``_exit(0)``)."""
+        try:
+            return os.read(self._status_fd, 1) == _CLEAN_END
+        except OSError:
+            return False
+
+    def _finish(self, status: int, clean: bool) -> None:
+        if clean:
+            self._cleanup()
+            log.info("session from %s finished after %.2fs", self.peer, time.monotonic() - self.started)
+        elif os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
+            log.warning("session child %d for %s died of signal %s", self.pid, self.peer, name)
+            self._notify(P.encode_notice(
+                P.NOTICE_CRASHED, f"the session process died of signal {sig} ({name}), probably in native "
+                "code (a kernel); the server goes on serving", signal=sig))
+            self._cleanup()
+        else:
+            code = os.WEXITSTATUS(status)
+            log.warning("session child %d for %s exited with code %d", self.pid, self.peer, code)
+            self._notify(P.encode_notice(
+                P.NOTICE_CRASHED, f"the session process exited with code {code} in the middle of "
+                "the session; the server goes on serving", exit_code=code))
+            self._cleanup()
+
+    def _notify(self, notice: bytes) -> None:
+        """Best effort: tell the client, without ever blocking the server on a stuck peer."""
+        try:
+            self.sock.setblocking(False)
+            self.sock.send(notice)
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def _cleanup(self) -> None:
+        self.done = True
+        self.sock.close()
+        os.close(self._status_fd)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        self.workspace.remove()
+
+
+def _wait_readable(fd: int | None, timeout: float) -> None:
+    import select
+    if fd is None:
+        select.select([], [], [], min(timeout, 0.05))
+    else:
+        select.select([fd], [], [], timeout)
+
+
+def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
+                  initial: bytes = b"") -> SessionProcess:
+    """Fork the session's child; returns at once with the parent's view of it."""
+    workspace = Workspace.create(config.workspace_root)
+    timeout = config.effective_timeout(client_key.timeout)
+    try:
+        peer = "%s:%s" % sock.getpeername()[:2]
+    except OSError:
+        peer = "?"
+    status_r, status_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(status_r)
+        _child_main(sock, status_w, workspace, config, timeout, initial)
+    os.close(status_w)
+    os.set_blocking(status_r, False)
+    return SessionProcess(pid, sock, workspace, timeout, peer, status_r)
+
+
+def serve_connection(sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
+                     initial: bytes = b"") -> None:
+    """Serve one handshaken connection to its end (session child, timeout, crash report)."""
+    start_session(sock, client_key, config, initial).wait()
+
+
+def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, config: ServerConfig,
+                timeout: float | None, initial: bytes) -> None:
+    code = EXIT_INTERNAL
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        keep = sorted((sock.fileno(), status_fd))
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[1])
+        os.closerange(keep[1] + 1, _max_fd())
+        os.chdir(workspace.root)
+        run_session(sock, workspace, config, timeout, initial)
+        os.write(status_fd, _CLEAN_END)
+        code = EXIT_OK
+    except BaseException:
+        log.exception("session child failed")
+    finally:
+        os._exit(code)
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 4096
+
+
+def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
+                timeout: float | None, initial: bytes = b"") -> None:
+    """The child's whole life: version exchange, then requests, until the session ends."""
+    sock.setblocking(True)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(config.handshake_timeout)
+    parser = P.HelloParser()
+    try:
+        version = parser.feed(initial) if initial else None
+        while version is None:
+            data = sock.recv(4096)
+            if not data:
+                return
+            version = parser.feed(data)
+        P.check_client_version(version)
+    except (VersionMismatch, ProtocolError) as exc:
+        log.warning("refusing session: %s", exc)
+        try:
+            sock.sendall(P.encode_hello_refuse(str(exc)))
+        except OSError:
+            pass
+        return
+    except OSError as exc:  # includes the hello deadline
+        log.warning("session hello failed: %s", exc)
+        return
+    sock.settimeout(None)
+    info = {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
+            "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
+            "server": "kernelrpc", "pid": os.getpid()}
+    conn = FramedSocket(sock, config.max_frame_bytes, parser.unused)
+    try:
+        conn.send(P.encode_hello_accept(info))
+        SessionHandler(conn, workspace, config).serve()
+    except ConnectionLost:
+        log.info("client disconnected")
+    except ProtocolError as exc:
+        log.warning("protocol error, ending session: %s", exc)
+        try:
+            conn.send(P.encode_error("ProtocolError", str(exc)))
+        except ConnectionLost:
+            pass

@@ -1,0 +1,73 @@
+"""A session's private directory: every remote file operation is confined to it."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+MAX_NAME_BYTES = 1024
+
+
+class WorkspaceError(ValueError):
+    """A remote path is refused (outside the workspace, missing, too large)."""
+
+
+class Workspace:
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).resolve()
+
+    @classmethod
+    def create(cls, parent: str | None = None) -> "Workspace":
+        return cls(tempfile.mkdtemp(prefix="kernelrpc-session-", dir=parent))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def resolve(self, name: str) -> Path:
+        """The real path of ``name`` inside the workspace; refuses anything that leads out."""
+        if not isinstance(name, str) or not name or "\0" in name or len(name.encode()) > MAX_NAME_BYTES:
+            raise WorkspaceError(f"invalid remote file name {name!r}")
+        pure = Path(name)
+        if pure.is_absolute():
+            raise WorkspaceError(f"remote file names are relative to the session workspace; "
+                                 f"{name!r} is absolute")
+        if ".." in pure.parts:
+            raise WorkspaceError(f"remote file name {name!r} contains '..'")
+        real = (self.root / pure).resolve()
+        if real != self.root and self.root not in real.parents:
+            raise WorkspaceError(f"remote file name {name!r} leads outside the session workspace "
+                                 "(through a symbolic link)")
+        return real
+
+    def open_for_upload(self, name: str):
+        path = self.resolve(name)
+        if path == self.root:
+            raise WorkspaceError(f"cannot upload to {name!r}: it is the workspace itself")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.resolve(name)  # the parents just created must not have been swapped for links
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        return open(os.open(path, flags, 0o644), "wb", buffering=0)
+
+    def existing_file(self, name: str) -> Path:
+        path = self.resolve(name)
+        if not path.is_file():
+            raise WorkspaceError(f"no file {name!r} in the session workspace")
+        return path
+
+    def remove_file(self, name: str) -> None:
+        path = self.resolve(name)
+        if path == self.root:
+            raise WorkspaceError("cannot remove the workspace itself")
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            raise WorkspaceError(f"no file {name!r} in the session workspace")
+
+    def listdir(self, name: str = "") -> list[str]:
+        path = self.resolve(name) if name else self.root
+        if not path.is_dir():
+            raise WorkspaceError(f"no directory {name!r} in the session workspace")
+        return sorted(os.listdir(path))

@@ -1,0 +1,216 @@
+import numpy as np
+import pytest
+
+from fixtures.build import SOURCE, compile_module
+from kernelrpc import nd
+from kernelrpc.errors import KernelError
+from kernelrpc.runtime import Device, ProfileResult, cpu, load_module
+from kernelrpc.runtime.timing import TimerState, TimingConfig, measure
+
+
+class FakeKernel:
+    """A kernel whose every call takes ``cost_ns`` on a fake clock; counts calls and sleeps."""
+
+    def __init__(self, cost_ns: int):
+        self.cost_ns = cost_ns
+        self.calls = 0
+        self.preprocs = 0
+        self.sleeps: list[float] = []
+        self.events: list[str] = []
+
+    def warmup(self):
+        self.calls += 1
+        self.events.append("warmup")
+
+    def run_batch(self, number):
+        self.calls += number
+        self.events.append(f"batch{number}")
+        return number * self.cost_ns
+
+    def preproc(self):
+        self.preprocs += 1
+        self.events.append("preproc")
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.events.append("sleep")
+
+    def measure(self, state, **config):
+        return measure(state, TimingConfig(**config), warmup=self.warmup,
+                       run_batch=self.run_batch, preproc=self.preproc, sleep=self.sleep)
+
+
+def test_number_2_repeat_3_makes_7_calls():
+    kernel = FakeKernel(1000)
+    results = kernel.measure(TimerState(2), repeat=3)
+    assert kernel.calls == 7
+    assert results == [1e-6] * 3
+    assert kernel.events == ["warmup", "preproc", "batch2", "preproc", "batch2", "preproc", "batch2"]
+
+
+def test_min_repeat_ms_grows_number_and_it_persists_across_calls():
+    # TVM 0.27, 2.08 ms kernel, number=1, repeat=3, min_repeat_ms=20: 32 calls, then 31.
+    kernel = FakeKernel(2_080_000)
+    state = TimerState(1)
+    kernel.measure(state, repeat=3, min_repeat_ms=20)
+    assert kernel.calls == 32 and state.number == 10
+    kernel.calls = 0
+    results = kernel.measure(state, repeat=3, min_repeat_ms=20)
+    assert kernel.calls == 31
+    assert results == pytest.approx([2.08e-3] * 3)
+
+
+def test_number_grows_to_the_larger_of_the_estimate_and_the_golden_ratio_step():
+    kernel = FakeKernel(1_000_000)      # 1 ms per call
+    state = TimerState(1)
+    kernel.measure(state, repeat=1, min_repeat_ms=2)
+    assert state.number == 3            # int(max(2 / 1 + 1, 1 * 1.618))
+    state = TimerState(5)
+    kernel.measure(state, repeat=1, min_repeat_ms=6)
+    assert state.number == 8            # int(max(6 / 1 + 1, 5 * 1.618)) = int(8.09)
+
+
+def test_zero_time_guard_stops_after_the_limit():
+    kernel = FakeKernel(0)
+    state = TimerState(3)
+    results = kernel.measure(state, repeat=2, min_repeat_ms=10, limit_zero_time_iterations=100)
+    assert results == [0.0, 0.0]
+    assert state.number == 3                        # never grows on zero durations
+    assert kernel.calls == 1 + 2 * 100 * 3
+
+
+def test_cooldown_after_repeats_divisible_by_repeats_to_cooldown():
+    kernel = FakeKernel(1000)
+    kernel.measure(TimerState(1), repeat=4, cooldown_interval_ms=100, repeats_to_cooldown=2)
+    assert kernel.sleeps == [0.1, 0.1]
+    assert kernel.events.index("sleep") == kernel.events.index("batch1") + 1   # after repeat 0
+    kernel = FakeKernel(1000)
+    kernel.measure(TimerState(1), repeat=3, cooldown_interval_ms=5)
+    assert kernel.sleeps == [0.005] * 3
+
+
+@pytest.fixture(scope="module")
+def mod(fixture_module):
+    return load_module(fixture_module)
+
+
+def counters(mod):
+    out = nd.empty((2,), "int64")
+    mod["counter_read"](out)
+    return out.numpy().tolist()
+
+
+def test_native_call_counts_match_tvm(mod):
+    a, b = nd.empty((16,)), nd.empty((16,))
+    mod["counter_reset"]()
+    evaluator = mod.time_evaluator("counted", cpu(0), number=2, repeat=3)
+    result = evaluator(a, b)
+    assert counters(mod) == [7, 0]
+    assert result.number == 2 and result.repeat == 3 and len(result.results) == 3
+    assert all(r > 0 for r in result.results)
+    evaluator(a, b)
+    assert counters(mod) == [14, 0]
+
+
+def test_cache_flush_non_first_arg_flushes_each_repeat(mod):
+    a, b = nd.empty((16,)), nd.empty((16,))
+    mod["counter_reset"]()
+    evaluator = mod.time_evaluator("counted", cpu(0), number=1, repeat=4,
+                                   f_preproc="cache_flush_cpu_non_first_arg")
+    evaluator(a, b)
+    assert counters(mod) == [5, 4]            # one flush per repeat: only B is a non-first tensor
+
+
+def test_min_repeat_ms_on_the_native_loop(mod):
+    evaluator = mod.time_evaluator("sleep_ms", cpu(0), number=1, repeat=2, min_repeat_ms=9)
+    result = evaluator(2)
+    assert evaluator.number > 1 and result.number == evaluator.number
+    assert all(r >= 2e-3 for r in result.results)
+    assert all(r * result.number >= 9e-3 for r in result.results)
+    grown = evaluator.number
+    evaluator(2)
+    assert evaluator.number >= grown
+
+
+def test_result_reflects_the_kernel_time(mod):
+    result = mod.time_evaluator("sleep_ms", cpu(0), number=2, repeat=2)(3)
+    assert all(3e-3 <= r < 1.0 for r in result.results)
+    assert result.target == mod.target and result.function == "sleep_ms"
+
+
+def test_cache_flush_bytes(mod):
+    x = nd.array(np.arange(64 * 64, dtype="float32").reshape(64, 64))
+    out = nd.empty((64, 64))
+    result = mod.time_evaluator("matmul", cpu(0), number=1, repeat=2,
+                                cache_flush_bytes=1 << 20)(x, x, out)
+    assert all(r > 0 for r in result.results)
+    np.testing.assert_allclose(out.numpy(), x.numpy() @ x.numpy(), rtol=1e-5)
+
+
+def test_scratch_buffer_fallback_without_module_flush(tmp_path):
+    noflush = load_module(compile_module(SOURCE.read_text(), tmp_path, "noflush",
+                                         {"KRPC_NO_CACHE_FLUSH": ""}))
+    assert not noflush.has_cache_flush
+    evaluator = noflush.time_evaluator("counted", cpu(0), number=1, repeat=2,
+                                       f_preproc="cache_flush_cpu_non_first_arg")
+    a, b = nd.empty((16,)), nd.empty((16,))
+    assert evaluator(a, b).repeat == 2
+    assert evaluator._scratch._scratch is not None
+
+
+def test_kernel_errors_in_time_evaluator(mod):
+    with pytest.raises(KernelError, match="'error_code' failed with error code 9"):
+        mod.time_evaluator("error_code", cpu(0))(9)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"number": 0}, ValueError, "number must be in"),
+    ({"repeat": 0}, ValueError, "repeat must be in"),
+    ({"number": 1.5}, TypeError, "number must be an integer"),
+    ({"min_repeat_ms": -1}, ValueError, "min_repeat_ms must be in"),
+    ({"cooldown_interval_ms": "5"}, TypeError, "cooldown_interval_ms must be a number"),
+    ({"repeats_to_cooldown": 0}, ValueError, "repeats_to_cooldown must be in"),
+    ({"f_preproc": "flush_everything"}, ValueError, "unknown f_preproc 'flush_everything'"),
+    ({"cache_flush_bytes": -4}, ValueError, "cache_flush_bytes must be in"),
+])
+def test_time_evaluator_arguments_are_checked(mod, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        mod.time_evaluator("addone", cpu(0), **kwargs)
+
+
+def test_time_evaluator_needs_a_local_device_and_a_known_function(mod):
+    with pytest.raises(ValueError, match="needs a local device"):
+        mod.time_evaluator("addone", Device("cpu", 0, session=object()))
+    with pytest.raises(AttributeError, match="no function 'nope'"):
+        mod.time_evaluator("nope", cpu(0))
+    with pytest.raises(TypeError, match="takes 2 arguments, got 0"):
+        mod.time_evaluator("addone", cpu(0))()
+
+
+def test_profile_result_statistics_and_wire_form():
+    values = [3e-3, 1e-3, 2e-3, 6e-3]
+    result = ProfileResult(values, number=5, target={"string": "llvm -mcpu=znver4"},
+                           function="gemm")
+    assert result.mean == pytest.approx(np.mean(values))
+    assert result.median == pytest.approx(np.median(values))
+    assert result.std == pytest.approx(np.std(values))
+    assert (result.min, result.max, result.repeat) == (1e-3, 6e-3, 4)
+    assert ProfileResult.from_dict(result.to_dict()) == result
+    text = str(result)
+    assert "mean (ms)" in text and "median (ms)" in text and "3.0000" in text
+    assert "gemm on llvm -mcpu=znver4, number=5, repeat=4" in text
+
+
+@pytest.mark.parametrize("data, message", [
+    ([], "must be a dict"),
+    ({"results": [], "number": 1}, "non-empty list"),
+    ({"results": [1e-3, "x"], "number": 1}, "non-empty list"),
+    ({"results": [float("nan")], "number": 1}, "finite"),
+    ({"results": [True], "number": 1}, "non-empty list"),
+    ({"results": [1e-3], "number": 0}, "'number' must be a positive integer"),
+    ({"results": [1e-3], "number": 1, "repeat": 2}, "'repeat' is 2"),
+    ({"results": [1e-3], "number": 1, "target": "llvm"}, "'target' must be a dict"),
+])
+def test_profile_result_from_untrusted_dict(data, message):
+    with pytest.raises(ValueError, match=message):
+        ProfileResult.from_dict(data)

@@ -191,6 +191,61 @@ def run_raw(paths, sizes, rtt_count, reps) -> dict:
     return results
 
 
+# -- RPC session level ---------------------------------------------------------------
+def session_available() -> bool:
+    try:
+        import kernelrpc.rpc.client  # noqa: F401
+        import kernelrpc.server.through_proxy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def session_measure(sess, sizes, rtt_count: int, reps: int) -> dict:
+    echo = sess.get_function("testing.echo")
+    for _ in range(50):
+        echo(1)
+    rtts = []
+    for _ in range(rtt_count):
+        t = time.perf_counter()
+        echo(1)
+        rtts.append(time.perf_counter() - t)
+    out = {"rtt": statistics.median(rtts)}
+    host = bytearray(max(sizes))
+    for n in sizes:
+        tensor = sess.empty((n,), "uint8")
+        view = memoryview(host)[:n]
+        best = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            tensor.copyfrom(view)
+            tensor.copyto_buffer(view)
+            best.append(time.perf_counter() - t)
+        out[n] = 2 * n / min(best)
+    return out
+
+
+def run_session(paths, sizes, rtt_count, reps) -> dict:
+    from kernelrpc.rpc.client import connect
+    results = {}
+    for name, address in paths:
+        if name == "direct":
+            dev = Proc([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--key", "bench",
+                        "--log-level", "WARNING"], r"listening on (\S+):(\d+)")
+            target = (dev.match.group(1), int(dev.match.group(2)))
+        else:
+            dev = Proc([sys.executable, "-m", "kernelrpc.server", "--through-proxy", "--host",
+                        address[0], "--port", str(address[1]), "--key", "bench",
+                        "--log-level", "WARNING"], "connected to proxy")
+            target = address
+        try:
+            with connect(*target, key="bench") as sess:
+                results[name] = session_measure(sess, sizes, rtt_count, reps)
+        finally:
+            dev.stop()
+    return results
+
+
 # -- report -----------------------------------------------------------------------
 def print_table(title: str, results: dict, sizes) -> None:
     names = list(results)
@@ -236,6 +291,11 @@ def main() -> None:
               "and back, MB/s = 2*size/best time")
         print_table("raw relay (byte-echo device, no RPC)", run_raw(paths, sizes, rtt_count, reps),
                     sizes)
+        if not args.raw_only and session_available():
+            print_table("RPC session (kernelrpc client and device server; echo call, tensor copies)",
+                        run_session(paths, sizes, rtt_count, reps), sizes)
+        elif not args.raw_only:
+            print("\nRPC session level skipped: kernelrpc.server / kernelrpc.rpc.client not available")
     finally:
         for proc in procs:
             proc.stop()

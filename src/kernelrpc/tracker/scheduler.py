@@ -291,7 +291,11 @@ class Scheduler:
         """The client's connection closed: its waiting requests leave their queues now."""
         for request in self._requests_of.pop(client, ()):
             request.cancelled = True
-            self._queues[request.key].live_requests -= 1
+            queue = self._queues[request.key]
+            queue.live_requests -= 1
+            if len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
+                queue.waiting = [item for item in queue.waiting if not item[2].cancelled]
+                heapq.heapify(queue.waiting)
 
     def drop_server(self, server: Peer, now: float) -> None:
         """The server's connection closed: its free slots and leases are gone."""

@@ -149,3 +149,18 @@ def test_lease_returns_when_client_never_arrives(start_service):
             assert roundtrip(sess, b"after lease") == b"after lease"
         stats = t.summary()["stats"]["board"]
     assert stats["expired_leases"] == 1 and stats["matches"] == 2
+
+
+def test_request_retries_past_a_stale_slot(start_service, tracker, caplog):
+    from test_tracker_service import Raw
+    server = start_service("kernelrpc.server", ["--port", "0", "--key", "board", "--tracker",
+                                                f"127.0.0.1:{free_port()}"])    # not registered: no tracker there
+    stale = Raw(tracker.address)
+    stale.register("board", server.port, "board:stale")       # a slot the server does not know
+    real = start_server(start_service, tracker)
+    until(lambda: queue(tracker)["free"] == 2)
+    with caplog.at_level("INFO", "kernelrpc.rpc.tracker_client"), connect_tracker(*tracker.address) as t:
+        with t.request("board", timeout=10) as sess:
+            assert sess.address.endswith(f":{real.port}")
+    assert "did not accept the session (attempt 1 of 5)" in caplog.text
+    stale.close()

@@ -164,3 +164,17 @@ def test_request_retries_past_a_stale_slot(start_service, tracker, caplog):
             assert sess.address.endswith(f":{real.port}")
     assert "did not accept the session (attempt 1 of 5)" in caplog.text
     stale.close()
+
+
+def test_tracker_session_survives_tracker_restart(start_service):
+    port = free_port()
+    tracker = start_tracker(start_service, port)
+    start_server(start_service, tracker)
+    until(lambda: queue(tracker)["free"] == 1)
+    with connect_tracker(*tracker.address) as t:
+        assert t.summary()["queue_info"]["board"]["free"] == 1
+        tracker.stop()
+        tracker = start_tracker(start_service, port)
+        until(lambda: queue(tracker)["free"] == 1)
+        with t.request("board", timeout=10) as sess:           # the old link is reopened
+            assert roundtrip(sess, b"same session object") == b"same session object"

@@ -59,7 +59,7 @@ def _text(value, what: str, limit: int, *, allow_empty: bool = False) -> str:
 def _port(value, what: str = "port"):
     """An int in [0, 65535], or a numeric string (TVM's C++ server); returned unchanged."""
     number = value
-    if isinstance(value, str) and value.isdigit() and len(value) <= 5:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
         number = int(value)
     if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= 65535:
         raise ProtocolError(f"{what} must be an integer in [0, 65535], got {value!r}")

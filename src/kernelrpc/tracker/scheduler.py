@@ -131,7 +131,7 @@ class _Queue:
 class Scheduler:
     """Matches requests to free slots, per key; see the module docstring for the rules."""
 
-    def __init__(self, lease_timeout: float = 10.0, max_keys: int = 10_000,
+    def __init__(self, lease_timeout: float = 5.0, max_keys: int = 10_000,
                  max_leases_per_server: int = 4096) -> None:
         self.lease_timeout = lease_timeout
         self.max_keys = max_keys

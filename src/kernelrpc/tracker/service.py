@@ -112,7 +112,7 @@ class TrackerConnection(asyncio.Protocol):
 class TrackerService:
     """State shared by all connections: the scheduler and the set of live peers."""
 
-    def __init__(self, lease_timeout: float = 10.0, clock=time.monotonic) -> None:
+    def __init__(self, lease_timeout: float = 5.0, clock=time.monotonic) -> None:
         self.scheduler = Scheduler(lease_timeout=lease_timeout)
         self.connections: set[TrackerConnection] = set()
         self.stop_key = "tracker:" + secrets.token_hex(16)
@@ -246,7 +246,7 @@ def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
     raise OSError(f"cannot bind {host} on any port in [{port}, {port_end}): {last_error}")
 
 
-async def serve(sock: socket.socket, lease_timeout: float = 10.0, on_ready=None) -> None:
+async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None) -> None:
     """Serve tracker connections on the bound ``sock`` until STOP or cancellation."""
     service = TrackerService(lease_timeout=lease_timeout)
     loop = asyncio.get_running_loop()

@@ -237,7 +237,7 @@ def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
         except OSError as exc:
             sock.close()
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-                raise
+                raise OSError(exc.errno, f"cannot bind {host}:{candidate}: {exc.strerror}") from None
             last_error = exc
             continue
         sock.listen(1024)

@@ -267,3 +267,59 @@ def test_float_constants_are_exact(tmp_path):
     assert struct.pack("<f", a[0]) == struct.pack("<f", np.float32(0.1))
     assert a[1] == np.inf and a[2] == np.float32(-3.4e38)
     assert d[0] == 0.1 and d[1] == 1e300
+
+
+def _guarded_array(n_floats: int):
+    """A float32 array that ends exactly where an inaccessible page begins (64-byte aligned
+    when ``n_floats`` is a multiple of 16)."""
+    import mmap
+
+    page = mmap.PAGESIZE
+    nbytes = n_floats * 4
+    pages = -(-nbytes // page) + 1
+    region = mmap.mmap(-1, pages * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    guard = base + (pages - 1) * page
+    assert libc.mprotect(guard, page, 0) == 0
+    start = guard - nbytes
+    array = np.ctypeslib.as_array((ctypes.c_float * n_floats).from_address(start))
+    return region, array
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_guarded_loads_never_touch_memory_past_the_end(tmp_path):
+    """select(i < n, A[i...], 0) with a vector tail and with scalars must not read past A."""
+    n, lanes, total = 80, 64, 128  # 2 vectors of 64: the second reaches 48 floats past A
+    A, B, S = ir.Buffer("A", (n,)), ir.Buffer("B", (total,)), ir.Buffer("S", (total,))
+    x, y, limit = E.Var("x"), E.Var("y"), E.Var("limit")  # limit = n, unknown to LLVM
+    ramp = vec(x * lanes, lanes)
+    vector = ir.For(x, c(0), c(2), "serial", ir.Store(B, E.Select(
+        ir.Ramp(x * lanes, c(1), lanes) < ir.Broadcast(limit, lanes), ir.Load(A, ramp),
+        ir.Broadcast(c(-1.0), lanes)), ramp))
+    scalar = ir.For(y, c(0), c(total), "serial", ir.Store(S, E.Select(
+        y < limit, ir.Load(A, y), c(-1.0)), y))
+    f = ir.PrimFunc("guarded", [A, B, S, limit], ir.seq(vector, scalar))
+    # a baseline x86-64 cpu: AVX-512 would hide unmasked reads by folding them into masked moves
+    path = build(f, target="llvm -mcpu=x86-64").export_library(tmp_path / "guarded.so")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 1
+        try:
+            region, a = _guarded_array(n)
+            a[:] = np.arange(n, dtype="float32")
+            b, s = (aligned_copy(np.zeros(total, "float32")) for _ in range(2))
+            lib = ctypes.CDLL(str(path))
+            limit = ctypes.c_int64(n)
+            argv = (ctypes.c_void_p * 4)(a.ctypes.data, b.ctypes.data, s.ctypes.data,
+                                         ctypes.addressof(limit))
+            expect = np.concatenate([np.arange(n), np.full(total - n, -1)]).astype("float32")
+            if lib.__kernelrpc_fn_guarded(argv) == 0 and (b == expect).all() \
+                    and (s == expect).all():
+                code = 0
+            del region
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the kernel read past the end of A"

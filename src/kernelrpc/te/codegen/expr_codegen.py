@@ -31,6 +31,16 @@ def _intrinsic_suffix(dtype: str) -> str:
     return elem if lanes == 1 else f"v{lanes}{elem}"
 
 
+def _mangle(llvm_scalar: str) -> str:
+    return {"float": "f32", "double": "f64", "half": "f16"}.get(llvm_scalar, llvm_scalar)
+
+
+def _loads_memory(node) -> bool:
+    found = []
+    ir.post_order_visit(node, lambda n: found.append(n) if isinstance(n, ir.Load) else None)
+    return bool(found)
+
+
 def _trunc_div(a: int, b: int) -> int:
     q = abs(a) // abs(b)
     return q if (a < 0) == (b < 0) else -q
@@ -67,6 +77,7 @@ class ExprCodegen:
         self.module = module
         self.fn = fn
         self.env: dict = {}
+        self.mask: Value | None = None  # lanes a vector load may touch (inside a Select)
 
     # ------------------------------------------------------------------ constants
 
@@ -263,11 +274,51 @@ class ExprCodegen:
         return self.fn.assign(a.type, f"xor {a}, {ones}")
 
     def visit_Select(self, node):
+        """``select`` without touching memory the condition rules out.
+
+        ``if_then_else`` guards loads that would be out of bounds (padding, tails), so a
+        branch that loads is never evaluated where it is not selected: with a scalar
+        condition it becomes control flow, with a vector condition its vector loads are
+        masked (``llvm.masked.load`` / ``llvm.masked.gather``).
+        """
         cond = self(node.condition)
-        t, f = self(node.true_value), self(node.false_value)
         if cond.const is not None:
-            return t if cond.const else f
-        return self.fn.assign(t.type, f"select {cond}, {t}, {f}", div=join_div(t.div, f.div))
+            return self(node.true_value) if cond.const else self(node.false_value)
+        if not (_loads_memory(node.true_value) or _loads_memory(node.false_value)):
+            t, f = self(node.true_value), self(node.false_value)
+            return self.fn.assign(t.type, f"select {cond}, {t}, {f}", div=join_div(t.div, f.div))
+        if cond.type == "i1":
+            return self._branchy_select(cond, node)
+        ones = self.const(1, node.condition.dtype).ref
+        inverse = self.fn.assign(cond.type, f"xor {cond}, {ones}")
+        t = self._with_mask(cond, node.true_value)
+        f = self._with_mask(inverse, node.false_value)
+        return self.fn.assign(t.type, f"select {cond}, {t}, {f}")
+
+    def _with_mask(self, mask: Value, node) -> Value:
+        outer = self.mask
+        if outer is not None:
+            mask = self.fn.assign(mask.type, f"and {mask}, {outer.ref}")
+        self.mask = mask
+        try:
+            return self(node)
+        finally:
+            self.mask = outer
+
+    def _branchy_select(self, cond: Value, node) -> Value:
+        then_l, else_l, join_l = (self.fn.label(h) for h in ("sel.t", "sel.f", "sel.end"))
+        self.fn.emit(f"br {cond}, label %{then_l}, label %{else_l}")
+        self.fn.start_block(then_l)
+        t = self(node.true_value)
+        t_end = self.fn.block
+        self.fn.branch(join_l)
+        self.fn.start_block(else_l)
+        f = self(node.false_value)
+        f_end = self.fn.block
+        self.fn.branch(join_l)
+        self.fn.start_block(join_l)
+        return self.fn.assign(t.type, f"phi {t.type} [ {t.ref}, %{t_end} ], [ {f.ref}, %{f_end} ]",
+                              div=join_div(t.div, f.div))
 
     # ------------------------------------------------------------------ casts and calls
 
@@ -394,11 +445,25 @@ class ExprCodegen:
             ptr = self.address(buffer, index)
             raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {alignment(1, nbytes, nbytes)}")
             return self._from_memory(raw, buffer.dtype)
+        vty = f"<{lanes} x {mty}>"
         if contiguous is not None:
             base = self(contiguous)
             ptr = self.address(buffer, base)
-            vty = f"<{lanes} x {mty}>"
-            raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {alignment(base.div, nbytes)}")
+            align = alignment(base.div, nbytes)
+            if self.mask is None:
+                raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {align}")
+            else:
+                raw = self._masked("load", vty, f"ptr {ptr.ref}, i32 {align}")
+            return self._from_memory(raw, node.dtype)
+        if self.mask is not None:
+            index = self(node.index) if not isinstance(node.index, ir.Broadcast) else \
+                self.splat(self(node.index.value), lanes)
+            wide = f"<{lanes} x i64>"
+            if index.type != wide:
+                index = self.fn.assign(wide, f"sext {index} to {wide}")
+            ptrs = self.fn.assign(f"<{lanes} x ptr>", f"getelementptr inbounds {mty}, "
+                                  f"ptr {self.env[buffer].ref}, {index}")
+            raw = self._masked("gather", vty, f"{ptrs}, i32 {nbytes}")
             return self._from_memory(raw, node.dtype)
         if isinstance(node.index, ir.Broadcast):
             scalar = self.visit_Load(ir.Load(buffer, node.index.value))
@@ -411,6 +476,15 @@ class ExprCodegen:
             lane = self._from_memory(raw, buffer.dtype)
             result = self.fn.assign(vty, f"insertelement {result}, {lane}, i32 {k}")
         return result
+
+    def _masked(self, kind: str, vty: str, operands: str) -> Value:
+        lanes, elem = vty[1:-1].split(" x ")
+        suffix = f"v{lanes}{_mangle(elem)}"
+        name = (f"llvm.masked.load.{suffix}.p0" if kind == "load"
+                else f"llvm.masked.gather.{suffix}.v{lanes}p0")
+        ptr_ty = "ptr" if kind == "load" else f"<{lanes} x ptr>"
+        self.module.declare(name, f"declare {vty} @{name}({ptr_ty}, i32, <{lanes} x i1>, {vty})")
+        return self.fn.assign(vty, f"call {vty} @{name}({operands}, {self.mask}, {vty} poison)")
 
     @staticmethod
     def _contiguous_base(index_node):

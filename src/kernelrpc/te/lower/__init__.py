@@ -1,6 +1,7 @@
 """Lowering: schedule -> loop nest -> simplified, vectorized, unrolled IR."""
 from __future__ import annotations
 
+from .parallel import normalize_parallel_func
 from .passes import Pass, PassConfigError, PassContext, run_passes
 from .schedule_ops import LowerError, ScheduleLowering
 from .simplify import simplify_func
@@ -10,6 +11,7 @@ from .vectorize import vectorize_func
 #: the pipeline after ScheduleOps, in order
 PASSES = [
     Pass("Simplify", lambda f, ctx: simplify_func(f)),
+    Pass("NormalizeParallel", lambda f, ctx: normalize_parallel_func(f)),
     Pass("VectorizeLoop", lambda f, ctx: vectorize_func(f, not ctx.get("disable_vectorize"))),
     Pass("UnrollLoop", lambda f, ctx: unroll_func(f, ctx.get("unroll_max_extent"))),
     Pass("RemoveNoOp", lambda f, ctx: simplify_func(f), opt_level=1),

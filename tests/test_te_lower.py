@@ -253,3 +253,16 @@ def test_other_dtypes(dtype):
     c = np.zeros((6, 5), dtype)
     interp.run(f, a, b, c)
     np.testing.assert_array_equal(c, a @ b)
+
+
+def test_tutorial_float_shape_and_int32_limit():
+    B = te.placeholder((64, 64), name="B")
+    P = te.compute((64 / 32, 64, 32), lambda bigN, k, littleN: B[k, bigN * 32 + littleN],
+                   name="packedB")
+    assert [d.value for d in P.shape] == [2, 64, 32]
+    with pytest.raises(te.TensorError):
+        te.compute((64 / 7,), lambda i: B[i, 0])
+    big = te.placeholder((65536, 32768), name="big")
+    out = te.compute((1,), lambda i: big[0, i], name="out")
+    with pytest.raises(te.LowerError, match="int32"):
+        te.lower(te.create_schedule(out.op), [big, out])

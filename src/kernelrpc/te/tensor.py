@@ -184,6 +184,8 @@ def _shape(shape) -> tuple:
         shape = (shape,)
     out = []
     for d in shape:
+        if isinstance(d, float) and d.is_integer():
+            d = int(d)              # the tutorial writes N / bn
         e = convert(d)
         if e.dtype not in ("int32", "int64"):
             raise TensorError(f"shape entries must be integers, got {e.dtype}")

@@ -130,7 +130,11 @@ class ScheduleLowering:
         return name
 
     def _new_buffer(self, name, shape, dtype, scope="global") -> Buffer:
-        return Buffer(self._unique(name), shape, dtype, scope)
+        buf = Buffer(self._unique(name), shape, dtype, scope)
+        size = const_int(convert(buf.size))
+        if size is not None and size >= 2 ** 31:
+            raise LowerError(f"{name} has {size} elements; indices are int32 (max 2**31 - 1)")
+        return buf
 
     def _params(self) -> list:
         params, seen = [], set()

@@ -194,3 +194,29 @@ def test_interpreter_catches_out_of_bounds():
     f = PrimFunc("oob", [buf], Store(buf, const(1.0), const(4)))
     with pytest.raises(interp.IROutOfBounds):
         interp.run(f, np.zeros(4, "float32"))
+
+
+def test_reduction_with_where_and_nonzero_axis_start():
+    A = te.placeholder((4, 9), name="A")
+    k = te.reduce_axis((2, 9), "k")
+    R = te.compute((4,), lambda i: te.sum(A[i, k], axis=k, where=A[i, k] > 0), name="R")
+    s = te.create_schedule(R.op)
+    ko, ki = s[R].split(k, factor=2)
+    a = rand(4, 9)
+    r = np.zeros(4, "float32")
+    run(s, [A, R], a, r)
+    np.testing.assert_allclose(r, np.where(a[:, 2:] > 0, a[:, 2:], 0).sum(axis=1), rtol=1e-5)
+
+
+def test_column_max_vectorized_over_the_data_axis():
+    A = te.placeholder((7, 20), name="A", dtype="int32")
+    k = te.reduce_axis((0, 7), "k")
+    R = te.compute((20,), lambda j: te.max(A[k, j], axis=k), name="R")
+    s = te.create_schedule(R.op)
+    jo, ji = s[R].split(R.op.axis[0], factor=8)
+    s[R].reorder(jo, k, ji)
+    s[R].vectorize(ji)
+    a = RNG.integers(-100, 100, (7, 20)).astype("int32")
+    r = np.zeros(20, "int32")
+    run(s, [A, R], a, r)
+    np.testing.assert_array_equal(r, a.max(axis=0))

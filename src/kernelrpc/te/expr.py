@@ -72,11 +72,6 @@ def dtype_bits(dtype: str) -> int:
     return parse_dtype(dtype)[1]
 
 
-def dtype_bytes(dtype: str) -> int:
-    code, bits, lanes = parse_dtype(dtype)
-    return (1 if code == "bool" else bits // 8) * lanes
-
-
 # --------------------------------------------------------------------------- nodes
 
 class PrimExpr:

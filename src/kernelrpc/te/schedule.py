@@ -30,7 +30,6 @@ class Stage:
 
     def __init__(self, op):
         self.op = op
-        self.origin_op = op
         self.reset()
         self.attach_type = "root"          # root | inline | scope
         self.attach_stage: Stage | None = None
@@ -171,9 +170,6 @@ class Schedule:
         if stage is None:
             raise ScheduleError(f"{getattr(op, 'name', op)!r} is not part of this schedule")
         return stage
-
-    def stage_of(self, tensor: Tensor) -> Stage:
-        return self[tensor]
 
     def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
         """Compute ``tensor`` into a new stage ``<name>.<scope>`` and copy it out.

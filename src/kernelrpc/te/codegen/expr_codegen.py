@@ -7,6 +7,8 @@ that unrolled loops give SROA constant offsets into local accumulators.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .. import expr as E
 from .. import ir
 from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype
@@ -79,6 +81,20 @@ class ExprCodegen:
         self.env: dict = {}
         self.mask: Value | None = None  # lanes a vector load may touch (inside a Select)
 
+    @contextmanager
+    def bound(self, key, value: Value):
+        """Bind a Var or Buffer for the duration of a scope (restoring any outer binding)."""
+        missing = object()
+        outer = self.env.get(key, missing)
+        self.env[key] = value
+        try:
+            yield
+        finally:
+            if outer is missing:
+                del self.env[key]
+            else:
+                self.env[key] = outer
+
     # ------------------------------------------------------------------ constants
 
     def const(self, value, dtype: str) -> Value:
@@ -117,11 +133,8 @@ class ExprCodegen:
             raise CodegenError(f"variable {node.name} is used outside its scope") from None
 
     def visit_Let(self, node):
-        self.env[node.var] = self(node.value)
-        try:
+        with self.bound(node.var, self(node.value)):
             return self(node.body)
-        finally:
-            del self.env[node.var]
 
     # ------------------------------------------------------------------ arithmetic
 

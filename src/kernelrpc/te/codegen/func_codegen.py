@@ -65,11 +65,8 @@ class StmtCodegen(ExprCodegen):
         self(node.value)
 
     def stmt_LetStmt(self, node):
-        self.env[node.var] = self(node.value)
-        try:
+        with self.bound(node.var, self(node.value)):
             self.stmt(node.body)
-        finally:
-            del self.env[node.var]
 
     def stmt_IfThenElse(self, node):
         cond = self(node.condition)
@@ -98,24 +95,18 @@ class StmtCodegen(ExprCodegen):
             raise CodegenError(f"allocation {buffer.name} needs a constant size, got {size}")
         nbytes = max(1, size) * element_bytes(buffer.dtype)
         if nbytes <= STACK_ALLOC_LIMIT:
-            self.env[buffer] = self.fn.alloca(memory_type(buffer.dtype), max(1, size), 64,
-                                              hint=_hint(buffer.name))
-            try:
+            storage = self.fn.alloca(memory_type(buffer.dtype), max(1, size), 64, hint=buffer.name)
+            with self.bound(buffer, storage):
                 self.stmt(node.body)
-            finally:
-                del self.env[buffer]
             return
         self.module.declare("aligned_alloc", "declare noalias ptr @aligned_alloc(i64, i64)")
         self.module.declare("free", "declare void @free(ptr)")
         rounded = (nbytes + 63) // 64 * 64
         ptr = self.fn.assign("ptr", f"call noalias ptr @aligned_alloc(i64 64, i64 {rounded})",
-                             hint=_hint(buffer.name))
+                             hint=buffer.name)
         self.return_if(self.fn.assign("i1", f"icmp eq ptr {ptr.ref}, null"), ERR_OUT_OF_MEMORY)
-        self.env[buffer] = ptr
-        try:
+        with self.bound(buffer, ptr):
             self.stmt(node.body)
-        finally:
-            del self.env[buffer]
         self.fn.emit(f"call void @free(ptr {ptr.ref})")
 
     def return_if(self, cond: Value, code) -> None:
@@ -137,11 +128,8 @@ class StmtCodegen(ExprCodegen):
         if extent.const is not None and extent.const <= 0:
             return
         if extent.const == 1:
-            self.env[node.var] = lo
-            try:
+            with self.bound(node.var, lo):
                 self.stmt(node.body)
-            finally:
-                del self.env[node.var]
             return
         end = self._int_binary(E.Add, node.var.dtype, lo, extent)
         self.serial_loop(node.var, lo, end, node.body)
@@ -157,11 +145,8 @@ class StmtCodegen(ExprCodegen):
         cond = self.fn.assign("i1", f"icmp slt {ty} {phi}, {end.ref}")
         self.fn.emit(f"br {cond}, label %{body_l}, label %{exit_l}")
         self.fn.start_block(body_l)
-        self.env[var] = Value(ty, phi)
-        try:
+        with self.bound(var, Value(ty, phi)):
             self.stmt(body)
-        finally:
-            del self.env[var]
         self.fn.branch(latch)
         self.fn.start_block(latch)
         self.fn.emit(f"{step} = add nsw {ty} {phi}, 1")
@@ -181,16 +166,10 @@ class StmtCodegen(ExprCodegen):
             self.fn.emit(f"store {value}, ptr {slot.ref}")
         self.outlined += 1
         body_name = self.module.unique(f"{self.func_name}.par{self.outlined}")
-        emit_parallel_body(self.module, body_name, struct, captured,
-                           [v.type for v in fields], index_ty, node)
+        emit_parallel_body(self.module, body_name, struct, captured, fields, index_ty, node)
         self.module.declare(LAUNCH_SYMBOL, f"declare i32 @{LAUNCH_SYMBOL}(ptr, ptr)")
         rc = self.fn.assign("i32", f"call i32 @{LAUNCH_SYMBOL}(ptr @\"{body_name}\", ptr {ctx.ref})")
         self.return_if(self.fn.assign("i1", f"icmp ne i32 {rc.ref}, 0"), rc)
-
-
-def _hint(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-    return cleaned or "buf"
 
 
 def _captures(body, env: dict) -> list:
@@ -213,16 +192,17 @@ def _param_decl(key, value_type: str, name: str) -> str:
 
 
 def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: list,
-                       types: list[str], index_ty: str, node) -> None:
+                       fields: list[Value], index_ty: str, node) -> None:
     """The outlined task function and the chunk function it calls."""
-    names = [f"c{k}" for k in range(len(captured))]
+    types = [v.type for v in fields]
+    names = [f"cap{k}" for k in range(len(captured))]
     chunk_name = module.unique(name + ".chunk")
     params = [_param_decl(key, ty, n) for key, ty, n in zip(captured, types, names)]
     chunk = FunctionBuilder(
         f"define internal i32 @\"{chunk_name}\"({', '.join(params + [f'{index_ty} %lo', f'{index_ty} %hi', f'{index_ty} %base'])}) nounwind")
     gen = StmtCodegen(module, chunk, name.split(".")[0], in_parallel=True)
-    for key, ty, n in zip(captured, types, names):
-        gen.env[key] = Value(ty, f"%{n}")
+    for key, value, n in zip(captured, fields, names):
+        gen.env[key] = Value(value.type, f"%{n}", div=value.div)
     loop_var = Var(node.var.name + ".rel", node.var.dtype)
     body = ir.LetStmt(node.var, E.Add(loop_var, _param_var(gen, "base", node.var.dtype)), node.body)
     gen.serial_loop(loop_var, Value(index_ty, "%lo"), Value(index_ty, "%hi"), body)
@@ -268,19 +248,19 @@ def emit_primfunc(module: ModuleBuilder, func) -> str:
     params, arg_types = [], []
     for k, p in enumerate(func.params):
         if isinstance(p, ir.Buffer):
-            params.append(f"ptr noalias align 64 %a{k}")
+            params.append(f"ptr noalias align 64 %arg{k}")
             arg_types.append("ptr")
         elif isinstance(p, Var):
             if dtype_lanes(p.dtype) != 1:
                 raise CodegenError(f"scalar parameter {p.name} must have a scalar dtype")
-            params.append(f"{llvm_type(p.dtype)} %a{k}")
+            params.append(f"{llvm_type(p.dtype)} %arg{k}")
             arg_types.append(llvm_type(p.dtype))
         else:
             raise CodegenError(f"parameter {k} of {name} is neither a Buffer nor a Var")
     impl = FunctionBuilder(f"define internal i32 @\"{impl_name}\"({', '.join(params)}) nounwind")
     gen = StmtCodegen(module, impl, name)
     for k, (p, ty) in enumerate(zip(func.params, arg_types)):
-        gen.env[p] = Value(ty, f"%a{k}")
+        gen.env[p] = Value(ty, f"%arg{k}")
     gen.stmt(func.body)
     impl.emit("ret i32 0")
     module.functions.append(impl.text())

@@ -98,3 +98,52 @@ def test_random_elementwise_schedules(case):
     c = np.full((n, m), np.nan, "float32")
     interp.run(te.lower(s, args), a, c)
     np.testing.assert_array_equal(c, 3 * a)
+
+
+@st.composite
+def stencil_schedules(draw):
+    """C[i, j] = P[i, j] + P[i + 1, j + 2] with P computed at a random loop of C."""
+    n, m = draw(dims), draw(dims)
+    A = te.placeholder((n + 1, m + 2), name="A")
+    P = te.compute((n + 1, m + 2), lambda i, j: A[i, j] * 2.0, name="P")
+    C = te.compute((n, m), lambda i, j: P[i, j] + P[i + 1, j + 2], name="C")
+    s = te.create_schedule(C.op)
+    i, j = C.op.axis
+    io, ii = s[C].split(i, factor=draw(factors))
+    jo, ji = s[C].split(j, factor=draw(factors))
+    s[C].reorder(io, jo, ii, ji)
+    if draw(st.booleans()):
+        s[C].vectorize(ji)
+    s[P].compute_at(s[C], draw(st.sampled_from([io, jo, ii, ji])))
+    pi, pj = P.op.axis
+    pjo, pji = s[P].split(pj, factor=draw(factors))
+    kind = draw(st.sampled_from(["none", "vectorize", "unroll"]))
+    if kind != "none":
+        getattr(s[P], kind)(pji)
+    return (n, m), s, [A, C]
+
+
+@SETTINGS
+@given(stencil_schedules())
+def test_random_compute_at_stencils(case):
+    (n, m), s, args = case
+    a = np.arange((n + 1) * (m + 2), dtype="float32").reshape(n + 1, m + 2)
+    c = np.full((n, m), np.nan, "float32")
+    interp.run(te.lower(s, args), a, c)
+    np.testing.assert_array_equal(c, 2 * (a[:-1, :-2] + a[1:, 2:]))
+
+
+@SETTINGS
+@given(n=dims, m=st.integers(1, 40), f1=factors, f2=factors, f3=factors)
+def test_nested_splits_visit_each_reduction_element_once(n, m, f1, f2, f3):
+    A, R = W.row_reduce(n, m)
+    s = te.create_schedule(R.op)
+    (k,) = R.op.reduce_axis
+    ko, ki = s[R].split(k, factor=f1)
+    kio, kii = s[R].split(ki, factor=f2)
+    koo, koi = s[R].split(ko, nparts=f3)
+    s[R].reorder(R.op.axis[0], kii, koi, kio, koo)
+    a = np.ones((n, m), "float32")
+    r = np.zeros(n, "float32")
+    interp.run(te.lower(s, [A, R]), a, r)
+    np.testing.assert_array_equal(r, np.full(n, m, "float32"))

@@ -194,7 +194,8 @@ def test_pass_context_prints_after_each_pass_and_validates_options():
         te.lower(s, args)
     names = [line for line in out.getvalue().splitlines() if line.startswith("# After")]
     assert names == ["# After ScheduleOps:", "# After Simplify:", "# After NormalizeParallel:",
-                     "# After VectorizeLoop:", "# After UnrollLoop:", "# After RemoveNoOp:"]
+                     "# After VectorizeLoop:", "# After UnrollLoop:", "# After RemoveNoOp:",
+                     "# After VerifyVars:"]
     with pytest.raises(PassConfigError):
         te.PassContext(config={"no_such_option": 1})
     with pytest.raises(PassConfigError):
@@ -266,3 +267,23 @@ def test_tutorial_float_shape_and_int32_limit():
     out = te.compute((1,), lambda i: big[0, i], name="out")
     with pytest.raises(te.LowerError, match="int32"):
         te.lower(te.create_schedule(out.op), [big, out])
+
+
+def test_reduce_axis_outside_its_reduction_is_reported():
+    A = te.placeholder((4, 4), name="A")
+    k = te.reduce_axis((0, 4), "k")
+    B = te.compute((4,), lambda i: A[i, k] * 2.0, name="B")
+    with pytest.raises(te.LowerError, match="uses k"):
+        te.lower(te.create_schedule(B.op), [A, B])
+
+
+def test_compute_root_undoes_compute_at():
+    A = te.placeholder((8,), name="A")
+    T = te.compute((8,), lambda i: A[i] + 1.0, name="T")
+    C = te.compute((8,), lambda i: T[i] * 2.0, name="C")
+    s = te.create_schedule(C.op)
+    s[T].compute_at(s[C], C.op.axis[0])
+    s[T].compute_root()
+    f = te.lower(s, [A, C], name="twostage")
+    assert f.name == "twostage" and isinstance(f.body, ir.Allocate)
+    assert [lp.var.name for lp in nodes(f, ir.For)] == ["i", "i"]

@@ -7,6 +7,7 @@ from .schedule_ops import LowerError, ScheduleLowering
 from .simplify import simplify_func
 from .unroll import unroll_func
 from .vectorize import vectorize_func
+from .verify import verify_vars
 
 #: the pipeline after ScheduleOps, in order
 PASSES = [
@@ -15,6 +16,7 @@ PASSES = [
     Pass("VectorizeLoop", lambda f, ctx: vectorize_func(f, not ctx.get("disable_vectorize"))),
     Pass("UnrollLoop", lambda f, ctx: unroll_func(f, ctx.get("unroll_max_extent"))),
     Pass("RemoveNoOp", lambda f, ctx: simplify_func(f), opt_level=1),
+    Pass("VerifyVars", lambda f, ctx: verify_vars(f)),
 ]
 
 

@@ -52,7 +52,8 @@ def test_array_packing_is_a_parallel_vectorized_stage():
     assert [(a.buffer.name, a.buffer.size) for a in alloc] == [("packedB", 1024 * 1024)]
     text = str(f)
     assert 'for (x: int32, 0, 32) "parallel" {' in text
-    assert "packedB[ramp(((x*32768) + (y*32)), 1, 32)] = B[ramp(((y*1024) + (x*32)), 1, 32)]" in text
+    assert ("packedB[ramp(((x*32768) + (y*32)), 1, 32)] = "
+            "B[ramp(((y*1024) + (x*32)), 1, 32)]") in text
     assert "packedB[ramp((((y.outer*32768) + (k.outer*128)) + (k.inner*32)), 1, 32)]" in text
 
 
@@ -60,8 +61,7 @@ def test_cache_write_gives_small_local_buffer_with_unrolled_constant_offsets():
     s, args = W.tutorial_step("parallel", 1024, 1024, 1024)
     f = te.lower(s, args)
     cc = [a for a in nodes(f, ir.Allocate) if a.buffer.name == "C.global"]
-    assert len(cc) == 1 and cc[0].buffer.shape == (IntImm(32), IntImm(32)) or \
-        [d.value for d in cc[0].buffer.shape] == [32, 32]
+    assert len(cc) == 1 and [d.value for d in cc[0].buffer.shape] == [32, 32]
     text = str(f)
     assert "k.inner" not in text                                   # unrolled away
     assert 'for (x.outer: int32, 0, 32) "parallel" {' in text
@@ -127,9 +127,10 @@ def test_vectorized_tail_is_versioned_not_scalarized():
     io, ii = s[B].split(B.op.axis[0], factor=4)
     s[B].vectorize(ii)
     f = te.lower(s, [A, B])
-    (outer_if, inner_if) = nodes(f, ir.IfThenElse)[::-1][:2]
+    (outer_if,) = [n for n in nodes(f, ir.IfThenElse) if n.else_case is not None]
     assert str(outer_if.condition) == "((i.outer*4) < 7)"
-    assert isinstance(outer_if.then_case, ir.Store) and isinstance(outer_if.then_case.index, ir.Ramp)
+    assert isinstance(outer_if.then_case, ir.Store)
+    assert isinstance(outer_if.then_case.index, ir.Ramp)
     assert isinstance(outer_if.else_case, ir.For) and outer_if.else_case.kind == "serial"
 
 

@@ -9,8 +9,8 @@ attached stages (and their buffers) placed inside their parent's loops.
 from __future__ import annotations
 
 from ..expr import PrimExpr, Var, all_of, convert, maximum, minimum
-from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store, post_order_visit,
-                  seq, substitute)
+from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store,
+                  post_order_visit, seq, substitute)
 from ..schedule import Fuse, Schedule, Split
 from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 from .arith import INF, bound, const_int, from_linear, linear, simplify

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     target = evaluators[steps[0]][2].target if steps else kernelrpc.Target("llvm")
     print()
     print(f"GEMM {M}x{K}x{N} float32, target {target}, {opts.rounds} interleaved rounds")
-    print(f"threads: kernels use the module pool (all cores); numpy as configured")
+    print("threads: kernels use the module pool (all cores); numpy as configured")
     print(f"{'step':<20}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}")
     print(f"{'numpy.dot':<20}{statistics.median(numpy_gflops):>10.1f}{min(numpy_gflops):>9.1f}"
           f"{max(numpy_gflops):>9.1f}{1.0:>10.2f}")

@@ -159,9 +159,10 @@ class ExprCodegen:
             return self.fn.assign(ty, f"select {cond}, {a}, {b}")
         if op is E.FloorDiv:
             q = self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")
-            return self._intrinsic("floor", dtype, [q])
+            return self._call_intrinsic("floor", dtype, [q])
         if op is E.FloorMod:
-            q = self._intrinsic("floor", dtype, [self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")])
+            quotient = self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")
+            q = self._call_intrinsic("floor", dtype, [quotient])
             p = self.fn.assign(ty, f"fmul {ty} {q.ref}, {b.ref}")
             return self.fn.assign(ty, f"fsub {ty} {a.ref}, {p.ref}")
         raise CodegenError(f"float operator {op.__name__} is not supported")
@@ -377,10 +378,7 @@ class ExprCodegen:
         name = _MATH.get(node.op)
         if name is None:
             raise CodegenError(f"unknown intrinsic {node.op!r}")
-        return self._intrinsic(name, node.dtype, [self(a) for a in node.args])
-
-    def _intrinsic(self, name, dtype, args):
-        return self._call_intrinsic(name, dtype, args)
+        return self._call_intrinsic(name, node.dtype, [self(a) for a in node.args])
 
     def _call_intrinsic(self, name, dtype, args):
         ty = llvm_type(dtype)
@@ -411,7 +409,8 @@ class ExprCodegen:
                 f"{ty} {int_literal(k * stride.const, elem)}" for k in range(node.lanes)) + ">")
         else:
             iota = Value(vty, "<" + ", ".join(f"{ty} {k}" for k in range(node.lanes)) + ">")
-            steps = self.fn.assign(vty, f"mul {vty} {iota.ref}, {self.splat(stride, node.lanes).ref}")
+            splat = self.splat(stride, node.lanes)
+            steps = self.fn.assign(vty, f"mul {vty} {iota.ref}, {splat.ref}")
         return self.fn.assign(vty, f"add {vty} {self.splat(base, node.lanes).ref}, {steps.ref}")
 
     # ------------------------------------------------------------------ memory
@@ -456,7 +455,7 @@ class ExprCodegen:
         if lanes == 1:
             index = self(node.index)
             ptr = self.address(buffer, index)
-            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {alignment(1, nbytes, nbytes)}")
+            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {nbytes}")
             return self._from_memory(raw, buffer.dtype)
         vty = f"<{lanes} x {mty}>"
         if contiguous is not None:

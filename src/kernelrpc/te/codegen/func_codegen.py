@@ -168,7 +168,8 @@ class StmtCodegen(ExprCodegen):
         body_name = self.module.unique(f"{self.func_name}.par{self.outlined}")
         emit_parallel_body(self.module, body_name, struct, captured, fields, index_ty, node)
         self.module.declare(LAUNCH_SYMBOL, f"declare i32 @{LAUNCH_SYMBOL}(ptr, ptr)")
-        rc = self.fn.assign("i32", f"call i32 @{LAUNCH_SYMBOL}(ptr @\"{body_name}\", ptr {ctx.ref})")
+        rc = self.fn.assign("i32",
+                            f"call i32 @{LAUNCH_SYMBOL}(ptr @\"{body_name}\", ptr {ctx.ref})")
         self.return_if(self.fn.assign("i1", f"icmp ne i32 {rc.ref}, 0"), rc)
 
 
@@ -198,8 +199,8 @@ def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: 
     names = [f"cap{k}" for k in range(len(captured))]
     chunk_name = module.unique(name + ".chunk")
     params = [_param_decl(key, ty, n) for key, ty, n in zip(captured, types, names)]
-    chunk = FunctionBuilder(
-        f"define internal i32 @\"{chunk_name}\"({', '.join(params + [f'{index_ty} %lo', f'{index_ty} %hi', f'{index_ty} %base'])}) nounwind")
+    params += [f"{index_ty} %lo", f"{index_ty} %hi", f"{index_ty} %base"]
+    chunk = FunctionBuilder(f"define internal i32 @\"{chunk_name}\"({', '.join(params)}) nounwind")
     gen = StmtCodegen(module, chunk, name.split(".")[0], in_parallel=True)
     for key, value, n in zip(captured, fields, names):
         gen.env[key] = Value(value.type, f"%{n}", div=value.div)
@@ -209,7 +210,8 @@ def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: 
     chunk.emit("ret i32 0")
     module.functions.append(chunk.text())
 
-    task = FunctionBuilder(f"define internal i32 @\"{name}\"(ptr %ctx, i32 %task, i32 %ntasks) nounwind")
+    task = FunctionBuilder(
+        f"define internal i32 @\"{name}\"(ptr %ctx, i32 %task, i32 %ntasks) nounwind")
     args = []
     for k, ty in enumerate(types):
         slot = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, i32 {k}")

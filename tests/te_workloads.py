@@ -76,8 +76,11 @@ TUTORIAL_STEPS = ("baseline", "blocking", "vectorization", "permutation", "packi
                   "parallel")
 
 
-def microkernel(M, N, K, mr=4, nr=64, lanes=16):
-    """Register-blocked GEMM: an mr x nr accumulator tile over packed B, k outermost inside."""
+def microkernel(M, N, K, mr=4, nr=64, lanes=16, pack_per_panel=False):
+    """Register-blocked GEMM: an mr x nr accumulator tile over packed B, k outermost inside.
+
+    ``pack_per_panel`` packs each K x nr panel of B inside the parallel loop that uses it.
+    """
     A, B, packedB, C = packed_gemm(M, N, K, nr)
     s = te.create_schedule(C.op)
     CC = s.cache_write(C, "global")
@@ -95,7 +98,10 @@ def microkernel(M, N, K, mr=4, nr=64, lanes=16):
     s[C].parallel(no)
     x, _, z = s[packedB].op.axis
     s[packedB].vectorize(z)
-    s[packedB].parallel(x)
+    if pack_per_panel:
+        s[packedB].compute_at(s[C], no)
+    else:
+        s[packedB].parallel(x)
     return s, [A, B, C]
 
 

@@ -39,10 +39,11 @@ def test_tutorial_steps_odd_shapes(step, shape):
     check_gemm(s, args, M, N, K)
 
 
+@pytest.mark.parametrize("pack_per_panel", [False, True])
 @pytest.mark.parametrize("shape", [(8, 32, 16), (7, 40, 5), (1, 17, 3)])
-def test_register_blocked_microkernel(shape):
+def test_register_blocked_microkernel(shape, pack_per_panel):
     M, N, K = shape
-    s, args = W.microkernel(M, N, K, mr=2, nr=16, lanes=8)
+    s, args = W.microkernel(M, N, K, mr=2, nr=16, lanes=8, pack_per_panel=pack_per_panel)
     check_gemm(s, args, M, N, K)
 
 

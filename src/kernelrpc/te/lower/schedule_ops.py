@@ -232,7 +232,7 @@ class ScheduleLowering:
             values = {iv.var: reader_info.root_value(iv) for iv in roots}
             for load in loads:
                 for d, idx in enumerate(load.indices):
-                    idx = simplify(substitute(idx, values))
+                    idx = simplify(substitute(idx, values), all_ranges)
                     lo_hi = _interval(idx, relaxed, all_ranges)
                     if lo_hi is None or regions[d] == "full":
                         regions[d] = "full"

@@ -73,7 +73,9 @@ class Target:
 
     @property
     def is_host(self) -> bool:
-        return self.triple == _host()[0]
+        """Code for this target runs here (same architecture and OS as this process)."""
+        host = _host()[0]
+        return _same_arch(self.triple, host) and _os(self.triple) == _os(host)
 
     @property
     def pointer_bits(self) -> int:
@@ -136,6 +138,11 @@ def _parse(text: str) -> tuple[str, str, str, str, int, bool]:
 
 def _same_arch(triple: str, host_triple: str) -> bool:
     return triple.split("-", 1)[0] == host_triple.split("-", 1)[0]
+
+
+def _os(triple: str) -> str:
+    parts = triple.split("-")
+    return next((p for p in parts[1:] if p not in ("unknown", "pc", "none")), "")
 
 
 def _check_features(features: str, text: str) -> None:

@@ -298,7 +298,11 @@ class Not(PrimExpr):
 
 
 class Select(PrimExpr):
-    """``condition ? true_value : false_value``; both branches may be evaluated."""
+    """``condition ? true_value : false_value`` (TVM's if_then_else).
+
+    Memory is read only where a branch is selected, so a branch may index out of bounds
+    where the condition rules it out (padding, tails).
+    """
 
     __slots__ = ("condition", "true_value", "false_value")
     _fields = ("condition", "true_value", "false_value")

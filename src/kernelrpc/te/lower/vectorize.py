@@ -11,7 +11,7 @@ from ..expr import (GE, GT, LE, LT, Add, And, BinaryOp, Call, Cast, IntImm, Let,
                     PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
 from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
                   post_order_visit, substitute, uses_var)
-from .arith import linear, simplify
+from .arith import is_index, linear, simplify
 
 
 class _Scalarize(Exception):
@@ -134,7 +134,7 @@ def _conjuncts(cond):
 
 def _all_lanes(cond, var: Var, lanes: int):
     """A condition equivalent to ``cond`` holding for every ``var`` in [0, lanes), or None."""
-    if not isinstance(cond, (LT, LE, GT, GE)) or dtype_lanes(cond.a.dtype) != 1:
+    if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a):
         return None
     terms, _ = linear(Sub(cond.a, cond.b))
     coeff = 0

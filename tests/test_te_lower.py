@@ -288,3 +288,13 @@ def test_compute_root_undoes_compute_at():
     f = te.lower(s, [A, C], name="twostage")
     assert f.name == "twostage" and isinstance(f.body, ir.Allocate)
     assert [lp.var.name for lp in nodes(f, ir.For)] == ["i", "i"]
+
+
+def test_tvm_spellings():
+    A = te.placeholder((6, 4), name="A")
+    B = te.compute((6, 4), lambda i, j: A(i, j) + 1.0, name="B")
+    i, j = B.op.axis
+    assert i.dom.extent.value == 6 and i.dom.min.value == 0
+    s = te.create_schedule(B.op)
+    f = te.lower(s, [A, B])
+    assert "B[((i*4) + j)] = (A[((i*4) + j)] + 1f32)" in str(f)

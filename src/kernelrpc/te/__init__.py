@@ -7,8 +7,10 @@ from .expr import (all_of as all, any_of as any, call_math, const, floordiv, flo
 from .expr import if_then_else, max_value, min_value
 from .lower import LowerError, PassContext, lower
 from .schedule import Schedule, ScheduleError, Stage, create_schedule
-from .tensor import (IterVar, Tensor, TensorError, compute, max, min, placeholder, reduce_axis,
-                     sum, var)
+from .tensor import (IterVar, Range, Tensor, TensorError, compute, max, min, placeholder,
+                     reduce_axis, sum, var)
+
+size_var = var
 from .build import BuiltModule, build  # the backend (LLVM via llvmlite)
 from .target import Target
 

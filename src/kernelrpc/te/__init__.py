@@ -9,10 +9,10 @@ from .lower import LowerError, PassContext, lower
 from .schedule import Schedule, ScheduleError, Stage, create_schedule
 from .tensor import (IterVar, Range, Tensor, TensorError, compute, max, min, placeholder,
                      reduce_axis, sum, var)
-
-size_var = var
 from .build import BuiltModule, build  # the backend (LLVM via llvmlite)
 from .target import Target
+
+size_var = var
 
 
 def _math(op):

@@ -106,10 +106,26 @@ def test_tail_of_nondividing_split_is_guarded():
     B = te.compute((10,), lambda i: A[i] * 2.0, name="B")
     s = te.create_schedule(B.op)
     io, ii = s[B].split(B.op.axis[0], factor=4)
-    f = te.lower(s, [A, B])
+    with te.PassContext(opt_level=1):                 # no LoopPartition
+        f = te.lower(s, [A, B])
     assert loops(f) == {"i.outer": (3, "serial"), "i.inner": (4, "serial")}
     (guard,) = nodes(f, ir.IfThenElse)
     assert str(guard.condition) == "(((i.outer*4) + i.inner) < 10)"
+
+
+def test_loop_partition_splits_off_the_tail():
+    A = te.placeholder((10,), name="A")
+    B = te.compute((10,), lambda i: A[i] * 2.0, name="B")
+    s = te.create_schedule(B.op)
+    io, ii = s[B].split(B.op.axis[0], factor=4)
+    f = te.lower(s, [A, B])
+    assert nodes(f, ir.IfThenElse) == []
+    main, tail = f.body.seq
+    assert (main.var.name, main.extent.value, main.body.extent.value) == ("i.outer", 2, 4)
+    assert (tail.var.name, tail.extent.value) == ("i.inner", 2)
+    s[B].vectorize(ii)
+    f = te.lower(s, [A, B])
+    assert str(f.body.seq[1]) == "B[ramp(8, 1, 2)] = (A[ramp(8, 1, 2)]*broadcast(2f32, 2))"
 
 
 def test_divisible_split_has_no_guard():
@@ -126,21 +142,25 @@ def test_vectorized_tail_is_versioned_not_scalarized():
     s = te.create_schedule(B.op)
     io, ii = s[B].split(B.op.axis[0], factor=4)
     s[B].vectorize(ii)
-    f = te.lower(s, [A, B])
+    with te.PassContext(opt_level=1):
+        f = te.lower(s, [A, B])
     (outer_if,) = [n for n in nodes(f, ir.IfThenElse) if n.else_case is not None]
     assert str(outer_if.condition) == "((i.outer*4) < 7)"
     assert isinstance(outer_if.then_case, ir.Store)
     assert isinstance(outer_if.then_case.index, ir.Ramp)
-    assert isinstance(outer_if.else_case, ir.For) and outer_if.else_case.kind == "serial"
+    scalar = []
+    ir.post_order_visit(outer_if.else_case, scalar.append)
+    assert not any(isinstance(n, ir.Ramp) for n in scalar)          # unrolled scalar lanes
+    assert sum(isinstance(n, ir.Store) for n in scalar) == 4
 
 
-def test_vectorize_keeps_loop_serial_when_store_does_not_depend_on_lane():
+def test_vectorize_falls_back_to_scalar_when_store_does_not_depend_on_lane():
     buf = ir.Buffer("X", (4,), "float32")
     v = Var("v")
     body = ir.Store(buf, ir.Load(buf, const(0)) + FloatImm(1.0), const(0))
     func = ir.PrimFunc("f", [buf], ir.For(v, const(0), const(4), "vectorized", body))
     out = vectorize_func(func)
-    assert isinstance(out.body, ir.For) and out.body.kind == "serial"
+    assert isinstance(out.body, ir.For) and out.body.kind == "unrolled"
     x = np.zeros(4, "float32")
     interp.run(out, x)
     assert x[0] == 4
@@ -154,16 +174,20 @@ def test_compute_at_infers_the_needed_region_and_guards_the_tail():
     s = te.create_schedule(C.op)
     io, ii = s[C].split(C.op.axis[0], factor=4)
     s[P].compute_at(s[C], io)
-    f = te.lower(s, [A, C])
-    (alloc,) = nodes(f, ir.Allocate)
+    with te.PassContext(opt_level=1):
+        guarded = te.lower(s, [A, C])
+    (alloc,) = nodes(guarded, ir.Allocate)
     assert [d.value for d in alloc.buffer.shape] == [6]          # 4 outputs + 2 halo
-    text = str(f)
+    text = str(guarded)
     assert "P[i] = (A[((i.outer*4) + i)]*3f32)" in text
     assert "if (((i.outer*4) + i) < 12) {" in text              # last block: 8..13 > 11
+    partitioned = te.lower(s, [A, C])
+    assert "for (i: int32, 0, 4) {\n    P[i] = (A[(i + 8)]*3f32)" in str(partitioned)
     a = np.arange(n + 2, dtype="float32")
-    c = np.zeros(n, "float32")
-    interp.run(f, a, c)
-    np.testing.assert_array_equal(c, 3 * (a[:-2] + a[1:-1] + a[2:]))
+    for f in (guarded, partitioned):
+        c = np.zeros(n, "float32")
+        interp.run(f, a, c)
+        np.testing.assert_array_equal(c, 3 * (a[:-2] + a[1:-1] + a[2:]))
 
 
 def test_compute_inline_substitutes_the_body():
@@ -194,7 +218,8 @@ def test_pass_context_prints_after_each_pass_and_validates_options():
     with te.PassContext(opt_level=3, config={"print_ir_after_each": True}, out=out):
         te.lower(s, args)
     names = [line for line in out.getvalue().splitlines() if line.startswith("# After")]
-    assert names == ["# After ScheduleOps:", "# After Simplify:", "# After NormalizeParallel:",
+    assert names == ["# After ScheduleOps:", "# After Simplify:", "# After LoopPartition:",
+                     "# After NormalizeParallel:",
                      "# After VectorizeLoop:", "# After UnrollLoop:", "# After RemoveNoOp:",
                      "# After VerifyVars:"]
     with pytest.raises(PassConfigError):

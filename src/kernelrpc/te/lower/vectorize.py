@@ -202,6 +202,15 @@ def _vars_of(e) -> set:
     return found
 
 
+def _fallback_kind(loop, body) -> str:
+    """A short loop body that cannot be vectorized is unrolled instead: lane offsets become
+    constants, so an accumulator tile it touches keeps constant indices."""
+    has_loop = []
+    post_order_visit(body, lambda n: has_loop.append(n) if isinstance(n, For) else None)
+    short = isinstance(loop.extent, IntImm) and loop.extent.value <= 16
+    return "unrolled" if short and not has_loop else "serial"
+
+
 class LoopVectorizer(Mutator):
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -210,8 +219,10 @@ class LoopVectorizer(Mutator):
         body = self.visit(s.body)
         if s.kind != "vectorized":
             return s if body is s.body else For(s.var, s.min, s.extent, s.kind, body)
-        serial = For(s.var, s.min, s.extent, "serial", body)
-        if (not self.enabled or not isinstance(s.extent, IntImm)
+        if not self.enabled:
+            return For(s.var, s.min, s.extent, "serial", body)
+        serial = For(s.var, s.min, s.extent, _fallback_kind(s, body), body)
+        if (not isinstance(s.extent, IntImm)
                 or not (isinstance(s.min, IntImm) and s.min.value == 0) or s.extent.value < 2):
             return serial
         lanes = s.extent.value

@@ -6,6 +6,8 @@ A kernel with an (almost) empty parallel loop is timed with the module's native 
 (``time_evaluator``), with the pool at 1 thread (no launch: runs inline) and at all
 cores; the difference is the launch + join overhead per region. A second figure is
 the first call after the pool has gone to sleep (wake-up latency, ctypes call included).
+Reference: the same kernel dispatched to 2 Python threads (ThreadPoolExecutor; ctypes
+drops the GIL), the alternative the module pool replaces.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -42,11 +45,23 @@ def main() -> int:
         start = time.perf_counter()
         module(a, b)
         wake.append((time.perf_counter() - start) * 1e6)
+    runtime_module.set_num_threads(1)
+    function = module["tiny"]
+    python_pool = []
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        for _ in range(2000):
+            start = time.perf_counter()
+            for future in [executor.submit(function, a, b) for _ in range(2)]:
+                future.result()
+            python_pool.append((time.perf_counter() - start) * 1e6)
+    runtime_module.set_num_threads(0)
     print(f"{'case':<30}{'median us':>12}{'min us':>10}")
     for name, median, low in rows:
         print(f"{name + ' (per call, native loop)':<30}{median:>12.3f}{low:>10.3f}")
     print(f"{'launch overhead (all - 1)':<30}{rows[1][1] - rows[0][1]:>12.3f}")
     print(f"{'call after idle (ctypes+wake)':<30}{statistics.median(wake):>12.1f}{min(wake):>10.1f}")
+    print(f"{'reference: 2 Python threads':<30}{statistics.median(python_pool):>12.1f}"
+          f"{min(python_pool):>10.1f}")
     return 0
 
 

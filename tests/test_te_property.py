@@ -147,3 +147,17 @@ def test_nested_splits_visit_each_reduction_element_once(n, m, f1, f2, f3):
     r = np.zeros(n, "float32")
     interp.run(te.lower(s, [A, R]), a, r)
     np.testing.assert_array_equal(r, np.full(n, m, "float32"))
+
+
+@SETTINGS
+@given(M=dims, N=st.integers(1, 40), K=dims, mr=st.integers(1, 4),
+       nr=st.sampled_from([4, 8, 16]), lanes=st.sampled_from([2, 4]),
+       pack_per_panel=st.booleans())
+def test_random_register_blocked_microkernels(M, N, K, mr, nr, lanes, pack_per_panel):
+    s, args = W.microkernel(M, N, K, mr, nr, lanes, pack_per_panel)
+    rng = np.random.default_rng(M + N + K)
+    a = rng.standard_normal((M, K)).astype("float32")
+    b = rng.standard_normal((K, N)).astype("float32")
+    c = np.full((M, N), np.nan, "float32")
+    interp.run(te.lower(s, args), a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)

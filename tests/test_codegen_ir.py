@@ -293,6 +293,7 @@ def test_guarded_loads_never_touch_memory_past_the_end(tmp_path):
     """select(i < n, A[i...], 0) with a vector tail and with scalars must not read past A."""
     n, lanes, total = 80, 64, 128  # 2 vectors of 64: the second reaches 48 floats past A
     A, B, S = ir.Buffer("A", (n,)), ir.Buffer("B", (total,)), ir.Buffer("S", (total,))
+    G = ir.Buffer("G", (64,))
     x, y, limit = E.Var("x"), E.Var("y"), E.Var("limit")  # limit = n, unknown to LLVM
     ramp = vec(x * lanes, lanes)
     vector = ir.For(x, c(0), c(2), "serial", ir.Store(B, E.Select(
@@ -300,7 +301,11 @@ def test_guarded_loads_never_touch_memory_past_the_end(tmp_path):
         ir.Broadcast(c(-1.0), lanes)), ramp))
     scalar = ir.For(y, c(0), c(total), "serial", ir.Store(S, E.Select(
         y < limit, ir.Load(A, y), c(-1.0)), y))
-    f = ir.PrimFunc("guarded", [A, B, S, limit], ir.seq(vector, scalar))
+    strided = ir.Ramp(x * 32, c(2), 16)  # a gather: elements 0, 2, ..., 126
+    gather = ir.For(x, c(0), c(4), "serial", ir.Store(G, E.Select(
+        strided < ir.Broadcast(limit, 16), ir.Load(A, strided), ir.Broadcast(c(-1.0), 16)),
+        vec(x * 16, 16)))
+    f = ir.PrimFunc("guarded", [A, B, S, G, limit], ir.seq(vector, scalar, gather))
     # a baseline x86-64 cpu: AVX-512 would hide unmasked reads by folding them into masked moves
     path = build(f, target="llvm -mcpu=x86-64").export_library(tmp_path / "guarded.so")
     pid = os.fork()
@@ -310,13 +315,14 @@ def test_guarded_loads_never_touch_memory_past_the_end(tmp_path):
             region, a = _guarded_array(n)
             a[:] = np.arange(n, dtype="float32")
             b, s = (aligned_copy(np.zeros(total, "float32")) for _ in range(2))
+            g = aligned_copy(np.zeros(64, "float32"))
             lib = ctypes.CDLL(str(path))
             limit = ctypes.c_int64(n)
-            argv = (ctypes.c_void_p * 4)(a.ctypes.data, b.ctypes.data, s.ctypes.data,
-                                         ctypes.addressof(limit))
+            argv = (ctypes.c_void_p * 5)(a.ctypes.data, b.ctypes.data, s.ctypes.data,
+                                         g.ctypes.data, ctypes.addressof(limit))
             expect = np.concatenate([np.arange(n), np.full(total - n, -1)]).astype("float32")
             if lib.__kernelrpc_fn_guarded(argv) == 0 and (b == expect).all() \
-                    and (s == expect).all():
+                    and (s == expect).all() and (g == expect[::2]).all():
                 code = 0
             del region
         finally:

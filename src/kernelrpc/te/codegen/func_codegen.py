@@ -6,8 +6,9 @@ Each PrimFunc becomes
   of docs/module-format.md, which unpacks ``args`` and calls the body.
 
 A ``parallel`` loop is outlined into ``i32 @<name>.par<k>(ptr ctx, i32 task,
-i32 ntasks)``, which unpacks the captured values from a context struct, takes
-its static chunk of the iteration space and calls a chunk function whose
+i32 ntasks)``, which unpacks the captured values from a context struct, claims
+chunks of the iteration space from an atomic counter in that struct (dynamic
+scheduling) and calls, for each, a chunk function whose
 pointer parameters are again ``noalias`` (so LLVM keeps the alias facts after
 inlining). The body runs on the module's thread pool through
 ``__kernelrpc_parallel_launch``.
@@ -28,6 +29,9 @@ from .runtime_ir import LAUNCH_SYMBOL
 
 #: Allocations up to this many bytes go on the stack (and may become registers).
 STACK_ALLOC_LIMIT = 64 * 1024
+#: A parallel loop is cut into about this many chunks per thread; threads claim chunks
+#: with an atomic counter, so a thread slowed by a noisy neighbour simply takes fewer.
+CHUNKS_PER_THREAD = 4
 #: Error code a kernel returns when a heap allocation fails.
 ERR_OUT_OF_MEMORY = 2
 
@@ -157,7 +161,8 @@ class StmtCodegen(ExprCodegen):
         captured = _captures(node.body, self.env)
         lo, extent = self(node.min), self(node.extent)
         index_ty = llvm_type(node.var.dtype)
-        fields = [self.env[key] for key in captured] + [lo, extent]
+        counter = Value("i64", "0")  # next unclaimed iteration, reset before every launch
+        fields = [self.env[key] for key in captured] + [lo, extent, counter]
         struct = "{ " + ", ".join(v.type for v in fields) + " }"
         ctx = self.fn.alloca(struct, align=8, hint="ctx")
         for k, value in enumerate(fields):
@@ -213,27 +218,40 @@ def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: 
     task = FunctionBuilder(
         f"define internal i32 @\"{name}\"(ptr %ctx, i32 %task, i32 %ntasks) nounwind")
     args = []
-    for k, ty in enumerate(types):
+    for k, ty in enumerate(types[:-1]):
         slot = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, i32 {k}")
         args.append(task.assign(ty, f"load {ty}, ptr {slot.ref}"))
+    counter = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, "
+                                 f"i32 {len(types) - 1}")
     *values, lo, extent = args
-    wide = "i64"
-    ext = task.assign(wide, f"sext {extent} to {wide}") if index_ty != wide else extent
-    n = task.assign(wide, "sext i32 %ntasks to i64")
-    t = task.assign(wide, "sext i32 %task to i64")
-    nm1 = task.assign(wide, f"add i64 {n.ref}, -1")
-    padded = task.assign(wide, f"add i64 {ext.ref}, {nm1.ref}")
-    chunk_len = task.assign(wide, f"sdiv i64 {padded.ref}, {n.ref}")
-    start = task.assign(wide, f"mul i64 {t.ref}, {chunk_len.ref}")
-    stop0 = task.assign(wide, f"add i64 {start.ref}, {chunk_len.ref}")
-    stop = task.assign(wide, f"call i64 @llvm.smin.i64(i64 {stop0.ref}, i64 {ext.ref})")
+    ext = task.assign("i64", f"sext {extent} to i64") if index_ty != "i64" else extent
+    tasks = task.assign("i64", "sext i32 %ntasks to i64")
+    pieces = task.assign("i64", f"mul i64 {tasks.ref}, {CHUNKS_PER_THREAD}")
+    grain0 = task.assign("i64", f"sdiv i64 {ext.ref}, {pieces.ref}")
+    grain = task.assign("i64", f"call i64 @llvm.smax.i64(i64 {grain0.ref}, i64 1)")
+    module.declare("llvm.smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
     module.declare("llvm.smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
-    if index_ty != wide:
+    claim, run, done = (task.label(h) for h in ("claim", "run", "done"))
+    task.branch(claim)
+    task.start_block(claim)
+    start = task.assign("i64", f"atomicrmw add ptr {counter.ref}, i64 {grain.ref} monotonic")
+    finished = task.assign("i1", f"icmp sge i64 {start.ref}, {ext.ref}")
+    task.emit(f"br {finished}, label %{done}, label %{run}")
+    task.start_block(run)
+    stop0 = task.assign("i64", f"add i64 {start.ref}, {grain.ref}")
+    stop = task.assign("i64", f"call i64 @llvm.smin.i64(i64 {stop0.ref}, i64 {ext.ref})")
+    if index_ty != "i64":
         start = task.assign(index_ty, f"trunc {start} to {index_ty}")
         stop = task.assign(index_ty, f"trunc {stop} to {index_ty}")
     call_args = ", ".join([str(v) for v in values] + [str(start), str(stop), str(lo)])
     rc = task.assign("i32", f"call i32 @\"{chunk_name}\"({call_args})")
+    failed = task.assign("i1", f"icmp ne i32 {rc.ref}, 0")
+    fail = task.label("fail")
+    task.emit(f"br {failed}, label %{fail}, label %{claim}")
+    task.start_block(fail)
     task.emit(f"ret {rc}")
+    task.start_block(done)
+    task.emit("ret i32 0")
     module.functions.append(task.text())
 
 

@@ -9,15 +9,9 @@ used, so every guard is partitioned at one loop level at most.
 """
 from __future__ import annotations
 
-from ..expr import GE, GT, LE, LT, And, IntImm, Sub, Var
-from ..ir import For, IfThenElse, Mutator, post_order_visit, seq, substitute
-from .arith import INF, bound, is_index, linear
-
-
-def _conjuncts(cond):
-    if isinstance(cond, And):
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return [cond]
+from ..expr import GE, GT, LE, LT, IntImm, Sub, Var
+from ..ir import For, IfThenElse, Mutator, post_order_visit, seq, substitute, vars_in
+from .arith import INF, and_all, bound, conjuncts, is_index, linear
 
 
 def _negative_part(cmp):
@@ -57,9 +51,7 @@ def _clean_prefix(var: Var, cmp, inner: dict):
         if atom is var:
             coeff = c
             continue
-        used: list = []
-        post_order_visit(atom, lambda n: used.append(n) if isinstance(n, Var) else None)
-        if any(v not in inner for v in used):
+        if any(v not in inner for v in vars_in(atom)):
             return None
         lo, hi = bound(atom, inner)
         extreme = max(c * lo, c * hi) if lo not in (INF, -INF) and hi not in (INF, -INF) else INF
@@ -74,15 +66,12 @@ class _DropGuards(Mutator):
         self.proven = proven
 
     def visit_IfThenElse(self, s):
-        keep = [c for c in _conjuncts(s.condition) if id(c) not in self.proven]
+        keep = [c for c in conjuncts(s.condition) if id(c) not in self.proven]
         then_case = self.visit(s.then_case)
         else_case = self.visit(s.else_case)
         if not keep:
             return then_case
-        cond = keep[0]
-        for c in keep[1:]:
-            cond = And(cond, c)
-        return IfThenElse(cond, then_case, else_case)
+        return IfThenElse(and_all(keep), then_case, else_case)
 
 
 class LoopPartitioner(Mutator):
@@ -98,7 +87,7 @@ class LoopPartitioner(Mutator):
 
         def fn(node):
             if isinstance(node, IfThenElse) and node.else_case is None:
-                guards.extend(_conjuncts(node.condition))
+                guards.extend(conjuncts(node.condition))
         post_order_visit(body, fn)
         limits = {}
         for cmp in guards:

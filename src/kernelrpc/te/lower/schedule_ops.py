@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..expr import PrimExpr, Var, all_of, convert, maximum, minimum
 from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store,
-                  post_order_visit, seq, substitute)
+                  post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split
 from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 from .arith import INF, bound, const_int, from_linear, linear, simplify
@@ -355,7 +355,7 @@ class ScheduleLowering:
         positions = {leaf.var: k for k, leaf in enumerate(copies)}
         by_level: dict = {}
         for cond in checks:
-            used = _vars(cond)
+            used = vars_in(cond)
             if used & reduce_vars or not used & set(vmap):
                 continue
             cond = substitute(cond, vmap)
@@ -371,14 +371,8 @@ class ScheduleLowering:
 
 # --------------------------------------------------------------------------- helpers
 
-def _vars(expr) -> set:
-    found = set()
-    post_order_visit(expr, lambda n: found.add(n) if isinstance(n, Var) else None)
-    return found
-
-
 def _level(cond, positions: dict) -> int:
-    return max((positions[v] for v in _vars(cond) if v in positions), default=-1)
+    return max((positions[v] for v in vars_in(cond) if v in positions), default=-1)
 
 
 def _ranges(info, leaves) -> list:
@@ -398,7 +392,7 @@ def _interval(expr, relaxed: dict, all_ranges: dict):
     lo_terms, hi_terms = {}, {}
     lo_const = hi_const = const
     for key, (atom, c) in terms.items():
-        atom_vars = _vars(atom)
+        atom_vars = vars_in(atom)
         if not atom_vars & set(relaxed):
             lo_terms[key] = hi_terms[key] = [atom, c]
             continue

@@ -7,11 +7,11 @@ lane-invariant address, an allocation, a nested vector) stays a serial loop.
 """
 from __future__ import annotations
 
-from ..expr import (GE, GT, LE, LT, Add, And, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
+from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
                     PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
 from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
-                  post_order_visit, substitute, uses_var)
-from .arith import is_index, linear, simplify
+                  post_order_visit, substitute, uses_var, vars_in)
+from .arith import and_all, conjuncts, is_index, linear, simplify
 
 
 class _Scalarize(Exception):
@@ -126,12 +126,6 @@ class Vectorizer(Mutator):
         raise _Scalarize("allocation inside a vectorized loop")
 
 
-def _conjuncts(cond):
-    if isinstance(cond, And):
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return [cond]
-
-
 def _all_lanes(cond, var: Var, lanes: int):
     """A condition equivalent to ``cond`` holding for every ``var`` in [0, lanes), or None."""
     if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a):
@@ -171,35 +165,19 @@ def _split_guards(body, var: Var, lanes: int):
             if s.else_case is not None:
                 raise _Scalarize("lane-dependent if/else")
             keep = []
-            for c in _conjuncts(s.condition):
+            for c in conjuncts(s.condition):
                 if not uses_var(c, var):
                     keep.append(c)
                     continue
                 hoisted = _all_lanes(c, var, lanes)
-                if hoisted is None or _vars_of(hoisted) & inner_vars:
+                if hoisted is None or vars_in(hoisted) & inner_vars:
                     raise _Scalarize("guard cannot be hoisted")
                 conds.append(hoisted)
             then_case = self.visit(s.then_case)
-            if not keep:
-                return then_case
-            cond = keep[0]
-            for c in keep[1:]:
-                cond = And(cond, c)
-            return IfThenElse(cond, then_case)
+            return IfThenElse(and_all(keep), then_case) if keep else then_case
 
     new_body = _Strip().visit(body)
-    if not conds:
-        return new_body, None
-    cond = conds[0]
-    for c in conds[1:]:
-        cond = And(cond, c)
-    return new_body, simplify(cond)
-
-
-def _vars_of(e) -> set:
-    found = set()
-    post_order_visit(e, lambda n: found.add(n) if isinstance(n, Var) else None)
-    return found
+    return new_body, (simplify(and_all(conds)) if conds else None)
 
 
 def _fallback_kind(loop, body) -> str:

@@ -130,6 +130,10 @@ def _all_lanes(cond, var: Var, lanes: int):
     """A condition equivalent to ``cond`` holding for every ``var`` in [0, lanes), or None."""
     if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a):
         return None
+    reads: list = []
+    post_order_visit(cond, lambda n: reads.append(n) if isinstance(n, Load) else None)
+    if reads:                    # hoisting would read memory outside its guards
+        return None
     terms, _ = linear(Sub(cond.a, cond.b))
     coeff = 0
     for atom, c in terms.values():

@@ -41,10 +41,11 @@ def test_gemm_random_tiles(M, N, K, fm, fn, fk, par):
 
 @SETTINGS
 @given(n=st.integers(1, 300), factor=st.sampled_from([1, 2, 5, 8, 16, 32, 64]),
-       fuse_parallel=st.booleans(), dtype=st.sampled_from(["float32", "float64", "int32"]))
+       fuse_parallel=st.booleans(),
+       dtype=st.sampled_from(["float32", "float64", "float16", "int32", "int8"]))
 def test_elementwise_random_splits(n, factor, fuse_parallel, dtype):
     X = te.placeholder((n, 3), name="X", dtype=dtype)
-    Y = te.compute((n, 3), lambda i, j: X[i, j] * 3 + j - (i % 7), name="Y")
+    Y = te.compute((n, 3), lambda i, j: (X[i, j] * 3 + j - (i % 7)).astype(dtype), name="Y")
     s = te.create_schedule(Y.op)
     fused = s[Y].fuse(*Y.op.axis)
     outer, inner = s[Y].split(fused, factor=factor)

@@ -48,14 +48,16 @@ def gemm_schedules(draw):
 
 
 @SETTINGS
-@given(gemm_schedules())
-def test_random_gemm_schedules(case):
+@given(gemm_schedules(), st.integers(0, 3))
+def test_random_gemm_schedules(case, opt_level):
     (M, N, K), s, args = case
     rng = np.random.default_rng(M * 100 + N * 10 + K)
     a = rng.standard_normal((M, K)).astype("float32")
     b = rng.standard_normal((K, N)).astype("float32")
     c = np.full((M, N), np.nan, "float32")
-    interp.run(te.lower(s, args), a, b, c)
+    with te.PassContext(opt_level=opt_level):
+        func = te.lower(s, args)
+    interp.run(func, a, b, c)
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
 
 

@@ -190,8 +190,6 @@ class Schedule:
         cache = cache_op.output(0)
         copy_op = ComputeOp(op.name, op.axis, TensorLoad(cache, [iv.var for iv in op.axis]),
                             op.tag, op.attrs)
-        copy_op.outputs = [Tensor(op.outputs[0].shape, op.outputs[0].dtype, copy_op,
-                                  op.outputs[0].name)]
         stage.op = copy_op
         stage.reset()
         self.stage_map[copy_op] = stage

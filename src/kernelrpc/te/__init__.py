@@ -24,9 +24,16 @@ def _math(op):
 
 exp, exp2, log, log2, log10 = (_math(n) for n in ("exp", "exp2", "log", "log2", "log10"))
 sqrt, tanh, sin, cos = (_math(n) for n in ("sqrt", "tanh", "sin", "cos"))
-abs, floor, ceil, round, trunc = (_math(n) for n in ("fabs", "floor", "ceil", "round", "trunc"))
+floor, ceil, round, trunc = (_math(n) for n in ("floor", "ceil", "round", "trunc"))
 power = _math("pow")
 fma = _math("fma")
+
+
+def abs(x):  # noqa: A001 - TVM's name
+    x = expr.convert(x)
+    if expr.is_float(x.dtype):
+        return call_math("fabs", x)
+    return if_then_else(x < 0, -x, x)
 
 
 def sigmoid(x):

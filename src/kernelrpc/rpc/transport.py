@@ -57,6 +57,20 @@ class FramedSocket:
         self.reader.feed(memoryview(self._scratch)[:n])
 
     def recv_frame(self) -> Frame:
+        frame = self.reader.next_frame()
+        if frame is not None:
+            return frame
+        try:
+            n = self.sock.recv_into(self._scratch)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if n == 0:
+            raise ConnectionLost("the peer closed the connection")
+        chunk = memoryview(self._scratch)[:n]
+        frame = self.reader.parse_whole(chunk)
+        if frame is not None:
+            return frame
+        self.reader.feed(chunk)
         while True:
             frame = self.reader.next_frame()
             if frame is not None:

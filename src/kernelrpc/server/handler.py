@@ -25,8 +25,7 @@ from .workspace import Workspace, WorkspaceError
 log = logging.getLogger(__name__)
 
 
-class SessionEnd(Exception):
-    """The client asked to end the session (SHUTDOWN)."""
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 
 
 def _expect(args: list, *kinds) -> list:
@@ -106,6 +105,8 @@ class SessionHandler:
 
     def _to_local(self, value):
         """A decoded argument as the runtime object it stands for."""
+        if type(value) in _PLAIN:
+            return value
         if isinstance(value, TensorHandle):
             return self._tensor(value)
         if isinstance(value, ModuleHandle):
@@ -125,6 +126,8 @@ class SessionHandler:
 
     def _to_wire(self, value):
         """A result as a wire value; runtime objects stay here and travel as handles."""
+        if type(value) in _PLAIN:
+            return value
         if isinstance(value, runtime.Tensor):
             return self._tensor_handle(value)
         if isinstance(value, runtime.Module):
@@ -164,11 +167,13 @@ class SessionHandler:
         return P.encode_return([FunctionHandle(self._put(module.get_function(name)))])
 
     def _call(self, args):
-        if not args or not isinstance(args[0], FunctionHandle):
+        if not args or type(args[0]) is not FunctionHandle:
             raise ProtocolError("CALL needs a function handle first")
-        func = self._lookup(args[0].id, object, "function")
-        result = func(*[self._to_local(a) for a in args[1:]])
-        return P.encode_return([self._to_wire(result)])
+        func = self._objects.get(args[0].id)
+        if func is None:
+            raise LookupError(f"no function with handle {args[0].id} in this session (freed already?)")
+        result = func(*[a if type(a) in _PLAIN else self._to_local(a) for a in args[1:]])
+        return P.encode_return([result if type(result) in _PLAIN else self._to_wire(result)])
 
     def _free(self, args):
         for value in args:

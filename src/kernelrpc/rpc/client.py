@@ -113,7 +113,11 @@ class RPCSession:
         """Send a request (and a raw stream after it) and return the RETURN values."""
         with self._lock:
             self._send(op, args, raw)
-            frame = self._receive()
+            try:
+                frame = self._receive()
+            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+                self._mark_closed()
+                raise
             if frame.type == P.RETURN:
                 return decode_values(frame.body)
             return self._expect(frame, P.RETURN)
@@ -162,7 +166,7 @@ class RPCSession:
                 raise SessionTimeout(message)
             if kind == P.NOTICE_CRASHED:
                 raise ServerCrashed(message, signal=sig, exit_code=exit_code)
-            raise RPCError(f"the server ended the session: {kind}: {message}")
+            raise ConnectionLost(f"the server ended the session: {kind}: {message}")
         self._mark_closed()
         raise ProtocolError(f"expected {P.FRAME_NAMES[frame_type]}, got {P.FRAME_NAMES[frame.type]}")
 

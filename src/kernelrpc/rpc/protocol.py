@@ -47,6 +47,7 @@ OPS_WITH_RAW_INPUT = frozenset({COPY_TO, UPLOAD})  # raw bytes follow these requ
 # NOTICE kinds: the server's parent process ended the session.
 NOTICE_TIMEOUT = "SessionTimeout"
 NOTICE_CRASHED = "ServerCrashed"
+NOTICE_SHUTDOWN = "ServerShutdown"
 
 _HEADER = struct.Struct("<IB")
 HEADER_SIZE = _HEADER.size

@@ -121,15 +121,6 @@ class FrameReader:
         self._advance(HEADER_SIZE + length)
         return Frame(frame_type, body)
 
-    def parse_whole(self, chunk) -> Frame | None:
-        """Fast path: with nothing buffered, a chunk that is exactly one frame is parsed in place."""
-        if self._pos != len(self._buf) or len(chunk) < HEADER_SIZE:
-            return None
-        length, frame_type = _HEADER.unpack_from(chunk)
-        if length + HEADER_SIZE != len(chunk) or frame_type not in FRAME_NAMES or length > self.max_frame_bytes:
-            return None
-        return Frame(frame_type, bytes(chunk[HEADER_SIZE:]))
-
     def take(self, n: int) -> bytes:
         """Up to ``n`` already buffered bytes (the start of a raw stream)."""
         n = min(n, len(self._buf) - self._pos)

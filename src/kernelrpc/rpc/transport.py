@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from ..errors import ConnectionLost
-from .protocol import DEFAULT_MAX_FRAME_BYTES, Frame, FrameReader
+from .protocol import _HEADER, DEFAULT_MAX_FRAME_BYTES, FRAME_NAMES, HEADER_SIZE, Frame, FrameReader
 
 _RECV_CHUNK = 1 << 16
 
@@ -57,22 +57,25 @@ class FramedSocket:
         self.reader.feed(memoryview(self._scratch)[:n])
 
     def recv_frame(self) -> Frame:
-        frame = self.reader.next_frame()
-        if frame is not None:
-            return frame
+        reader = self.reader
+        if reader.buffered():
+            frame = reader.next_frame()
+            if frame is not None:
+                return frame
         try:
-            n = self.sock.recv_into(self._scratch)
+            data = self.sock.recv(_RECV_CHUNK)
         except OSError as exc:
             raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
-        if n == 0:
+        if not data:
             raise ConnectionLost("the peer closed the connection")
-        chunk = memoryview(self._scratch)[:n]
-        frame = self.reader.parse_whole(chunk)
-        if frame is not None:
-            return frame
-        self.reader.feed(chunk)
+        if len(data) >= HEADER_SIZE and not reader.buffered():  # usually exactly one frame
+            length, frame_type = _HEADER.unpack_from(data)
+            if length + HEADER_SIZE == len(data) and frame_type in FRAME_NAMES \
+                    and length <= reader.max_frame_bytes:
+                return Frame(frame_type, data[HEADER_SIZE:])
+        reader.feed(data)
         while True:
-            frame = self.reader.next_frame()
+            frame = reader.next_frame()
             if frame is not None:
                 return frame
             self._fill()

@@ -262,16 +262,20 @@ def decode_values(data, offset: int = 0) -> list:
 
 def _read_values(data, pos: int) -> tuple[list, int]:
     (count,) = _U32.unpack_from(data, pos)
-    pos += 4
+    return _read_items(data, pos + 4, count, 0)
+
+
+def _read_items(data, pos: int, count: int, depth: int) -> tuple[list, int]:
     if count > len(data) - pos:
         raise ProtocolError(f"value count {count} exceeds the {len(data) - pos} bytes left")
     out = []
-    for _ in range(count):
-        tag = data[pos] if pos < len(data) else _truncated(pos)
-        if tag >= _N_TAGS:
-            raise ProtocolError(f"unknown value tag {tag}")
-        value, pos = _DECODERS[tag](data, pos + 1, 0)
-        out.append(value)
+    decoders = _DECODERS
+    try:
+        for _ in range(count):
+            value, pos = decoders[data[pos]](data, pos + 1, depth)
+            out.append(value)
+    except IndexError:
+        raise ProtocolError(f"truncated message or unknown value tag at offset {pos}") from None
     return out, pos
 
 
@@ -331,17 +335,7 @@ def _dec_list(data, pos, depth):
     if depth >= MAX_DEPTH:
         raise ProtocolError(f"lists nest deeper than {MAX_DEPTH} levels")
     (count,) = _U32.unpack_from(data, pos)
-    pos += 4
-    if count > len(data) - pos:
-        raise ProtocolError(f"list length {count} exceeds the {len(data) - pos} bytes left")
-    out = []
-    for _ in range(count):
-        tag = data[pos] if pos < len(data) else _truncated(pos)
-        if tag >= _N_TAGS:
-            raise ProtocolError(f"unknown value tag {tag}")
-        value, pos = _DECODERS[tag](data, pos + 1, depth + 1)
-        out.append(value)
-    return out, pos
+    return _read_items(data, pos + 4, count, depth + 1)
 
 
 def _dec_device(data, pos, depth):
@@ -370,4 +364,3 @@ def _dec_tensor_handle(data, pos, depth):
 
 _DECODERS = (_dec_none, _dec_false, _dec_true, _dec_int, _dec_float, _dec_str, _dec_bytes, _dec_list,
              _dec_device, _dec_tensor, _dec_module, _dec_function, _dec_tensor_handle)
-_N_TAGS = len(_DECODERS)

@@ -121,3 +121,25 @@ def test_kernel_error_code_is_a_remote_error(session, kernels):
     with pytest.raises(kernelrpc.RemoteError) as info:
         kernels["error_code"](7)
     assert "7" in info.value.remote_message
+
+
+def test_refused_copy_keeps_the_stream_in_step(session):
+    from kernelrpc.rpc import protocol as P
+
+    tensor = nd.empty((1000,), "float32", session.cpu(0))
+    session._request(P.FREE, [tensor._handle])
+    with pytest.raises(kernelrpc.RemoteError, match="freed"):
+        tensor.copyfrom(np.ones(1000, "float32"))  # 4000 raw bytes follow the refused request
+    assert session.get_function("testing.echo")("in step") == "in step"
+
+
+def test_cache_flush_preprocessor_runs_once_per_repeat(session, kernels):
+    dev = session.cpu(0)
+    a = nd.array(np.ones(16, "float32"), dev)
+    b = nd.empty((16,), "float32", dev)
+    counts = nd.empty((2,), "int64", dev)
+    kernels["counter_reset"]()
+    kernels.time_evaluator("counted", dev, number=1, repeat=4,
+                           f_preproc="cache_flush_cpu_non_first_arg")(a, b)
+    kernels["counter_read"](counts)
+    assert counts.numpy()[1] == 4  # one flush of the non-first tensor argument per repeat

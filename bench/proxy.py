@@ -1,0 +1,305 @@
+"""Proxy overhead: round trip and copy bandwidth, direct vs through a proxy, in one run.
+
+    PYTHONPATH=src python bench/proxy.py [--quick] [--no-tvm] [--raw-only]
+
+Two levels, each measured direct and through the proxies side by side:
+
+* raw: a byte-echo device process (no RPC) -- shows the relay's own cost;
+* session (when ``kernelrpc.server`` exists): our client and device server, an RPC
+  call round trip and tensor copies to the device and back.
+
+"TVM proxy" rows use ``python -m tvm.exec.rpc_proxy`` when apache-tvm is installed.
+Targets (issue 5): round trip at most 1.3x direct, 64 MiB copies at least 70% of direct.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+from kernelrpc.rpc import handshake as hs  # noqa: E402
+
+MIB = 1 << 20
+HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device answers
+
+
+# -- processes ----------------------------------------------------------------
+class Proc:
+    """A child process whose stdout is scanned for a ready line."""
+
+    def __init__(self, args: list[str], ready: str):
+        env = dict(os.environ, PYTHONPATH=str(SRC), PYTHONUNBUFFERED="1")
+        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=env, start_new_session=True)
+        pattern = re.compile(ready)
+        for line in self.p.stdout:
+            m = pattern.search(line)
+            if m:
+                self.match = m
+                return
+        raise RuntimeError(f"{args} exited before printing {ready!r}")
+
+    def stop(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.p.pid, 15)
+        self.p.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_our_proxy() -> tuple[Proc, tuple[str, int]]:
+    proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING"],
+                r"listening on (\S+):(\d+)")
+    return proc, (proc.match.group(1), int(proc.match.group(2)))
+
+
+def start_tvm_proxy() -> tuple[Proc, tuple[str, int]] | None:
+    try:
+        import tvm  # noqa: F401
+    except ImportError:
+        return None
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "tvm.exec.rpc_proxy", "--host", "127.0.0.1", "--port",
+                 str(port), "--port-end", str(port + 50), "--web-port", "0"],
+                r"client port bind to (\S+):(\d+)")
+    return proc, (proc.match.group(1), int(proc.match.group(2)))
+
+
+# -- raw echo device -----------------------------------------------------------
+def _recv_exactly(sock, n: int, buf: bytearray) -> None:
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:n])
+        if not k:
+            raise ConnectionError("peer closed")
+        got += k
+
+
+def serve_echo(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(64 * MIB + 16)
+    zeros = bytes(64 * MIB)
+    while True:
+        head = bytearray(HEADER.size)
+        try:
+            _recv_exactly(sock, HEADER.size, head)
+        except ConnectionError:
+            return
+        n_in, n_out = HEADER.unpack(head)
+        _recv_exactly(sock, n_in, buf)
+        sock.sendall(memoryview(zeros)[:n_out])
+
+
+def device_main(mode: str, host: str, port: int) -> None:
+    if mode == "listen":
+        srv = socket.create_server(("127.0.0.1", 0))
+        print(f"echo device listening on 127.0.0.1:{srv.getsockname()[1]}", flush=True)
+        conn, _ = srv.accept()
+        serve_echo(conn)
+        return
+    while True:
+        sock = socket.create_connection((host, port))
+        sock.sendall(hs.encode_preamble("server:bench"))
+        print("echo device connected", flush=True)
+        parser = hs.ReplyParser()
+        reply = None
+        while reply is None:
+            data = sock.recv(4096)
+            if not data:
+                raise SystemExit("proxy closed")
+            reply = parser.feed(data)
+        if not reply.ok:
+            continue
+        serve_echo(sock)
+
+
+def raw_client(address, via_proxy: bool) -> socket.socket:
+    sock = socket.create_connection(address)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if via_proxy:
+        sock.sendall(hs.encode_preamble("client:bench"))
+        parser = hs.ReplyParser()
+        reply = None
+        while reply is None:
+            reply = parser.feed(sock.recv(4096))
+        reply.raise_for_code("proxy")
+    return sock
+
+
+def raw_measure(sock: socket.socket, sizes, rtt_count: int, reps: int) -> dict:
+    buf = bytearray(64 * MIB + 16)
+    payload = bytes(max(sizes))
+
+    def exchange(n_in, n_out):
+        sock.sendall(HEADER.pack(n_in, n_out))
+        if n_in:
+            sock.sendall(memoryview(payload)[:n_in])
+        _recv_exactly(sock, n_out, buf)
+
+    for _ in range(50):
+        exchange(8, 8)
+    rtts = []
+    for _ in range(rtt_count):
+        t = time.perf_counter()
+        exchange(8, 8)
+        rtts.append(time.perf_counter() - t)
+    out = {"rtt": statistics.median(rtts)}
+    for n in sizes:
+        best = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            exchange(n, 1)   # to the device
+            exchange(0, n)   # and back
+            best.append(time.perf_counter() - t)
+        out[n] = 2 * n / min(best)
+    return out
+
+
+def run_raw(paths, sizes, rtt_count, reps) -> dict:
+    results = {}
+    for name, address in paths:
+        if name == "direct":
+            dev = Proc([sys.executable, __file__, "--device", "listen", "-", "0"],
+                       r"listening on (\S+):(\d+)")
+            target = (dev.match.group(1), int(dev.match.group(2)))
+        else:
+            dev = Proc([sys.executable, __file__, "--device", "proxy", address[0],
+                        str(address[1])], "echo device connected")
+            target = address
+        try:
+            sock = raw_client(target, name != "direct")
+            results[name] = raw_measure(sock, sizes, rtt_count, reps)
+            sock.close()
+        finally:
+            dev.stop()
+    return results
+
+
+# -- RPC session level ---------------------------------------------------------------
+def session_available() -> bool:
+    try:
+        import kernelrpc.rpc.client  # noqa: F401
+        import kernelrpc.server.through_proxy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def session_measure(sess, sizes, rtt_count: int, reps: int) -> dict:
+    echo = sess.get_function("testing.echo")
+    for _ in range(50):
+        echo(1)
+    rtts = []
+    for _ in range(rtt_count):
+        t = time.perf_counter()
+        echo(1)
+        rtts.append(time.perf_counter() - t)
+    out = {"rtt": statistics.median(rtts)}
+    host = bytearray(max(sizes))
+    for n in sizes:
+        tensor = sess.empty((n,), "uint8")
+        view = memoryview(host)[:n]
+        best = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            tensor.copyfrom(view)
+            tensor.copyto_buffer(view)
+            best.append(time.perf_counter() - t)
+        out[n] = 2 * n / min(best)
+    return out
+
+
+def run_session(paths, sizes, rtt_count, reps) -> dict:
+    from kernelrpc.rpc.client import connect
+    results = {}
+    for name, address in paths:
+        if name == "direct":
+            dev = Proc([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--key", "bench",
+                        "--log-level", "WARNING"], r"listening on (\S+):(\d+)")
+            target = (dev.match.group(1), int(dev.match.group(2)))
+        else:
+            dev = Proc([sys.executable, "-m", "kernelrpc.server", "--through-proxy", "--host",
+                        address[0], "--port", str(address[1]), "--key", "bench",
+                        "--log-level", "WARNING"], "connected to proxy")
+            target = address
+        try:
+            with connect(*target, key="bench") as sess:
+                results[name] = session_measure(sess, sizes, rtt_count, reps)
+        finally:
+            dev.stop()
+    return results
+
+
+# -- report -----------------------------------------------------------------------
+def print_table(title: str, results: dict, sizes) -> None:
+    names = list(results)
+    base = results["direct"]
+    print(f"\n{title}")
+    head = f"{'metric':<26}" + "".join(f"{n:>16}" for n in names) + "".join(
+        f"{'ratio ' + n:>22}" for n in names[1:])
+    print(head)
+    print("-" * len(head))
+    row = f"{'round trip (median, us)':<26}" + "".join(
+        f"{results[n]['rtt'] * 1e6:>16.1f}" for n in names)
+    row += "".join(f"{results[n]['rtt'] / base['rtt']:>21.2f}x" for n in names[1:])
+    print(row)
+    for size in sizes:
+        row = f"{f'copy {size // MIB} MiB (MB/s)':<26}" + "".join(
+            f"{results[n][size] / 1e6:>16.0f}" for n in names)
+        row += "".join(f"{100 * results[n][size] / base[size]:>21.0f}%" for n in names[1:])
+        print(row)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer repetitions")
+    p.add_argument("--no-tvm", action="store_true", help="skip TVM's proxy")
+    p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")
+    p.add_argument("--device", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.device:
+        device_main(args.device[0], args.device[1], int(args.device[2]))
+        return
+    sizes = [1 * MIB, 16 * MIB, 64 * MIB]
+    rtt_count, reps = (300, 2) if args.quick else (2000, 5)
+    procs = []
+    try:
+        ours, our_addr = start_our_proxy()
+        procs.append(ours)
+        paths = [("direct", None), ("our proxy", our_addr)]
+        tvm = None if args.no_tvm else start_tvm_proxy()
+        if tvm:
+            procs.append(tvm[0])
+            paths.append(("TVM proxy", tvm[1]))
+        print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; copies go to the device "
+              "and back, MB/s = 2*size/best time")
+        print_table("raw relay (byte-echo device, no RPC)", run_raw(paths, sizes, rtt_count, reps),
+                    sizes)
+        if not args.raw_only and session_available():
+            print_table("RPC session (kernelrpc client and device server; echo call, tensor copies)",
+                        run_session(paths, sizes, rtt_count, reps), sizes)
+        elif not args.raw_only:
+            print("\nRPC session level skipped: kernelrpc.server / kernelrpc.rpc.client not available")
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+if __name__ == "__main__":
+    main()

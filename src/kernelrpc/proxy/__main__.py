@@ -1,0 +1,78 @@
+"""``python -m kernelrpc.proxy``: run the proxy until interrupted."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from .service import ProxyConfig, ProxyService
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= 30 * 86400:
+        raise argparse.ArgumentTypeError(f"{text} s is outside (0, 30 days]")
+    return value
+
+
+def parse_args(argv=None) -> tuple[ProxyConfig, str]:
+    p = argparse.ArgumentParser(prog="python -m kernelrpc.proxy", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9090,
+                   help="first port to try; 0 lets the OS choose (default 9090)")
+    p.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
+    p.add_argument("--tracker", type=_host_port, help="register the devices' keys with this tracker")
+    p.add_argument("--timeout-client", type=_seconds, default=60.0,
+                   help="seconds a client waits for a device before MISMATCH (default 60)")
+    p.add_argument("--timeout-server", type=_seconds, default=600.0,
+                   help="seconds a device waits for a client before MISMATCH; it then "
+                        "reconnects (default 600, as TVM)")
+    p.add_argument("--timeout-handshake", type=_seconds, default=10.0,
+                   help="seconds a new connection has to send its key (default 10)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    a = p.parse_args(argv)
+    if not 0 <= a.port < 65536:
+        p.error("--port must be in [0, 65535]")
+    return ProxyConfig(host=a.host, port=a.port, port_end=a.port_end, tracker=a.tracker,
+                       timeout_client=a.timeout_client, timeout_server=a.timeout_server,
+                       handshake_timeout=a.timeout_handshake), a.log_level
+
+
+async def _serve(config: ProxyConfig) -> None:
+    service = ProxyService(config)
+    host, port = await service.start()
+    print(f"kernelrpc.proxy listening on {host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await service.close()
+
+
+def main(argv=None) -> int:
+    config, level = parse_args(argv)
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_serve(config))
+    except OSError as exc:
+        logging.getLogger("kernelrpc.proxy").error("%s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

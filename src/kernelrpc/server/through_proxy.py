@@ -1,0 +1,116 @@
+"""The device server's outbound mode: connect out to a proxy and serve the clients it pairs.
+
+``python -m kernelrpc.server --through-proxy --host PROXY --port PORT --key KEY`` (TVM's
+flags).  The loop (TVM section 4.3):
+
+1. connect to the proxy and send the preamble with ``server:KEY``;
+2. wait until the proxy pairs us: it answers SUCCESS and the client's full key, whose
+   ``-timeout=`` option limits the session;
+3. serve the session in a child process, exactly as for a direct connection;
+4. connect again.
+
+A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server``):
+reconnect at once.  Refused or lost connections (the proxy restarts) are retried with
+exponential backoff, forever; TVM's server gives up after five failures.  TCP
+keepalive notices a proxy that vanished without closing and keeps NAT mappings open
+while the device waits.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from ..errors import HandshakeError, ProtocolError, RPCError
+from ..rpc import handshake as H
+from .config import ServerConfig
+from .session import start_session
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+MIN_BACKOFF = 0.5
+MAX_BACKOFF = 30.0
+
+
+def _enable_keepalive(sock: socket.socket, idle: int = 30, interval: int = 10, count: int = 3) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def wait_for_pairing(sock: socket.socket) -> tuple[H.Reply, bytes]:
+    """Block until the proxy answers; returns the reply and any session bytes after it."""
+    parser = H.ReplyParser()
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("the proxy closed the connection")
+        reply = parser.feed(data)
+        if reply is not None:
+            return reply, parser.unused
+
+
+class ProxyLink:
+    """One outbound connection at a time; ``serve_one`` returns after one wait or session."""
+
+    def __init__(self, config: ServerConfig, announce=print) -> None:
+        self.config = config
+        self.proxy = (config.host, config.port)
+        self._announce = announce
+        self._announced = False
+
+    def serve_one(self) -> bool:
+        """Wait for one client and serve it. False when the proxy ended the wait (MISMATCH)."""
+        where = "%s:%d" % self.proxy
+        sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
+        try:
+            _enable_keepalive(sock)
+            sock.sendall(H.encode_preamble(H.make_key("server", self.config.key)))
+            sock.settimeout(None)
+            log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)
+            if not self._announced:
+                self._announce(f"kernelrpc.server connected to proxy {where} with key "
+                               f"{self.config.key}", flush=True)
+                self._announced = True
+            reply, initial = wait_for_pairing(sock)
+            if reply.code == H.RPC_CODE_MISMATCH:
+                log.info("proxy %s ended the wait (no client within its timeout); reconnecting", where)
+                return False
+            reply.raise_for_code(f"proxy {where}")
+            client_key = H.parse_key(reply.key)
+            client_key.timeout  # validates -timeout= before anything is forked
+            log.info("proxy %s paired us with %r", where, reply.key)
+            session = start_session(sock, client_key, self.config, initial)
+            sock = None  # the session owns it now
+            try:
+                session.wait()
+            finally:
+                session.kill()
+            return True
+        finally:
+            if sock is not None:
+                sock.close()
+
+
+def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = None) -> None:
+    """Serve clients through the proxy at ``config.host:config.port`` until ``stop`` is set."""
+    if not config.key:
+        raise HandshakeError("--through-proxy needs --key: the proxy pairs clients by key")
+    stop = stop or threading.Event()
+    link = ProxyLink(config)
+    backoff = MIN_BACKOFF
+    while not stop.is_set():
+        try:
+            link.serve_one()
+            backoff = MIN_BACKOFF
+            continue
+        except (OSError, RPCError) as exc:
+            if isinstance(exc, (HandshakeError, ProtocolError)):
+                log.error("proxy %s:%d refused us: %s", *link.proxy, exc)
+            else:
+                log.warning("proxy %s:%d unreachable or gone: %s", *link.proxy, exc)
+        log.info("reconnecting to the proxy in %.1fs", backoff)
+        stop.wait(backoff)
+        backoff = min(backoff * 2, MAX_BACKOFF)

@@ -118,8 +118,8 @@ class RPCSession:
             except KeyboardInterrupt:  # the reply would arrive later and desync the stream
                 self._mark_closed()
                 raise
-            if frame.type == P.RETURN:
-                return decode_values(frame.body)
+            if frame[0] == P.RETURN:
+                return decode_values(frame[1])
             return self._expect(frame, P.RETURN)
 
     def _send(self, op: int, args, raw) -> None:
@@ -146,29 +146,31 @@ class RPCSession:
         if freed:
             self._expect(self._receive(), P.RETURN)
 
-    def _receive(self) -> P.Frame:
+    def _receive(self) -> tuple[int, bytes]:
         try:
             return self._conn.recv_frame()
         except (ConnectionLost, ProtocolError) as exc:
             raise self._lost(exc) from None
 
-    def _expect(self, frame: P.Frame, frame_type: int):
-        if frame.type == frame_type:
+    def _expect(self, frame: tuple[int, bytes], frame_type: int):
+        """The RETURN values or DATA length of a reply, or the error that the reply stands for."""
+        got, body = frame
+        if got == frame_type:
             if frame_type == P.RETURN:
-                return P.decode_values(frame.body)
-            return P.decode_data_header(frame.body)
-        if frame.type == P.ERROR:
-            raise RemoteError(*P.decode_error(frame.body))
-        if frame.type == P.NOTICE:
+                return decode_values(body)
+            return P.decode_data_header(body)
+        if got == P.ERROR:
+            raise RemoteError(*P.decode_error(body))
+        if got == P.NOTICE:
             self._mark_closed()
-            kind, message, sig, exit_code = P.decode_notice(frame.body)
+            kind, message, sig, exit_code = P.decode_notice(body)
             if kind == P.NOTICE_TIMEOUT:
                 raise SessionTimeout(message)
             if kind == P.NOTICE_CRASHED:
                 raise ServerCrashed(message, signal=sig, exit_code=exit_code)
             raise ConnectionLost(f"the server ended the session: {kind}: {message}")
         self._mark_closed()
-        raise ProtocolError(f"expected {P.FRAME_NAMES[frame_type]}, got {P.FRAME_NAMES[frame.type]}")
+        raise ProtocolError(f"expected {P.FRAME_NAMES[frame_type]}, got {P.FRAME_NAMES[got]}")
 
     def _lost(self, exc: Exception) -> RPCError:
         self._mark_closed()

@@ -121,6 +121,16 @@ class FrameReader:
         self._advance(HEADER_SIZE + length)
         return Frame(frame_type, body)
 
+    def whole_frame(self, chunk: bytes) -> tuple[int, bytes] | None:
+        """Fast path for an empty buffer: ``(type, body)`` if ``chunk`` is exactly one valid frame."""
+        if len(chunk) < HEADER_SIZE:
+            return None
+        length, frame_type = _HEADER.unpack_from(chunk)
+        if length + HEADER_SIZE != len(chunk) or frame_type not in FRAME_NAMES \
+                or length > self.max_frame_bytes:
+            return None
+        return frame_type, chunk[HEADER_SIZE:]
+
     def take(self, n: int) -> bytes:
         """Up to ``n`` already buffered bytes (the start of a raw stream)."""
         n = min(n, len(self._buf) - self._pos)
@@ -140,8 +150,11 @@ class FrameReader:
 
 # ---------------------------------------------------------------- requests and replies
 
+_OP_BYTES = tuple(_OP.pack(op) for op in range(256))
+
+
 def encode_request(op: int, args=()) -> bytes:
-    parts = [b"", _OP.pack(op)]
+    parts = [b"", _OP_BYTES[op]]
     encode_values(args, parts)
     parts[0] = _HEADER.pack(sum(map(len, parts)), REQUEST)
     return b"".join(parts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from ..errors import ConnectionLost
-from .protocol import _HEADER, DEFAULT_MAX_FRAME_BYTES, FRAME_NAMES, HEADER_SIZE, Frame, FrameReader
+from .protocol import DEFAULT_MAX_FRAME_BYTES, FrameReader
 
 _RECV_CHUNK = 1 << 16
 
@@ -56,9 +56,11 @@ class FramedSocket:
             raise ConnectionLost("the peer closed the connection")
         self.reader.feed(memoryview(self._scratch)[:n])
 
-    def recv_frame(self) -> Frame:
+    def recv_frame(self) -> tuple[int, bytes]:
+        """The next frame as ``(type, body)``."""
         reader = self.reader
-        if reader.buffered():
+        pending = reader.buffered()
+        if pending:
             frame = reader.next_frame()
             if frame is not None:
                 return frame
@@ -66,13 +68,12 @@ class FramedSocket:
             data = self.sock.recv(_RECV_CHUNK)
         except OSError as exc:
             raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if not pending:
+            frame = reader.whole_frame(data)  # usually the chunk is exactly one frame
+            if frame is not None:
+                return frame
         if not data:
             raise ConnectionLost("the peer closed the connection")
-        if len(data) >= HEADER_SIZE and not reader.buffered():  # usually exactly one frame
-            length, frame_type = _HEADER.unpack_from(data)
-            if length + HEADER_SIZE == len(data) and frame_type in FRAME_NAMES \
-                    and length <= reader.max_frame_bytes:
-                return Frame(frame_type, data[HEADER_SIZE:])
         reader.feed(data)
         while True:
             frame = reader.next_frame()

@@ -74,6 +74,7 @@ _TAG_F64 = struct.Struct("<Bd")
 _TAG_U32 = struct.Struct("<BI")
 _TAG_U64 = struct.Struct("<BQ")
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_SMALL_COUNTS = tuple(_U32.pack(n) for n in range(16))
 
 
 def nbytes_of(dtype: str, shape) -> int:
@@ -104,7 +105,8 @@ def check_device(device: DeviceValue) -> None:
 def encode_values(values, parts: list | None = None) -> bytes:
     """Encode a sequence of values as ``u32 count`` + tagged values (appended to ``parts`` if given)."""
     out = [] if parts is None else parts
-    out.append(_U32.pack(len(values)))
+    n = len(values)
+    out.append(_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n))
     for value in values:
         encoder = _ENCODERS.get(type(value))
         if encoder is None:
@@ -249,20 +251,16 @@ def _truncated(pos: int):
 
 def decode_values(data, offset: int = 0) -> list:
     """Decode ``u32 count`` + values starting at ``offset``; the rest of the input must be consumed."""
-    if not isinstance(data, (bytes, bytearray)):
+    if type(data) is not bytes:
         data = bytes(data)
     try:
-        values, pos = _read_values(data, offset)
+        (count,) = _U32.unpack_from(data, offset)
+        values, pos = _read_items(data, offset + 4, count, 0)
     except struct.error:
         raise ProtocolError(f"truncated message ({len(data)} bytes)") from None
     if pos != len(data):
         raise ProtocolError(f"{len(data) - pos} unexpected bytes after the values")
     return values
-
-
-def _read_values(data, pos: int) -> tuple[list, int]:
-    (count,) = _U32.unpack_from(data, pos)
-    return _read_items(data, pos + 4, count, 0)
 
 
 def _read_items(data, pos: int, count: int, depth: int) -> tuple[list, int]:

@@ -58,15 +58,16 @@ class SessionHandler:
 
     def serve(self) -> None:
         """Answer requests until the client shuts the session down or disconnects."""
+        recv_frame, send, ops = self.conn.recv_frame, self.conn.send, self._ops
         while True:
-            frame = self.conn.recv_frame()
-            if frame.type != P.REQUEST:
-                raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame.type]}")
-            op, args = P.decode_request(frame.body)
+            frame_type, body = recv_frame()
+            if frame_type != P.REQUEST:
+                raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
+            op, args = P.decode_request(body)
             if op == P.SHUTDOWN:
                 return
             try:
-                reply = self._ops[op](args)
+                reply = ops[op](args)
             except ConnectionLost:
                 raise
             except Exception as exc:  # reported to the client, the session goes on
@@ -75,7 +76,7 @@ class SessionHandler:
                 log.debug("%s failed", P.OPS[op], exc_info=True)
                 reply = P.encode_error(type(exc).__name__, str(exc), traceback.format_exc())
             if reply is not None:
-                self.conn.send(reply)
+                send(reply)
 
     def _skip_raw_input(self, args: list) -> None:
         nbytes = args[-1] if args and type(args[-1]) is int else -1

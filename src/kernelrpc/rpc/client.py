@@ -114,7 +114,9 @@ class RPCSession:
         with self._lock:
             self._send(op, args, raw)
             try:
-                frame = self._receive()
+                frame = self._conn.recv_frame()
+            except (ConnectionLost, ProtocolError) as exc:
+                raise self._lost(exc) from None
             except KeyboardInterrupt:  # the reply would arrive later and desync the stream
                 self._mark_closed()
                 raise

@@ -178,7 +178,11 @@ class SessionHandler:
         func = self._objects.get(args[0].id)
         if func is None:
             raise LookupError(f"no function with handle {args[0].id} in this session (freed already?)")
-        result = func(*[a if type(a) in _PLAIN else self._to_local(a) for a in args[1:]])
+        call_args = args[1:]
+        for i, arg in enumerate(call_args):
+            if type(arg) not in _PLAIN:
+                call_args[i] = self._to_local(arg)
+        result = func(*call_args)
         return P.encode_return([result if type(result) in _PLAIN else self._to_wire(result)])
 
     def _free(self, args):

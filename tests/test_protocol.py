@@ -161,3 +161,9 @@ def test_error_and_notice_frames():
     assert P.decode_notice(reader.next_frame().body) == (P.NOTICE_CRASHED, "died", 11, None)
     assert P.decode_data_header(reader.next_frame().body) == 12
     assert reader.take(100) == b"raw-payload!"
+
+
+def test_a_tvm_server_accepting_the_hello_is_a_version_mismatch():
+    tvm_accept = bytes.fromhex("0c00000000000000 04000000 01000000 00000000")  # kReturn [None]
+    with pytest.raises(VersionMismatch, match="TVM RPC"):
+        P.HelloReplyParser().feed(tvm_accept)

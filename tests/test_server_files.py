@@ -1,6 +1,5 @@
 """Remote files stay inside the session workspace, which the server removes after the session."""
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest

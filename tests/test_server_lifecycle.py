@@ -1,5 +1,4 @@
 """The device server as a process: ports, keys, crashes, timeouts, silent and foreign peers."""
-import os
 import re
 import select
 import signal
@@ -7,11 +6,10 @@ import socket
 import struct
 import time
 
-import numpy as np
 import pytest
 
 import kernelrpc
-from kernelrpc import nd, rpc
+from kernelrpc import rpc
 from kernelrpc.rpc import handshake as H
 from kernelrpc.rpc import protocol as P
 

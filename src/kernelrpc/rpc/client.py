@@ -146,7 +146,11 @@ class RPCSession:
         except ConnectionLost as exc:
             raise self._lost(exc) from None
         if freed:
-            self._expect(self._receive(), P.RETURN)
+            try:
+                self._expect(self._receive(), P.RETURN)
+            except RemoteError:  # the request's own reply would be read as this one's
+                self._mark_closed()
+                raise
 
     def _receive(self) -> tuple[int, bytes]:
         try:

@@ -235,7 +235,7 @@ class SessionHandler:
                     left -= len(part)
                     out.write(part)
             except OSError as exc:  # disk full: drain the rest so the stream stays in step
-                self.conn.discard_raw(left - len(part))
+                self.conn.discard_raw(left)
                 exc.raw_consumed = True
                 raise
         return P.encode_return()

@@ -205,3 +205,11 @@ def test_our_client_on_a_tvm_server_gets_a_clear_error(start_service):
     with pytest.raises(kernelrpc.VersionMismatch) as info:
         rpc.connect(tvm_server.host, tvm_server.port, connect_timeout=20)
     assert "kernelrpc/1" in str(info.value) and "TVM" in str(info.value)
+
+
+def test_max_sessions_allows_concurrent_sessions(start_service):
+    server = start_server(start_service, "--max-sessions", "2")
+    with rpc.connect(server.host, server.port, key="dev") as first, \
+            rpc.connect(server.host, server.port, key="dev", connect_timeout=5) as second:
+        assert first.info["pid"] != second.info["pid"]
+        assert second.get_function("testing.echo")(2) == 2

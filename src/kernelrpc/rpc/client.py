@@ -89,12 +89,11 @@ class RPCSession:
     def __init__(self, sock: socket.socket, info: dict, where: str, initial: bytes = b"") -> None:
         self.info = info
         self.address = where
-        self._conn = FramedSocket(sock, int(info.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES)),
-                                  initial)
+        self._conn = FramedSocket(sock, int(info["max_frame_bytes"]), initial)
         self._lock = threading.Lock()
         self._closed = False
         self._to_free: list = []
-        timeout = float(info.get("session_timeout") or 0)
+        timeout = float(info["session_timeout"])
         self._deadline = time.monotonic() + timeout if timeout else None
         self._timeout = timeout
 
@@ -287,8 +286,8 @@ class RPCSession:
         self._request(P.UPLOAD, [target, view.nbytes], view)
 
     def _check_upload(self, size: int) -> None:
-        limit = self.info.get("max_upload_bytes")
-        if limit is not None and size > limit:
+        limit = self.info["max_upload_bytes"]
+        if size > limit:
             raise ValueError(f"upload of {size} bytes exceeds the server's limit of {limit} bytes "
                              "(--max-upload-bytes)")
 
@@ -296,6 +295,10 @@ class RPCSession:
         with self._lock:
             self._send(P.DOWNLOAD, [name], None)
             nbytes = self._expect(self._receive(), P.DATA)
+            if nbytes > max(self.info["max_upload_bytes"], self.info["max_tensor_bytes"]):
+                self._mark_closed()
+                raise ProtocolError(f"the server announces a {nbytes}-byte download, beyond its own "
+                                    "limits; refusing to allocate it")
             out = bytearray(nbytes)
             self._recv_raw(out)
         return bytes(out)

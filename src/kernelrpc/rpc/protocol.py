@@ -327,6 +327,25 @@ class HelloReply:
     info: dict
 
 
+_INFO_LIMITS = {  # field: (default, lowest, highest)
+    "session_timeout": (0, 0, 10 * 365 * 86400),
+    "max_frame_bytes": (DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, (1 << 32) - 1),
+    "max_upload_bytes": (1 << 30, 0, 1 << 50),
+    "max_tensor_bytes": (8 << 30, 0, 1 << 50),
+}
+
+
+def _checked_info(info: dict) -> dict:
+    """The server's session limits, each a number within bounds (defaults for missing ones)."""
+    out = dict(info)
+    for name, (default, low, high) in _INFO_LIMITS.items():
+        value = info.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ProtocolError(f"session hello reply: {name}={value!r} is out of range")
+        out[name] = value
+    return out
+
+
 _KERNELRPC_SERVER_VERSION = re.compile(r"server speaks kernelrpc session protocol ([\w./]+),")
 _TVM_SERVER_VERSION = re.compile(r"server protocol=([\w.]+)")
 
@@ -364,7 +383,7 @@ class HelloReplyParser(_TVMPacketParser):
             raise ProtocolError("session hello reply: server info is not JSON") from None
         if not isinstance(info, dict):
             raise ProtocolError("session hello reply: server info is not an object")
-        return HelloReply(version, info)
+        return HelloReply(version, _checked_info(info))
 
     @staticmethod
     def _refusal(message: str) -> VersionMismatch:

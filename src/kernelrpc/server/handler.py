@@ -225,20 +225,28 @@ class SessionHandler:
         if not 0 <= nbytes <= self.config.max_upload_bytes:
             raise WorkspaceError(f"upload of {nbytes} bytes exceeds the server's limit of "
                                  f"{self.config.max_upload_bytes} bytes (--max-upload-bytes)")
-        with self.workspace.open_for_upload(name) as out:
-            chunk = bytearray(min(nbytes, 1 << 20))
-            left = nbytes
+        path, out = self.workspace.open_for_upload(name)
+        with out:
             try:
-                while left:
-                    part = memoryview(chunk)[:min(left, len(chunk))]
-                    self.conn.recv_raw_into(part)
-                    left -= len(part)
-                    out.write(part)
+                self._receive_into_file(out, nbytes)
+            except BaseException:
+                path.unlink(missing_ok=True)  # no half-written files
+                raise
+        return P.encode_return()
+
+    def _receive_into_file(self, out, nbytes: int) -> None:
+        chunk = bytearray(min(nbytes, 1 << 20))
+        left = nbytes
+        while left:
+            part = memoryview(chunk)[:min(left, len(chunk))]
+            self.conn.recv_raw_into(part)
+            left -= len(part)
+            try:
+                out.write(part)
             except OSError as exc:  # disk full: drain the rest so the stream stays in step
                 self.conn.discard_raw(left)
                 exc.raw_consumed = True
                 raise
-        return P.encode_return()
 
     def _download(self, args):
         (name,) = _expect(args, str)

@@ -111,7 +111,13 @@ class RPCSession:
     def _request(self, op: int, args=(), raw=None) -> list:
         """Send a request (and a raw stream after it) and return the RETURN values."""
         with self._lock:
-            self._send(op, args, raw)
+            if raw is None and not self._to_free and not self._closed:  # the common case, kept short
+                try:
+                    self._conn.sock.sendall(P.encode_request(op, args))
+                except OSError as exc:
+                    raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+            else:
+                self._send(op, args, raw)
             try:
                 frame = self._conn.recv_frame()
             except (ConnectionLost, ProtocolError) as exc:
@@ -125,12 +131,6 @@ class RPCSession:
 
     def _send(self, op: int, args, raw) -> None:
         frames = P.encode_request(op, args)
-        if raw is None and not self._closed and not self._to_free:  # the common case, kept short
-            try:
-                self._conn.sock.sendall(frames)
-                return
-            except OSError as exc:
-                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
         if self._closed:
             raise ConnectionLost(f"the session with {self.address} is closed")
         freed = self._to_free

@@ -59,12 +59,13 @@ class SessionHandler:
     def serve(self) -> None:
         """Answer requests until the client shuts the session down or disconnects."""
         recv_frame, send, ops = self.conn.recv_frame, self.conn.send, self._ops
+        request, shutdown = P.REQUEST, P.SHUTDOWN
         while True:
             frame_type, body = recv_frame()
-            if frame_type != P.REQUEST:
+            if frame_type != request:
                 raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
             op, args = P.decode_request(body)
-            if op == P.SHUTDOWN:
+            if op == shutdown:
                 return
             try:
                 reply = ops[op](args)

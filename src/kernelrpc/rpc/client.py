@@ -421,14 +421,34 @@ class Module(_Remote):
         return self.get_function(name)
 
     def time_evaluator(self, name: str, dev: Device, number: int = 10, repeat: int = 1,
-                       min_repeat_ms: int = 0, cooldown_interval_ms: int = 0,
-                       repeats_to_cooldown: int = 1, f_preproc: str = "") -> TimeEvaluator:
+                       min_repeat_ms: float = 0, cooldown_interval_ms: float = 0,
+                       repeats_to_cooldown: int = 1, f_preproc: str = "", *,
+                       limit_zero_time_iterations: int = 100, cache_flush_bytes: int = 0) -> TimeEvaluator:
         """A callable that times ``name`` on the device (TVM semantics); returns a ProfileResult."""
         args = [self._handle, name, DeviceValue(dev.device_type, dev.device_id), int(number),
-                int(repeat), int(min_repeat_ms), int(cooldown_interval_ms), int(repeats_to_cooldown),
-                f_preproc]
+                int(repeat), float(min_repeat_ms), float(cooldown_interval_ms), int(repeats_to_cooldown),
+                f_preproc, int(limit_zero_time_iterations), int(cache_flush_bytes)]
         (handle,) = self._session._request(P.TIME_EVALUATOR, args)
         return TimeEvaluator(self._session, handle, name)
+
+    @property
+    def target(self) -> dict:
+        return (self.metadata or {}).get("target", {})
+
+    @property
+    def function_names(self) -> list[str]:
+        return [f["name"] for f in (self.metadata or {}).get("functions", [])]
+
+    @property
+    def entry_func(self) -> Function:
+        if self.entry_name is None:
+            raise AttributeError("the module has no entry function")
+        return self.get_function(self.entry_name)
+
+    def implements_function(self, name: str) -> bool:
+        return name in self.function_names
+
+    __contains__ = implements_function
 
     def __repr__(self) -> str:
         return f"<remote Module {self.entry_name or ''} on {self._session.address}>"
@@ -449,6 +469,21 @@ class Tensor(_Remote):
     @property
     def nbytes(self) -> int:
         return nbytes_of(self.dtype, self.shape)
+
+    def _live(self) -> RPCSession:
+        if self._session is None:
+            raise ValueError("the tensor has been freed")
+        return self._session
+
+    @property
+    def freed(self) -> bool:
+        return self._session is None
+
+    def free(self) -> None:
+        """Release the device memory now (otherwise it goes when this object is collected)."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            session._request(P.FREE, [self._handle])
 
     @property
     def ndim(self) -> int:
@@ -477,7 +512,7 @@ class Tensor(_Remote):
             view = memoryview(source).cast("B")
         if view.nbytes != self.nbytes:
             raise ValueError(f"copyfrom: source has {view.nbytes} bytes, the tensor {self.nbytes}")
-        self._session._request(P.COPY_TO, [self._handle, 0, view.nbytes], view)
+        self._live()._request(P.COPY_TO, [self._handle, 0, view.nbytes], view)
         return self
 
     def copyto_buffer(self, target) -> None:
@@ -486,7 +521,7 @@ class Tensor(_Remote):
             memoryview(target).cast("B")
         if view.nbytes != self.nbytes:
             raise ValueError(f"copyto: target has {view.nbytes} bytes, the tensor {self.nbytes}")
-        session = self._session
+        session = self._live()
         with session._lock:
             session._send(P.COPY_FROM, [self._handle, 0, view.nbytes], None)
             nbytes = session._expect(session._receive(), P.DATA)
@@ -521,7 +556,8 @@ class Tensor(_Remote):
         return target
 
     def __repr__(self) -> str:
-        return f"<remote Tensor {self.dtype}{list(self.shape)} on {self._session.address}>"
+        where = "freed" if self._session is None else f"on {self._session.address}"
+        return f"<remote Tensor {self.dtype}{list(self.shape)} {where}>"
 
 
 __all__ = ["RPCSession", "connect", "open_session", "Tensor", "Module", "Function", "TimeEvaluator"]

@@ -271,11 +271,12 @@ class SessionHandler:
 
     def _time_evaluator(self, args):
         (module_handle, name, device, number, repeat, min_repeat_ms, cooldown_interval_ms,
-         repeats_to_cooldown, f_preproc) = _expect(args, ModuleHandle, str, DeviceValue, int, int, int,
-                                                   int, int, str)
+         repeats_to_cooldown, f_preproc, limit_zero_time_iterations, cache_flush_bytes) = _expect(
+            args, ModuleHandle, str, DeviceValue, int, int, float, float, int, str, int, int)
         module = self._lookup(module_handle.id, runtime.Module, "module")
         timer = module.time_evaluator(
             name, runtime.Device(device.device_type, device.device_id), number=number, repeat=repeat,
             min_repeat_ms=min_repeat_ms, cooldown_interval_ms=cooldown_interval_ms,
-            repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc)
+            repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc,
+            limit_zero_time_iterations=limit_zero_time_iterations, cache_flush_bytes=cache_flush_bytes)
         return P.encode_return([FunctionHandle(self._put(timer))])

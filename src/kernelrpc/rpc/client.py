@@ -291,7 +291,8 @@ class RPCSession:
             raise ValueError(f"upload of {size} bytes exceeds the server's limit of {limit} bytes "
                              "(--max-upload-bytes)")
 
-    def download(self, name: str) -> bytes:
+    def download(self, name: str) -> bytearray:
+        """The contents of a file in the session's workspace (received in place, no extra copy)."""
         with self._lock:
             self._send(P.DOWNLOAD, [name], None)
             nbytes = self._expect(self._receive(), P.DATA)
@@ -301,7 +302,7 @@ class RPCSession:
                                     "limits; refusing to allocate it")
             out = bytearray(nbytes)
             self._recv_raw(out)
-        return bytes(out)
+        return out
 
     def _recv_raw(self, target) -> None:
         try:
@@ -322,7 +323,7 @@ class RPCSession:
         return Module(self, handle, json.loads(metadata))
 
     def empty(self, shape, dtype="float32", dev: Device | None = None) -> "Tensor":
-        """Allocate an uninitialised-looking (zero-filled) tensor on the remote device."""
+        """Allocate a zero-filled tensor on the remote device."""
         dev = dev or self.cpu(0)
         if isinstance(shape, int):
             shape = (shape,)

@@ -1,24 +1,30 @@
 """Tracker benchmark: kernelrpc's tracker side by side with Apache TVM's, in one run.
 
-    python bench/tracker.py [--servers 200] [--clients 100] [--requests 2000] [--bursts 3] [--no-tvm]
+    python bench/tracker.py [--servers 200] [--clients 100] [--requests 2000] [--bursts 3]
+                            [--rates 1000,5000] [--no-tvm]
 
-Each tracker runs as users start it (``python -m ...``), alone on the machine while
-measured.  The bench process plays the fleet over real sockets with raw protocol
-peers: ``--servers`` servers register (UPDATE_INFO + PUT) and offer a fresh match key
-each time one of their keys is handed out (a zero-length session); ``--clients``
-clients, each on its own tracker connection, send REQUESTs back to back until a
-burst of ``--requests`` matches is done.  Reported: matches per second (median
-burst) and request-to-match latency p50/p99 over all bursts -- at saturation a closed
-loop of N clients waits about N / throughput, so this latency is mostly queueing --
-then the same latency with the clients paced to ``PACED_RATE`` requests per second
-in total (the tracker's own delay), SUMMARY and PING round trips with all servers
-registered, and the time from process start to ready line.
+Each tracker runs as users start it (``python -m ...``); the load comes from a
+separate process (``bench/tracker_load.py``: raw non-blocking sockets, one
+``selectors`` loop, pre-encoded frames) so that the two share the machine's CPUs
+as a tracker and its users would.  ``--servers`` servers register (UPDATE_INFO +
+PUT) and offer a fresh match key each time one of theirs is handed out (a
+zero-length session).
+
+* Full load (closed loop): each of ``--clients`` clients, on its own connection,
+  keeps one REQUEST outstanding and sends the next as soon as its reply arrives,
+  until a burst of ``--requests`` matches is done.  By Little's law the mean
+  latency is then clients / throughput: this latency is mostly queueing.
+* Fixed rate (open loop): REQUESTs at a fixed total rate, round robin over the
+  clients, whatever the replies: the tracker's own delay at that load.
+
+Latency is per request: REQUEST sent to its reply received.  Also reported:
+SUMMARY and PING round trips with all servers registered, the CPU time the
+tracker and the load generator spent per match, and process start to ready line.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
-import collections
+import json
 import os
 import re
 import socket
@@ -28,158 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-sys.path.insert(0, str(SRC))
-
-from kernelrpc.rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, encode_frame  # noqa: E402
-
-KEY = "bench"
-PACED_RATE = 1000.0
-"""Requests per second offered in the paced run, below both trackers' capacity."""
-
-
-class Peer(asyncio.Protocol):
-    """A raw tracker peer.  Replies come in order; each goes to the future (``call``) or
-    the callback (``send``, None to ignore it) registered with its request.  The load
-    loops use callbacks so that the bench process spends as little CPU per match as it
-    can: on two cores it competes with the tracker it measures."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.get_running_loop().create_future()
-        self.waiters: collections.deque = collections.deque()
-        self._decoder = FrameDecoder()
-        self._echo = b""
-        self.transport = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.write(MAGIC_BYTES)
-
-    def data_received(self, data: bytes) -> None:
-        if not self.opened.done():
-            self._echo += data
-            if len(self._echo) < 4:
-                return
-            data = self._echo[4:]
-            self.opened.set_result(self._echo[:4] == MAGIC_BYTES)
-        for msg in self._decoder.feed(data):
-            waiter = self.waiters.popleft()
-            if waiter is not None:
-                waiter(msg)
-
-    def connection_lost(self, exc) -> None:
-        if self.waiters:
-            raise ConnectionError(f"tracker closed the connection with {len(self.waiters)} replies due")
-
-    def send(self, frame: bytes, on_reply) -> None:
-        self.waiters.append(on_reply)
-        self.transport.write(frame)
-
-    def call(self, msg) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
-        self.send(encode_frame(msg), future.set_result)
-        return future
-
-
-async def open_peer(addr) -> Peer:
-    for attempt in range(100):    # TVM's tracker logs "bind to" before it calls listen()
-        try:
-            _, peer = await asyncio.get_running_loop().create_connection(Peer, *addr)
-            break
-        except ConnectionRefusedError:
-            if attempt == 99:
-                raise
-            await asyncio.sleep(0.02)
-    if not await peer.opened:
-        raise RuntimeError(f"{addr} is not a tracker")
-    return peer
-
-
-class FakeServer:
-    def __init__(self, peer: Peer, port: int) -> None:
-        self.peer, self.port, self.generation = peer, port, 0
-
-    def offer(self, on_reply=None) -> None:
-        self.generation += 1
-        self.peer.send(encode_frame([3, KEY, [self.port, f"{KEY}:{self.port}.{self.generation}"], None]), on_reply)
-
-
-REQUEST = encode_frame([4, KEY, "", 1])
-
-
-def run_clients(clients: list[Peer], servers: dict, count: int, latencies: list, interval: float = 0.0):
-    """Each client sends REQUESTs one after another (``interval`` apart when paced, with the
-    clients' phases spread evenly) until ``count`` matches are done; a matched server offers
-    a fresh key at once.  Returns a future that completes with the last match."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    state = {"left": count, "due": count}
-
-    def send(peer: Peer) -> None:
-        state["left"] -= 1
-        start = time.perf_counter()
-        peer.send(REQUEST, lambda reply: on_match(peer, start, reply))
-
-    def on_match(peer: Peer, start: float, reply) -> None:
-        latencies.append(time.perf_counter() - start)
-        servers[reply[1][1]].offer()
-        state["due"] -= 1
-        if state["due"] == 0:
-            done.set_result(None)
-        elif state["left"] > 0:
-            if interval:
-                loop.call_at(loop.time() + max(0.0, start + interval - time.perf_counter()), send, peer)
-            else:
-                send(peer)
-
-    for i, peer in enumerate(clients[:count]):
-        loop.call_later(i * interval / len(clients), send, peer)
-    return done
-
-
-async def run_load(addr, n_servers: int, n_clients: int, n_requests: int, bursts: int) -> dict:
-    servers = {}
-    for i in range(n_servers):
-        peer = await open_peer(addr)
-        port = 20000 + i
-        assert await peer.call([5, {"key": f"server:{KEY}", "addr": [None, port]}]) == 0
-        servers[port] = FakeServer(peer, port)
-        offered = asyncio.get_running_loop().create_future()
-        servers[port].offer(offered.set_result)
-        assert await offered == 0
-    clients = [await open_peer(addr) for _ in range(n_clients)]
-    latencies: list[float] = []
-    rates = []
-
-    for _ in range(bursts):
-        start = time.perf_counter()
-        await run_clients(clients, servers, n_requests, latencies)
-        rates.append(n_requests / (time.perf_counter() - start))
-    paced: list[float] = []
-    await run_clients(clients, servers, n_requests, paced, interval=n_clients / PACED_RATE)
-    probe = await open_peer(addr)
-    while (await probe.call([6]))[1]["queue_info"][KEY]["free"] != n_servers:
-        await asyncio.sleep(0.01)                 # let the last re-offers land
-    summary_rtt, ping_rtt = [], []
-    for _ in range(200):
-        start = time.perf_counter()
-        info = await probe.call([6])
-        summary_rtt.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        await probe.call([1])
-        ping_rtt.append(time.perf_counter() - start)
-    assert len(info[1]["server_info"]) == n_servers
-    for peer in [probe, *clients, *(s.peer for s in servers.values())]:
-        peer.transport.close()
-    return {"rate": statistics.median(rates), "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-            "paced50": percentile(paced, 50), "paced99": percentile(paced, 99),
-            "summary": percentile(summary_rtt, 50), "ping": percentile(ping_rtt, 50)}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+BENCH = Path(__file__).resolve().parent
+SRC = BENCH.parent / "src"
 
 
 def free_port() -> int:
@@ -207,10 +63,20 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
+def run_load(addr, tracker_pid: int, args) -> dict:
+    argv = [sys.executable, str(BENCH / "tracker_load.py"), addr[0], str(addr[1]), str(tracker_pid),
+            "--servers", str(args.servers), "--clients", str(args.clients), "--requests", str(args.requests),
+            "--bursts", str(args.bursts), "--rates", ",".join(str(r) for r in args.rates)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def measure(argv, ready, args) -> dict:
     proc, addr, ready_s = start(argv, ready)
     try:
-        result = asyncio.run(run_load(addr, args.servers, args.clients, args.requests, args.bursts))
+        result = run_load(addr, proc.pid, args)
     finally:
         stop(proc)
     readies = [ready_s]
@@ -219,6 +85,8 @@ def measure(argv, ready, args) -> dict:
         stop(proc)
         readies.append(ready_s)
     result["ready"] = statistics.median(readies)
+    for rate, figures in result.pop("fixed").items():
+        result[f"p50@{rate}"], result[f"p99@{rate}"] = figures["p50"], figures["p99"]
     return result
 
 
@@ -233,6 +101,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--bursts", type=int, default=3)
+    parser.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000],
+                        help="total REQUEST rates (per second) of the fixed-rate runs")
     parser.add_argument("--no-tvm", action="store_true", help="skip the run against TVM's tracker")
     args = parser.parse_args()
 
@@ -244,16 +114,23 @@ def main() -> None:
         theirs = measure(["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
                           "--port-end", str(port + 100)], r"bind to (\S+):(\d+)", args)
 
-    print(f"tracker benchmark: {args.servers} servers, {args.clients} concurrent clients, "
-          f"{args.bursts} bursts of {args.requests} requests (median burst; latencies over all)")
-    print(f"{'metric':38s} {'kernelrpc':>11s} {'TVM 0.27':>11s} {'ratio':>8s}   target")
-    rows = [("matches/s", "rate", 1, "{:11.0f}", True, ">= 3x TVM"),
-            ("request->match p50, saturated (ms)", "p50", 1e3, "{:11.2f}", False, ""),
-            ("request->match p99, saturated (ms)", "p99", 1e3, "{:11.2f}", False, ""),
-            (f"request->match p50, {PACED_RATE:.0f}/s (ms)", "paced50", 1e3, "{:11.2f}", False, ""),
-            (f"request->match p99, {PACED_RATE:.0f}/s (ms)", "paced99", 1e3, "{:11.2f}", False, "< 5 ms"),
+    print(f"tracker benchmark: {args.servers} servers, {args.clients} clients, each on its own connection, "
+          f"load from a separate process.\n  full load: closed loop, each client keeps 1 REQUEST outstanding, "
+          f"{args.bursts} bursts of {args.requests} matches (median burst; latencies over all bursts)\n"
+          f"  fixed rate: open loop, REQUESTs evenly spaced, round robin over the clients, "
+          f"min({args.requests}, 2 s worth) per rate\n"
+          f"  latency: per request, clock before its REQUEST is sent -> clock when its reply is readable")
+    print(f"{'metric':40s} {'kernelrpc':>11s} {'TVM 0.27':>11s} {'ratio':>8s}   target")
+    rows = [("matches/s, full load", "rate", 1, "{:11.0f}", True, ">= 3x TVM"),
+            ("request->match p50, full load (ms)", "p50", 1e3, "{:11.2f}", False, ""),
+            ("request->match p99, full load (ms)", "p99", 1e3, "{:11.2f}", False, "< 5 ms"),
+            *[row for rate in args.rates for row in (
+                (f"request->match p50, {rate}/s (ms)", f"p50@{rate}", 1e3, "{:11.2f}", False, ""),
+                (f"request->match p99, {rate}/s (ms)", f"p99@{rate}", 1e3, "{:11.2f}", False, "< 5 ms"))],
             (f"SUMMARY round trip, {args.servers} servers (ms)", "summary", 1e3, "{:11.2f}", False, "< 5 ms"),
             ("PING round trip (ms)", "ping", 1e3, "{:11.2f}", False, ""),
+            ("tracker CPU per match, full load (us)", "tracker_cpu_us", 1, "{:11.1f}", False, ""),
+            ("load generator CPU per match (us)", "load_cpu_us", 1, "{:11.1f}", False, ""),
             ("process start -> ready (s)", "ready", 1, "{:11.3f}", False, "< 0.3 s")]
     for label, key, scale, fmt, higher_is_better, target in rows:
         mine = fmt.format(ours[key] * scale)
@@ -261,9 +138,13 @@ def main() -> None:
             ref, ratio = f"{'n/a':>11s}", f"{'':>8s}"
         else:
             ref = fmt.format(theirs[key] * scale)
-            factor = ours[key] / theirs[key] if higher_is_better else theirs[key] / ours[key]
+            num, den = (ours[key], theirs[key]) if higher_is_better else (theirs[key], ours[key])
+            factor = num / den if den else float("inf")
             ratio = f"{factor:7.1f}x"
-        print(f"{label:38s} {mine} {ref} {ratio}   {target}")
+        print(f"{label:40s} {mine} {ref} {ratio}   {target}")
+    floor = args.clients / ours["rate"] * 1e3
+    print(f"Little's law at full load: {args.clients} outstanding / {ours['rate']:.0f} matches/s = "
+          f"{floor:.2f} ms mean latency for kernelrpc; bursts ran at {', '.join(f'{r:.0f}' for r in ours['rates'])}/s")
     if theirs is None:
         print("(apache-tvm not installed or --no-tvm: no reference column)")
     else:

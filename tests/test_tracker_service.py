@@ -210,6 +210,22 @@ def test_pipelined_and_split_frames(peers):
     assert [p.recv() for _ in range(50)] == [0] * 50
 
 
+def test_partial_frames_on_many_connections_and_frames_larger_than_a_read(peers):
+    """Connections share one receive buffer: each keeps its own partial frame between reads."""
+    a, b, c = peers(), peers(), peers()
+    big = json.dumps([4, "k" * 200_000, "", 1]).encode()      # > 64 KiB: arrives in several reads
+    put = json.dumps([3, "k", [9000, "k:1"], None]).encode()
+    a.sock.sendall(struct.pack("<i", len(big)) + big[:70_000])
+    b.sock.sendall(struct.pack("<i", len(put)) + put[:7])
+    assert c.call([1]) == 0
+    b.sock.sendall(put[7:])
+    assert b.recv() == 0
+    a.sock.sendall(big[70_000:])
+    reply = a.recv()
+    assert reply[0] == -1 and "key" in reply[1]
+    assert a.call([4, "k", "", 1]) == [0, ["127.0.0.1", 9000, "k:1"]]
+
+
 def test_port_range_binds_first_free(start_service, tracker):
     port = tracker.port
     nxt = start_service("kernelrpc.tracker", ["--port", str(port), "--port-end", str(port + 3)])

@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000],
                         help="total REQUEST rates (per second) of the fixed-rate runs")
     parser.add_argument("--no-tvm", action="store_true", help="skip the run against TVM's tracker")
+    parser.add_argument("--no-floor", action="store_true", help="skip the run against bench/tracker_floor.py")
     args = parser.parse_args()
 
     ours = measure(["-m", "kernelrpc.tracker", "--port", "0", "--log-level", "WARNING"],
@@ -113,6 +114,8 @@ def main() -> None:
         port = free_port()
         theirs = measure(["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
                           "--port-end", str(port + 100)], r"bind to (\S+):(\d+)", args)
+    floor = None if args.no_floor else measure([str(BENCH / "tracker_floor.py")],
+                                               r"floor listening on (\S+):(\d+)", args)
 
     print(f"tracker benchmark: {args.servers} servers, {args.clients} clients, each on its own connection, "
           f"load from a separate process.\n  full load: closed loop, each client keeps 1 REQUEST outstanding, "
@@ -120,7 +123,7 @@ def main() -> None:
           f"  fixed rate: open loop, REQUESTs evenly spaced, round robin over the clients, "
           f"min({args.requests}, 2 s worth) per rate\n"
           f"  latency: per request, clock before its REQUEST is sent -> clock when its reply is readable")
-    print(f"{'metric':40s} {'kernelrpc':>11s} {'TVM 0.27':>11s} {'ratio':>8s}   target")
+    print(f"{'metric':40s} {'kernelrpc':>11s} {'TVM 0.27':>11s} {'ratio':>8s} {'floor':>9s}   target")
     rows = [("matches/s, full load", "rate", 1, "{:11.0f}", True, ">= 3x TVM"),
             ("request->match p50, full load (ms)", "p50", 1e3, "{:11.2f}", False, ""),
             ("request->match p99, full load (ms)", "p99", 1e3, "{:11.2f}", False, "< 5 ms"),
@@ -141,10 +144,14 @@ def main() -> None:
             num, den = (ours[key], theirs[key]) if higher_is_better else (theirs[key], ours[key])
             factor = num / den if den else float("inf")
             ratio = f"{factor:7.1f}x"
-        print(f"{label:40s} {mine} {ref} {ratio}   {target}")
-    floor = args.clients / ours["rate"] * 1e3
+        least = f"{'n/a':>9s}" if floor is None or key == "ready" else f"{fmt.format(floor[key] * scale).strip():>9s}"
+        print(f"{label:40s} {mine} {ref} {ratio} {least}   {target}")
     print(f"Little's law at full load: {args.clients} outstanding / {ours['rate']:.0f} matches/s = "
-          f"{floor:.2f} ms mean latency for kernelrpc; bursts ran at {', '.join(f'{r:.0f}' for r in ours['rates'])}/s")
+          f"{args.clients / ours['rate'] * 1e3:.2f} ms mean latency for kernelrpc; its bursts ran at "
+          f"{', '.join(f'{r:.0f}' for r in ours['rates'])}/s")
+    if floor is not None:
+        print("floor: bench/tracker_floor.py, a raw selectors loop that only decodes, matches first-in first-out "
+              "and replies (no validation): the most this machine and load generator allow a Python tracker")
     if theirs is None:
         print("(apache-tvm not installed or --no-tvm: no reference column)")
     else:

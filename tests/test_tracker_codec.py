@@ -25,6 +25,23 @@ def test_decoder_handles_split_and_pipelined_frames():
     assert FrameDecoder().feed(stream) == out
 
 
+def test_decoder_copies_from_a_reused_buffer_and_keeps_the_partial_tail():
+    stream = encode_frame([4, "k\u00e9y", "", 1]) + encode_frame([1]) + encode_frame([6])
+    shared = bytearray(64)
+    dec = FrameDecoder()
+    shared[:len(stream) - 2] = stream[:-2]
+    assert dec.feed(memoryview(shared)[:len(stream) - 2]) == [[4, "k\u00e9y", "", 1], [1]]
+    shared[:2] = stream[-2:]
+    assert dec.feed(memoryview(shared)[:2]) == [[6]]
+    assert dec.buffered == 0
+
+
+@pytest.mark.parametrize("body", ['[1]'.encode("utf-16"), b'["\xff"]', b"[1] [2]"])
+def test_decoder_takes_one_utf8_json_value_per_frame_like_tvm(body):
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(struct.pack("<i", len(body)) + body)
+
+
 @pytest.mark.parametrize("bad", [struct.pack("<i", 0), struct.pack("<i", -5), struct.pack("<i", (1 << 20) + 1),
                                  struct.pack("<i", 3) + b"[1,"])
 def test_decoder_rejects_bad_frames(bad):

@@ -17,6 +17,8 @@ MAX_FRAME_BYTES = 1 << 20
 
 MAGIC_BYTES = struct.pack("<i", RPC_TRACKER_MAGIC)
 _I32 = struct.Struct("<i")
+_JSON_DECODER = json.JSONDecoder()
+_JSON_ENCODER = json.JSONEncoder()
 
 
 class TrackerCode(enum.IntEnum):
@@ -33,7 +35,7 @@ class TrackerCode(enum.IntEnum):
 
 def encode_frame(obj) -> bytes:
     """One frame, with ``json.dumps`` default separators so traffic matches TVM's byte for byte."""
-    data = json.dumps(obj).encode()
+    data = _JSON_ENCODER.encode(obj).encode()
     if len(data) > MAX_FRAME_BYTES:
         raise ProtocolError(f"tracker message of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
     return _I32.pack(len(data)) + data
@@ -51,21 +53,27 @@ class FrameDecoder:
         self._buf = bytearray()
         self._max = max_frame_bytes
 
-    def feed(self, data: bytes) -> list:
-        self._buf += data
+    def feed(self, data) -> list:
+        """Append ``data`` (bytes-like; copied) and return the messages now complete.
+
+        Frames are UTF-8 JSON, decoded as TVM's tracker does (``json.loads(py_str(...))``).
+        """
+        buf = self._buf
+        buf += data
         out = []
-        while len(self._buf) >= 4:
-            n = _I32.unpack_from(self._buf)[0]
+        pos, end = 0, len(buf)
+        while end - pos >= 4:
+            n = _I32.unpack_from(buf, pos)[0]
             if n <= 0 or n > self._max:
                 raise ProtocolError(f"tracker frame length {n} is outside [1, {self._max}]")
-            if len(self._buf) < 4 + n:
+            if end - pos - 4 < n:
                 break
-            raw = bytes(self._buf[4:4 + n])
-            del self._buf[:4 + n]
             try:
-                out.append(json.loads(raw))
+                out.append(_JSON_DECODER.decode(buf[pos + 4:pos + 4 + n].decode()))
             except (UnicodeDecodeError, ValueError) as exc:
                 raise ProtocolError(f"tracker frame is not valid JSON: {exc}") from None
+            pos += 4 + n
+        del buf[:pos]
         return out
 
     @property

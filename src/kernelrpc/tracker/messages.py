@@ -18,7 +18,7 @@ MAX_INFO_BYTES = 16 * 1024
 MAX_PRIORITY = 1 << 31
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Put:
     key: str
     port: object
@@ -26,24 +26,24 @@ class Put:
     custom_addr: str | None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Request:
     key: str
     user: str
     priority: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class UpdateInfo:
     info: dict
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Simple:
     code: TrackerCode
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Stop:
     stop_key: object
 

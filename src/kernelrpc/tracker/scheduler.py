@@ -36,7 +36,7 @@ from typing import Hashable
 Peer = Hashable
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Slot:
     """One session a server offers: ``[host, port, matchkey]`` is what the client receives."""
 
@@ -52,7 +52,7 @@ class Slot:
         return [self.host, self.port, self.matchkey]
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Request:
     client: Peer
     key: str
@@ -62,7 +62,7 @@ class Request:
     cancelled: bool = False
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Lease:
     """A slot handed to a client; lives until the server offers that port again."""
 
@@ -77,7 +77,7 @@ class Lease:
         return self.granted_at - self.request.requested_at
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Match:
     client: Peer
     slot: Slot

@@ -1,7 +1,7 @@
 """Tracker benchmark: kernelrpc's tracker side by side with Apache TVM's, in one run.
 
     python bench/tracker.py [--servers 200] [--clients 100] [--requests 2000] [--bursts 3]
-                            [--rates 1000,5000] [--no-tvm]
+                            [--rates 1000,5000,10000] [--no-tvm] [--no-floor]
 
 Each tracker runs as users start it (``python -m ...``); the load comes from a
 separate process (``bench/tracker_load.py``: raw non-blocking sockets, one
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--bursts", type=int, default=3)
-    parser.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000],
+    parser.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000, 10000],
                         help="total REQUEST rates (per second) of the fixed-rate runs")
     parser.add_argument("--no-tvm", action="store_true", help="skip the run against TVM's tracker")
     parser.add_argument("--no-floor", action="store_true", help="skip the run against bench/tracker_floor.py")

@@ -52,6 +52,7 @@ class TrackerConnection(asyncio.BufferedProtocol):
         self._opened = False
         self._decoder = FrameDecoder()
         self._opening_timer: asyncio.TimerHandle | None = None
+        self._held: list[bytes] | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -96,11 +97,27 @@ class TrackerConnection(asyncio.BufferedProtocol):
             self.send([TrackerCode.FAIL, str(exc)])
             self.transport.close()
             return
-        for msg in batch:
-            self.service.handle(self, msg)
+        if len(batch) < 2:
+            for msg in batch:
+                self.service.handle(self, msg)
+            return
+        self._held = []                 # several messages in one read: their replies in one write
+        try:
+            for msg in batch:
+                self.service.handle(self, msg)
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self.transport.write(b"".join(held))
+
+    def write(self, frame: bytes) -> None:
+        if self._held is None:
+            self.transport.write(frame)
+        else:
+            self._held.append(frame)
 
     def send(self, obj) -> None:
-        self.transport.write(encode_frame(obj))
+        self.write(encode_frame(obj))
 
     @property
     def alive(self) -> bool:
@@ -174,12 +191,12 @@ class TrackerService:
             raise ProtocolError(f"more than {MAX_SLOTS_PER_CONNECTION} free slots on one connection")
         host = cmd.custom_addr if cmd.custom_addr is not None else conn.host
         matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, self._clock())
-        conn.transport.write(OK_FRAME)
+        conn.write(OK_FRAME)
         self._deliver(matches)
 
     def _on_simple(self, conn: TrackerConnection, cmd: messages.Simple) -> None:
         if cmd.code == TrackerCode.PING:
-            conn.transport.write(OK_FRAME)
+            conn.write(OK_FRAME)
         elif cmd.code == TrackerCode.GET_PENDING_MATCHKEYS:
             conn.send(self.scheduler.pending_matchkeys(conn))
         else:
@@ -189,7 +206,7 @@ class TrackerService:
         if cmd.stop_key != self.stop_key:
             conn.send(TrackerCode.FAIL)
             return
-        conn.transport.write(OK_FRAME)
+        conn.write(OK_FRAME)
         asyncio.get_running_loop().call_soon(self.stop)
 
     def _on_update_info(self, conn: TrackerConnection, cmd: messages.UpdateInfo) -> None:
@@ -207,7 +224,7 @@ class TrackerService:
             self.scheduler.reports_sessions(conn)
             if info["session"] == "active":
                 self.scheduler.session_started(conn, self._clock())
-        conn.transport.write(OK_FRAME)
+        conn.write(OK_FRAME)
 
     def _deliver(self, matches: list[Match]) -> None:
         """Send each match to its client; a client that is already gone gives its slot back."""

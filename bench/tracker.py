@@ -20,6 +20,8 @@ zero-length session).
 Latency is per request: REQUEST sent to its reply received.  Also reported:
 SUMMARY and PING round trips with all servers registered, the CPU time the
 tracker and the load generator spent per match, and process start to ready line.
+The same load runs against TVM's tracker (when apache-tvm is installed) and
+against ``bench/tracker_floor.py``, the least a Python tracker can do per message.
 """
 from __future__ import annotations
 

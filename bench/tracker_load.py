@@ -52,7 +52,14 @@ def call(sock: socket.socket, obj):
 
 
 def open_peer(addr) -> socket.socket:
-    sock = socket.create_connection(addr)
+    for attempt in range(100):      # TVM's tracker prints its ready line before it calls listen()
+        try:
+            sock = socket.create_connection(addr)
+            break
+        except ConnectionRefusedError:
+            if attempt == 99:
+                raise
+            time.sleep(0.02)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(MAGIC)
     if recv_exactly(sock, 4) != MAGIC:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from .config import ServerConfig
@@ -25,6 +26,8 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
     parser.add_argument("--max-sessions", type=int, default=1,
                         help="sessions served at the same time (default 1: measurements never overlap)")
     parser.add_argument("--workspace-root", default=None, help="parent directory of session workspaces")
+    parser.add_argument("--through-proxy", action="store_true",
+                        help="connect out to the proxy at --host/--port and serve the clients it pairs")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     from ..rpc.protocol import MIN_MAX_FRAME_BYTES
@@ -37,13 +40,18 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
         session_timeout=args.session_timeout, max_upload_bytes=args.max_upload_bytes,
         max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
         handshake_timeout=args.handshake_timeout, max_sessions=args.max_sessions,
-        workspace_root=args.workspace_root), args.log_level
+        workspace_root=args.workspace_root, through_proxy=args.through_proxy), args.log_level
 
 
 def main(argv=None) -> int:
     config, log_level = parse_args(argv)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if config.through_proxy:
+        from .through_proxy import serve_through_proxy
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        serve_through_proxy(config)
+        return 0
     sock = bind_first_free(config.host, config.port, config.port_end)
     server = Server(config, sock)
     server.install_signal_handlers()

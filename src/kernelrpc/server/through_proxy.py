@@ -87,7 +87,10 @@ class ProxyLink:
             try:
                 session.wait()
             finally:
-                session.kill()
+                try:
+                    session.kill()  # on SIGTERM (SystemExit) mid-session
+                except ChildProcessError:
+                    pass  # already reaped when the session expired
             return True
         finally:
             if sock is not None:

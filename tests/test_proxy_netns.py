@@ -60,6 +60,16 @@ assert got == msg[::-1]
 print("echo through the proxy ok", reply.key)
 """
 
+SESSION_CLIENT = r"""
+import sys
+import numpy as np
+from kernelrpc import nd, rpc
+with rpc.connect(sys.argv[1], int(sys.argv[2]), key="nsours", session_timeout=60) as sess:
+    x = np.arange(1 << 16, dtype="float32")
+    assert (nd.array(x, sess.cpu(0)).numpy() == x).all()
+    print("session through the proxy ok", sess.get_function("testing.echo")("hi"))
+"""
+
 LISTENER = r"""
 import socket
 srv = socket.create_server(("0.0.0.0", 0))
@@ -169,3 +179,10 @@ def test_device_unreachable_from_client_but_a_session_through_the_proxy_works(to
     out = topology.run_python("client", ECHO_CLIENT, "10.77.1.1", str(proxy.port))
     assert "echo through the proxy ok server:nsdev" in out
     wait_for_matches(proxy, r"paired client 10\.77\.1\.2:\d+ .* with device 10\.77\.2\.2:\d+")
+
+    start_service("kernelrpc.server", ["--through-proxy", "--host", "10.77.2.1", "--port",
+                                       str(proxy.port), "--key", "nsours"],
+                  python=topology.wrappers["device"], ready=re.compile(r"connected to proxy"))
+    wait_for_matches(proxy, r"device 10\.77\.2\.2:\d+ waits for key 'nsours'")
+    out = topology.run_python("client", SESSION_CLIENT, "10.77.1.1", str(proxy.port))
+    assert "session through the proxy ok hi" in out

@@ -22,6 +22,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,15 +39,16 @@ HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device a
 class Proc:
     """A child process whose stdout is scanned for a ready line."""
 
-    def __init__(self, args: list[str], ready: str):
+    def __init__(self, args: list[str], ready: str, then: str | None = None):
         env = dict(os.environ, PYTHONPATH=str(SRC), PYTHONUNBUFFERED="1")
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, env=env, start_new_session=True)
         pattern = re.compile(ready)
+        self.match = None
         for line in self.p.stdout:
-            m = pattern.search(line)
-            if m:
-                self.match = m
+            self.match = self.match or pattern.search(line)
+            if self.match and (then is None or then in line):
+                threading.Thread(target=self.p.stdout.read, daemon=True).start()  # keep draining
                 return
         raise RuntimeError(f"{args} exited before printing {ready!r}")
 
@@ -62,9 +64,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_our_proxy() -> tuple[Proc, tuple[str, int]]:
-    proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING"],
-                r"listening on (\S+):(\d+)")
+def start_our_proxy(relay: str) -> tuple[Proc, tuple[str, int]]:
+    proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING",
+                 "--relay", relay], r"listening on (\S+):(\d+)")
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
@@ -76,7 +78,7 @@ def start_tvm_proxy() -> tuple[Proc, tuple[str, int]] | None:
     port = free_port()
     proc = Proc([sys.executable, "-m", "tvm.exec.rpc_proxy", "--host", "127.0.0.1", "--port",
                  str(port), "--port-end", str(port + 50), "--web-port", "0"],
-                r"client port bind to (\S+):(\d+)")
+                r"client port bind to (\S+):(\d+)", then="Websock port bind")  # logged once it listens
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
@@ -252,17 +254,17 @@ def print_table(title: str, results: dict, sizes) -> None:
     base = results["direct"]
     print(f"\n{title}")
     head = f"{'metric':<26}" + "".join(f"{n:>16}" for n in names) + "".join(
-        f"{'ratio ' + n:>22}" for n in names[1:])
+        f"{'vs direct: ' + n:>28}" for n in names[1:])
     print(head)
     print("-" * len(head))
     row = f"{'round trip (median, us)':<26}" + "".join(
         f"{results[n]['rtt'] * 1e6:>16.1f}" for n in names)
-    row += "".join(f"{results[n]['rtt'] / base['rtt']:>21.2f}x" for n in names[1:])
+    row += "".join(f"{results[n]['rtt'] / base['rtt']:>27.2f}x" for n in names[1:])
     print(row)
     for size in sizes:
         row = f"{f'copy {size // MIB} MiB (MB/s)':<26}" + "".join(
             f"{results[n][size] / 1e6:>16.0f}" for n in names)
-        row += "".join(f"{100 * results[n][size] / base[size]:>21.0f}%" for n in names[1:])
+        row += "".join(f"{100 * results[n][size] / base[size]:>27.0f}%" for n in names[1:])
         print(row)
 
 
@@ -270,6 +272,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's proxy")
+    p.add_argument("--relay", nargs="+", default=["splice", "copy"], choices=["splice", "copy"],
+                   help="relay modes of our proxy to measure (default: both)")
     p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")
     p.add_argument("--device", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -280,9 +284,11 @@ def main() -> None:
     rtt_count, reps = (300, 2) if args.quick else (2000, 5)
     procs = []
     try:
-        ours, our_addr = start_our_proxy()
-        procs.append(ours)
-        paths = [("direct", None), ("our proxy", our_addr)]
+        paths = [("direct", None)]
+        for relay in args.relay:
+            ours, our_addr = start_our_proxy(relay)
+            procs.append(ours)
+            paths.append((f"ours ({relay})", our_addr))
         tvm = None if args.no_tvm else start_tvm_proxy()
         if tvm:
             procs.append(tvm[0])

@@ -55,8 +55,9 @@ def test_ready_line_and_port_range(start_service):
         probe.close()
 
 
-def test_device_first_then_client_relays_both_ways_and_closes_together(start_proxy):
-    proxy = start_proxy()
+@pytest.mark.parametrize("relay", ["splice", "copy"])
+def test_device_first_then_client_relays_both_ways_and_closes_together(start_proxy, relay):
+    proxy = start_proxy("--relay", relay)
     device, client = pair(proxy.address)
     check_relay(client, device)
     check_relay(device, client)
@@ -179,8 +180,9 @@ def _rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def test_slow_reader_applies_backpressure_without_memory_growth(start_proxy):
-    proxy = start_proxy()
+@pytest.mark.parametrize("relay", ["splice", "copy"])
+def test_slow_reader_applies_backpressure_without_memory_growth(start_proxy, relay):
+    proxy = start_proxy("--relay", relay)
     device, client = pair(proxy.address, "slow")
     rss_before = _rss_kib(proxy.proc.pid)
     client.setblocking(False)

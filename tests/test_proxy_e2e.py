@@ -120,11 +120,8 @@ def test_our_session_through_tvm_tracker_and_our_proxy(start_service, proxy, dev
 @pytest.mark.tvm
 def test_our_session_through_tvm_proxy(start_service, device):
     pytest.importorskip("tvm", reason="apache-tvm is not installed")
-    from test_proxy_tvm import _PROXY_BIND, free_port_range
-    lo, hi = free_port_range()
-    tvm_proxy = start_service("tvm.exec.rpc_proxy", ["--host", "127.0.0.1", "--port", str(lo),
-                                                     "--port-end", str(hi), "--web-port", "0"],
-                              ready=_PROXY_BIND)
+    from test_proxy_tvm import start_tvm_proxy
+    tvm_proxy = start_tvm_proxy(start_service)
     device(tvm_proxy.host, tvm_proxy.port, "viatvm")
     wait_for_matches(tvm_proxy, "Handler ready")
     with rpc.connect(tvm_proxy.host, tvm_proxy.port, key="viatvm") as sess:

@@ -121,11 +121,18 @@ def test_tvm_client_reaches_tvm_device_via_tvm_tracker_and_our_proxy(start_servi
     assert "server:proxy[viatracker]" in summary
 
 
-def test_tvm_proxy_pairs_our_handshake_peers(start_service):
+def start_tvm_proxy(start_service):
+    """TVM's proxy logs its port before listen(); its next line comes once it listens."""
     lo, hi = free_port_range()
-    tvm_proxy = start_service("tvm.exec.rpc_proxy",
-                              ["--host", "127.0.0.1", "--port", str(lo), "--port-end", str(hi),
-                               "--web-port", "0"], ready=_PROXY_BIND)
+    svc = start_service("tvm.exec.rpc_proxy", ["--host", "127.0.0.1", "--port", str(lo),
+                                               "--port-end", str(hi), "--web-port", "0"],
+                        ready=_PROXY_BIND)
+    svc.wait_for_line("Websock port bind")
+    return svc
+
+
+def test_tvm_proxy_pairs_our_handshake_peers(start_service):
+    tvm_proxy = start_tvm_proxy(start_service)
     device = connect(tvm_proxy.address, "server:ours")
     wait_for_matches(tvm_proxy, "Handler ready")
     client = connect(tvm_proxy.address, "client:ours -timeout=7")

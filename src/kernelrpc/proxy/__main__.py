@@ -41,13 +41,16 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
                         "reconnects (default 600, as TVM)")
     p.add_argument("--timeout-handshake", type=_seconds, default=10.0,
                    help="seconds a new connection has to send its key (default 10)")
+    p.add_argument("--relay", choices=["splice", "copy"], default="splice",
+                   help="splice: move bytes kernel-side with splice(2) (Linux; falls back to copy "
+                        "elsewhere); copy: recv_into/send through a 1 MiB buffer")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
     return ProxyConfig(host=a.host, port=a.port, port_end=a.port_end, tracker=a.tracker,
                        timeout_client=a.timeout_client, timeout_server=a.timeout_server,
-                       handshake_timeout=a.timeout_handshake), a.log_level
+                       handshake_timeout=a.timeout_handshake, relay=a.relay), a.log_level
 
 
 async def _serve(config: ProxyConfig) -> None:

@@ -173,3 +173,24 @@ def test_set_num_threads_without_a_thread_pool(mod):
     with pytest.raises(ValueError):
         mod.set_num_threads(1 << 40)
 
+
+
+def test_loading_a_changed_file_again_loads_the_new_code(tmp_path):
+    def source(value):
+        fn = {"name": "answer", "symbol": "__kernelrpc_fn_answer",
+              "args": [{"name": "out", "kind": "tensor", "dtype": "int32", "shape": [1]}]}
+        body = ("EXPORT int32_t __kernelrpc_fn_answer(void **args) "
+                f"{{ *(int32_t *)args[0] = {value}; return 0; }}")
+        return module_source(metadata_with([fn]), body)
+
+    path = tmp_path / "kernel.so"
+    out = empty((1,), "int32")
+    for value in (1, 2, 3):
+        built = compile_module(source(value), tmp_path / "build", f"v{value}")
+        if value == 3:   # rewritten in place (same inode) rather than replaced
+            path.write_bytes(built.read_bytes())
+        else:
+            os.replace(built, path)
+        load_module(path)["answer"](out)
+        assert out.numpy().tolist() == [value]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "kernel.so"]

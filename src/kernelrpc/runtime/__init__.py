@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import KernelError, ModuleError
 from .device import Device, cpu, device
-from .dtype import DTYPES, DType, parse_dtype, shape_nbytes
+from .dtype import DTYPES, DType, parse_dtype
 from .evaluator import TimeEvaluator
 from .module import Function, Module, load_module
 from .profile import ProfileResult
@@ -12,4 +12,4 @@ from .tensor import Tensor, empty
 
 __all__ = ["DTYPES", "DType", "Device", "Function", "KernelError", "Module", "ModuleError",
            "ProfileResult", "Tensor", "TimeEvaluator", "cpu", "device", "empty", "load_module",
-           "parse_dtype", "shape_nbytes"]
+           "parse_dtype"]

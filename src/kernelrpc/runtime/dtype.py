@@ -1,7 +1,6 @@
 """The element types a module, a tensor or a scalar argument may have (module format v1)."""
 from __future__ import annotations
 
-import math
 import operator
 import struct
 from dataclasses import dataclass
@@ -82,16 +81,6 @@ def pack_scalar(dtype: DType, value, where: str = "scalar") -> bytes:
     if not lo <= number <= hi:
         raise ValueError(f"{where}: {number} is out of range for {dtype} [{lo}, {hi}]")
     return struct.pack("=" + dtype.struct_char, number)
-
-
-def unpack_scalar(dtype: DType, data: bytes):
-    """The inverse of :func:`pack_scalar` (reads ``dtype.itemsize`` bytes at offset 0)."""
-    return struct.unpack_from("=" + dtype.struct_char, data)[0]
-
-
-def shape_nbytes(shape, dtype) -> int:
-    """Validate a shape (non-negative ints, at most MAX_NDIM) and return the tensor's byte size."""
-    return math.prod(normalize_shape(shape)) * parse_dtype(dtype).itemsize
 
 
 def normalize_shape(shape) -> tuple[int, ...]:

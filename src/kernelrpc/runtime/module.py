@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
+import shutil
+import tempfile
+import threading
 
 from ..errors import KernelError, ModuleError
 from .dtype import DTYPES, pack_scalar
 from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
+from .evaluator import TimeEvaluator
 from .tensor import Tensor, _is_ndarray
 
 
@@ -168,8 +173,6 @@ class Module:
                        limit_zero_time_iterations: int = 100, cache_flush_bytes: int = 0):
         """A callable that runs ``name`` with TVM's time_evaluator semantics and returns a
         ProfileResult (see kernelrpc.runtime.evaluator.TimeEvaluator)."""
-        from .evaluator import TimeEvaluator
-
         return TimeEvaluator(self.get_function(name), dev, number=number, repeat=repeat,
                              min_repeat_ms=min_repeat_ms, cooldown_interval_ms=cooldown_interval_ms,
                              repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc,
@@ -214,14 +217,15 @@ def _symbol(lib, symbol, restype, argtypes):
 
 
 def load_module(path) -> Module:
-    """Load a kernelrpc module (a shared library exported by kernelrpc, docs/module-format.md)."""
+    """Load a kernelrpc module (a shared library exported by kernelrpc, docs/module-format.md).
+
+    Loading a path again after the file changed loads the new file (the dynamic loader alone
+    would hand back the library already loaded under that name).
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"module file not found: {path}")
-    try:
-        lib = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
-    except OSError as exc:
-        raise ModuleError(f"cannot load {path}: {exc}") from None
+    lib = _dlopen(path)
     get_metadata = _symbol(lib, "__kernelrpc_metadata", ctypes.c_char_p, ())
     if get_metadata is None:
         raise ModuleError(f"{path} is not a kernelrpc module: it does not export "
@@ -234,3 +238,38 @@ def load_module(path) -> Module:
     except ModuleError as exc:
         raise ModuleError(f"{path}: {exc}") from None
     return Module(path, lib, meta)
+
+
+_loaded_versions: dict[str, tuple] = {}     # real path -> identity of the file loaded from it
+_alias_lock = threading.Lock()
+_alias_count = itertools.count()
+
+
+def _dlopen(path: str) -> ctypes.CDLL:
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _alias_lock:
+        previous = _loaded_versions.setdefault(real, identity)
+        alias = None if previous == identity else _private_copy(real)
+        _loaded_versions[real] = identity
+    try:
+        return ctypes.CDLL(alias or real, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as exc:
+        raise ModuleError(f"cannot load {path}: {exc}") from None
+    finally:
+        if alias is not None:
+            os.unlink(alias)        # the mapping stays; the name is never used again
+
+
+def _private_copy(real: str) -> str:
+    """A copy under a name never loaded before, next to the file if possible."""
+    name = f".{os.path.basename(real)}.{os.getpid()}.{next(_alias_count)}.so"
+    for directory in (os.path.dirname(real), tempfile.gettempdir()):
+        alias = os.path.join(directory, name)
+        try:
+            shutil.copyfile(real, alias)
+            return alias
+        except OSError:
+            continue
+    raise ModuleError(f"cannot reload the changed module {real}: no writable directory for a copy")

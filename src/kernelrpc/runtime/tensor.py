@@ -10,12 +10,9 @@ from .device import Device, cpu
 from .dtype import normalize_shape, parse_dtype
 
 
-def _numpy_module():
-    return sys.modules.get("numpy")
-
-
 def _is_ndarray(value) -> bool:
-    np = _numpy_module()
+    """Whether ``value`` is a numpy array, without importing numpy (a device may not have it)."""
+    np = sys.modules.get("numpy")
     return np is not None and isinstance(value, np.ndarray)
 
 

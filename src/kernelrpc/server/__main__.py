@@ -26,10 +26,22 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
     parser.add_argument("--max-sessions", type=int, default=1,
                         help="sessions served at the same time (default 1: measurements never overlap)")
     parser.add_argument("--workspace-root", default=None, help="parent directory of session workspaces")
+    parser.add_argument("--tracker", default=None, metavar="HOST:PORT",
+                        help="register with this tracker under --key (re-registers after every session)")
+    parser.add_argument("--custom-addr", default=None,
+                        help="address the tracker hands to clients (default: this host as the tracker sees it)")
     parser.add_argument("--through-proxy", action="store_true",
                         help="connect out to the proxy at --host/--port and serve the clients it pairs")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.through_proxy and args.tracker:
+        parser.error("--through-proxy and --tracker exclude each other: run the proxy with --tracker")
+    tracker_addr = None
+    if args.tracker:
+        host, _, port = args.tracker.rpartition(":")
+        if not host or not port.isdigit() or not args.key:
+            parser.error("--tracker takes HOST:PORT and needs --key")
+        tracker_addr = (host.strip("[]"), int(port))
     from ..rpc.protocol import MIN_MAX_FRAME_BYTES
     if args.max_frame_bytes < MIN_MAX_FRAME_BYTES:
         parser.error(f"--max-frame-bytes must be at least {MIN_MAX_FRAME_BYTES}")
@@ -40,7 +52,8 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
         session_timeout=args.session_timeout, max_upload_bytes=args.max_upload_bytes,
         max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
         handshake_timeout=args.handshake_timeout, max_sessions=args.max_sessions,
-        workspace_root=args.workspace_root, through_proxy=args.through_proxy), args.log_level
+        workspace_root=args.workspace_root, tracker_addr=tracker_addr,
+        custom_addr=args.custom_addr, through_proxy=args.through_proxy), args.log_level
 
 
 def main(argv=None) -> int:
@@ -53,7 +66,11 @@ def main(argv=None) -> int:
         serve_through_proxy(config)
         return 0
     sock = bind_first_free(config.host, config.port, config.port_end)
-    server = Server(config, sock)
+    registration = None
+    if config.tracker_addr is not None:
+        from .registration import TrackerRegistration
+        registration = TrackerRegistration(config.tracker_addr, config.key, sock.getsockname()[1], config.custom_addr)
+    server = Server(config, sock, registration)
     server.install_signal_handlers()
     host, port = server.address
     print(f"kernelrpc.server listening on {host}:{port}", flush=True)

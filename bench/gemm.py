@@ -1,0 +1,107 @@
+"""GFLOP/s of every GEMM tutorial step (examples/gemm_tutorial.py) against numpy.dot.
+
+    PYTHONPATH=src python bench/gemm.py [--size 1024] [--rounds 5] [--steps a,b,...]
+
+numpy.dot and the kernels are measured in the same process, interleaved round by
+round (numpy, then every step, then numpy again...), so that a noisy neighbour on
+the machine slows both sides of a ratio alike. Kernels are timed with
+``time_evaluator`` (the module's native clock_gettime loop); numpy with
+``time.perf_counter`` around back-to-back calls. Every kernel's result is checked
+against numpy before it is timed. Steps slower than ``--slow-seconds`` per call
+are timed in the first round only.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import kernelrpc  # noqa: E402
+from kernelrpc import nd  # noqa: E402
+from gemm_tutorial import STEPS, build_step  # noqa: E402
+
+ROUND_SECONDS = 0.25  # target time per measurement and round
+
+
+def numpy_seconds(a, b, number: int) -> float:
+    np.dot(a, b)
+    start = time.perf_counter()
+    for _ in range(number):
+        np.dot(a, b)
+    return (time.perf_counter() - start) / number
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="GEMM tutorial steps vs numpy.dot")
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--slow-seconds", type=float, default=0.5)
+    opts = parser.parse_args(argv)
+    M = N = K = opts.size
+    flop = 2.0 * M * N * K
+    steps = opts.steps.split(",")
+    dev = kernelrpc.cpu(0)
+    rng = np.random.default_rng(0)
+    a = rng.random((M, K), dtype=np.float32)
+    b = rng.random((K, N), dtype=np.float32)
+    expect = a @ b
+    ta, tb = nd.array(a, dev), nd.array(b, dev)
+
+    evaluators, numbers, slow = {}, {}, set()
+    for step in steps:
+        start = time.perf_counter()
+        module, _ = build_step(step, M, K, N)
+        compile_s = time.perf_counter() - start
+        tc = nd.empty((M, N), "float32", dev)
+        module(ta, tb, tc)  # links and loads the module, starts the thread pool
+        np.testing.assert_allclose(tc.numpy(), expect, rtol=1e-4, atol=1e-3 * K ** 0.5)
+        start = time.perf_counter()
+        module(ta, tb, tc)
+        call_s = time.perf_counter() - start
+        numbers[step] = max(1, int(ROUND_SECONDS / max(call_s, 1e-6)))
+        if call_s > opts.slow_seconds:
+            slow.add(step)
+        evaluators[step] = (module.time_evaluator("gemm", dev, number=numbers[step], repeat=1),
+                            tc, module)
+        print(f"built {step:<18} in {compile_s:5.2f} s, checked against numpy, "
+              f"one call {call_s * 1e3:8.1f} ms", flush=True)
+    np_number = max(1, int(ROUND_SECONDS / numpy_seconds(a, b, 1)))
+
+    gflops = {step: [] for step in steps}
+    ratios = {step: [] for step in steps}
+    numpy_gflops = []
+    for round_ in range(opts.rounds):
+        np_rate = flop / numpy_seconds(a, b, np_number) / 1e9
+        numpy_gflops.append(np_rate)
+        for step in steps:
+            if step in slow and round_ > 0:
+                continue
+            evaluate, tc, _ = evaluators[step]
+            rate = flop / evaluate(ta, tb, tc).median / 1e9
+            gflops[step].append(rate)
+            ratios[step].append(rate / np_rate)
+
+    target = evaluators[steps[0]][2].target if steps else kernelrpc.Target("llvm")
+    print()
+    print(f"GEMM {M}x{K}x{N} float32, target {target}, {opts.rounds} interleaved rounds")
+    print(f"threads: kernels use the module pool (all cores); numpy as configured")
+    print(f"{'step':<20}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}")
+    print(f"{'numpy.dot':<20}{statistics.median(numpy_gflops):>10.1f}{min(numpy_gflops):>9.1f}"
+          f"{max(numpy_gflops):>9.1f}{1.0:>10.2f}")
+    for step in steps:
+        values = gflops[step]
+        note = "  (1 round: slow)" if step in slow else ""
+        print(f"{step:<20}{statistics.median(values):>10.1f}{min(values):>9.1f}"
+              f"{max(values):>9.1f}{statistics.median(ratios[step]):>10.2f}{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

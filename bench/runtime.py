@@ -1,0 +1,125 @@
+"""Local runtime figures, each next to a reference measured in the same run.
+
+    PYTHONPATH=src python bench/runtime.py
+
+* call overhead of a checked kernel call (``mod["addone"](a, b)``) against the same symbol called
+  through bare ctypes with pre-packed arguments, and against Apache TVM 0.27 calling its own
+  compiled addone (if apache-tvm is installed);
+* what time_evaluator reports per call (native timing loop) against timing the same calls from a
+  Python loop with time.perf_counter;
+* host copy bandwidth of ``nd.array(ndarray)`` and ``Tensor.numpy()`` against ``numpy.copy``, and
+  ``tvm.runtime.tensor(ndarray)`` (if installed).
+"""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fixtures.build import build_fixture_module  # noqa: E402
+
+from kernelrpc import nd, runtime  # noqa: E402
+
+
+def per_call_us(fn, calls: int = 20000, rounds: int = 5) -> float:
+    """Median over rounds of the mean time per call, in microseconds."""
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def best_ms(fn, rounds: int = 5) -> float:
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return min(samples)
+
+
+def gib_s(mib: int, ms: float) -> str:
+    return f"{mib / 1024 / (ms / 1e3):6.2f}"
+
+
+def tvm_addone():
+    try:
+        import tvm
+        from tvm import te
+    except ImportError:
+        return None
+    a = te.placeholder((1024,), "float32", "A")
+    b = te.compute((1024,), lambda i: a[i] + 1.0, name="B")
+    mod = tvm.compile(te.create_prim_func([a, b]).with_attr("global_symbol", "addone"),
+                      target="llvm").jit()
+    return tvm, mod
+
+
+def table(title: str, rows: list[tuple[str, str]]) -> None:
+    print(f"\n{title}")
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        mod = runtime.load_module(build_fixture_module(tmp))
+    tvm_parts = tvm_addone()
+
+    a = nd.array(np.arange(1024, dtype="float32"))
+    b = nd.empty((1024,))
+    addone = mod["addone"]
+    packed = addone.pack((a, b))
+    raw = ctypes.CDLL(mod.path)["__kernelrpc_fn_addone"]
+    raw.argtypes, raw.restype = (ctypes.c_void_p,), ctypes.c_int32
+    ours = per_call_us(lambda: addone(a, b))
+    bare = per_call_us(lambda: raw(packed.pointer))
+    rows = [("kernelrpc mod['addone'](a, b), checked", f"{ours:7.2f} us"),
+            ("bare ctypes call, pre-packed (reference)", f"{bare:7.2f} us   ratio {ours / bare:.1f}x")]
+    if tvm_parts:
+        tvm, tmod = tvm_parts
+        ta = tvm.runtime.tensor(np.arange(1024, dtype="float32"))
+        tb = tvm.runtime.tensor(np.zeros(1024, "float32"))
+        tfn = tmod["addone"]
+        theirs = per_call_us(lambda: tfn(ta, tb))
+        rows.append(("Apache TVM 0.27 f(a, b) (reference)",
+                     f"{theirs:7.2f} us   ratio {ours / theirs:.1f}x"))
+    table("Call overhead (addone, float32[1024])", rows)
+
+    evaluator = mod.time_evaluator("addone", runtime.cpu(0), number=10000, repeat=5)
+    native_us = evaluator(a, b).median * 1e6
+    loop_us = per_call_us(lambda: addone.invoke(packed), calls=10000)
+    table("Per-call time of addone", [
+        ("time_evaluator (native loop), median", f"{native_us:7.3f} us"),
+        ("Python loop around the call (reference)",
+         f"{loop_us:7.3f} us   Python overhead excluded: {loop_us - native_us:.3f} us/call"),
+    ])
+
+    header = "size     nd.array  .numpy()  numpy.copy (ref)  nd.array/ref"
+    if tvm_parts:
+        header += "  tvm.runtime.tensor (ref)"
+    rows = []
+    for mib in (1, 16, 64):
+        data = np.random.default_rng(0).random(mib << 18, dtype="float32")
+        to_tensor = best_ms(lambda: nd.array(data))
+        from_tensor = best_ms(nd.array(data).numpy)
+        reference = best_ms(data.copy)
+        line = (f"{gib_s(mib, to_tensor):>8}  {gib_s(mib, from_tensor):>8}  "
+                f"{gib_s(mib, reference):>16}  {reference / to_tensor:12.2f}")
+        if tvm_parts:
+            line += f"  {gib_s(mib, best_ms(lambda: tvm_parts[0].runtime.tensor(data))):>24}"
+        rows.append((f"{mib:2d} MiB", line))
+    table(f"Host copies into and out of a tensor, GiB/s\n  {header}", rows)
+
+if __name__ == "__main__":
+    main()

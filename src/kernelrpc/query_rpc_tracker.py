@@ -1,0 +1,84 @@
+"""``python -m kernelrpc.query_rpc_tracker --host HOST --port PORT [--json]``: a tracker's state.
+
+Prints the same text as TVM's ``python -m tvm.exec.query_rpc_tracker`` on stdout, and
+says on stderr (and in the exit code) when something is wrong:
+
+====  =================================================================
+0     at least one server is free
+3     tracker unreachable (refused, timed out, or not a tracker)
+4     no servers registered for any key
+5     servers are registered, but all are busy
+====  =================================================================
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import ConnectionLost, TrackerError
+from .rpc.tracker_client import TrackerUnreachable, connect_tracker, count_servers, format_summary
+
+EXIT_OK, EXIT_UNREACHABLE, EXIT_NO_SERVERS, EXIT_ALL_BUSY = 0, 3, 4, 5
+
+
+def classify(info: dict) -> tuple[int, str]:
+    """Exit code and status word for a SUMMARY payload."""
+    free = sum(q.get("free", 0) for q in info.get("queue_info", {}).values())
+    if free:
+        return EXIT_OK, "ok"
+    if not info.get("server_info"):
+        return EXIT_NO_SERVERS, "no_servers"
+    return EXIT_ALL_BUSY, "all_busy"
+
+
+def explain(status: str, info: dict, where: str) -> str:
+    if status == "no_servers":
+        return f"no servers are registered at tracker {where} for any key"
+    pending = {k: q["pending"] for k, q in info.get("queue_info", {}).items() if q.get("pending")}
+    servers = count_servers(info)
+    busy = ", ".join(f"{k} ({n} servers, {pending.get(k, 0)} waiting)" for k, n in sorted(servers.items()))
+    return f"all servers at tracker {where} are busy: {busy or 'no server key'}"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m kernelrpc.query_rpc_tracker",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="", help="tracker host (default $TVM_TRACKER_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="tracker port (default $TVM_TRACKER_PORT or 9190)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON for scripts")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the tracker")
+    args = parser.parse_args(argv)
+    args.host = args.host or os.environ.get("TVM_TRACKER_HOST", "127.0.0.1")
+    args.port = args.port or int(os.environ.get("TVM_TRACKER_PORT", "9190"))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    where = f"{args.host}:{args.port}"
+    try:
+        with connect_tracker(args.host, args.port, connect_timeout=args.timeout) as session:
+            info = session.summary()
+    except (TrackerUnreachable, ConnectionLost) as exc:
+        if args.json:
+            print(json.dumps({"tracker": where, "status": "unreachable", "error": str(exc)}))
+        print(f"tracker unreachable: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except TrackerError as exc:
+        print(f"tracker error: {exc}", file=sys.stderr)
+        return 1
+    code, status = classify(info)
+    if args.json:
+        print(json.dumps({"tracker": where, "status": status, "summary": info}, indent=2, sort_keys=True))
+    else:
+        print(f"Tracker address {where}\n")
+        print(format_summary(info))
+    if code != EXIT_OK:
+        print(explain(status, info, where), file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

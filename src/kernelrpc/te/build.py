@@ -1,0 +1,204 @@
+"""``build``: schedule -> loop IR -> LLVM -> a module that runs here or on a device.
+
+A :class:`BuiltModule` holds the machine code of one target. ``export_library``
+links it into the one shared library of docs/module-format.md. Local calls go
+through exactly that file too: the module is linked into a temporary directory
+and loaded with :func:`kernelrpc.runtime.load_module`, so local and remote runs
+share one code path (and one timing loop).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from .. import __version__
+from . import ir
+from .codegen import CompileOptions, compile_ir, emit_primfunc, runtime_ir
+from .codegen.emitter import CodegenError, ModuleBuilder
+from .expr import Var, dtype_element
+from .target import Target
+
+__all__ = ["BuiltModule", "build", "module_metadata"]
+
+FORMAT_VERSION = 1
+_LINK_OPTIONS = ("-Wl,-z,nodelete",)  # pool threads run module code: never unmap it
+
+
+def build(s, args=None, target=None, name: str = "main",
+          options: CompileOptions | None = None) -> "BuiltModule":
+    """Compile a schedule (or lowered PrimFuncs) for ``target`` (default: this host).
+
+    Args:
+        s: a Schedule (lowered with ``args``), a ``PrimFunc``, or a list of PrimFuncs
+            (one module with several functions; the first is the entry).
+        args: the tensors (and scalar Vars) of the function, in call order.
+        target: a target string such as ``"llvm -mcpu=znver4"`` or a :class:`Target`.
+        name: the function name (a C identifier).
+        options: LLVM pipeline options (opt level, SLP vectorizer).
+
+    Raises:
+        CodegenError: the IR cannot be translated or LLVM rejects it.
+        TargetError: the target string is malformed.
+    """
+    target = Target(target)
+    funcs = _as_primfuncs(s, args, name)
+    module = ModuleBuilder()
+    for func in funcs:
+        emit_primfunc(module, func)
+    kernel_ir = module.text()
+    metadata = module_metadata(funcs, target)
+    compiled = compile_ir([runtime_ir(target, json.dumps(metadata)), kernel_ir], target,
+                          options or CompileOptions())
+    return BuiltModule(compiled, metadata, funcs)
+
+
+def _as_primfuncs(s, args, name: str) -> list:
+    if isinstance(s, ir.PrimFunc):
+        return [s]
+    if isinstance(s, (list, tuple)) and s and all(isinstance(f, ir.PrimFunc) for f in s):
+        names = [f.name for f in s]
+        if len(set(names)) != len(names):
+            raise CodegenError(f"function names must be unique, got {names}")
+        return list(s)
+    from .lower import lower  # the frontend; imported late to keep the dependency one-way
+
+    if args is None:
+        raise TypeError("build(schedule, args): args (the function's tensors) are required")
+    return [lower(s, args, name=name)]
+
+
+def _arg_record(param) -> dict:
+    if isinstance(param, ir.Buffer):
+        shape = []
+        for dim in param.shape:
+            value = getattr(dim, "value", dim)
+            if not isinstance(value, int):
+                raise CodegenError(f"tensor {param.name} has a symbolic shape {param.shape}; "
+                                   "module format version 1 needs static shapes")
+            shape.append(value)
+        return {"name": param.name, "kind": "tensor", "dtype": param.dtype, "shape": shape}
+    if isinstance(param, Var):
+        return {"name": param.name, "kind": "scalar", "dtype": dtype_element(param.dtype)}
+    raise CodegenError(f"cannot describe parameter {param!r}")
+
+
+def module_metadata(funcs: list, target: Target) -> dict:
+    """The ``__kernelrpc_metadata`` document (docs/module-format.md)."""
+    return {
+        "format": "kernelrpc.module",
+        "version": FORMAT_VERSION,
+        "producer": f"kernelrpc {__version__}",
+        "target": target.to_dict(),
+        "entry": funcs[0].name,
+        "functions": [{"name": f.name, "symbol": f"__kernelrpc_fn_{f.name}",
+                       "args": [_arg_record(p) for p in f.params]} for f in funcs],
+    }
+
+
+class BuiltModule:
+    """Compiled functions of one target, exportable as a shared library and runnable here.
+
+    Runtime Module API (host targets): ``mod(*args)`` calls the entry function,
+    ``mod[name]`` / ``mod.get_function(name)``, ``mod.time_evaluator(...)``,
+    ``mod.entry_name``; arguments are ``kernelrpc.nd`` tensors.
+    """
+
+    def __init__(self, compiled, metadata: dict, funcs: list):
+        self._compiled = compiled
+        self.metadata = metadata
+        self.target = compiled.target
+        self.funcs = funcs
+        self._loaded = None
+        self._workdir: str | None = None
+
+    @property
+    def entry_name(self) -> str:
+        return self.metadata["entry"]
+
+    def get_source(self, fmt: str = "ll") -> str:
+        """``"ll"``: LLVM IR as generated; ``"ll-opt"``: after O3; ``"asm"``: assembly;
+        ``"lowered"``: the loop IR."""
+        if fmt in ("ll", "llvm"):
+            return self._compiled.llvm_ir
+        if fmt == "ll-opt":
+            return self._compiled.optimized_ir
+        if fmt in ("asm", "s"):
+            return self._compiled.assembly()
+        if fmt == "lowered":
+            return "\n\n".join(str(f) for f in self.funcs)
+        raise ValueError(f"unknown source format {fmt!r}; use 'll', 'll-opt', 'asm' or 'lowered'")
+
+    def save_object(self, path: str | os.PathLike) -> Path:
+        """Write the relocatable object (``.o``)."""
+        path = Path(path)
+        path.write_bytes(self._compiled.object_code)
+        return path
+
+    def export_library(self, path: str | os.PathLike, fcompile=None) -> Path:
+        """Write the module as one shared library (docs/module-format.md).
+
+        Args:
+            path: the ``.so`` to write.
+            fcompile: optional ``fcompile(output, objects)`` linker; default: the host ``cc``.
+
+        Raises:
+            ToolchainError: no linker is available or linking failed.
+        """
+        from ..deploy.toolchain import ToolchainError, create_shared
+
+        path = Path(path)
+        with tempfile.TemporaryDirectory(prefix="kernelrpc-export-") as tmp:
+            obj = self.save_object(Path(tmp) / "lib0.o")
+            if fcompile is not None:
+                fcompile(str(path), [str(obj)])
+            elif not self.target.is_host:
+                raise ToolchainError(
+                    f"target {self.target.triple} is not this host; pass fcompile= with a "
+                    "cross linker to export it")
+            else:
+                tmp_out = Path(tmp) / path.name
+                create_shared(tmp_out, [obj], options=_LINK_OPTIONS)
+                shutil.move(str(tmp_out), path)  # the file appears complete or not at all
+        return path
+
+    # ------------------------------------------------------------------ local execution
+
+    def _runtime_module(self):
+        if self._loaded is None:
+            if not self.target.is_host:
+                raise RuntimeError(f"cannot run code for {self.target.triple} on this host; "
+                                   "export it and load it on a matching device")
+            from .. import runtime
+
+            self._workdir = tempfile.mkdtemp(prefix="kernelrpc-build-")
+            weakref.finalize(self, shutil.rmtree, self._workdir, True)
+            path = self.export_library(Path(self._workdir) / "module.so")
+            self._loaded = runtime.load_module(str(path))
+        return self._loaded
+
+    @property
+    def runtime_module(self):
+        """The loaded ``kernelrpc.runtime.Module`` (linked and loaded on first use)."""
+        return self._runtime_module()
+
+    def __call__(self, *args):
+        return self._runtime_module().get_function(self.entry_name)(*args)
+
+    def get_function(self, name: str):
+        return self._runtime_module().get_function(name)
+
+    __getitem__ = get_function
+
+    def time_evaluator(self, name: str, dev=None, *args, **kwargs):
+        """``Module.time_evaluator`` of the runtime (TVM semantics; native timing loop)."""
+        from .. import runtime
+
+        return self._runtime_module().time_evaluator(name, dev or runtime.cpu(0), *args, **kwargs)
+
+    def __repr__(self):
+        names = ", ".join(f["name"] for f in self.metadata["functions"])
+        return f"<BuiltModule [{names}] for {self.target.triple} ({self.target.cpu})>"

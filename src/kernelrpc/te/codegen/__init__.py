@@ -1,0 +1,8 @@
+"""LLVM backend: loop IR -> LLVM IR text -> optimised object code, plus the module runtime."""
+from .emitter import CodegenError
+from .func_codegen import emit_primfunc
+from .llvm_emit import CompiledObject, CompileOptions, compile_ir
+from .runtime_ir import runtime_ir
+
+__all__ = ["CodegenError", "CompileOptions", "CompiledObject", "compile_ir", "emit_primfunc",
+           "runtime_ir"]

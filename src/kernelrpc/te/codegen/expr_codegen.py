@@ -1,0 +1,454 @@
+"""Expressions of the loop IR -> LLVM IR instructions (scalar and explicit vector).
+
+Float arithmetic carries the ``contract`` flag so that LLVM fuses a multiply
+feeding an add into one FMA; integer arithmetic on signed types is ``nsw`` (as in
+TVM: index arithmetic does not overflow). Integer constants are folded here, so
+that unrolled loops give SROA constant offsets into local accumulators.
+"""
+from __future__ import annotations
+
+from .. import expr as E
+from .. import ir
+from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype
+from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value, alignment, join_div
+from .llvm_types import (element_bytes, float_literal, int_literal, is_signed, llvm_type,
+                         memory_type, scalar_type)
+
+
+_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log10": "log10",
+         "sqrt": "sqrt", "tanh": "tanh", "sin": "sin", "cos": "cos", "fabs": "fabs",
+         "floor": "floor", "ceil": "ceil", "round": "nearbyint", "trunc": "trunc",
+         "pow": "pow", "fma": "fma"}
+_INT_CMP = {E.EQ: "eq", E.NE: "ne", E.LT: "slt", E.LE: "sle", E.GT: "sgt", E.GE: "sge"}
+_FLOAT_CMP = {E.EQ: "oeq", E.NE: "une", E.LT: "olt", E.LE: "ole", E.GT: "ogt", E.GE: "oge"}
+_FLOAT_OPS = {E.Add: "fadd", E.Sub: "fsub", E.Mul: "fmul", E.Div: "fdiv", E.Mod: "frem"}
+
+
+def _intrinsic_suffix(dtype: str) -> str:
+    lanes = dtype_lanes(dtype)
+    code, bits, _ = parse_dtype(dtype)
+    elem = f"f{bits}" if code == "float" else f"i{bits}"
+    return elem if lanes == 1 else f"v{lanes}{elem}"
+
+
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _fold_int(op, a: int, b: int):
+    if op is E.Add:
+        return a + b
+    if op is E.Sub:
+        return a - b
+    if op is E.Mul:
+        return a * b
+    if op is E.Min:
+        return min(a, b)
+    if op is E.Max:
+        return max(a, b)
+    if b == 0:
+        return None
+    if op is E.FloorDiv:
+        return a // b
+    if op is E.FloorMod:
+        return a % b
+    if op is E.Div:
+        return _trunc_div(a, b)
+    if op is E.Mod:
+        return a - b * _trunc_div(a, b)
+    return None
+
+
+class ExprCodegen:
+    """Translates expressions inside one function; ``env`` maps Vars and Buffers to Values."""
+
+    def __init__(self, module: ModuleBuilder, fn: FunctionBuilder):
+        self.module = module
+        self.fn = fn
+        self.env: dict = {}
+
+    # ------------------------------------------------------------------ constants
+
+    def const(self, value, dtype: str) -> Value:
+        lanes = dtype_lanes(dtype)
+        elem = dtype_element(dtype)
+        if is_float(elem):
+            scalar = float_literal(float(value), elem)
+            folded = float(value)
+        else:
+            scalar = int_literal(int(value), elem)
+            folded = int(value)
+        if lanes == 1:
+            div = abs(folded) if not is_float(elem) else 1
+            return Value(llvm_type(elem), scalar, const=folded, div=div)
+        ty = scalar_type(elem)
+        return Value(llvm_type(dtype), "<" + ", ".join([f"{ty} {scalar}"] * lanes) + ">")
+
+    # ------------------------------------------------------------------ dispatch
+
+    def __call__(self, node) -> Value:
+        method = getattr(self, "visit_" + type(node).__name__, None)
+        if method is None:
+            raise CodegenError(f"cannot generate code for expression {type(node).__name__}")
+        return method(node)
+
+    def visit_IntImm(self, node):
+        return self.const(node.value, node.dtype)
+
+    def visit_FloatImm(self, node):
+        return self.const(node.value, node.dtype)
+
+    def visit_Var(self, node):
+        try:
+            return self.env[node]
+        except KeyError:
+            raise CodegenError(f"variable {node.name} is used outside its scope") from None
+
+    def visit_Let(self, node):
+        self.env[node.var] = self(node.value)
+        try:
+            return self(node.body)
+        finally:
+            del self.env[node.var]
+
+    # ------------------------------------------------------------------ arithmetic
+
+    def _binary(self, node):
+        op = type(node)
+        dtype = node.a.dtype
+        a, b = self(node.a), self(node.b)
+        if is_float(dtype):
+            return self._float_binary(op, dtype, a, b)
+        return self._int_binary(op, dtype, a, b)
+
+    visit_Add = visit_Sub = visit_Mul = visit_Div = visit_Mod = _binary
+    visit_FloorDiv = visit_FloorMod = visit_Min = visit_Max = _binary
+
+    def _float_binary(self, op, dtype, a, b):
+        ty = llvm_type(dtype)
+        if op in _FLOAT_OPS:
+            return self.fn.assign(ty, f"{_FLOAT_OPS[op]} contract {ty} {a.ref}, {b.ref}")
+        if op in (E.Min, E.Max):
+            pred = "olt" if op is E.Min else "ogt"
+            cond = self.fn.assign(self._bool_type(dtype), f"fcmp {pred} {ty} {a.ref}, {b.ref}")
+            return self.fn.assign(ty, f"select {cond}, {a}, {b}")
+        if op is E.FloorDiv:
+            q = self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")
+            return self._intrinsic("floor", dtype, [q])
+        if op is E.FloorMod:
+            q = self._intrinsic("floor", dtype, [self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")])
+            p = self.fn.assign(ty, f"fmul {ty} {q.ref}, {b.ref}")
+            return self.fn.assign(ty, f"fsub {ty} {a.ref}, {p.ref}")
+        raise CodegenError(f"float operator {op.__name__} is not supported")
+
+    def _int_binary(self, op, dtype, a, b):
+        if a.const is not None and b.const is not None:
+            folded = _fold_int(op, a.const, b.const)
+            if folded is not None:
+                return self.const(folded, dtype)
+        simple = self._simplify(op, dtype, a, b)
+        if simple is not None:
+            return simple
+        ty = llvm_type(dtype)
+        signed = is_signed(dtype)
+        nsw = " nsw" if signed else ""
+        if op is E.Add:
+            return self.fn.assign(ty, f"add{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+        if op is E.Sub:
+            return self.fn.assign(ty, f"sub{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+        if op is E.Mul:
+            return self.fn.assign(ty, f"mul{nsw} {ty} {a.ref}, {b.ref}", div=a.div * b.div)
+        if op in (E.Min, E.Max):
+            name = ("s" if signed else "u") + ("min" if op is E.Min else "max")
+            return self._call_intrinsic(name, dtype, [a, b])
+        if op is E.Div:
+            return self.fn.assign(ty, f"{'s' if signed else 'u'}div {ty} {a.ref}, {b.ref}")
+        if op is E.Mod:
+            return self.fn.assign(ty, f"{'s' if signed else 'u'}rem {ty} {a.ref}, {b.ref}")
+        if op in (E.FloorDiv, E.FloorMod):
+            return self._floor_divmod(op, dtype, a, b, signed)
+        raise CodegenError(f"integer operator {op.__name__} is not supported")
+
+    def _simplify(self, op, dtype, a, b):
+        if op is E.Add and a.const == 0:
+            return b
+        if op in (E.Add, E.Sub) and b.const == 0:
+            return a
+        if op is E.Mul:
+            if a.const == 1:
+                return b
+            if b.const == 1:
+                return a
+            if a.const == 0 or b.const == 0:
+                return self.const(0, dtype)
+        if op in (E.FloorDiv, E.Div) and b.const == 1:
+            return a
+        return None
+
+    def _floor_divmod(self, op, dtype, a, b, signed):
+        ty = llvm_type(dtype)
+        if not signed:
+            return self.fn.assign(ty, f"{'udiv' if op is E.FloorDiv else 'urem'} {ty} {a.ref}, "
+                                      f"{b.ref}")
+        c = b.const
+        if c is not None and c > 0 and c & (c - 1) == 0:
+            shift = c.bit_length() - 1
+            if op is E.FloorDiv:
+                return self.fn.assign(ty, f"ashr {ty} {a.ref}, {self.const(shift, dtype).ref}")
+            return self.fn.assign(ty, f"and {ty} {a.ref}, {self.const(c - 1, dtype).ref}")
+        bool_ty = self._bool_type(dtype)
+        zero = self.const(0, dtype).ref
+        q = self.fn.assign(ty, f"sdiv {ty} {a.ref}, {b.ref}")
+        r = self.fn.assign(ty, f"srem {ty} {a.ref}, {b.ref}")
+        r_neg = self.fn.assign(bool_ty, f"icmp slt {ty} {r.ref}, {zero}")
+        if c is not None and c > 0:
+            adjust = r_neg
+        else:
+            r_nz = self.fn.assign(bool_ty, f"icmp ne {ty} {r.ref}, {zero}")
+            b_neg = self.fn.assign(bool_ty, f"icmp slt {ty} {b.ref}, {zero}")
+            differ = self.fn.assign(bool_ty, f"xor {r_neg}, {b_neg.ref}")
+            adjust = self.fn.assign(bool_ty, f"and {r_nz}, {differ.ref}")
+        if op is E.FloorDiv:
+            step = self.fn.assign(ty, f"zext {adjust} to {ty}")
+            return self.fn.assign(ty, f"sub {ty} {q.ref}, {step.ref}")
+        fix = self.fn.assign(ty, f"select {adjust}, {b}, {ty} {zero}")
+        return self.fn.assign(ty, f"add {ty} {r.ref}, {fix.ref}")
+
+    @staticmethod
+    def _bool_type(dtype: str) -> str:
+        lanes = dtype_lanes(dtype)
+        return "i1" if lanes == 1 else f"<{lanes} x i1>"
+
+    # ------------------------------------------------------------------ logic
+
+    def _compare(self, node):
+        dtype = node.a.dtype
+        a, b = self(node.a), self(node.b)
+        ty = llvm_type(dtype)
+        if is_float(dtype):
+            return self.fn.assign(self._bool_type(dtype),
+                                  f"fcmp {_FLOAT_CMP[type(node)]} {ty} {a.ref}, {b.ref}")
+        pred = _INT_CMP[type(node)]
+        if not is_signed(dtype) and pred[0] == "s":
+            pred = "u" + pred[1:]
+        if a.const is not None and b.const is not None:
+            result = {"eq": a.const == b.const, "ne": a.const != b.const}.get(pred)
+            if result is None:
+                result = {"lt": a.const < b.const, "le": a.const <= b.const,
+                          "gt": a.const > b.const, "ge": a.const >= b.const}[pred[1:]]
+            return self.const(int(result), "bool")
+        return self.fn.assign(self._bool_type(dtype), f"icmp {pred} {ty} {a.ref}, {b.ref}")
+
+    visit_EQ = visit_NE = visit_LT = visit_LE = visit_GT = visit_GE = _compare
+
+    def visit_And(self, node):
+        return self._logic("and", node)
+
+    def visit_Or(self, node):
+        return self._logic("or", node)
+
+    def _logic(self, opname, node):
+        a, b = self(node.a), self(node.b)
+        if a.const is not None and b.const is not None:
+            value = (a.const and b.const) if opname == "and" else (a.const or b.const)
+            return self.const(int(bool(value)), "bool")
+        return self.fn.assign(a.type, f"{opname} {a}, {b.ref}")
+
+    def visit_Not(self, node):
+        a = self(node.a)
+        if a.const is not None:
+            return self.const(int(not a.const), "bool")
+        ones = self.const(1, node.dtype).ref
+        return self.fn.assign(a.type, f"xor {a}, {ones}")
+
+    def visit_Select(self, node):
+        cond = self(node.condition)
+        t, f = self(node.true_value), self(node.false_value)
+        if cond.const is not None:
+            return t if cond.const else f
+        return self.fn.assign(t.type, f"select {cond}, {t}, {f}", div=join_div(t.div, f.div))
+
+    # ------------------------------------------------------------------ casts and calls
+
+    def visit_Cast(self, node):
+        value = self(node.value)
+        src, dst = node.value.dtype, node.dtype
+        if value.const is not None:
+            if is_float(dst):
+                return self.const(float(value.const), dst)
+            if parse_dtype(dst)[0] == "bool":
+                return self.const(int(value.const != 0), dst)
+            if not is_float(src):
+                return self.const(int(value.const), dst)
+        return self.cast(value, src, dst)
+
+    def cast(self, value: Value, src: str, dst: str) -> Value:
+        if src == dst:
+            return value
+        s_code, s_bits, _ = parse_dtype(src)
+        d_code, d_bits, _ = parse_dtype(dst)
+        ty = llvm_type(dst)
+        if d_code == "bool":
+            if s_code == "float":
+                zero = self.const(0.0, src).ref
+                return self.fn.assign(ty, f"fcmp une {value}, {zero}")
+            zero = self.const(0, src).ref
+            return self.fn.assign(ty, f"icmp ne {value}, {zero}")
+        if s_code == "float" and d_code == "float":
+            op = "fpext" if d_bits > s_bits else "fptrunc"
+        elif s_code == "float":
+            op = "fptosi" if d_code == "int" else "fptoui"
+        elif d_code == "float":
+            op = "sitofp" if s_code == "int" else "uitofp"
+        elif d_bits == s_bits:
+            return Value(ty, value.ref, value.const, value.div)
+        elif d_bits < s_bits:
+            op = "trunc"
+        else:
+            op = "sext" if s_code == "int" else "zext"
+        return self.fn.assign(ty, f"{op} {value} to {ty}", div=value.div if op == "sext" else 1)
+
+    def visit_Call(self, node):
+        name = _MATH.get(node.op)
+        if name is None:
+            raise CodegenError(f"unknown intrinsic {node.op!r}")
+        return self._intrinsic(name, node.dtype, [self(a) for a in node.args])
+
+    def _intrinsic(self, name, dtype, args):
+        return self._call_intrinsic(name, dtype, args)
+
+    def _call_intrinsic(self, name, dtype, args):
+        ty = llvm_type(dtype)
+        full = f"llvm.{name}.{_intrinsic_suffix(dtype)}"
+        self.module.declare(full, f"declare {ty} @{full}({', '.join([ty] * len(args))})")
+        return self.fn.assign(ty, f"call {ty} @{full}({', '.join(map(str, args))})")
+
+    # ------------------------------------------------------------------ vectors
+
+    def splat(self, value: Value, lanes: int) -> Value:
+        vty = f"<{lanes} x {value.type}>"
+        if value.const is not None:
+            return Value(vty, "<" + ", ".join([f"{value.type} {value.ref}"] * lanes) + ">")
+        one = self.fn.assign(vty, f"insertelement {vty} poison, {value}, i32 0")
+        return self.fn.assign(vty, f"shufflevector {one}, {vty} poison, "
+                                   f"<{lanes} x i32> zeroinitializer")
+
+    def visit_Broadcast(self, node):
+        return self.splat(self(node.value), node.lanes)
+
+    def visit_Ramp(self, node):
+        base, stride = self(node.base), self(node.stride)
+        elem = node.base.dtype
+        ty = scalar_type(elem)
+        vty = llvm_type(node.dtype)
+        if stride.const is not None:
+            steps = Value(vty, "<" + ", ".join(
+                f"{ty} {int_literal(k * stride.const, elem)}" for k in range(node.lanes)) + ">")
+        else:
+            iota = Value(vty, "<" + ", ".join(f"{ty} {k}" for k in range(node.lanes)) + ">")
+            steps = self.fn.assign(vty, f"mul {vty} {iota.ref}, {self.splat(stride, node.lanes).ref}")
+        return self.fn.assign(vty, f"add {vty} {self.splat(base, node.lanes).ref}, {steps.ref}")
+
+    # ------------------------------------------------------------------ memory
+
+    def address(self, buffer, index: Value) -> Value:
+        base = self.env.get(buffer)
+        if base is None:
+            raise CodegenError(f"buffer {buffer.name} is used outside its allocation")
+        if index.const == 0:
+            return base
+        idx = index
+        if index.type != "i64":
+            if index.const is not None:
+                idx = Value("i64", str(index.const), const=index.const)
+            else:
+                idx = self.fn.assign("i64", f"sext {index} to i64")
+        return self.fn.assign("ptr", f"getelementptr inbounds {memory_type(buffer.dtype)}, "
+                                     f"ptr {base.ref}, i64 {idx.ref}", hint="p")
+
+    def lane_indices(self, index_node, lanes: int) -> list[Value]:
+        """Scalar index of every lane of a vector index (for gathers and scatters)."""
+        if isinstance(index_node, ir.Ramp):
+            base, stride = self(index_node.base), self(index_node.stride)
+            elem = index_node.base.dtype
+            out = []
+            for k in range(lanes):
+                step = self._int_binary(E.Mul, elem, stride, self.const(k, elem))
+                out.append(self._int_binary(E.Add, elem, base, step))
+            return out
+        if isinstance(index_node, ir.Broadcast):
+            return [self(index_node.value)] * lanes
+        vec = self(index_node)
+        elem_ty = scalar_type(dtype_element(index_node.dtype))
+        return [self.fn.assign(elem_ty, f"extractelement {vec}, i32 {k}") for k in range(lanes)]
+
+    def visit_Load(self, node):
+        buffer = node.buffer
+        lanes = dtype_lanes(node.dtype)
+        mty = memory_type(buffer.dtype)
+        nbytes = element_bytes(buffer.dtype)
+        contiguous = self._contiguous_base(node.index)
+        if lanes == 1:
+            index = self(node.index)
+            ptr = self.address(buffer, index)
+            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {alignment(1, nbytes, nbytes)}")
+            return self._from_memory(raw, buffer.dtype)
+        if contiguous is not None:
+            base = self(contiguous)
+            ptr = self.address(buffer, base)
+            vty = f"<{lanes} x {mty}>"
+            raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {alignment(base.div, nbytes)}")
+            return self._from_memory(raw, node.dtype)
+        if isinstance(node.index, ir.Broadcast):
+            scalar = self.visit_Load(ir.Load(buffer, node.index.value))
+            return self.splat(scalar, lanes)
+        vty = llvm_type(node.dtype)
+        result = Value(vty, "poison")
+        for k, index in enumerate(self.lane_indices(node.index, lanes)):
+            ptr = self.address(buffer, index)
+            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {nbytes}")
+            lane = self._from_memory(raw, buffer.dtype)
+            result = self.fn.assign(vty, f"insertelement {result}, {lane}, i32 {k}")
+        return result
+
+    @staticmethod
+    def _contiguous_base(index_node):
+        if isinstance(index_node, ir.Ramp) and isinstance(index_node.stride, E.IntImm) \
+                and index_node.stride.value == 1:
+            return index_node.base
+        return None
+
+    def _from_memory(self, raw: Value, dtype: str) -> Value:
+        if parse_dtype(dtype)[0] != "bool":
+            return raw
+        ty = llvm_type(dtype)
+        return self.fn.assign(ty, f"trunc {raw} to {ty}")
+
+    def to_memory(self, value: Value, dtype: str) -> Value:
+        if parse_dtype(dtype)[0] != "bool":
+            return value
+        lanes = dtype_lanes(dtype)
+        ty = "i8" if lanes == 1 else f"<{lanes} x i8>"
+        return self.fn.assign(ty, f"zext {value} to {ty}")
+
+    def store(self, node) -> None:
+        buffer = node.buffer
+        lanes = dtype_lanes(node.value.dtype)
+        nbytes = element_bytes(buffer.dtype)
+        value = self.to_memory(self(node.value), node.value.dtype)
+        if lanes == 1:
+            ptr = self.address(buffer, self(node.index))
+            self.fn.emit(f"store {value}, ptr {ptr.ref}, align {nbytes}")
+            return
+        contiguous = self._contiguous_base(node.index)
+        if contiguous is not None:
+            base = self(contiguous)
+            ptr = self.address(buffer, base)
+            self.fn.emit(f"store {value}, ptr {ptr.ref}, align {alignment(base.div, nbytes)}")
+            return
+        mty = memory_type(buffer.dtype)
+        for k, index in enumerate(self.lane_indices(node.index, lanes)):
+            lane = self.fn.assign(mty, f"extractelement {value}, i32 {k}")
+            ptr = self.address(buffer, index)
+            self.fn.emit(f"store {lane}, ptr {ptr.ref}, align {nbytes}")

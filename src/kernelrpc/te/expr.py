@@ -1,0 +1,550 @@
+"""Scalar and vector expressions shared by the tensor language and the loop IR.
+
+Dtypes are strings as in TVM: ``"float32"``, ``"int32"``, ``"bool"``, and vector
+types with a lane suffix, ``"float32x16"``.  Python operators on expressions build
+nodes; ``//`` and ``%`` are floor division and floor modulo (TVM's semantics),
+``/`` is true division for floats and truncating division for integers.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+_DTYPE_RE = re.compile(r"^(float|int|uint|bool)(\d*)(?:x(\d+))?$")
+
+
+class DTypeError(TypeError):
+    """A dtype string is malformed or two operands cannot be combined."""
+
+
+def parse_dtype(dtype: str) -> tuple[str, int, int]:
+    """``"float32x16"`` -> ``("float", 32, 16)``; ``"bool"`` -> ``("bool", 1, 1)``."""
+    m = _DTYPE_RE.match(dtype) if isinstance(dtype, str) else None
+    if m is None:
+        raise DTypeError(f"unknown dtype {dtype!r}")
+    code, bits, lanes = m.group(1), m.group(2), m.group(3)
+    if code == "bool":
+        if bits not in ("", "1"):
+            raise DTypeError(f"unknown dtype {dtype!r}")
+        nbits = 1
+    else:
+        if not bits:
+            raise DTypeError(f"dtype {dtype!r} needs a bit width")
+        nbits = int(bits)
+        valid = (16, 32, 64) if code == "float" else (8, 16, 32, 64)
+        if nbits not in valid:
+            raise DTypeError(f"unsupported bit width in dtype {dtype!r}")
+    nlanes = int(lanes) if lanes else 1
+    if nlanes < 1:
+        raise DTypeError(f"bad lane count in dtype {dtype!r}")
+    return code, nbits, nlanes
+
+
+def dtype_lanes(dtype: str) -> int:
+    return parse_dtype(dtype)[2]
+
+
+def dtype_element(dtype: str) -> str:
+    """The scalar dtype of a (possibly vector) dtype."""
+    code, bits, _ = parse_dtype(dtype)
+    return "bool" if code == "bool" else f"{code}{bits}"
+
+
+def with_lanes(dtype: str, lanes: int) -> str:
+    elem = dtype_element(dtype)
+    return elem if lanes == 1 else f"{elem}x{lanes}"
+
+
+def is_float(dtype: str) -> bool:
+    return parse_dtype(dtype)[0] == "float"
+
+
+def is_int(dtype: str) -> bool:
+    """Signed or unsigned integer (not bool)."""
+    return parse_dtype(dtype)[0] in ("int", "uint")
+
+
+def is_bool(dtype: str) -> bool:
+    return parse_dtype(dtype)[0] == "bool"
+
+
+def dtype_bits(dtype: str) -> int:
+    return parse_dtype(dtype)[1]
+
+
+def dtype_bytes(dtype: str) -> int:
+    code, bits, lanes = parse_dtype(dtype)
+    return (1 if code == "bool" else bits // 8) * lanes
+
+
+# --------------------------------------------------------------------------- nodes
+
+class PrimExpr:
+    """Base of every expression; ``dtype`` is always set."""
+
+    __slots__ = ("dtype",)
+    _fields: tuple[str, ...] = ()
+    __hash__ = object.__hash__
+
+    # arithmetic -----------------------------------------------------------
+    def __add__(self, o):
+        return _binary(Add, self, o)
+
+    def __radd__(self, o):
+        return _binary(Add, o, self)
+
+    def __sub__(self, o):
+        return _binary(Sub, self, o)
+
+    def __rsub__(self, o):
+        return _binary(Sub, o, self)
+
+    def __mul__(self, o):
+        return _binary(Mul, self, o)
+
+    def __rmul__(self, o):
+        return _binary(Mul, o, self)
+
+    def __truediv__(self, o):
+        return _binary(Div, self, o)
+
+    def __rtruediv__(self, o):
+        return _binary(Div, o, self)
+
+    def __floordiv__(self, o):
+        return floordiv(self, o)
+
+    def __rfloordiv__(self, o):
+        return floordiv(o, self)
+
+    def __mod__(self, o):
+        return floormod(self, o)
+
+    def __rmod__(self, o):
+        return floormod(o, self)
+
+    def __neg__(self):
+        return _binary(Sub, const(0, self.dtype), self)
+
+    def __lt__(self, o):
+        return _binary(LT, self, o)
+
+    def __le__(self, o):
+        return _binary(LE, self, o)
+
+    def __gt__(self, o):
+        return _binary(GT, self, o)
+
+    def __ge__(self, o):
+        return _binary(GE, self, o)
+
+    def __eq__(self, o):
+        return _binary(EQ, self, o)
+
+    def __ne__(self, o):
+        return _binary(NE, self, o)
+
+    def __and__(self, o):
+        return logical_and(self, o)
+
+    def __or__(self, o):
+        return logical_or(self, o)
+
+    def __invert__(self):
+        return logical_not(self)
+
+    def __bool__(self):
+        raise TypeError("a symbolic expression has no truth value; use te.if_then_else / te.all")
+
+    def astype(self, dtype: str) -> "PrimExpr":
+        return cast(self, dtype)
+
+    def __repr__(self):
+        from .ir import expr_to_str
+        return expr_to_str(self)
+
+
+class Var(PrimExpr):
+    """A scalar variable (loop variable, symbolic shape, scalar parameter)."""
+
+    __slots__ = ("name",)
+    _fields = ("name", "dtype")
+
+    def __init__(self, name: str, dtype: str = "int32"):
+        parse_dtype(dtype)
+        self.name = name
+        self.dtype = dtype
+
+
+class IntImm(PrimExpr):
+    __slots__ = ("value",)
+    _fields = ("value", "dtype")
+
+    def __init__(self, value: int, dtype: str = "int32"):
+        self.value = int(value)
+        self.dtype = dtype
+
+
+class FloatImm(PrimExpr):
+    __slots__ = ("value",)
+    _fields = ("value", "dtype")
+
+    def __init__(self, value: float, dtype: str = "float32"):
+        self.value = float(value)
+        self.dtype = dtype
+
+
+class BinaryOp(PrimExpr):
+    __slots__ = ("a", "b")
+    _fields = ("a", "b")
+    symbol = "?"
+
+    def __init__(self, a: PrimExpr, b: PrimExpr):
+        self.a = a
+        self.b = b
+        self.dtype = self._result_dtype(a, b)
+
+    @staticmethod
+    def _result_dtype(a, b):
+        return a.dtype
+
+
+class Add(BinaryOp):
+    symbol = "+"
+
+
+class Sub(BinaryOp):
+    symbol = "-"
+
+
+class Mul(BinaryOp):
+    symbol = "*"
+
+
+class Div(BinaryOp):
+    """True division for floats, truncating division for integers."""
+    symbol = "/"
+
+
+class Mod(BinaryOp):
+    """Truncating modulo (sign of the dividend)."""
+    symbol = "%"
+
+
+class FloorDiv(BinaryOp):
+    symbol = "floordiv"
+
+
+class FloorMod(BinaryOp):
+    symbol = "floormod"
+
+
+class Min(BinaryOp):
+    symbol = "min"
+
+
+class Max(BinaryOp):
+    symbol = "max"
+
+
+class CmpOp(BinaryOp):
+    @staticmethod
+    def _result_dtype(a, b):
+        return with_lanes("bool", dtype_lanes(a.dtype))
+
+    def __bool__(self):
+        # lets `x in list_of_exprs` and `a == a` work on identity, as in TVM
+        if isinstance(self, EQ):
+            return self.a is self.b
+        if isinstance(self, NE):
+            return self.a is not self.b
+        return PrimExpr.__bool__(self)
+
+
+class EQ(CmpOp):
+    symbol = "=="
+
+
+class NE(CmpOp):
+    symbol = "!="
+
+
+class LT(CmpOp):
+    symbol = "<"
+
+
+class LE(CmpOp):
+    symbol = "<="
+
+
+class GT(CmpOp):
+    symbol = ">"
+
+
+class GE(CmpOp):
+    symbol = ">="
+
+
+class And(BinaryOp):
+    symbol = "&&"
+
+
+class Or(BinaryOp):
+    symbol = "||"
+
+
+class Not(PrimExpr):
+    __slots__ = ("a",)
+    _fields = ("a",)
+
+    def __init__(self, a: PrimExpr):
+        self.a = a
+        self.dtype = a.dtype
+
+
+class Select(PrimExpr):
+    """``condition ? true_value : false_value``; both branches may be evaluated."""
+
+    __slots__ = ("condition", "true_value", "false_value")
+    _fields = ("condition", "true_value", "false_value")
+
+    def __init__(self, condition: PrimExpr, true_value: PrimExpr, false_value: PrimExpr):
+        self.condition = condition
+        self.true_value = true_value
+        self.false_value = false_value
+        self.dtype = true_value.dtype
+
+
+class Cast(PrimExpr):
+    __slots__ = ("value",)
+    _fields = ("dtype", "value")
+
+    def __init__(self, dtype: str, value: PrimExpr):
+        parse_dtype(dtype)
+        self.dtype = dtype
+        self.value = value
+
+
+class Call(PrimExpr):
+    """A pure math intrinsic by name (see ``MATH_INTRINSICS``), elementwise on vectors."""
+
+    __slots__ = ("op", "args")
+    _fields = ("dtype", "op", "args")
+
+    def __init__(self, dtype: str, op: str, args):
+        self.dtype = dtype
+        self.op = op
+        self.args = tuple(args)
+
+
+class Let(PrimExpr):
+    __slots__ = ("var", "value", "body")
+    _fields = ("var", "value", "body")
+
+    def __init__(self, var: Var, value: PrimExpr, body: PrimExpr):
+        self.var = var
+        self.value = value
+        self.body = body
+        self.dtype = body.dtype
+
+
+#: name -> number of arguments; all are float -> float, computed elementwise.
+MATH_INTRINSICS = {
+    "exp": 1, "exp2": 1, "log": 1, "log2": 1, "log10": 1, "sqrt": 1, "tanh": 1,
+    "sin": 1, "cos": 1, "fabs": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1,
+    "pow": 2, "fma": 3,
+}
+
+
+# --------------------------------------------------------------------------- construction
+
+def const(value, dtype: str | None = None) -> PrimExpr:
+    """A constant; ``dtype`` defaults to int32 for ints/bools and float32 for floats."""
+    if isinstance(value, PrimExpr):
+        return value if dtype is None or value.dtype == dtype else cast(value, dtype)
+    if dtype is None:
+        if isinstance(value, bool):
+            dtype = "bool"
+        elif isinstance(value, int):
+            dtype = "int32" if -2**31 <= value < 2**31 else "int64"
+        elif isinstance(value, float):
+            dtype = "float32"
+        else:
+            raise DTypeError(f"cannot make a constant from {type(value).__name__}")
+    if is_float(dtype):
+        return FloatImm(float(value), dtype)
+    return IntImm(int(value), dtype)
+
+
+def convert(value) -> PrimExpr:
+    if isinstance(value, PrimExpr):
+        return value
+    if hasattr(value, "var") and isinstance(getattr(value, "var"), Var):  # IterVar
+        return value.var
+    if isinstance(value, (bool, int, float)):
+        return const(value)
+    raise DTypeError(f"cannot use {type(value).__name__} as an expression")
+
+
+def _promote(a, b) -> tuple[PrimExpr, PrimExpr]:
+    """Match operand dtypes: Python numbers take the other side's dtype."""
+    a_py = not isinstance(a, PrimExpr) and not hasattr(a, "var")
+    b_py = not isinstance(b, PrimExpr) and not hasattr(b, "var")
+    if a_py and not b_py:
+        b = convert(b)
+        a = _literal_like(a, b.dtype)
+    elif b_py and not a_py:
+        a = convert(a)
+        b = _literal_like(b, a.dtype)
+    else:
+        a, b = convert(a), convert(b)
+    if a.dtype == b.dtype:
+        return a, b
+    ea, eb = dtype_element(a.dtype), dtype_element(b.dtype)
+    la, lb = dtype_lanes(a.dtype), dtype_lanes(b.dtype)
+    if la != lb:
+        if la == 1:
+            a = _broadcast(a, lb)
+        elif lb == 1:
+            b = _broadcast(b, la)
+        else:
+            raise DTypeError(f"lane mismatch: {a.dtype} vs {b.dtype}")
+    if ea != eb:
+        target = _wider(ea, eb)
+        if ea != target:
+            a = cast(a, with_lanes(target, dtype_lanes(a.dtype)))
+        if eb != target:
+            b = cast(b, with_lanes(target, dtype_lanes(b.dtype)))
+    return a, b
+
+
+def _broadcast(x, lanes):
+    from .ir import Broadcast
+    return Broadcast(x, lanes)
+
+
+def _wider(ea: str, eb: str) -> str:
+    fa, fb = is_float(ea), is_float(eb)
+    if fa != fb:
+        return ea if fa else eb
+    return ea if dtype_bits(ea) >= dtype_bits(eb) else eb
+
+
+def _literal_like(value, dtype: str) -> PrimExpr:
+    elem = dtype_element(dtype)
+    if isinstance(value, float) and not is_float(elem):
+        return const(value, "float32" if elem != "float64" else elem)
+    if isinstance(value, bool) and is_bool(elem):
+        return const(value, "bool")
+    if is_bool(elem):
+        return const(value)
+    return const(value, elem)
+
+
+def _binary(cls, a, b) -> PrimExpr:
+    a, b = _promote(a, b)
+    return cls(a, b)
+
+
+def floordiv(a, b) -> PrimExpr:
+    return _binary(FloorDiv, a, b)
+
+
+def floormod(a, b) -> PrimExpr:
+    return _binary(FloorMod, a, b)
+
+
+def truncdiv(a, b) -> PrimExpr:
+    return _binary(Div, a, b)
+
+
+def truncmod(a, b) -> PrimExpr:
+    return _binary(Mod, a, b)
+
+
+indexdiv = floordiv
+indexmod = floormod
+
+
+def min_value(dtype: str) -> PrimExpr:
+    code, bits, _ = parse_dtype(dtype)
+    if code == "float":
+        return const(-math.inf, dtype)
+    if code == "uint":
+        return const(0, dtype)
+    return const(-(2 ** (bits - 1)), dtype)
+
+
+def max_value(dtype: str) -> PrimExpr:
+    code, bits, _ = parse_dtype(dtype)
+    if code == "float":
+        return const(math.inf, dtype)
+    if code == "uint":
+        return const(2 ** bits - 1, dtype)
+    return const(2 ** (bits - 1) - 1, dtype)
+
+
+def minimum(a, b) -> PrimExpr:
+    return _binary(Min, a, b)
+
+
+def maximum(a, b) -> PrimExpr:
+    return _binary(Max, a, b)
+
+
+def _as_bool(x) -> PrimExpr:
+    x = convert(x)
+    if not is_bool(x.dtype):
+        x = NE(x, const(0, x.dtype))
+    return x
+
+
+def logical_and(a, b) -> PrimExpr:
+    return And(_as_bool(a), _as_bool(b))
+
+
+def logical_or(a, b) -> PrimExpr:
+    return Or(_as_bool(a), _as_bool(b))
+
+
+def logical_not(a) -> PrimExpr:
+    return Not(_as_bool(a))
+
+
+def all_of(*conds) -> PrimExpr:
+    out = None
+    for c in conds:
+        out = _as_bool(c) if out is None else logical_and(out, c)
+    return const(True) if out is None else out
+
+
+def any_of(*conds) -> PrimExpr:
+    out = None
+    for c in conds:
+        out = _as_bool(c) if out is None else logical_or(out, c)
+    return const(False) if out is None else out
+
+
+def cast(value, dtype: str) -> PrimExpr:
+    value = convert(value)
+    lanes = dtype_lanes(value.dtype)
+    if dtype_lanes(dtype) == 1 and lanes > 1:
+        dtype = with_lanes(dtype, lanes)
+    if value.dtype == dtype:
+        return value
+    return Cast(dtype, value)
+
+
+def if_then_else(cond, t, f) -> PrimExpr:
+    t, f = _promote(t, f)
+    return Select(_as_bool(cond), t, f)
+
+
+def call_math(op: str, *args) -> PrimExpr:
+    nargs = MATH_INTRINSICS.get(op)
+    if nargs is None or nargs != len(args):
+        raise DTypeError(f"unknown intrinsic {op}/{len(args)}")
+    conv = [convert(a) for a in args]
+    dtype = next((a.dtype for a in conv if is_float(a.dtype)), "float32")
+    conv = [a if a.dtype == dtype else cast(a, dtype) for a in conv]
+    return Call(dtype, op, conv)

@@ -1,0 +1,214 @@
+"""A reference interpreter for the loop IR: translates a PrimFunc to Python over numpy.
+
+Independent of code generation, it checks lowering on small shapes: every access is
+bounds-checked (``IROutOfBounds``), float scratch buffers start as NaN so a read of
+a value never produced shows up in the result, and float32 math stays float32.
+Parallel and vectorized loops run serially / as numpy vectors.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .expr import (EQ, GE, GT, LE, LT, NE, Add, And, Call, Cast, Div, FloatImm, FloorDiv, FloorMod,
+                   IntImm, Let, Max, Min, Mod, Mul, Not, Or, Select, Sub, Var, dtype_element,
+                   dtype_lanes, is_bool, is_float)
+from .ir import (Allocate, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
+                 Ramp, SeqStmt, Store, substitute)
+from .lower.arith import simplify
+
+
+class IROutOfBounds(IndexError):
+    """The IR read or wrote outside a buffer."""
+
+
+class InterpError(ValueError):
+    """Arguments do not match the function's parameters."""
+
+
+def _np_dtype(dtype: str):
+    elem = dtype_element(dtype)
+    return np.bool_ if elem == "bool" else np.dtype(elem).type
+
+
+def _check(buf, name, idx):
+    lo, hi = (idx, idx) if np.ndim(idx) == 0 else (idx.min(), idx.max())
+    if lo < 0 or hi >= buf.size:
+        raise IROutOfBounds(f"{name}[{lo}..{hi}] outside [0, {buf.size})")
+
+
+def _ld(buf, name, idx):
+    _check(buf, name, idx)
+    return buf[idx]
+
+
+def _st(buf, name, idx, value):
+    _check(buf, name, idx)
+    buf[idx] = value
+
+
+def _tdiv(a, b):
+    q = np.abs(a) // np.abs(b)
+    return np.where((np.asarray(a) < 0) != (np.asarray(b) < 0), -q, q)[()]
+
+
+def _tmod(a, b):
+    return a - b * _tdiv(a, b)
+
+
+def _select(c, t, f):
+    return np.where(c, t, f)[()] if np.ndim(c) or np.ndim(t) or np.ndim(f) else (t if c else f)
+
+
+_BIN = {Add: "+", Sub: "-", Mul: "*", FloorDiv: "//", FloorMod: "%",
+        LT: "<", LE: "<=", GT: ">", GE: ">=", EQ: "==", NE: "!="}
+_MATH = {"exp": "np.exp", "exp2": "np.exp2", "log": "np.log", "log2": "np.log2",
+         "log10": "np.log10", "sqrt": "np.sqrt", "tanh": "np.tanh", "sin": "np.sin",
+         "cos": "np.cos", "fabs": "np.abs", "floor": "np.floor", "ceil": "np.ceil",
+         "round": "np.round", "trunc": "np.trunc", "pow": "np.power"}
+
+
+class _PyGen:
+    def __init__(self):
+        self.names: dict = {}
+        self.lines: list = []
+        self.consts: dict = {}
+
+    def name(self, obj, prefix: str) -> str:
+        key = id(obj)
+        if key not in self.names:
+            self.names[key] = (f"{prefix}{len(self.names)}", obj)
+        return self.names[key][0]
+
+    def const(self, value) -> str:
+        n = f"k{len(self.consts)}"
+        self.consts[n] = value
+        return n
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, e) -> str:
+        if isinstance(e, Var):
+            return self.name(e, "v")
+        if isinstance(e, IntImm):
+            return repr(bool(e.value)) if is_bool(e.dtype) else repr(e.value)
+        if isinstance(e, FloatImm):
+            return self.const(_np_dtype(e.dtype)(e.value))
+        if type(e) in _BIN:
+            return f"({self.expr(e.a)} {_BIN[type(e)]} {self.expr(e.b)})"
+        if isinstance(e, Div):
+            if is_float(e.dtype):
+                return f"({self.expr(e.a)} / {self.expr(e.b)})"
+            return f"_tdiv({self.expr(e.a)}, {self.expr(e.b)})"
+        if isinstance(e, Mod):
+            return f"_tmod({self.expr(e.a)}, {self.expr(e.b)})"
+        if isinstance(e, (Min, Max)):
+            fn = "np.minimum" if isinstance(e, Min) else "np.maximum"
+            return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
+        if isinstance(e, (And, Or)):
+            fn = "np.logical_and" if isinstance(e, And) else "np.logical_or"
+            return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
+        if isinstance(e, Not):
+            return f"np.logical_not({self.expr(e.a)})"
+        if isinstance(e, Select):
+            return (f"_select({self.expr(e.condition)}, {self.expr(e.true_value)}, "
+                    f"{self.expr(e.false_value)})")
+        if isinstance(e, Cast):
+            t = self.const(_np_dtype(e.dtype))
+            v = self.expr(e.value)
+            if dtype_lanes(e.dtype) > 1:
+                return f"np.asarray({v}).astype({t})"
+            return f"{t}({v})" if is_float(e.dtype) or is_bool(e.dtype) else f"int({v})"
+        if isinstance(e, Call):
+            args = [self.expr(a) for a in e.args]
+            if e.op == "fma":
+                return f"({args[0]} * {args[1]} + {args[2]})"
+            return f"{_MATH[e.op]}({', '.join(args)})"
+        if isinstance(e, Let):
+            return f"(lambda {self.expr(e.var)}: {self.expr(e.body)})({self.expr(e.value)})"
+        if isinstance(e, Ramp):
+            return f"({self.expr(e.base)} + np.arange({e.lanes}) * {self.expr(e.stride)})"
+        if isinstance(e, Broadcast):
+            t = self.const(_np_dtype(e.dtype))
+            return f"np.full({e.lanes}, {self.expr(e.value)}, dtype={t})"
+        if isinstance(e, Load):
+            b = self.name(e.buffer, "b")
+            return f"_ld({b}, {e.buffer.name!r}, {self.expr(e.index)})"
+        raise InterpError(f"cannot interpret {type(e).__name__}")
+
+    # ------------------------------------------------------------------ statements
+    def stmt(self, s, ind: str) -> None:
+        if s is None:
+            self.lines.append(f"{ind}pass")
+        elif isinstance(s, SeqStmt):
+            for x in s.seq:
+                self.stmt(x, ind)
+        elif isinstance(s, Store):
+            b = self.name(s.buffer, "b")
+            self.lines.append(f"{ind}_st({b}, {s.buffer.name!r}, {self.expr(s.index)}, "
+                              f"{self.expr(s.value)})")
+        elif isinstance(s, For):
+            lo = self.expr(s.min)
+            self.lines.append(f"{ind}for {self.expr(s.var)} in range({lo}, {lo} + "
+                              f"{self.expr(s.extent)}):")
+            self.stmt(s.body, ind + " ")
+        elif isinstance(s, Allocate):
+            b = self.name(s.buffer, "b")
+            t = self.const(_np_dtype(s.buffer.dtype))
+            fill = "np.nan" if is_float(s.buffer.dtype) else "0"
+            self.lines.append(f"{ind}{b} = np.full(int({self.expr(_size(s.buffer))}), {fill}, "
+                              f"dtype={t})")
+            self.stmt(s.body, ind)
+        elif isinstance(s, IfThenElse):
+            self.lines.append(f"{ind}if {self.expr(s.condition)}:")
+            self.stmt(s.then_case, ind + " ")
+            if s.else_case is not None:
+                self.lines.append(f"{ind}else:")
+                self.stmt(s.else_case, ind + " ")
+        elif isinstance(s, LetStmt):
+            self.lines.append(f"{ind}{self.expr(s.var)} = {self.expr(s.value)}")
+            self.stmt(s.body, ind)
+        elif isinstance(s, Evaluate):
+            self.lines.append(f"{ind}{self.expr(s.value)}")
+        else:
+            raise InterpError(f"cannot interpret {type(s).__name__}")
+
+
+def _size(buf: Buffer):
+    size = buf.size
+    return IntImm(size) if isinstance(size, int) else size
+
+
+def compile_func(func: PrimFunc):
+    """Python callable ``f(*args)`` running ``func`` on numpy arrays (and ints)."""
+    gen = _PyGen()
+    params = [gen.name(p, "b" if isinstance(p, Buffer) else "v") for p in func.params]
+    gen.stmt(func.body, " ")
+    src = f"def {func.name}({', '.join(params)}):\n" + "\n".join(gen.lines) + "\n"
+    env = {"np": np, "_ld": _ld, "_st": _st, "_tdiv": _tdiv, "_tmod": _tmod,
+           "_select": _select, **gen.consts}
+    exec(compile(src, f"<interp {func.name}>", "exec"), env)  # noqa: S102 - our own IR
+    return env[func.name], src
+
+
+def run(func: PrimFunc, *args) -> None:
+    """Run ``func`` on numpy arrays (written in place) and ints for scalar parameters."""
+    if len(args) != len(func.params):
+        raise InterpError(f"{func.name} takes {len(func.params)} arguments, got {len(args)}")
+    fn, _ = compile_func(func)
+    flat = []
+    env: dict = {}
+    for p, a in zip(func.params, args):
+        if isinstance(p, Buffer):
+            if not isinstance(a, np.ndarray) or a.dtype != np.dtype(_np_dtype(p.dtype)):
+                raise InterpError(f"{p.name}: expected a numpy array of {p.dtype}")
+            if not a.flags.c_contiguous:
+                raise InterpError(f"{p.name}: array must be C-contiguous")
+            flat.append(a.reshape(-1))
+        else:
+            env[p] = IntImm(int(a), p.dtype)
+            flat.append(int(a))
+    for p, a in zip(func.params, flat):
+        if isinstance(p, Buffer):
+            size = simplify(substitute(_size(p), env))
+            if not isinstance(size, IntImm) or size.value != a.size:
+                raise InterpError(f"{p.name}: expected {size} elements, got {a.size}")
+    fn(*flat)

@@ -1,0 +1,32 @@
+"""Lowering: schedule -> loop nest -> simplified, vectorized, unrolled IR."""
+from __future__ import annotations
+
+from .passes import Pass, PassConfigError, PassContext, run_passes
+from .schedule_ops import LowerError, ScheduleLowering
+from .simplify import simplify_func
+from .unroll import unroll_func
+from .vectorize import vectorize_func
+
+#: the pipeline after ScheduleOps, in order
+PASSES = [
+    Pass("Simplify", lambda f, ctx: simplify_func(f)),
+    Pass("VectorizeLoop", lambda f, ctx: vectorize_func(f, not ctx.get("disable_vectorize"))),
+    Pass("UnrollLoop", lambda f, ctx: unroll_func(f, ctx.get("unroll_max_extent"))),
+    Pass("RemoveNoOp", lambda f, ctx: simplify_func(f), opt_level=1),
+]
+
+
+def lower(sch, args, simple_mode: bool = True, name: str = "main", binds=None):
+    """Lower a schedule to a PrimFunc; ``args`` are the tensors (and scalar vars) in call order.
+
+    ``simple_mode`` and ``binds`` are accepted for TVM compatibility: the result is
+    always the bare PrimFunc and buffers are always compact.
+    """
+    if binds:
+        raise LowerError("lower: binds= is not supported")
+    ctx = PassContext.current()
+    schedule_ops = Pass("ScheduleOps", lambda s, c: ScheduleLowering(s, args).run(name))
+    return run_passes(sch, [schedule_ops, *PASSES], ctx)
+
+
+__all__ = ["PASSES", "LowerError", "Pass", "PassConfigError", "PassContext", "lower"]

@@ -1,0 +1,410 @@
+"""ScheduleOps: turn a schedule into one loop nest over flat buffers.
+
+Steps, as in TVM: inline ``compute_inline`` stages into their readers, infer the
+region each ``compute_at`` stage must produce (consumers first), derive every leaf
+loop's extent and every root index from the split/fuse relations, guard indices
+that a non-dividing split can push past their extent, and emit the nests with
+attached stages (and their buffers) placed inside their parent's loops.
+"""
+from __future__ import annotations
+
+from ..expr import PrimExpr, Var, all_of, convert, maximum, minimum
+from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store, post_order_visit,
+                  seq, substitute)
+from ..schedule import Fuse, Schedule, Split
+from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
+from .arith import INF, bound, const_int, from_linear, linear, simplify
+
+
+class LowerError(ValueError):
+    """The schedule cannot be lowered (bad arguments, invalid attachment)."""
+
+
+class _StageInfo:
+    """Loop structure of one stage after bounds inference."""
+
+    def __init__(self, stage, body):
+        self.stage = stage
+        self.body = body                 # compute body with inlined producers
+        self.root_dom: dict = {}         # root IterVar -> (min expr, extent expr)
+        self.ext: dict = {}              # every IterVar -> extent expr
+        self.rel: dict = {}              # IterVar -> value relative to its min, in leaf vars
+        self.checks: list = []           # conditions that keep indices inside their extent
+        self.partial: set = set()        # root axes computed over a sub-region (compute_at)
+        self.buffer: Buffer | None = None
+        self.offsets: tuple = ()         # region min per dim for attached buffers
+        self.children: dict = {}         # leaf position -> [child _StageInfo]
+
+    @property
+    def leaves(self):
+        return self.stage.leaf_iter_vars
+
+    def root_value(self, iv: IterVar) -> PrimExpr:
+        lo = self.root_dom[iv][0]
+        return simplify(lo + self.rel[iv])
+
+    def leaf_ranges(self) -> dict:
+        out = {}
+        for leaf in self.leaves:
+            n = const_int(self.ext[leaf])
+            if n is not None:
+                out[leaf.var] = (0, n - 1)
+        return out
+
+
+class _Inliner(Mutator):
+    def __init__(self, sch: Schedule, bodies: dict):
+        self.sch, self.bodies = sch, bodies
+
+    def visit_TensorLoad(self, node):
+        indices = tuple(self.visit(i) for i in node.indices)
+        stage = self.sch.stage_map.get(node.tensor.op)
+        if stage is not None and stage.attach_type == "inline":
+            axis = stage.op.axis
+            return substitute(self.bodies[stage], {iv.var: i for iv, i in zip(axis, indices)})
+        return TensorLoad(node.tensor, indices)
+
+
+def _loads_of(body, stage, sch) -> list:
+    found = []
+
+    def fn(node):
+        if isinstance(node, TensorLoad) and sch.stage_map.get(node.tensor.op) is stage:
+            found.append(node)
+    post_order_visit(body, fn)
+    return found
+
+
+class ScheduleLowering:
+    def __init__(self, sch: Schedule, args):
+        self.sch = sch
+        self.args = list(args)
+        self.infos: dict = {}
+        self.buffers: dict = {}          # stage -> Buffer
+        self.names: set = set()
+
+    # ------------------------------------------------------------------ entry
+    def run(self, name: str) -> PrimFunc:
+        sch = self.sch
+        bodies: dict = {}
+        inliner = _Inliner(sch, bodies)
+        for stage in sch.stages:
+            if isinstance(stage.op, ComputeOp):
+                bodies[stage] = inliner.visit(stage.op.body)
+                if stage.attach_type == "inline" and stage.op in sch.outputs:
+                    raise LowerError(f"output {stage.op.name} cannot be inlined")
+        computes = [s for s in sch.stages
+                    if isinstance(s.op, ComputeOp) and s.attach_type != "inline"]
+        for stage in computes:
+            self.infos[stage] = _StageInfo(stage, bodies[stage])
+        params = self._params()
+        for stage in reversed(computes):
+            self._infer_bound(self.infos[stage], computes)
+            self._derive_loops(self.infos[stage])
+        roots, allocs = [], []
+        for stage in computes:
+            info = self.infos[stage]
+            if stage.attach_type == "scope":
+                parent = self.infos.get(stage.attach_stage)
+                pos = self._leaf_pos(parent, stage)
+                parent.children.setdefault(pos, []).append(info)
+            else:
+                roots.append(info)
+            if info.buffer is None:
+                info.buffer = self._new_buffer(stage.op.name, self._alloc_shape(info),
+                                               stage.op.outputs[0].dtype, stage.scope)
+                if stage.attach_type != "scope":
+                    allocs.append(info.buffer)
+        body = seq(*[self._build(info) for info in roots])
+        for buf in reversed(allocs):
+            body = Allocate(buf, body)
+        return PrimFunc(name, params, body, {"global_symbol": name, "tir.noalias": True})
+
+    # ------------------------------------------------------------------ buffers
+    def _unique(self, name: str) -> str:
+        base, k = name, 1
+        while name in self.names:
+            name = f"{base}_{k}"
+            k += 1
+        self.names.add(name)
+        return name
+
+    def _new_buffer(self, name, shape, dtype, scope="global") -> Buffer:
+        return Buffer(self._unique(name), shape, dtype, scope)
+
+    def _params(self) -> list:
+        params, seen = [], set()
+        for arg in self.args:
+            if isinstance(arg, Var):
+                params.append(arg)
+                continue
+            if not isinstance(arg, Tensor):
+                raise LowerError(f"lower: arguments must be tensors or te.var, got {arg!r}")
+            stage = self.sch.stage_map.get(arg.op)
+            key = stage if stage is not None else arg.op
+            if id(key) in seen:
+                raise LowerError(f"lower: tensor {arg.name} is given twice")
+            seen.add(id(key))
+            if stage is not None and stage.attach_type == "inline":
+                raise LowerError(f"lower: {arg.name} is inlined and has no buffer")
+            buf = self._new_buffer(arg.name, arg.shape, arg.dtype)
+            self.buffers[key] = buf
+            if stage is not None and stage in self.infos:
+                self.infos[stage].buffer = buf
+                self.infos[stage].offsets = (0,) * len(arg.shape)
+            params.append(buf)
+        for stage in self.sch.stages:
+            if isinstance(stage.op, PlaceholderOp) and stage not in self.buffers:
+                if any(_loads_of(info.body, stage, self.sch) for info in self.infos.values()):
+                    raise LowerError(f"lower: placeholder {stage.op.name} is used but not in args")
+        free = []
+        for arg_buf in [p for p in params if isinstance(p, Buffer)]:
+            for dim in arg_buf.shape:
+                post_order_visit(dim, lambda n: free.append(n) if isinstance(n, Var) else None)
+        for v in free:
+            if all(v is not p for p in params):
+                params.append(v)
+        return params
+
+    def _alloc_shape(self, info) -> tuple:
+        shape = []
+        for iv in info.stage.op.axis:
+            shape.append(info.root_dom[iv][1])
+        if info.stage.attach_type == "scope":
+            info.offsets = tuple(info.root_dom[iv][0] for iv in info.stage.op.axis)
+        else:
+            info.offsets = (0,) * len(shape)
+        return tuple(shape)
+
+    def _flat(self, buf: Buffer, offsets, indices) -> PrimExpr:
+        flat, stride = None, 1
+        for dim, off, idx in reversed(list(zip(buf.shape, offsets, indices))):
+            term = (idx - off) * stride
+            flat = term if flat is None else term + flat
+            stride = stride * dim
+        return simplify(flat if flat is not None else convert(0))
+
+    # ------------------------------------------------------------------ bounds
+    def _leaf_pos(self, parent, stage) -> int:
+        if parent is None:
+            raise LowerError(f"compute_at: {stage.op.name} is attached to a stage that is "
+                             "inlined or not a compute stage")
+        for k, leaf in enumerate(parent.leaves):
+            if leaf is stage.attach_ivar:
+                return k
+        raise LowerError(f"compute_at: {stage.attach_ivar.name} is no longer a loop of "
+                         f"{parent.stage.op.name} (split or fused after compute_at?)")
+
+    def _infer_bound(self, info, computes) -> None:
+        stage = info.stage
+        op = stage.op
+        for iv in op.reduce_axis:
+            info.root_dom[iv] = (iv.dom_min, iv.extent)
+        full = {iv: (convert(0), iv.extent) for iv in op.axis}
+        info.root_dom.update(full)
+        if stage.attach_type != "scope":
+            return
+        parent = self.infos.get(stage.attach_stage)
+        pos = self._leaf_pos(parent, stage)
+        outer_relaxed = dict(zip((leaf.var for leaf in parent.leaves[pos + 1:]),
+                                 _ranges(parent, parent.leaves[pos + 1:])))
+        regions = [None] * len(op.axis)
+        for reader in computes:
+            reader_info = self.infos[reader]
+            loads = _loads_of(reader_info.body, stage, self.sch)
+            if not loads:
+                continue
+            if reader is parent.stage:
+                relaxed = outer_relaxed
+            elif reader.attach_stage is parent.stage and self._leaf_pos(parent, reader) >= pos:
+                relaxed = {**outer_relaxed, **dict(zip((leaf.var for leaf in reader_info.leaves),
+                                                       _ranges(reader_info, reader_info.leaves)))}
+            else:
+                raise LowerError(f"compute_at: {op.name} is read by {reader.op.name}, which "
+                                 f"is not inside {parent.stage.op.name}'s loop "
+                                 f"{stage.attach_ivar.name}")
+            all_ranges = {**parent.leaf_ranges(), **reader_info.leaf_ranges()}
+            roots = list(reader.op.axis) + list(reader.op.reduce_axis)
+            values = {iv.var: reader_info.root_value(iv) for iv in roots}
+            for load in loads:
+                for d, idx in enumerate(load.indices):
+                    idx = simplify(substitute(idx, values))
+                    lo_hi = _interval(idx, relaxed, all_ranges)
+                    if lo_hi is None or regions[d] == "full":
+                        regions[d] = "full"
+                    elif regions[d] is None:
+                        regions[d] = lo_hi
+                    else:
+                        regions[d] = (simplify(minimum(regions[d][0], lo_hi[0])),
+                                      simplify(maximum(regions[d][1], lo_hi[1])))
+        for d, iv in enumerate(op.axis):
+            region = regions[d]
+            dom = full[iv]
+            if region is not None and region != "full":
+                lo, hi = region
+                extent = simplify(hi - lo + 1)
+                n, full_n = const_int(extent), const_int(iv.extent)
+                if n is not None and (full_n is None or n < full_n):
+                    dom = (lo, extent)
+                    info.partial.add(iv)
+            info.root_dom[iv] = dom
+
+    # ------------------------------------------------------------------ loops
+    def _derive_loops(self, info) -> None:
+        stage = info.stage
+        for iv, (_, extent) in info.root_dom.items():
+            info.ext[iv] = simplify(convert(extent))
+        for rel in stage.relations:
+            if isinstance(rel, Split):
+                ext = info.ext[rel.parent]
+                if rel.factor is not None:
+                    inner = convert(rel.factor)
+                    outer = simplify((ext + (rel.factor - 1)) // rel.factor)
+                else:
+                    outer = convert(rel.nparts)
+                    inner = simplify((ext + (rel.nparts - 1)) // rel.nparts)
+                info.ext[rel.outer], info.ext[rel.inner] = outer, inner
+            else:
+                info.ext[rel.fused] = simplify(info.ext[rel.outer] * info.ext[rel.inner])
+        for leaf in info.leaves:
+            info.rel[leaf] = leaf.var
+        for rel in reversed(stage.relations):
+            if isinstance(rel, Split):
+                value = rel_value = info.rel[rel.outer] * info.ext[rel.inner] + info.rel[rel.inner]
+                info.rel[rel.parent] = simplify(value)
+                covered = simplify(info.ext[rel.outer] * info.ext[rel.inner])
+                if const_int(covered - info.ext[rel.parent]) != 0:
+                    info.checks.append(rel_value < info.ext[rel.parent])
+            elif isinstance(rel, Fuse):
+                fused = info.rel[rel.fused]
+                info.rel[rel.outer] = simplify(fused // info.ext[rel.inner])
+                info.rel[rel.inner] = simplify(fused % info.ext[rel.inner])
+        for iv in info.partial:
+            value = info.root_value(iv)
+            info.checks.append(value >= 0)
+            info.checks.append(value < iv.extent)
+
+    def _kind(self, stage, leaf) -> str:
+        return stage.iter_var_attrs.get(leaf, "serial")
+
+    def _to_load(self, expr):
+        lowering = self
+
+        class _ToLoad(Mutator):
+            def visit_TensorLoad(self, node):
+                indices = [self.visit(i) for i in node.indices]
+                stage = lowering.sch.stage_map.get(node.tensor.op)
+                info = lowering.infos.get(stage)
+                buf = info.buffer if info is not None else lowering.buffers[stage]
+                offsets = info.offsets if info is not None else (0,) * len(indices)
+                return Load(buf, lowering._flat(buf, offsets, indices))
+
+        return _ToLoad().visit(expr)
+
+    def _build(self, info) -> object:
+        stage = info.stage
+        op = stage.op
+        roots = list(op.axis) + list(op.reduce_axis)
+        values = {iv.var: info.root_value(iv) for iv in roots}
+        out_index = self._flat(info.buffer, info.offsets, [values[iv.var] for iv in op.axis])
+        checks = [simplify(c) for c in info.checks]
+        leaves = info.leaves
+        body = info.body
+        init = None
+        first_reduce = len(leaves)
+        if isinstance(body, Reduce):
+            source = self._to_load(substitute(body.source, values))
+            acc = Load(info.buffer, out_index)
+            update = Store(info.buffer, body.combine(acc, source), out_index)
+            if body.condition is not None:
+                update = IfThenElse(self._to_load(substitute(body.condition, values)), update)
+            first_reduce = next(k for k, leaf in enumerate(leaves) if leaf.kind == IterVar.REDUCE)
+            init = self._init_nest(info, first_reduce, checks, body.identity())
+            stmt = update
+        else:
+            stmt = Store(info.buffer, self._to_load(substitute(body, values)), out_index)
+        positions = {leaf.var: k for k, leaf in enumerate(leaves)}
+        by_level: dict = {}
+        for cond in checks:
+            by_level.setdefault(_level(cond, positions), []).append(cond)
+        for pos in range(len(leaves) - 1, -2, -1):
+            if pos + 1 == first_reduce and init is not None:
+                stmt = seq(init, stmt)
+            for child in reversed(info.children.get(pos, [])):
+                stmt = Allocate(child.buffer, seq(self._build(child), stmt))
+            if pos in by_level:
+                stmt = IfThenElse(simplify(all_of(*by_level[pos])), stmt)
+            if pos >= 0:
+                leaf = leaves[pos]
+                stmt = For(leaf.var, convert(0), info.ext[leaf], self._kind(stage, leaf), stmt)
+        return stmt
+
+    def _init_nest(self, info, first_reduce, checks, identity):
+        stage = info.stage
+        leaves = info.leaves
+        copies = [leaf for leaf in leaves[first_reduce + 1:] if leaf.kind != IterVar.REDUCE]
+        vmap = {leaf.var: Var(f"{leaf.var.name}.init", leaf.var.dtype) for leaf in copies}
+        values = [info.root_value(iv) for iv in stage.op.axis]
+        index = simplify(substitute(self._flat(info.buffer, info.offsets, values), vmap))
+        stmt = Store(info.buffer, identity, index)
+        reduce_vars = {leaf.var for leaf in leaves if leaf.kind == IterVar.REDUCE}
+        positions = {leaf.var: k for k, leaf in enumerate(copies)}
+        by_level: dict = {}
+        for cond in checks:
+            used = _vars(cond)
+            if used & reduce_vars or not used & set(vmap):
+                continue
+            cond = substitute(cond, vmap)
+            by_level.setdefault(_level(cond, {vmap[v]: k for v, k in positions.items()}),
+                                []).append(cond)
+        for pos in range(len(copies) - 1, -1, -1):
+            if pos in by_level:
+                stmt = IfThenElse(simplify(all_of(*by_level[pos])), stmt)
+            leaf = copies[pos]
+            stmt = For(vmap[leaf.var], convert(0), info.ext[leaf], self._kind(stage, leaf), stmt)
+        return stmt
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _vars(expr) -> set:
+    found = set()
+    post_order_visit(expr, lambda n: found.add(n) if isinstance(n, Var) else None)
+    return found
+
+
+def _level(cond, positions: dict) -> int:
+    return max((positions[v] for v in _vars(cond) if v in positions), default=-1)
+
+
+def _ranges(info, leaves) -> list:
+    out = []
+    for leaf in leaves:
+        n = const_int(info.ext[leaf])
+        out.append((0, n - 1) if n is not None else (-INF, INF))
+    return out
+
+
+def _interval(expr, relaxed: dict, all_ranges: dict):
+    """(lo, hi) expressions of ``expr`` when the ``relaxed`` vars sweep their ranges.
+
+    Vars not relaxed stay symbolic.  Returns None when no finite bound is found.
+    """
+    terms, const = linear(expr)
+    lo_terms, hi_terms = {}, {}
+    lo_const = hi_const = const
+    for key, (atom, c) in terms.items():
+        atom_vars = _vars(atom)
+        if not atom_vars & set(relaxed):
+            lo_terms[key] = hi_terms[key] = [atom, c]
+            continue
+        if isinstance(atom, Var):
+            a, b = relaxed[atom]
+        else:
+            a, b = bound(atom, {**all_ranges, **relaxed})
+        if a in (INF, -INF) or b in (INF, -INF):
+            return None
+        lo_const += min(c * a, c * b)
+        hi_const += max(c * a, c * b)
+    return (from_linear(lo_terms, lo_const, expr.dtype),
+            from_linear(hi_terms, hi_const, expr.dtype))

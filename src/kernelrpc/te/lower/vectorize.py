@@ -1,0 +1,232 @@
+"""VectorizeLoop: turn loops marked ``vectorize`` into Ramp/Broadcast vector code.
+
+A guard that depends on the loop variable (the tail of a non-dividing split) is
+handled by versioning: ``if (guard holds for every lane) {vector body} else {serial
+loop with the guard}``.  A body that cannot be vectorized safely (a store to a
+lane-invariant address, an allocation, a nested vector) stays a serial loop.
+"""
+from __future__ import annotations
+
+from ..expr import (GE, GT, LE, LT, Add, And, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
+                    PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
+from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
+                  post_order_visit, substitute, uses_var)
+from .arith import linear, simplify
+
+
+class _Scalarize(Exception):
+    """The loop body cannot be vectorized; keep the loop serial."""
+
+
+def _lanes(e: PrimExpr) -> int:
+    return dtype_lanes(e.dtype)
+
+
+def _bcast(e: PrimExpr, lanes: int) -> PrimExpr:
+    return e if _lanes(e) == lanes else Broadcast(e, lanes)
+
+
+class Vectorizer(Mutator):
+    """Rewrite a loop body for ``var`` in ``[0, lanes)`` as one vector iteration."""
+
+    def __init__(self, var: Var, lanes: int):
+        self.var, self.lanes = var, lanes
+
+    def visit_Var(self, v):
+        if v is self.var:
+            return Ramp(IntImm(0, v.dtype), IntImm(1, v.dtype), self.lanes)
+        return v
+
+    def visit_Ramp(self, e):
+        raise _Scalarize("nested vector")
+
+    visit_Broadcast = visit_Ramp
+
+    def generic_visit(self, node):
+        if isinstance(node, BinaryOp):
+            return self._binary(node)
+        return super().generic_visit(node)
+
+    def _binary(self, e):
+        a, b = self.visit(e.a), self.visit(e.b)
+        if a is e.a and b is e.b:
+            return e
+        la, lb = _lanes(a), _lanes(b)
+        if la == 1 and lb == 1:
+            return type(e)(a, b)
+        n = max(la, lb)
+        if isinstance(e, (Add, Sub)):
+            if isinstance(a, Ramp) and lb == 1:
+                return Ramp(simplify(type(e)(a.base, b)), a.stride, n)
+            if isinstance(b, Ramp) and la == 1 and isinstance(e, Add):
+                return Ramp(simplify(Add(a, b.base)), b.stride, n)
+            if isinstance(a, Ramp) and isinstance(b, Ramp):
+                return Ramp(simplify(type(e)(a.base, b.base)),
+                            simplify(type(e)(a.stride, b.stride)), n)
+        if isinstance(e, Mul):
+            if isinstance(a, Ramp) and lb == 1:
+                return Ramp(simplify(Mul(a.base, b)), simplify(Mul(a.stride, b)), n)
+            if isinstance(b, Ramp) and la == 1:
+                return Ramp(simplify(Mul(a, b.base)), simplify(Mul(a, b.stride)), n)
+        return type(e)(_bcast(a, n), _bcast(b, n))
+
+    def visit_Not(self, e):
+        return Not(self.visit(e.a))
+
+    def visit_Select(self, e):
+        c, t, f = self.visit(e.condition), self.visit(e.true_value), self.visit(e.false_value)
+        n = max(_lanes(c), _lanes(t), _lanes(f))
+        if n == 1:
+            return Select(c, t, f)
+        return Select(_bcast(c, n), _bcast(t, n), _bcast(f, n))
+
+    def visit_Cast(self, e):
+        v = self.visit(e.value)
+        return Cast(with_lanes(e.dtype, _lanes(v)), v)
+
+    def visit_Call(self, e):
+        args = [self.visit(a) for a in e.args]
+        n = max(_lanes(a) for a in args)
+        return Call(with_lanes(e.dtype, n), e.op, [_bcast(a, n) for a in args])
+
+    def visit_Let(self, e):
+        value = self.visit(e.value)
+        if _lanes(value) == 1:
+            return Let(e.var, value, self.visit(e.body))
+        var = Var(e.var.name, value.dtype)
+        return Let(var, value, self.visit(substitute(e.body, {e.var: var})))
+
+    def visit_Load(self, e):
+        return Load(e.buffer, self.visit(e.index))
+
+    def visit_Store(self, s):
+        index, value = self.visit(s.index), self.visit(s.value)
+        if _lanes(index) == 1:
+            raise _Scalarize(f"store to {s.buffer.name} does not depend on the vector lane")
+        return Store(s.buffer, _bcast(value, _lanes(index)), index)
+
+    def visit_For(self, s):
+        if uses_var(s.extent, self.var) or uses_var(s.min, self.var):
+            raise _Scalarize("inner loop bounds depend on the vector lane")
+        return For(s.var, s.min, s.extent, s.kind, self.visit(s.body))
+
+    def visit_IfThenElse(self, s):
+        if uses_var(s.condition, self.var):
+            raise _Scalarize("condition depends on the vector lane")
+        return IfThenElse(s.condition, self.visit(s.then_case), self.visit(s.else_case))
+
+    def visit_LetStmt(self, s):
+        value = self.visit(s.value)
+        if _lanes(value) == 1:
+            return LetStmt(s.var, value, self.visit(s.body))
+        var = Var(s.var.name, value.dtype)
+        return LetStmt(var, value, self.visit(substitute(s.body, {s.var: var})))
+
+    def visit_Allocate(self, s):
+        raise _Scalarize("allocation inside a vectorized loop")
+
+
+def _conjuncts(cond):
+    if isinstance(cond, And):
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _all_lanes(cond, var: Var, lanes: int):
+    """A condition equivalent to ``cond`` holding for every ``var`` in [0, lanes), or None."""
+    if not isinstance(cond, (LT, LE, GT, GE)) or dtype_lanes(cond.a.dtype) != 1:
+        return None
+    terms, _ = linear(Sub(cond.a, cond.b))
+    coeff = 0
+    for atom, c in terms.values():
+        if atom is var:
+            coeff = c
+        elif uses_var(atom, var):
+            return None
+    grows = coeff > 0
+    worst_high = isinstance(cond, (LT, LE))   # the difference must stay small
+    at = lanes - 1 if grows == worst_high else 0
+    return simplify(substitute(cond, {var: IntImm(at, var.dtype)}))
+
+
+def _bound_inside(stmt) -> set:
+    found = set()
+
+    def fn(n):
+        if isinstance(n, (For, LetStmt)):
+            found.add(n.var)
+    post_order_visit(stmt, fn)
+    return found
+
+
+def _split_guards(body, var: Var, lanes: int):
+    """Remove lane-dependent guards; returns (new body, all-lanes condition) or None."""
+    inner_vars = _bound_inside(body)
+    conds: list = []
+
+    class _Strip(Mutator):
+        def visit_IfThenElse(self, s):
+            if not uses_var(s.condition, var):
+                return IfThenElse(s.condition, self.visit(s.then_case), self.visit(s.else_case))
+            if s.else_case is not None:
+                raise _Scalarize("lane-dependent if/else")
+            keep = []
+            for c in _conjuncts(s.condition):
+                if not uses_var(c, var):
+                    keep.append(c)
+                    continue
+                hoisted = _all_lanes(c, var, lanes)
+                if hoisted is None or _vars_of(hoisted) & inner_vars:
+                    raise _Scalarize("guard cannot be hoisted")
+                conds.append(hoisted)
+            then_case = self.visit(s.then_case)
+            if not keep:
+                return then_case
+            cond = keep[0]
+            for c in keep[1:]:
+                cond = And(cond, c)
+            return IfThenElse(cond, then_case)
+
+    new_body = _Strip().visit(body)
+    if not conds:
+        return new_body, None
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = And(cond, c)
+    return new_body, simplify(cond)
+
+
+def _vars_of(e) -> set:
+    found = set()
+    post_order_visit(e, lambda n: found.add(n) if isinstance(n, Var) else None)
+    return found
+
+
+class LoopVectorizer(Mutator):
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def visit_For(self, s):
+        body = self.visit(s.body)
+        if s.kind != "vectorized":
+            return s if body is s.body else For(s.var, s.min, s.extent, s.kind, body)
+        serial = For(s.var, s.min, s.extent, "serial", body)
+        if (not self.enabled or not isinstance(s.extent, IntImm)
+                or not (isinstance(s.min, IntImm) and s.min.value == 0) or s.extent.value < 2):
+            return serial
+        lanes = s.extent.value
+        try:
+            stripped, guard = _split_guards(body, s.var, lanes)
+            vector = Vectorizer(s.var, lanes).visit(stripped)
+        except _Scalarize:
+            return serial
+        if guard is None:
+            return vector
+        if isinstance(guard, IntImm):
+            return vector if guard.value else serial
+        return IfThenElse(guard, vector, serial)
+
+
+def vectorize_func(func, enabled: bool = True):
+    return func.with_body(LoopVectorizer(enabled).visit(func.body))
+

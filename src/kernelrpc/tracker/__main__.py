@@ -1,0 +1,53 @@
+"""``python -m kernelrpc.tracker --host 127.0.0.1 --port 9190 --port-end 9199``."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from .service import bind_first_free, serve
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m kernelrpc.tracker", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9190, help="first port to try; 0 lets the OS choose")
+    parser.add_argument("--port-end", type=int, default=9199, help="end (exclusive) of the port range to try")
+    parser.add_argument("--lease-timeout", type=float, default=10.0,
+                        help="seconds a server that reports its sessions stays leased to a client "
+                             "that never connects, before it goes back to the pool")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    sock = bind_first_free(args.host, args.port, args.port_end)
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+
+    def ready(addr) -> None:
+        print(f"kernelrpc.tracker listening on {addr[0]}:{addr[1]}", flush=True)
+
+    try:
+        await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready)
+    except asyncio.CancelledError:
+        pass
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_main(args))
+    except OSError as exc:
+        print(f"kernelrpc.tracker: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Validation of decoded tracker messages into typed commands (sans-IO).
+
+Accepts what TVM's peers send (``tvm-rpc-protocol.md`` 2.3), including the
+3-element PUT and the C++ server's port-as-string, and bounds every field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from ..errors import ProtocolError
+from ..rpc.tracker_codec import TrackerCode
+
+MAX_KEY_CHARS = 256
+MAX_MATCHKEY_CHARS = 1024
+MAX_ADDR_CHARS = 255
+MAX_INFO_BYTES = 16 * 1024
+MAX_PRIORITY = 1 << 31
+
+
+@dataclasses.dataclass(frozen=True)
+class Put:
+    key: str
+    port: object
+    matchkey: str
+    custom_addr: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    key: str
+    user: str
+    priority: int
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateInfo:
+    info: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Simple:
+    code: TrackerCode
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    stop_key: object
+
+
+def _text(value, what: str, limit: int, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what} must be a string, got {type(value).__name__}")
+    if len(value) > limit or (not value and not allow_empty):
+        raise ProtocolError(f"{what} must have 1 to {limit} characters, got {len(value)}")
+    return value
+
+
+def _port(value, what: str = "port"):
+    """An int in [0, 65535], or a numeric string (TVM's C++ server); returned unchanged."""
+    number = value
+    if isinstance(value, str) and value.isdigit() and len(value) <= 5:
+        number = int(value)
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= 65535:
+        raise ProtocolError(f"{what} must be an integer in [0, 65535], got {value!r}")
+    return value
+
+
+def _parse_put(msg: list) -> Put:
+    if len(msg) not in (3, 4):
+        raise ProtocolError("PUT is [3, key, [port, matchkey], custom_addr]")
+    slot = msg[2]
+    if not isinstance(slot, list) or len(slot) != 2:
+        raise ProtocolError("PUT's third element must be [port, matchkey]")
+    custom = msg[3] if len(msg) == 4 else None
+    if custom is not None:
+        custom = _text(custom, "custom address", MAX_ADDR_CHARS)
+    return Put(_text(msg[1], "key", MAX_KEY_CHARS), _port(slot[0]),
+               _text(slot[1], "match key", MAX_MATCHKEY_CHARS), custom)
+
+
+def _parse_request(msg: list) -> Request:
+    if len(msg) != 4:
+        raise ProtocolError("REQUEST is [4, key, user, priority]")
+    priority = msg[3]
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+        raise ProtocolError(f"priority must be an integer with |priority| <= 2**31, got {priority!r}")
+    user = msg[2] if msg[2] is not None else ""
+    return Request(_text(msg[1], "key", MAX_KEY_CHARS), _text(user, "user", MAX_KEY_CHARS, allow_empty=True),
+                   priority)
+
+
+def _parse_update_info(msg: list) -> UpdateInfo:
+    if len(msg) != 2 or not isinstance(msg[1], dict):
+        raise ProtocolError("UPDATE_INFO is [5, {...}]")
+    info = msg[1]
+    if len(json.dumps(info)) > MAX_INFO_BYTES:
+        raise ProtocolError(f"UPDATE_INFO dict is larger than {MAX_INFO_BYTES} bytes")
+    addr = info.get("addr")
+    if not isinstance(addr, list) or len(addr) != 2:
+        raise ProtocolError('UPDATE_INFO needs "addr": [host_or_null, port]')
+    if addr[0] is not None:
+        _text(addr[0], "address", MAX_ADDR_CHARS)
+    _port(addr[1], "addr port")
+    if "key" in info:
+        _text(info["key"], "info key", MAX_KEY_CHARS + 16)
+    return UpdateInfo(info)
+
+
+def parse_message(msg) -> Put | Request | UpdateInfo | Simple | Stop:
+    """Turn one decoded JSON message into a command; raise ProtocolError with the reason."""
+    if not isinstance(msg, list) or not msg or isinstance(msg[0], bool) or not isinstance(msg[0], int):
+        raise ProtocolError("a tracker message is a JSON list starting with an integer code")
+    try:
+        code = TrackerCode(msg[0])
+    except ValueError:
+        raise ProtocolError(f"unknown tracker code {msg[0]}") from None
+    if code == TrackerCode.PUT:
+        return _parse_put(msg)
+    if code == TrackerCode.REQUEST:
+        return _parse_request(msg)
+    if code == TrackerCode.UPDATE_INFO:
+        return _parse_update_info(msg)
+    if code == TrackerCode.STOP:
+        return Stop(msg[1] if len(msg) > 1 else None)
+    if code in (TrackerCode.PING, TrackerCode.SUMMARY, TrackerCode.GET_PENDING_MATCHKEYS):
+        return Simple(code)
+    raise ProtocolError(f"tracker code {code.name} is a reply code, not a request")

@@ -1,0 +1,354 @@
+"""The tracker's matching logic, free of IO and clocks.
+
+One queue per device key: free slots in FIFO order (a server goes to the back
+after each session, so a fleet is used round robin) and waiting requests ordered
+by priority, then arrival.  Every call takes ``now`` from the caller and returns
+the matches it made; the service layer turns them into replies.
+
+Peers are opaque hashable handles (the service uses its connection objects): one
+connection may both offer slots (a server) and wait for them (a client).
+
+What this adds to TVM's ``PriorityScheduler`` (``tvm-rpc-protocol.md`` 2.5):
+
+* a client that goes away leaves its queue at once (TVM keeps counting it in
+  ``pending`` until a slot is offered to it);
+* a server that goes away takes all its free slots with it, whether or not it
+  sent UPDATE_INFO (TVM keeps handing out such stale slots);
+* a handed-out slot becomes a *lease*.  A lease ends when the server offers a slot
+  on the same port again (its session ended or it rotated its match key) or goes
+  away.  For servers that report their sessions (``reports_sessions``), a lease
+  whose client never arrives expires after ``lease_timeout`` and the slot goes
+  back to the pool; other servers rotate their match key themselves (TVM's rule),
+  so their old key is never handed out again;
+* a server that reports a running session has its free slots withdrawn until it
+  offers a new one, so a busy server is never handed out;
+* queue wait (request to match) and session time (match to the server's next
+  offer) are measured separately.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import itertools
+from typing import Hashable
+
+Peer = Hashable
+
+
+@dataclasses.dataclass(eq=False)
+class Slot:
+    """One session a server offers: ``[host, port, matchkey]`` is what the client receives."""
+
+    server: Peer
+    key: str
+    host: str
+    port: object  # int, or a numeric string from TVM's C++ server; echoed back unchanged
+    matchkey: str
+    offered_at: float
+
+    @property
+    def address(self) -> list:
+        return [self.host, self.port, self.matchkey]
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    client: Peer
+    key: str
+    priority: int
+    seq: int
+    requested_at: float
+    cancelled: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class Lease:
+    """A slot handed to a client; lives until the server offers that port again."""
+
+    slot: Slot
+    request: Request
+    granted_at: float
+    expires_at: float | None
+    in_session: bool = False
+
+    @property
+    def queue_wait(self) -> float:
+        return self.granted_at - self.request.requested_at
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    client: Peer
+    slot: Slot
+    queue_wait: float
+
+
+@dataclasses.dataclass
+class KeyStats:
+    """Counters per device key, kept for the lifetime of the tracker."""
+
+    matches: int = 0
+    queue_wait_total: float = 0.0
+    queue_wait_max: float = 0.0
+    sessions: int = 0
+    session_total: float = 0.0
+    expired_leases: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "matches": self.matches,
+            "queue_wait_mean": self.queue_wait_total / self.matches if self.matches else 0.0,
+            "queue_wait_max": self.queue_wait_max,
+            "sessions": self.sessions,
+            "session_mean": self.session_total / self.sessions if self.sessions else 0.0,
+            "expired_leases": self.expired_leases,
+        }
+
+
+class _Queue:
+    """Free slots (FIFO) and waiting requests (heap of ``(-priority, seq)``) for one key."""
+
+    def __init__(self) -> None:
+        self.free: collections.OrderedDict[int, Slot] = collections.OrderedDict()
+        self.waiting: list[tuple[int, int, Request]] = []
+        self.live_requests = 0
+        self.stats = KeyStats()
+
+    def best_request(self) -> Request | None:
+        while self.waiting:
+            request = self.waiting[0][2]
+            if not request.cancelled:
+                return request
+            heapq.heappop(self.waiting)
+        return None
+
+    @property
+    def idle(self) -> bool:
+        return not self.free and self.live_requests == 0
+
+
+class Scheduler:
+    """Matches requests to free slots, per key; see the module docstring for the rules."""
+
+    def __init__(self, lease_timeout: float = 10.0, max_keys: int = 10_000,
+                 max_leases_per_server: int = 4096) -> None:
+        self.lease_timeout = lease_timeout
+        self.max_keys = max_keys
+        self.max_leases_per_server = max_leases_per_server
+        self._queues: dict[str, _Queue] = {}
+        self._seq = itertools.count()
+        self._slots_of: dict[Peer, dict[str, Slot]] = {}      # server -> matchkey -> free slot
+        self._requests_of: dict[Peer, list[Request]] = {}     # client -> its waiting requests
+        self._leases_of: dict[Peer, list[Lease]] = {}         # server -> its open leases
+        self._reporting: set[Peer] = set()
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def _queue(self, key: str) -> _Queue:
+        queue = self._queues.get(key)
+        if queue is None:
+            if len(self._queues) >= self.max_keys:
+                self._forget_idle_queues()
+            queue = self._queues[key] = _Queue()
+        return queue
+
+    def _forget_idle_queues(self) -> None:
+        """Keys stay listed like in TVM's tracker, until there are too many of them."""
+        for key in [k for k, q in self._queues.items() if q.idle and not q.stats.matches]:
+            del self._queues[key]
+        if len(self._queues) >= self.max_keys:
+            for key in [k for k, q in self._queues.items() if q.idle]:
+                del self._queues[key]
+
+    def _schedule(self, queue: _Queue, now: float) -> list[Match]:
+        matches = []
+        while queue.free:
+            request = queue.best_request()
+            if request is None:
+                break
+            heapq.heappop(queue.waiting)
+            _, slot = queue.free.popitem(last=False)
+            matches.append(self._grant(queue, slot, request, now))
+        return matches
+
+    def _grant(self, queue: _Queue, slot: Slot, request: Request, now: float) -> Match:
+        queue.live_requests -= 1
+        self._requests_of[request.client].remove(request)
+        if not self._requests_of[request.client]:
+            del self._requests_of[request.client]
+        self._discard_free(slot)
+        expires = now + self.lease_timeout if slot.server in self._reporting else None
+        lease = Lease(slot, request, now, expires)
+        leases = self._leases_of.setdefault(slot.server, [])
+        leases.append(lease)
+        if len(leases) > self.max_leases_per_server:
+            del leases[0]
+        wait = lease.queue_wait
+        queue.stats.matches += 1
+        queue.stats.queue_wait_total += wait
+        queue.stats.queue_wait_max = max(queue.stats.queue_wait_max, wait)
+        return Match(request.client, slot, wait)
+
+    def _discard_free(self, slot: Slot) -> None:
+        """Forget ``slot`` in its server's index (the caller removes it from the queue)."""
+        slots = self._slots_of.get(slot.server)
+        if slots is not None and slots.get(slot.matchkey) is slot:
+            del slots[slot.matchkey]
+            if not slots:
+                del self._slots_of[slot.server]
+
+    def _end_leases(self, server: Peer, now: float, port=None) -> None:
+        leases = self._leases_of.get(server)
+        if not leases:
+            return
+        keep = []
+        for lease in leases:
+            if port is not None and lease.slot.port != port:
+                keep.append(lease)
+                continue
+            stats = self._queue(lease.slot.key).stats
+            stats.sessions += 1
+            stats.session_total += now - lease.granted_at
+        if keep:
+            self._leases_of[server] = keep
+        else:
+            del self._leases_of[server]
+
+    # -- events ---------------------------------------------------------------------------
+
+    def put(self, server: Peer, key: str, host: str, port, matchkey: str, now: float) -> list[Match]:
+        """A server offers a session.  Offering a port again ends the leases on that port."""
+        self._end_leases(server, now, port)
+        if matchkey in self._slots_of.get(server, ()):     # the same offer twice: keep the first
+            return []
+        slot = Slot(server, key, host, port, matchkey, now)
+        self._offer(slot)
+        return self._schedule(self._queues[key], now)
+
+    def request(self, client: Peer, key: str, priority: int, now: float) -> list[Match]:
+        queue = self._queue(key)
+        request = Request(client, key, priority, next(self._seq), now)
+        heapq.heappush(queue.waiting, (-priority, request.seq, request))
+        queue.live_requests += 1
+        self._requests_of.setdefault(client, []).append(request)
+        return self._schedule(queue, now)
+
+    def cancel(self, match: Match, now: float) -> list[Match]:
+        """The client could not be told about ``match``: the slot goes back to the front of its queue."""
+        leases = self._leases_of.get(match.slot.server, [])
+        for lease in leases:
+            if lease.slot is match.slot:
+                leases.remove(lease)
+                break
+        else:
+            return []
+        if not leases:
+            del self._leases_of[match.slot.server]
+        queue = self._queue(match.slot.key)
+        queue.stats.matches -= 1
+        queue.stats.queue_wait_total -= lease.queue_wait
+        self._offer(match.slot, front=True)
+        return self._schedule(queue, now)
+
+    def _offer(self, slot: Slot, front: bool = False) -> None:
+        self._slots_of.setdefault(slot.server, {})[slot.matchkey] = slot
+        free = self._queue(slot.key).free
+        free[id(slot)] = slot
+        if front:
+            free.move_to_end(id(slot), last=False)
+
+    def waiting_count(self, client: Peer) -> int:
+        return len(self._requests_of.get(client, ()))
+
+    def free_count(self, server: Peer) -> int:
+        return len(self._slots_of.get(server, ()))
+
+    def pending_matchkeys(self, server: Peer) -> list[str]:
+        """The server's match keys that are offered and not handed out (GET_PENDING_MATCHKEYS)."""
+        return list(self._slots_of.get(server, ()))
+
+    def reports_sessions(self, server: Peer) -> None:
+        """The server tells the tracker when a session starts, so its leases may expire."""
+        self._reporting.add(server)
+
+    def session_started(self, server: Peer, now: float) -> None:
+        """The server is busy: its leases are in use and its free slots are withdrawn."""
+        self._reporting.add(server)
+        for lease in self._leases_of.get(server, ()):
+            lease.in_session = True
+            lease.expires_at = None
+        for slot in list(self._slots_of.get(server, {}).values()):
+            self._withdraw(slot)
+
+    def _withdraw(self, slot: Slot) -> None:
+        queue = self._queues.get(slot.key)
+        if queue is not None:
+            queue.free.pop(id(slot), None)
+        self._discard_free(slot)
+
+    def drop_client(self, client: Peer) -> None:
+        """The client's connection closed: its waiting requests leave their queues now."""
+        for request in self._requests_of.pop(client, ()):
+            request.cancelled = True
+            self._queues[request.key].live_requests -= 1
+
+    def drop_server(self, server: Peer, now: float) -> None:
+        """The server's connection closed: its free slots and leases are gone."""
+        for slot in list(self._slots_of.get(server, {}).values()):
+            self._withdraw(slot)
+        self._end_leases(server, now)
+        self._reporting.discard(server)
+
+    def drop(self, peer: Peer, now: float) -> None:
+        self.drop_client(peer)
+        self.drop_server(peer, now)
+
+    def expire(self, now: float) -> list[Match]:
+        """Return expired leases' slots to the pool (at the back) and match them."""
+        touched = {}
+        for server, leases in list(self._leases_of.items()):
+            for lease in [x for x in leases if x.expires_at is not None and x.expires_at <= now]:
+                leases.remove(lease)
+                slot = lease.slot
+                queue = self._queue(slot.key)
+                queue.stats.expired_leases += 1
+                self._offer(Slot(server, slot.key, slot.host, slot.port, slot.matchkey, now))
+                touched[slot.key] = queue
+            if not leases:
+                del self._leases_of[server]
+        matches = []
+        for queue in touched.values():
+            matches += self._schedule(queue, now)
+        return matches
+
+    def next_expiry(self) -> float | None:
+        times = [lease.expires_at for leases in self._leases_of.values() for lease in leases
+                 if lease.expires_at is not None]
+        return min(times, default=None)
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def queue_info(self) -> dict:
+        """TVM's ``queue_info``: every key seen, with its free slots and waiting requests."""
+        return {key: {"free": len(q.free), "pending": q.live_requests} for key, q in self._queues.items()}
+
+    def lease_info(self, now: float, describe=lambda peer: None) -> list[dict]:
+        """Open leases, oldest first, without match keys (they are the servers' secrets)."""
+        leases = sorted((x for ls in self._leases_of.values() for x in ls), key=lambda x: x.granted_at)
+        return [{"key": x.slot.key, "server": [x.slot.host, x.slot.port], "client": describe(x.request.client),
+                 "priority": x.request.priority, "state": "session" if x.in_session else "leased",
+                 "age": round(now - x.granted_at, 6), "queue_wait": round(x.queue_wait, 6)}
+                for x in leases]
+
+    def wait_info(self, now: float, describe=lambda peer: None) -> list[dict]:
+        """Waiting requests in the order they will be served, per key."""
+        out = []
+        for key, queue in sorted(self._queues.items()):
+            live = sorted((item for item in queue.waiting if not item[2].cancelled))
+            out += [{"key": key, "client": describe(r.client), "priority": r.priority,
+                     "waited": round(now - r.requested_at, 6)} for _, _, r in live]
+        return out
+
+    def key_stats(self) -> dict:
+        return {key: q.stats.to_dict() for key, q in self._queues.items() if q.stats.matches}

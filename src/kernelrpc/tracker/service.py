@@ -1,0 +1,259 @@
+"""The tracker's network layer: one asyncio event loop, one protocol object per connection.
+
+Each connection opens with TVM's tracker magic and then carries JSON frames
+(``kernelrpc.rpc.tracker_codec``).  Replies go out as one ``write`` of length and
+JSON together, on sockets with TCP_NODELAY, so no reply waits for a delayed ACK.
+All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import time
+
+from ..errors import ProtocolError
+from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, encode_frame
+from . import messages
+from .scheduler import Match, Scheduler
+
+log = logging.getLogger(__name__)
+
+MAX_SLOTS_PER_CONNECTION = 4096
+MAX_REQUESTS_PER_CONNECTION = 1024
+MAX_SUMMARY_ROWS = 1000
+OK_FRAME = encode_frame(TrackerCode.SUCCESS)
+OPENING_TIMEOUT = 10.0
+"""Seconds a new connection has to send the magic before it is closed."""
+
+
+class TrackerConnection(asyncio.Protocol):
+    """One peer: a server, a client, a status tool, or several of these at once."""
+
+    def __init__(self, service: TrackerService) -> None:
+        self.service = service
+        self.transport: asyncio.Transport | None = None
+        self.host = ""
+        self.name = "?"
+        self.info: dict = {}
+        self._opening = bytearray()
+        self._opened = False
+        self._decoder = FrameDecoder()
+        self._opening_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        self.host = str(peer[0])
+        self.name = f"{peer[0]}:{peer[1]}"
+        self.service.connections.add(self)
+        self._opening_timer = asyncio.get_running_loop().call_later(OPENING_TIMEOUT, self._opening_timed_out)
+
+    def _opening_timed_out(self) -> None:
+        log.warning("%s sent no tracker magic within %.0f s; closing", self.name, OPENING_TIMEOUT)
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._opened:
+            self._opening += data
+            if len(self._opening) < 4:
+                return
+            if bytes(self._opening[:4]) != MAGIC_BYTES:
+                log.warning("%s is not a tracker peer (first bytes %s); closing",
+                            self.name, bytes(self._opening[:4]).hex(" "))
+                self.transport.close()
+                return
+            self._opened = True
+            self._opening_timer.cancel()
+            self.transport.write(MAGIC_BYTES)
+            data = bytes(self._opening[4:])
+            self._opening.clear()
+        try:
+            batch = self._decoder.feed(data)
+        except ProtocolError as exc:
+            log.warning("%s: %s; closing", self.name, exc)
+            self.send([TrackerCode.FAIL, str(exc)])
+            self.transport.close()
+            return
+        for msg in batch:
+            self.service.handle(self, msg)
+
+    def send(self, obj) -> None:
+        self.transport.write(encode_frame(obj))
+
+    @property
+    def alive(self) -> bool:
+        return not self.transport.is_closing()
+
+    def pause_writing(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.transport.resume_reading()
+
+    def connection_lost(self, exc) -> None:
+        if self._opening_timer is not None:
+            self._opening_timer.cancel()
+        self.service.disconnected(self)
+
+    @property
+    def is_server(self) -> bool:
+        key = self.info.get("key")
+        return isinstance(key, str) and key.startswith("server")
+
+
+class TrackerService:
+    """State shared by all connections: the scheduler and the set of live peers."""
+
+    def __init__(self, lease_timeout: float = 10.0, clock=time.monotonic) -> None:
+        self.scheduler = Scheduler(lease_timeout=lease_timeout)
+        self.connections: set[TrackerConnection] = set()
+        self.stop_key = "tracker:" + secrets.token_hex(16)
+        self.stopped = asyncio.Event()
+        self._clock = clock
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._check_period = min(1.0, max(0.05, lease_timeout / 4))
+
+    def start_timers(self) -> None:
+        self._expiry_timer = asyncio.get_running_loop().call_later(self._check_period, self._check_leases)
+
+    def _check_leases(self) -> None:
+        self._deliver(self.scheduler.expire(self._clock()))
+        self.start_timers()
+
+    def stop(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        for conn in list(self.connections):
+            conn.transport.close()
+        self.stopped.set()
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def handle(self, conn: TrackerConnection, msg) -> None:
+        try:
+            cmd = messages.parse_message(msg)
+            reply = self._run(conn, cmd)
+        except ProtocolError as exc:
+            log.warning("%s: bad tracker message %.200r: %s", conn.name, msg, exc)
+            conn.send([TrackerCode.FAIL, str(exc)])
+            return
+        if reply == TrackerCode.SUCCESS and type(reply) is not list:
+            conn.transport.write(OK_FRAME)
+        elif reply is not None:
+            conn.send(reply)
+
+    def _run(self, conn: TrackerConnection, cmd):
+        now = self._clock()
+        if isinstance(cmd, messages.Request):
+            if self.scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
+                raise ProtocolError(f"more than {MAX_REQUESTS_PER_CONNECTION} waiting requests on one connection")
+            self._deliver(self.scheduler.request(conn, cmd.key, cmd.priority, now))
+            return None
+        if isinstance(cmd, messages.Put):
+            if self.scheduler.free_count(conn) >= MAX_SLOTS_PER_CONNECTION:
+                raise ProtocolError(f"more than {MAX_SLOTS_PER_CONNECTION} free slots on one connection")
+            host = cmd.custom_addr if cmd.custom_addr is not None else conn.host
+            matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, now)
+            conn.transport.write(OK_FRAME)
+            self._deliver(matches)
+            return None
+        if isinstance(cmd, messages.UpdateInfo):
+            self._update_info(conn, cmd.info, now)
+            return TrackerCode.SUCCESS
+        if isinstance(cmd, messages.Stop):
+            if cmd.stop_key != self.stop_key:
+                return TrackerCode.FAIL
+            conn.send(TrackerCode.SUCCESS)
+            asyncio.get_running_loop().call_soon(self.stop)
+            return None
+        if cmd.code == TrackerCode.PING:
+            return TrackerCode.SUCCESS
+        if cmd.code == TrackerCode.GET_PENDING_MATCHKEYS:
+            return self.scheduler.pending_matchkeys(conn)
+        return [TrackerCode.SUCCESS, self.summary(now)]
+
+    def _update_info(self, conn: TrackerConnection, info: dict, now: float) -> None:
+        info = dict(info)
+        if info["addr"][0] is None:
+            info["addr"] = [conn.host, info["addr"][1]]
+        was_server = conn.is_server
+        conn.info.update(info)
+        if conn.is_server and not was_server:
+            log.info("server %s registered from %s, address %s:%s", conn.info["key"], conn.name, *conn.info["addr"])
+        if "session" in info:
+            self.scheduler.reports_sessions(conn)
+            if info["session"] == "active":
+                self.scheduler.session_started(conn, now)
+
+    def _deliver(self, matches: list[Match]) -> None:
+        """Send each match to its client; a client that is already gone gives its slot back."""
+        while matches:
+            match = matches.pop(0)
+            client: TrackerConnection = match.client
+            if client.alive:
+                client.send([TrackerCode.SUCCESS, match.slot.address])
+                continue
+            self.scheduler.drop_client(client)
+            matches += self.scheduler.cancel(match, self._clock())
+
+    def disconnected(self, conn: TrackerConnection) -> None:
+        self.connections.discard(conn)
+        self.scheduler.drop(conn, self._clock())
+        if conn.is_server:
+            log.info("server %s at %s:%s left", conn.info["key"], *conn.info["addr"])
+
+    def summary(self, now: float) -> dict:
+        """TVM's SUMMARY payload, plus leases, waiting requests and per-key statistics."""
+        describe = _describe_peer
+        return {
+            "queue_info": self.scheduler.queue_info(),
+            "server_info": [conn.info for conn in self.connections if conn.is_server],
+            "leases": self.scheduler.lease_info(now, describe)[:MAX_SUMMARY_ROWS],
+            "waiting": self.scheduler.wait_info(now, describe)[:MAX_SUMMARY_ROWS],
+            "stats": self.scheduler.key_stats(),
+        }
+
+
+def _describe_peer(conn: TrackerConnection) -> str:
+    return conn.name
+
+
+def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
+    """Bind the first free port in ``[port, port_end)``; ``port=0`` lets the OS choose."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    family = infos[0][0] if infos else socket.AF_INET
+    candidates = [0] if port == 0 else range(port, max(port_end, port + 1))
+    last_error: OSError | None = None
+    for candidate in candidates:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, candidate))
+        except OSError as exc:
+            sock.close()
+            last_error = exc
+            continue
+        sock.listen(1024)
+        sock.setblocking(False)
+        return sock
+    raise OSError(f"cannot bind {host} on any port in [{port}, {port_end}): {last_error}")
+
+
+async def serve(sock: socket.socket, lease_timeout: float = 10.0, on_ready=None) -> None:
+    """Serve tracker connections on the bound ``sock`` until STOP or cancellation."""
+    service = TrackerService(lease_timeout=lease_timeout)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: TrackerConnection(service), sock=sock)
+    service.start_timers()
+    if on_ready is not None:
+        on_ready(sock.getsockname())
+    try:
+        await service.stopped.wait()
+    finally:
+        server.close()
+        service.stop()

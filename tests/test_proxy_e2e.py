@@ -126,3 +126,43 @@ def test_our_session_through_tvm_proxy(start_service, device):
     wait_for_matches(tvm_proxy, "Handler ready")
     with rpc.connect(tvm_proxy.host, tvm_proxy.port, key="viatvm") as sess:
         check_session(sess)
+
+
+@pytest.fixture
+def our_tracker(start_service):
+    return lambda *args: start_service("kernelrpc.tracker", ["--port", "0", *args])
+
+
+def test_connect_tracker_request_reaches_our_device_behind_our_proxy(our_tracker, proxy, device):
+    from kernelrpc.rpc import connect_tracker
+    tracker = our_tracker()
+    p = proxy("--tracker", f"{tracker.host}:{tracker.port}")
+    device(p.host, p.port, "behind")
+    device(p.host, p.port, "behind")
+    wait_for_matches(p, r"offered behind:\S+ to the tracker", 2)
+    session = connect_tracker(tracker.host, tracker.port)
+    queue = session.summary()["queue_info"]["behind"]
+    assert queue["free"] == 2
+    with session.request("behind", session_timeout=60) as a, \
+            session.request("behind", session_timeout=60) as b:
+        check_session(a)
+        check_session(b)
+    wait_for_matches(p, r"paired client .*'client:behind:0\.\d+ -timeout=60'", 2)
+
+
+def test_proxy_re_registers_its_devices_when_the_tracker_restarts(start_service, proxy, device):
+    from kernelrpc.rpc import connect_tracker
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ["--port", str(port), "--port-end", str(port + 1)]
+    first = start_service("kernelrpc.tracker", args)
+    p = proxy("--tracker", f"127.0.0.1:{port}")
+    device(p.host, p.port, "again")
+    wait_for_matches(p, r"offered again:\S+ to the tracker")
+    first.stop(signal.SIGKILL)
+    wait_for_matches(p, r"tracker 127\.0\.0\.1:\d+: .*reconnecting")
+    second = start_service("kernelrpc.tracker", args)
+    wait_for_matches(p, r"offered again:\S+ to the tracker", 2)
+    with connect_tracker(second.host, second.port).request("again") as sess:
+        check_session(sess)

@@ -1,6 +1,6 @@
 """GFLOP/s of every GEMM tutorial step (examples/gemm_tutorial.py) against numpy.dot.
 
-    PYTHONPATH=src python bench/gemm.py [--size 1024] [--rounds 5] [--steps a,b,...]
+    PYTHONPATH=src python bench/gemm.py [--size 1024] [--rounds 5] [--steps a,b,...] [--threads N]
 
 numpy.dot and the kernels are measured in the same process, interleaved round by
 round (numpy, then every step, then numpy again...), so that a noisy neighbour on
@@ -8,17 +8,37 @@ the machine slows both sides of a ratio alike. Kernels are timed with
 ``time_evaluator`` (the module's native clock_gettime loop); numpy with
 ``time.perf_counter`` around back-to-back calls. Every kernel's result is checked
 against numpy before it is timed. Steps slower than ``--slow-seconds`` per call
-are timed in the first round only.
+are timed in the first round only. ``--threads N`` limits both sides (numpy's BLAS
+through its environment variables, the kernels through KERNELRPC_NUM_THREADS); it
+must be known before numpy loads, so it is read from the command line first.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+
+def _parse(argv=None):
+    parser = argparse.ArgumentParser(description="GEMM tutorial steps vs numpy.dot")
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", default=None, help="comma-separated (default: all)")
+    parser.add_argument("--slow-seconds", type=float, default=0.5)
+    parser.add_argument("--threads", type=int, default=0, help="0: as configured / all cores")
+    return parser.parse_args(argv)
+
+
+OPTIONS = _parse() if __name__ == "__main__" else None
+if OPTIONS is not None and OPTIONS.threads > 0:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                "KERNELRPC_NUM_THREADS"):
+        os.environ[var] = str(OPTIONS.threads)
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
@@ -37,16 +57,10 @@ def numpy_seconds(a, b, number: int) -> float:
     return (time.perf_counter() - start) / number
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="GEMM tutorial steps vs numpy.dot")
-    parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", default=",".join(STEPS))
-    parser.add_argument("--slow-seconds", type=float, default=0.5)
-    opts = parser.parse_args(argv)
+def main(opts) -> int:
     M = N = K = opts.size
     flop = 2.0 * M * N * K
-    steps = opts.steps.split(",")
+    steps = (opts.steps or ",".join(STEPS)).split(",")
     dev = kernelrpc.cpu(0)
     rng = np.random.default_rng(0)
     a = rng.random((M, K), dtype=np.float32)
@@ -91,7 +105,9 @@ def main(argv=None) -> int:
     target = evaluators[steps[0]][2].target if steps else kernelrpc.Target("llvm")
     print()
     print(f"GEMM {M}x{K}x{N} float32, target {target}, {opts.rounds} interleaved rounds")
-    print(f"threads: kernels use the module pool (all cores); numpy as configured")
+    threads = opts.threads or "all cores"
+    print(f"threads: {threads} (kernels: module pool; numpy: "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
     print(f"{'step':<20}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}")
     print(f"{'numpy.dot':<20}{statistics.median(numpy_gflops):>10.1f}{min(numpy_gflops):>9.1f}"
           f"{max(numpy_gflops):>9.1f}{1.0:>10.2f}")
@@ -104,4 +120,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(OPTIONS))

@@ -39,7 +39,10 @@ PACED_RATE = 1000.0
 
 
 class Peer(asyncio.Protocol):
-    """A raw tracker peer; ``call`` returns a future for the next reply in order."""
+    """A raw tracker peer.  Replies come in order; each goes to the future (``call``) or
+    the callback (``send``, None to ignore it) registered with its request.  The load
+    loops use callbacks so that the bench process spends as little CPU per match as it
+    can: on two cores it competes with the tracker it measures."""
 
     def __init__(self) -> None:
         self.opened = asyncio.get_running_loop().create_future()
@@ -61,17 +64,21 @@ class Peer(asyncio.Protocol):
             data = self._echo[4:]
             self.opened.set_result(self._echo[:4] == MAGIC_BYTES)
         for msg in self._decoder.feed(data):
-            self.waiters.popleft().set_result(msg)
+            waiter = self.waiters.popleft()
+            if waiter is not None:
+                waiter(msg)
 
     def connection_lost(self, exc) -> None:
-        for waiter in self.waiters:
-            if not waiter.done():
-                waiter.set_exception(ConnectionError("tracker closed the connection"))
+        if self.waiters:
+            raise ConnectionError(f"tracker closed the connection with {len(self.waiters)} replies due")
+
+    def send(self, frame: bytes, on_reply) -> None:
+        self.waiters.append(on_reply)
+        self.transport.write(frame)
 
     def call(self, msg) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        self.waiters.append(future)
-        self.transport.write(encode_frame(msg))
+        self.send(encode_frame(msg), future.set_result)
         return future
 
 
@@ -93,9 +100,42 @@ class FakeServer:
     def __init__(self, peer: Peer, port: int) -> None:
         self.peer, self.port, self.generation = peer, port, 0
 
-    def offer(self) -> asyncio.Future:
+    def offer(self, on_reply=None) -> None:
         self.generation += 1
-        return self.peer.call([3, KEY, [self.port, f"{KEY}:{self.port}.{self.generation}"], None])
+        self.peer.send(encode_frame([3, KEY, [self.port, f"{KEY}:{self.port}.{self.generation}"], None]), on_reply)
+
+
+REQUEST = encode_frame([4, KEY, "", 1])
+
+
+def run_clients(clients: list[Peer], servers: dict, count: int, latencies: list, interval: float = 0.0):
+    """Each client sends REQUESTs one after another (``interval`` apart when paced, with the
+    clients' phases spread evenly) until ``count`` matches are done; a matched server offers
+    a fresh key at once.  Returns a future that completes with the last match."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    state = {"left": count, "due": count}
+
+    def send(peer: Peer) -> None:
+        state["left"] -= 1
+        start = time.perf_counter()
+        peer.send(REQUEST, lambda reply: on_match(peer, start, reply))
+
+    def on_match(peer: Peer, start: float, reply) -> None:
+        latencies.append(time.perf_counter() - start)
+        servers[reply[1][1]].offer()
+        state["due"] -= 1
+        if state["due"] == 0:
+            done.set_result(None)
+        elif state["left"] > 0:
+            if interval:
+                loop.call_at(loop.time() + max(0.0, start + interval - time.perf_counter()), send, peer)
+            else:
+                send(peer)
+
+    for i, peer in enumerate(clients[:count]):
+        loop.call_later(i * interval / len(clients), send, peer)
+    return done
 
 
 async def run_load(addr, n_servers: int, n_clients: int, n_requests: int, bursts: int) -> dict:
@@ -105,39 +145,19 @@ async def run_load(addr, n_servers: int, n_clients: int, n_requests: int, bursts
         port = 20000 + i
         assert await peer.call([5, {"key": f"server:{KEY}", "addr": [None, port]}]) == 0
         servers[port] = FakeServer(peer, port)
-        assert await servers[port].offer() == 0
+        offered = asyncio.get_running_loop().create_future()
+        servers[port].offer(offered.set_result)
+        assert await offered == 0
     clients = [await open_peer(addr) for _ in range(n_clients)]
     latencies: list[float] = []
     rates = []
 
-    async def client_loop(peer: Peer, budget: list) -> None:
-        while budget[0] > 0:
-            budget[0] -= 1
-            start = time.perf_counter()
-            reply = await peer.call([4, KEY, "", 1])
-            latencies.append(time.perf_counter() - start)
-            servers[reply[1][1]].offer()
-
-    async def paced_loop(peer: Peer, count: int, interval: float, phase: float) -> None:
-        begin = time.perf_counter() + phase
-        for i in range(count):
-            delay = begin + i * interval - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            start = time.perf_counter()
-            reply = await peer.call([4, KEY, "", 1])
-            paced.append(time.perf_counter() - start)
-            servers[reply[1][1]].offer()
-
     for _ in range(bursts):
-        budget = [n_requests]
         start = time.perf_counter()
-        await asyncio.gather(*(client_loop(peer, budget) for peer in clients))
+        await run_clients(clients, servers, n_requests, latencies)
         rates.append(n_requests / (time.perf_counter() - start))
     paced: list[float] = []
-    interval = n_clients / PACED_RATE
-    await asyncio.gather(*(paced_loop(peer, n_requests // n_clients, interval, i * interval / n_clients)
-                           for i, peer in enumerate(clients)))
+    await run_clients(clients, servers, n_requests, paced, interval=n_clients / PACED_RATE)
     probe = await open_peer(addr)
     while (await probe.call([6]))[1]["queue_info"][KEY]["free"] != n_servers:
         await asyncio.sleep(0.01)                 # let the last re-offers land

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import numpy as np
 
@@ -208,8 +209,6 @@ def main(argv=None) -> int:
 
 
 def timed_numpy(a, b) -> float:
-    import time
-
     start = time.perf_counter()
     np.dot(a, b)
     return time.perf_counter() - start

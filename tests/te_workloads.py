@@ -20,7 +20,7 @@ def packed_gemm(M, N, K, bn):
     nb = (N + bn - 1) // bn
     packedB = te.compute(
         (nb, K, bn),
-        lambda x, y, z: te.if_then_else(x * bn + z < N, B[y, te.min(x * bn + z, N - 1)], 0.0),
+        lambda x, y, z: te.if_then_else(x * bn + z < N, B[y, x * bn + z], 0.0),
         name="packedB")
     C = te.compute((M, N), lambda x, y: te.sum(A[x, k] * packedB[y // bn, k, y % bn], axis=k),
                    name="C")
@@ -76,8 +76,11 @@ TUTORIAL_STEPS = ("baseline", "blocking", "vectorization", "permutation", "packi
                   "parallel")
 
 
-def microkernel(M, N, K, mr=4, nr=64, lanes=16):
-    """Register-blocked GEMM: an mr x nr accumulator tile over packed B, k outermost inside."""
+def microkernel(M, N, K, mr=4, nr=64, lanes=16, pack_per_panel=False):
+    """Register-blocked GEMM: an mr x nr accumulator tile over packed B, k outermost inside.
+
+    ``pack_per_panel`` packs each K x nr panel of B inside the parallel loop that uses it.
+    """
     A, B, packedB, C = packed_gemm(M, N, K, nr)
     s = te.create_schedule(C.op)
     CC = s.cache_write(C, "global")
@@ -95,7 +98,10 @@ def microkernel(M, N, K, mr=4, nr=64, lanes=16):
     s[C].parallel(no)
     x, _, z = s[packedB].op.axis
     s[packedB].vectorize(z)
-    s[packedB].parallel(x)
+    if pack_per_panel:
+        s[packedB].compute_at(s[C], no)
+    else:
+        s[packedB].parallel(x)
     return s, [A, B, C]
 
 
@@ -143,7 +149,7 @@ def conv2d_nchw(n, c, h, w, f, kh, kw, pad, stride):
         (n, c, hp, wp),
         lambda b, ci, y, x: te.if_then_else(
             te.all(y >= pad, y < h + pad, x >= pad, x < w + pad),
-            data[b, ci, te.min(te.max(y - pad, 0), h - 1), te.min(te.max(x - pad, 0), w - 1)], 0.0),
+            data[b, ci, y - pad, x - pad], 0.0),
         name="pad")
     oh, ow = (hp - kh) // stride + 1, (wp - kw) // stride + 1
     rc = te.reduce_axis((0, c), "rc")

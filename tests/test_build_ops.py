@@ -186,3 +186,21 @@ def test_conv2d_nchw_direct(stride, pad):
     expect = conv2d_reference(d, w, stride, pad)
     (o,) = run(module, d, w, out_shapes=[expect.shape])
     np.testing.assert_allclose(o, expect, rtol=1e-5, atol=1e-5)
+
+
+def test_integer_matmul_uint8_by_int8_into_int32():
+    M, K, N = 9, 21, 35
+    A = te.placeholder((M, K), name="A", dtype="uint8")
+    B = te.placeholder((K, N), name="B", dtype="int8")
+    k = te.reduce_axis((0, K), "k")
+    C = te.compute((M, N), lambda i, j: te.sum(A[i, k].astype("int32") * B[k, j].astype("int32"),
+                                               axis=k), name="C")
+    s = te.create_schedule(C.op)
+    jo, ji = s[C].split(C.op.axis[1], factor=16)
+    s[C].reorder(C.op.axis[0], jo, s[C].op.reduce_axis[0], ji)
+    s[C].vectorize(ji)
+    module = kernelrpc.build(s, [A, B, C], name="qmm")
+    a = RNG.integers(0, 256, (M, K), dtype=np.uint8)
+    b = RNG.integers(-128, 128, (K, N), dtype=np.int8)
+    (c,) = run(module, a, b, out_shapes=[(M, N)], out_dtype="int32")
+    np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32))

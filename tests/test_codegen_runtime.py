@@ -147,7 +147,7 @@ def test_set_num_threads(lib):
         assert lib.set_num_threads(3) == 3
         assert lib.fn(lib.args(a)) == 0 and a.min() == 2 and a.max() == 2
     finally:
-        assert lib.set_num_threads(0) == min(os.cpu_count(), 64)
+        assert lib.set_num_threads(0) == min(len(os.sched_getaffinity(0)), 64)
 
 
 def test_cache_flush_keeps_contents(lib):
@@ -194,10 +194,11 @@ def test_idle_pool_sleeps(lib):
     assert used < 0.05, f"idle pool used {used:.3f} s of CPU in 0.3 s"
 
 
-def test_launch_overhead_in_a_timing_loop_is_microseconds(lib):
-    args = lib.args(np.zeros(1, np.float32), count=0)
-    per_call = min(lib.time(lib.fn_address, args, 2000) / 2000 for _ in range(3))
-    assert per_call < 50_000  # generous bound for a loaded CI machine; typical is ~0.2 us
+def test_many_back_to_back_launches(lib):
+    """The timing loop launches the pool thousands of times in a row (no lost wake-ups)."""
+    a = np.zeros(64, np.float32)
+    assert lib.time(lib.fn_address, lib.args(a), 5000) > 0
+    np.testing.assert_array_equal(a, np.full(64, 5000, np.float32))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

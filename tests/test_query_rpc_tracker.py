@@ -54,8 +54,10 @@ def test_all_busy(tracker):
     client = Raw(tracker.address)
     assert client.call([4, "testkey", "", 1])[0] == 0
     client.send([4, "testkey", "", 1])
-    while Raw(tracker.address).call([6])[1]["queue_info"]["testkey"]["pending"] != 1:
+    observer = Raw(tracker.address)
+    while observer.call([6])[1]["queue_info"]["testkey"]["pending"] != 1:
         pass
+    observer.close()
     out = query(tracker.port)
     assert out.returncode == 5
     assert out.stdout == CAPTURED.format(port=tracker.port, free=0, pending=1)

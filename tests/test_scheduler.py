@@ -204,3 +204,13 @@ def test_invariants(evs):
         info = s.queue_info().get("k", {"free": 0, "pending": 0})
         assert info["pending"] == len(waiting)
         assert info["free"] == 0 or info["pending"] == 0
+
+
+def test_cancelled_requests_do_not_pile_up():
+    s = Scheduler()
+    s.request("stays", "k", 1, now=0)
+    for i in range(10_000):
+        s.request(f"c{i}", "k", 1, now=i)
+        s.drop(f"c{i}", now=i)
+    assert len(s._queues["k"].waiting) < 100
+    assert served(s.put("srv", "k", "h", 1, "k:1", now=1)) == [("stays", "k:1")]

@@ -39,10 +39,11 @@ def test_tutorial_steps_odd_shapes(step, shape):
     check_gemm(s, args, M, N, K)
 
 
+@pytest.mark.parametrize("pack_per_panel", [False, True])
 @pytest.mark.parametrize("shape", [(8, 32, 16), (7, 40, 5), (1, 17, 3)])
-def test_register_blocked_microkernel(shape):
+def test_register_blocked_microkernel(shape, pack_per_panel):
     M, N, K = shape
-    s, args = W.microkernel(M, N, K, mr=2, nr=16, lanes=8)
+    s, args = W.microkernel(M, N, K, mr=2, nr=16, lanes=8, pack_per_panel=pack_per_panel)
     check_gemm(s, args, M, N, K)
 
 
@@ -194,3 +195,29 @@ def test_interpreter_catches_out_of_bounds():
     f = PrimFunc("oob", [buf], Store(buf, const(1.0), const(4)))
     with pytest.raises(interp.IROutOfBounds):
         interp.run(f, np.zeros(4, "float32"))
+
+
+def test_reduction_with_where_and_nonzero_axis_start():
+    A = te.placeholder((4, 9), name="A")
+    k = te.reduce_axis((2, 9), "k")
+    R = te.compute((4,), lambda i: te.sum(A[i, k], axis=k, where=A[i, k] > 0), name="R")
+    s = te.create_schedule(R.op)
+    ko, ki = s[R].split(k, factor=2)
+    a = rand(4, 9)
+    r = np.zeros(4, "float32")
+    run(s, [A, R], a, r)
+    np.testing.assert_allclose(r, np.where(a[:, 2:] > 0, a[:, 2:], 0).sum(axis=1), rtol=1e-5)
+
+
+def test_column_max_vectorized_over_the_data_axis():
+    A = te.placeholder((7, 20), name="A", dtype="int32")
+    k = te.reduce_axis((0, 7), "k")
+    R = te.compute((20,), lambda j: te.max(A[k, j], axis=k), name="R")
+    s = te.create_schedule(R.op)
+    jo, ji = s[R].split(R.op.axis[0], factor=8)
+    s[R].reorder(jo, k, ji)
+    s[R].vectorize(ji)
+    a = RNG.integers(-100, 100, (7, 20)).astype("int32")
+    r = np.zeros(20, "int32")
+    run(s, [A, R], a, r)
+    np.testing.assert_array_equal(r, a.max(axis=0))

@@ -136,3 +136,45 @@ def test_server_logs_when_tracker_is_unreachable(start_service):
     server = start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{free_port()}",
                                                 "--key", "board"])
     assert "cannot reach tracker" in server.wait_for_line("cannot reach tracker")
+
+
+def test_lease_returns_when_client_never_arrives(start_service):
+    tracker = start_service("kernelrpc.tracker", ["--port", "0", "--lease-timeout", "1"])
+    start_server(start_service, tracker)
+    until(lambda: queue(tracker)["free"] == 1)
+    with connect_tracker(*tracker.address) as t:
+        ghost = t.request_address("board", timeout=10)        # and never connects
+        with t.request("board", timeout=10) as sess:         # served once the 1 s lease expires
+            assert sess.address.endswith(f":{ghost[1]}")
+            assert roundtrip(sess, b"after lease") == b"after lease"
+        stats = t.summary()["stats"]["board"]
+    assert stats["expired_leases"] == 1 and stats["matches"] == 2
+
+
+def test_request_retries_past_a_stale_slot(start_service, tracker, caplog):
+    from test_tracker_service import Raw
+    server = start_service("kernelrpc.server", ["--port", "0", "--key", "board", "--tracker",
+                                                f"127.0.0.1:{free_port()}"])    # not registered: no tracker there
+    stale = Raw(tracker.address)
+    stale.register("board", server.port, "board:stale")       # a slot the server does not know
+    real = start_server(start_service, tracker)
+    until(lambda: queue(tracker)["free"] == 2)
+    with caplog.at_level("INFO", "kernelrpc.rpc.tracker_client"), connect_tracker(*tracker.address) as t:
+        with t.request("board", timeout=10) as sess:
+            assert sess.address.endswith(f":{real.port}")
+    assert "did not accept the session (attempt 1 of 5)" in caplog.text
+    stale.close()
+
+
+def test_tracker_session_survives_tracker_restart(start_service):
+    port = free_port()
+    tracker = start_tracker(start_service, port)
+    start_server(start_service, tracker)
+    until(lambda: queue(tracker)["free"] == 1)
+    with connect_tracker(*tracker.address) as t:
+        assert t.summary()["queue_info"]["board"]["free"] == 1
+        tracker.stop()
+        tracker = start_tracker(start_service, port)
+        until(lambda: queue(tracker)["free"] == 1)
+        with t.request("board", timeout=10) as sess:           # the old link is reopened
+            assert roundtrip(sess, b"same session object") == b"same session object"

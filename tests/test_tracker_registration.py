@@ -71,6 +71,7 @@ def test_registers_and_cycles_match_keys(tracker, registration, caplog):
         drive(reg, lambda: summary(tracker)["server_info"][0]["session"] == "active")
         reg.session_finished()
         drive(reg, lambda: summary(tracker)["queue_info"]["board"]["free"] == 1)
+        assert summary(tracker)["server_info"][0]["session"] == "idle"
         second = session.request_address("board", timeout=5)
         assert second[2] == reg.matchkey and second[2] != first[2]
 

@@ -248,3 +248,12 @@ def test_client_errors_are_typed(tracker):
         connect_tracker(*listener.getsockname(), connect_timeout=0.3)
     listener.close()
     assert issubclass(TrackerUnreachable, TrackerError)
+
+
+def test_info_cannot_grow_without_bound(peers):
+    p = peers()
+    big = "x" * 4000
+    replies = [p.call([5, {"addr": [None, 1], f"k{i}": big}]) for i in range(6)]
+    assert replies[:3] == [0, 0, 0]
+    assert replies[-1][0] == -1 and "at most" in replies[-1][1]
+    assert p.call([1]) == 0

@@ -91,3 +91,25 @@ def test_our_server_through_tvm_tracker(start_service):
                 assert sess.address.endswith(f":{server.port}")
                 sess.upload(b"via TVM's tracker", "probe.bin")
                 assert sess.download("probe.bin") == b"via TVM's tracker"
+
+
+def test_tvm_proxy_fleet_through_our_tracker(tracker, start_service):
+    """TVM's proxy PUTs several slots on one port before its UPDATE_INFO ("server:proxy[k]")."""
+    port = free_port()
+    start_service("tvm.exec.rpc_proxy", ["--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1),
+                                         "--web-port", "0", "--tracker", f"127.0.0.1:{tracker.port}"],
+                  ready=re.compile(r"RPCProxy: client port bind to (\S+):(\d+)"), timeout=60)
+    for _ in range(2):
+        start_service("tvm.exec.rpc_server", ["--host", "127.0.0.1", "--port", str(port), "--through-proxy",
+                                              "--key", "viaproxy"], ready=re.compile(""), timeout=60)
+    with connect_tracker(*tracker.address) as session:
+        while session.summary()["queue_info"].get("viaproxy", {}).get("free") != 2:
+            pass
+    theirs = tool("tvm.exec.query_rpc_tracker", tracker.port)
+    assert tool("kernelrpc.query_rpc_tracker", tracker.port).stdout == theirs.stdout
+    assert f"{f'127.0.0.1:{port}':21s}    server:proxy[viaproxy]\n" in theirs.stdout
+    client = tvm_rpc.connect_tracker("127.0.0.1", tracker.port)
+    sessions = [client.request("viaproxy", session_timeout=20) for _ in range(2)]
+    for i, remote in enumerate(sessions):
+        remote.upload(bytearray(b"proxy %d" % i), "probe.bin")
+        assert bytes(remote.download("probe.bin")) == b"proxy %d" % i

@@ -28,6 +28,23 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
+def _is_listening(port: int) -> bool:
+    """True when a socket on this machine listens on ``port`` (always True where /proc is absent)."""
+    found_table = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        found_table = True
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return not found_table
+
+
 class Service:
     """A running ``python -m`` service; its output is collected in ``lines``."""
 
@@ -43,9 +60,26 @@ class Service:
             stderr=subprocess.STDOUT, text=True, env=child_env(env), start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        if not self._ready.wait(timeout) or self.match is None:
+        end = time.monotonic() + timeout
+        if not self._ready.wait(timeout) or self.match is None or not self._await_listen(end):
             self.stop()
             raise RuntimeError(f"{module} did not become ready in {timeout}s; output:\n" + "\n".join(self.lines))
+
+    def _await_listen(self, deadline: float) -> bool:
+        """Wait until the announced port is really listening.
+
+        Apache TVM's services print their "bind to" line between ``bind()`` and ``listen()``,
+        so a client that connects on that line can be refused; ours print after ``listen()``.
+        """
+        try:
+            port = int(self.match.group(2))
+        except (IndexError, ValueError):
+            return True
+        while not _is_listening(port):
+            if time.monotonic() > deadline or not self._reader.is_alive():
+                return _is_listening(port)
+            self._reader.join(0.01)
+        return True
 
     def _read(self) -> None:
         for line in self.proc.stdout:

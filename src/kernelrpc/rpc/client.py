@@ -20,9 +20,10 @@ from ..runtime.device import Device
 from . import handshake as H
 from . import protocol as P
 from .transport import FramedSocket
-from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle,
-                     TensorValue, nbytes_of)
+from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
+                     decode_values, nbytes_of)
 
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
 
 
@@ -90,7 +91,7 @@ class RPCSession:
         self.address = where
         self._conn = FramedSocket(sock, int(info.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES)),
                                   initial)
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._closed = False
         self._to_free: list = []
         timeout = float(info.get("session_timeout") or 0)
@@ -112,12 +113,27 @@ class RPCSession:
         """Send a request (and a raw stream after it) and return the RETURN values."""
         with self._lock:
             self._send(op, args, raw)
-            return self._expect(self._receive(), P.RETURN)
+            try:
+                frame = self._conn.recv_frame()
+            except (ConnectionLost, ProtocolError) as exc:
+                raise self._lost(exc) from None
+            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+                self._mark_closed()
+                raise
+            if frame[0] == P.RETURN:
+                return decode_values(frame[1])
+            return self._expect(frame, P.RETURN)
 
     def _send(self, op: int, args, raw) -> None:
+        frames = P.encode_request(op, args)
+        if raw is None and not self._closed and not self._to_free:  # the common case, kept short
+            try:
+                self._conn.sock.sendall(frames)
+                return
+            except OSError as exc:
+                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
         if self._closed:
             raise ConnectionLost(f"the session with {self.address} is closed")
-        frames = P.encode_request(op, args)
         freed = self._to_free
         if freed:
             self._to_free = []
@@ -132,29 +148,31 @@ class RPCSession:
         if freed:
             self._expect(self._receive(), P.RETURN)
 
-    def _receive(self) -> P.Frame:
+    def _receive(self) -> tuple[int, bytes]:
         try:
             return self._conn.recv_frame()
         except (ConnectionLost, ProtocolError) as exc:
             raise self._lost(exc) from None
 
-    def _expect(self, frame: P.Frame, frame_type: int):
-        if frame.type == frame_type:
+    def _expect(self, frame: tuple[int, bytes], frame_type: int):
+        """The RETURN values or DATA length of a reply, or the error that the reply stands for."""
+        got, body = frame
+        if got == frame_type:
             if frame_type == P.RETURN:
-                return P.decode_values(frame.body)
-            return P.decode_data_header(frame.body)
-        if frame.type == P.ERROR:
-            raise RemoteError(*P.decode_error(frame.body))
-        if frame.type == P.NOTICE:
+                return decode_values(body)
+            return P.decode_data_header(body)
+        if got == P.ERROR:
+            raise RemoteError(*P.decode_error(body))
+        if got == P.NOTICE:
             self._mark_closed()
-            kind, message, sig, exit_code = P.decode_notice(frame.body)
+            kind, message, sig, exit_code = P.decode_notice(body)
             if kind == P.NOTICE_TIMEOUT:
                 raise SessionTimeout(message)
             if kind == P.NOTICE_CRASHED:
                 raise ServerCrashed(message, signal=sig, exit_code=exit_code)
-            raise RPCError(f"the server ended the session: {kind}: {message}")
+            raise ConnectionLost(f"the server ended the session: {kind}: {message}")
         self._mark_closed()
-        raise ProtocolError(f"expected {P.FRAME_NAMES[frame_type]}, got {P.FRAME_NAMES[frame.type]}")
+        raise ProtocolError(f"expected {P.FRAME_NAMES[frame_type]}, got {P.FRAME_NAMES[got]}")
 
     def _lost(self, exc: Exception) -> RPCError:
         self._mark_closed()
@@ -193,6 +211,8 @@ class RPCSession:
     # ------------------------------------------------------------ values
 
     def _to_wire(self, value):
+        if type(value) in _PLAIN:
+            return value
         if isinstance(value, (Tensor, Module, Function)):
             if value._session is not self:
                 raise ValueError(f"{value!r} belongs to another session")
@@ -208,6 +228,8 @@ class RPCSession:
         return value
 
     def _from_wire(self, value):
+        if type(value) in _PLAIN:
+            return value
         if isinstance(value, TensorHandle):
             return Tensor(self, value)
         if isinstance(value, ModuleHandle):
@@ -349,8 +371,11 @@ class Function(_Remote):
 
     def __call__(self, *args):
         session = self._session
-        (result,) = session._request(P.CALL, [self._handle, *[session._to_wire(a) for a in args]])
-        return session._from_wire(result)
+        wire = [self._handle]
+        for arg in args:
+            wire.append(arg if type(arg) in _PLAIN else session._to_wire(arg))
+        (result,) = session._request(P.CALL, wire)
+        return result if type(result) in _PLAIN else session._from_wire(result)
 
     def __repr__(self) -> str:
         return f"<remote Function {self.name} on {self._session.address}>"

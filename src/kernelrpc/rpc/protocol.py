@@ -18,6 +18,7 @@ import dataclasses
 import json
 import re
 import struct
+from typing import NamedTuple
 
 from ..errors import ProtocolError, VersionMismatch
 from .values import decode_values, encode_values
@@ -46,6 +47,7 @@ OPS_WITH_RAW_INPUT = frozenset({COPY_TO, UPLOAD})  # raw bytes follow these requ
 # NOTICE kinds: the server's parent process ended the session.
 NOTICE_TIMEOUT = "SessionTimeout"
 NOTICE_CRASHED = "ServerCrashed"
+NOTICE_SHUTDOWN = "ServerShutdown"
 
 _HEADER = struct.Struct("<IB")
 HEADER_SIZE = _HEADER.size
@@ -60,8 +62,7 @@ _TVM_STR_HEAD = struct.Struct("<iQ")
 _TVM_NARGS = struct.Struct("<i")
 
 
-@dataclasses.dataclass(frozen=True)
-class Frame:
+class Frame(NamedTuple):
     type: int
     body: bytes
 
@@ -107,17 +108,28 @@ class FrameReader:
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None when more bytes are needed."""
-        avail = len(self._buf) - self._pos
+        pos = self._pos
+        avail = len(self._buf) - pos
         if avail < HEADER_SIZE:
             return None
-        frame_type, length = parse_header(
-            memoryview(self._buf)[self._pos:self._pos + HEADER_SIZE], self.max_frame_bytes)
+        length, frame_type = _HEADER.unpack_from(self._buf, pos)
+        if frame_type not in FRAME_NAMES or length > self.max_frame_bytes:
+            parse_header(self._buf[pos:pos + HEADER_SIZE], self.max_frame_bytes)  # raises
         if avail < HEADER_SIZE + length:
             return None
-        start = self._pos + HEADER_SIZE
-        body = bytes(self._buf[start:start + length])
+        body = bytes(self._buf[pos + HEADER_SIZE:pos + HEADER_SIZE + length])
         self._advance(HEADER_SIZE + length)
         return Frame(frame_type, body)
+
+    def whole_frame(self, chunk: bytes) -> tuple[int, bytes] | None:
+        """Fast path for an empty buffer: ``(type, body)`` if ``chunk`` is exactly one valid frame."""
+        if len(chunk) < HEADER_SIZE:
+            return None
+        length, frame_type = _HEADER.unpack_from(chunk)
+        if length + HEADER_SIZE != len(chunk) or frame_type not in FRAME_NAMES \
+                or length > self.max_frame_bytes:
+            return None
+        return frame_type, chunk[HEADER_SIZE:]
 
     def take(self, n: int) -> bytes:
         """Up to ``n`` already buffered bytes (the start of a raw stream)."""
@@ -138,9 +150,14 @@ class FrameReader:
 
 # ---------------------------------------------------------------- requests and replies
 
+_OP_BYTES = tuple(_OP.pack(op) for op in range(256))
+
+
 def encode_request(op: int, args=()) -> bytes:
-    body = _OP.pack(op) + encode_values(args)
-    return encode_frame(REQUEST, body)
+    parts = [b"", _OP_BYTES[op]]
+    encode_values(args, parts)
+    parts[0] = _HEADER.pack(sum(map(len, parts)), REQUEST)
+    return b"".join(parts)
 
 
 def decode_request(body) -> tuple[int, list]:
@@ -149,11 +166,14 @@ def decode_request(body) -> tuple[int, list]:
     op = body[0]
     if op not in OPS:
         raise ProtocolError(f"unknown request operation {op}")
-    return op, decode_values(memoryview(body)[1:])
+    return op, decode_values(body, 1)
 
 
 def encode_return(values=()) -> bytes:
-    return encode_frame(RETURN, encode_values(values))
+    parts = [b""]
+    encode_values(values, parts)
+    parts[0] = _HEADER.pack(sum(map(len, parts)), RETURN)
+    return b"".join(parts)
 
 
 def encode_error(type_name: str, message: str, traceback_text: str = "") -> bytes:
@@ -310,6 +330,7 @@ class HelloReply:
     info: dict
 
 
+_KERNELRPC_SERVER_VERSION = re.compile(r"server speaks kernelrpc session protocol ([\w./]+),")
 _TVM_SERVER_VERSION = re.compile(r"server protocol=([\w.]+)")
 
 
@@ -351,9 +372,9 @@ class HelloReplyParser(_TVMPacketParser):
 
     @staticmethod
     def _refusal(message: str) -> VersionMismatch:
-        if message.startswith("version mismatch:"):
-            theirs = message.split("speaks kernelrpc session protocol ", 1)[-1].split(",", 1)[0]
-            return VersionMismatch(message, ours=VERSION_STRING, theirs=theirs)
+        ours = _KERNELRPC_SERVER_VERSION.search(message)
+        if ours:
+            return VersionMismatch(message, ours=VERSION_STRING, theirs=ours.group(1))
         found = _TVM_SERVER_VERSION.search(message)
         theirs = found.group(1) if found else "unknown"
         return VersionMismatch(

@@ -102,12 +102,17 @@ class TrackerSession:
         return self._replies.pop(0)
 
     def _call(self, msg):
-        try:
-            self._send(msg)
-            reply = self._recv()
-        except OSError as exc:
-            self.close()
-            raise ConnectionLost(f"lost the connection to tracker {self.where}: {exc}") from None
+        """Send ``msg`` (an idempotent query) and return the reply; a connection that broke
+        since the last call (say, the tracker restarted) is reopened once."""
+        for attempt in (1, 2):
+            try:
+                self._send(msg)
+                reply = self._recv()
+                break
+            except (OSError, ConnectionLost) as exc:
+                self.close()
+                if attempt == 2:
+                    raise ConnectionLost(f"lost the connection to tracker {self.where}: {exc}") from None
         _raise_for_failure(reply, self.where)
         return reply
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from ..errors import ConnectionLost
-from .protocol import DEFAULT_MAX_FRAME_BYTES, Frame, FrameReader
+from .protocol import DEFAULT_MAX_FRAME_BYTES, FrameReader
 
 _RECV_CHUNK = 1 << 16
 
@@ -56,9 +56,27 @@ class FramedSocket:
             raise ConnectionLost("the peer closed the connection")
         self.reader.feed(memoryview(self._scratch)[:n])
 
-    def recv_frame(self) -> Frame:
+    def recv_frame(self) -> tuple[int, bytes]:
+        """The next frame as ``(type, body)``."""
+        reader = self.reader
+        pending = reader.buffered()
+        if pending:
+            frame = reader.next_frame()
+            if frame is not None:
+                return frame
+        try:
+            data = self.sock.recv(_RECV_CHUNK)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if not pending:
+            frame = reader.whole_frame(data)  # usually the chunk is exactly one frame
+            if frame is not None:
+                return frame
+        if not data:
+            raise ConnectionLost("the peer closed the connection")
+        reader.feed(data)
         while True:
-            frame = self.reader.next_frame()
+            frame = reader.next_frame()
             if frame is not None:
                 return frame
             self._fill()

@@ -74,6 +74,7 @@ _TAG_F64 = struct.Struct("<Bd")
 _TAG_U32 = struct.Struct("<BI")
 _TAG_U64 = struct.Struct("<BQ")
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_SMALL_COUNTS = tuple(_U32.pack(n) for n in range(16))
 
 
 def nbytes_of(dtype: str, shape) -> int:
@@ -101,15 +102,21 @@ def check_device(device: DeviceValue) -> None:
 
 # ---------------------------------------------------------------- encoding
 
-def encode_values(values) -> bytes:
-    """Encode a sequence of values as ``u32 count`` + tagged values."""
-    parts = [_U32.pack(len(values))]
+def encode_values(values, parts: list | None = None) -> bytes:
+    """Encode a sequence of values as ``u32 count`` + tagged values (appended to ``parts`` if given)."""
+    out = [] if parts is None else parts
+    n = len(values)
+    out.append(_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n))
     for value in values:
-        _encode(value, parts, 0)
-    return b"".join(parts)
+        encoder = _ENCODERS.get(type(value))
+        if encoder is None:
+            _encode_other(value, out, 0)
+        else:
+            encoder(value, out, 0)
+    return b"".join(out) if parts is None else b""
 
 
-def _short_text(text: str, parts: list) -> None:
+def _put_short_text(text: str, parts: list) -> None:
     raw = text.encode()
     if len(raw) > MAX_SHORT_TEXT:
         raise ProtocolError(f"name {text[:40]!r}... is longer than {MAX_SHORT_TEXT} bytes")
@@ -119,172 +126,239 @@ def _short_text(text: str, parts: list) -> None:
 
 def _device(device: DeviceValue, parts: list) -> None:
     check_device(device)
-    _short_text(device.device_type, parts)
+    _put_short_text(device.device_type, parts)
     parts.append(_U32.pack(device.device_id))
 
 
 def _layout(dtype: str, shape, device: DeviceValue, parts: list) -> None:
     check_layout(dtype, shape)
-    _short_text(dtype, parts)
+    _put_short_text(dtype, parts)
     parts.append(_U8.pack(len(shape)))
     parts.append(struct.pack(f"<{len(shape)}q", *shape))
     _device(device, parts)
 
 
-def _encode(value, parts: list, depth: int) -> None:
-    if value is None:
-        parts.append(_U8.pack(T_NONE))
-    elif value is True or value is False:
-        parts.append(_U8.pack(T_TRUE if value else T_FALSE))
-    elif isinstance(value, int):
-        if not _I64_MIN <= value <= _I64_MAX:
-            raise ProtocolError(f"integer {value} does not fit in 64 bits")
-        parts.append(_TAG_I64.pack(T_INT, value))
-    elif isinstance(value, float):
-        parts.append(_TAG_F64.pack(T_FLOAT, value))
-    elif isinstance(value, str):
-        raw = value.encode("utf-8", "surrogatepass")
-        parts.append(_TAG_U32.pack(T_STR, len(raw)))
-        parts.append(raw)
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        raw = memoryview(value).cast("B")
-        parts.append(_TAG_U32.pack(T_BYTES, raw.nbytes))
-        parts.append(raw)
-    elif isinstance(value, (list, tuple)):
-        if depth >= MAX_DEPTH:
-            raise ProtocolError(f"lists nest deeper than {MAX_DEPTH} levels")
-        parts.append(_TAG_U32.pack(T_LIST, len(value)))
-        for item in value:
-            _encode(item, parts, depth + 1)
-    elif isinstance(value, DeviceValue):
-        parts.append(_U8.pack(T_DEVICE))
-        _device(value, parts)
-    elif isinstance(value, TensorValue):
-        if len(value.data) != nbytes_of(value.dtype, value.shape):
-            raise ProtocolError("inline tensor data does not match its dtype and shape")
-        parts.append(_U8.pack(T_TENSOR))
-        _layout(value.dtype, value.shape, value.device, parts)
-        parts.append(value.data)
-    elif isinstance(value, ModuleHandle):
-        parts.append(_TAG_U64.pack(T_MODULE, value.id))
-    elif isinstance(value, FunctionHandle):
-        parts.append(_TAG_U64.pack(T_FUNCTION, value.id))
-    elif isinstance(value, TensorHandle):
-        parts.append(_TAG_U64.pack(T_TENSOR_HANDLE, value.id))
-        _layout(value.dtype, value.shape, value.device, parts)
-    else:
-        raise TypeError(f"cannot send a {type(value).__name__} over kernelrpc; supported: None, bool, "
-                        "int, float, str, bytes, list, Device, Tensor, Module, Function")
+def _enc_none(value, parts, depth):
+    parts.append(b"\x00")
+
+
+def _enc_bool(value, parts, depth):
+    parts.append(b"\x02" if value else b"\x01")
+
+
+def _enc_int(value, parts, depth):
+    if not _I64_MIN <= value <= _I64_MAX:
+        raise ProtocolError(f"integer {value} does not fit in 64 bits")
+    parts.append(_TAG_I64.pack(T_INT, value))
+
+
+def _enc_float(value, parts, depth):
+    parts.append(_TAG_F64.pack(T_FLOAT, value))
+
+
+def _enc_str(value, parts, depth):
+    raw = value.encode("utf-8", "surrogatepass")
+    parts.append(_TAG_U32.pack(T_STR, len(raw)))
+    parts.append(raw)
+
+
+def _enc_bytes(value, parts, depth):
+    raw = memoryview(value).cast("B")
+    parts.append(_TAG_U32.pack(T_BYTES, raw.nbytes))
+    parts.append(raw)
+
+
+def _enc_list(value, parts, depth):
+    if depth >= MAX_DEPTH:
+        raise ProtocolError(f"lists nest deeper than {MAX_DEPTH} levels")
+    parts.append(_TAG_U32.pack(T_LIST, len(value)))
+    for item in value:
+        encoder = _ENCODERS.get(type(item))
+        if encoder is None:
+            _encode_other(item, parts, depth + 1)
+        else:
+            encoder(item, parts, depth + 1)
+
+
+def _enc_device(value, parts, depth):
+    parts.append(_U8.pack(T_DEVICE))
+    _device(value, parts)
+
+
+def _enc_tensor(value, parts, depth):
+    if len(value.data) != nbytes_of(value.dtype, value.shape):
+        raise ProtocolError("inline tensor data does not match its dtype and shape")
+    parts.append(_U8.pack(T_TENSOR))
+    _layout(value.dtype, value.shape, value.device, parts)
+    parts.append(value.data)
+
+
+def _enc_module(value, parts, depth):
+    parts.append(_TAG_U64.pack(T_MODULE, value.id))
+
+
+def _enc_function(value, parts, depth):
+    parts.append(_TAG_U64.pack(T_FUNCTION, value.id))
+
+
+def _enc_tensor_handle(value, parts, depth):
+    parts.append(_TAG_U64.pack(T_TENSOR_HANDLE, value.id))
+    _layout(value.dtype, value.shape, value.device, parts)
+
+
+_ENCODERS = {
+    type(None): _enc_none, bool: _enc_bool, int: _enc_int, float: _enc_float, str: _enc_str,
+    bytes: _enc_bytes, bytearray: _enc_bytes, memoryview: _enc_bytes, list: _enc_list, tuple: _enc_list,
+    DeviceValue: _enc_device, TensorValue: _enc_tensor, ModuleHandle: _enc_module,
+    FunctionHandle: _enc_function, TensorHandle: _enc_tensor_handle,
+}
+
+
+def _encode_other(value, parts: list, depth: int) -> None:
+    """Subclasses of the supported types (IntEnum, str subclasses, ...)."""
+    for kind, encoder in _ENCODERS.items():
+        if kind is not type(None) and isinstance(value, kind):
+            encoder(bool(value) if kind is bool else value, parts, depth)
+            return
+    raise TypeError(f"cannot send a {type(value).__name__} over kernelrpc; supported: None, bool, "
+                    "int, float, str, bytes, list, Device, Tensor, Module, Function")
 
 
 # ---------------------------------------------------------------- decoding
 
-class _Reader:
-    __slots__ = ("view", "pos")
+# Decoders take (data, pos, depth) and return (value, new_pos). Reads past the end raise
+# struct.error (turned into ProtocolError by decode_values); slices are checked explicitly.
 
-    def __init__(self, data) -> None:
-        self.view = memoryview(data).cast("B")
-        self.pos = 0
-
-    def take(self, n: int) -> memoryview:
-        end = self.pos + n
-        if n < 0 or end > len(self.view):
-            raise ProtocolError(f"truncated message: needed {n} bytes at offset {self.pos}, "
-                                f"only {len(self.view) - self.pos} left")
-        chunk = self.view[self.pos:end]
-        self.pos = end
-        return chunk
-
-    def unpack(self, fmt: struct.Struct):
-        return fmt.unpack(self.take(fmt.size))
-
-    def remaining(self) -> int:
-        return len(self.view) - self.pos
-
-    def short_text(self) -> str:
-        (n,) = self.unpack(_U8)
-        try:
-            return str(self.take(n), "utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError("a name is not valid UTF-8") from None
+def _take(data, pos: int, n: int) -> bytes:
+    end = pos + n
+    if end > len(data):
+        raise ProtocolError(f"truncated message: needed {n} bytes at offset {pos}, "
+                            f"only {len(data) - pos} left")
+    return data[pos:end]
 
 
-def decode_values(data) -> list:
-    """Decode ``u32 count`` + values; the whole input must be consumed."""
-    reader = _Reader(data)
-    values = read_values(reader)
-    if reader.remaining():
-        raise ProtocolError(f"{reader.remaining()} unexpected bytes after the values")
+def _short_text(data, pos: int) -> tuple[str, int]:
+    n = data[pos] if pos < len(data) else _truncated(pos)
+    try:
+        return str(_take(data, pos + 1, n), "utf-8"), pos + 1 + n
+    except UnicodeDecodeError:
+        raise ProtocolError("a name is not valid UTF-8") from None
+
+
+def _truncated(pos: int):
+    raise ProtocolError(f"truncated message at offset {pos}")
+
+
+def decode_values(data, offset: int = 0) -> list:
+    """Decode ``u32 count`` + values starting at ``offset``; the rest of the input must be consumed."""
+    if type(data) is not bytes:
+        data = bytes(data)
+    try:
+        (count,) = _U32.unpack_from(data, offset)
+        values, pos = _read_items(data, offset + 4, count, 0)
+    except struct.error:
+        raise ProtocolError(f"truncated message ({len(data)} bytes)") from None
+    if pos != len(data):
+        raise ProtocolError(f"{len(data) - pos} unexpected bytes after the values")
     return values
 
 
-def read_values(reader: _Reader) -> list:
-    (count,) = reader.unpack(_U32)
-    if count > reader.remaining():
-        raise ProtocolError(f"value count {count} exceeds the {reader.remaining()} bytes left")
-    return [_decode(reader, 0) for _ in range(count)]
+def _read_items(data, pos: int, count: int, depth: int) -> tuple[list, int]:
+    if count > len(data) - pos:
+        raise ProtocolError(f"value count {count} exceeds the {len(data) - pos} bytes left")
+    out = []
+    decoders = _DECODERS
+    try:
+        for _ in range(count):
+            value, pos = decoders[data[pos]](data, pos + 1, depth)
+            out.append(value)
+    except IndexError:
+        raise ProtocolError(f"truncated message or unknown value tag at offset {pos}") from None
+    return out, pos
 
 
-def _read_device(reader: _Reader) -> DeviceValue:
-    device_type = reader.short_text()
-    (device_id,) = reader.unpack(_U32)
+def _read_device(data, pos: int) -> tuple[DeviceValue, int]:
+    device_type, pos = _short_text(data, pos)
+    (device_id,) = _U32.unpack_from(data, pos)
     device = DeviceValue(device_type, device_id)
     check_device(device)
-    return device
+    return device, pos + 4
 
 
-def _read_layout(reader: _Reader):
-    dtype = reader.short_text()
-    (ndim,) = reader.unpack(_U8)
+def _read_layout(data, pos: int):
+    dtype, pos = _short_text(data, pos)
+    ndim = data[pos] if pos < len(data) else _truncated(pos)
     if ndim > MAX_NDIM:
         raise ProtocolError(f"tensor has {ndim} dimensions, the limit is {MAX_NDIM}")
-    shape = struct.unpack(f"<{ndim}q", reader.take(8 * ndim))
+    shape = struct.unpack_from(f"<{ndim}q", data, pos + 1)
     check_layout(dtype, shape)
-    return dtype, shape, _read_device(reader)
+    device, pos = _read_device(data, pos + 1 + 8 * ndim)
+    return dtype, shape, device, pos
 
 
-def _decode(reader: _Reader, depth: int):
-    (tag,) = reader.unpack(_U8)
-    if tag == T_NONE:
-        return None
-    if tag == T_FALSE:
-        return False
-    if tag == T_TRUE:
-        return True
-    if tag == T_INT:
-        return reader.unpack(_I64)[0]
-    if tag == T_FLOAT:
-        return reader.unpack(_F64)[0]
-    if tag == T_STR:
-        (n,) = reader.unpack(_U32)
-        try:
-            return str(reader.take(n), "utf-8", "surrogatepass")
-        except UnicodeDecodeError:
-            raise ProtocolError("a string value is not valid UTF-8") from None
-    if tag == T_BYTES:
-        (n,) = reader.unpack(_U32)
-        return bytes(reader.take(n))
-    if tag == T_LIST:
-        if depth >= MAX_DEPTH:
-            raise ProtocolError(f"lists nest deeper than {MAX_DEPTH} levels")
-        (count,) = reader.unpack(_U32)
-        if count > reader.remaining():
-            raise ProtocolError(f"list length {count} exceeds the {reader.remaining()} bytes left")
-        return [_decode(reader, depth + 1) for _ in range(count)]
-    if tag == T_DEVICE:
-        return _read_device(reader)
-    if tag == T_TENSOR:
-        dtype, shape, device = _read_layout(reader)
-        n = DTYPE_BYTES[dtype] * math.prod(shape)
-        if n > reader.remaining():
-            raise ProtocolError(f"inline tensor needs {n} bytes, only {reader.remaining()} left")
-        return TensorValue(dtype, tuple(shape), device, bytes(reader.take(n)))
-    if tag == T_MODULE:
-        return ModuleHandle(reader.unpack(_U64)[0])
-    if tag == T_FUNCTION:
-        return FunctionHandle(reader.unpack(_U64)[0])
-    if tag == T_TENSOR_HANDLE:
-        (handle,) = reader.unpack(_U64)
-        dtype, shape, device = _read_layout(reader)
-        return TensorHandle(handle, dtype, tuple(shape), device)
-    raise ProtocolError(f"unknown value tag {tag}")
+def _dec_none(data, pos, depth):
+    return None, pos
+
+
+def _dec_false(data, pos, depth):
+    return False, pos
+
+
+def _dec_true(data, pos, depth):
+    return True, pos
+
+
+def _dec_int(data, pos, depth):
+    return _I64.unpack_from(data, pos)[0], pos + 8
+
+
+def _dec_float(data, pos, depth):
+    return _F64.unpack_from(data, pos)[0], pos + 8
+
+
+def _dec_str(data, pos, depth):
+    (n,) = _U32.unpack_from(data, pos)
+    try:
+        return str(_take(data, pos + 4, n), "utf-8", "surrogatepass"), pos + 4 + n
+    except UnicodeDecodeError:
+        raise ProtocolError("a string value is not valid UTF-8") from None
+
+
+def _dec_bytes(data, pos, depth):
+    (n,) = _U32.unpack_from(data, pos)
+    return bytes(_take(data, pos + 4, n)), pos + 4 + n
+
+
+def _dec_list(data, pos, depth):
+    if depth >= MAX_DEPTH:
+        raise ProtocolError(f"lists nest deeper than {MAX_DEPTH} levels")
+    (count,) = _U32.unpack_from(data, pos)
+    return _read_items(data, pos + 4, count, depth + 1)
+
+
+def _dec_device(data, pos, depth):
+    return _read_device(data, pos)
+
+
+def _dec_tensor(data, pos, depth):
+    dtype, shape, device, pos = _read_layout(data, pos)
+    n = DTYPE_BYTES[dtype] * math.prod(shape)
+    return TensorValue(dtype, tuple(shape), device, bytes(_take(data, pos, n))), pos + n
+
+
+def _dec_module(data, pos, depth):
+    return ModuleHandle(_U64.unpack_from(data, pos)[0]), pos + 8
+
+
+def _dec_function(data, pos, depth):
+    return FunctionHandle(_U64.unpack_from(data, pos)[0]), pos + 8
+
+
+def _dec_tensor_handle(data, pos, depth):
+    (handle,) = _U64.unpack_from(data, pos)
+    dtype, shape, device, pos = _read_layout(data, pos + 8)
+    return TensorHandle(handle, dtype, tuple(shape), device), pos
+
+
+_DECODERS = (_dec_none, _dec_false, _dec_true, _dec_int, _dec_float, _dec_str, _dec_bytes, _dec_list,
+             _dec_device, _dec_tensor, _dec_module, _dec_function, _dec_tensor_handle)

@@ -25,8 +25,7 @@ from .workspace import Workspace, WorkspaceError
 log = logging.getLogger(__name__)
 
 
-class SessionEnd(Exception):
-    """The client asked to end the session (SHUTDOWN)."""
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 
 
 def _expect(args: list, *kinds) -> list:
@@ -59,15 +58,16 @@ class SessionHandler:
 
     def serve(self) -> None:
         """Answer requests until the client shuts the session down or disconnects."""
+        recv_frame, send, ops = self.conn.recv_frame, self.conn.send, self._ops
         while True:
-            frame = self.conn.recv_frame()
-            if frame.type != P.REQUEST:
-                raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame.type]}")
-            op, args = P.decode_request(frame.body)
+            frame_type, body = recv_frame()
+            if frame_type != P.REQUEST:
+                raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
+            op, args = P.decode_request(body)
             if op == P.SHUTDOWN:
                 return
             try:
-                reply = self._ops[op](args)
+                reply = ops[op](args)
             except ConnectionLost:
                 raise
             except Exception as exc:  # reported to the client, the session goes on
@@ -76,7 +76,7 @@ class SessionHandler:
                 log.debug("%s failed", P.OPS[op], exc_info=True)
                 reply = P.encode_error(type(exc).__name__, str(exc), traceback.format_exc())
             if reply is not None:
-                self.conn.send(reply)
+                send(reply)
 
     def _skip_raw_input(self, args: list) -> None:
         nbytes = args[-1] if args and type(args[-1]) is int else -1
@@ -106,6 +106,8 @@ class SessionHandler:
 
     def _to_local(self, value):
         """A decoded argument as the runtime object it stands for."""
+        if type(value) in _PLAIN:
+            return value
         if isinstance(value, TensorHandle):
             return self._tensor(value)
         if isinstance(value, ModuleHandle):
@@ -125,6 +127,8 @@ class SessionHandler:
 
     def _to_wire(self, value):
         """A result as a wire value; runtime objects stay here and travel as handles."""
+        if type(value) in _PLAIN:
+            return value
         if isinstance(value, runtime.Tensor):
             return self._tensor_handle(value)
         if isinstance(value, runtime.Module):
@@ -147,11 +151,16 @@ class SessionHandler:
 
     def _get_global(self, args):
         (name,) = _expect(args, str)
-        return P.encode_return([FunctionHandle(self._put(registry.get(name)))])
+        func = self._session_functions().get(name) or registry.get(name)
+        return P.encode_return([FunctionHandle(self._put(func))])
 
     def _list_globals(self, args):
         _expect(args)
-        return P.encode_return([registry.names()])
+        return P.encode_return([sorted([*registry.names(), *self._session_functions()])])
+
+    def _session_functions(self) -> dict:
+        """Globals that look at this session (handle leaks show up here during long runs)."""
+        return {"session.live_handles": lambda: len(self._objects) - 1}  # minus this function
 
     def _load_module(self, args):
         (name,) = _expect(args, str)
@@ -164,11 +173,17 @@ class SessionHandler:
         return P.encode_return([FunctionHandle(self._put(module.get_function(name)))])
 
     def _call(self, args):
-        if not args or not isinstance(args[0], FunctionHandle):
+        if not args or type(args[0]) is not FunctionHandle:
             raise ProtocolError("CALL needs a function handle first")
-        func = self._lookup(args[0].id, object, "function")
-        result = func(*[self._to_local(a) for a in args[1:]])
-        return P.encode_return([self._to_wire(result)])
+        func = self._objects.get(args[0].id)
+        if func is None:
+            raise LookupError(f"no function with handle {args[0].id} in this session (freed already?)")
+        call_args = args[1:]
+        for i, arg in enumerate(call_args):
+            if type(arg) not in _PLAIN:
+                call_args[i] = self._to_local(arg)
+        result = func(*call_args)
+        return P.encode_return([result if type(result) in _PLAIN else self._to_wire(result)])
 
     def _free(self, args):
         for value in args:

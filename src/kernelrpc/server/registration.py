@@ -123,7 +123,7 @@ class TrackerRegistration:
         self._misses = 0
         self.matchkey = self._fresh_matchkey()
         if self._state == "ready":
-            self._guarded(self._offer)
+            self._guarded(self._offer_idle)
 
     def close(self) -> None:
         self._closed = True
@@ -224,6 +224,10 @@ class TrackerRegistration:
 
     def _info(self, session: str) -> dict:
         return {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session}
+
+    def _offer_idle(self, now: float) -> None:
+        self._send([TrackerCode.UPDATE_INFO, self._info("idle")], "info", now)
+        self._offer(now)
 
     def _offer(self, now: float) -> None:
         self._send([TrackerCode.PUT, self.key, [self.port, self.matchkey], self.custom_addr], "put", now)

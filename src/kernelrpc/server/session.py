@@ -92,7 +92,7 @@ class SessionProcess:
                 _wait_readable(self._pidfd, 0.5)
 
     def kill(self) -> None:
-        """End the session now (server shutdown)."""
+        """End the session now because the server shuts down."""
         if self.done:
             return
         try:
@@ -100,6 +100,7 @@ class SessionProcess:
         except ProcessLookupError:
             pass
         os.waitpid(self.pid, 0)
+        self._notify(P.encode_notice(P.NOTICE_SHUTDOWN, "the server is shutting down"))
         self._cleanup()
 
     def _ended_cleanly(self) -> bool:
@@ -187,8 +188,9 @@ def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, confi
     code = EXIT_INTERNAL
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which ends us
         keep = sorted((sock.fileno(), status_fd))
         os.closerange(3, keep[0])
         os.closerange(keep[0] + 1, keep[1])

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 
@@ -113,7 +114,7 @@ class BuiltModule:
         self.target = compiled.target
         self.funcs = funcs
         self._loaded = None
-        self._workdir: str | None = None
+        self._load_lock = threading.Lock()
 
     @property
     def entry_name(self) -> str:
@@ -168,17 +169,18 @@ class BuiltModule:
     # ------------------------------------------------------------------ local execution
 
     def _runtime_module(self):
-        if self._loaded is None:
-            if not self.target.is_host:
-                raise RuntimeError(f"cannot run code for {self.target.triple} on this host; "
-                                   "export it and load it on a matching device")
-            from .. import runtime
+        with self._load_lock:
+            if self._loaded is None:
+                if not self.target.is_host:
+                    raise RuntimeError(f"cannot run code for {self.target.triple} on this host; "
+                                       "export it and load it on a matching device")
+                from .. import runtime
 
-            self._workdir = tempfile.mkdtemp(prefix="kernelrpc-build-")
-            weakref.finalize(self, shutil.rmtree, self._workdir, True)
-            path = self.export_library(Path(self._workdir) / "module.so")
-            self._loaded = runtime.load_module(str(path))
-        return self._loaded
+                workdir = tempfile.mkdtemp(prefix="kernelrpc-build-")
+                weakref.finalize(self, shutil.rmtree, workdir, True)
+                path = self.export_library(Path(workdir) / "module.so")
+                self._loaded = runtime.load_module(str(path))
+            return self._loaded
 
     @property
     def runtime_module(self):

@@ -72,11 +72,6 @@ def dtype_bits(dtype: str) -> int:
     return parse_dtype(dtype)[1]
 
 
-def dtype_bytes(dtype: str) -> int:
-    code, bits, lanes = parse_dtype(dtype)
-    return (1 if code == "bool" else bits // 8) * lanes
-
-
 # --------------------------------------------------------------------------- nodes
 
 class PrimExpr:
@@ -303,7 +298,11 @@ class Not(PrimExpr):
 
 
 class Select(PrimExpr):
-    """``condition ? true_value : false_value``; both branches may be evaluated."""
+    """``condition ? true_value : false_value`` (TVM's if_then_else).
+
+    Memory is read only where a branch is selected, so a branch may index out of bounds
+    where the condition rules it out (padding, tails).
+    """
 
     __slots__ = ("condition", "true_value", "false_value")
     _fields = ("condition", "true_value", "false_value")

@@ -36,9 +36,13 @@ def _check(buf, name, idx):
         raise IROutOfBounds(f"{name}[{lo}..{hi}] outside [0, {buf.size})")
 
 
-def _ld(buf, name, idx):
-    _check(buf, name, idx)
-    return buf[idx]
+def _ld(buf, name, idx, mask=None):
+    if mask is None:
+        _check(buf, name, idx)
+        return buf[idx]
+    if np.any(mask):
+        _check(buf, name, idx[mask])
+    return buf[np.where(mask, idx, 0)]
 
 
 def _st(buf, name, idx, value):
@@ -55,8 +59,12 @@ def _tmod(a, b):
     return a - b * _tdiv(a, b)
 
 
-def _select(c, t, f):
-    return np.where(c, t, f)[()] if np.ndim(c) or np.ndim(t) or np.ndim(f) else (t if c else f)
+def _vselect(c, true_fn, false_fn, mask):
+    """Vector select that reads memory only in the lanes each branch is selected for."""
+    c = np.asarray(c)
+    t_mask = c if mask is None else c & mask
+    f_mask = ~c if mask is None else ~c & mask
+    return np.where(c, true_fn(t_mask), false_fn(f_mask))
 
 
 _BIN = {Add: "+", Sub: "-", Mul: "*", FloorDiv: "//", FloorMod: "%",
@@ -72,6 +80,8 @@ class _PyGen:
         self.names: dict = {}
         self.lines: list = []
         self.consts: dict = {}
+        self.mask = "None"      # name of the lane mask of the enclosing vector select
+        self.masks = 0
 
     def name(self, obj, prefix: str) -> str:
         key = id(obj)
@@ -109,8 +119,7 @@ class _PyGen:
         if isinstance(e, Not):
             return f"np.logical_not({self.expr(e.a)})"
         if isinstance(e, Select):
-            return (f"_select({self.expr(e.condition)}, {self.expr(e.true_value)}, "
-                    f"{self.expr(e.false_value)})")
+            return self.select(e)
         if isinstance(e, Cast):
             t = self.const(_np_dtype(e.dtype))
             v = self.expr(e.value)
@@ -131,8 +140,22 @@ class _PyGen:
             return f"np.full({e.lanes}, {self.expr(e.value)}, dtype={t})"
         if isinstance(e, Load):
             b = self.name(e.buffer, "b")
-            return f"_ld({b}, {e.buffer.name!r}, {self.expr(e.index)})"
+            return f"_ld({b}, {e.buffer.name!r}, {self.expr(e.index)}, {self.mask})"
         raise InterpError(f"cannot interpret {type(e).__name__}")
+
+    def select(self, e) -> str:
+        """Lazy like TVM's if_then_else: the branch not taken never touches memory."""
+        cond = self.expr(e.condition)
+        if dtype_lanes(e.dtype) == 1:
+            return f"({self.expr(e.true_value)} if {cond} else {self.expr(e.false_value)})"
+        outer = self.mask
+        branches = []
+        for branch in (e.true_value, e.false_value):
+            self.masks += 1
+            self.mask = f"m{self.masks}"
+            branches.append(f"lambda {self.mask}: {self.expr(branch)}")
+            self.mask = outer
+        return f"_vselect({cond}, {branches[0]}, {branches[1]}, {outer})"
 
     # ------------------------------------------------------------------ statements
     def stmt(self, s, ind: str) -> None:
@@ -184,7 +207,7 @@ def compile_func(func: PrimFunc):
     gen.stmt(func.body, " ")
     src = f"def {func.name}({', '.join(params)}):\n" + "\n".join(gen.lines) + "\n"
     env = {"np": np, "_ld": _ld, "_st": _st, "_tdiv": _tdiv, "_tmod": _tmod,
-           "_select": _select, **gen.consts}
+           "_vselect": _vselect, **gen.consts}
     exec(compile(src, f"<interp {func.name}>", "exec"), env)  # noqa: S102 - our own IR
     return env[func.name], src
 

@@ -278,14 +278,15 @@ def substitute(node, mapping: dict):
     return _Sub().visit(node)
 
 
-def uses_var(node, var: Var) -> bool:
-    found = []
+def vars_in(node) -> set:
+    """Every Var that occurs below ``node``."""
+    found: set = set()
+    post_order_visit(node, lambda n: found.add(n) if isinstance(n, Var) else None)
+    return found
 
-    def fn(n):
-        if n is var:
-            found.append(n)
-    post_order_visit(node, fn)
-    return bool(found)
+
+def uses_var(node, var: Var) -> bool:
+    return var in vars_in(node)
 
 
 # --------------------------------------------------------------------------- printing

@@ -30,7 +30,6 @@ class Stage:
 
     def __init__(self, op):
         self.op = op
-        self.origin_op = op
         self.reset()
         self.attach_type = "root"          # root | inline | scope
         self.attach_stage: Stage | None = None
@@ -172,9 +171,6 @@ class Schedule:
             raise ScheduleError(f"{getattr(op, 'name', op)!r} is not part of this schedule")
         return stage
 
-    def stage_of(self, tensor: Tensor) -> Stage:
-        return self[tensor]
-
     def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
         """Compute ``tensor`` into a new stage ``<name>.<scope>`` and copy it out.
 
@@ -194,8 +190,6 @@ class Schedule:
         cache = cache_op.output(0)
         copy_op = ComputeOp(op.name, op.axis, TensorLoad(cache, [iv.var for iv in op.axis]),
                             op.tag, op.attrs)
-        copy_op.outputs = [Tensor(op.outputs[0].shape, op.outputs[0].dtype, copy_op,
-                                  op.outputs[0].name)]
         stage.op = copy_op
         stage.reset()
         self.stage_map[copy_op] = stage

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 __all__ = ["Target", "TargetError"]
 
-_OPTIONS = ("mtriple", "mcpu", "mattr", "mabi", "num-cores")
+_OPTIONS = ("mtriple", "mcpu", "mattr", "mabi")
 
 
 class TargetError(ValueError):
@@ -39,7 +39,6 @@ class Target:
         cpu: the LLVM cpu name (``znver4``, ``generic``...).
         features: comma-separated ``+feat,-feat`` list; empty means the cpu's defaults.
         abi: optional ABI name (``lp64d`` on riscv64).
-        num_cores: thread count hint recorded for the device (0 = all cores).
         mattr_given: whether ``-mattr`` was spelled out (else ``features`` are the
             host's or the cpu's own, and ``str()`` leaves them out for readability).
     """
@@ -49,18 +48,15 @@ class Target:
     cpu: str
     features: str
     abi: str = ""
-    num_cores: int = 0
     mattr_given: bool = False
 
     def __init__(self, target: "str | Target | None" = None):
         if isinstance(target, Target):
-            values = (target.triple, target.cpu, target.features, target.abi, target.num_cores,
-                      target.mattr_given)
+            values = (target.triple, target.cpu, target.features, target.abi, target.mattr_given)
         else:
             values = _parse(target or "llvm")
         object.__setattr__(self, "kind", "llvm")
-        for name, value in zip(("triple", "cpu", "features", "abi", "num_cores", "mattr_given"),
-                               values):
+        for name, value in zip(("triple", "cpu", "features", "abi", "mattr_given"), values):
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -73,7 +69,9 @@ class Target:
 
     @property
     def is_host(self) -> bool:
-        return self.triple == _host()[0]
+        """Code for this target runs here (same architecture and OS as this process)."""
+        host = _host()[0]
+        return _same_arch(self.triple, host) and _os(self.triple) == _os(host)
 
     @property
     def pointer_bits(self) -> int:
@@ -86,8 +84,6 @@ class Target:
             parts.append(f"-mattr={self.features}")
         if self.abi:
             parts.append(f"-mabi={self.abi}")
-        if self.num_cores:
-            parts.append(f"-num-cores={self.num_cores}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -96,14 +92,14 @@ class Target:
                 "features": self.features}
 
 
-def _parse(text: str) -> tuple[str, str, str, str, int, bool]:
+def _parse(text: str) -> tuple[str, str, str, str, bool]:
     if not isinstance(text, str):
         raise TargetError(f"target must be a string or Target, got {type(text).__name__}")
     try:
         tokens = shlex.split(text)
     except ValueError as exc:
         raise TargetError(f"cannot parse target {text!r}: {exc}") from None
-    if not tokens or tokens[0] not in ("llvm", "c"):
+    if not tokens or tokens[0] != "llvm":
         raise TargetError(f"target {text!r} must start with 'llvm' (CPU code through LLVM)")
     options: dict[str, str] = {}
     for token in tokens[1:]:
@@ -124,18 +120,17 @@ def _parse(text: str) -> tuple[str, str, str, str, int, bool]:
     else:
         features = ""
     _check_features(features, text)
-    try:
-        num_cores = int(options.get("num-cores", "0"))
-    except ValueError:
-        raise TargetError(f"-num-cores must be an integer in {text!r}") from None
-    if num_cores < 0 or num_cores > 1024:
-        raise TargetError(f"-num-cores out of range in {text!r}")
-    _check_llvm_knows(triple, cpu, text)
-    return triple, cpu, features, options.get("mabi", ""), num_cores, "mattr" in options
+    _check_llvm_knows(triple, text)
+    return triple, cpu, features, options.get("mabi", ""), "mattr" in options
 
 
 def _same_arch(triple: str, host_triple: str) -> bool:
     return triple.split("-", 1)[0] == host_triple.split("-", 1)[0]
+
+
+def _os(triple: str) -> str:
+    parts = triple.split("-")
+    return next((p for p in parts[1:] if p not in ("unknown", "pc", "none")), "")
 
 
 def _check_features(features: str, text: str) -> None:
@@ -145,7 +140,7 @@ def _check_features(features: str, text: str) -> None:
             raise TargetError(f"bad -mattr entry {item!r} in {text!r}: use +feature or -feature")
 
 
-def _check_llvm_knows(triple: str, cpu: str, text: str) -> None:
+def _check_llvm_knows(triple: str, text: str) -> None:
     from .codegen.llvm_init import ensure_llvm
 
     llvm = ensure_llvm()
@@ -153,4 +148,3 @@ def _check_llvm_knows(triple: str, cpu: str, text: str) -> None:
         llvm.Target.from_triple(triple)
     except RuntimeError as exc:
         raise TargetError(f"LLVM does not know the triple {triple!r} of {text!r}: {exc}") from None
-    del cpu  # LLVM only warns on an unknown cpu; the object it emits is then generic

@@ -11,6 +11,17 @@ class TensorError(ValueError):
     """A tensor expression is malformed (wrong arity, bad shape, misplaced reduction)."""
 
 
+class Range:
+    """``[min, min + extent)``, as TVM's ``axis.dom``."""
+
+    def __init__(self, min_value, extent):
+        self.min = min_value
+        self.extent = extent
+
+    def __repr__(self):
+        return f"range(min={self.min!r}, ext={self.extent!r})"
+
+
 class IterVar:
     """An iteration axis: a Var with a domain ``[min, min+extent)`` and a kind.
 
@@ -29,6 +40,10 @@ class IterVar:
     @property
     def name(self) -> str:
         return self.var.name
+
+    @property
+    def dom(self) -> "Range":
+        return Range(self.dom_min, self.extent)
 
     @property
     def dtype(self) -> str:
@@ -173,6 +188,9 @@ class Tensor:
             conv.append(e)
         return TensorLoad(self, conv)
 
+    def __call__(self, *indices) -> TensorLoad:
+        return self[indices]
+
     def __repr__(self):
         return f"Tensor({self.name}, shape={list(self.shape)}, {self.dtype})"
 
@@ -184,6 +202,8 @@ def _shape(shape) -> tuple:
         shape = (shape,)
     out = []
     for d in shape:
+        if isinstance(d, float) and d.is_integer():
+            d = int(d)              # the tutorial writes N / bn
         e = convert(d)
         if e.dtype not in ("int32", "int64"):
             raise TensorError(f"shape entries must be integers, got {e.dtype}")

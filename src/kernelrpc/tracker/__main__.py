@@ -15,7 +15,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9190, help="first port to try; 0 lets the OS choose")
     parser.add_argument("--port-end", type=int, default=9199, help="end (exclusive) of the port range to try")
-    parser.add_argument("--lease-timeout", type=float, default=10.0,
+    parser.add_argument("--lease-timeout", type=float, default=5.0,
                         help="seconds a server that reports its sessions stays leased to a client "
                              "that never connects, before it goes back to the pool")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

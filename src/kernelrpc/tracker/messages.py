@@ -59,7 +59,7 @@ def _text(value, what: str, limit: int, *, allow_empty: bool = False) -> str:
 def _port(value, what: str = "port"):
     """An int in [0, 65535], or a numeric string (TVM's C++ server); returned unchanged."""
     number = value
-    if isinstance(value, str) and value.isdigit() and len(value) <= 5:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
         number = int(value)
     if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= 65535:
         raise ProtocolError(f"{what} must be an integer in [0, 65535], got {value!r}")
@@ -107,22 +107,28 @@ def _parse_update_info(msg: list) -> UpdateInfo:
     return UpdateInfo(info)
 
 
+def _parse_stop(msg: list) -> Stop:
+    return Stop(msg[1] if len(msg) > 1 else None)
+
+
+_PARSERS = {
+    TrackerCode.PUT: _parse_put,
+    TrackerCode.REQUEST: _parse_request,
+    TrackerCode.UPDATE_INFO: _parse_update_info,
+    TrackerCode.STOP: _parse_stop,
+    TrackerCode.PING: lambda msg: Simple(TrackerCode.PING),
+    TrackerCode.SUMMARY: lambda msg: Simple(TrackerCode.SUMMARY),
+    TrackerCode.GET_PENDING_MATCHKEYS: lambda msg: Simple(TrackerCode.GET_PENDING_MATCHKEYS),
+}
+
+
 def parse_message(msg) -> Put | Request | UpdateInfo | Simple | Stop:
     """Turn one decoded JSON message into a command; raise ProtocolError with the reason."""
     if not isinstance(msg, list) or not msg or isinstance(msg[0], bool) or not isinstance(msg[0], int):
         raise ProtocolError("a tracker message is a JSON list starting with an integer code")
-    try:
-        code = TrackerCode(msg[0])
-    except ValueError:
-        raise ProtocolError(f"unknown tracker code {msg[0]}") from None
-    if code == TrackerCode.PUT:
-        return _parse_put(msg)
-    if code == TrackerCode.REQUEST:
-        return _parse_request(msg)
-    if code == TrackerCode.UPDATE_INFO:
-        return _parse_update_info(msg)
-    if code == TrackerCode.STOP:
-        return Stop(msg[1] if len(msg) > 1 else None)
-    if code in (TrackerCode.PING, TrackerCode.SUMMARY, TrackerCode.GET_PENDING_MATCHKEYS):
-        return Simple(code)
-    raise ProtocolError(f"tracker code {code.name} is a reply code, not a request")
+    parser = _PARSERS.get(msg[0])
+    if parser is None:
+        known = msg[0] in TrackerCode.__members__.values()
+        raise ProtocolError(f"tracker code {msg[0]} is a reply code, not a request" if known
+                            else f"unknown tracker code {msg[0]}")
+    return parser(msg)

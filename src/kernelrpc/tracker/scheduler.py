@@ -131,7 +131,7 @@ class _Queue:
 class Scheduler:
     """Matches requests to free slots, per key; see the module docstring for the rules."""
 
-    def __init__(self, lease_timeout: float = 10.0, max_keys: int = 10_000,
+    def __init__(self, lease_timeout: float = 5.0, max_keys: int = 10_000,
                  max_leases_per_server: int = 4096) -> None:
         self.lease_timeout = lease_timeout
         self.max_keys = max_keys
@@ -291,7 +291,11 @@ class Scheduler:
         """The client's connection closed: its waiting requests leave their queues now."""
         for request in self._requests_of.pop(client, ()):
             request.cancelled = True
-            self._queues[request.key].live_requests -= 1
+            queue = self._queues[request.key]
+            queue.live_requests -= 1
+            if len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
+                queue.waiting = [item for item in queue.waiting if not item[2].cancelled]
+                heapq.heapify(queue.waiting)
 
     def drop_server(self, server: Peer, now: float) -> None:
         """The server's connection closed: its free slots and leases are gone."""

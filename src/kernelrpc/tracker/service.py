@@ -8,7 +8,10 @@ All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import logging
+import operator
 import secrets
 import socket
 import time
@@ -109,7 +112,7 @@ class TrackerConnection(asyncio.Protocol):
 class TrackerService:
     """State shared by all connections: the scheduler and the set of live peers."""
 
-    def __init__(self, lease_timeout: float = 10.0, clock=time.monotonic) -> None:
+    def __init__(self, lease_timeout: float = 5.0, clock=time.monotonic) -> None:
         self.scheduler = Scheduler(lease_timeout=lease_timeout)
         self.connections: set[TrackerConnection] = set()
         self.stop_key = "tracker:" + secrets.token_hex(16)
@@ -117,6 +120,9 @@ class TrackerService:
         self._clock = clock
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._check_period = min(1.0, max(0.05, lease_timeout / 4))
+        self._handlers = {messages.Request: self._on_request, messages.Put: self._on_put,
+                          messages.UpdateInfo: self._on_update_info, messages.Simple: self._on_simple,
+                          messages.Stop: self._on_stop}
 
     def start_timers(self) -> None:
         self._expiry_timer = asyncio.get_running_loop().call_later(self._check_period, self._check_leases)
@@ -135,60 +141,58 @@ class TrackerService:
     # -- dispatch -------------------------------------------------------------------------
 
     def handle(self, conn: TrackerConnection, msg) -> None:
+        """Run one message; every handler writes its own reply (REQUEST's may come later)."""
         try:
             cmd = messages.parse_message(msg)
-            reply = self._run(conn, cmd)
+            self._handlers[type(cmd)](conn, cmd)
         except ProtocolError as exc:
             log.warning("%s: bad tracker message %.200r: %s", conn.name, msg, exc)
             conn.send([TrackerCode.FAIL, str(exc)])
-            return
-        if reply == TrackerCode.SUCCESS and type(reply) is not list:
-            conn.transport.write(OK_FRAME)
-        elif reply is not None:
-            conn.send(reply)
 
-    def _run(self, conn: TrackerConnection, cmd):
-        now = self._clock()
-        if isinstance(cmd, messages.Request):
-            if self.scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
-                raise ProtocolError(f"more than {MAX_REQUESTS_PER_CONNECTION} waiting requests on one connection")
-            self._deliver(self.scheduler.request(conn, cmd.key, cmd.priority, now))
-            return None
-        if isinstance(cmd, messages.Put):
-            if self.scheduler.free_count(conn) >= MAX_SLOTS_PER_CONNECTION:
-                raise ProtocolError(f"more than {MAX_SLOTS_PER_CONNECTION} free slots on one connection")
-            host = cmd.custom_addr if cmd.custom_addr is not None else conn.host
-            matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, now)
-            conn.transport.write(OK_FRAME)
-            self._deliver(matches)
-            return None
-        if isinstance(cmd, messages.UpdateInfo):
-            self._update_info(conn, cmd.info, now)
-            return TrackerCode.SUCCESS
-        if isinstance(cmd, messages.Stop):
-            if cmd.stop_key != self.stop_key:
-                return TrackerCode.FAIL
-            conn.send(TrackerCode.SUCCESS)
-            asyncio.get_running_loop().call_soon(self.stop)
-            return None
+    def _on_request(self, conn: TrackerConnection, cmd: messages.Request) -> None:
+        if self.scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
+            raise ProtocolError(f"more than {MAX_REQUESTS_PER_CONNECTION} waiting requests on one connection")
+        self._deliver(self.scheduler.request(conn, cmd.key, cmd.priority, self._clock()))
+
+    def _on_put(self, conn: TrackerConnection, cmd: messages.Put) -> None:
+        if self.scheduler.free_count(conn) >= MAX_SLOTS_PER_CONNECTION:
+            raise ProtocolError(f"more than {MAX_SLOTS_PER_CONNECTION} free slots on one connection")
+        host = cmd.custom_addr if cmd.custom_addr is not None else conn.host
+        matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, self._clock())
+        conn.transport.write(OK_FRAME)
+        self._deliver(matches)
+
+    def _on_simple(self, conn: TrackerConnection, cmd: messages.Simple) -> None:
         if cmd.code == TrackerCode.PING:
-            return TrackerCode.SUCCESS
-        if cmd.code == TrackerCode.GET_PENDING_MATCHKEYS:
-            return self.scheduler.pending_matchkeys(conn)
-        return [TrackerCode.SUCCESS, self.summary(now)]
+            conn.transport.write(OK_FRAME)
+        elif cmd.code == TrackerCode.GET_PENDING_MATCHKEYS:
+            conn.send(self.scheduler.pending_matchkeys(conn))
+        else:
+            conn.send([TrackerCode.SUCCESS, self.summary(self._clock())])
 
-    def _update_info(self, conn: TrackerConnection, info: dict, now: float) -> None:
-        info = dict(info)
+    def _on_stop(self, conn: TrackerConnection, cmd: messages.Stop) -> None:
+        if cmd.stop_key != self.stop_key:
+            conn.send(TrackerCode.FAIL)
+            return
+        conn.transport.write(OK_FRAME)
+        asyncio.get_running_loop().call_soon(self.stop)
+
+    def _on_update_info(self, conn: TrackerConnection, cmd: messages.UpdateInfo) -> None:
+        info = dict(cmd.info)
         if info["addr"][0] is None:
             info["addr"] = [conn.host, info["addr"][1]]
+        merged = {**conn.info, **info}
+        if len(json.dumps(merged)) > messages.MAX_INFO_BYTES:
+            raise ProtocolError(f"a connection's info may hold at most {messages.MAX_INFO_BYTES} bytes")
         was_server = conn.is_server
-        conn.info.update(info)
+        conn.info = merged
         if conn.is_server and not was_server:
             log.info("server %s registered from %s, address %s:%s", conn.info["key"], conn.name, *conn.info["addr"])
         if "session" in info:
             self.scheduler.reports_sessions(conn)
             if info["session"] == "active":
-                self.scheduler.session_started(conn, now)
+                self.scheduler.session_started(conn, self._clock())
+        conn.transport.write(OK_FRAME)
 
     def _deliver(self, matches: list[Match]) -> None:
         """Send each match to its client; a client that is already gone gives its slot back."""
@@ -209,7 +213,7 @@ class TrackerService:
 
     def summary(self, now: float) -> dict:
         """TVM's SUMMARY payload, plus leases, waiting requests and per-key statistics."""
-        describe = _describe_peer
+        describe = operator.attrgetter("name")
         return {
             "queue_info": self.scheduler.queue_info(),
             "server_info": [conn.info for conn in self.connections if conn.is_server],
@@ -217,10 +221,6 @@ class TrackerService:
             "waiting": self.scheduler.wait_info(now, describe)[:MAX_SUMMARY_ROWS],
             "stats": self.scheduler.key_stats(),
         }
-
-
-def _describe_peer(conn: TrackerConnection) -> str:
-    return conn.name
 
 
 def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
@@ -236,6 +236,8 @@ def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
             sock.bind((host, candidate))
         except OSError as exc:
             sock.close()
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise OSError(exc.errno, f"cannot bind {host}:{candidate}: {exc.strerror}") from None
             last_error = exc
             continue
         sock.listen(1024)
@@ -244,7 +246,7 @@ def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
     raise OSError(f"cannot bind {host} on any port in [{port}, {port_end}): {last_error}")
 
 
-async def serve(sock: socket.socket, lease_timeout: float = 10.0, on_ready=None) -> None:
+async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None) -> None:
     """Serve tracker connections on the bound ``sock`` until STOP or cancellation."""
     service = TrackerService(lease_timeout=lease_timeout)
     loop = asyncio.get_running_loop()

@@ -54,12 +54,12 @@ class FunctionBuilder:
         self._counter = 0
 
     def tmp(self, hint: str = "t") -> str:
-        self._counter += 1
-        return f"%{hint}{self._counter}"
+        """A fresh SSA name ``%<hint>.<n>``; parameters never contain a dot, so never clash."""
+        return "%" + self.label(hint)
 
     def label(self, hint: str) -> str:
         self._counter += 1
-        return f"{hint}{self._counter}"
+        return f"{_identifier(hint)}.{self._counter}"
 
     def emit(self, text: str) -> None:
         self.lines.append("  " + text)
@@ -86,6 +86,11 @@ class FunctionBuilder:
     def text(self) -> str:
         return "\n".join([f"{self.header} {{", "entry:", *self.entry, "  br label %body",
                           "body:", *self.lines, "}"])
+
+
+def _identifier(hint: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "_." else "_" for ch in hint)
+    return cleaned[:40] or "v"
 
 
 class ModuleBuilder:

@@ -7,6 +7,8 @@ that unrolled loops give SROA constant offsets into local accumulators.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .. import expr as E
 from .. import ir
 from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype
@@ -29,6 +31,16 @@ def _intrinsic_suffix(dtype: str) -> str:
     code, bits, _ = parse_dtype(dtype)
     elem = f"f{bits}" if code == "float" else f"i{bits}"
     return elem if lanes == 1 else f"v{lanes}{elem}"
+
+
+def _mangle(llvm_scalar: str) -> str:
+    return {"float": "f32", "double": "f64", "half": "f16"}.get(llvm_scalar, llvm_scalar)
+
+
+def _loads_memory(node) -> bool:
+    found = []
+    ir.post_order_visit(node, lambda n: found.append(n) if isinstance(n, ir.Load) else None)
+    return bool(found)
 
 
 def _trunc_div(a: int, b: int) -> int:
@@ -67,6 +79,21 @@ class ExprCodegen:
         self.module = module
         self.fn = fn
         self.env: dict = {}
+        self.mask: Value | None = None  # lanes a vector load may touch (inside a Select)
+
+    @contextmanager
+    def bound(self, key, value: Value):
+        """Bind a Var or Buffer for the duration of a scope (restoring any outer binding)."""
+        missing = object()
+        outer = self.env.get(key, missing)
+        self.env[key] = value
+        try:
+            yield
+        finally:
+            if outer is missing:
+                del self.env[key]
+            else:
+                self.env[key] = outer
 
     # ------------------------------------------------------------------ constants
 
@@ -106,11 +133,8 @@ class ExprCodegen:
             raise CodegenError(f"variable {node.name} is used outside its scope") from None
 
     def visit_Let(self, node):
-        self.env[node.var] = self(node.value)
-        try:
+        with self.bound(node.var, self(node.value)):
             return self(node.body)
-        finally:
-            del self.env[node.var]
 
     # ------------------------------------------------------------------ arithmetic
 
@@ -135,9 +159,10 @@ class ExprCodegen:
             return self.fn.assign(ty, f"select {cond}, {a}, {b}")
         if op is E.FloorDiv:
             q = self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")
-            return self._intrinsic("floor", dtype, [q])
+            return self._call_intrinsic("floor", dtype, [q])
         if op is E.FloorMod:
-            q = self._intrinsic("floor", dtype, [self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")])
+            quotient = self.fn.assign(ty, f"fdiv {ty} {a.ref}, {b.ref}")
+            q = self._call_intrinsic("floor", dtype, [quotient])
             p = self.fn.assign(ty, f"fmul {ty} {q.ref}, {b.ref}")
             return self.fn.assign(ty, f"fsub {ty} {a.ref}, {p.ref}")
         raise CodegenError(f"float operator {op.__name__} is not supported")
@@ -263,11 +288,51 @@ class ExprCodegen:
         return self.fn.assign(a.type, f"xor {a}, {ones}")
 
     def visit_Select(self, node):
+        """``select`` without touching memory the condition rules out.
+
+        ``if_then_else`` guards loads that would be out of bounds (padding, tails), so a
+        branch that loads is never evaluated where it is not selected: with a scalar
+        condition it becomes control flow, with a vector condition its vector loads are
+        masked (``llvm.masked.load`` / ``llvm.masked.gather``).
+        """
         cond = self(node.condition)
-        t, f = self(node.true_value), self(node.false_value)
         if cond.const is not None:
-            return t if cond.const else f
-        return self.fn.assign(t.type, f"select {cond}, {t}, {f}", div=join_div(t.div, f.div))
+            return self(node.true_value) if cond.const else self(node.false_value)
+        if not (_loads_memory(node.true_value) or _loads_memory(node.false_value)):
+            t, f = self(node.true_value), self(node.false_value)
+            return self.fn.assign(t.type, f"select {cond}, {t}, {f}", div=join_div(t.div, f.div))
+        if cond.type == "i1":
+            return self._branchy_select(cond, node)
+        ones = self.const(1, node.condition.dtype).ref
+        inverse = self.fn.assign(cond.type, f"xor {cond}, {ones}")
+        t = self._with_mask(cond, node.true_value)
+        f = self._with_mask(inverse, node.false_value)
+        return self.fn.assign(t.type, f"select {cond}, {t}, {f}")
+
+    def _with_mask(self, mask: Value, node) -> Value:
+        outer = self.mask
+        if outer is not None:
+            mask = self.fn.assign(mask.type, f"and {mask}, {outer.ref}")
+        self.mask = mask
+        try:
+            return self(node)
+        finally:
+            self.mask = outer
+
+    def _branchy_select(self, cond: Value, node) -> Value:
+        then_l, else_l, join_l = (self.fn.label(h) for h in ("sel.t", "sel.f", "sel.end"))
+        self.fn.emit(f"br {cond}, label %{then_l}, label %{else_l}")
+        self.fn.start_block(then_l)
+        t = self(node.true_value)
+        t_end = self.fn.block
+        self.fn.branch(join_l)
+        self.fn.start_block(else_l)
+        f = self(node.false_value)
+        f_end = self.fn.block
+        self.fn.branch(join_l)
+        self.fn.start_block(join_l)
+        return self.fn.assign(t.type, f"phi {t.type} [ {t.ref}, %{t_end} ], [ {f.ref}, %{f_end} ]",
+                              div=join_div(t.div, f.div))
 
     # ------------------------------------------------------------------ casts and calls
 
@@ -313,10 +378,7 @@ class ExprCodegen:
         name = _MATH.get(node.op)
         if name is None:
             raise CodegenError(f"unknown intrinsic {node.op!r}")
-        return self._intrinsic(name, node.dtype, [self(a) for a in node.args])
-
-    def _intrinsic(self, name, dtype, args):
-        return self._call_intrinsic(name, dtype, args)
+        return self._call_intrinsic(name, node.dtype, [self(a) for a in node.args])
 
     def _call_intrinsic(self, name, dtype, args):
         ty = llvm_type(dtype)
@@ -347,7 +409,8 @@ class ExprCodegen:
                 f"{ty} {int_literal(k * stride.const, elem)}" for k in range(node.lanes)) + ">")
         else:
             iota = Value(vty, "<" + ", ".join(f"{ty} {k}" for k in range(node.lanes)) + ">")
-            steps = self.fn.assign(vty, f"mul {vty} {iota.ref}, {self.splat(stride, node.lanes).ref}")
+            splat = self.splat(stride, node.lanes)
+            steps = self.fn.assign(vty, f"mul {vty} {iota.ref}, {splat.ref}")
         return self.fn.assign(vty, f"add {vty} {self.splat(base, node.lanes).ref}, {steps.ref}")
 
     # ------------------------------------------------------------------ memory
@@ -392,13 +455,27 @@ class ExprCodegen:
         if lanes == 1:
             index = self(node.index)
             ptr = self.address(buffer, index)
-            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {alignment(1, nbytes, nbytes)}")
+            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {nbytes}")
             return self._from_memory(raw, buffer.dtype)
+        vty = f"<{lanes} x {mty}>"
         if contiguous is not None:
             base = self(contiguous)
             ptr = self.address(buffer, base)
-            vty = f"<{lanes} x {mty}>"
-            raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {alignment(base.div, nbytes)}")
+            align = alignment(base.div, nbytes)
+            if self.mask is None:
+                raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {align}")
+            else:
+                raw = self._masked("load", vty, f"ptr {ptr.ref}, i32 {align}")
+            return self._from_memory(raw, node.dtype)
+        if self.mask is not None:
+            index = self(node.index) if not isinstance(node.index, ir.Broadcast) else \
+                self.splat(self(node.index.value), lanes)
+            wide = f"<{lanes} x i64>"
+            if index.type != wide:
+                index = self.fn.assign(wide, f"sext {index} to {wide}")
+            ptrs = self.fn.assign(f"<{lanes} x ptr>", f"getelementptr inbounds {mty}, "
+                                  f"ptr {self.env[buffer].ref}, {index}")
+            raw = self._masked("gather", vty, f"{ptrs}, i32 {nbytes}")
             return self._from_memory(raw, node.dtype)
         if isinstance(node.index, ir.Broadcast):
             scalar = self.visit_Load(ir.Load(buffer, node.index.value))
@@ -411,6 +488,15 @@ class ExprCodegen:
             lane = self._from_memory(raw, buffer.dtype)
             result = self.fn.assign(vty, f"insertelement {result}, {lane}, i32 {k}")
         return result
+
+    def _masked(self, kind: str, vty: str, operands: str) -> Value:
+        lanes, elem = vty[1:-1].split(" x ")
+        suffix = f"v{lanes}{_mangle(elem)}"
+        name = (f"llvm.masked.load.{suffix}.p0" if kind == "load"
+                else f"llvm.masked.gather.{suffix}.v{lanes}p0")
+        ptr_ty = "ptr" if kind == "load" else f"<{lanes} x ptr>"
+        self.module.declare(name, f"declare {vty} @{name}({ptr_ty}, i32, <{lanes} x i1>, {vty})")
+        return self.fn.assign(vty, f"call {vty} @{name}({operands}, {self.mask}, {vty} poison)")
 
     @staticmethod
     def _contiguous_base(index_node):

@@ -6,8 +6,9 @@ Each PrimFunc becomes
   of docs/module-format.md, which unpacks ``args`` and calls the body.
 
 A ``parallel`` loop is outlined into ``i32 @<name>.par<k>(ptr ctx, i32 task,
-i32 ntasks)``, which unpacks the captured values from a context struct, takes
-its static chunk of the iteration space and calls a chunk function whose
+i32 ntasks)``, which unpacks the captured values from a context struct, claims
+chunks of the iteration space from an atomic counter in that struct (dynamic
+scheduling) and calls, for each, a chunk function whose
 pointer parameters are again ``noalias`` (so LLVM keeps the alias facts after
 inlining). The body runs on the module's thread pool through
 ``__kernelrpc_parallel_launch``.
@@ -28,6 +29,9 @@ from .runtime_ir import LAUNCH_SYMBOL
 
 #: Allocations up to this many bytes go on the stack (and may become registers).
 STACK_ALLOC_LIMIT = 64 * 1024
+#: A parallel loop is cut into about this many chunks per thread; threads claim chunks
+#: with an atomic counter, so a thread slowed by a noisy neighbour simply takes fewer.
+CHUNKS_PER_THREAD = 4
 #: Error code a kernel returns when a heap allocation fails.
 ERR_OUT_OF_MEMORY = 2
 
@@ -65,11 +69,8 @@ class StmtCodegen(ExprCodegen):
         self(node.value)
 
     def stmt_LetStmt(self, node):
-        self.env[node.var] = self(node.value)
-        try:
+        with self.bound(node.var, self(node.value)):
             self.stmt(node.body)
-        finally:
-            del self.env[node.var]
 
     def stmt_IfThenElse(self, node):
         cond = self(node.condition)
@@ -98,24 +99,18 @@ class StmtCodegen(ExprCodegen):
             raise CodegenError(f"allocation {buffer.name} needs a constant size, got {size}")
         nbytes = max(1, size) * element_bytes(buffer.dtype)
         if nbytes <= STACK_ALLOC_LIMIT:
-            self.env[buffer] = self.fn.alloca(memory_type(buffer.dtype), max(1, size), 64,
-                                              hint=_hint(buffer.name))
-            try:
+            storage = self.fn.alloca(memory_type(buffer.dtype), max(1, size), 64, hint=buffer.name)
+            with self.bound(buffer, storage):
                 self.stmt(node.body)
-            finally:
-                del self.env[buffer]
             return
         self.module.declare("aligned_alloc", "declare noalias ptr @aligned_alloc(i64, i64)")
         self.module.declare("free", "declare void @free(ptr)")
         rounded = (nbytes + 63) // 64 * 64
         ptr = self.fn.assign("ptr", f"call noalias ptr @aligned_alloc(i64 64, i64 {rounded})",
-                             hint=_hint(buffer.name))
+                             hint=buffer.name)
         self.return_if(self.fn.assign("i1", f"icmp eq ptr {ptr.ref}, null"), ERR_OUT_OF_MEMORY)
-        self.env[buffer] = ptr
-        try:
+        with self.bound(buffer, ptr):
             self.stmt(node.body)
-        finally:
-            del self.env[buffer]
         self.fn.emit(f"call void @free(ptr {ptr.ref})")
 
     def return_if(self, cond: Value, code) -> None:
@@ -137,11 +132,8 @@ class StmtCodegen(ExprCodegen):
         if extent.const is not None and extent.const <= 0:
             return
         if extent.const == 1:
-            self.env[node.var] = lo
-            try:
+            with self.bound(node.var, lo):
                 self.stmt(node.body)
-            finally:
-                del self.env[node.var]
             return
         end = self._int_binary(E.Add, node.var.dtype, lo, extent)
         self.serial_loop(node.var, lo, end, node.body)
@@ -157,11 +149,8 @@ class StmtCodegen(ExprCodegen):
         cond = self.fn.assign("i1", f"icmp slt {ty} {phi}, {end.ref}")
         self.fn.emit(f"br {cond}, label %{body_l}, label %{exit_l}")
         self.fn.start_block(body_l)
-        self.env[var] = Value(ty, phi)
-        try:
+        with self.bound(var, Value(ty, phi)):
             self.stmt(body)
-        finally:
-            del self.env[var]
         self.fn.branch(latch)
         self.fn.start_block(latch)
         self.fn.emit(f"{step} = add nsw {ty} {phi}, 1")
@@ -172,7 +161,8 @@ class StmtCodegen(ExprCodegen):
         captured = _captures(node.body, self.env)
         lo, extent = self(node.min), self(node.extent)
         index_ty = llvm_type(node.var.dtype)
-        fields = [self.env[key] for key in captured] + [lo, extent]
+        counter = Value("i64", "0")  # next unclaimed iteration, reset before every launch
+        fields = [self.env[key] for key in captured] + [lo, extent, counter]
         struct = "{ " + ", ".join(v.type for v in fields) + " }"
         ctx = self.fn.alloca(struct, align=8, hint="ctx")
         for k, value in enumerate(fields):
@@ -181,16 +171,11 @@ class StmtCodegen(ExprCodegen):
             self.fn.emit(f"store {value}, ptr {slot.ref}")
         self.outlined += 1
         body_name = self.module.unique(f"{self.func_name}.par{self.outlined}")
-        emit_parallel_body(self.module, body_name, struct, captured,
-                           [v.type for v in fields], index_ty, node)
+        emit_parallel_body(self.module, body_name, struct, captured, fields, index_ty, node)
         self.module.declare(LAUNCH_SYMBOL, f"declare i32 @{LAUNCH_SYMBOL}(ptr, ptr)")
-        rc = self.fn.assign("i32", f"call i32 @{LAUNCH_SYMBOL}(ptr @\"{body_name}\", ptr {ctx.ref})")
+        rc = self.fn.assign("i32",
+                            f"call i32 @{LAUNCH_SYMBOL}(ptr @\"{body_name}\", ptr {ctx.ref})")
         self.return_if(self.fn.assign("i1", f"icmp ne i32 {rc.ref}, 0"), rc)
-
-
-def _hint(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-    return cleaned or "buf"
 
 
 def _captures(body, env: dict) -> list:
@@ -213,45 +198,60 @@ def _param_decl(key, value_type: str, name: str) -> str:
 
 
 def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: list,
-                       types: list[str], index_ty: str, node) -> None:
+                       fields: list[Value], index_ty: str, node) -> None:
     """The outlined task function and the chunk function it calls."""
-    names = [f"c{k}" for k in range(len(captured))]
+    types = [v.type for v in fields]
+    names = [f"cap{k}" for k in range(len(captured))]
     chunk_name = module.unique(name + ".chunk")
     params = [_param_decl(key, ty, n) for key, ty, n in zip(captured, types, names)]
-    chunk = FunctionBuilder(
-        f"define internal i32 @\"{chunk_name}\"({', '.join(params + [f'{index_ty} %lo', f'{index_ty} %hi', f'{index_ty} %base'])}) nounwind")
+    params += [f"{index_ty} %lo", f"{index_ty} %hi", f"{index_ty} %base"]
+    chunk = FunctionBuilder(f"define internal i32 @\"{chunk_name}\"({', '.join(params)}) nounwind")
     gen = StmtCodegen(module, chunk, name.split(".")[0], in_parallel=True)
-    for key, ty, n in zip(captured, types, names):
-        gen.env[key] = Value(ty, f"%{n}")
+    for key, value, n in zip(captured, fields, names):
+        gen.env[key] = Value(value.type, f"%{n}", div=value.div)
     loop_var = Var(node.var.name + ".rel", node.var.dtype)
     body = ir.LetStmt(node.var, E.Add(loop_var, _param_var(gen, "base", node.var.dtype)), node.body)
     gen.serial_loop(loop_var, Value(index_ty, "%lo"), Value(index_ty, "%hi"), body)
     chunk.emit("ret i32 0")
     module.functions.append(chunk.text())
 
-    task = FunctionBuilder(f"define internal i32 @\"{name}\"(ptr %ctx, i32 %task, i32 %ntasks) nounwind")
+    task = FunctionBuilder(
+        f"define internal i32 @\"{name}\"(ptr %ctx, i32 %task, i32 %ntasks) nounwind")
     args = []
-    for k, ty in enumerate(types):
+    for k, ty in enumerate(types[:-1]):
         slot = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, i32 {k}")
         args.append(task.assign(ty, f"load {ty}, ptr {slot.ref}"))
+    counter = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, "
+                                 f"i32 {len(types) - 1}")
     *values, lo, extent = args
-    wide = "i64"
-    ext = task.assign(wide, f"sext {extent} to {wide}") if index_ty != wide else extent
-    n = task.assign(wide, "sext i32 %ntasks to i64")
-    t = task.assign(wide, "sext i32 %task to i64")
-    nm1 = task.assign(wide, f"add i64 {n.ref}, -1")
-    padded = task.assign(wide, f"add i64 {ext.ref}, {nm1.ref}")
-    chunk_len = task.assign(wide, f"sdiv i64 {padded.ref}, {n.ref}")
-    start = task.assign(wide, f"mul i64 {t.ref}, {chunk_len.ref}")
-    stop0 = task.assign(wide, f"add i64 {start.ref}, {chunk_len.ref}")
-    stop = task.assign(wide, f"call i64 @llvm.smin.i64(i64 {stop0.ref}, i64 {ext.ref})")
+    ext = task.assign("i64", f"sext {extent} to i64") if index_ty != "i64" else extent
+    tasks = task.assign("i64", "sext i32 %ntasks to i64")
+    pieces = task.assign("i64", f"mul i64 {tasks.ref}, {CHUNKS_PER_THREAD}")
+    grain0 = task.assign("i64", f"sdiv i64 {ext.ref}, {pieces.ref}")
+    grain = task.assign("i64", f"call i64 @llvm.smax.i64(i64 {grain0.ref}, i64 1)")
+    module.declare("llvm.smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
     module.declare("llvm.smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
-    if index_ty != wide:
+    claim, run, done = (task.label(h) for h in ("claim", "run", "done"))
+    task.branch(claim)
+    task.start_block(claim)
+    start = task.assign("i64", f"atomicrmw add ptr {counter.ref}, i64 {grain.ref} monotonic")
+    finished = task.assign("i1", f"icmp sge i64 {start.ref}, {ext.ref}")
+    task.emit(f"br {finished}, label %{done}, label %{run}")
+    task.start_block(run)
+    stop0 = task.assign("i64", f"add i64 {start.ref}, {grain.ref}")
+    stop = task.assign("i64", f"call i64 @llvm.smin.i64(i64 {stop0.ref}, i64 {ext.ref})")
+    if index_ty != "i64":
         start = task.assign(index_ty, f"trunc {start} to {index_ty}")
         stop = task.assign(index_ty, f"trunc {stop} to {index_ty}")
     call_args = ", ".join([str(v) for v in values] + [str(start), str(stop), str(lo)])
     rc = task.assign("i32", f"call i32 @\"{chunk_name}\"({call_args})")
+    failed = task.assign("i1", f"icmp ne i32 {rc.ref}, 0")
+    fail = task.label("fail")
+    task.emit(f"br {failed}, label %{fail}, label %{claim}")
+    task.start_block(fail)
     task.emit(f"ret {rc}")
+    task.start_block(done)
+    task.emit("ret i32 0")
     module.functions.append(task.text())
 
 
@@ -268,19 +268,19 @@ def emit_primfunc(module: ModuleBuilder, func) -> str:
     params, arg_types = [], []
     for k, p in enumerate(func.params):
         if isinstance(p, ir.Buffer):
-            params.append(f"ptr noalias align 64 %a{k}")
+            params.append(f"ptr noalias align 64 %arg{k}")
             arg_types.append("ptr")
         elif isinstance(p, Var):
             if dtype_lanes(p.dtype) != 1:
                 raise CodegenError(f"scalar parameter {p.name} must have a scalar dtype")
-            params.append(f"{llvm_type(p.dtype)} %a{k}")
+            params.append(f"{llvm_type(p.dtype)} %arg{k}")
             arg_types.append(llvm_type(p.dtype))
         else:
             raise CodegenError(f"parameter {k} of {name} is neither a Buffer nor a Var")
     impl = FunctionBuilder(f"define internal i32 @\"{impl_name}\"({', '.join(params)}) nounwind")
     gen = StmtCodegen(module, impl, name)
     for k, (p, ty) in enumerate(zip(func.params, arg_types)):
-        gen.env[p] = Value(ty, f"%a{k}")
+        gen.env[p] = Value(ty, f"%arg{k}")
     gen.stmt(func.body)
     impl.emit("ret i32 0")
     module.functions.append(impl.text())

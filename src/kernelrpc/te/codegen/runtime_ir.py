@@ -30,6 +30,7 @@ MAX_WORKERS = 63
 #: roughly 0.1-1 ms, long enough to bridge back-to-back launches in a timing loop.
 SPIN_ITERATIONS = 20000
 _SC_NPROCESSORS_ONLN = 84  # Linux (glibc and musl)
+_AFFINITY_WORDS = 16  # a 1024-cpu mask, glibc's cpu_set_t
 _CLOCK_MONOTONIC = 1
 _PTHREAD_OBJECT_BYTES = 64
 _NO_QUIT = 1 << 30  # >= sizeof(pthread_mutex_t), sizeof(pthread_cond_t) on Linux ABIs
@@ -106,6 +107,8 @@ declare i32 @pthread_cond_broadcast(ptr)
 declare i32 @pthread_atfork(ptr, ptr, ptr)
 declare i32 @sched_yield()
 declare {word} @sysconf(i32)
+declare i32 @sched_getaffinity(i32, {word}, ptr)
+declare i64 @llvm.ctpop.i64(i64)
 declare ptr @getenv(ptr)
 declare i32 @atoi(ptr)
 declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
@@ -387,14 +390,45 @@ none:
   ret i32 0
 }}
 
-; 0 (or less) means all online cores; the result is in [1, MAX_WORKERS + 1].
+; The cores this thread may run on (its affinity mask, as taskset/cpusets set it),
+; else the online cores.
+define internal i32 @__krpc_usable_cores() nounwind {{
+entry:
+  %mask = alloca [{_AFFINITY_WORDS} x i64], align 8
+  call void @llvm.memset.p0.i64(ptr %mask, i8 0, i64 {_AFFINITY_WORDS * 8}, i1 false)
+  %rc = call i32 @sched_getaffinity(i32 0, {word} {_AFFINITY_WORDS * 8}, ptr %mask)
+  %ok = icmp eq i32 %rc, 0
+  br i1 %ok, label %count, label %online
+count:
+  %i = phi i32 [ 0, %entry ], [ %inext, %count ]
+  %acc = phi i64 [ 0, %entry ], [ %sum, %count ]
+  %wp = getelementptr [{_AFFINITY_WORDS} x i64], ptr %mask, i32 0, i32 %i
+  %w = load i64, ptr %wp
+  %bits = call i64 @llvm.ctpop.i64(i64 %w)
+  %sum = add i64 %acc, %bits
+  %inext = add i32 %i, 1
+  %more = icmp slt i32 %inext, {_AFFINITY_WORDS}
+  br i1 %more, label %count, label %counted
+counted:
+  %some = icmp sgt i64 %sum, 0
+  %n = trunc i64 %sum to i32
+  br i1 %some, label %done, label %online
+online:
+  %c = call {word} @sysconf(i32 {_SC_NPROCESSORS_ONLN})
+  %c32 = trunc {word} %c to i32
+  br label %done
+done:
+  %result = phi i32 [ %n, %counted ], [ %c32, %online ]
+  ret i32 %result
+}}
+
+; 0 (or less) means all usable cores; the result is in [1, MAX_WORKERS + 1].
 define internal i32 @__krpc_resolve_threads(i32 %n) nounwind {{
 entry:
   %auto = icmp sle i32 %n, 0
   br i1 %auto, label %cores, label %clamp
 cores:
-  %c = call {word} @sysconf(i32 {_SC_NPROCESSORS_ONLN})
-  %c32 = trunc {word} %c to i32
+  %c32 = call i32 @__krpc_usable_cores()
   br label %clamp
 clamp:
   %v = phi i32 [ %n, %entry ], [ %c32, %cores ]

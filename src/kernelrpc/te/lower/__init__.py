@@ -1,18 +1,24 @@
 """Lowering: schedule -> loop nest -> simplified, vectorized, unrolled IR."""
 from __future__ import annotations
 
+from .parallel import normalize_parallel_func
+from .partition import partition_func
 from .passes import Pass, PassConfigError, PassContext, run_passes
 from .schedule_ops import LowerError, ScheduleLowering
 from .simplify import simplify_func
 from .unroll import unroll_func
 from .vectorize import vectorize_func
+from .verify import verify_vars
 
 #: the pipeline after ScheduleOps, in order
 PASSES = [
     Pass("Simplify", lambda f, ctx: simplify_func(f)),
+    Pass("LoopPartition", lambda f, ctx: partition_func(f), opt_level=2),
+    Pass("NormalizeParallel", lambda f, ctx: normalize_parallel_func(f)),
     Pass("VectorizeLoop", lambda f, ctx: vectorize_func(f, not ctx.get("disable_vectorize"))),
     Pass("UnrollLoop", lambda f, ctx: unroll_func(f, ctx.get("unroll_max_extent"))),
     Pass("RemoveNoOp", lambda f, ctx: simplify_func(f), opt_level=1),
+    Pass("VerifyVars", lambda f, ctx: verify_vars(f)),
 ]
 
 

@@ -326,6 +326,21 @@ class Simplifier(Mutator):
         return super().visit(node)
 
 
+def conjuncts(cond) -> list:
+    """``a && (b && c)`` -> ``[a, b, c]``."""
+    if isinstance(cond, And):
+        return conjuncts(cond.a) + conjuncts(cond.b)
+    return [cond]
+
+
+def and_all(conds):
+    """The conjunction of a non-empty list of conditions."""
+    out = conds[0]
+    for c in conds[1:]:
+        out = And(out, c)
+    return out
+
+
 def simplify(e: PrimExpr, ranges: dict | None = None) -> PrimExpr:
     return Simplifier(ranges).visit(e)
 

@@ -9,8 +9,8 @@ attached stages (and their buffers) placed inside their parent's loops.
 from __future__ import annotations
 
 from ..expr import PrimExpr, Var, all_of, convert, maximum, minimum
-from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store, post_order_visit,
-                  seq, substitute)
+from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store,
+                  post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split
 from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 from .arith import INF, bound, const_int, from_linear, linear, simplify
@@ -130,7 +130,11 @@ class ScheduleLowering:
         return name
 
     def _new_buffer(self, name, shape, dtype, scope="global") -> Buffer:
-        return Buffer(self._unique(name), shape, dtype, scope)
+        buf = Buffer(self._unique(name), shape, dtype, scope)
+        size = const_int(convert(buf.size))
+        if size is not None and size >= 2 ** 31:
+            raise LowerError(f"{name} has {size} elements; indices are int32 (max 2**31 - 1)")
+        return buf
 
     def _params(self) -> list:
         params, seen = [], set()
@@ -228,7 +232,7 @@ class ScheduleLowering:
             values = {iv.var: reader_info.root_value(iv) for iv in roots}
             for load in loads:
                 for d, idx in enumerate(load.indices):
-                    idx = simplify(substitute(idx, values))
+                    idx = simplify(substitute(idx, values), all_ranges)
                     lo_hi = _interval(idx, relaxed, all_ranges)
                     if lo_hi is None or regions[d] == "full":
                         regions[d] = "full"
@@ -351,7 +355,7 @@ class ScheduleLowering:
         positions = {leaf.var: k for k, leaf in enumerate(copies)}
         by_level: dict = {}
         for cond in checks:
-            used = _vars(cond)
+            used = vars_in(cond)
             if used & reduce_vars or not used & set(vmap):
                 continue
             cond = substitute(cond, vmap)
@@ -367,14 +371,8 @@ class ScheduleLowering:
 
 # --------------------------------------------------------------------------- helpers
 
-def _vars(expr) -> set:
-    found = set()
-    post_order_visit(expr, lambda n: found.add(n) if isinstance(n, Var) else None)
-    return found
-
-
 def _level(cond, positions: dict) -> int:
-    return max((positions[v] for v in _vars(cond) if v in positions), default=-1)
+    return max((positions[v] for v in vars_in(cond) if v in positions), default=-1)
 
 
 def _ranges(info, leaves) -> list:
@@ -394,7 +392,7 @@ def _interval(expr, relaxed: dict, all_ranges: dict):
     lo_terms, hi_terms = {}, {}
     lo_const = hi_const = const
     for key, (atom, c) in terms.items():
-        atom_vars = _vars(atom)
+        atom_vars = vars_in(atom)
         if not atom_vars & set(relaxed):
             lo_terms[key] = hi_terms[key] = [atom, c]
             continue

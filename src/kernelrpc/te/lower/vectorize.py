@@ -7,11 +7,11 @@ lane-invariant address, an allocation, a nested vector) stays a serial loop.
 """
 from __future__ import annotations
 
-from ..expr import (GE, GT, LE, LT, Add, And, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
+from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
                     PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
 from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
-                  post_order_visit, substitute, uses_var)
-from .arith import linear, simplify
+                  post_order_visit, substitute, uses_var, vars_in)
+from .arith import and_all, conjuncts, is_index, linear, simplify
 
 
 class _Scalarize(Exception):
@@ -126,15 +126,13 @@ class Vectorizer(Mutator):
         raise _Scalarize("allocation inside a vectorized loop")
 
 
-def _conjuncts(cond):
-    if isinstance(cond, And):
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return [cond]
-
-
 def _all_lanes(cond, var: Var, lanes: int):
     """A condition equivalent to ``cond`` holding for every ``var`` in [0, lanes), or None."""
-    if not isinstance(cond, (LT, LE, GT, GE)) or dtype_lanes(cond.a.dtype) != 1:
+    if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a):
+        return None
+    reads: list = []
+    post_order_visit(cond, lambda n: reads.append(n) if isinstance(n, Load) else None)
+    if reads:                    # hoisting would read memory outside its guards
         return None
     terms, _ = linear(Sub(cond.a, cond.b))
     coeff = 0
@@ -171,35 +169,28 @@ def _split_guards(body, var: Var, lanes: int):
             if s.else_case is not None:
                 raise _Scalarize("lane-dependent if/else")
             keep = []
-            for c in _conjuncts(s.condition):
+            for c in conjuncts(s.condition):
                 if not uses_var(c, var):
                     keep.append(c)
                     continue
                 hoisted = _all_lanes(c, var, lanes)
-                if hoisted is None or _vars_of(hoisted) & inner_vars:
+                if hoisted is None or vars_in(hoisted) & inner_vars:
                     raise _Scalarize("guard cannot be hoisted")
                 conds.append(hoisted)
             then_case = self.visit(s.then_case)
-            if not keep:
-                return then_case
-            cond = keep[0]
-            for c in keep[1:]:
-                cond = And(cond, c)
-            return IfThenElse(cond, then_case)
+            return IfThenElse(and_all(keep), then_case) if keep else then_case
 
     new_body = _Strip().visit(body)
-    if not conds:
-        return new_body, None
-    cond = conds[0]
-    for c in conds[1:]:
-        cond = And(cond, c)
-    return new_body, simplify(cond)
+    return new_body, (simplify(and_all(conds)) if conds else None)
 
 
-def _vars_of(e) -> set:
-    found = set()
-    post_order_visit(e, lambda n: found.add(n) if isinstance(n, Var) else None)
-    return found
+def _fallback_kind(loop, body) -> str:
+    """A short loop body that cannot be vectorized is unrolled instead: lane offsets become
+    constants, so an accumulator tile it touches keeps constant indices."""
+    has_loop = []
+    post_order_visit(body, lambda n: has_loop.append(n) if isinstance(n, For) else None)
+    short = isinstance(loop.extent, IntImm) and loop.extent.value <= 16
+    return "unrolled" if short and not has_loop else "serial"
 
 
 class LoopVectorizer(Mutator):
@@ -210,8 +201,10 @@ class LoopVectorizer(Mutator):
         body = self.visit(s.body)
         if s.kind != "vectorized":
             return s if body is s.body else For(s.var, s.min, s.extent, s.kind, body)
-        serial = For(s.var, s.min, s.extent, "serial", body)
-        if (not self.enabled or not isinstance(s.extent, IntImm)
+        if not self.enabled:
+            return For(s.var, s.min, s.extent, "serial", body)
+        serial = For(s.var, s.min, s.extent, _fallback_kind(s, body), body)
+        if (not isinstance(s.extent, IntImm)
                 or not (isinstance(s.min, IntImm) and s.min.value == 0) or s.extent.value < 2):
             return serial
         lanes = s.extent.value

@@ -1,0 +1,163 @@
+"""The session protocol codec, on bytes only: round trips, bounds, and hostile input."""
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernelrpc.errors import ProtocolError, VersionMismatch
+from kernelrpc.rpc import protocol as P
+from kernelrpc.rpc.values import (DTYPE_BYTES, MAX_DEPTH, DeviceValue, FunctionHandle, ModuleHandle,
+                                  TensorHandle, TensorValue, decode_values, encode_values)
+
+devices = st.builds(DeviceValue, st.just("cpu"), st.integers(0, 2**31 - 1))
+dtypes = st.sampled_from(sorted(DTYPE_BYTES))
+shapes = st.lists(st.integers(0, 4), max_size=4).map(tuple)
+handles = st.integers(0, 2**64 - 1)
+
+
+@st.composite
+def inline_tensors(draw):
+    dtype, shape = draw(dtypes), draw(shapes)
+    n = DTYPE_BYTES[dtype]
+    for dim in shape:
+        n *= dim
+    return TensorValue(dtype, shape, draw(devices), draw(st.binary(min_size=n, max_size=n)))
+
+
+scalars = (st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1)
+           | st.floats(allow_nan=False) | st.text() | st.binary()
+           | devices | inline_tensors() | st.builds(ModuleHandle, handles) | st.builds(FunctionHandle, handles)
+           | st.builds(TensorHandle, handles, dtypes, st.lists(st.integers(0, 2**40), max_size=6).map(tuple),
+                       devices))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=20)
+
+
+@given(st.lists(values, max_size=6))
+def test_values_round_trip(items):
+    assert decode_values(encode_values(items)) == items
+
+
+@given(st.sampled_from(sorted(P.OPS)), st.lists(values, max_size=4))
+def test_requests_round_trip_through_the_frame_reader(op, args):
+    data = P.encode_request(op, args) + P.encode_return(args)
+    reader = P.FrameReader()
+    frames = []
+    for i in range(0, len(data), 7):  # arbitrary chunking must not matter
+        reader.feed(data[i:i + 7])
+        while (frame := reader.next_frame()) is not None:
+            frames.append(frame)
+    assert [f.type for f in frames] == [P.REQUEST, P.RETURN]
+    assert P.decode_request(frames[0].body) == (op, args)
+    assert decode_values(frames[1].body) == args
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_raise_only_protocol_error(data):
+    for parse in (decode_values, P.decode_request, P.decode_error, P.decode_notice, P.decode_data_header):
+        try:
+            parse(data)
+        except ProtocolError:
+            pass
+    reader = P.FrameReader(max_frame_bytes=64)
+    try:
+        reader.feed(data)
+        while reader.next_frame() is not None:
+            pass
+    except ProtocolError:
+        pass
+    for parser in (P.HelloParser(), P.HelloReplyParser()):
+        try:
+            parser.feed(data)
+        except ProtocolError:  # VersionMismatch is a ProtocolError too
+            pass
+
+
+@given(st.lists(values, min_size=1, max_size=4), st.data())
+def test_truncated_or_corrupted_messages_raise_only_protocol_error(items, data):
+    encoded = bytearray(encode_values(items))
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    with pytest.raises(ProtocolError):
+        decode_values(bytes(encoded[:cut]))
+    pos = data.draw(st.integers(0, len(encoded) - 1))
+    encoded[pos] ^= data.draw(st.integers(1, 255))
+    try:
+        decode_values(bytes(encoded))
+    except ProtocolError:
+        pass
+
+
+def test_counts_and_lengths_are_bounded_by_the_bytes_present():
+    with pytest.raises(ProtocolError, match="value count"):
+        decode_values(struct.pack("<I", 2**32 - 1))
+    with pytest.raises(ProtocolError, match="truncated"):
+        decode_values(struct.pack("<IBI", 1, 5, 2**32 - 1))  # a 4 GiB string announced in 9 bytes
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        P.parse_header(struct.pack("<IB", 2**31, P.REQUEST), max_frame_bytes=1 << 20)
+    with pytest.raises(ProtocolError, match="unknown frame type"):
+        P.parse_header(struct.pack("<IB", 1, 99), max_frame_bytes=1 << 20)
+
+
+def test_nesting_and_layout_are_validated():
+    deep = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ProtocolError, match="nest"):
+        encode_values([deep])
+    with pytest.raises(ProtocolError, match="dtype"):
+        encode_values([TensorHandle(1, "complex64", (1,), DeviceValue("cpu"))])
+    with pytest.raises(ProtocolError, match="device type"):
+        encode_values([DeviceValue("cuda", 0)])
+    bad_shape = encode_values([TensorHandle(1, "int8", (3,), DeviceValue("cpu"))]).replace(
+        struct.pack("<q", 3), struct.pack("<q", -3))
+    with pytest.raises(ProtocolError, match="shape"):
+        decode_values(bad_shape)
+
+
+def test_tvm_kinitserver_is_recognised_as_tvm():
+    captured = bytes.fromhex("1500000000000000 02000000 0500000000000000 302e382e30 00000000")
+    version = P.HelloParser().feed(captured)
+    assert version == "0.8.0"
+    with pytest.raises(VersionMismatch, match="TVM RPC protocol 0.8.0") as info:
+        P.check_client_version(version)
+    assert info.value.ours == "kernelrpc/1" and info.value.theirs == "0.8.0"
+
+
+def test_hello_exchange_round_trip():
+    parser = P.HelloParser()
+    hello = P.encode_hello()
+    assert parser.feed(hello[:5]) is None
+    assert parser.feed(hello[5:] + b"\x01") == P.VERSION_STRING
+    assert parser.unused == b"\x01"
+    P.check_client_version(P.VERSION_STRING)
+    reply = P.HelloReplyParser().feed(P.encode_hello_accept({"session_timeout": 3}))
+    assert reply.version == P.VERSION_STRING and reply.info == {"session_timeout": 3}
+
+
+def test_refusals_name_both_versions(monkeypatch):
+    with pytest.raises(VersionMismatch, match="kernelrpc/0"):
+        P.check_client_version("kernelrpc/0")
+    monkeypatch.setattr(P, "VERSION_STRING", "kernelrpc/2")  # a newer server refusing us
+    with pytest.raises(VersionMismatch) as info:
+        P.check_client_version("kernelrpc/1")
+    monkeypatch.undo()
+    with pytest.raises(VersionMismatch, match="kernelrpc/2") as seen:
+        P.HelloReplyParser().feed(P.encode_hello_refuse(str(info.value)))
+    assert seen.value.theirs == "kernelrpc/2" and seen.value.ours == "kernelrpc/1"
+    tvm_text = ("Check failed: client_protocol_ver == server_protocol_ver (kernelrpc/1 vs. 0.8.0) : "
+                "Client protocol version mismatch with the server  server protocol=0.8.0, "
+                "client protocol=kernelrpc/1")
+    with pytest.raises(VersionMismatch, match="TVM RPC protocol 0.8.0") as seen:
+        P.HelloReplyParser().feed(P.encode_hello_refuse(tvm_text))
+    assert seen.value.theirs == "0.8.0"
+
+
+def test_error_and_notice_frames():
+    reader = P.FrameReader()
+    reader.feed(P.encode_error("ValueError", "boom", "Traceback...") + P.encode_notice(
+        P.NOTICE_CRASHED, "died", signal=11) + P.encode_data_header(12) + b"raw-payload!")
+    assert P.decode_error(reader.next_frame().body) == ("ValueError", "boom", "Traceback...")
+    assert P.decode_notice(reader.next_frame().body) == (P.NOTICE_CRASHED, "died", 11, None)
+    assert P.decode_data_header(reader.next_frame().body) == 12
+    assert reader.take(100) == b"raw-payload!"

@@ -10,17 +10,10 @@ import pytest
 
 from kernelrpc import nd, rpc
 from kernelrpc.errors import SessionTimeout
-from kernelrpc.rpc import tracker_codec as tc
-from proxy_peers import offered_matchkey, recv_exactly, wait_for_matches
+from proxy_peers import (offered_matchkey, proxy, start_tvm_proxy, start_tvm_tracker,  # noqa: F401
+                         tracker_request, wait_for_matches)
 
 DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
-
-
-@pytest.fixture
-def proxy(start_service):
-    def start(*args):
-        return start_service("kernelrpc.proxy", ["--port", "0", *args])
-    return start
 
 
 @pytest.fixture
@@ -88,26 +81,10 @@ def test_two_of_our_devices_with_one_key_serve_two_clients_at_once(proxy, device
         check_session(b)
 
 
-def tracker_request(address, key: str) -> list:
-    """What ``connect_tracker(...).request(key)`` does first: REQUEST, then [host, port, matchkey]."""
-    with socket.create_connection(address, timeout=20) as sock:
-        sock.sendall(tc.MAGIC_BYTES)
-        tc.check_magic(recv_exactly(sock, 4))
-        sock.sendall(tc.encode_frame([tc.TrackerCode.REQUEST, key, "", 1]))
-        decoder = tc.FrameDecoder()
-        while True:
-            messages = decoder.feed(sock.recv(65536))
-            if messages:
-                return messages[0][1]
-
-
 @pytest.mark.tvm
 def test_our_session_through_tvm_tracker_and_our_proxy(start_service, proxy, device):
     pytest.importorskip("tvm", reason="apache-tvm is not installed")
-    from test_proxy_tvm import _BIND, free_port_range
-    lo, hi = free_port_range()
-    tracker = start_service("tvm.exec.rpc_tracker", ["--host", "127.0.0.1", "--port", str(lo),
-                                                     "--port-end", str(hi)], ready=_BIND)
+    tracker = start_tvm_tracker(start_service)
     p = proxy("--tracker", f"{tracker.host}:{tracker.port}")
     device(p.host, p.port, "trk")
     wait_for_matches(p, r"offered trk:\S+ to the tracker")
@@ -120,7 +97,6 @@ def test_our_session_through_tvm_tracker_and_our_proxy(start_service, proxy, dev
 @pytest.mark.tvm
 def test_our_session_through_tvm_proxy(start_service, device):
     pytest.importorskip("tvm", reason="apache-tvm is not installed")
-    from test_proxy_tvm import start_tvm_proxy
     tvm_proxy = start_tvm_proxy(start_service)
     device(tvm_proxy.host, tvm_proxy.port, "viatvm")
     wait_for_matches(tvm_proxy, "Handler ready")

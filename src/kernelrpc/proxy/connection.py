@@ -17,6 +17,15 @@ from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
 logger = logging.getLogger(__name__)
 
 _READ_BYTES = MAX_KEY_BYTES + 16
+_KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+
+
+def enable_keepalive(sock: socket.socket) -> None:
+    """Notice peers that vanish without closing (a NAT box rebooted) within about a minute."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in _KEEPALIVE:
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 class PeerConnection:
@@ -32,6 +41,7 @@ class PeerConnection:
         self.handed_over = False
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        enable_keepalive(sock)
         self._loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
@@ -40,10 +50,10 @@ class PeerConnection:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._lost(exc)
+            self._lost()
             return
         if not data:
-            self._lost(None)
+            self._lost()
             return
         if self._parser is None:
             self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
@@ -89,7 +99,7 @@ class PeerConnection:
         self.sock.close()
         self._service.connection_closed(self)
 
-    def _lost(self, exc: Exception | None) -> None:
+    def _lost(self) -> None:
         self._service.peer_left(self)
         self.close()
 

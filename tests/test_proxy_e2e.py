@@ -142,3 +142,10 @@ def test_proxy_re_registers_its_devices_when_the_tracker_restarts(start_service,
     wait_for_matches(p, r"offered again:\S+ to the tracker", 2)
     with connect_tracker(second.host, second.port).request("again") as sess:
         check_session(sess)
+
+
+def test_a_client_asking_for_a_key_nobody_offers_gets_a_clear_error(proxy):
+    from kernelrpc.errors import HandshakeError
+    p = proxy("--timeout-client", "1")
+    with pytest.raises(HandshakeError, match="MISMATCH.*no device with that key"):
+        rpc.connect(p.host, p.port, key="nobody")

@@ -34,8 +34,9 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
                    help="first port to try; 0 lets the OS choose (default 9090)")
     p.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
     p.add_argument("--tracker", type=_host_port, help="register the devices' keys with this tracker")
-    p.add_argument("--timeout-client", type=_seconds, default=60.0,
-                   help="seconds a client waits for a device before MISMATCH (default 60)")
+    p.add_argument("--timeout-client", type=_seconds, default=30.0,
+                   help="seconds a client waits for a device before MISMATCH (default 30, below "
+                        "kernelrpc.rpc.connect's 60 s connect timeout)")
     p.add_argument("--timeout-server", type=_seconds, default=600.0,
                    help="seconds a device waits for a client before MISMATCH; it then "
                         "reconnects (default 600, as TVM)")

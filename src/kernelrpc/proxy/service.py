@@ -22,7 +22,7 @@ class ProxyConfig:
     port: int = 9090
     port_end: int = 9199
     tracker: tuple[str, int] | None = None
-    timeout_client: float = 60.0
+    timeout_client: float = 30.0
     timeout_server: float = 600.0
     handshake_timeout: float = 10.0
     max_connections: int = 4096

@@ -149,3 +149,12 @@ def test_a_client_asking_for_a_key_nobody_offers_gets_a_clear_error(proxy):
     p = proxy("--timeout-client", "1")
     with pytest.raises(HandshakeError, match="MISMATCH.*no device with that key"):
         rpc.connect(p.host, p.port, key="nobody")
+
+
+def test_device_reconnects_at_once_when_the_proxy_ends_its_wait(proxy, device):
+    p = proxy("--timeout-server", "1")
+    dev = device(p.host, p.port)
+    dev.wait_for_line("ended the wait")
+    offered_matchkey(p, "dev", 2)
+    with rpc.connect(p.host, p.port, key="dev") as sess:
+        check_session(sess)

@@ -143,7 +143,13 @@ class Relay:
         self._loop = loop
         self._on_close = on_close
         self._closed = False
-        self._pumps = [Pump(a, b, make()), Pump(b, a, make())]
+        first = make()
+        try:
+            second = make()
+        except OSError:
+            first.close()
+            raise
+        self._pumps = [Pump(a, b, first), Pump(b, a, second)]
         self._pumps[0].buffer.put(to_b)
         self._pumps[1].buffer.put(to_a)
         self._watching: dict[tuple[int, str], bool] = {}

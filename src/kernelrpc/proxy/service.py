@@ -10,8 +10,8 @@ from ..errors import HandshakeError
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from .connection import PeerConnection
-from .relay import Relay
 from .pairing import Matchmaker, Waiter
+from .relay import Relay
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,10 @@ class ProxyService:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # e.g. EMFILE: the connection stays queued; log and go on
-                logger.warning("accept failed: %s", exc)
+            except OSError as exc:  # e.g. EMFILE: leave it queued and look again in a moment
+                logger.warning("accept failed: %s; pausing accepts for 1 s", exc)
+                self._loop.remove_reader(self._listener.fileno())
+                self._loop.call_later(1.0, self._resume_accepting)
                 return
             if len(self.connections) + 2 * len(self.relays) >= self.config.max_connections:
                 logger.warning("refusing %s:%s: %d connections is the limit", *addr[:2],
@@ -103,6 +105,10 @@ class ProxyService:
             self.connections.add(conn)
             conn.timer = self._loop.call_later(self.config.handshake_timeout,
                                                self._handshake_expired, conn)
+
+    def _resume_accepting(self) -> None:
+        if self._listener.fileno() >= 0:
+            self._loop.add_reader(self._listener.fileno(), self._accept)
 
     # -- called by PeerConnection -------------------------------------------
     def _handshake_expired(self, conn: PeerConnection) -> None:
@@ -182,12 +188,19 @@ class ProxyService:
         if waiting.is_device and waiting.matchkey != newcomer.wanted and waiting.offered \
                 and waiting.claimed_at is None and self.tracker_link is not None:
             self.tracker_link.slot_went_stale()
+        try:
+            relay = Relay(self._loop, a.sock, b.sock,
+                          to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),
+                          to_b=encode_reply(RPC_CODE_SUCCESS, waiting.key), mode=self.config.relay,
+                          on_close=lambda: self.relays.discard(relay))
+        except OSError as exc:  # no descriptors left for the pipes
+            logger.error("cannot relay %s <-> %s: %s", a.name, b.name, exc)
+            a.close()
+            b.close()
+            return
         for conn in (a, b):
+            conn.hand_over()
             self.connections.discard(conn)
-        relay = Relay(self._loop, a.hand_over(), b.hand_over(),
-                      to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),
-                      to_b=encode_reply(RPC_CODE_SUCCESS, waiting.key), mode=self.config.relay,
-                      on_close=lambda: self.relays.discard(relay))
         self.relays.add(relay)
         relay.start()
         device, client = (waiting, newcomer) if waiting.is_device else (newcomer, waiting)

@@ -11,7 +11,7 @@ from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUC
                              encode_reply, parse_key)
 from .connection import PeerConnection
 from .pairing import Matchmaker, Waiter
-from .relay import Relay
+from .relay import SPLICE_AVAILABLE, Relay
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ class ProxyService:
         self._listener = self._bind()
         self.address = self._listener.getsockname()[:2]
         self._loop.add_reader(self._listener.fileno(), self._accept)
+        splice = self.config.relay == "splice" and SPLICE_AVAILABLE
+        logger.info("relaying with %s", "splice(2) through 1 MiB pipes" if splice else
+                    "recv_into/send through 1 MiB buffers")
         if self.config.tracker:
             from .tracker_link import TrackerLink
             self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker)

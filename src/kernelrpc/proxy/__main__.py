@@ -58,6 +58,7 @@ async def _serve(config: ProxyConfig) -> None:
     service = ProxyService(config)
     host, port = await service.start()
     print(f"kernelrpc.proxy listening on {host}:{port}", flush=True)
+    logging.getLogger("kernelrpc.proxy").info("relaying with %s", service.describe_relay())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

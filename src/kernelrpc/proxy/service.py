@@ -50,14 +50,16 @@ class ProxyService:
         self._listener = self._bind()
         self.address = self._listener.getsockname()[:2]
         self._loop.add_reader(self._listener.fileno(), self._accept)
-        splice = self.config.relay == "splice" and SPLICE_AVAILABLE
-        logger.info("relaying with %s", "splice(2) through 1 MiB pipes" if splice else
-                    "recv_into/send through 1 MiB buffers")
         if self.config.tracker:
             from .tracker_link import TrackerLink
             self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker)
             self.tracker_link.start()
         return self.address
+
+    def describe_relay(self) -> str:
+        if self.config.relay == "splice" and SPLICE_AVAILABLE:
+            return "splice(2) through 1 MiB pipes"
+        return "recv_into/send through 1 MiB buffers"
 
     def _bind(self) -> socket.socket:
         cfg = self.config

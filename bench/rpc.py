@@ -1,11 +1,16 @@
 """Session speed against raw Python loopback TCP, measured in the same run.
 
-    PYTHONPATH=src python bench/rpc.py [--calls N] [--repeat R] [--no-tvm]
+    PYTHONPATH=src python bench/rpc.py [--calls N] [--repeat R] [--no-tvm] [--pin same|split|none]
 
 Prints the round trip of a trivial remote call (``testing.echo(1)``) next to a
 raw ping-pong of the same size, and tensor copy bandwidth in both directions
 (1, 16, 64 MiB) next to raw socket throughput; with the ratios. When apache-tvm
 is importable, TVM's RPC is measured too, for reference.
+
+By default client and servers share one CPU (``--pin same``): on this kind of
+machine a cross-CPU wake-up costs tens of microseconds, and leaving placement
+to the scheduler (``--pin none``) gives the raw reference and kernelrpc
+different placements from run to run. ``--pin split`` measures the cross-CPU case.
 """
 from __future__ import annotations
 
@@ -60,9 +65,17 @@ while True:
 '''
 
 
+SERVER_CPUS: set[int] | None = None  # set by --pin: where the servers run
+
+
+def _pin_server() -> None:
+    if SERVER_CPUS is not None:
+        os.sched_setaffinity(0, SERVER_CPUS)
+
+
 def start(cmd: list[str], pattern: str, env=None) -> tuple[subprocess.Popen, tuple[str, int]]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_pin_server)
     for line in proc.stdout:
         m = re.search(pattern, line)
         if m:
@@ -177,7 +190,16 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-tvm", action="store_true")
+    parser.add_argument("--pin", choices=("none", "same", "split"), default="same",
+                        help="CPU placement of client and servers: as the scheduler likes, all on one "
+                             "CPU, or client and servers on different CPUs (cross-CPU wake-ups)")
     args = parser.parse_args()
+    global SERVER_CPUS
+    if args.pin != "none":
+        cpus = sorted(os.sched_getaffinity(0))
+        client_cpu = {cpus[0]}
+        SERVER_CPUS = client_cpu if args.pin == "same" or len(cpus) == 1 else {cpus[1]}
+        os.sched_setaffinity(0, client_cpu)
     env = dict(os.environ, PYTHONPATH=str(SRC))
     server, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--log-level", "WARNING"],
                          r"listening on (\S+):(\d+)", env)
@@ -193,7 +215,8 @@ def main() -> None:
             proc.kill()
             proc.wait()
 
-    print(f"Round trip of a trivial call ({args.calls} calls; raw = {PING_BYTES}-byte TCP ping-pong)")
+    print(f"Round trip of a trivial call ({args.calls} calls; raw = {PING_BYTES}-byte TCP ping-pong; "
+          f"CPU placement: {args.pin})")
     print(f"{'':24}{'median us':>12}{'p99 us':>12}{'median ratio':>14}")
     raw_med, raw_p99 = percentiles(ping)
     rows = [("raw Python TCP", ping), ("kernelrpc echo(1)", ours_result["rtt"])]

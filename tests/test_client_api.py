@@ -143,3 +143,30 @@ def test_cache_flush_preprocessor_runs_once_per_repeat(session, kernels):
                            f_preproc="cache_flush_cpu_non_first_arg")(a, b)
     kernels["counter_read"](counts)
     assert counts.numpy()[1] == 4  # one flush of the non-first tensor argument per repeat
+
+
+def test_remote_objects_mirror_the_runtime_api(session, kernels, fixture_module):
+    from kernelrpc.runtime import load_module
+
+    local = load_module(fixture_module)
+    assert kernels.function_names == local.function_names
+    assert kernels.target == local.target and kernels.entry_name == local.entry_name
+    assert "addone" in kernels and "nope" not in kernels
+    live = session.get_function("session.live_handles")
+    before = live()
+    tensor = nd.empty((8,), "float32", session.cpu(0))
+    assert live() == before + 1
+    tensor.free()
+    assert tensor.freed and live() == before
+    with pytest.raises(ValueError, match="freed"):
+        tensor.numpy()
+
+
+def test_time_evaluator_accepts_fractional_ms_and_tvm_keywords(session, kernels):
+    dev = session.cpu(0)
+    a = nd.array(np.ones(16, "float32"), dev)
+    b = nd.empty((16,), "float32", dev)
+    timer = kernels.time_evaluator("counted", dev, number=1, repeat=2, min_repeat_ms=0.5,
+                                   limit_zero_time_iterations=10, cache_flush_bytes=1 << 16)
+    result = timer(a, b)
+    assert len(result.results) == 2 and result.number >= 1

@@ -132,7 +132,7 @@ def test_hello_exchange_round_trip():
     assert parser.unused == b"\x01"
     P.check_client_version(P.VERSION_STRING)
     reply = P.HelloReplyParser().feed(P.encode_hello_accept({"session_timeout": 3}))
-    assert reply.version == P.VERSION_STRING and reply.info == {"session_timeout": 3}
+    assert reply.version == P.VERSION_STRING and reply.info["session_timeout"] == 3
 
 
 def test_refusals_name_both_versions(monkeypatch):
@@ -161,3 +161,17 @@ def test_error_and_notice_frames():
     assert P.decode_notice(reader.next_frame().body) == (P.NOTICE_CRASHED, "died", 11, None)
     assert P.decode_data_header(reader.next_frame().body) == 12
     assert reader.take(100) == b"raw-payload!"
+
+
+def test_a_tvm_server_accepting_the_hello_is_a_version_mismatch():
+    tvm_accept = bytes.fromhex("0c00000000000000 04000000 01000000 00000000")  # kReturn [None]
+    with pytest.raises(VersionMismatch, match="TVM RPC"):
+        P.HelloReplyParser().feed(tvm_accept)
+
+
+def test_hello_reply_limits_are_validated():
+    bad = P.encode_hello_accept({"max_frame_bytes": -1})
+    with pytest.raises(ProtocolError, match="max_frame_bytes"):
+        P.HelloReplyParser().feed(bad)
+    info = P.HelloReplyParser().feed(P.encode_hello_accept({})).info
+    assert info["max_frame_bytes"] == P.DEFAULT_MAX_FRAME_BYTES and info["session_timeout"] == 0

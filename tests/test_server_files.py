@@ -1,6 +1,5 @@
 """Remote files stay inside the session workspace, which the server removes after the session."""
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,3 +110,11 @@ def test_whole_session_without_numpy_llvmlite_tornado_cloudpickle(start_service,
         result = module.time_evaluator("addone", dev, number=3, repeat=2)(a, b)
         assert len(result.results) == 2
     assert (tmp_path / "loaded").read_text().strip(), "the import blocker was not active in the server"
+
+
+def test_upload_onto_a_directory_is_refused_and_nothing_is_left(session):
+    session.upload(b"x", "dir/file")
+    with pytest.raises(kernelrpc.RemoteError, match="IsADirectoryError"):
+        session.upload(b"y" * 5000, "dir")
+    assert session.listdir("dir") == ["file"]
+    assert session.download("dir/file") == b"x"

@@ -28,10 +28,13 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
-def _is_listening(port: int) -> bool:
-    """True when a socket on this machine listens on ``port`` (always True where /proc is absent)."""
+def _is_listening(pid: int, port: int) -> bool:
+    """True when a socket in process ``pid``'s network namespace listens on ``port``.
+
+    Always True where /proc is absent (not Linux).
+    """
     found_table = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
         try:
             with open(table) as f:
                 rows = f.read().splitlines()[1:]
@@ -75,9 +78,9 @@ class Service:
             port = int(self.match.group(2))
         except (IndexError, ValueError):
             return True
-        while not _is_listening(port):
+        while not _is_listening(self.proc.pid, port):
             if time.monotonic() > deadline or not self._reader.is_alive():
-                return _is_listening(port)
+                return _is_listening(self.proc.pid, port)
             self._reader.join(0.01)
         return True
 

@@ -89,12 +89,11 @@ class RPCSession:
     def __init__(self, sock: socket.socket, info: dict, where: str, initial: bytes = b"") -> None:
         self.info = info
         self.address = where
-        self._conn = FramedSocket(sock, int(info.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES)),
-                                  initial)
+        self._conn = FramedSocket(sock, int(info["max_frame_bytes"]), initial)
         self._lock = threading.Lock()
         self._closed = False
         self._to_free: list = []
-        timeout = float(info.get("session_timeout") or 0)
+        timeout = float(info["session_timeout"])
         self._deadline = time.monotonic() + timeout if timeout else None
         self._timeout = timeout
 
@@ -112,7 +111,13 @@ class RPCSession:
     def _request(self, op: int, args=(), raw=None) -> list:
         """Send a request (and a raw stream after it) and return the RETURN values."""
         with self._lock:
-            self._send(op, args, raw)
+            if raw is None and not self._to_free and not self._closed:  # the common case, kept short
+                try:
+                    self._conn.sock.sendall(P.encode_request(op, args))
+                except OSError as exc:
+                    raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+            else:
+                self._send(op, args, raw)
             try:
                 frame = self._conn.recv_frame()
             except (ConnectionLost, ProtocolError) as exc:
@@ -126,12 +131,6 @@ class RPCSession:
 
     def _send(self, op: int, args, raw) -> None:
         frames = P.encode_request(op, args)
-        if raw is None and not self._closed and not self._to_free:  # the common case, kept short
-            try:
-                self._conn.sock.sendall(frames)
-                return
-            except OSError as exc:
-                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
         if self._closed:
             raise ConnectionLost(f"the session with {self.address} is closed")
         freed = self._to_free
@@ -146,7 +145,11 @@ class RPCSession:
         except ConnectionLost as exc:
             raise self._lost(exc) from None
         if freed:
-            self._expect(self._receive(), P.RETURN)
+            try:
+                self._expect(self._receive(), P.RETURN)
+            except RemoteError:  # the request's own reply would be read as this one's
+                self._mark_closed()
+                raise
 
     def _receive(self) -> tuple[int, bytes]:
         try:
@@ -283,18 +286,23 @@ class RPCSession:
         self._request(P.UPLOAD, [target, view.nbytes], view)
 
     def _check_upload(self, size: int) -> None:
-        limit = self.info.get("max_upload_bytes")
-        if limit is not None and size > limit:
+        limit = self.info["max_upload_bytes"]
+        if size > limit:
             raise ValueError(f"upload of {size} bytes exceeds the server's limit of {limit} bytes "
                              "(--max-upload-bytes)")
 
-    def download(self, name: str) -> bytes:
+    def download(self, name: str) -> bytearray:
+        """The contents of a file in the session's workspace (received in place, no extra copy)."""
         with self._lock:
             self._send(P.DOWNLOAD, [name], None)
             nbytes = self._expect(self._receive(), P.DATA)
+            if nbytes > max(self.info["max_upload_bytes"], self.info["max_tensor_bytes"]):
+                self._mark_closed()
+                raise ProtocolError(f"the server announces a {nbytes}-byte download, beyond its own "
+                                    "limits; refusing to allocate it")
             out = bytearray(nbytes)
             self._recv_raw(out)
-        return bytes(out)
+        return out
 
     def _recv_raw(self, target) -> None:
         try:
@@ -315,7 +323,7 @@ class RPCSession:
         return Module(self, handle, json.loads(metadata))
 
     def empty(self, shape, dtype="float32", dev: Device | None = None) -> "Tensor":
-        """Allocate an uninitialised-looking (zero-filled) tensor on the remote device."""
+        """Allocate a zero-filled tensor on the remote device."""
         dev = dev or self.cpu(0)
         if isinstance(shape, int):
             shape = (shape,)
@@ -414,14 +422,34 @@ class Module(_Remote):
         return self.get_function(name)
 
     def time_evaluator(self, name: str, dev: Device, number: int = 10, repeat: int = 1,
-                       min_repeat_ms: int = 0, cooldown_interval_ms: int = 0,
-                       repeats_to_cooldown: int = 1, f_preproc: str = "") -> TimeEvaluator:
+                       min_repeat_ms: float = 0, cooldown_interval_ms: float = 0,
+                       repeats_to_cooldown: int = 1, f_preproc: str = "", *,
+                       limit_zero_time_iterations: int = 100, cache_flush_bytes: int = 0) -> TimeEvaluator:
         """A callable that times ``name`` on the device (TVM semantics); returns a ProfileResult."""
         args = [self._handle, name, DeviceValue(dev.device_type, dev.device_id), int(number),
-                int(repeat), int(min_repeat_ms), int(cooldown_interval_ms), int(repeats_to_cooldown),
-                f_preproc]
+                int(repeat), float(min_repeat_ms), float(cooldown_interval_ms), int(repeats_to_cooldown),
+                f_preproc, int(limit_zero_time_iterations), int(cache_flush_bytes)]
         (handle,) = self._session._request(P.TIME_EVALUATOR, args)
         return TimeEvaluator(self._session, handle, name)
+
+    @property
+    def target(self) -> dict:
+        return (self.metadata or {}).get("target", {})
+
+    @property
+    def function_names(self) -> list[str]:
+        return [f["name"] for f in (self.metadata or {}).get("functions", [])]
+
+    @property
+    def entry_func(self) -> Function:
+        if self.entry_name is None:
+            raise AttributeError("the module has no entry function")
+        return self.get_function(self.entry_name)
+
+    def implements_function(self, name: str) -> bool:
+        return name in self.function_names
+
+    __contains__ = implements_function
 
     def __repr__(self) -> str:
         return f"<remote Module {self.entry_name or ''} on {self._session.address}>"
@@ -442,6 +470,21 @@ class Tensor(_Remote):
     @property
     def nbytes(self) -> int:
         return nbytes_of(self.dtype, self.shape)
+
+    def _live(self) -> RPCSession:
+        if self._session is None:
+            raise ValueError("the tensor has been freed")
+        return self._session
+
+    @property
+    def freed(self) -> bool:
+        return self._session is None
+
+    def free(self) -> None:
+        """Release the device memory now (otherwise it goes when this object is collected)."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            session._request(P.FREE, [self._handle])
 
     @property
     def ndim(self) -> int:
@@ -470,7 +513,7 @@ class Tensor(_Remote):
             view = memoryview(source).cast("B")
         if view.nbytes != self.nbytes:
             raise ValueError(f"copyfrom: source has {view.nbytes} bytes, the tensor {self.nbytes}")
-        self._session._request(P.COPY_TO, [self._handle, 0, view.nbytes], view)
+        self._live()._request(P.COPY_TO, [self._handle, 0, view.nbytes], view)
         return self
 
     def copyto_buffer(self, target) -> None:
@@ -479,7 +522,7 @@ class Tensor(_Remote):
             memoryview(target).cast("B")
         if view.nbytes != self.nbytes:
             raise ValueError(f"copyto: target has {view.nbytes} bytes, the tensor {self.nbytes}")
-        session = self._session
+        session = self._live()
         with session._lock:
             session._send(P.COPY_FROM, [self._handle, 0, view.nbytes], None)
             nbytes = session._expect(session._receive(), P.DATA)
@@ -514,7 +557,8 @@ class Tensor(_Remote):
         return target
 
     def __repr__(self) -> str:
-        return f"<remote Tensor {self.dtype}{list(self.shape)} on {self._session.address}>"
+        where = "freed" if self._session is None else f"on {self._session.address}"
+        return f"<remote Tensor {self.dtype}{list(self.shape)} {where}>"
 
 
 __all__ = ["RPCSession", "connect", "open_session", "Tensor", "Module", "Function", "TimeEvaluator"]

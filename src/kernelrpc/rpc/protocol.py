@@ -60,6 +60,7 @@ _TVM_INIT_SERVER, _TVM_RETURN, _TVM_EXCEPTION = 2, 4, 5
 _TVM_RAWSTR = 8
 _TVM_STR_HEAD = struct.Struct("<iQ")
 _TVM_NARGS = struct.Struct("<i")
+_TVM_ACCEPTED = _TVM_NARGS.pack(1) + _TVM_NARGS.pack(0)  # kReturn [None]: a TVM server said yes
 
 
 class Frame(NamedTuple):
@@ -71,10 +72,6 @@ class Frame(NamedTuple):
 
 def encode_frame(frame_type: int, body: bytes = b"") -> bytes:
     return _HEADER.pack(len(body), frame_type) + body
-
-
-def frame_header(frame_type: int, body_length: int) -> bytes:
-    return _HEADER.pack(body_length, frame_type)
 
 
 def parse_header(header, max_frame_bytes: int) -> tuple[int, int]:
@@ -330,6 +327,25 @@ class HelloReply:
     info: dict
 
 
+_INFO_LIMITS = {  # field: (default, lowest, highest)
+    "session_timeout": (0, 0, 10 * 365 * 86400),
+    "max_frame_bytes": (DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, (1 << 32) - 1),
+    "max_upload_bytes": (1 << 30, 0, 1 << 50),
+    "max_tensor_bytes": (8 << 30, 0, 1 << 50),
+}
+
+
+def _checked_info(info: dict) -> dict:
+    """The server's session limits, each a number within bounds (defaults for missing ones)."""
+    out = dict(info)
+    for name, (default, low, high) in _INFO_LIMITS.items():
+        value = info.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ProtocolError(f"session hello reply: {name}={value!r} is out of range")
+        out[name] = value
+    return out
+
+
 _KERNELRPC_SERVER_VERSION = re.compile(r"server speaks kernelrpc session protocol ([\w./]+),")
 _TVM_SERVER_VERSION = re.compile(r"server protocol=([\w.]+)")
 
@@ -345,18 +361,17 @@ class HelloReplyParser(_TVMPacketParser):
         if packet is None:
             return None
         code, body = packet
+        if code == _TVM_RETURN and bytes(body) == _TVM_ACCEPTED:
+            raise VersionMismatch(
+                f"version mismatch: this client speaks kernelrpc session protocol {VERSION_STRING}, "
+                "the server accepted the hello as a TVM RPC session: it speaks TVM RPC; use tvm.rpc",
+                ours=VERSION_STRING, theirs="TVM RPC")
         strings = _read_tvm_strings(body, "session hello reply")
         if code == _TVM_EXCEPTION and len(strings) == 1:
             raise self._refusal(strings[0])
-        if code != _TVM_RETURN:
-            raise ProtocolError(f"session hello reply has TVM code {code}, expected kReturn or kException")
-        if len(strings) != 2:
-            if strings == [] or len(strings) == 1:
-                raise VersionMismatch(
-                    f"version mismatch: this client speaks kernelrpc session protocol {VERSION_STRING}, "
-                    "the server accepted it as a TVM RPC session (it is a TVM rpc_server or proxy "
-                    "end point); use tvm.rpc to talk to it", ours=VERSION_STRING, theirs="TVM RPC")
-            raise ProtocolError("session hello reply: unexpected values")
+        if code != _TVM_RETURN or len(strings) != 2:
+            raise ProtocolError(f"session hello reply: unexpected TVM packet code {code} with "
+                                f"{len(strings)} values")
         version, info_text = strings
         if version != VERSION_STRING:
             raise VersionMismatch(
@@ -368,13 +383,13 @@ class HelloReplyParser(_TVMPacketParser):
             raise ProtocolError("session hello reply: server info is not JSON") from None
         if not isinstance(info, dict):
             raise ProtocolError("session hello reply: server info is not an object")
-        return HelloReply(version, info)
+        return HelloReply(version, _checked_info(info))
 
     @staticmethod
     def _refusal(message: str) -> VersionMismatch:
-        ours = _KERNELRPC_SERVER_VERSION.search(message)
-        if ours:
-            return VersionMismatch(message, ours=VERSION_STRING, theirs=ours.group(1))
+        kernelrpc_server = _KERNELRPC_SERVER_VERSION.search(message)
+        if kernelrpc_server:
+            return VersionMismatch(message, ours=VERSION_STRING, theirs=kernelrpc_server.group(1))
         found = _TVM_SERVER_VERSION.search(message)
         theirs = found.group(1) if found else "unknown"
         return VersionMismatch(

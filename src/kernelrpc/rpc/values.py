@@ -65,7 +65,6 @@ class TensorHandle:
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
@@ -75,6 +74,7 @@ _TAG_U32 = struct.Struct("<BI")
 _TAG_U64 = struct.Struct("<BQ")
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _SMALL_COUNTS = tuple(_U32.pack(n) for n in range(16))
+_NONE_BYTES, _FALSE_BYTES, _TRUE_BYTES = bytes([T_NONE]), bytes([T_FALSE]), bytes([T_TRUE])
 
 
 def nbytes_of(dtype: str, shape) -> int:
@@ -139,11 +139,11 @@ def _layout(dtype: str, shape, device: DeviceValue, parts: list) -> None:
 
 
 def _enc_none(value, parts, depth):
-    parts.append(b"\x00")
+    parts.append(_NONE_BYTES)
 
 
 def _enc_bool(value, parts, depth):
-    parts.append(b"\x02" if value else b"\x01")
+    parts.append(_TRUE_BYTES if value else _FALSE_BYTES)
 
 
 def _enc_int(value, parts, depth):

@@ -59,12 +59,13 @@ class SessionHandler:
     def serve(self) -> None:
         """Answer requests until the client shuts the session down or disconnects."""
         recv_frame, send, ops = self.conn.recv_frame, self.conn.send, self._ops
+        request, shutdown = P.REQUEST, P.SHUTDOWN
         while True:
             frame_type, body = recv_frame()
-            if frame_type != P.REQUEST:
+            if frame_type != request:
                 raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
             op, args = P.decode_request(body)
-            if op == P.SHUTDOWN:
+            if op == shutdown:
                 return
             try:
                 reply = ops[op](args)
@@ -225,20 +226,28 @@ class SessionHandler:
         if not 0 <= nbytes <= self.config.max_upload_bytes:
             raise WorkspaceError(f"upload of {nbytes} bytes exceeds the server's limit of "
                                  f"{self.config.max_upload_bytes} bytes (--max-upload-bytes)")
-        with self.workspace.open_for_upload(name) as out:
-            chunk = bytearray(min(nbytes, 1 << 20))
-            left = nbytes
+        path, out = self.workspace.open_for_upload(name)
+        with out:
             try:
-                while left:
-                    part = memoryview(chunk)[:min(left, len(chunk))]
-                    self.conn.recv_raw_into(part)
-                    left -= len(part)
-                    out.write(part)
-            except OSError as exc:  # disk full: drain the rest so the stream stays in step
-                self.conn.discard_raw(left - len(part))
-                exc.raw_consumed = True
+                self._receive_into_file(out, nbytes)
+            except BaseException:
+                path.unlink(missing_ok=True)  # no half-written files
                 raise
         return P.encode_return()
+
+    def _receive_into_file(self, out, nbytes: int) -> None:
+        chunk = bytearray(min(nbytes, 1 << 20))
+        left = nbytes
+        while left:
+            part = memoryview(chunk)[:min(left, len(chunk))]
+            self.conn.recv_raw_into(part)
+            left -= len(part)
+            try:
+                out.write(part)
+            except OSError as exc:  # disk full: drain the rest so the stream stays in step
+                self.conn.discard_raw(left)
+                exc.raw_consumed = True
+                raise
 
     def _download(self, args):
         (name,) = _expect(args, str)
@@ -262,11 +271,12 @@ class SessionHandler:
 
     def _time_evaluator(self, args):
         (module_handle, name, device, number, repeat, min_repeat_ms, cooldown_interval_ms,
-         repeats_to_cooldown, f_preproc) = _expect(args, ModuleHandle, str, DeviceValue, int, int, int,
-                                                   int, int, str)
+         repeats_to_cooldown, f_preproc, limit_zero_time_iterations, cache_flush_bytes) = _expect(
+            args, ModuleHandle, str, DeviceValue, int, int, float, float, int, str, int, int)
         module = self._lookup(module_handle.id, runtime.Module, "module")
         timer = module.time_evaluator(
             name, runtime.Device(device.device_type, device.device_id), number=number, repeat=repeat,
             min_repeat_ms=min_repeat_ms, cooldown_interval_ms=cooldown_interval_ms,
-            repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc)
+            repeats_to_cooldown=repeats_to_cooldown, f_preproc=f_preproc,
+            limit_zero_time_iterations=limit_zero_time_iterations, cache_flush_bytes=cache_flush_bytes)
         return P.encode_return([FunctionHandle(self._put(timer))])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import time
@@ -151,8 +152,7 @@ class SessionProcess:
 
 
 def _wait_readable(fd: int | None, timeout: float) -> None:
-    import select
-    if fd is None:
+    if fd is None:  # no pidfd on this system: poll
         select.select([], [], [], min(timeout, 0.05))
     else:
         select.select([fd], [], [], timeout)

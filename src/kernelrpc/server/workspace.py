@@ -41,13 +41,14 @@ class Workspace:
         return real
 
     def open_for_upload(self, name: str):
+        """``(path, file)``: the file opened for writing, created with any missing parents."""
         path = self.resolve(name)
         if path == self.root:
             raise WorkspaceError(f"cannot upload to {name!r}: it is the workspace itself")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.resolve(name)  # the parents just created must not have been swapped for links
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-        return open(os.open(path, flags, 0o644), "wb", buffering=0)
+        return path, open(os.open(path, flags, 0o644), "wb", buffering=0)
 
     def existing_file(self, name: str) -> Path:
         path = self.resolve(name)

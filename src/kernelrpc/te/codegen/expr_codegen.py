@@ -12,10 +12,9 @@ from contextlib import contextmanager
 from .. import expr as E
 from .. import ir
 from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype
-from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value, alignment, join_div
-from .llvm_types import (element_bytes, float_literal, int_literal, is_signed, llvm_type,
-                         memory_type, scalar_type)
-
+from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value, join_div
+from .llvm_types import float_literal, int_literal, is_signed, llvm_type, scalar_type
+from .memory_codegen import MemoryCodegen
 
 _MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log10": "log10",
          "sqrt": "sqrt", "tanh": "tanh", "sin": "sin", "cos": "cos", "fabs": "fabs",
@@ -31,10 +30,6 @@ def _intrinsic_suffix(dtype: str) -> str:
     code, bits, _ = parse_dtype(dtype)
     elem = f"f{bits}" if code == "float" else f"i{bits}"
     return elem if lanes == 1 else f"v{lanes}{elem}"
-
-
-def _mangle(llvm_scalar: str) -> str:
-    return {"float": "f32", "double": "f64", "half": "f16"}.get(llvm_scalar, llvm_scalar)
 
 
 def _loads_memory(node) -> bool:
@@ -72,7 +67,7 @@ def _fold_int(op, a: int, b: int):
     return None
 
 
-class ExprCodegen:
+class ExprCodegen(MemoryCodegen):
     """Translates expressions inside one function; ``env`` maps Vars and Buffers to Values."""
 
     def __init__(self, module: ModuleBuilder, fn: FunctionBuilder):
@@ -412,129 +407,3 @@ class ExprCodegen:
             splat = self.splat(stride, node.lanes)
             steps = self.fn.assign(vty, f"mul {vty} {iota.ref}, {splat.ref}")
         return self.fn.assign(vty, f"add {vty} {self.splat(base, node.lanes).ref}, {steps.ref}")
-
-    # ------------------------------------------------------------------ memory
-
-    def address(self, buffer, index: Value) -> Value:
-        base = self.env.get(buffer)
-        if base is None:
-            raise CodegenError(f"buffer {buffer.name} is used outside its allocation")
-        if index.const == 0:
-            return base
-        idx = index
-        if index.type != "i64":
-            if index.const is not None:
-                idx = Value("i64", str(index.const), const=index.const)
-            else:
-                idx = self.fn.assign("i64", f"sext {index} to i64")
-        return self.fn.assign("ptr", f"getelementptr inbounds {memory_type(buffer.dtype)}, "
-                                     f"ptr {base.ref}, i64 {idx.ref}", hint="p")
-
-    def lane_indices(self, index_node, lanes: int) -> list[Value]:
-        """Scalar index of every lane of a vector index (for gathers and scatters)."""
-        if isinstance(index_node, ir.Ramp):
-            base, stride = self(index_node.base), self(index_node.stride)
-            elem = index_node.base.dtype
-            out = []
-            for k in range(lanes):
-                step = self._int_binary(E.Mul, elem, stride, self.const(k, elem))
-                out.append(self._int_binary(E.Add, elem, base, step))
-            return out
-        if isinstance(index_node, ir.Broadcast):
-            return [self(index_node.value)] * lanes
-        vec = self(index_node)
-        elem_ty = scalar_type(dtype_element(index_node.dtype))
-        return [self.fn.assign(elem_ty, f"extractelement {vec}, i32 {k}") for k in range(lanes)]
-
-    def visit_Load(self, node):
-        buffer = node.buffer
-        lanes = dtype_lanes(node.dtype)
-        mty = memory_type(buffer.dtype)
-        nbytes = element_bytes(buffer.dtype)
-        contiguous = self._contiguous_base(node.index)
-        if lanes == 1:
-            index = self(node.index)
-            ptr = self.address(buffer, index)
-            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {nbytes}")
-            return self._from_memory(raw, buffer.dtype)
-        vty = f"<{lanes} x {mty}>"
-        if contiguous is not None:
-            base = self(contiguous)
-            ptr = self.address(buffer, base)
-            align = alignment(base.div, nbytes)
-            if self.mask is None:
-                raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {align}")
-            else:
-                raw = self._masked("load", vty, f"ptr {ptr.ref}, i32 {align}")
-            return self._from_memory(raw, node.dtype)
-        if self.mask is not None:
-            index = self(node.index) if not isinstance(node.index, ir.Broadcast) else \
-                self.splat(self(node.index.value), lanes)
-            wide = f"<{lanes} x i64>"
-            if index.type != wide:
-                index = self.fn.assign(wide, f"sext {index} to {wide}")
-            ptrs = self.fn.assign(f"<{lanes} x ptr>", f"getelementptr inbounds {mty}, "
-                                  f"ptr {self.env[buffer].ref}, {index}")
-            raw = self._masked("gather", vty, f"{ptrs}, i32 {nbytes}")
-            return self._from_memory(raw, node.dtype)
-        if isinstance(node.index, ir.Broadcast):
-            scalar = self.visit_Load(ir.Load(buffer, node.index.value))
-            return self.splat(scalar, lanes)
-        vty = llvm_type(node.dtype)
-        result = Value(vty, "poison")
-        for k, index in enumerate(self.lane_indices(node.index, lanes)):
-            ptr = self.address(buffer, index)
-            raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {nbytes}")
-            lane = self._from_memory(raw, buffer.dtype)
-            result = self.fn.assign(vty, f"insertelement {result}, {lane}, i32 {k}")
-        return result
-
-    def _masked(self, kind: str, vty: str, operands: str) -> Value:
-        lanes, elem = vty[1:-1].split(" x ")
-        suffix = f"v{lanes}{_mangle(elem)}"
-        name = (f"llvm.masked.load.{suffix}.p0" if kind == "load"
-                else f"llvm.masked.gather.{suffix}.v{lanes}p0")
-        ptr_ty = "ptr" if kind == "load" else f"<{lanes} x ptr>"
-        self.module.declare(name, f"declare {vty} @{name}({ptr_ty}, i32, <{lanes} x i1>, {vty})")
-        return self.fn.assign(vty, f"call {vty} @{name}({operands}, {self.mask}, {vty} poison)")
-
-    @staticmethod
-    def _contiguous_base(index_node):
-        if isinstance(index_node, ir.Ramp) and isinstance(index_node.stride, E.IntImm) \
-                and index_node.stride.value == 1:
-            return index_node.base
-        return None
-
-    def _from_memory(self, raw: Value, dtype: str) -> Value:
-        if parse_dtype(dtype)[0] != "bool":
-            return raw
-        ty = llvm_type(dtype)
-        return self.fn.assign(ty, f"trunc {raw} to {ty}")
-
-    def to_memory(self, value: Value, dtype: str) -> Value:
-        if parse_dtype(dtype)[0] != "bool":
-            return value
-        lanes = dtype_lanes(dtype)
-        ty = "i8" if lanes == 1 else f"<{lanes} x i8>"
-        return self.fn.assign(ty, f"zext {value} to {ty}")
-
-    def store(self, node) -> None:
-        buffer = node.buffer
-        lanes = dtype_lanes(node.value.dtype)
-        nbytes = element_bytes(buffer.dtype)
-        value = self.to_memory(self(node.value), node.value.dtype)
-        if lanes == 1:
-            ptr = self.address(buffer, self(node.index))
-            self.fn.emit(f"store {value}, ptr {ptr.ref}, align {nbytes}")
-            return
-        contiguous = self._contiguous_base(node.index)
-        if contiguous is not None:
-            base = self(contiguous)
-            ptr = self.address(buffer, base)
-            self.fn.emit(f"store {value}, ptr {ptr.ref}, align {alignment(base.div, nbytes)}")
-            return
-        mty = memory_type(buffer.dtype)
-        for k, index in enumerate(self.lane_indices(node.index, lanes)):
-            lane = self.fn.assign(mty, f"extractelement {value}, i32 {k}")
-            ptr = self.address(buffer, index)
-            self.fn.emit(f"store {lane}, ptr {ptr.ref}, align {nbytes}")

@@ -16,9 +16,11 @@ condition variable, so an idle pool burns no CPU. The pool holds exactly
 ``threads - 1`` workers (``__kernelrpc_set_num_threads`` starts or stops and
 joins workers), every worker takes part in every job, and the caller waits for
 all of them: no late worker can mistake the next job for the one it woke up
-for, and no idle extra thread competes for a core. A launch from inside a job or from a second thread
-while one runs falls back to ``body(ctx, 0, 1)`` on the calling thread. After
-``fork()`` the child starts with no workers and creates them again on first use.
+for, and no idle extra thread competes for a core. A launch from inside a job
+or from a second thread while one runs falls back to ``body(ctx, 0, 1)`` on the
+calling thread. After ``fork()`` the child starts with no workers and creates
+them again on first use. The default size is the number of cores in the
+affinity mask (overridden by ``KERNELRPC_NUM_THREADS`` or ``TVM_NUM_THREADS``).
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ SPIN_ITERATIONS = 20000
 _SC_NPROCESSORS_ONLN = 84  # Linux (glibc and musl)
 _AFFINITY_WORDS = 16  # a 1024-cpu mask, glibc's cpu_set_t
 _CLOCK_MONOTONIC = 1
-_PTHREAD_OBJECT_BYTES = 64
-_NO_QUIT = 1 << 30  # >= sizeof(pthread_mutex_t), sizeof(pthread_cond_t) on Linux ABIs
+_PTHREAD_OBJECT_BYTES = 64  # >= sizeof(pthread_mutex_t), sizeof(pthread_cond_t) on Linux ABIs
+_NO_QUIT = 1 << 30  # "no worker quits after this job"
 
 LAUNCH_SYMBOL = "__kernelrpc_parallel_launch"
 

@@ -21,7 +21,8 @@ import struct
 from typing import NamedTuple
 
 from ..errors import ProtocolError, VersionMismatch
-from .values import decode_values, encode_values
+from .values import (T_FUNCTION, decode_items, decode_single, decode_values, encode_items,
+                     encode_values)
 
 PROTOCOL_NAME = "kernelrpc"
 PROTOCOL_VERSION = 1
@@ -164,6 +165,44 @@ def decode_request(body) -> tuple[int, list]:
     if op not in OPS:
         raise ProtocolError(f"unknown request operation {op}")
     return op, decode_values(body, 1)
+
+
+# CALL is the request a measurement loop repeats, so it has its own encoder and decoder. They
+# produce and accept exactly the bytes of encode_request(CALL, [FunctionHandle(id), *args]).
+_CALL_HEAD = struct.Struct("<IBBIBQ")  # frame header, op, value count, function handle (tag, id)
+_CALL_FIXED = _CALL_HEAD.size - HEADER_SIZE
+_CALL_BODY = struct.Struct("<xIBQ")
+_U32_ONE = struct.pack("<I", 1)
+
+
+def encode_call(function_id: int, args=()) -> bytes:
+    """A CALL request of function ``function_id`` with ``args``."""
+    parts = [b""]
+    encode_items(args, parts)
+    parts[0] = _CALL_HEAD.pack(_CALL_FIXED + sum(map(len, parts)), REQUEST, CALL, len(args) + 1,
+                               T_FUNCTION, function_id)
+    return b"".join(parts)
+
+
+def decode_call(body: bytes) -> tuple[int, list]:
+    """``(function_id, args)`` of a CALL request body."""
+    if len(body) < _CALL_FIXED or body[0] != CALL:
+        raise ProtocolError("malformed CALL request")
+    count, tag, function_id = _CALL_BODY.unpack_from(body)
+    if tag != T_FUNCTION or count == 0:
+        raise ProtocolError("CALL needs a function handle first")
+    return function_id, decode_items(body, _CALL_FIXED, count - 1)
+
+
+def encode_result(value) -> bytes:
+    """A RETURN frame carrying the one value of a CALL's result."""
+    parts = [b"", _U32_ONE]
+    encode_items((value,), parts)
+    parts[0] = _HEADER.pack(sum(map(len, parts)), RETURN)
+    return b"".join(parts)
+
+
+decode_result = decode_single
 
 
 def encode_return(values=()) -> bytes:

@@ -118,7 +118,9 @@ class RPCSession:
 
     def _exchange(self, request: bytes, raw=None) -> bytes:
         """Send an encoded request (and a raw stream after it); the body of the RETURN reply."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
+        try:
             if raw is None and not self._to_free and not self._closed:  # the common case, kept short
                 try:
                     self._conn.sock.sendall(request)
@@ -135,7 +137,9 @@ class RPCSession:
                 raise
             if frame[0] != P.RETURN:
                 self._fail(frame, P.RETURN)
-            return frame[1]
+        finally:
+            lock.release()
+        return frame[1]
 
     def _send(self, request: bytes, raw) -> None:
         if self._closed:

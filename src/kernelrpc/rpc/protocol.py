@@ -53,7 +53,6 @@ NOTICE_SHUTDOWN = "ServerShutdown"
 _HEADER = struct.Struct("<IB")
 HEADER_SIZE = _HEADER.size
 _U64 = struct.Struct("<Q")
-_OP = struct.Struct("<B")
 
 # TVM packet pieces used only by the hello (tvm-rpc-protocol.md sections 5.1-5.5).
 _TVM_HEAD = struct.Struct("<Qi")
@@ -148,14 +147,12 @@ class FrameReader:
 
 # ---------------------------------------------------------------- requests and replies
 
-_OP_BYTES = tuple(_OP.pack(op) for op in range(256))
+_REQUEST_HEAD = struct.Struct("<IBB")  # frame header, op
 
 
 def encode_request(op: int, args=()) -> bytes:
-    parts = [b"", _OP_BYTES[op]]
-    encode_values(args, parts)
-    parts[0] = _HEADER.pack(sum(map(len, parts)), REQUEST)
-    return b"".join(parts)
+    payload = encode_values(args)
+    return _REQUEST_HEAD.pack(len(payload) + 1, REQUEST, op) + payload
 
 
 def decode_request(body) -> tuple[int, list]:
@@ -172,16 +169,14 @@ def decode_request(body) -> tuple[int, list]:
 _CALL_HEAD = struct.Struct("<IBBIBQ")  # frame header, op, value count, function handle (tag, id)
 _CALL_FIXED = _CALL_HEAD.size - HEADER_SIZE
 _CALL_BODY = struct.Struct("<xIBQ")
-_U32_ONE = struct.pack("<I", 1)
+_RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
 
 
 def encode_call(function_id: int, args=()) -> bytes:
     """A CALL request of function ``function_id`` with ``args``."""
-    parts = [b""]
-    encode_items(args, parts)
-    parts[0] = _CALL_HEAD.pack(_CALL_FIXED + sum(map(len, parts)), REQUEST, CALL, len(args) + 1,
-                               T_FUNCTION, function_id)
-    return b"".join(parts)
+    payload = encode_items(args)
+    return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
+                           function_id) + payload
 
 
 def decode_call(body: bytes) -> tuple[int, list]:
@@ -196,20 +191,15 @@ def decode_call(body: bytes) -> tuple[int, list]:
 
 def encode_result(value) -> bytes:
     """A RETURN frame carrying the one value of a CALL's result."""
-    parts = [b"", _U32_ONE]
-    encode_items((value,), parts)
-    parts[0] = _HEADER.pack(sum(map(len, parts)), RETURN)
-    return b"".join(parts)
+    payload = encode_items((value,))
+    return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
 
 
 decode_result = decode_single
 
 
 def encode_return(values=()) -> bytes:
-    parts = [b""]
-    encode_values(values, parts)
-    parts[0] = _HEADER.pack(sum(map(len, parts)), RETURN)
-    return b"".join(parts)
+    return encode_frame(RETURN, encode_values(values))
 
 
 def encode_error(type_name: str, message: str, traceback_text: str = "") -> bytes:

@@ -102,17 +102,22 @@ def check_device(device: DeviceValue) -> None:
 
 # ---------------------------------------------------------------- encoding
 
-def encode_values(values, parts: list | None = None) -> bytes:
-    """Encode a sequence of values as ``u32 count`` + tagged values (appended to ``parts`` if given)."""
-    out = [] if parts is None else parts
+def encode_values(values) -> bytes:
+    """Encode a sequence of values as ``u32 count`` + tagged values."""
     n = len(values)
-    out.append(_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n))
-    encode_items(values, out)
-    return b"".join(out) if parts is None else b""
+    parts = [_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n)]
+    _append_items(values, parts)
+    return b"".join(parts)
 
 
-def encode_items(values, parts: list) -> None:
-    """Append the tagged values without their count (the caller writes the count)."""
+def encode_items(values) -> bytes:
+    """The tagged values without their count (the caller writes the count)."""
+    parts = []
+    _append_items(values, parts)
+    return b"".join(parts)
+
+
+def _append_items(values, parts: list) -> None:
     for value in values:
         encoder = _ENCODERS.get(type(value))
         if encoder is None:

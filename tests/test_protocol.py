@@ -52,6 +52,18 @@ def test_requests_round_trip_through_the_frame_reader(op, args):
     assert decode_values(frames[1].body) == args
 
 
+def test_frame_reader_counts_pending_bytes():
+    frame = P.encode_call(5, [1])
+    reader = P.FrameReader()
+    reader.feed(frame + frame[:3])
+    assert reader.pending == len(frame) + 3
+    assert reader.next_frame() == (P.REQUEST, frame[P.HEADER_SIZE:])
+    assert reader.pending == 3 and reader.next_frame() is None
+    reader.feed(frame[3:] + b"raw")
+    assert reader.next_frame() == (P.REQUEST, frame[P.HEADER_SIZE:])
+    assert reader.take(10) == b"raw" and reader.pending == 0
+
+
 @given(handles, st.lists(values, max_size=4), values)
 def test_call_codec_matches_the_general_request_codec(function_id, args, result):
     request = P.encode_call(function_id, args)

@@ -91,6 +91,7 @@ class FrameReader:
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.pending = 0  # bytes fed and not yet handed out
         self._buf = bytearray()
         self._pos = 0
 
@@ -99,9 +100,7 @@ class FrameReader:
             self._buf.clear()
             self._pos = 0
         self._buf += data
-
-    def buffered(self) -> int:
-        return len(self._buf) - self._pos
+        self.pending = len(self._buf) - self._pos
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None when more bytes are needed."""
@@ -143,6 +142,7 @@ class FrameReader:
         elif self._pos > 1 << 16:
             del self._buf[:self._pos]
             self._pos = 0
+        self.pending = len(self._buf) - self._pos
 
 
 # ---------------------------------------------------------------- requests and replies

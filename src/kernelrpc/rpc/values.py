@@ -157,9 +157,10 @@ def _enc_bool(value, parts, depth):
 
 
 def _enc_int(value, parts, depth):
-    if not _I64_MIN <= value <= _I64_MAX:
-        raise ProtocolError(f"integer {value} does not fit in 64 bits")
-    parts.append(_TAG_I64.pack(T_INT, value))
+    try:
+        parts.append(_TAG_I64.pack(T_INT, value))
+    except struct.error:  # out of range: struct checks it for free
+        raise ProtocolError(f"integer {value} does not fit in 64 bits") from None
 
 
 def _enc_float(value, parts, depth):

@@ -186,9 +186,10 @@ class SessionHandler:
         func = self._objects.get(function_id)
         if func is None:
             raise LookupError(f"no function with handle {function_id} in this session (freed already?)")
-        for i, arg in enumerate(args):
+        for arg in args:
             if type(arg) not in _PLAIN:
-                args[i] = self._to_local(arg)
+                args = [self._to_local(a) for a in args]
+                break
         result = func(*args)
         return P.encode_result(result if type(result) in _PLAIN else self._to_wire(result))
 

@@ -105,25 +105,19 @@ def check_device(device: DeviceValue) -> None:
 def encode_values(values) -> bytes:
     """Encode a sequence of values as ``u32 count`` + tagged values."""
     n = len(values)
-    parts = [_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n)]
-    _append_items(values, parts)
-    return b"".join(parts)
+    return (_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n)) + encode_items(values)
 
 
 def encode_items(values) -> bytes:
     """The tagged values without their count (the caller writes the count)."""
     parts = []
-    _append_items(values, parts)
-    return b"".join(parts)
-
-
-def _append_items(values, parts: list) -> None:
     for value in values:
         encoder = _ENCODERS.get(type(value))
         if encoder is None:
             _encode_other(value, parts, 0)
         else:
             encoder(value, parts, 0)
+    return b"".join(parts)
 
 
 def _put_short_text(text: str, parts: list) -> None:

@@ -22,6 +22,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,15 +39,16 @@ HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device a
 class Proc:
     """A child process whose stdout is scanned for a ready line."""
 
-    def __init__(self, args: list[str], ready: str):
+    def __init__(self, args: list[str], ready: str, then: str | None = None):
         env = dict(os.environ, PYTHONPATH=str(SRC), PYTHONUNBUFFERED="1")
         self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, env=env, start_new_session=True)
         pattern = re.compile(ready)
+        self.match = None
         for line in self.p.stdout:
-            m = pattern.search(line)
-            if m:
-                self.match = m
+            self.match = self.match or pattern.search(line)
+            if self.match and (then is None or then in line):
+                threading.Thread(target=self.p.stdout.read, daemon=True).start()  # keep draining
                 return
         raise RuntimeError(f"{args} exited before printing {ready!r}")
 
@@ -62,9 +64,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_our_proxy() -> tuple[Proc, tuple[str, int]]:
-    proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING"],
-                r"listening on (\S+):(\d+)")
+def start_our_proxy(relay: str) -> tuple[Proc, tuple[str, int]]:
+    proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING",
+                 "--relay", relay], r"listening on (\S+):(\d+)")
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
@@ -76,7 +78,7 @@ def start_tvm_proxy() -> tuple[Proc, tuple[str, int]] | None:
     port = free_port()
     proc = Proc([sys.executable, "-m", "tvm.exec.rpc_proxy", "--host", "127.0.0.1", "--port",
                  str(port), "--port-end", str(port + 50), "--web-port", "0"],
-                r"client port bind to (\S+):(\d+)")
+                r"client port bind to (\S+):(\d+)", then="Websock port bind")  # logged once it listens
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
@@ -142,53 +144,72 @@ def raw_client(address, via_proxy: bool) -> socket.socket:
     return sock
 
 
-def raw_measure(sock: socket.socket, sizes, rtt_count: int, reps: int) -> dict:
-    buf = bytearray(64 * MIB + 16)
-    payload = bytes(max(sizes))
+class RawPath:
+    """A byte-echo device and one client connection to it (direct or through a proxy)."""
 
-    def exchange(n_in, n_out):
-        sock.sendall(HEADER.pack(n_in, n_out))
-        if n_in:
-            sock.sendall(memoryview(payload)[:n_in])
-        _recv_exactly(sock, n_out, buf)
-
-    for _ in range(50):
-        exchange(8, 8)
-    rtts = []
-    for _ in range(rtt_count):
-        t = time.perf_counter()
-        exchange(8, 8)
-        rtts.append(time.perf_counter() - t)
-    out = {"rtt": statistics.median(rtts)}
-    for n in sizes:
-        best = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            exchange(n, 1)   # to the device
-            exchange(0, n)   # and back
-            best.append(time.perf_counter() - t)
-        out[n] = 2 * n / min(best)
-    return out
-
-
-def run_raw(paths, sizes, rtt_count, reps) -> dict:
-    results = {}
-    for name, address in paths:
-        if name == "direct":
-            dev = Proc([sys.executable, __file__, "--device", "listen", "-", "0"],
-                       r"listening on (\S+):(\d+)")
-            target = (dev.match.group(1), int(dev.match.group(2)))
+    def __init__(self, name: str, address) -> None:
+        if address is None:
+            self.device = Proc([sys.executable, __file__, "--device", "listen", "-", "0"],
+                               r"listening on (\S+):(\d+)")
+            target = (self.device.match.group(1), int(self.device.match.group(2)))
         else:
-            dev = Proc([sys.executable, __file__, "--device", "proxy", address[0],
-                        str(address[1])], "echo device connected")
+            self.device = Proc([sys.executable, __file__, "--device", "proxy", address[0],
+                                str(address[1])], "echo device connected")
             target = address
-        try:
-            sock = raw_client(target, name != "direct")
-            results[name] = raw_measure(sock, sizes, rtt_count, reps)
-            sock.close()
-        finally:
-            dev.stop()
-    return results
+        self.sock = raw_client(target, address is not None)
+        self.buf = bytearray(64 * MIB + 16)
+        self.payload = bytes(64 * MIB)
+
+    def _exchange(self, n_in: int, n_out: int) -> None:
+        if n_in <= 4096:  # one segment, like an RPC request
+            self.sock.sendall(HEADER.pack(n_in, n_out) + self.payload[:n_in])
+        else:
+            self.sock.sendall(HEADER.pack(n_in, n_out))
+            self.sock.sendall(memoryview(self.payload)[:n_in])
+        _recv_exactly(self.sock, n_out, self.buf)
+
+    def round_trip(self) -> None:
+        self._exchange(8, 8)
+
+    def copy(self, n: int) -> None:
+        self._exchange(n, 1)  # to the device
+        self._exchange(0, n)  # and back
+
+    def close(self) -> None:
+        self.sock.close()
+        self.device.stop()
+
+
+def measure(paths, path_type, sizes, rtt_count: int, rounds: int) -> dict:
+    """Interleave the paths round by round so that load from other processes hits all alike.
+
+    Round trip: the best round's median; copies: the best time over all rounds.
+    """
+    opened = {}
+    try:
+        for name, address in paths:
+            opened[name] = path_type(name, address)
+        medians = {name: [] for name in opened}
+        best = {name: dict.fromkeys(sizes, float("inf")) for name in opened}
+        for _ in range(rounds):
+            for name, path in opened.items():
+                for _ in range(20):
+                    path.round_trip()
+                times = []
+                for _ in range(rtt_count):
+                    t = time.perf_counter()
+                    path.round_trip()
+                    times.append(time.perf_counter() - t)
+                medians[name].append(statistics.median(times))
+                for n in sizes:
+                    t = time.perf_counter()
+                    path.copy(n)
+                    best[name][n] = min(best[name][n], time.perf_counter() - t)
+        return {name: {"rtt": min(medians[name]), **{n: 2 * n / best[name][n] for n in sizes}}
+                for name in opened}
+    finally:
+        for path in opened.values():
+            path.close()
 
 
 # -- RPC session level ---------------------------------------------------------------
@@ -201,49 +222,38 @@ def session_available() -> bool:
     return True
 
 
-def session_measure(sess, sizes, rtt_count: int, reps: int) -> dict:
-    echo = sess.get_function("testing.echo")
-    for _ in range(50):
-        echo(1)
-    rtts = []
-    for _ in range(rtt_count):
-        t = time.perf_counter()
-        echo(1)
-        rtts.append(time.perf_counter() - t)
-    out = {"rtt": statistics.median(rtts)}
-    host = bytearray(max(sizes))
-    for n in sizes:
-        tensor = sess.empty((n,), "uint8")
-        view = memoryview(host)[:n]
-        best = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            tensor.copyfrom(view)
-            tensor.copyto_buffer(view)
-            best.append(time.perf_counter() - t)
-        out[n] = 2 * n / min(best)
-    return out
+class SessionPath:
+    """Our device server and one kernelrpc session with it (direct or through a proxy)."""
 
-
-def run_session(paths, sizes, rtt_count, reps) -> dict:
-    from kernelrpc.rpc.client import connect
-    results = {}
-    for name, address in paths:
-        if name == "direct":
-            dev = Proc([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--key", "bench",
-                        "--log-level", "WARNING"], r"listening on (\S+):(\d+)")
-            target = (dev.match.group(1), int(dev.match.group(2)))
+    def __init__(self, name: str, address) -> None:
+        from kernelrpc.rpc.client import connect
+        if address is None:
+            self.device = Proc([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--key",
+                                "bench", "--log-level", "WARNING"], r"listening on (\S+):(\d+)")
+            target = (self.device.match.group(1), int(self.device.match.group(2)))
         else:
-            dev = Proc([sys.executable, "-m", "kernelrpc.server", "--through-proxy", "--host",
-                        address[0], "--port", str(address[1]), "--key", "bench",
-                        "--log-level", "WARNING"], "connected to proxy")
+            self.device = Proc([sys.executable, "-m", "kernelrpc.server", "--through-proxy",
+                                "--host", address[0], "--port", str(address[1]), "--key", "bench",
+                                "--log-level", "WARNING"], "connected to proxy")
             target = address
-        try:
-            with connect(*target, key="bench") as sess:
-                results[name] = session_measure(sess, sizes, rtt_count, reps)
-        finally:
-            dev.stop()
-    return results
+        self.sess = connect(*target, key="bench")
+        self.echo = self.sess.get_function("testing.echo")
+        self.host = bytearray(64 * MIB)
+        self.tensors = {}
+
+    def round_trip(self) -> None:
+        self.echo(1)
+
+    def copy(self, n: int) -> None:
+        tensor = self.tensors.get(n) or self.tensors.setdefault(n, self.sess.empty((n,), "uint8"))
+        view = memoryview(self.host)[:n]
+        tensor.copyfrom(view)
+        tensor.copyto_buffer(view)
+
+    def close(self) -> None:
+        self.tensors.clear()
+        self.sess.close()
+        self.device.stop()
 
 
 # -- report -----------------------------------------------------------------------
@@ -252,17 +262,17 @@ def print_table(title: str, results: dict, sizes) -> None:
     base = results["direct"]
     print(f"\n{title}")
     head = f"{'metric':<26}" + "".join(f"{n:>16}" for n in names) + "".join(
-        f"{'ratio ' + n:>22}" for n in names[1:])
+        f"{'vs direct: ' + n:>28}" for n in names[1:])
     print(head)
     print("-" * len(head))
-    row = f"{'round trip (median, us)':<26}" + "".join(
+    row = f"{'round trip (us)':<26}" + "".join(
         f"{results[n]['rtt'] * 1e6:>16.1f}" for n in names)
-    row += "".join(f"{results[n]['rtt'] / base['rtt']:>21.2f}x" for n in names[1:])
+    row += "".join(f"{results[n]['rtt'] / base['rtt']:>27.2f}x" for n in names[1:])
     print(row)
     for size in sizes:
         row = f"{f'copy {size // MIB} MiB (MB/s)':<26}" + "".join(
             f"{results[n][size] / 1e6:>16.0f}" for n in names)
-        row += "".join(f"{100 * results[n][size] / base[size]:>21.0f}%" for n in names[1:])
+        row += "".join(f"{100 * results[n][size] / base[size]:>27.0f}%" for n in names[1:])
         print(row)
 
 
@@ -270,6 +280,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's proxy")
+    p.add_argument("--relay", nargs="+", default=["splice", "copy"], choices=["splice", "copy"],
+                   help="relay modes of our proxy to measure (default: both)")
     p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")
     p.add_argument("--device", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -277,23 +289,26 @@ def main() -> None:
         device_main(args.device[0], args.device[1], int(args.device[2]))
         return
     sizes = [1 * MIB, 16 * MIB, 64 * MIB]
-    rtt_count, reps = (300, 2) if args.quick else (2000, 5)
+    rtt_count, rounds = (150, 2) if args.quick else (400, 6)
     procs = []
     try:
-        ours, our_addr = start_our_proxy()
-        procs.append(ours)
-        paths = [("direct", None), ("our proxy", our_addr)]
+        paths = [("direct", None)]
+        for relay in args.relay:
+            ours, our_addr = start_our_proxy(relay)
+            procs.append(ours)
+            paths.append((f"ours ({relay})", our_addr))
         tvm = None if args.no_tvm else start_tvm_proxy()
         if tvm:
             procs.append(tvm[0])
             paths.append(("TVM proxy", tvm[1]))
-        print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; copies go to the device "
-              "and back, MB/s = 2*size/best time")
-        print_table("raw relay (byte-echo device, no RPC)", run_raw(paths, sizes, rtt_count, reps),
-                    sizes)
+        print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; paths measured in "
+              f"{rounds} interleaved rounds. Round trip: best round's median of {rtt_count}; "
+              "copies: to the device and back, MB/s = 2*size/best time")
+        print_table("raw relay (byte-echo device, no RPC)",
+                    measure(paths, RawPath, sizes, rtt_count, rounds), sizes)
         if not args.raw_only and session_available():
             print_table("RPC session (kernelrpc client and device server; echo call, tensor copies)",
-                        run_session(paths, sizes, rtt_count, reps), sizes)
+                        measure(paths, SessionPath, sizes, rtt_count, rounds), sizes)
         elif not args.raw_only:
             print("\nRPC session level skipped: kernelrpc.server / kernelrpc.rpc.client not available")
     finally:

@@ -1,11 +1,18 @@
-"""Raw handshake peers for the proxy tests: plain sockets speaking TVM's preamble."""
+"""Helpers for the proxy tests: raw handshake peers, tracker probes, service starters."""
 from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 
+import pytest
+
 from kernelrpc.rpc import handshake as hs
+from kernelrpc.rpc import tracker_codec as tc
+
+TVM_TRACKER_READY = re.compile(r"bind to (\S+):(\d+)")
+TVM_PROXY_READY = re.compile(r"client port bind to (\S+):(\d+)")
 
 
 def connect(address, key: str, timeout: float = 15.0) -> socket.socket:
@@ -64,3 +71,66 @@ def offered_matchkey(service, device_key: str, nth: int = 1) -> str:
     """The match key the proxy logged for the nth device that waited with ``device_key``."""
     pattern = rf"waits for key '{re.escape(device_key)}' \(offered as (\S+)\)"
     return wait_for_matches(service, pattern, nth)[nth - 1].group(1)
+
+
+@pytest.fixture
+def proxy(start_service):
+    """Factory: ``proxy("--timeout-client", "1")`` starts ``python -m kernelrpc.proxy --port 0``."""
+    def start(*args: str):
+        return start_service("kernelrpc.proxy", ["--port", "0", *args])
+    return start
+
+
+def free_port_range(width: int = 40) -> tuple[int, int]:
+    """A start port that is free now, for TVM services that cannot bind port 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        start = s.getsockname()[1]
+    start = min(start, 65535 - width)
+    return start, start + width
+
+
+def start_tvm_tracker(start_service):
+    lo, hi = free_port_range()
+    return start_service("tvm.exec.rpc_tracker", ["--host", "127.0.0.1", "--port", str(lo),
+                                                  "--port-end", str(hi)], ready=TVM_TRACKER_READY)
+
+
+def start_tvm_proxy(start_service):
+    lo, hi = free_port_range()
+    return start_service("tvm.exec.rpc_proxy", ["--host", "127.0.0.1", "--port", str(lo),
+                                                "--port-end", str(hi), "--web-port", "0"],
+                         ready=TVM_PROXY_READY)
+
+
+def _tracker_call(address, message):
+    with socket.create_connection(address, timeout=20) as sock:
+        sock.sendall(tc.MAGIC_BYTES)
+        tc.check_magic(recv_exactly(sock, 4))
+        sock.sendall(tc.encode_frame(message))
+        decoder = tc.FrameDecoder()
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("tracker closed the connection")
+            messages = decoder.feed(data)
+            if messages:
+                return messages[0]
+
+
+def tracker_request(address, key: str) -> list:
+    """REQUEST a slot as TVM's client does; returns [host, port, matchkey] and never connects."""
+    return _tracker_call(address, [tc.TrackerCode.REQUEST, key, "", 1])[1]
+
+
+def tracker_free_slots(address, key: str) -> int:
+    summary = _tracker_call(address, [tc.TrackerCode.SUMMARY])[1]
+    return summary["queue_info"].get(key, {}).get("free", 0)
+
+
+def wait_until(predicate, timeout: float = 20.0) -> None:
+    """Poll state that no log line announces (a tracker's queue), up to ``timeout``."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached in time"
+        threading.Event().wait(0.1)

@@ -10,15 +10,8 @@ import threading
 import pytest
 
 from kernelrpc.rpc import handshake as hs
-from proxy_peers import (connect, is_closed, offered_matchkey, read_reply, recv_exactly,
-                         wait_for_matches)
-
-
-@pytest.fixture
-def start_proxy(start_service):
-    def start(*args: str):
-        return start_service("kernelrpc.proxy", ["--port", "0", *args])
-    return start
+from proxy_peers import (connect, is_closed, offered_matchkey, proxy, read_reply,  # noqa: F401
+                         recv_exactly, wait_for_matches)
 
 
 def pair(address, key="k", client_key=None):
@@ -55,21 +48,22 @@ def test_ready_line_and_port_range(start_service):
         probe.close()
 
 
-def test_device_first_then_client_relays_both_ways_and_closes_together(start_proxy):
-    proxy = start_proxy()
-    device, client = pair(proxy.address)
+@pytest.mark.parametrize("relay", ["splice", "copy"])
+def test_device_first_then_client_relays_both_ways_and_closes_together(proxy, relay):
+    p = proxy("--relay", relay)
+    device, client = pair(p.address)
     check_relay(client, device)
     check_relay(device, client)
     client.close()
     assert is_closed(device)
-    wait_for_matches(proxy, "paired client")
+    wait_for_matches(p, "paired client")
 
 
-def test_client_first_then_device(start_proxy):
-    proxy = start_proxy()
-    client = connect(proxy.address, "client:late -timeout=5")
-    wait_for_matches(proxy, r"client \S+ waits for key 'late'")
-    device = connect(proxy.address, "server:late")
+def test_client_first_then_device(proxy):
+    p = proxy()
+    client = connect(p.address, "client:late -timeout=5")
+    wait_for_matches(p, r"client \S+ waits for key 'late'")
+    device = connect(p.address, "server:late")
     assert read_reply(device)[0].key == "client:late -timeout=5"
     assert read_reply(client)[0].key == "server:late"
     check_relay(device, client, 4096)
@@ -77,9 +71,9 @@ def test_client_first_then_device(start_proxy):
     assert is_closed(client)
 
 
-def test_lonely_client_gets_mismatch_after_its_timeout(start_proxy):
-    proxy = start_proxy("--timeout-client", "1")
-    client = connect(proxy.address, "client:nobody")
+def test_lonely_client_gets_mismatch_after_its_timeout(proxy):
+    p = proxy("--timeout-client", "1")
+    client = connect(p.address, "client:nobody")
     reply, _ = read_reply(client)
     assert reply.code == hs.RPC_CODE_MISMATCH
     with pytest.raises(Exception, match="MISMATCH"):
@@ -87,30 +81,30 @@ def test_lonely_client_gets_mismatch_after_its_timeout(start_proxy):
     assert is_closed(client)
 
 
-def test_lonely_device_gets_mismatch_after_its_timeout(start_proxy):
-    proxy = start_proxy("--timeout-server", "1")
-    device = connect(proxy.address, "server:idle")
+def test_lonely_device_gets_mismatch_after_its_timeout(proxy):
+    p = proxy("--timeout-server", "1")
+    device = connect(p.address, "server:idle")
     assert read_reply(device)[0].code == hs.RPC_CODE_MISMATCH
     assert is_closed(device)
 
 
-def test_device_that_disconnects_while_waiting_is_dropped(start_proxy):
-    proxy = start_proxy("--timeout-client", "1")
-    gone = connect(proxy.address, "server:flaky")
-    offered_matchkey(proxy, "flaky")
+def test_device_that_disconnects_while_waiting_is_dropped(proxy):
+    p = proxy("--timeout-client", "1")
+    gone = connect(p.address, "server:flaky")
+    offered_matchkey(p, "flaky")
     gone.close()
-    wait_for_matches(proxy, r"device \S+ left while waiting for key 'flaky'")
-    client = connect(proxy.address, "client:flaky")
+    wait_for_matches(p, r"device \S+ left while waiting for key 'flaky'")
+    client = connect(p.address, "client:flaky")
     assert read_reply(client)[0].code == hs.RPC_CODE_MISMATCH
-    device, client = pair(proxy.address, "flaky")  # a new device with the key is served
+    device, client = pair(p.address, "flaky")  # a new device with the key is served
     check_relay(client, device, 1000)
 
 
-def test_two_devices_with_the_same_key_are_both_usable(start_proxy):
-    proxy = start_proxy()
-    devices = [connect(proxy.address, "server:twin") for _ in range(2)]
-    offered_matchkey(proxy, "twin", 2)
-    clients = [connect(proxy.address, "client:twin") for _ in range(2)]
+def test_two_devices_with_the_same_key_are_both_usable(proxy):
+    p = proxy()
+    devices = [connect(p.address, "server:twin") for _ in range(2)]
+    offered_matchkey(p, "twin", 2)
+    clients = [connect(p.address, "client:twin") for _ in range(2)]
     for sock in clients + devices:
         assert read_reply(sock)[0].ok
     for i, client in enumerate(clients):
@@ -119,17 +113,17 @@ def test_two_devices_with_the_same_key_are_both_usable(start_proxy):
     assert received == [0, 1]
 
 
-def test_exact_matchkey_picks_that_device_and_a_gone_key_is_refused_at_once(start_proxy):
-    proxy = start_proxy("--timeout-client", "30")
-    first = connect(proxy.address, "server:pick")
-    second = connect(proxy.address, "server:pick")
-    second_key = offered_matchkey(proxy, "pick", 2)
-    client = connect(proxy.address, f"client:{second_key} -timeout=9")
+def test_exact_matchkey_picks_that_device_and_a_gone_key_is_refused_at_once(proxy):
+    p = proxy("--timeout-client", "30")
+    first = connect(p.address, "server:pick")
+    second = connect(p.address, "server:pick")
+    second_key = offered_matchkey(p, "pick", 2)
+    client = connect(p.address, f"client:{second_key} -timeout=9")
     assert read_reply(client)[0].ok
     assert read_reply(second)[0].key == f"client:{second_key} -timeout=9"
-    late = connect(proxy.address, f"client:{second_key}")
+    late = connect(p.address, f"client:{second_key}")
     assert read_reply(late)[0].code == hs.RPC_CODE_MISMATCH  # long before the 30 s timeout
-    client2 = connect(proxy.address, "client:pick")
+    client2 = connect(p.address, "client:pick")
     assert read_reply(client2)[0].ok and read_reply(first)[0].ok
 
 
@@ -144,29 +138,29 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("name", BAD_INPUTS)
-def test_bad_input_is_closed_and_the_proxy_goes_on(start_proxy, name):
-    proxy = start_proxy()
-    bad = socket.create_connection(proxy.address, timeout=10)
+def test_bad_input_is_closed_and_the_proxy_goes_on(proxy, name):
+    p = proxy()
+    bad = socket.create_connection(p.address, timeout=10)
     bad.sendall(BAD_INPUTS[name])
     assert is_closed(bad)
-    device, client = pair(proxy.address, "after-" + name.replace(" ", "-"))
+    device, client = pair(p.address, "after-" + name.replace(" ", "-"))
     check_relay(client, device, 1000)
 
 
 @pytest.mark.parametrize("key", ["nokind", "server:", "client:", "client:a\x00b"])
-def test_malformed_keys_get_mismatch(start_proxy, key):
-    proxy = start_proxy()
-    sock = connect(proxy.address, key)
+def test_malformed_keys_get_mismatch(proxy, key):
+    p = proxy()
+    sock = connect(p.address, key)
     assert read_reply(sock)[0].code == hs.RPC_CODE_MISMATCH
     assert is_closed(sock)
 
 
-def test_silent_and_half_sent_peers_are_closed_without_stalling_others(start_proxy):
-    proxy = start_proxy("--timeout-handshake", "1")
-    silent = socket.create_connection(proxy.address, timeout=10)
-    half = socket.create_connection(proxy.address, timeout=10)
+def test_silent_and_half_sent_peers_are_closed_without_stalling_others(proxy):
+    p = proxy("--timeout-handshake", "1")
+    silent = socket.create_connection(p.address, timeout=10)
+    half = socket.create_connection(p.address, timeout=10)
     half.sendall(hs.encode_preamble("client:half")[:9])
-    device, client = pair(proxy.address, "busy")  # served while the two above hang
+    device, client = pair(p.address, "busy")  # served while the two above hang
     check_relay(client, device, 1000)
     assert is_closed(silent) and is_closed(half)
 
@@ -179,10 +173,11 @@ def _rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def test_slow_reader_applies_backpressure_without_memory_growth(start_proxy):
-    proxy = start_proxy()
-    device, client = pair(proxy.address, "slow")
-    rss_before = _rss_kib(proxy.proc.pid)
+@pytest.mark.parametrize("relay", ["splice", "copy"])
+def test_slow_reader_applies_backpressure_without_memory_growth(proxy, relay):
+    p = proxy("--relay", relay)
+    device, client = pair(p.address, "slow")
+    rss_before = _rss_kib(p.proc.pid)
     client.setblocking(False)
     pattern = memoryview(bytes(range(256)) * 8192)  # 2 MiB; byte i of the stream is i % 256
     sent = 0
@@ -193,7 +188,7 @@ def test_slow_reader_applies_backpressure_without_memory_growth(start_proxy):
             sent += client.send(pattern[sent % 256:sent % 256 + (1 << 20)])
         except BlockingIOError:
             pass
-    growth_mib = (_rss_kib(proxy.proc.pid) - rss_before) / 1024
+    growth_mib = (_rss_kib(p.proc.pid) - rss_before) / 1024
     print(f"sent {sent / 2**20:.1f} MiB before blocking; proxy RSS grew {growth_mib:.1f} MiB")
     assert sent < 128 << 20, "the proxy kept reading from the client although the device did not"
     assert growth_mib < 32

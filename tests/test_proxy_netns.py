@@ -60,6 +60,16 @@ assert got == msg[::-1]
 print("echo through the proxy ok", reply.key)
 """
 
+SESSION_CLIENT = r"""
+import sys
+import numpy as np
+from kernelrpc import nd, rpc
+with rpc.connect(sys.argv[1], int(sys.argv[2]), key="nsours", session_timeout=60) as sess:
+    x = np.arange(1 << 16, dtype="float32")
+    assert (nd.array(x, sess.cpu(0)).numpy() == x).all()
+    print("session through the proxy ok", sess.get_function("testing.echo")("hi"))
+"""
+
 LISTENER = r"""
 import socket
 srv = socket.create_server(("0.0.0.0", 0))
@@ -76,6 +86,14 @@ try:
 except OSError as exc:
     print("unreachable:", exc)
 """
+
+
+# No port group: the test process cannot see another namespace's listening sockets.
+NS_READY = re.compile(r"listening on (\S+)")
+
+
+def port_of(service) -> int:
+    return int(service.match.group(1).rsplit(":", 1)[1])
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess:
@@ -123,7 +141,7 @@ class Topology:
                       ready: str | None = None):
         """Run ``code`` as module ``name`` inside a namespace, as a service with a ready line."""
         (self.tmp_path / f"{name}.py").write_text(code)
-        kwargs = {"ready": re.compile(ready)} if ready else {}
+        kwargs = {"ready": re.compile(ready) if ready else NS_READY}
         return start_service(name, list(args), python=self.wrappers[role],
                              env={"PYTHONPATH": f"{SRC}{os.pathsep}{self.tmp_path}"}, **kwargs)
 
@@ -155,17 +173,25 @@ def topology(tmp_path):
 def test_device_unreachable_from_client_but_a_session_through_the_proxy_works(topology,
                                                                               start_service):
     listener = topology.start_snippet(start_service, "device", "ns_listener", LISTENER)
-    assert topology.run_python("proxy", CONNECT_PROBE, "10.77.2.2", str(listener.port)) \
+    assert topology.run_python("proxy", CONNECT_PROBE, "10.77.2.2", str(port_of(listener))) \
         .startswith("reachable")
-    probe = topology.run_python("client", CONNECT_PROBE, "10.77.2.2", str(listener.port))
+    probe = topology.run_python("client", CONNECT_PROBE, "10.77.2.2", str(port_of(listener)))
     assert probe.startswith("unreachable"), probe
     print(probe.strip())
 
     proxy = start_service("kernelrpc.proxy", ["--host", "0.0.0.0", "--port", "0"],
-                          python=topology.wrappers["proxy"])
+                          python=topology.wrappers["proxy"], ready=NS_READY)
+    proxy_port = str(port_of(proxy))
     topology.start_snippet(start_service, "device", "ns_echo_device", ECHO_DEVICE,
-                           "10.77.2.1", str(proxy.port), ready="raw device connected")
+                           "10.77.2.1", proxy_port, ready="raw device connected")
     wait_for_matches(proxy, r"device 10\.77\.2\.2:\d+ waits for key 'nsdev'")
-    out = topology.run_python("client", ECHO_CLIENT, "10.77.1.1", str(proxy.port))
+    out = topology.run_python("client", ECHO_CLIENT, "10.77.1.1", proxy_port)
     assert "echo through the proxy ok server:nsdev" in out
     wait_for_matches(proxy, r"paired client 10\.77\.1\.2:\d+ .* with device 10\.77\.2\.2:\d+")
+
+    start_service("kernelrpc.server", ["--through-proxy", "--host", "10.77.2.1", "--port",
+                                       proxy_port, "--key", "nsours"],
+                  python=topology.wrappers["device"], ready=re.compile(r"connected to proxy"))
+    wait_for_matches(proxy, r"device 10\.77\.2\.2:\d+ waits for key 'nsours'")
+    out = topology.run_python("client", SESSION_CLIENT, "10.77.1.1", proxy_port)
+    assert "session through the proxy ok hi" in out

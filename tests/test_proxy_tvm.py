@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from kernelrpc.rpc import handshake as hs
-from proxy_peers import connect, offered_matchkey, read_reply, recv_exactly, wait_for_matches
+from proxy_peers import (connect, offered_matchkey, proxy, read_reply, recv_exactly,  # noqa: F401
+                         start_tvm_proxy, start_tvm_tracker, tracker_free_slots,
+                         tracker_request, wait_for_matches, wait_until)
 from servicectl import child_env
 
 pytestmark = pytest.mark.tvm
@@ -18,7 +18,6 @@ pytest.importorskip("tvm", reason="apache-tvm is not installed")
 
 TVM_SESSION = r"""
 import sys
-import threading
 import numpy as np
 import tvm
 from tvm import rpc
@@ -35,8 +34,6 @@ assert (tvm.runtime.tensor(x, remote.cpu(0)).numpy() == x).all()
 print("session ok")
 """
 _ANY_LINE = re.compile("")  # a TVM device prints no bind line; it is ready once the proxy logs it
-_BIND = re.compile(r"bind to (\S+):(\d+)")
-_PROXY_BIND = re.compile(r"client port bind to (\S+):(\d+)")
 
 
 def run_tvm_session(host, port, key, mode="direct") -> str:
@@ -44,22 +41,6 @@ def run_tvm_session(host, port, key, mode="direct") -> str:
                          env=child_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
-
-
-def free_port_range(width: int = 40) -> tuple[int, int]:
-    """A start port that is free now, for TVM services that cannot bind port 0."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        start = s.getsockname()[1]
-    start = min(start, 65535 - width)
-    return start, start + width
-
-
-@pytest.fixture
-def proxy(start_service):
-    def start(*args):
-        return start_service("kernelrpc.proxy", ["--port", "0", *args])
-    return start
 
 
 @pytest.fixture
@@ -105,10 +86,7 @@ def test_two_tvm_devices_with_one_key_serve_two_clients_at_once(proxy, tvm_devic
 
 def test_tvm_client_reaches_tvm_device_via_tvm_tracker_and_our_proxy(start_service, proxy,
                                                                      tvm_device):
-    lo, hi = free_port_range()
-    tracker = start_service("tvm.exec.rpc_tracker",
-                            ["--host", "127.0.0.1", "--port", str(lo), "--port-end", str(hi)],
-                            ready=_BIND)
+    tracker = start_tvm_tracker(start_service)
     p = proxy("--tracker", f"{tracker.host}:{tracker.port}")
     tvm_device(p, "viatracker")
     wait_for_matches(p, "registered with tracker")
@@ -122,10 +100,7 @@ def test_tvm_client_reaches_tvm_device_via_tvm_tracker_and_our_proxy(start_servi
 
 
 def test_tvm_proxy_pairs_our_handshake_peers(start_service):
-    lo, hi = free_port_range()
-    tvm_proxy = start_service("tvm.exec.rpc_proxy",
-                              ["--host", "127.0.0.1", "--port", str(lo), "--port-end", str(hi),
-                               "--web-port", "0"], ready=_PROXY_BIND)
+    tvm_proxy = start_tvm_proxy(start_service)
     device = connect(tvm_proxy.address, "server:ours")
     wait_for_matches(tvm_proxy, "Handler ready")
     client = connect(tvm_proxy.address, "client:ours -timeout=7")
@@ -135,26 +110,8 @@ def test_tvm_proxy_pairs_our_handshake_peers(start_service):
     assert recv_exactly(device, 4000) == b"ping" * 1000
 
 
-def tracker_free_slots(address, key: str) -> int:
-    """SUMMARY from a tracker over a raw socket: free slots for ``key``."""
-    from kernelrpc.rpc import tracker_codec as tc
-    with socket.create_connection(address, timeout=10) as sock:
-        sock.sendall(tc.MAGIC_BYTES)
-        tc.check_magic(recv_exactly(sock, 4))
-        sock.sendall(tc.encode_frame([tc.TrackerCode.SUMMARY]))
-        decoder = tc.FrameDecoder()
-        while True:
-            messages = decoder.feed(sock.recv(65536))
-            if messages:
-                code, summary = messages[0]
-                return summary["queue_info"].get(key, {}).get("free", 0)
-
-
 def test_slots_of_devices_that_left_are_withdrawn_from_the_tracker(start_service, proxy):
-    lo, hi = free_port_range()
-    tracker = start_service("tvm.exec.rpc_tracker",
-                            ["--host", "127.0.0.1", "--port", str(lo), "--port-end", str(hi)],
-                            ready=_BIND)
+    tracker = start_tvm_tracker(start_service)
     p = proxy("--tracker", f"{tracker.host}:{tracker.port}")
     wait_for_matches(p, "registered with tracker")
     devices = [connect(p.address, "server:wd") for _ in range(2)]
@@ -168,33 +125,8 @@ def test_slots_of_devices_that_left_are_withdrawn_from_the_tracker(start_service
     wait_until(lambda: tracker_free_slots(tracker.address, "wd") == 0)
 
 
-def wait_until(predicate, timeout: float = 20.0) -> None:
-    import time
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "condition not reached in time"
-        threading.Event().wait(0.1)
-
-
-def tracker_request(address, key: str) -> list:
-    """REQUEST a slot as TVM's client does; returns [host, port, matchkey] and never connects."""
-    from kernelrpc.rpc import tracker_codec as tc
-    with socket.create_connection(address, timeout=20) as sock:
-        sock.sendall(tc.MAGIC_BYTES)
-        tc.check_magic(recv_exactly(sock, 4))
-        sock.sendall(tc.encode_frame([tc.TrackerCode.REQUEST, key, "", 1]))
-        decoder = tc.FrameDecoder()
-        while True:
-            messages = decoder.feed(sock.recv(65536))
-            if messages:
-                return messages[0][1]
-
-
 def test_a_handed_out_key_that_nobody_uses_is_rotated(start_service, proxy):
-    lo, hi = free_port_range()
-    tracker = start_service("tvm.exec.rpc_tracker",
-                            ["--host", "127.0.0.1", "--port", str(lo), "--port-end", str(hi)],
-                            ready=_BIND)
+    tracker = start_tvm_tracker(start_service)
     p = proxy("--tracker", f"{tracker.host}:{tracker.port}")
     device = connect(p.address, "server:rot")
     first = wait_for_matches(p, r"offered (rot:\S+) to the tracker")[0].group(1)

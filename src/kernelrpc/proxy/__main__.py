@@ -34,26 +34,31 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
                    help="first port to try; 0 lets the OS choose (default 9090)")
     p.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
     p.add_argument("--tracker", type=_host_port, help="register the devices' keys with this tracker")
-    p.add_argument("--timeout-client", type=_seconds, default=60.0,
-                   help="seconds a client waits for a device before MISMATCH (default 60)")
+    p.add_argument("--timeout-client", type=_seconds, default=30.0,
+                   help="seconds a client waits for a device before MISMATCH (default 30, below "
+                        "kernelrpc.rpc.connect's 60 s connect timeout)")
     p.add_argument("--timeout-server", type=_seconds, default=600.0,
                    help="seconds a device waits for a client before MISMATCH; it then "
                         "reconnects (default 600, as TVM)")
     p.add_argument("--timeout-handshake", type=_seconds, default=10.0,
                    help="seconds a new connection has to send its key (default 10)")
+    p.add_argument("--relay", choices=["splice", "copy"], default="splice",
+                   help="splice: move bytes kernel-side with splice(2) (Linux; falls back to copy "
+                        "elsewhere); copy: recv_into/send through a 1 MiB buffer")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
     return ProxyConfig(host=a.host, port=a.port, port_end=a.port_end, tracker=a.tracker,
                        timeout_client=a.timeout_client, timeout_server=a.timeout_server,
-                       handshake_timeout=a.timeout_handshake), a.log_level
+                       handshake_timeout=a.timeout_handshake, relay=a.relay), a.log_level
 
 
 async def _serve(config: ProxyConfig) -> None:
     service = ProxyService(config)
     host, port = await service.start()
     print(f"kernelrpc.proxy listening on {host}:{port}", flush=True)
+    logging.getLogger("kernelrpc.proxy").info("relaying with %s", service.describe_relay())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,116 +1,109 @@
-"""One TCP peer of the proxy: reads the handshake preamble, then relays raw bytes.
+"""One TCP peer of the proxy until it is paired: reads the handshake preamble, then waits.
 
-The relay is an asyncio ``BufferedProtocol``: the kernel reads straight into a
-large buffer and the bytes go to the partner's transport in the same callback,
-so the per-chunk cost is one ``recv_into`` and one ``send``, whatever the RPC
-messages look like.  Flow control is asyncio's: when the partner's write buffer
-passes the high-water mark, its ``pause_writing`` stops reading this side, and
-``resume_writing`` starts it again, so memory per pair stays bounded.
+The socket is driven directly with the event loop's ``add_reader`` (no asyncio
+transport), so that on pairing it can be handed to :class:`~.relay.Relay` as is.
+While waiting, a peer is still read: EOF means it left, and any byte means it
+broke the protocol (TVM peers send nothing before the pairing reply).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 from ..errors import ProtocolError
-from ..rpc.handshake import PreambleParser
+from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
 
 logger = logging.getLogger(__name__)
 
-HANDSHAKE_BUFFER = 8192
-RELAY_BUFFER = 1 << 20
-WRITE_HIGH_WATER = 4 << 20
-WRITE_LOW_WATER = 1 << 20
+_READ_BYTES = MAX_KEY_BYTES + 16
+_KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
 
 
-class PeerConnection(asyncio.BufferedProtocol):
-    """States: handshake -> waiting -> relaying -> closed."""
+def enable_keepalive(sock: socket.socket) -> None:
+    """Notice peers that vanish without closing (a NAT box rebooted) within about a minute."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in _KEEPALIVE:
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
-    def __init__(self, service) -> None:
+
+class PeerConnection:
+    def __init__(self, service, sock: socket.socket, addr) -> None:
         self._service = service
+        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
+        self.sock = sock
+        self.name = f"{addr[0]}:{addr[1]}" if addr else "?"
         self._parser: PreambleParser | None = PreambleParser()
-        self._buf = bytearray(HANDSHAKE_BUFFER)
-        self._view = memoryview(self._buf)
-        self.transport: asyncio.Transport | None = None
-        self.peer: PeerConnection | None = None
         self.waiter = None
         self.timer: asyncio.TimerHandle | None = None
-        self.name = "?"
         self.closed = False
+        self.handed_over = False
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        enable_keepalive(sock)
+        self._loop.add_reader(sock.fileno(), self._readable)
 
-    # -- asyncio callbacks ------------------------------------------------
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        peername = transport.get_extra_info("peername")
-        self.name = f"{peername[0]}:{peername[1]}" if peername else "?"
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
-        self._service.connection_opened(self)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        peer = self.peer
-        if peer is not None:
-            peer.transport.write(self._view[:nbytes])
-            if peer.transport.get_write_buffer_size():
-                # The transport may keep a view of our buffer: hand it over, read into a new one.
-                self._buf = bytearray(RELAY_BUFFER)
-                self._view = memoryview(self._buf)
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(_READ_BYTES)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lost()
+            return
+        if not data:
+            self._lost()
             return
         if self._parser is None:
             self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
             return
         try:
-            key = self._parser.feed(bytes(self._view[:nbytes]))
+            key = self._parser.feed(data)
         except ProtocolError as exc:
             self.fail(str(exc))
             return
         if key is None:
             return
-        unused = self._parser.unused
-        self._parser = None
+        unused, self._parser = self._parser.unused, None
         if unused:
             self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
             return
         self._service.handshake_done(self, key)
 
-    def eof_received(self) -> bool:
-        return False
+    def hand_over(self) -> socket.socket:
+        """Stop watching the socket and give it to the relay."""
+        self._cancel_timer()
+        self._loop.remove_reader(self.sock.fileno())
+        self.handed_over = True
+        return self.sock
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-        peer, self.peer = self.peer, None
-        if peer is not None:
-            peer.peer = None
-            peer.transport.close()
-        self._service.connection_closed(self, exc)
-
-    def pause_writing(self) -> None:
-        if self.peer is not None:
-            self.peer.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.peer is not None and not self.peer.closed:
-            self.peer.transport.resume_reading()
-
-    # -- used by the service ----------------------------------------------
-    def start_relay(self, peer: "PeerConnection") -> None:
-        self.peer = peer
-        self._buf = bytearray(RELAY_BUFFER)
-        self._view = memoryview(self._buf)
-
-    def send(self, data: bytes) -> None:
-        if not self.closed:
-            self.transport.write(data)
+    def refuse(self, reply: bytes) -> None:
+        """Best effort: a few bytes into an idle socket always fit; then close."""
+        try:
+            self.sock.send(reply)
+        except OSError:
+            pass
+        self.close()
 
     def fail(self, reason: str) -> None:
         logger.warning("closing %s: %s", self.name, reason)
         self.close()
 
     def close(self) -> None:
-        if self.transport is not None and not self.closed:
-            self._service.release(self)
-            self.transport.close()
+        if self.closed or self.handed_over:
+            return
+        self.closed = True
+        self._cancel_timer()
+        self._loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        self._service.connection_closed(self)
+
+    def _lost(self) -> None:
+        self._service.peer_left(self)
+        self.close()
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None

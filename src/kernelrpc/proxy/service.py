@@ -11,6 +11,7 @@ from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUC
                              encode_reply, parse_key)
 from .connection import PeerConnection
 from .pairing import Matchmaker, Waiter
+from .relay import SPLICE_AVAILABLE, Relay
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +22,12 @@ class ProxyConfig:
     port: int = 9090
     port_end: int = 9199
     tracker: tuple[str, int] | None = None
-    timeout_client: float = 60.0
+    timeout_client: float = 30.0
     timeout_server: float = 600.0
     handshake_timeout: float = 10.0
     max_connections: int = 4096
     max_waiting_per_key: int = 256
+    relay: str = "splice"  # or "copy": recv_into/send through a user-space buffer
 
 
 def _valid_matchkey(text: str) -> bool:
@@ -37,52 +39,86 @@ class ProxyService:
         self.config = config
         self.matchmaker = Matchmaker(config.max_waiting_per_key)
         self.connections: set[PeerConnection] = set()
+        self.relays: set[Relay] = set()
         self.tracker_link = None
-        self._server: asyncio.base_events.Server | None = None
+        self._listener: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
-        loop = asyncio.get_running_loop()
-        self._server = await self._listen(loop)
-        self.address = self._server.sockets[0].getsockname()[:2]
+        self._loop = asyncio.get_running_loop()
+        self._listener = self._bind()
+        self.address = self._listener.getsockname()[:2]
+        self._loop.add_reader(self._listener.fileno(), self._accept)
         if self.config.tracker:
             from .tracker_link import TrackerLink
             self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker)
             self.tracker_link.start()
         return self.address
 
-    async def _listen(self, loop):
+    def describe_relay(self) -> str:
+        if self.config.relay == "splice" and SPLICE_AVAILABLE:
+            return "splice(2) through 1 MiB pipes"
+        return "recv_into/send through 1 MiB buffers"
+
+    def _bind(self) -> socket.socket:
         cfg = self.config
         ports = [0] if cfg.port == 0 else range(cfg.port, max(cfg.port_end, cfg.port + 1))
+        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
         last_error: OSError | None = None
         for port in ports:
+            sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                return await loop.create_server(lambda: PeerConnection(self), cfg.host, port,
-                                                family=socket.AF_INET if ":" not in cfg.host else 0,
-                                                reuse_address=True, backlog=512)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((cfg.host, port))
+                sock.listen(512)
+                sock.setblocking(False)
+                return sock
             except OSError as exc:
+                sock.close()
                 last_error = exc
         raise OSError(f"no free port in [{cfg.port}, {cfg.port_end}) on {cfg.host}: {last_error}")
 
     async def close(self) -> None:
         if self.tracker_link is not None:
             await self.tracker_link.close()
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
         for conn in list(self.connections):
             conn.close()
+        for relay in list(self.relays):
+            relay.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: leave it queued and look again in a moment
+                logger.warning("accept failed: %s; pausing accepts for 1 s", exc)
+                self._loop.remove_reader(self._listener.fileno())
+                self._loop.call_later(1.0, self._resume_accepting)
+                return
+            if len(self.connections) + 2 * len(self.relays) >= self.config.max_connections:
+                logger.warning("refusing %s:%s: %d connections is the limit", *addr[:2],
+                               self.config.max_connections)
+                sock.close()
+                continue
+            conn = PeerConnection(self, sock, addr)
+            self.connections.add(conn)
+            conn.timer = self._loop.call_later(self.config.handshake_timeout,
+                                               self._handshake_expired, conn)
+
+    def _resume_accepting(self) -> None:
+        if self._listener.fileno() >= 0:
+            self._loop.add_reader(self._listener.fileno(), self._accept)
 
     # -- called by PeerConnection -------------------------------------------
-    def connection_opened(self, conn: PeerConnection) -> None:
-        if len(self.connections) >= self.config.max_connections:
-            conn.fail(f"too many connections (limit {self.config.max_connections})")
-            return
-        self.connections.add(conn)
-        conn.timer = asyncio.get_running_loop().call_later(
-            self.config.handshake_timeout, self._handshake_expired, conn)
-
     def _handshake_expired(self, conn: PeerConnection) -> None:
-        if conn.waiter is None and conn.peer is None:
+        conn.timer = None
+        if conn.waiter is None:
             conn.fail(f"no complete handshake within {self.config.handshake_timeout:g}s")
 
     def handshake_done(self, conn: PeerConnection, key: str) -> None:
@@ -92,7 +128,7 @@ class ProxyService:
         if not parsed.role or not _valid_matchkey(parsed.matchkey):
             logger.warning("rejecting %s: key %r is not 'client:<key>' or 'server:<key>'",
                            conn.name, key[:80])
-            self._refuse(conn, RPC_CODE_MISMATCH)
+            conn.refuse(encode_reply(RPC_CODE_MISMATCH))
             return
         if parsed.role == "server":
             waiter, outcome = self.matchmaker.add_device(conn, key, parsed.matchkey)
@@ -102,7 +138,7 @@ class ProxyService:
                 parsed.timeout
             except HandshakeError as exc:
                 logger.warning("rejecting client %s: %s", conn.name, exc)
-                self._refuse(conn, RPC_CODE_MISMATCH)
+                conn.refuse(encode_reply(RPC_CODE_MISMATCH))
                 return
             waiter, outcome = self.matchmaker.add_client(conn, key, parsed.matchkey)
             timeout = self.config.timeout_client
@@ -113,38 +149,39 @@ class ProxyService:
         elif outcome.action == "wait":
             logger.info("%s %s waits for key %r%s", role, conn.name, parsed.matchkey,
                         f" (offered as {waiter.matchkey})" if waiter.is_device else "")
-            conn.timer = asyncio.get_running_loop().call_later(timeout, self._wait_expired, conn)
+            conn.timer = self._loop.call_later(timeout, self._wait_expired, conn)
             if waiter.is_device and self.tracker_link is not None:
                 self.tracker_link.wake()
         elif outcome.action == "mismatch":
             logger.info("client %s asked for %r, a key that is gone: MISMATCH", conn.name,
                         parsed.matchkey)
-            self._refuse(conn, RPC_CODE_MISMATCH)
+            conn.refuse(encode_reply(RPC_CODE_MISMATCH))
         else:
             logger.warning("%s %s: %d peers already wait with key %r: DUPLICATE", role, conn.name,
                            self.config.max_waiting_per_key, parsed.matchkey)
-            self._refuse(conn, RPC_CODE_DUPLICATE)
+            conn.refuse(encode_reply(RPC_CODE_DUPLICATE))
 
     def _wait_expired(self, conn: PeerConnection) -> None:
         conn.timer = None
         if self._forget(conn.waiter):
-            logger.info("%s waited %s for key %r without a partner: MISMATCH",
-                        conn.name, "too long", conn.waiter.wanted)
-            self._refuse(conn, RPC_CODE_MISMATCH)
+            logger.info("%s waited too long for key %r without a partner: MISMATCH",
+                        conn.name, conn.waiter.wanted)
+            conn.refuse(encode_reply(RPC_CODE_MISMATCH))
 
-    def connection_closed(self, conn: PeerConnection, exc: Exception | None) -> None:
-        self.connections.discard(conn)
-        if self.release(conn):
+    def peer_left(self, conn: PeerConnection) -> None:
+        if conn.waiter is not None and self._forget(conn.waiter):
             logger.info("%s %s left while waiting for key %r",
                         "device" if conn.waiter.is_device else "client", conn.name,
                         conn.waiter.wanted)
 
-    def release(self, conn: PeerConnection) -> bool:
-        """Take a closing connection out of the pools; True if it was still waiting."""
-        return conn.waiter is not None and self._forget(conn.waiter)
+    def connection_closed(self, conn: PeerConnection) -> None:
+        self.connections.discard(conn)
+        if conn.waiter is not None:
+            self._forget(conn.waiter)
 
     # -- internals ------------------------------------------------------------
     def _forget(self, waiter: Waiter) -> bool:
+        """Take a waiter out of the pools; True if it was still waiting."""
         offered = waiter.is_device and waiter.offered and waiter.claimed_at is None
         removed = self.matchmaker.remove(waiter)
         if removed and offered and self.tracker_link is not None:
@@ -156,18 +193,21 @@ class ProxyService:
         if waiting.is_device and waiting.matchkey != newcomer.wanted and waiting.offered \
                 and waiting.claimed_at is None and self.tracker_link is not None:
             self.tracker_link.slot_went_stale()
-        if a.timer is not None:
-            a.timer.cancel()
-            a.timer = None
-        a.start_relay(b)
-        b.start_relay(a)
-        a.send(encode_reply(RPC_CODE_SUCCESS, newcomer.key))
-        b.send(encode_reply(RPC_CODE_SUCCESS, waiting.key))
+        try:
+            relay = Relay(self._loop, a.sock, b.sock,
+                          to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),
+                          to_b=encode_reply(RPC_CODE_SUCCESS, waiting.key), mode=self.config.relay,
+                          on_close=lambda: self.relays.discard(relay))
+        except OSError as exc:  # no descriptors left for the pipes
+            logger.error("cannot relay %s <-> %s: %s", a.name, b.name, exc)
+            a.close()
+            b.close()
+            return
+        for conn in (a, b):
+            conn.hand_over()
+            self.connections.discard(conn)
+        self.relays.add(relay)
+        relay.start()
         device, client = (waiting, newcomer) if waiting.is_device else (newcomer, waiting)
         logger.info("paired client %s (%r) with device %s (%r)", client.handle.name, client.key,
                     device.handle.name, device.key)
-
-    @staticmethod
-    def _refuse(conn: PeerConnection, code: int) -> None:
-        conn.send(encode_reply(code))
-        conn.close()

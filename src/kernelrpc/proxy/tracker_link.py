@@ -45,6 +45,7 @@ class TrackerLink:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._decoder = FrameDecoder()
+        self._reported_keys: list[str] | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -93,7 +94,7 @@ class TrackerLink:
         for device in self.matchmaker.devices():
             if device.offered and device.claimed_at is None:
                 self.matchmaker.rename(device)
-        self._reported_keys: list[str] | None = None
+        self._reported_keys = None
         logger.info("registered with tracker %s:%d", *self.addr)
 
     def _disconnect(self) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from .config import ServerConfig
@@ -29,8 +30,12 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
                         help="register with this tracker under --key (re-registers after every session)")
     parser.add_argument("--custom-addr", default=None,
                         help="address the tracker hands to clients (default: this host as the tracker sees it)")
+    parser.add_argument("--through-proxy", action="store_true",
+                        help="connect out to the proxy at --host/--port and serve the clients it pairs")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.through_proxy and args.tracker:
+        parser.error("--through-proxy and --tracker exclude each other: run the proxy with --tracker")
     tracker_addr = None
     if args.tracker:
         host, _, port = args.tracker.rpartition(":")
@@ -48,13 +53,18 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
         max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
         handshake_timeout=args.handshake_timeout, max_sessions=args.max_sessions,
         workspace_root=args.workspace_root, tracker_addr=tracker_addr,
-        custom_addr=args.custom_addr), args.log_level
+        custom_addr=args.custom_addr, through_proxy=args.through_proxy), args.log_level
 
 
 def main(argv=None) -> int:
     config, log_level = parse_args(argv)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if config.through_proxy:
+        from .through_proxy import serve_through_proxy
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        serve_through_proxy(config)
+        return 0
     sock = bind_first_free(config.host, config.port, config.port_end)
     registration = None
     if config.tracker_addr is not None:

@@ -21,6 +21,7 @@ class ServerConfig:
     workspace_root: str | None = None     # parent of per-session temp dirs (default: system temp)
     tracker_addr: tuple[str, int] | None = None
     custom_addr: str | None = None
+    through_proxy: bool = False           # --host/--port name a proxy to connect out to
 
     def effective_timeout(self, client_timeout: float | None) -> float | None:
         """The session's time limit: the smaller of the client's and the server's, if any."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 
 from ..errors import HandshakeError, ProtocolError, RPCError
 from ..rpc import handshake as H
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 10.0
 MIN_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
+QUICK_REFUSAL = 1.0
+"""A MISMATCH sooner than this is a refusal of our key (retry with backoff), not a timeout."""
 
 
 def _enable_keepalive(sock: socket.socket, idle: int = 30, interval: int = 10, count: int = 3) -> None:
@@ -74,8 +77,11 @@ class ProxyLink:
                 self._announce(f"kernelrpc.server connected to proxy {where} with key "
                                f"{self.config.key}", flush=True)
                 self._announced = True
+            waiting_since = time.monotonic()
             reply, initial = wait_for_pairing(sock)
             if reply.code == H.RPC_CODE_MISMATCH:
+                if time.monotonic() - waiting_since < QUICK_REFUSAL:
+                    raise HandshakeError(f"proxy {where} refused key {self.config.key!r} at once (MISMATCH)")
                 log.info("proxy %s ended the wait (no client within its timeout); reconnecting", where)
                 return False
             reply.raise_for_code(f"proxy {where}")
@@ -87,7 +93,10 @@ class ProxyLink:
             try:
                 session.wait()
             finally:
-                session.kill()
+                try:
+                    session.kill()  # on SIGTERM (SystemExit) mid-session
+                except ChildProcessError:
+                    pass  # already reaped when the session expired
             return True
         finally:
             if sock is not None:

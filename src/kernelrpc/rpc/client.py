@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from typing import NoReturn
 
 from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError, RPCError,
                       ServerCrashed, SessionTimeout)
@@ -177,7 +178,7 @@ class RPCSession:
             return decode_values(body)
         return P.decode_data_header(body)
 
-    def _fail(self, frame: tuple[int, bytes], frame_type: int):
+    def _fail(self, frame: tuple[int, bytes], frame_type: int) -> NoReturn:
         """Raise the error that a reply other than the expected ``frame_type`` stands for."""
         got, body = frame
         if got == P.ERROR:

@@ -1,27 +1,37 @@
 """Session speed against raw Python loopback TCP, measured in the same run.
 
-    PYTHONPATH=src python bench/rpc.py [--calls N] [--repeat R] [--no-tvm] [--pin same|split|none]
+    PYTHONPATH=src python bench/rpc.py [--calls N] [--block B] [--repeat R] [--no-tvm]
+                                       [--pin same|split|none]
 
 Prints the round trip of a trivial remote call (``testing.echo(1)``) next to a
-raw ping-pong of the same size, and tensor copy bandwidth in both directions
-(1, 16, 64 MiB) next to raw socket throughput; with the ratios. When apache-tvm
-is importable, TVM's RPC is measured too, for reference.
+raw ping-pong of about the same size, and tensor copy bandwidth in both
+directions (1, 16, 64 MiB) next to raw socket throughput; with the ratios. When
+apache-tvm is importable, TVM's RPC is measured too, for reference.
+
+The round trips of raw TCP, kernelrpc and TVM are timed call by call in small
+interleaved blocks (rotating which goes first), so bursts of load from other
+processes hit all rows alike. Each row shows the median and p99 over all its
+calls, the ratio of its median to the raw median, and the 10th-90th percentile
+range of the same ratio computed block by block (how stable the ratio is).
 
 By default client and servers share one CPU (``--pin same``): on this kind of
 machine a cross-CPU wake-up costs tens of microseconds, and leaving placement
 to the scheduler (``--pin none``) gives the raw reference and kernelrpc
-different placements from run to run. ``--pin split`` measures the cross-CPU case.
+different placements from run to run. ``--pin split`` measures the cross-CPU
+case. Every row always gets the same placement; the output says which.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,33 +45,35 @@ SIZES_MIB = (1, 16, 64)
 PING_BYTES = 32
 
 RAW_SERVER = r'''
-import socket, struct, sys
+import socket, struct, threading
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen()
 print("raw listening on 127.0.0.1:%d" % srv.getsockname()[1], flush=True)
-buf = bytearray(64 << 20)
-view = memoryview(buf)
-while True:
-    conn, _ = srv.accept()
+
+def serve(conn):
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = memoryview(bytearray(64 << 20))
     mode = conn.recv(1)
     if mode == b"p":                      # ping-pong: echo fixed-size messages
         while True:
             msg = conn.recv(65536)
             if not msg: break
             conn.sendall(msg)
-    elif mode == b"u":                    # upload: u64 size, then size bytes into buf, ack
+    elif mode == b"u":                    # upload: u64 size, then size bytes into a buffer, ack
         while True:
             head = conn.recv(8, socket.MSG_WAITALL)
             if len(head) < 8: break
             n = struct.unpack("<Q", head)[0]; pos = 0
             while pos < n: pos += conn.recv_into(view[pos:n])
             conn.sendall(b"k")
-    elif mode == b"d":                    # download: u64 size, reply with size bytes of buf
+    elif mode == b"d":                    # download: u64 size, reply with size bytes of a buffer
         while True:
             head = conn.recv(8, socket.MSG_WAITALL)
             if len(head) < 8: break
             conn.sendall(view[:struct.unpack("<Q", head)[0]])
     conn.close()
+
+while True:                               # one thread per connection (they are used one at a time)
+    threading.Thread(target=serve, args=(srv.accept()[0],), daemon=True).start()
 '''
 
 
@@ -97,145 +109,192 @@ def timed(fn, repeat: int) -> list[float]:
     return out
 
 
-def round_trips(raw_addr, addr, calls: int, rounds: int = 20) -> tuple[list[float], list[float]]:
-    """Raw ping-pong and ``echo(1)`` in alternating blocks, so load from other processes hits both."""
-    raw_samples, our_samples = [], []
-    with socket.create_connection(raw_addr) as sock, rpc.connect(*addr) as sess:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(b"p")
-        msg = b"x" * PING_BYTES
+def raw_pinger(addr):
+    """A ``PING_BYTES`` ping-pong on a raw TCP connection to the raw echo server."""
+    sock = socket.create_connection(addr)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(b"p")
+    msg = b"x" * PING_BYTES
 
-        def ping():
-            sock.sendall(msg)
-            got = 0
-            while got < PING_BYTES:
-                got += len(sock.recv(65536))
-        echo = sess.get_function("testing.echo")
-        call = lambda: echo(1)  # noqa: E731
-        timed(ping, calls // 10)
-        timed(call, calls // 10)
-        for _ in range(rounds):
-            raw_samples += timed(ping, calls // rounds)
-            our_samples += timed(call, calls // rounds)
-    return raw_samples, our_samples
+    def ping():
+        sock.sendall(msg)
+        got = 0
+        while got < PING_BYTES:
+            got += len(sock.recv(65536))
+    return sock, ping
 
 
-def raw_copy(addr, mode: bytes, nbytes: int, repeat: int) -> float:
-    source = bytearray(os.urandom(1024)) * (nbytes // 1024)
-    target = bytearray(nbytes)
-    with socket.create_connection(addr) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(mode)
-        head = nbytes.to_bytes(8, "little")
+def round_trips(contenders: dict, calls: int, block: int) -> tuple[dict, list[list[float]]]:
+    """Time every contender in interleaved blocks of ``block`` calls, rotating the order.
 
-        def upload():
-            sock.sendall(head)
-            sock.sendall(source)
-            sock.recv(1)
+    Load from other processes comes and goes in bursts; interleaving small blocks spreads it over
+    all contenders alike. Returns the samples of each contender and, per block, the ratio of each
+    contender's block median to the raw block median (index 0 is the raw reference).
+    """
+    names = list(contenders)
+    samples = {name: [] for name in names}
+    block_ratios = []
+    for fn in contenders.values():
+        timed(fn, max(block, calls // 20))  # warm-up
+    for b in range(max(1, calls // block)):
+        medians = {}
+        for i in range(len(names)):
+            name = names[(b + i) % len(names)]
+            got = timed(contenders[name], block)
+            samples[name] += got
+            medians[name] = statistics.median(got)
+        block_ratios.append([medians[name] / medians[names[0]] for name in names])
+    return samples, block_ratios
 
-        def download():
-            sock.sendall(head)
-            view, pos = memoryview(target), 0
-            while pos < nbytes:
-                pos += sock.recv_into(view[pos:])
-        return min(timed(upload if mode == b"u" else download, repeat))
+
+def raw_copier(addr, mode: bytes):
+    """Raw loopback copies of ``n`` bytes to (``b"u"``) or from (``b"d"``) the raw server's buffer."""
+    sock = socket.create_connection(addr)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(mode)
+    source = bytearray(os.urandom(1024)) * ((max(SIZES_MIB) << 20) // 1024)
+    target = bytearray(max(SIZES_MIB) << 20)
+
+    def upload(nbytes: int) -> None:
+        sock.sendall(nbytes.to_bytes(8, "little"))
+        sock.sendall(memoryview(source)[:nbytes])
+        sock.recv(1)
+
+    def download(nbytes: int) -> None:
+        sock.sendall(nbytes.to_bytes(8, "little"))
+        view, pos = memoryview(target), 0
+        while pos < nbytes:
+            pos += sock.recv_into(view[pos:nbytes])
+    return sock, upload if mode == b"u" else download
 
 
-def copies(addr, repeat: int) -> dict:
-    out = {}
-    with rpc.connect(*addr) as sess:
+def copies(raw_addr, addr, repeat: int) -> tuple[dict, dict]:
+    """Best-of-``repeat`` seconds per copy, raw and kernelrpc alternating so both see the same load."""
+    raw, ours = {}, {}
+    up_sock, raw_up = raw_copier(raw_addr, b"u")
+    down_sock, raw_down = raw_copier(raw_addr, b"d")
+    with up_sock, down_sock, rpc.connect(*addr) as sess:
         for mib in SIZES_MIB:
-            array = np.random.default_rng(0).integers(0, 255, mib << 20, dtype=np.uint8)
+            nbytes = mib << 20
+            array = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
             remote = nd.array(array, sess.cpu(0))
-            out[("up", mib)] = min(timed(lambda: remote.copyfrom(array), repeat))
-            out[("down", mib)] = min(timed(remote.numpy, repeat))
+            pairs = {"up": (partial(raw_up, nbytes), partial(remote.copyfrom, array)),
+                     "down": (partial(raw_down, nbytes), remote.numpy)}
+            for mode, (raw_fn, our_fn) in pairs.items():
+                raw_times, our_times = [], []
+                for _ in range(repeat):
+                    raw_times += timed(raw_fn, 1)
+                    our_times += timed(our_fn, 1)
+                raw[(mode, mib)], ours[(mode, mib)] = min(raw_times), min(our_times)
             assert np.array_equal(remote.numpy(), array)
-    return out
+    return raw, ours
 
 
-def tvm_reference(calls: int) -> dict | None:
+def start_tvm():
+    """An Apache TVM rpc_server and a session with it, or None when apache-tvm is missing."""
     try:
-        import tvm
         from tvm import rpc as tvm_rpc
     except ImportError:
         return None
-    proc, addr = start([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", "9300", "--port-end", "9400"],
-                       r"bind to (\S+):(\d+)")
-    try:
-        sess = None
-        deadline = time.monotonic() + 20
-        while sess is None:  # TVM's server prints its "bind to" line before it listens
-            try:
-                sess = tvm_rpc.connect(*addr)
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        echo = sess.get_function("testing.echo")
-        out = {"rtt": timed(lambda: echo(1), calls // 4)}
-        dev = sess.cpu(0)
-        for mib in SIZES_MIB[:2]:
-            array = np.zeros(mib << 20, dtype=np.uint8)
-            remote = tvm.runtime.tensor(array, dev)
-            out[("up", mib)] = min(timed(lambda: remote.copyfrom(array), 2))
-            out[("down", mib)] = min(timed(remote.numpy, 2))
-        return out
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, addr = start([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", "9300",
+                        "--port-end", "9400"], r"bind to (\S+):(\d+)")
+    deadline = time.monotonic() + 20
+    while True:  # TVM's server prints its "bind to" line before it listens
+        try:
+            return proc, tvm_rpc.connect(*addr)
+        except Exception:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.1)
+
+
+def tvm_copies(sess) -> dict:
+    import tvm
+
+    out = {}
+    dev = sess.cpu(0)
+    for mib in SIZES_MIB[:2]:  # 64 MiB takes over a second each way at TVM's speed
+        array = np.zeros(mib << 20, dtype=np.uint8)
+        remote = tvm.runtime.tensor(array, dev)
+        out[("up", mib)] = min(timed(lambda: remote.copyfrom(array), 2))
+        out[("down", mib)] = min(timed(remote.numpy, 2))
+    return out
+
+
+PLACEMENT = {
+    "same": "client and all servers pinned to CPU {client} (no cross-CPU wake-ups; the same for all rows)",
+    "split": "client pinned to CPU {client}, all servers to CPU {server} (cross-CPU wake-ups; the same for all rows)",
+    "none": "left to the scheduler (placement may differ between rows and runs)",
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--calls", type=int, default=20000, help="timed calls per row (default 20000)")
+    parser.add_argument("--block", type=int, default=100, help="calls per interleaved block (default 100)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-tvm", action="store_true")
     parser.add_argument("--pin", choices=("none", "same", "split"), default="same",
                         help="CPU placement of client and servers: as the scheduler likes, all on one "
                              "CPU, or client and servers on different CPUs (cross-CPU wake-ups)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # run the finally: stop the servers
     global SERVER_CPUS
+    cpus = sorted(os.sched_getaffinity(0))
+    client_cpu = {cpus[0]}
     if args.pin != "none":
-        cpus = sorted(os.sched_getaffinity(0))
-        client_cpu = {cpus[0]}
         SERVER_CPUS = client_cpu if args.pin == "same" or len(cpus) == 1 else {cpus[1]}
         os.sched_setaffinity(0, client_cpu)
+    placement = PLACEMENT[args.pin].format(client=cpus[0], server=min(SERVER_CPUS or client_cpu))
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    server, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--log-level", "WARNING"],
-                         r"listening on (\S+):(\d+)", env)
-    raw, raw_addr = start([sys.executable, "-c", RAW_SERVER], r"listening on (\S+):(\d+)")
+    procs = []
     try:
-        ping, ours_result = round_trips(raw_addr, addr, args.calls)
-        ours_result = {"rtt": ours_result, **copies(addr, args.repeat)}
-        raw_copies = {(mode, mib): raw_copy(raw_addr, b"u" if mode == "up" else b"d", mib << 20, args.repeat)
-                      for mode in ("up", "down") for mib in SIZES_MIB}
-        tvm_result = None if args.no_tvm else tvm_reference(args.calls)
+        server, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--log-level", "WARNING"],
+                             r"listening on (\S+):(\d+)", env)
+        procs.append(server)
+        raw, raw_addr = start([sys.executable, "-c", RAW_SERVER], r"listening on (\S+):(\d+)")
+        procs.append(raw)
+        tvm = None if args.no_tvm else start_tvm()
+        if tvm:
+            procs.append(tvm[0])
+        raw_sock, ping = raw_pinger(raw_addr)
+        with raw_sock, rpc.connect(*addr) as sess:
+            contenders = {"raw Python TCP": ping, "kernelrpc echo(1)": partial(sess.get_function("testing.echo"), 1)}
+            if tvm:
+                contenders["apache-tvm echo(1)"] = partial(tvm[1].get_function("testing.echo"), 1)
+            rtt, block_ratios = round_trips(contenders, args.calls, args.block)
+        raw_copies, ours = copies(raw_addr, addr, args.repeat)
+        tvm_copy = tvm_copies(tvm[1]) if tvm else {}
     finally:
-        for proc in (server, raw):
+        for proc in procs:
             proc.kill()
             proc.wait()
 
-    print(f"Round trip of a trivial call ({args.calls} calls; raw = {PING_BYTES}-byte TCP ping-pong; "
-          f"CPU placement: {args.pin})")
-    print(f"{'':24}{'median us':>12}{'p99 us':>12}{'median ratio':>14}")
-    raw_med, raw_p99 = percentiles(ping)
-    rows = [("raw Python TCP", ping), ("kernelrpc echo(1)", ours_result["rtt"])]
-    if tvm_result:
-        rows.append(("apache-tvm echo(1)", tvm_result["rtt"]))
-    for name, samples in rows:
+    nblocks = len(block_ratios)
+    print(f"Round trip of a trivial call: {args.calls} calls per row in {nblocks} interleaved blocks of "
+          f"{args.block}; raw = {PING_BYTES}-byte TCP ping-pong")
+    print(f"CPU placement ({args.pin}): {placement}")
+    print(f"{'':24}{'median us':>12}{'p99 us':>10}{'median ratio':>14}{'block ratio p10-p90':>22}")
+    raw_med, _ = percentiles(rtt["raw Python TCP"])
+    for i, (name, samples) in enumerate(rtt.items()):
         med, p99 = percentiles(samples)
-        print(f"{name:24}{med:12.1f}{p99:12.1f}{med / raw_med:13.2f}x")
+        ratios = [r[i] for r in block_ratios] * (2 if nblocks == 1 else 1)
+        deciles = statistics.quantiles(ratios, n=10)
+        spread = f"{deciles[0]:.2f}-{deciles[-1]:.2f}x"
+        print(f"{name:24}{med:12.1f}{p99:10.1f}{med / raw_med:13.2f}x{spread:>22}")
     print()
-    print(f"Tensor copy bandwidth (best of {args.repeat}; raw = loopback TCP into a preallocated buffer)")
-    print(f"{'':24}{'raw MB/s':>12}{'kernelrpc MB/s':>16}{'ratio':>8}" + (f"{'tvm MB/s':>12}" if tvm_result else ""))
+    print(f"Tensor copy bandwidth (best of {args.repeat}, raw and kernelrpc alternating; "
+          "raw = loopback TCP into a preallocated buffer)")
+    print(f"{'':24}{'raw MB/s':>12}{'kernelrpc MB/s':>16}{'ratio':>8}" + (f"{'tvm MB/s':>12}" if tvm else ""))
     for mode, label in (("up", "host->device"), ("down", "device->host")):
         for mib in SIZES_MIB:
             nbytes = mib << 20
             raw_bw = nbytes / raw_copies[(mode, mib)] / 1e6
-            our_bw = nbytes / ours_result[(mode, mib)] / 1e6
+            our_bw = nbytes / ours[(mode, mib)] / 1e6
             line = f"{label + f' {mib} MiB':24}{raw_bw:12.0f}{our_bw:16.0f}{our_bw / raw_bw:7.0%} "
-            if tvm_result:
-                t = tvm_result.get((mode, mib))
+            if tvm:
+                t = tvm_copy.get((mode, mib))
                 line += f"{nbytes / t / 1e6:11.0f}" if t else f"{'-':>11}"
             print(line)
 

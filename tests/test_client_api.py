@@ -79,6 +79,17 @@ def test_remote_objects_freed_by_the_garbage_collector(session):
     assert live() == before  # the frees went out together with this call
 
 
+def test_calling_a_freed_function_is_a_remote_error_and_the_session_goes_on(session):
+    from kernelrpc.rpc import protocol as P
+
+    echo = session.get_function("testing.echo")
+    session._request(P.FREE, [echo._handle])
+    with pytest.raises(kernelrpc.RemoteError, match="freed") as info:
+        echo(1)
+    assert info.value.type_name == "LookupError"
+    assert session.get_function("testing.echo")(2) == 2
+
+
 def test_tensor_limits_and_layout_errors(session):
     with pytest.raises(kernelrpc.RemoteError, match="max_tensor_bytes"):
         nd.empty((1_000_001,), "uint8", session.cpu(0))

@@ -52,10 +52,45 @@ def test_requests_round_trip_through_the_frame_reader(op, args):
     assert decode_values(frames[1].body) == args
 
 
+def test_frame_reader_counts_pending_bytes():
+    frame = P.encode_call(5, [1])
+    reader = P.FrameReader()
+    reader.feed(frame + frame[:3])
+    assert reader.pending == len(frame) + 3
+    assert reader.next_frame() == (P.REQUEST, frame[P.HEADER_SIZE:])
+    assert reader.pending == 3 and reader.next_frame() is None
+    reader.feed(frame[3:] + b"raw")
+    assert reader.next_frame() == (P.REQUEST, frame[P.HEADER_SIZE:])
+    assert reader.take(10) == b"raw" and reader.pending == 0
+
+
+@given(handles, st.lists(values, max_size=4), values)
+def test_call_codec_matches_the_general_request_codec(function_id, args, result):
+    request = P.encode_call(function_id, args)
+    assert request == P.encode_request(P.CALL, [FunctionHandle(function_id), *args])
+    assert P.decode_call(request[P.HEADER_SIZE:]) == (function_id, args)
+    reply = P.encode_result(result)
+    assert reply == P.encode_return([result])
+    assert P.decode_result(reply[P.HEADER_SIZE:]) == result
+
+
+def test_call_codec_rejects_malformed_calls():
+    body = P.encode_request(P.CALL, [FunctionHandle(3), 1])[P.HEADER_SIZE:]
+    for bad in (body[:-1], body + b"\0", body[:13], b"", P.encode_request(P.CALL, [1, 1])[P.HEADER_SIZE:],
+                P.encode_request(P.CALL)[P.HEADER_SIZE:], P.encode_request(P.FREE, [FunctionHandle(3)])[P.HEADER_SIZE:]):
+        with pytest.raises(ProtocolError):
+            P.decode_call(bad)
+    for bad in (encode_values([]), encode_values([1, 2]), encode_values([1])[:-1], encode_values([1]) + b"\0",
+                b"\1\0\0\0\xff", b"\1\0\0\0"):
+        with pytest.raises(ProtocolError):
+            P.decode_result(bad)
+
+
 @settings(max_examples=300)
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_raise_only_protocol_error(data):
-    for parse in (decode_values, P.decode_request, P.decode_error, P.decode_notice, P.decode_data_header):
+    for parse in (decode_values, P.decode_request, P.decode_call, P.decode_result, P.decode_error,
+                  P.decode_notice, P.decode_data_header):
         try:
             parse(data)
         except ProtocolError:

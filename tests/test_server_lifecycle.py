@@ -167,10 +167,13 @@ def test_oversized_frame_ends_the_session_with_an_error(start_service):
     assert_serves(server)
 
 
-def test_garbage_frames_end_only_that_session(start_service):
+@pytest.mark.parametrize("body", [bytes([P.CALL]) + b"\xff\xff\xff\xff\x09",
+                                  P.encode_request(P.CALL, [1, 2])[P.HEADER_SIZE:]],
+                         ids=["bad count", "no function handle"])
+def test_garbage_frames_end_only_that_session(start_service, body):
     server = start_server(start_service)
     sess = rpc.connect(server.host, server.port, key="dev")
-    sess._conn.send(P.encode_frame(P.REQUEST, bytes([P.CALL]) + b"\xff\xff\xff\xff\x09"))
+    sess._conn.send(P.encode_frame(P.REQUEST, body))
     with pytest.raises(kernelrpc.RemoteError, match="ProtocolError"):
         sess._expect(sess._receive(), P.RETURN)
     sess.close()

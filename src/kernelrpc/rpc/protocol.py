@@ -21,7 +21,8 @@ import struct
 from typing import NamedTuple
 
 from ..errors import ProtocolError, VersionMismatch
-from .values import decode_values, encode_values
+from .values import (T_FUNCTION, decode_items, decode_single, decode_values, encode_items,
+                     encode_values)
 
 PROTOCOL_NAME = "kernelrpc"
 PROTOCOL_VERSION = 1
@@ -52,7 +53,6 @@ NOTICE_SHUTDOWN = "ServerShutdown"
 _HEADER = struct.Struct("<IB")
 HEADER_SIZE = _HEADER.size
 _U64 = struct.Struct("<Q")
-_OP = struct.Struct("<B")
 
 # TVM packet pieces used only by the hello (tvm-rpc-protocol.md sections 5.1-5.5).
 _TVM_HEAD = struct.Struct("<Qi")
@@ -91,6 +91,7 @@ class FrameReader:
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.pending = 0  # bytes fed and not yet handed out
         self._buf = bytearray()
         self._pos = 0
 
@@ -99,9 +100,7 @@ class FrameReader:
             self._buf.clear()
             self._pos = 0
         self._buf += data
-
-    def buffered(self) -> int:
-        return len(self._buf) - self._pos
+        self.pending = len(self._buf) - self._pos
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None when more bytes are needed."""
@@ -143,18 +142,17 @@ class FrameReader:
         elif self._pos > 1 << 16:
             del self._buf[:self._pos]
             self._pos = 0
+        self.pending = len(self._buf) - self._pos
 
 
 # ---------------------------------------------------------------- requests and replies
 
-_OP_BYTES = tuple(_OP.pack(op) for op in range(256))
+_REQUEST_HEAD = struct.Struct("<IBB")  # frame header, op
 
 
 def encode_request(op: int, args=()) -> bytes:
-    parts = [b"", _OP_BYTES[op]]
-    encode_values(args, parts)
-    parts[0] = _HEADER.pack(sum(map(len, parts)), REQUEST)
-    return b"".join(parts)
+    payload = encode_values(args)
+    return _REQUEST_HEAD.pack(len(payload) + 1, REQUEST, op) + payload
 
 
 def decode_request(body) -> tuple[int, list]:
@@ -166,11 +164,42 @@ def decode_request(body) -> tuple[int, list]:
     return op, decode_values(body, 1)
 
 
+# CALL is the request a measurement loop repeats, so it has its own encoder and decoder. They
+# produce and accept exactly the bytes of encode_request(CALL, [FunctionHandle(id), *args]).
+_CALL_HEAD = struct.Struct("<IBBIBQ")  # frame header, op, value count, function handle (tag, id)
+_CALL_FIXED = _CALL_HEAD.size - HEADER_SIZE
+_CALL_BODY = struct.Struct("<xIBQ")
+_RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
+
+
+def encode_call(function_id: int, args=()) -> bytes:
+    """A CALL request of function ``function_id`` with ``args``."""
+    payload = encode_items(args)
+    return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
+                           function_id) + payload
+
+
+def decode_call(body: bytes) -> tuple[int, list]:
+    """``(function_id, args)`` of a CALL request body."""
+    if len(body) < _CALL_FIXED or body[0] != CALL:
+        raise ProtocolError("malformed CALL request")
+    count, tag, function_id = _CALL_BODY.unpack_from(body)
+    if tag != T_FUNCTION or count == 0:
+        raise ProtocolError("CALL needs a function handle first")
+    return function_id, decode_items(body, _CALL_FIXED, count - 1)
+
+
+def encode_result(value) -> bytes:
+    """A RETURN frame carrying the one value of a CALL's result."""
+    payload = encode_items((value,))
+    return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
+
+
+decode_result = decode_single
+
+
 def encode_return(values=()) -> bytes:
-    parts = [b""]
-    encode_values(values, parts)
-    parts[0] = _HEADER.pack(sum(map(len, parts)), RETURN)
-    return b"".join(parts)
+    return encode_frame(RETURN, encode_values(values))
 
 
 def encode_error(type_name: str, message: str, traceback_text: str = "") -> bytes:

@@ -59,7 +59,7 @@ class FramedSocket:
     def recv_frame(self) -> tuple[int, bytes]:
         """The next frame as ``(type, body)``."""
         reader = self.reader
-        pending = reader.buffered()
+        pending = reader.pending
         if pending:
             frame = reader.next_frame()
             if frame is not None:

@@ -102,18 +102,22 @@ def check_device(device: DeviceValue) -> None:
 
 # ---------------------------------------------------------------- encoding
 
-def encode_values(values, parts: list | None = None) -> bytes:
-    """Encode a sequence of values as ``u32 count`` + tagged values (appended to ``parts`` if given)."""
-    out = [] if parts is None else parts
+def encode_values(values) -> bytes:
+    """Encode a sequence of values as ``u32 count`` + tagged values."""
     n = len(values)
-    out.append(_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n))
+    return (_SMALL_COUNTS[n] if n < len(_SMALL_COUNTS) else _U32.pack(n)) + encode_items(values)
+
+
+def encode_items(values) -> bytes:
+    """The tagged values without their count (the caller writes the count)."""
+    parts = []
     for value in values:
         encoder = _ENCODERS.get(type(value))
         if encoder is None:
-            _encode_other(value, out, 0)
+            _encode_other(value, parts, 0)
         else:
-            encoder(value, out, 0)
-    return b"".join(out) if parts is None else b""
+            encoder(value, parts, 0)
+    return b"".join(parts)
 
 
 def _put_short_text(text: str, parts: list) -> None:
@@ -147,9 +151,10 @@ def _enc_bool(value, parts, depth):
 
 
 def _enc_int(value, parts, depth):
-    if not _I64_MIN <= value <= _I64_MAX:
-        raise ProtocolError(f"integer {value} does not fit in 64 bits")
-    parts.append(_TAG_I64.pack(T_INT, value))
+    try:
+        parts.append(_TAG_I64.pack(T_INT, value))
+    except struct.error:  # out of range: struct checks it for free
+        raise ProtocolError(f"integer {value} does not fit in 64 bits") from None
 
 
 def _enc_float(value, parts, depth):
@@ -255,12 +260,35 @@ def decode_values(data, offset: int = 0) -> list:
         data = bytes(data)
     try:
         (count,) = _U32.unpack_from(data, offset)
-        values, pos = _read_items(data, offset + 4, count, 0)
+    except struct.error:
+        raise ProtocolError(f"truncated message ({len(data)} bytes)") from None
+    return decode_items(data, offset + 4, count)
+
+
+def decode_items(data: bytes, pos: int, count: int) -> list:
+    """Decode ``count`` tagged values from ``pos`` to the end of ``data`` (which must be consumed)."""
+    try:
+        values, pos = _read_items(data, pos, count, 0)
     except struct.error:
         raise ProtocolError(f"truncated message ({len(data)} bytes)") from None
     if pos != len(data):
         raise ProtocolError(f"{len(data) - pos} unexpected bytes after the values")
     return values
+
+
+def decode_single(data: bytes):
+    """Decode a value list that must hold exactly one value, and return that value."""
+    if data[:4] != _SMALL_COUNTS[1]:
+        raise ProtocolError(f"expected one value, got {len(decode_values(data))}")
+    try:
+        value, pos = _DECODERS[data[4]](data, 5, 0)
+    except struct.error:
+        raise ProtocolError(f"truncated message ({len(data)} bytes)") from None
+    except IndexError:
+        raise ProtocolError("truncated message or unknown value tag at offset 4") from None
+    if pos != len(data):
+        raise ProtocolError(f"{len(data) - pos} unexpected bytes after the values")
+    return value
 
 
 def _read_items(data, pos: int, count: int, depth: int) -> tuple[list, int]:

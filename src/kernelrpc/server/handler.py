@@ -50,7 +50,7 @@ class SessionHandler:
         self._ops = {
             P.GET_GLOBAL: self._get_global, P.LIST_GLOBALS: self._list_globals,
             P.LOAD_MODULE: self._load_module, P.GET_FUNCTION: self._get_function,
-            P.CALL: self._call, P.FREE: self._free, P.EMPTY: self._empty,
+            P.FREE: self._free, P.EMPTY: self._empty,
             P.COPY_TO: self._copy_to, P.COPY_FROM: self._copy_from, P.UPLOAD: self._upload,
             P.DOWNLOAD: self._download, P.REMOVE: self._remove, P.LISTDIR: self._listdir,
             P.TIME_EVALUATOR: self._time_evaluator,
@@ -58,17 +58,22 @@ class SessionHandler:
 
     def serve(self) -> None:
         """Answer requests until the client shuts the session down or disconnects."""
-        recv_frame, send, ops = self.conn.recv_frame, self.conn.send, self._ops
-        request, shutdown = P.REQUEST, P.SHUTDOWN
+        recv_frame, send, ops, call = self.conn.recv_frame, self.conn.sock.sendall, self._ops, self._call
+        request, shutdown, decode_call, CALL = P.REQUEST, P.SHUTDOWN, P.decode_call, P.CALL
         while True:
             frame_type, body = recv_frame()
             if frame_type != request:
                 raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
-            op, args = P.decode_request(body)
-            if op == shutdown:
-                return
+            if body and body[0] == CALL:  # the request a measurement loop repeats: no dispatch
+                op, args = CALL, decode_call(body)
+                handler = call
+            else:
+                op, args = P.decode_request(body)
+                if op == shutdown:
+                    return
+                handler = ops[op]
             try:
-                reply = ops[op](args)
+                reply = handler(args)
             except ConnectionLost:
                 raise
             except Exception as exc:  # reported to the client, the session goes on
@@ -77,7 +82,10 @@ class SessionHandler:
                 log.debug("%s failed", P.OPS[op], exc_info=True)
                 reply = P.encode_error(type(exc).__name__, str(exc), traceback.format_exc())
             if reply is not None:
-                send(reply)
+                try:
+                    send(reply)
+                except OSError as exc:
+                    raise ConnectionLost(f"connection lost while sending: {exc}") from exc
 
     def _skip_raw_input(self, args: list) -> None:
         nbytes = args[-1] if args and type(args[-1]) is int else -1
@@ -173,18 +181,17 @@ class SessionHandler:
         module = self._lookup(module_handle.id, runtime.Module, "module")
         return P.encode_return([FunctionHandle(self._put(module.get_function(name)))])
 
-    def _call(self, args):
-        if not args or type(args[0]) is not FunctionHandle:
-            raise ProtocolError("CALL needs a function handle first")
-        func = self._objects.get(args[0].id)
+    def _call(self, request: tuple[int, list]):
+        function_id, args = request
+        func = self._objects.get(function_id)
         if func is None:
-            raise LookupError(f"no function with handle {args[0].id} in this session (freed already?)")
-        call_args = args[1:]
-        for i, arg in enumerate(call_args):
+            raise LookupError(f"no function with handle {function_id} in this session (freed already?)")
+        for arg in args:
             if type(arg) not in _PLAIN:
-                call_args[i] = self._to_local(arg)
-        result = func(*call_args)
-        return P.encode_return([result if type(result) in _PLAIN else self._to_wire(result)])
+                args = [self._to_local(a) for a in args]
+                break
+        result = func(*args)
+        return P.encode_result(result if type(result) in _PLAIN else self._to_wire(result))
 
     def _free(self, args):
         for value in args:

@@ -134,8 +134,10 @@ def parallel(M, K, N):
 def register_blocked(M, K, N):
     """Past the tutorial: an MR x NR tile of C lives in vector registers for the whole K loop.
 
-    The cache stage CC is computed at the tile loop ``no``; its row axis is unrolled and its
-    column axis vectorized, so every access to CC has a constant offset and LLVM keeps the
+    Threads split the NR-wide panels of packed B (the panel loop ``no`` is outermost and
+    parallel, so each 256 KiB panel stays in one core's L2 while every row block uses it).
+    The cache stage CC is computed at the row-block loop ``mo``; its rows and its NR / 16
+    vectors are unrolled, so every access to CC has a constant offset and LLVM keeps the
     MR * NR / 16 accumulators in zmm registers. Each step of k then does MR broadcasts of A,
     NR / 16 loads of packed B and MR * NR / 16 FMAs.
     """
@@ -143,15 +145,17 @@ def register_blocked(M, K, N):
     s = te.create_schedule(C.op)
     CC = s.cache_write(C, "global")
     mo, no, mi, ni = s[C].tile(C.op.axis[0], C.op.axis[1], MR, NR)
-    s[CC].compute_at(s[C], no)
+    s[C].reorder(no, mo, mi, ni)
+    s[CC].compute_at(s[C], mo)
     mc, nc = s[CC].op.axis
     (kaxis,) = s[CC].op.reduce_axis
-    s[CC].reorder(kaxis, mc, nc)
+    nco, nci = s[CC].split(nc, factor=16)
+    s[CC].reorder(kaxis, mc, nco, nci)
     s[CC].unroll(mc)
-    s[CC].vectorize(nc)
-    s[C].unroll(mi)
+    s[CC].unroll(nco)
+    s[CC].vectorize(nci)
     s[C].vectorize(ni)
-    s[C].parallel(mo)
+    s[C].parallel(no)
     bigN, _, littleN = s[packedB].op.axis
     s[packedB].vectorize(littleN)
     s[packedB].parallel(bigN)

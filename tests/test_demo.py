@@ -6,7 +6,7 @@ from servicectl import child_env
 
 
 def test_demo_runs_a_kernel_remotely_through_the_tracker():
-    out = subprocess.run([sys.executable, "-m", "kernelrpc", "demo", "--size", "128", "--repeat", "2"],
+    out = subprocess.run([sys.executable, "-m", "kernelrpc", "demo", "--size", "100", "--repeat", "2"],
                          capture_output=True, text=True, env=child_env(), timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"device\s+127\.0\.0\.1:\d+ registered as key 'demo'", out.stdout)

@@ -46,7 +46,7 @@ def test_blocking_and_vectorization_match_tutorial_ir():
 
 
 def test_array_packing_is_a_parallel_vectorized_stage():
-    s, args = W.tutorial_step("packing", 1024, 1024, 1024)
+    s, args = W.tutorial_step("array_packing", 1024, 1024, 1024)
     f = te.lower(s, args)
     alloc = nodes(f, ir.Allocate)
     assert [(a.buffer.name, a.buffer.size) for a in alloc] == [("packedB", 1024 * 1024)]
@@ -229,7 +229,7 @@ def test_pass_context_prints_after_each_pass_and_validates_options():
 
 
 def test_pass_context_disable_vectorize_and_unroll_limit():
-    s, args = W.tutorial_step("cache", 64, 64, 64, bn=16)
+    s, args = W.tutorial_step("block_write_cache", 64, 64, 64, bn=16)
     with te.PassContext(config={"disable_vectorize": True, "unroll_max_extent": 2}):
         f = te.lower(s, args)
     assert nodes(f, ir.Ramp) == []

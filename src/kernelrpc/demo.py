@@ -16,49 +16,13 @@ from pathlib import Path
 
 from .launch import Service
 
-MR, NR = 4, 64  # register tile of C: MR rows x NR columns of vector accumulators
-
-
-def gemm_schedule(size: int):
-    """C = A @ B with B packed into NR-wide panels and a register-blocked MR x NR tile of C.
-
-    Threads split the panels (each panel of packed B stays in one core's L2); the MR x NR
-    accumulator tile is unrolled into vector registers for the whole K loop.
-    """
-    from . import te
-    A = te.placeholder((size, size), name="A")
-    B = te.placeholder((size, size), name="B")
-    k = te.reduce_axis((0, size), "k")
-    packed = te.compute((size // NR, size, NR), lambda j, kk, jj: B[kk, j * NR + jj], name="packedB")
-    C = te.compute((size, size),
-                   lambda i, j: te.sum(A[i, k] * packed[j // NR, k, te.indexmod(j, NR)], axis=k),
-                   name="C")
-    s = te.create_schedule(C.op)
-    CC = s.cache_write(C, "global")
-    io, jo, ii, ji = s[C].tile(C.op.axis[0], C.op.axis[1], MR, NR)
-    s[C].reorder(jo, io, ii, ji)
-    s[CC].compute_at(s[C], io)
-    ic, jc = s[CC].op.axis
-    jco, jci = s[CC].split(jc, factor=16)
-    s[CC].reorder(s[CC].op.reduce_axis[0], ic, jco, jci)
-    s[CC].unroll(ic)
-    s[CC].unroll(jco)
-    s[CC].vectorize(jci)
-    s[C].vectorize(ji)
-    s[C].parallel(jo)
-    s[packed].vectorize(s[packed].op.axis[2])
-    s[packed].parallel(s[packed].op.axis[0])
-    return s, [A, B, C]
-
-
 def run(size: int, key: str, repeat: int) -> int:
     import numpy as np
 
     import kernelrpc
     from . import nd, rpc
+    from .te import recipes
 
-    if size % NR:
-        raise SystemExit(f"--size must be a multiple of {NR}")
     t0 = time.perf_counter()
     tracker = Service("kernelrpc.tracker", ["--host", "127.0.0.1", "--port", "0"])
     server = None
@@ -71,7 +35,7 @@ def run(size: int, key: str, repeat: int) -> int:
 
         with tempfile.TemporaryDirectory(prefix="kernelrpc-demo-") as tmp:
             t = time.perf_counter()
-            s, args = gemm_schedule(size)
+            s, args = recipes.register_blocked(size, size, size)
             module = kernelrpc.build(s, args, target="llvm", name="gemm")
             lib = module.export_library(Path(tmp) / "gemm.so")
             print(f"compiled     gemm {size}x{size}x{size} float32 for {module.metadata['target']['string']}"
@@ -123,7 +87,7 @@ def _time_numpy(a, b, number: int) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kernelrpc demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=int, default=512, help="M = N = K of the GEMM (multiple of 64)")
+    parser.add_argument("--size", type=int, default=512, help="M = N = K of the GEMM")
     parser.add_argument("--key", default="demo", help="device key the server registers")
     parser.add_argument("--repeat", type=int, default=5)
     opts = parser.parse_args(argv)

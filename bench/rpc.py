@@ -23,6 +23,7 @@ case. Every row always gets the same placement; the output says which.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -93,6 +94,13 @@ def start(cmd: list[str], pattern: str, env=None) -> tuple[subprocess.Popen, tup
         if m:
             return proc, (m.group(1), int(m.group(2)))
     raise RuntimeError(f"{cmd} did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kill the whole process group: TVM's rpc_server serves from a worker child of its own."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -204,7 +212,7 @@ def start_tvm():
             return proc, tvm_rpc.connect(*addr)
         except Exception:
             if time.monotonic() > deadline:
-                proc.kill()
+                stop(proc)
                 raise
             time.sleep(0.1)
 
@@ -268,8 +276,7 @@ def main() -> None:
         tvm_copy = tvm_copies(tvm[1]) if tvm else {}
     finally:
         for proc in procs:
-            proc.kill()
-            proc.wait()
+            stop(proc)
 
     nblocks = len(block_ratios)
     print(f"Round trip of a trivial call: {args.calls} calls per row in {nblocks} interleaved blocks of "

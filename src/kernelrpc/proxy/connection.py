@@ -49,7 +49,7 @@ class PeerConnection:
             data = self.sock.recv(_READ_BYTES)
         except BlockingIOError:
             return
-        except OSError as exc:
+        except OSError:
             self._lost()
             return
         if not data:

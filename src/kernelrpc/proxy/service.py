@@ -7,6 +7,7 @@ import logging
 import socket
 
 from ..errors import HandshakeError
+from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from .connection import PeerConnection
@@ -63,21 +64,9 @@ class ProxyService:
 
     def _bind(self) -> socket.socket:
         cfg = self.config
-        ports = [0] if cfg.port == 0 else range(cfg.port, max(cfg.port_end, cfg.port + 1))
-        family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
-        last_error: OSError | None = None
-        for port in ports:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((cfg.host, port))
-                sock.listen(512)
-                sock.setblocking(False)
-                return sock
-            except OSError as exc:
-                sock.close()
-                last_error = exc
-        raise OSError(f"no free port in [{cfg.port}, {cfg.port_end}) on {cfg.host}: {last_error}")
+        sock = bind_first_free(cfg.host, cfg.port, cfg.port_end, backlog=512)
+        sock.setblocking(False)
+        return sock
 
     async def close(self) -> None:
         if self.tracker_link is not None:

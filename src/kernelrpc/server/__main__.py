@@ -7,7 +7,8 @@ import signal
 import sys
 
 from .config import ServerConfig
-from .listener import Server, bind_first_free
+from ..netutil import bind_first_free
+from .listener import Server
 
 
 def parse_args(argv=None) -> tuple[ServerConfig, str]:

@@ -9,7 +9,6 @@ success reply and their session child.
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import selectors
 import signal
@@ -22,27 +21,6 @@ from .config import ServerConfig
 from .session import SessionProcess, start_session
 
 log = logging.getLogger(__name__)
-
-
-def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
-    """Bind the first free port in [port, port_end); port 0 lets the OS choose."""
-    candidates = [0] if port == 0 else range(port, max(port_end, port + 1))
-    last_error: OSError | None = None
-    for candidate in candidates:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, candidate))
-        except OSError as exc:
-            sock.close()
-            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-                raise
-            last_error = exc
-            continue
-        sock.listen(128)
-        return sock
-    raise OSError(errno.EADDRINUSE, f"no free port in [{port}, {port_end}) on {host}: {last_error}")
 
 
 class _Pending:

@@ -7,7 +7,8 @@ import logging
 import signal
 import sys
 
-from .service import bind_first_free, serve
+from ..netutil import bind_first_free
+from .service import serve
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -23,7 +24,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    sock = bind_first_free(args.host, args.port, args.port_end)
+    sock = bind_first_free(args.host, args.port, args.port_end, backlog=1024)
+    sock.setblocking(False)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

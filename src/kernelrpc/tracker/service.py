@@ -8,7 +8,6 @@ All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
 import operator
@@ -254,28 +253,6 @@ class TrackerService:
             "stats": self.scheduler.key_stats(),
         }
 
-
-def bind_first_free(host: str, port: int, port_end: int) -> socket.socket:
-    """Bind the first free port in ``[port, port_end)``; ``port=0`` lets the OS choose."""
-    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    family = infos[0][0] if infos else socket.AF_INET
-    candidates = [0] if port == 0 else range(port, max(port_end, port + 1))
-    last_error: OSError | None = None
-    for candidate in candidates:
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, candidate))
-        except OSError as exc:
-            sock.close()
-            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-                raise OSError(exc.errno, f"cannot bind {host}:{candidate}: {exc.strerror}") from None
-            last_error = exc
-            continue
-        sock.listen(1024)
-        sock.setblocking(False)
-        return sock
-    raise OSError(f"cannot bind {host} on any port in [{port}, {port_end}): {last_error}")
 
 
 async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from kernelrpc.rpc import handshake as hs
 from kernelrpc.rpc import tracker_codec as tc
+from kernelrpc.server.through_proxy import wait_for_pairing
 
 TVM_TRACKER_READY = re.compile(r"bind to (\S+):(\d+)")
 TVM_PROXY_READY = re.compile(r"client port bind to (\S+):(\d+)")
@@ -21,16 +22,7 @@ def connect(address, key: str, timeout: float = 15.0) -> socket.socket:
     return sock
 
 
-def read_reply(sock: socket.socket) -> tuple[hs.Reply, bytes]:
-    """The proxy's answer and any bytes that arrived after it."""
-    parser = hs.ReplyParser()
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            raise ConnectionError("proxy closed the connection before replying")
-        reply = parser.feed(data)
-        if reply is not None:
-            return reply, parser.unused
+read_reply = wait_for_pairing  # the proxy's answer and any bytes that arrived after it
 
 
 def recv_exactly(sock: socket.socket, n: int, already: bytes = b"") -> bytes:

@@ -69,6 +69,7 @@ _FD = struct.Struct("=I")
 _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "riscv64": 280}
 _ATTR_BYTES = 128  # larger than every attr used here; the kernel wants the tail zeroed
 _LOG_BYTES = 64 * 1024
+_LOG_LEVEL_VERIFIER = 1  # the verifier explains a rejection
 
 
 class SockmapUnavailable(OSError):
@@ -148,7 +149,7 @@ class Sockmap:
         log = ctypes.create_string_buffer(_LOG_BYTES)
         name = b"kernelrpc_relay"[:15].ljust(16, b"\0")
         attr = struct.pack("=IIQQIIQII16s", BPF_PROG_TYPE_SK_SKB, len(code) // 8, _addr(insns),
-                           _addr(license_), 1, _LOG_BYTES, _addr(log), 0, 0, name)
+                           _addr(license_), _LOG_LEVEL_VERIFIER, _LOG_BYTES, _addr(log), 0, 0, name)
         return self._bpf(BPF_PROG_LOAD, attr, "loading the sk_skb verdict program", log)
 
     def _update(self, key: int, fd: int) -> None:

@@ -9,6 +9,9 @@ Two levels, each measured direct and through the proxies side by side:
   call round trip and tensor copies to the device and back.
 
 "TVM proxy" rows use ``python -m tvm.exec.rpc_proxy`` when apache-tvm is installed.
+"kernel sockmap" rows use bench/sockmap_relay.py, a bench-only relay through a BPF
+sockhash (Linux, root): it shows what an in-kernel relay would gain, but it has no
+backpressure, which is why the proxy does not use it (docs/proxy.md).
 Targets (issue 5): round trip at most 1.3x direct, 64 MiB copies at least 70% of direct.
 """
 from __future__ import annotations
@@ -67,6 +70,16 @@ def free_port() -> int:
 def start_our_proxy(relay: str) -> tuple[Proc, tuple[str, int]]:
     proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING",
                  "--relay", relay], r"listening on (\S+):(\d+)")
+    return proc, (proc.match.group(1), int(proc.match.group(2)))
+
+
+def start_sockmap_relay() -> tuple[Proc, tuple[str, int]] | None:
+    try:
+        proc = Proc([sys.executable, str(Path(__file__).with_name("sockmap_relay.py")), "--serve"],
+                    r"listening on (\S+):(\d+)")
+    except RuntimeError as exc:
+        print(f"kernel sockmap skipped: {exc}")
+        return None
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
@@ -280,8 +293,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's proxy")
-    p.add_argument("--relay", nargs="+", default=["splice", "copy"], choices=["splice", "copy"],
-                   help="relay modes of our proxy to measure (default: both)")
+    p.add_argument("--relay", nargs="+", default=["splice", "copy", "sockmap"],
+                   choices=["splice", "copy", "sockmap"],
+                   help="relays to measure: our proxy's modes and the bench-only kernel "
+                        "sockmap relay (default: all)")
     p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")
     p.add_argument("--device", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -294,9 +309,13 @@ def main() -> None:
     try:
         paths = [("direct", None)]
         for relay in args.relay:
-            ours, our_addr = start_our_proxy(relay)
-            procs.append(ours)
-            paths.append((f"ours ({relay})", our_addr))
+            if relay == "sockmap":
+                started, name = start_sockmap_relay(), "kernel sockmap"
+            else:
+                started, name = start_our_proxy(relay), f"ours ({relay})"
+            if started:
+                procs.append(started[0])
+                paths.append((name, started[1]))
         tvm = None if args.no_tvm else start_tvm_proxy()
         if tvm:
             procs.append(tvm[0])

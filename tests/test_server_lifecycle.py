@@ -97,6 +97,20 @@ def test_silent_and_half_open_peers_do_not_hold_up_others(start_service):
         half.close()
 
 
+def test_a_flood_of_silent_connections_cannot_lock_clients_out(start_service):
+    server = start_server(start_service, "--handshake-timeout", "60", "--max-pending", "4")
+    flood = [socket.create_connection(server.address) for _ in range(12)]
+    try:
+        for sock in flood[:8]:  # the oldest unfinished handshakes were dropped to make room
+            sock.settimeout(10)
+            assert sock.recv(1) == b""
+        assert_serves(server)
+        assert server.wait_for_line("too many unfinished handshakes")
+    finally:
+        for sock in flood:
+            sock.close()
+
+
 def test_silent_peer_is_dropped_at_the_handshake_deadline(start_service):
     server = start_server(start_service, "--handshake-timeout", "0.5")
     with socket.create_connection(server.address) as silent:

@@ -24,6 +24,9 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
     parser.add_argument("--max-frame-bytes", type=int, default=ServerConfig.max_frame_bytes)
     parser.add_argument("--max-tensor-bytes", type=int, default=ServerConfig.max_tensor_bytes)
     parser.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout)
+    parser.add_argument("--max-pending", type=int, default=ServerConfig.max_pending,
+                        help="connections held in the handshake or waiting for a session slot; past it, "
+                             "the oldest unfinished handshake is dropped")
     parser.add_argument("--max-sessions", type=int, default=1,
                         help="sessions served at the same time (default 1: measurements never overlap)")
     parser.add_argument("--workspace-root", default=None, help="parent directory of session workspaces")
@@ -46,13 +49,14 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
     from ..rpc.protocol import MIN_MAX_FRAME_BYTES
     if args.max_frame_bytes < MIN_MAX_FRAME_BYTES:
         parser.error(f"--max-frame-bytes must be at least {MIN_MAX_FRAME_BYTES}")
-    if args.max_sessions < 1 or args.session_timeout < 0 or args.handshake_timeout <= 0:
-        parser.error("--max-sessions must be >= 1, timeouts positive")
+    if args.max_sessions < 1 or args.max_pending < 1 or args.session_timeout < 0 or args.handshake_timeout <= 0:
+        parser.error("--max-sessions and --max-pending must be >= 1, timeouts positive")
     return ServerConfig(
         host=args.host, port=args.port, port_end=args.port_end, key=args.key,
         session_timeout=args.session_timeout, max_upload_bytes=args.max_upload_bytes,
         max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
-        handshake_timeout=args.handshake_timeout, max_sessions=args.max_sessions,
+        handshake_timeout=args.handshake_timeout, max_pending=args.max_pending,
+        max_sessions=args.max_sessions,
         workspace_root=args.workspace_root, tracker_addr=tracker_addr,
         custom_addr=args.custom_addr, through_proxy=args.through_proxy), args.log_level
 

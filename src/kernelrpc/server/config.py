@@ -17,6 +17,7 @@ class ServerConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_tensor_bytes: int = 8 << 30       # largest single tensor a client may allocate
     handshake_timeout: float = 10.0       # a silent peer is dropped after this long
+    max_pending: int = 256                # connections in the handshake or waiting for a slot
     max_sessions: int = 1                 # sessions at a time; more would disturb measurements
     workspace_root: str | None = None     # parent of per-session temp dirs (default: system temp)
     tracker_addr: tuple[str, int] | None = None

@@ -125,6 +125,10 @@ class Server:
         except OSError as exc:  # EMFILE and friends: keep serving the sessions we have
             log.warning("accept failed: %s", exc)
             return
+        if len(self.pending) >= self.config.max_pending and not self._evict_unfinished_handshake():
+            log.warning("refusing %s: %d connections already wait for a session", addr, len(self.pending))
+            sock.close()
+            return
         sock.setblocking(False)
         pending = _Pending(sock, addr, time.monotonic() + self.config.handshake_timeout)
         self.pending[sock] = pending
@@ -212,6 +216,19 @@ class Server:
             return pending.sock.send(data) == len(data)
         except OSError:
             return False
+
+    def _evict_unfinished_handshake(self) -> bool:
+        """Make room by dropping the oldest peer that has not finished its handshake.
+
+        A flood of silent connections then cannot use up the server's descriptors or keep a
+        client that completes its handshake promptly from getting in.
+        """
+        for pending in self.pending.values():
+            if pending.key is None:
+                log.info("dropping %s: too many unfinished handshakes", pending.peer)
+                self._drop(pending)
+                return True
+        return False
 
     def _drop(self, pending: _Pending) -> None:
         if self.pending.pop(pending.sock, None) is not None:

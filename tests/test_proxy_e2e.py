@@ -126,6 +126,19 @@ def test_connect_tracker_request_reaches_our_device_behind_our_proxy(our_tracker
     wait_for_matches(p, r"paired client .*'client:behind:0\.\d+ -timeout=60'", 2)
 
 
+def test_proxy_custom_addr_is_what_the_tracker_hands_out(our_tracker, proxy, device):
+    from kernelrpc.rpc import connect_tracker
+    tracker = our_tracker()
+    p = proxy("--tracker", f"{tracker.host}:{tracker.port}", "--custom-addr", "localhost")
+    device(p.host, p.port, "nat")
+    wait_for_matches(p, r"offered nat:\S+ to the tracker", 1)
+    session = connect_tracker(tracker.host, tracker.port)
+    servers = session.summary()["server_info"]
+    assert [s["addr"] for s in servers if s["key"] == "server:proxy[nat]"] == [["localhost", p.port]]
+    with session.request("nat", session_timeout=60) as sess:  # handed out as localhost:port
+        check_session(sess)
+
+
 def test_proxy_re_registers_its_devices_when_the_tracker_restarts(start_service, proxy, device):
     from kernelrpc.rpc import connect_tracker
     with socket.socket() as probe:

@@ -34,6 +34,9 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
                    help="first port to try; 0 lets the OS choose (default 9090)")
     p.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
     p.add_argument("--tracker", type=_host_port, help="register the devices' keys with this tracker")
+    p.add_argument("--custom-addr", default=None,
+                   help="address the tracker hands to clients for this proxy (default: this host "
+                        "as the tracker sees it; set it behind NAT or a port forward)")
     p.add_argument("--timeout-client", type=_seconds, default=30.0,
                    help="seconds a client waits for a device before MISMATCH (default 30, below "
                         "kernelrpc.rpc.connect's 60 s connect timeout)")
@@ -50,6 +53,7 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
     return ProxyConfig(host=a.host, port=a.port, port_end=a.port_end, tracker=a.tracker,
+                       custom_addr=a.custom_addr,
                        timeout_client=a.timeout_client, timeout_server=a.timeout_server,
                        handshake_timeout=a.timeout_handshake, relay=a.relay), a.log_level
 

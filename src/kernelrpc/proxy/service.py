@@ -23,6 +23,7 @@ class ProxyConfig:
     port: int = 9090
     port_end: int = 9199
     tracker: tuple[str, int] | None = None
+    custom_addr: str | None = None  # the host the tracker hands to clients (default: as it sees us)
     timeout_client: float = 30.0
     timeout_server: float = 600.0
     handshake_timeout: float = 10.0
@@ -53,7 +54,8 @@ class ProxyService:
         self._loop.add_reader(self._listener.fileno(), self._accept)
         if self.config.tracker:
             from .tracker_link import TrackerLink
-            self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker)
+            self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker,
+                                            custom_addr=self.config.custom_addr)
             self.tracker_link.start()
         return self.address
 

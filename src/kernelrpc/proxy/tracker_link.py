@@ -31,10 +31,11 @@ MAX_PENDING_KEYS = 100_000
 
 class TrackerLink:
     def __init__(self, addr: tuple[str, int], proxy_port: int, matchmaker: Matchmaker, *,
-                 period: float = 2.0, timeout_alloc: float = 5.0, reply_timeout: float = 10.0,
+                 custom_addr: str | None = None, period: float = 2.0, timeout_alloc: float = 5.0, reply_timeout: float = 10.0,
                  max_backoff: float = 30.0) -> None:
         self.addr = addr
         self.proxy_port = proxy_port
+        self.custom_addr = custom_addr
         self.matchmaker = matchmaker
         self.period = period
         self.timeout_alloc = timeout_alloc
@@ -121,14 +122,15 @@ class TrackerLink:
     async def _report(self) -> None:
         keys = self.matchmaker.device_keys()
         if keys != self._reported_keys:
-            info = {"key": "server:proxy[" + ",".join(keys) + "]", "addr": [None, self.proxy_port]}
+            info = {"key": "server:proxy[" + ",".join(keys) + "]", "addr": [self.custom_addr, self.proxy_port]}
             await self._expect_success([TrackerCode.UPDATE_INFO, info])
             self._reported_keys = keys
         for device in self.matchmaker.devices():
             if not device.offered:
                 device.offered = True
                 await self._expect_success(
-                    [TrackerCode.PUT, device.wanted, [self.proxy_port, device.matchkey], None])
+                    [TrackerCode.PUT, device.wanted, [self.proxy_port, device.matchkey],
+                     self.custom_addr])
                 logger.info("offered %s to the tracker", device.matchkey)
 
     async def _poll(self, now: float) -> None:

@@ -293,8 +293,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's proxy")
-    p.add_argument("--relay", nargs="+", default=["splice", "copy", "sockmap"],
-                   choices=["splice", "copy", "sockmap"],
+    p.add_argument("--relay", nargs="+", default=["native", "splice", "sockmap"],
+                   choices=["native", "splice", "copy", "sockmap"],
                    help="relays to measure: our proxy's modes and the bench-only kernel "
                         "sockmap relay (default: all)")
     p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")

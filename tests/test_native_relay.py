@@ -61,7 +61,7 @@ def test_bytes_cross_both_ways_after_the_queued_replies(spin_ns):
 
 
 def test_everything_sent_before_a_close_is_delivered():
-    a, b, relay, loop, closed = relay_between()
+    a, b, _, loop, closed = relay_between()
     try:
         payload = os.urandom(8 << 20)
         sender = threading.Thread(target=lambda: (a.sendall(payload), a.close()))

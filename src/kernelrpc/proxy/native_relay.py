@@ -6,10 +6,12 @@ proxy's overhead.  This module JIT-compiles (with llvmlite, already a dependency
 a small loop over ``recv``/``send``/``poll`` and runs it in a thread through
 ``ctypes``, which releases the GIL for the whole session.
 
-After it has moved bytes the loop keeps polling its two sockets for up to
-``spin_ns`` before it sleeps in ``poll(2)``: the reply to a request usually
-arrives within microseconds, and catching it without a sleep and a wake-up is
-what brings the round trip down.  An idle session sleeps and costs no CPU.
+After it has relayed a short message (a request or a reply) the loop keeps
+polling its two sockets for up to ``spin_ns`` before it sleeps in ``poll(2)``:
+the answer usually follows within microseconds, and catching it without a
+sleep and a wake-up is what brings the round trip down.  Bulk reads do not
+start the window (a copy must not lose a core to a polling proxy), and an idle
+session sleeps and costs no CPU.
 
 Each direction has a fixed buffer (``BUFFER_BYTES``): a direction stops reading
 while it holds bytes its destination has not taken, so a slow reader costs one
@@ -35,6 +37,9 @@ import time
 logger = logging.getLogger(__name__)
 
 BUFFER_BYTES = 1 << 20
+#: Reads shorter than this look like requests and replies and (re)start the polling
+#: window; bulk transfers do not, so they do not take a core from the peers.
+SHORT_READ_BYTES = 16 << 10
 STOPPED = 1  # return value: the stop descriptor became readable
 _CLOCK_MONOTONIC = time.CLOCK_MONOTONIC
 
@@ -77,7 +82,7 @@ define internal i32 @errno_now() {{
   ret i32 %e
 }}
 
-; 1: moved bytes or saw EOF, 0: nothing to do now, <0: -errno
+; <0: -errno; else flags: 1 moved bytes or saw EOF, 2 read a short message (0: nothing to do)
 define internal i32 @pump(ptr %d) {{
 entry:
   %srcp = getelementptr %Dir, ptr %d, i32 0, i32 0
@@ -110,6 +115,8 @@ gotdata:
   %moved0 = load i64, ptr %movedp
   %moved1 = add i64 %moved0, %n
   store i64 %moved1, ptr %movedp
+  %short = icmp slt i64 %n, {SHORT_READ_BYTES}
+  %readflags = select i1 %short, i32 3, i32 1
   br label %write
 notdata:
   %closed = icmp eq i64 %n, 0
@@ -128,7 +135,7 @@ fail_read:
   ret i32 %rneg
 
 write:
-  %progress = phi i1 [ false, %entry ], [ true, %gotdata ], [ true, %sent ]
+  %progress = phi i32 [ 0, %entry ], [ %readflags, %gotdata ], [ %sentflags, %sent ]
   %s = load i64, ptr %startp
   %e = load i64, ptr %endp
   %done = icmp eq i64 %s, %e
@@ -142,22 +149,21 @@ dosend:
 sent:
   %s2 = add i64 %s, %w
   store i64 %s2, ptr %startp
+  %sentflags = or i32 %progress, 1
   br label %write
 senderr:
   %we = call i32 @errno_now()
   %wretry = call i1 @retry(i32 %we)
   br i1 %wretry, label %blocked, label %fail_write
 blocked:
-  %pb = zext i1 %progress to i32
-  ret i32 %pb
+  ret i32 %progress
 fail_write:
   %wneg = sub i32 0, %we
   ret i32 %wneg
 drained:
   store i64 0, ptr %startp
   store i64 0, ptr %endp
-  %pd = zext i1 %progress to i32
-  ret i32 %pd
+  ret i32 %progress
 }}
 
 define internal i1 @retry(i32 %e) {{
@@ -233,7 +239,8 @@ entry:
   br label %loop
 
 loop:
-  %last = phi i64 [ %t0, %entry ], [ %tp, %moving ], [ %last, %spin ], [ %tw, %woke ]
+  %last = phi i64 [ %t0, %entry ], [ %tp, %talking ], [ %last, %checkshort ], [ %last, %spin ],
+                 [ %last, %woke ]
   %p1 = call i32 @pump(ptr %ab)
   %p2 = call i32 @pump(ptr %ba)
   %e1 = icmp slt i32 %p1, 0
@@ -254,8 +261,12 @@ ended:
 checkmove:
   %p12 = or i32 %p1, %p2
   %moved_now = icmp ne i32 %p12, 0
-  br i1 %moved_now, label %moving, label %quiet
-moving:
+  br i1 %moved_now, label %checkshort, label %quiet
+checkshort:
+  %shortbit = and i32 %p12, 2
+  %isshort = icmp ne i32 %shortbit, 0
+  br i1 %isshort, label %talking, label %loop
+talking:
   %tp = call i64 @now_ns()
   br label %loop
 quiet:
@@ -291,7 +302,6 @@ polled:
 stopping:
   br label %finish
 woke:
-  %tw = call i64 @now_ns()
   br label %loop
 
 finish:

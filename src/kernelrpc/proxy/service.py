@@ -12,8 +12,8 @@ from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from .connection import PeerConnection
-from .pairing import Matchmaker, Waiter
 from .native_relay import BUFFER_BYTES, NativeRelay, NativeRelayUnavailable, relay_function
+from .pairing import Matchmaker, Waiter
 from .relay import SPLICE_AVAILABLE, Relay
 
 logger = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ Two levels, each measured direct and through the proxies side by side:
 sockhash (Linux, root): it shows what an in-kernel relay would gain, but it has no
 backpressure, which is why the proxy does not use it (docs/proxy.md).
 Targets (issue 5): round trip at most 1.3x direct, 64 MiB copies at least 70% of direct.
+The last line is the floor under any relay in a third process (bench/loopback_hop.py).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from kernelrpc.rpc import handshake as hs  # noqa: E402
+from loopback_hop import measure_hop_us  # noqa: E402
 
 MIB = 1 << 20
 HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device answers
@@ -330,6 +332,10 @@ def main() -> None:
                         measure(paths, SessionPath, sizes, rtt_count, rounds), sizes)
         elif not args.raw_only:
             print("\nRPC session level skipped: kernelrpc.server / kernelrpc.rpc.client not available")
+        hop = measure_hop_us()
+        if hop is not None:
+            print(f"\nfloor (bench/loopback_hop.py): one loopback TCP hop with both ends polling "
+                  f"costs {hop:.2f} us; a relay adds two hops, {2 * hop:.1f} us, to every round trip")
     finally:
         for proc in procs:
             proc.stop()

@@ -26,6 +26,7 @@ import ctypes
 import errno
 import functools
 import logging
+import mmap
 import os
 import select
 import socket
@@ -385,10 +386,11 @@ class NativeRelay:
         self._loop = loop
         self._socks = (a, b)
         self._queued = (len(to_b), len(to_a))
-        self._buffers = (ctypes.create_string_buffer(BUFFER_BYTES),
-                         ctypes.create_string_buffer(BUFFER_BYTES))
-        ctypes.memmove(self._buffers[0], to_b, len(to_b))
-        ctypes.memmove(self._buffers[1], to_a, len(to_a))
+        # Anonymous mappings: pages are committed only as far as a session's data reaches.
+        self._maps = (mmap.mmap(-1, BUFFER_BYTES), mmap.mmap(-1, BUFFER_BYTES))
+        self._maps[0][:len(to_b)] = to_b
+        self._maps[1][:len(to_a)] = to_a
+        self._buffers = tuple(ctypes.c_char.from_buffer(m) for m in self._maps)
         self._spin_ns = spin_ns
         self._on_close = on_close
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
@@ -398,7 +400,12 @@ class NativeRelay:
         self.result: tuple[int, int, int] | None = None  # return code, bytes from a, from b
 
     def start(self) -> None:
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as exc:  # the process is out of threads: drop this session only
+            logger.error("cannot start a relay thread: %s", exc)
+            self.result = (-errno.EAGAIN, 0, 0)
+            self._finish()
 
     def close(self) -> None:
         if not self._stopping:
@@ -411,7 +418,8 @@ class NativeRelay:
     def _run(self) -> None:
         moved = (ctypes.c_int64 * 2)()
         a, b = self._socks
-        rc = self._function(a.fileno(), b.fileno(), self._buffers[0], self._buffers[1],
+        rc = self._function(a.fileno(), b.fileno(), ctypes.addressof(self._buffers[0]),
+                            ctypes.addressof(self._buffers[1]),
                             BUFFER_BYTES, self._queued[0], self._queued[1], self._stop_r,
                             self._spin_ns, moved)
         self.result = (rc, moved[0], moved[1])
@@ -430,6 +438,9 @@ class NativeRelay:
             sock.close()
         os.close(self._stop_r)
         os.close(self._stop_w)
+        self._buffers = ()
+        for buffer in self._maps:
+            buffer.close()
         self._closed.set_result(None)
         if self._on_close is not None:
             self._on_close()

@@ -87,6 +87,40 @@ def test_close_stops_the_loop_and_closes_both_sockets():
         stop(loop)
 
 
+def test_close_stops_a_loop_that_never_goes_quiet():
+    a, b, relay, loop, closed = relay_between(spin_ns=10_000_000_000)
+    talking = threading.Event()
+
+    def ping_pong():
+        try:
+            while True:
+                a.sendall(b"ping")
+                recv_exactly(a, 4)
+                talking.set()
+        except OSError:
+            pass
+
+    def echo():
+        try:
+            while True:
+                b.sendall(recv_exactly(b, 4))
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (ping_pong, echo)]
+    for t in threads:
+        t.start()
+    try:
+        assert talking.wait(10)
+        loop.call_soon_threadsafe(relay.close)
+        assert closed.wait(10), "the relay went on while messages kept flowing"
+        assert relay.result[0] == native_relay.STOPPED
+    finally:
+        stop(loop)
+        a.close()
+        b.close()
+
+
 def test_a_reset_ends_the_relay_with_the_error():
     a, b, relay, loop, closed = relay_between()
     try:

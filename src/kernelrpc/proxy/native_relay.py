@@ -46,7 +46,7 @@ _CLOCK_MONOTONIC = time.CLOCK_MONOTONIC
 
 _SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                              ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p)
+                              ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
 
 
 def _relay_ir(pause_decl: str, pause: str) -> str:
@@ -222,12 +222,13 @@ define internal void @set_pollfd(ptr %fds, i32 %i, i32 %fd, i16 %ev) {{
   ret void
 }}
 
-; Relays between sockets a and b until one side ends (returns 0), the stop
-; descriptor becomes readable ({STOPPED}) or a socket fails (-errno).  buf_ab holds
+; Relays between sockets a and b until one side ends (returns 0), it is told to
+; stop ({STOPPED}: *stop_flag set, and the stop descriptor made readable to end a
+; poll) or a socket fails (-errno).  buf_ab holds
 ; pend_ab bytes already queued for b (the pairing reply), buf_ba likewise for a.
 ; moved[0], moved[1]: bytes read from a and from b.
 define i64 @kernelrpc_relay(i32 %a, i32 %b, ptr %buf_ab, ptr %buf_ba, i64 %cap, i64 %pend_ab,
-                            i64 %pend_ba, i32 %stop, i64 %spin_ns, ptr %moved) {{
+                            i64 %pend_ba, i32 %stop, ptr %stop_flag, i64 %spin_ns, ptr %moved) {{
 entry:
   %ab = alloca %Dir, align 8
   %ba = alloca %Dir, align 8
@@ -242,6 +243,10 @@ entry:
 loop:
   %last = phi i64 [ %t0, %entry ], [ %tp, %talking ], [ %last, %checkshort ], [ %last, %spin ],
                  [ %last, %woke ]
+  %halt = load atomic i32, ptr %stop_flag monotonic, align 4
+  %halted = icmp ne i32 %halt, 0
+  br i1 %halted, label %stopping, label %work
+work:
   %p1 = call i32 @pump(ptr %ab)
   %p2 = call i32 @pump(ptr %ba)
   %e1 = icmp slt i32 %p1, 0
@@ -393,6 +398,7 @@ class NativeRelay:
         self._buffers = tuple(ctypes.c_char.from_buffer(m) for m in self._maps)
         self._spin_ns = spin_ns
         self._on_close = on_close
+        self._stop_flag = ctypes.c_int32(0)
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._stopping = False
         self._closed = loop.create_future()
@@ -410,7 +416,8 @@ class NativeRelay:
     def close(self) -> None:
         if not self._stopping:
             self._stopping = True
-            os.write(self._stop_w, b"x")
+            self._stop_flag.value = 1  # seen by a loop that is busy or polling
+            os.write(self._stop_w, b"x")  # ends a loop asleep in poll()
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
@@ -421,7 +428,7 @@ class NativeRelay:
         rc = self._function(a.fileno(), b.fileno(), ctypes.addressof(self._buffers[0]),
                             ctypes.addressof(self._buffers[1]),
                             BUFFER_BYTES, self._queued[0], self._queued[1], self._stop_r,
-                            self._spin_ns, moved)
+                            ctypes.addressof(self._stop_flag), self._spin_ns, moved)
         self.result = (rc, moved[0], moved[1])
         try:
             self._loop.call_soon_threadsafe(self._finish)

@@ -198,7 +198,7 @@ class ProxyService:
         if self.config.relay != "native":
             return Relay(self._loop, a, b, mode=self.config.relay, **kwargs)
         # Polling holds a core while a session is busy: only while cores are left for it.
-        spinning = len(self.relays) < (os.cpu_count() or 1)
+        spinning = len(self.relays) < len(os.sched_getaffinity(0))
         spin_ns = int(self.config.relay_spin_us * 1000) if spinning else 0
         return NativeRelay(self._loop, a, b, spin_ns=spin_ns, **kwargs)
 

@@ -41,7 +41,7 @@ BUFFER_BYTES = 1 << 20
 #: Reads shorter than this look like requests and replies and (re)start the polling
 #: window; bulk transfers do not, so they do not take a core from the peers.
 SHORT_READ_BYTES = 16 << 10
-STOPPED = 1  # return value: the stop descriptor became readable
+STOPPED = 1  # return value: stopped by NativeRelay.close()
 _CLOCK_MONOTONIC = time.CLOCK_MONOTONIC
 
 _SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p,

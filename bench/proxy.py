@@ -69,9 +69,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_our_proxy(relay: str) -> tuple[Proc, tuple[str, int]]:
-    proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING",
-                 "--relay", relay], r"listening on (\S+):(\d+)")
+def start_our_proxy(relay: str, prefix: list[str], spin_us: float | None) -> tuple[Proc, tuple[str, int]]:
+    spin = ["--relay-spin-us", str(spin_us)] if relay == "native" and spin_us is not None else []
+    proc = Proc([*prefix, sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level",
+                 "WARNING", "--relay", relay, *spin], r"listening on (\S+):(\d+)")
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
@@ -303,6 +304,10 @@ def main() -> None:
                    help="relays to measure: our proxy's modes and the bench-only kernel "
                         "sockmap relay (default: all)")
     p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")
+    p.add_argument("--pin-proxy", metavar="CPUS",
+                   help="run our proxies on these CPUs (taskset list); run the bench itself "
+                        "under taskset to place the client and the devices")
+    p.add_argument("--spin-us", type=float, help="--relay-spin-us for our native relay")
     p.add_argument("--device", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device:
@@ -311,13 +316,14 @@ def main() -> None:
     sizes = [1 * MIB, 16 * MIB, 64 * MIB]
     rtt_count, rounds = (150, 2) if args.quick else (400, 6)
     procs = []
+    proxy_prefix = ["taskset", "-c", args.pin_proxy] if args.pin_proxy else []
     try:
         paths = [("direct", None)]
         for relay in args.relay:
             if relay == "sockmap":
                 started, name = start_sockmap_relay(), "kernel sockmap"
             else:
-                started, name = start_our_proxy(relay), f"ours ({relay})"
+                started, name = start_our_proxy(relay, proxy_prefix, args.spin_us), f"ours ({relay})"
             if started:
                 procs.append(started[0])
                 paths.append((name, started[1]))

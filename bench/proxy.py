@@ -13,6 +13,7 @@ Two levels, each measured direct and through the proxies side by side:
 sockhash (Linux, root): it shows what an in-kernel relay would gain, but it has no
 backpressure, which is why the proxy does not use it (docs/proxy.md).
 Targets (issue 5): round trip at most 1.3x direct, 64 MiB copies at least 70% of direct.
+The last line is the floor under any relay in a third process (bench/loopback_hop.py).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from kernelrpc.rpc import handshake as hs  # noqa: E402
+from loopback_hop import measure_hop_us  # noqa: E402
 
 MIB = 1 << 20
 HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device answers
@@ -67,9 +69,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_our_proxy(relay: str) -> tuple[Proc, tuple[str, int]]:
-    proc = Proc([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level", "WARNING",
-                 "--relay", relay], r"listening on (\S+):(\d+)")
+def start_our_proxy(relay: str, prefix: list[str], spin_us: float | None) -> tuple[Proc, tuple[str, int]]:
+    spin = ["--relay-spin-us", str(spin_us)] if relay == "native" and spin_us is not None else []
+    proc = Proc([*prefix, sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--log-level",
+                 "WARNING", "--relay", relay, *spin], r"listening on (\S+):(\d+)")
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
@@ -196,14 +199,16 @@ class RawPath:
 def measure(paths, path_type, sizes, rtt_count: int, rounds: int) -> dict:
     """Interleave the paths round by round so that load from other processes hits all alike.
 
-    Round trip: the best round's median; copies: the best time over all rounds.
+    Round trip: the best round's median; copies: the median over the rounds (a direct
+    copy now and then runs much faster than usual on a shared machine, and comparing
+    against that outlier says more about the neighbours than about the relay).
     """
     opened = {}
     try:
         for name, address in paths:
             opened[name] = path_type(name, address)
         medians = {name: [] for name in opened}
-        best = {name: dict.fromkeys(sizes, float("inf")) for name in opened}
+        copy_times = {name: {n: [] for n in sizes} for name in opened}
         for _ in range(rounds):
             for name, path in opened.items():
                 for _ in range(20):
@@ -217,8 +222,9 @@ def measure(paths, path_type, sizes, rtt_count: int, rounds: int) -> dict:
                 for n in sizes:
                     t = time.perf_counter()
                     path.copy(n)
-                    best[name][n] = min(best[name][n], time.perf_counter() - t)
-        return {name: {"rtt": min(medians[name]), **{n: 2 * n / best[name][n] for n in sizes}}
+                    copy_times[name][n].append(time.perf_counter() - t)
+        return {name: {"rtt": min(medians[name]),
+                       **{n: 2 * n / statistics.median(copy_times[name][n]) for n in sizes}}
                 for name in opened}
     finally:
         for path in opened.values():
@@ -293,11 +299,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's proxy")
-    p.add_argument("--relay", nargs="+", default=["splice", "copy", "sockmap"],
-                   choices=["splice", "copy", "sockmap"],
+    p.add_argument("--relay", nargs="+", default=["native", "splice", "sockmap"],
+                   choices=["native", "splice", "copy", "sockmap"],
                    help="relays to measure: our proxy's modes and the bench-only kernel "
                         "sockmap relay (default: all)")
     p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")
+    p.add_argument("--pin-proxy", metavar="CPUS",
+                   help="run our proxies on these CPUs (taskset list); run the bench itself "
+                        "under taskset to place the client and the devices")
+    p.add_argument("--spin-us", type=float, help="--relay-spin-us for our native relay")
     p.add_argument("--device", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device:
@@ -306,13 +316,14 @@ def main() -> None:
     sizes = [1 * MIB, 16 * MIB, 64 * MIB]
     rtt_count, rounds = (150, 2) if args.quick else (400, 6)
     procs = []
+    proxy_prefix = ["taskset", "-c", args.pin_proxy] if args.pin_proxy else []
     try:
         paths = [("direct", None)]
         for relay in args.relay:
             if relay == "sockmap":
                 started, name = start_sockmap_relay(), "kernel sockmap"
             else:
-                started, name = start_our_proxy(relay), f"ours ({relay})"
+                started, name = start_our_proxy(relay, proxy_prefix, args.spin_us), f"ours ({relay})"
             if started:
                 procs.append(started[0])
                 paths.append((name, started[1]))
@@ -322,7 +333,7 @@ def main() -> None:
             paths.append(("TVM proxy", tvm[1]))
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; paths measured in "
               f"{rounds} interleaved rounds. Round trip: best round's median of {rtt_count}; "
-              "copies: to the device and back, MB/s = 2*size/best time")
+              "copies: to the device and back, MB/s = 2*size/median time")
         print_table("raw relay (byte-echo device, no RPC)",
                     measure(paths, RawPath, sizes, rtt_count, rounds), sizes)
         if not args.raw_only and session_available():
@@ -330,6 +341,10 @@ def main() -> None:
                         measure(paths, SessionPath, sizes, rtt_count, rounds), sizes)
         elif not args.raw_only:
             print("\nRPC session level skipped: kernelrpc.server / kernelrpc.rpc.client not available")
+        hop = measure_hop_us()
+        if hop is not None:
+            print(f"\nfloor (bench/loopback_hop.py): one loopback TCP hop with both ends polling "
+                  f"costs {hop:.2f} us; a relay adds two hops, {2 * hop:.1f} us, to every round trip")
     finally:
         for proc in procs:
             proc.stop()

@@ -48,7 +48,7 @@ def test_ready_line_and_port_range(start_service):
         probe.close()
 
 
-@pytest.mark.parametrize("relay", ["splice", "copy"])
+@pytest.mark.parametrize("relay", ["native", "splice", "copy"])
 def test_device_first_then_client_relays_both_ways_and_closes_together(proxy, relay):
     p = proxy("--relay", relay)
     device, client = pair(p.address)
@@ -57,6 +57,26 @@ def test_device_first_then_client_relays_both_ways_and_closes_together(proxy, re
     client.close()
     assert is_closed(device)
     wait_for_matches(p, "paired client")
+
+
+@pytest.mark.parametrize("relay", ["native", "splice", "copy"])
+def test_everything_a_side_sent_before_closing_is_delivered(proxy, relay):
+    device, client = pair(proxy("--relay", relay).address)
+    payload = os.urandom(8 << 20)
+    sender = threading.Thread(target=lambda: (client.sendall(payload), client.close()))
+    sender.start()
+    assert recv_exactly(device, len(payload)) == payload
+    assert is_closed(device)
+    sender.join()
+
+
+@pytest.mark.parametrize("relay", ["native", "splice"])
+def test_stopping_the_proxy_closes_active_sessions(proxy, relay):
+    p = proxy("--relay", relay, "--relay-spin-us", "1000000")
+    device, client = pair(p.address)
+    check_relay(client, device, 4096)  # the native loop now polls for a second
+    assert p.stop() == 0
+    assert is_closed(device) and is_closed(client)
 
 
 def test_client_first_then_device(proxy):
@@ -173,7 +193,7 @@ def _rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-@pytest.mark.parametrize("relay", ["splice", "copy"])
+@pytest.mark.parametrize("relay", ["native", "splice", "copy"])
 def test_slow_reader_applies_backpressure_without_memory_growth(proxy, relay):
     p = proxy("--relay", relay)
     device, client = pair(p.address, "slow")

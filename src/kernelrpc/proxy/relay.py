@@ -158,6 +158,9 @@ class Relay:
         for pump in self._pumps:
             self._flush(pump)
 
+    async def wait_closed(self) -> None:
+        """Sockets are closed by :meth:`close` itself (kept alike with the native relay)."""
+
     def close(self) -> None:
         if self._closed:
             return

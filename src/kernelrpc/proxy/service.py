@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import socket
 
 from ..errors import HandshakeError
@@ -11,6 +12,7 @@ from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from .connection import PeerConnection
+from .native_relay import BUFFER_BYTES, NativeRelay, NativeRelayUnavailable, relay_function
 from .pairing import Matchmaker, Waiter
 from .relay import SPLICE_AVAILABLE, Relay
 
@@ -29,7 +31,8 @@ class ProxyConfig:
     handshake_timeout: float = 10.0
     max_connections: int = 4096
     max_waiting_per_key: int = 256
-    relay: str = "splice"  # or "copy": recv_into/send through a user-space buffer
+    relay: str = "native"  # or "splice" / "copy": the Python relays (relay.py)
+    relay_spin_us: float = 50.0  # native relay: poll this long after traffic before sleeping
 
 
 def _valid_matchkey(text: str) -> bool:
@@ -49,6 +52,12 @@ class ProxyService:
 
     async def start(self) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
+        if self.config.relay == "native":
+            try:
+                relay_function()
+            except NativeRelayUnavailable as exc:
+                logger.warning("%s; relaying with Python instead", exc)
+                self.config.relay = "splice"
         self._listener = self._bind()
         self.address = self._listener.getsockname()[:2]
         self._loop.add_reader(self._listener.fileno(), self._accept)
@@ -60,6 +69,9 @@ class ProxyService:
         return self.address
 
     def describe_relay(self) -> str:
+        if self.config.relay == "native":
+            return (f"a native loop, recv/send through {BUFFER_BYTES >> 20} MiB buffers, "
+                    f"polling {self.config.relay_spin_us:g} us after traffic")
         if self.config.relay == "splice" and SPLICE_AVAILABLE:
             return "splice(2) through 1 MiB pipes"
         return "recv_into/send through 1 MiB buffers"
@@ -78,8 +90,11 @@ class ProxyService:
             self._listener.close()
         for conn in list(self.connections):
             conn.close()
-        for relay in list(self.relays):
+        relays = list(self.relays)
+        for relay in relays:
             relay.close()
+        for relay in relays:
+            await relay.wait_closed()
 
     def _accept(self) -> None:
         while True:
@@ -179,16 +194,24 @@ class ProxyService:
             self.tracker_link.slot_went_stale()
         return removed
 
+    def _make_relay(self, a: socket.socket, b: socket.socket, **kwargs):
+        if self.config.relay != "native":
+            return Relay(self._loop, a, b, mode=self.config.relay, **kwargs)
+        # Polling holds a core while a session is busy: only while cores are left for it.
+        spinning = len(self.relays) < len(os.sched_getaffinity(0))
+        spin_ns = int(self.config.relay_spin_us * 1000) if spinning else 0
+        return NativeRelay(self._loop, a, b, spin_ns=spin_ns, **kwargs)
+
     def _pair(self, waiting: Waiter, newcomer: Waiter) -> None:
         a, b = waiting.handle, newcomer.handle
         if waiting.is_device and waiting.matchkey != newcomer.wanted and waiting.offered \
                 and waiting.claimed_at is None and self.tracker_link is not None:
             self.tracker_link.slot_went_stale()
         try:
-            relay = Relay(self._loop, a.sock, b.sock,
-                          to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),
-                          to_b=encode_reply(RPC_CODE_SUCCESS, waiting.key), mode=self.config.relay,
-                          on_close=lambda: self.relays.discard(relay))
+            relay = self._make_relay(a.sock, b.sock,
+                                     to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),
+                                     to_b=encode_reply(RPC_CODE_SUCCESS, waiting.key),
+                                     on_close=lambda: self.relays.discard(relay))
         except OSError as exc:  # no descriptors left for the pipes
             logger.error("cannot relay %s <-> %s: %s", a.name, b.name, exc)
             a.close()

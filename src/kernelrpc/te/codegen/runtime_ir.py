@@ -40,7 +40,7 @@ _NO_QUIT = 1 << 30  # "no worker quits after this job"
 LAUNCH_SYMBOL = "__kernelrpc_parallel_launch"
 
 
-def _pause_ir(arch: str) -> tuple[str, str]:
+def pause_ir(arch: str) -> tuple[str, str]:
     """(declaration, call) of the spin-wait hint for ``arch``."""
     if arch in ("x86_64", "i386", "i686"):
         return "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"
@@ -93,7 +93,7 @@ def _string_constant(name: str, text: str) -> str:
 
 def runtime_ir(target: Target, metadata_json: str) -> str:
     """LLVM IR text of the runtime for ``target`` with the given metadata document."""
-    pause_decl, pause = _pause_ir(target.arch)
+    pause_decl, pause = pause_ir(target.arch)
     word = "i64" if target.pointer_bits == 64 else "i32"  # pthread_t, time_t, long
     widen, widen_to = ("add i64", ", 0") if word == "i64" else ("sext i32", " to i64")
     obj = f"[{_PTHREAD_OBJECT_BYTES} x i8] zeroinitializer, align 16"

@@ -1,0 +1,134 @@
+"""The JIT-compiled relay loop on socket pairs, without a proxy around it."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import select
+import socket
+import threading
+
+import pytest
+
+from kernelrpc.proxy import native_relay
+from proxy_peers import recv_exactly
+
+try:
+    native_relay.relay_function()
+except native_relay.NativeRelayUnavailable as exc:  # pragma: no cover - 32-bit or non-Linux
+    pytest.skip(str(exc), allow_module_level=True)
+
+
+def relay_between(spin_ns: int = 0, to_a: bytes = b"", to_b: bytes = b""):
+    """(outer_a, outer_b, relay, loop thread): bytes written to outer_a come out of outer_b."""
+    outer_a, inner_a = socket.socketpair()
+    outer_b, inner_b = socket.socketpair()
+    loop = asyncio.new_event_loop()
+    closed = threading.Event()
+    relay = native_relay.NativeRelay(loop, inner_a, inner_b, to_a=to_a, to_b=to_b,
+                                     spin_ns=spin_ns, on_close=closed.set)
+    relay.start()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    return outer_a, outer_b, relay, loop, closed
+
+
+def stop(loop) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+
+
+@pytest.mark.parametrize("spin_ns", [0, 50_000])
+def test_bytes_cross_both_ways_after_the_queued_replies(spin_ns):
+    a, b, relay, loop, closed = relay_between(spin_ns, to_a=b"hello a", to_b=b"hello b")
+    try:
+        assert recv_exactly(a, 7) == b"hello a"
+        assert recv_exactly(b, 7) == b"hello b"
+        payload = os.urandom(3 << 20)
+        sender = threading.Thread(target=a.sendall, args=(payload,))
+        sender.start()
+        assert recv_exactly(b, len(payload)) == payload
+        sender.join()
+        for i in range(200):  # ping-pong, as an RPC session does
+            b.sendall(i.to_bytes(4, "little"))
+            assert recv_exactly(a, 4) == i.to_bytes(4, "little")
+        a.close()  # one side ends: the other is closed once the relay has delivered everything
+        assert b.recv(1) == b""
+        assert closed.wait(10)
+        rc, from_a, from_b = relay.result
+        assert rc == 0 and from_a == len(payload) and from_b == 800
+    finally:
+        stop(loop)
+
+
+def test_everything_sent_before_a_close_is_delivered():
+    a, b, _, loop, closed = relay_between()
+    try:
+        payload = os.urandom(8 << 20)
+        sender = threading.Thread(target=lambda: (a.sendall(payload), a.close()))
+        sender.start()
+        assert recv_exactly(b, len(payload)) == payload
+        assert b.recv(1) == b""
+        sender.join()
+        assert closed.wait(10)
+    finally:
+        stop(loop)
+
+
+def test_close_stops_the_loop_and_closes_both_sockets():
+    a, b, relay, loop, closed = relay_between(spin_ns=1_000_000)
+    try:
+        a.sendall(b"x")
+        assert recv_exactly(b, 1) == b"x"
+        loop.call_soon_threadsafe(relay.close)
+        assert closed.wait(10)
+        assert relay.result[0] == native_relay.STOPPED
+        assert a.recv(1) == b"" and b.recv(1) == b""
+    finally:
+        stop(loop)
+
+
+def test_close_stops_a_loop_that_never_goes_quiet():
+    a, b, relay, loop, closed = relay_between(spin_ns=10_000_000_000)
+    talking = threading.Event()
+
+    def ping_pong():
+        try:
+            while True:
+                a.sendall(b"ping")
+                recv_exactly(a, 4)
+                talking.set()
+        except OSError:
+            pass
+
+    def echo():
+        try:
+            while True:
+                b.sendall(recv_exactly(b, 4))
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (ping_pong, echo)]
+    for t in threads:
+        t.start()
+    try:
+        assert talking.wait(10)
+        loop.call_soon_threadsafe(relay.close)
+        assert closed.wait(10), "the relay went on while messages kept flowing"
+        assert relay.result[0] == native_relay.STOPPED
+    finally:
+        stop(loop)
+        a.close()
+        b.close()
+
+
+def test_a_reset_ends_the_relay_with_the_error():
+    a, b, relay, loop, closed = relay_between()
+    try:
+        b.sendall(b"data that a never reads")
+        assert select.select([a], [], [], 10)[0]
+        a.close()  # with unread data: the relay's side gets ECONNRESET, not EOF
+        assert closed.wait(10)
+        assert relay.result[0] == -errno.ECONNRESET
+        assert b.recv(1) == b""
+    finally:
+        stop(loop)

@@ -6,6 +6,7 @@ import select
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -131,6 +132,30 @@ def test_two_devices_with_the_same_key_are_both_usable(proxy):
         client.sendall(struct.pack("<i", i))
     received = sorted(struct.unpack("<i", recv_exactly(d, 4))[0] for d in devices)
     assert received == [0, 1]
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def test_many_concurrent_sessions_each_get_their_own_bytes_and_leave_no_threads(proxy):
+    p = proxy()
+    baseline = _threads(p.proc.pid)
+    pairs = [pair(p.address, f"many{i}") for i in range(40)]
+    for i, (device, client) in enumerate(pairs):
+        client.sendall(struct.pack("<i", i) * 1000)
+    for i, (device, client) in enumerate(pairs):
+        assert recv_exactly(device, 4000) == struct.pack("<i", i) * 1000
+        device.sendall(struct.pack("<i", -i))
+        assert recv_exactly(client, 4) == struct.pack("<i", -i)
+    for device, client in pairs:
+        client.close()
+        assert is_closed(device)
+    deadline = time.monotonic() + 10
+    while _threads(p.proc.pid) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _threads(p.proc.pid) <= baseline
 
 
 def test_exact_matchkey_picks_that_device_and_a_gone_key_is_refused_at_once(proxy):

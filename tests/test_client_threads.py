@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 import pytest
-
 from fixtures.thread_probe import SLOTS, observed
+
 from kernelrpc import nd, rpc
 from kernelrpc.errors import RemoteError
 from kernelrpc.runtime.threads import MAX_NUM_THREADS, default_num_threads

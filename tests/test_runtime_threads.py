@@ -4,8 +4,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from fixtures.thread_probe import SLOTS, observed
+
 from kernelrpc import nd, runtime
 from kernelrpc.runtime import threads
 

@@ -183,3 +183,35 @@ def test_results_stay_correct_at_every_thread_count(session, fixture_module):
     b = nd.empty((1024,), "float32", session.cpu(0))
     module["addone"](a, b)
     np.testing.assert_array_equal(b.numpy(), np.arange(1024, dtype="float32") + 1)
+
+
+@pytest.fixture(scope="module")
+def parallel_scale(tmp_path_factory):
+    """A compiled kernel whose outer loop is parallel: B = A * 2 + 1."""
+    from kernelrpc import build, te
+
+    n = 1 << 14
+    A = te.placeholder((n,), name="A")
+    B = te.compute((n,), lambda i: A[i] * 2.0 + 1.0, name="B")
+    s = te.create_schedule(B.op)
+    outer, inner = s[B].split(B.op.axis[0], factor=64)
+    s[B].parallel(outer)
+    s[B].vectorize(inner)
+    module = build(s, [A, B], target="llvm", name="scale")
+    return module, module.export_library(tmp_path_factory.mktemp("parallel") / "scale.so")
+
+
+def test_a_parallel_kernel_computes_correctly_at_every_size(session, parallel_scale):
+    built, path = parallel_scale
+    assert "call i32 @__kernelrpc_parallel_launch" in built.get_source()  # runs on the pool
+    module = load_probe(session, path, "scale.so")
+    dev = session.cpu(0)
+    a = np.random.default_rng(1).standard_normal(1 << 14).astype("float32")
+    ta = nd.array(a, dev)
+    for n in (1, 2, 3):
+        assert module.set_num_threads(n) == n
+        tb = nd.empty((1 << 14,), "float32", dev)
+        result = module.time_evaluator("scale", dev, number=10, repeat=2)(ta, tb)
+        assert len(result.results) == 2
+        np.testing.assert_allclose(tb.numpy(), a * 2 + 1, rtol=1e-6)
+    assert built.set_num_threads(2) == 2  # the same knob on the locally built module

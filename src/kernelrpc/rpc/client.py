@@ -18,6 +18,7 @@ from typing import NoReturn
 from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError, RPCError,
                       ServerCrashed, SessionTimeout)
 from ..runtime.device import Device
+from ..runtime.threads import check_num_threads
 from . import handshake as H
 from . import protocol as P
 from .transport import FramedSocket
@@ -469,6 +470,12 @@ class Module(_Remote):
         return name in self.function_names
 
     __contains__ = implements_function
+
+    def set_num_threads(self, n: int) -> int:
+        """Threads for this module's parallel loops on the device (0 = all usable cores there);
+        returns the number its pool now has. Checked here as the local module checks it."""
+        n = check_num_threads(n)
+        return self._session.get_function("runtime.module_set_num_threads")(self, n)
 
     def __repr__(self) -> str:
         return f"<remote Module {self.entry_name or ''} on {self._session.address}>"

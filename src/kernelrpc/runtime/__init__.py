@@ -9,7 +9,8 @@ from .evaluator import TimeEvaluator
 from .module import Function, Module, load_module
 from .profile import ProfileResult
 from .tensor import Tensor, empty
+from .threads import config_threadpool
 
 __all__ = ["DTYPES", "DType", "Device", "Function", "KernelError", "Module", "ModuleError",
-           "ProfileResult", "Tensor", "TimeEvaluator", "cpu", "device", "empty", "load_module",
-           "parse_dtype"]
+           "ProfileResult", "Tensor", "TimeEvaluator", "config_threadpool", "cpu", "device", "empty",
+           "load_module", "parse_dtype"]

@@ -9,10 +9,11 @@ import tempfile
 import threading
 
 from ..errors import KernelError, ModuleError
-from .dtype import DTYPES, pack_scalar
+from .dtype import pack_scalar
 from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
 from .evaluator import TimeEvaluator
 from .tensor import Tensor, _is_ndarray
+from .threads import check_num_threads, process_config
 
 
 class PackedArgs:
@@ -195,8 +196,10 @@ class Module:
         self._cache_flush(tensor.data, tensor.nbytes)
 
     def set_num_threads(self, n: int) -> int:
-        """Worker threads for parallel loops (0 = all cores); returns the number now in use."""
-        pack_scalar(DTYPES["int32"], n, "set_num_threads()")
+        """Threads for this module's parallel loops, caller included (0 = all usable cores, at
+        most ``threads.MAX_NUM_THREADS``); returns the number the pool now has, which the pool
+        may cap (1 for a module without a pool)."""
+        n = check_num_threads(n)
         if self._set_num_threads is None:
             return 1
         return self._set_num_threads(n)
@@ -237,7 +240,9 @@ def load_module(path) -> Module:
         meta = parse_metadata(text)
     except ModuleError as exc:
         raise ModuleError(f"{path}: {exc}") from None
-    return Module(path, lib, meta)
+    module = Module(path, lib, meta)
+    process_config.track(module)  # config_threadpool applies to modules loaded later too
+    return module
 
 
 _loaded_versions: dict[str, tuple] = {}     # real path -> identity of the file loaded from it

@@ -7,6 +7,9 @@ import platform
 import time
 from typing import Callable
 
+from .. import runtime
+from ..runtime import threads
+
 _REGISTRY: dict[str, Callable] = {}
 
 
@@ -50,3 +53,33 @@ def _system_info():
     """JSON text describing the device: machine, system, CPU count, Python version."""
     return json.dumps({"machine": platform.machine(), "system": platform.system(),
                        "cpus": os.cpu_count(), "python": platform.python_version()})
+
+
+@register("runtime.module_set_num_threads")
+def _module_set_num_threads(module, nthreads):
+    """``Module.set_num_threads`` of a loaded module (the client's remote ``set_num_threads``);
+    returns the number of threads its pool now has."""
+    if not isinstance(module, runtime.Module):
+        raise TypeError(f"runtime.module_set_num_threads: argument 0 must be a module handle, "
+                        f"got {_kind(module)}")
+    return module.set_num_threads(threads.check_num_threads(nthreads))
+
+
+@register("runtime.config_threadpool")
+def _config_threadpool(affinity_mode, nthreads, *cpus):
+    """TVM's ``runtime.config_threadpool(affinity_mode, nthreads)`` for this session: every
+    module loaded in it, before or after, uses ``nthreads`` threads (0 = the default). The
+    session child is a process of its own, so the process-wide setting is the session's."""
+    if cpus:
+        raise ValueError("runtime.config_threadpool: an explicit CPU list (TVM's third "
+                         "argument) is not supported")
+    threads.config_threadpool(affinity_mode, nthreads)
+
+
+def _kind(value) -> str:
+    """What a decoded argument is, in the words of the protocol (handles are runtime objects)."""
+    if isinstance(value, runtime.Tensor):
+        return "a tensor handle"
+    if callable(value):
+        return "a function handle"
+    return type(value).__name__

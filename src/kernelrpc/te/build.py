@@ -201,6 +201,10 @@ class BuiltModule:
 
         return self._runtime_module().time_evaluator(name, dev or runtime.cpu(0), *args, **kwargs)
 
+    def set_num_threads(self, n: int) -> int:
+        """``Module.set_num_threads`` of the runtime: the size of this module's thread pool."""
+        return self._runtime_module().set_num_threads(n)
+
     def __repr__(self):
         names = ", ".join(f["name"] for f in self.metadata["functions"])
         return f"<BuiltModule [{names}] for {self.target.triple} ({self.target.cpu})>"

@@ -37,6 +37,10 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
     p.add_argument("--custom-addr", default=None,
                    help="address the tracker hands to clients for this proxy (default: this host "
                         "as the tracker sees it; set it behind NAT or a port forward)")
+    p.add_argument("--web-port", type=int, default=None,
+                   help="also accept WebSocket peers (browser devices, TVM's "
+                        "websocket_proxy_server) at ws://HOST:WEB_PORT/ws; 0 lets the OS choose "
+                        "(default: off)")
     p.add_argument("--timeout-client", type=_seconds, default=30.0,
                    help="seconds a client waits for a device before MISMATCH (default 30, below "
                         "kernelrpc.rpc.connect's 60 s connect timeout)")
@@ -57,10 +61,12 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
+    if a.web_port is not None and not 0 <= a.web_port < 65536:
+        p.error("--web-port must be in [0, 65535]")
     if not 0 <= a.relay_spin_us <= 1e6:
         p.error("--relay-spin-us must be in [0, 1000000]")
     return ProxyConfig(host=a.host, port=a.port, port_end=a.port_end, tracker=a.tracker,
-                       custom_addr=a.custom_addr,
+                       custom_addr=a.custom_addr, web_port=a.web_port,
                        timeout_client=a.timeout_client, timeout_server=a.timeout_server,
                        handshake_timeout=a.timeout_handshake, relay=a.relay,
                        relay_spin_us=a.relay_spin_us), a.log_level
@@ -69,7 +75,10 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
 async def _serve(config: ProxyConfig) -> None:
     service = ProxyService(config)
     host, port = await service.start()
-    print(f"kernelrpc.proxy listening on {host}:{port}", flush=True)
+    web = ""
+    if service.web_address is not None:
+        web = " (websocket ws://{}:{}/ws)".format(*service.web_address)
+    print(f"kernelrpc.proxy listening on {host}:{port}{web}", flush=True)
     logging.getLogger("kernelrpc.proxy").info("relaying with %s", service.describe_relay())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

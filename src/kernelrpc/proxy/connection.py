@@ -13,6 +13,7 @@ import socket
 
 from ..errors import ProtocolError
 from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
+from . import websocket as ws
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ def enable_keepalive(sock: socket.socket) -> None:
 
 
 class PeerConnection:
+    websocket = False
+    read_bytes = _READ_BYTES
+
     def __init__(self, service, sock: socket.socket, addr) -> None:
         self._service = service
         self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
@@ -46,7 +50,7 @@ class PeerConnection:
 
     def _readable(self) -> None:
         try:
-            data = self.sock.recv(_READ_BYTES)
+            data = self.sock.recv(self.read_bytes)
         except BlockingIOError:
             return
         except OSError:
@@ -55,6 +59,10 @@ class PeerConnection:
         if not data:
             self._lost()
             return
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        """Stream bytes from the peer: the preamble, then nothing until it is paired."""
         if self._parser is None:
             self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
             return
@@ -79,12 +87,15 @@ class PeerConnection:
         return self.sock
 
     def refuse(self, reply: bytes) -> None:
-        """Best effort: a few bytes into an idle socket always fit; then close."""
+        self._send_quietly(reply)
+        self.close()
+
+    def _send_quietly(self, data: bytes) -> None:
+        """Small replies into an idle socket always fit; a peer that vanished is noticed on read."""
         try:
-            self.sock.send(reply)
+            self.sock.send(data)
         except OSError:
             pass
-        self.close()
 
     def fail(self, reason: str) -> None:
         logger.warning("closing %s: %s", self.name, reason)
@@ -107,3 +118,53 @@ class PeerConnection:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+class WebSocketConnection(PeerConnection):
+    """A peer on the web port: an HTTP upgrade, then the same stream in binary messages.
+
+    ``decoder`` (kept for the relay) holds any partial frame when the peer is paired.
+    """
+
+    websocket = True
+    read_bytes = ws.MAX_REQUEST_BYTES + 1024
+
+    def __init__(self, service, sock: socket.socket, addr) -> None:
+        super().__init__(service, sock, addr)
+        self.name = f"ws:{self.name}"
+        self._upgrade: ws.UpgradeRequestParser | None = ws.UpgradeRequestParser()
+        self.decoder: ws.FrameDecoder | None = None
+
+    def _received(self, data: bytes) -> None:
+        if self._upgrade is not None:
+            try:
+                request = self._upgrade.feed(data)
+            except ws.UpgradeRejected as exc:
+                self._send_quietly(exc.response)
+                self.fail(str(exc))
+                return
+            if request is None:
+                return
+            self._upgrade = None
+            self.decoder = ws.FrameDecoder()
+            self._send_quietly(ws.accept_response(request))
+            data = request.leftover
+        try:
+            events = self.decoder.feed(data)
+        except ProtocolError as exc:
+            self._send_quietly(ws.close_frame(ws.CLOSE_PROTOCOL_ERROR, str(exc)))
+            self.fail(str(exc))
+            return
+        for event in events:
+            if self.closed or self.handed_over:
+                return
+            if isinstance(event, ws.Data):
+                super()._received(event.payload)
+            elif isinstance(event, ws.Ping):
+                self._send_quietly(ws.encode_frame(ws.PONG, event.payload))
+            elif isinstance(event, ws.Close):
+                self._send_quietly(ws.close_frame())
+                self._lost()
+
+    def refuse(self, reply: bytes) -> None:
+        super().refuse(ws.encode_frame(ws.BINARY, reply) + ws.close_frame())

@@ -16,6 +16,8 @@ import logging
 import os
 import socket
 
+from ..errors import ProtocolError
+
 logger = logging.getLogger(__name__)
 
 BUFFER_BYTES = 1 << 20
@@ -28,6 +30,8 @@ SPLICE_AVAILABLE = hasattr(os, "splice")
 
 class PipeBuffer:
     """A kernel pipe between two sockets; bytes move with splice(2)."""
+
+    src_closed = False  # set by buffers that see the end inside the stream (a close frame)
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -77,6 +81,8 @@ class PipeBuffer:
 
 class CopyBuffer:
     """A user-space buffer: ``recv_into`` then ``send``."""
+
+    src_closed = False
 
     def __init__(self) -> None:
         self._buf = bytearray(BUFFER_BYTES)
@@ -138,17 +144,21 @@ class Relay:
     """Two pumps over one pair of sockets, driven by the event loop's reader/writer callbacks."""
 
     def __init__(self, loop, a: socket.socket, b: socket.socket, to_a: bytes, to_b: bytes,
-                 mode: str = "splice", on_close=None) -> None:
-        make = PipeBuffer if mode == "splice" and SPLICE_AVAILABLE else CopyBuffer
+                 mode: str = "splice", on_close=None, buffers: tuple | None = None) -> None:
+        """``buffers``: the (a -> b, b -> a) buffers to use instead of ``mode``'s."""
         self._loop = loop
         self._on_close = on_close
         self._closed = False
-        first = make()
-        try:
-            second = make()
-        except OSError:
-            first.close()
-            raise
+        if buffers is not None:
+            first, second = buffers
+        else:
+            make = PipeBuffer if mode == "splice" and SPLICE_AVAILABLE else CopyBuffer
+            first = make()
+            try:
+                second = make()
+            except OSError:
+                first.close()
+                raise
         self._pumps = [Pump(a, b, first), Pump(b, a, second)]
         self._pumps[0].buffer.put(to_b)
         self._pumps[1].buffer.put(to_a)
@@ -169,6 +179,10 @@ class Relay:
             if on:
                 (self._loop.remove_reader if kind == "r" else self._loop.remove_writer)(fd)
         for pump in self._pumps:
+            farewell = getattr(pump.buffer, "farewell", None)
+            if farewell is not None:
+                farewell(pump.dst)
+        for pump in self._pumps:
             pump.src.close()
             pump.buffer.close()
         if self._on_close is not None:
@@ -178,13 +192,16 @@ class Relay:
     def _readable(self, pump: Pump) -> None:
         try:
             n = pump.buffer.fill(pump.src)
-        except OSError as exc:
+        except (OSError, ProtocolError) as exc:
             logger.debug("relay read failed: %s", exc)
             self.close()
             return
-        if n == 0:
+        if n == 0 or pump.buffer.src_closed:
             pump.eof = True
         self._flush(pump)
+        other = self._pumps[1] if pump is self._pumps[0] else self._pumps[0]
+        if other.wants_write:  # reading may queue an answer the other way (a WebSocket pong)
+            self._flush(other)
 
     def _writable(self, pump: Pump) -> None:
         self._flush(pump)

@@ -11,10 +11,11 @@ from ..errors import HandshakeError
 from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
-from .connection import PeerConnection
+from .connection import PeerConnection, WebSocketConnection
 from .native_relay import BUFFER_BYTES, NativeRelay, NativeRelayUnavailable, relay_function
 from .pairing import Matchmaker, Waiter
 from .relay import SPLICE_AVAILABLE, Relay
+from .ws_relay import websocket_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class ProxyConfig:
     handshake_timeout: float = 10.0
     max_connections: int = 4096
     max_waiting_per_key: int = 256
+    web_port: int | None = None  # WebSocket endpoint ws://host:web_port/ws (0: OS chooses)
     relay: str = "native"  # or "splice" / "copy": the Python relays (relay.py)
     relay_spin_us: float = 50.0  # native relay: poll this long after traffic before sleeping
 
@@ -47,8 +49,10 @@ class ProxyService:
         self.relays: set[Relay] = set()
         self.tracker_link = None
         self._listener: socket.socket | None = None
+        self._web_listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.address: tuple[str, int] | None = None
+        self.web_address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
@@ -60,7 +64,15 @@ class ProxyService:
                 self.config.relay = "splice"
         self._listener = self._bind()
         self.address = self._listener.getsockname()[:2]
-        self._loop.add_reader(self._listener.fileno(), self._accept)
+        self._loop.add_reader(self._listener.fileno(), self._accept, self._listener,
+                              PeerConnection)
+        if self.config.web_port is not None:
+            port = self.config.web_port
+            self._web_listener = bind_first_free(self.config.host, port, port + 1, backlog=512)
+            self._web_listener.setblocking(False)
+            self.web_address = self._web_listener.getsockname()[:2]
+            self._loop.add_reader(self._web_listener.fileno(), self._accept, self._web_listener,
+                                  WebSocketConnection)
         if self.config.tracker:
             from .tracker_link import TrackerLink
             self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker,
@@ -85,9 +97,10 @@ class ProxyService:
     async def close(self) -> None:
         if self.tracker_link is not None:
             await self.tracker_link.close()
-        if self._listener is not None:
-            self._loop.remove_reader(self._listener.fileno())
-            self._listener.close()
+        for listener in (self._listener, self._web_listener):
+            if listener is not None:
+                self._loop.remove_reader(listener.fileno())
+                listener.close()
         for conn in list(self.connections):
             conn.close()
         relays = list(self.relays)
@@ -96,30 +109,30 @@ class ProxyService:
         for relay in relays:
             await relay.wait_closed()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket, connection_type) -> None:
         while True:
             try:
-                sock, addr = self._listener.accept()
+                sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. EMFILE: leave it queued and look again in a moment
                 logger.warning("accept failed: %s; pausing accepts for 1 s", exc)
-                self._loop.remove_reader(self._listener.fileno())
-                self._loop.call_later(1.0, self._resume_accepting)
+                self._loop.remove_reader(listener.fileno())
+                self._loop.call_later(1.0, self._resume_accepting, listener, connection_type)
                 return
             if len(self.connections) + 2 * len(self.relays) >= self.config.max_connections:
                 logger.warning("refusing %s:%s: %d connections is the limit", *addr[:2],
                                self.config.max_connections)
                 sock.close()
                 continue
-            conn = PeerConnection(self, sock, addr)
+            conn = connection_type(self, sock, addr)
             self.connections.add(conn)
             conn.timer = self._loop.call_later(self.config.handshake_timeout,
                                                self._handshake_expired, conn)
 
-    def _resume_accepting(self) -> None:
-        if self._listener.fileno() >= 0:
-            self._loop.add_reader(self._listener.fileno(), self._accept)
+    def _resume_accepting(self, listener: socket.socket, connection_type) -> None:
+        if listener.fileno() >= 0:
+            self._loop.add_reader(listener.fileno(), self._accept, listener, connection_type)
 
     # -- called by PeerConnection -------------------------------------------
     def _handshake_expired(self, conn: PeerConnection) -> None:
@@ -194,13 +207,17 @@ class ProxyService:
             self.tracker_link.slot_went_stale()
         return removed
 
-    def _make_relay(self, a: socket.socket, b: socket.socket, **kwargs):
+    def _make_relay(self, a: PeerConnection, b: PeerConnection, **kwargs):
+        if a.websocket or b.websocket:
+            buffers = websocket_buffers(a.decoder if a.websocket else None,
+                                        b.decoder if b.websocket else None)
+            return Relay(self._loop, a.sock, b.sock, buffers=buffers, **kwargs)
         if self.config.relay != "native":
-            return Relay(self._loop, a, b, mode=self.config.relay, **kwargs)
+            return Relay(self._loop, a.sock, b.sock, mode=self.config.relay, **kwargs)
         # Polling holds a core while a session is busy: only while cores are left for it.
         spinning = len(self.relays) < len(os.sched_getaffinity(0))
         spin_ns = int(self.config.relay_spin_us * 1000) if spinning else 0
-        return NativeRelay(self._loop, a, b, spin_ns=spin_ns, **kwargs)
+        return NativeRelay(self._loop, a.sock, b.sock, spin_ns=spin_ns, **kwargs)
 
     def _pair(self, waiting: Waiter, newcomer: Waiter) -> None:
         a, b = waiting.handle, newcomer.handle
@@ -208,7 +225,7 @@ class ProxyService:
                 and waiting.claimed_at is None and self.tracker_link is not None:
             self.tracker_link.slot_went_stale()
         try:
-            relay = self._make_relay(a.sock, b.sock,
+            relay = self._make_relay(a, b,
                                      to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),
                                      to_b=encode_reply(RPC_CODE_SUCCESS, waiting.key),
                                      on_close=lambda: self.relays.discard(relay))

@@ -15,13 +15,14 @@ buffers, so they never pass through this codec.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import struct
 from typing import NamedTuple
 
 from ..errors import ProtocolError, VersionMismatch
-from .values import (T_FUNCTION, decode_items, decode_single, decode_values, encode_items,
+from .values import (T_FLOAT, T_FUNCTION, T_INT, decode_items, decode_single, decode_values, encode_items,
                      encode_values)
 
 PROTOCOL_NAME = "kernelrpc"
@@ -170,10 +171,38 @@ _CALL_HEAD = struct.Struct("<IBBIBQ")  # frame header, op, value count, function
 _CALL_FIXED = _CALL_HEAD.size - HEADER_SIZE
 _CALL_BODY = struct.Struct("<xIBQ")
 _RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
+_RESULT_FIRST = struct.Struct("<IBIB")  # frame header, value count, first tag
+_SCALAR_LENGTH = 9  # an int or float value: tag and 8 bytes
+# Single packs for the commonest calls and results: one int or float argument, an int or float result.
+_ONE_INT_CALL = struct.Struct("<IBBIBQBq")
+_ONE_FLOAT_CALL = struct.Struct("<IBBIBQBd")
+_INT_RESULT = struct.Struct("<IBIBq")
+_FLOAT_RESULT = struct.Struct("<IBIBd")
+_INT_RESULT_PREFIX = _RESULT_FIRST.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT)
+_INT_RESULT_FRAME = struct.Struct(f"<{_RESULT_FIRST.size}sq")
+_SCALAR_FORMATS = {T_INT: "xq", T_FLOAT: "xd"}
+_MAX_SCALAR_ARGS = 4
+# Struct of k int and float arguments, keyed by their k tags (``frame[19::9]`` of such a CALL).
+_SCALAR_ARGS = {bytes(tags): struct.Struct("<" + "".join(_SCALAR_FORMATS[t] for t in tags))
+                for k in range(_MAX_SCALAR_ARGS + 1) for tags in itertools.product(_SCALAR_FORMATS, repeat=k)}
+
+NOT_ONE_FRAME = object()
+"""What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
 
 
 def encode_call(function_id: int, args=()) -> bytes:
     """A CALL request of function ``function_id`` with ``args``."""
+    if len(args) == 1:
+        kind = type(args[0])
+        try:
+            if kind is int:
+                return _ONE_INT_CALL.pack(_CALL_FIXED + _SCALAR_LENGTH, REQUEST, CALL, 2, T_FUNCTION,
+                                          function_id, T_INT, args[0])
+            if kind is float:
+                return _ONE_FLOAT_CALL.pack(_CALL_FIXED + _SCALAR_LENGTH, REQUEST, CALL, 2, T_FUNCTION,
+                                            function_id, T_FLOAT, args[0])
+        except struct.error:
+            pass  # out of range: the general encoder says which value
     payload = encode_items(args)
     return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
                            function_id) + payload
@@ -189,13 +218,60 @@ def decode_call(body: bytes) -> tuple[int, list]:
     return function_id, decode_items(body, _CALL_FIXED, count - 1)
 
 
+def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, list] | None:
+    """``(function_id, args)`` if ``data`` is exactly one whole CALL request frame, else None.
+
+    The fast path for a read that holds one request; None leaves every other case (partial or
+    several frames, other frame types and ops, bad headers) to FrameReader and decode_request.
+    """
+    if len(data) < _CALL_HEAD.size:
+        return None
+    length, frame_type, op, count, tag, function_id = _CALL_HEAD.unpack_from(data)
+    if length + HEADER_SIZE != len(data) or frame_type != REQUEST or op != CALL or length > max_frame_bytes:
+        return None
+    if tag != T_FUNCTION or count == 0:
+        raise ProtocolError("CALL needs a function handle first")
+    if length == _CALL_FIXED + _SCALAR_LENGTH * (count - 1):
+        # Every tag where a 9-byte value's tag would be is an int or float tag: then they all
+        # are, and one struct unpacks them.
+        scalars = _SCALAR_ARGS.get(data[_CALL_HEAD.size::_SCALAR_LENGTH])
+        if scalars is not None:
+            return function_id, list(scalars.unpack_from(data, _CALL_HEAD.size))
+    return function_id, decode_items(data, _CALL_HEAD.size, count - 1)
+
+
 def encode_result(value) -> bytes:
     """A RETURN frame carrying the one value of a CALL's result."""
+    kind = type(value)
+    if kind is int:
+        try:
+            return _INT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT, value)
+        except struct.error:
+            pass  # out of range: the general encoder says so
+    elif kind is float:
+        return _FLOAT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_FLOAT, value)
     payload = encode_items((value,))
     return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
 
 
 decode_result = decode_single
+
+
+def decode_result_frame(data: bytes, max_frame_bytes: int):
+    """The result in ``data`` if it is exactly one whole RETURN frame, else ``NOT_ONE_FRAME``.
+
+    A malformed value in a whole RETURN frame raises ProtocolError, as decode_result does.
+    """
+    if len(data) == _INT_RESULT_FRAME.size:
+        prefix, value = _INT_RESULT_FRAME.unpack(data)
+        if prefix == _INT_RESULT_PREFIX:
+            return value
+    if len(data) < HEADER_SIZE:
+        return NOT_ONE_FRAME
+    length, frame_type = _HEADER.unpack_from(data)
+    if length + HEADER_SIZE != len(data) or frame_type != RETURN or length > max_frame_bytes:
+        return NOT_ONE_FRAME
+    return decode_single(data[HEADER_SIZE:])
 
 
 def encode_return(values=()) -> bytes:

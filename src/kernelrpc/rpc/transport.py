@@ -56,6 +56,22 @@ class FramedSocket:
             raise ConnectionLost("the peer closed the connection")
         self.reader.feed(memoryview(self._scratch)[:n])
 
+    def recv_chunk(self) -> bytes | None:
+        """One read straight from the socket, or None while frame bytes are buffered.
+
+        The fast path for replies and requests that arrive whole in one read: the caller decodes
+        the chunk itself, or hands it back with ``reader.feed`` and goes on with ``recv_frame``.
+        """
+        if self.reader.pending:
+            return None
+        try:
+            data = self.sock.recv(_RECV_CHUNK)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if not data:
+            raise ConnectionLost("the peer closed the connection")
+        return data
+
     def recv_frame(self) -> tuple[int, bytes]:
         """The next frame as ``(type, body)``."""
         reader = self.reader

@@ -58,20 +58,21 @@ class SessionHandler:
 
     def serve(self) -> None:
         """Answer requests until the client shuts the session down or disconnects."""
-        recv_frame, send, ops, call = self.conn.recv_frame, self.conn.sock.sendall, self._ops, self._call
-        request, shutdown, decode_call, CALL = P.REQUEST, P.SHUTDOWN, P.decode_call, P.CALL
+        conn = self.conn
+        recv_chunk, feed, max_frame_bytes = conn.recv_chunk, conn.reader.feed, self.config.max_frame_bytes
+        send, ops, call, decode_call_frame, CALL = conn.sock.sendall, self._ops, self._call, P.decode_call_frame, P.CALL
         while True:
-            frame_type, body = recv_frame()
-            if frame_type != request:
-                raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
-            if body and body[0] == CALL:  # the request a measurement loop repeats: no dispatch
-                op, args = CALL, decode_call(body)
-                handler = call
+            chunk = recv_chunk()
+            call_args = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
+            if call_args is not None:  # one whole CALL in one read: the request measurement loops repeat
+                op, args, handler = CALL, call_args, call
             else:
-                op, args = P.decode_request(body)
-                if op == shutdown:
+                if chunk is not None:
+                    feed(chunk)
+                op, args = self._next_request()
+                if op == P.SHUTDOWN:
                     return
-                handler = ops[op]
+                handler = call if op == CALL else ops[op]
             try:
                 reply = handler(args)
             except ConnectionLost:
@@ -86,6 +87,15 @@ class SessionHandler:
                     send(reply)
                 except OSError as exc:
                     raise ConnectionLost(f"connection lost while sending: {exc}") from exc
+
+    def _next_request(self) -> tuple[int, object]:
+        """``(op, args)`` of the next request frame; for CALL, args is ``(function_id, args)``."""
+        frame_type, body = self.conn.recv_frame()
+        if frame_type != P.REQUEST:
+            raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
+        if body and body[0] == P.CALL:
+            return P.CALL, P.decode_call(body)
+        return P.decode_request(body)
 
     def _skip_raw_input(self, args: list) -> None:
         nbytes = args[-1] if args and type(args[-1]) is int else -1

@@ -51,8 +51,10 @@ def check_call_frame_agrees(data: bytes) -> None:
     general = outcome(general_call, data)
     if fast is None:  # left to the general path, which must then not find a valid CALL there
         assert general in ("not one CALL frame", ProtocolError)
+    elif fast is ProtocolError:
+        assert general is ProtocolError
     else:
-        assert repr(fast) == repr(general)  # repr: NaN equals NaN, and -0.0 differs from 0.0
+        assert repr((fast[0], list(fast[1]))) == repr(general)  # repr: NaN equals NaN, and -0.0 differs from 0.0
 
 
 def check_result_frame_agrees(data: bytes) -> None:
@@ -68,12 +70,14 @@ def check_result_frame_agrees(data: bytes) -> None:
 def test_scalar_calls_round_trip_and_match_the_general_encoding(function_id, args):
     request = P.encode_call(function_id, args)
     assert request == P.encode_request(P.CALL, [FunctionHandle(function_id), *args])
-    assert repr(P.decode_call_frame(request, MAX_FRAME)) == repr((function_id, args))  # -0.0 stays -0.0
+    decoded_id, decoded = P.decode_call_frame(request, MAX_FRAME)
+    assert decoded_id == function_id and repr(list(decoded)) == repr(args)  # -0.0 stays -0.0
 
 
 @given(handles, st.lists(values, max_size=4))
 def test_any_call_round_trips_through_the_frame_fast_path(function_id, args):
-    assert P.decode_call_frame(P.encode_call(function_id, args), MAX_FRAME << 10) == (function_id, args)
+    decoded_id, decoded = P.decode_call_frame(P.encode_call(function_id, args), MAX_FRAME << 10)
+    assert decoded_id == function_id and list(decoded) == args
 
 
 @given(values | ints | floats)

@@ -19,6 +19,7 @@ import itertools
 import json
 import re
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..errors import ProtocolError, VersionMismatch
@@ -218,8 +219,10 @@ def decode_call(body: bytes) -> tuple[int, list]:
     return function_id, decode_items(body, _CALL_FIXED, count - 1)
 
 
-def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, list] | None:
+def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, Sequence] | None:
     """``(function_id, args)`` if ``data`` is exactly one whole CALL request frame, else None.
+
+    ``args`` is a tuple when they are all ints and floats (no list built per call), else a list.
 
     The fast path for a read that holds one request; None leaves every other case (partial or
     several frames, other frame types and ops, bad headers) to FrameReader and decode_request.
@@ -236,7 +239,7 @@ def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, list] | N
         # are, and one struct unpacks them.
         scalars = _SCALAR_ARGS.get(data[_CALL_HEAD.size::_SCALAR_LENGTH])
         if scalars is not None:
-            return function_id, list(scalars.unpack_from(data, _CALL_HEAD.size))
+            return function_id, scalars.unpack_from(data, _CALL_HEAD.size)
     return function_id, decode_items(data, _CALL_HEAD.size, count - 1)
 
 

@@ -74,6 +74,23 @@ def test_scalar_calls_round_trip_and_match_the_general_encoding(function_id, arg
     assert decoded_id == function_id and repr(list(decoded)) == repr(args)  # -0.0 stays -0.0
 
 
+@given(handles, st.lists(values | ints | floats, max_size=3))
+def test_scalar_call_encoder_takes_no_or_one_exact_int_or_float(function_id, args):
+    request = P.encode_scalar_call(function_id, args)
+    if len(args) == 0 or (len(args) == 1 and type(args[0]) in (int, float)):
+        assert request == P.encode_request(P.CALL, [FunctionHandle(function_id), *args])
+    else:
+        assert request is None
+
+
+def test_scalar_call_encoder_declines_subclasses_and_out_of_range_ints():
+    class Level(IntEnum):
+        HIGH = 3
+
+    for args in ([True], [Level.HIGH], [2**63], [-2**63 - 1], [1, 2], ["1"]):
+        assert P.encode_scalar_call(1, args) is None
+
+
 @given(handles, st.lists(values, max_size=4))
 def test_any_call_round_trips_through_the_frame_fast_path(function_id, args):
     decoded_id, decoded = P.decode_call_frame(P.encode_call(function_id, args), MAX_FRAME << 10)

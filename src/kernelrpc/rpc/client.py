@@ -115,8 +115,10 @@ class RPCSession:
         return decode_values(self._exchange(P.encode_request(op, args), raw))
 
     def _call(self, function_id: int, args):
-        """Call a remote function with wire-ready arguments; its result as a wire value."""
-        request = P.encode_call(function_id, args)
+        """Call a remote function; its result as a wire value."""
+        request = P.encode_scalar_call(function_id, args)
+        if request is None:
+            request = P.encode_call(function_id, self._args_to_wire(args))
         conn = self._conn
         lock = self._lock
         lock.acquire()
@@ -257,6 +259,12 @@ class RPCSession:
             self._mark_closed()
 
     # ------------------------------------------------------------ values
+
+    def _args_to_wire(self, args):
+        for arg in args:
+            if type(arg) not in _PLAIN:
+                return [self._to_wire(a) for a in args]
+        return args
 
     def _to_wire(self, value):
         if type(value) in _PLAIN:
@@ -425,10 +433,6 @@ class Function(_Remote):
 
     def __call__(self, *args):
         session = self._session
-        for arg in args:
-            if type(arg) not in _PLAIN:
-                args = [session._to_wire(a) for a in args]
-                break
         result = session._call(self._id, args)
         return result if type(result) in _PLAIN else session._from_wire(result)
 

@@ -191,8 +191,12 @@ NOT_ONE_FRAME = object()
 """What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
 
 
-def encode_call(function_id: int, args=()) -> bytes:
-    """A CALL request of function ``function_id`` with ``args``."""
+def encode_scalar_call(function_id: int, args) -> bytes | None:
+    """The CALL request in one pack when ``args`` is empty or one exact int or float, else None.
+
+    Those are the calls a measurement loop repeats; a caller that gets None converts its
+    arguments to wire values and uses encode_call.
+    """
     if len(args) == 1:
         kind = type(args[0])
         try:
@@ -203,7 +207,18 @@ def encode_call(function_id: int, args=()) -> bytes:
                 return _ONE_FLOAT_CALL.pack(_CALL_FIXED + _SCALAR_LENGTH, REQUEST, CALL, 2, T_FUNCTION,
                                             function_id, T_FLOAT, args[0])
         except struct.error:
-            pass  # out of range: the general encoder says which value
+            pass  # out of range: encode_call says which value
+        return None
+    if not args:
+        return _CALL_HEAD.pack(_CALL_FIXED, REQUEST, CALL, 1, T_FUNCTION, function_id)
+    return None
+
+
+def encode_call(function_id: int, args=()) -> bytes:
+    """A CALL request of function ``function_id`` with ``args``."""
+    request = encode_scalar_call(function_id, args)
+    if request is not None:
+        return request
     payload = encode_items(args)
     return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
                            function_id) + payload

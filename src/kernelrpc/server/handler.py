@@ -67,7 +67,7 @@ class SessionHandler:
         recv_chunk, feed, send = conn.recv_chunk, conn.reader.feed, conn.sock.sendall
         decode_call_frame, encode_result, max_frame_bytes = P.decode_call_frame, P.encode_result, \
             self.config.max_frame_bytes
-        objects, plain, CALL = self._objects, _PLAIN, P.CALL
+        objects, CALL = self._objects, P.CALL
         while True:
             chunk = recv_chunk()
             call = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
@@ -88,12 +88,13 @@ class SessionHandler:
                     if func is None:
                         raise LookupError(f"no function with handle {function_id} in this session "
                                           "(freed already?)")
-                    for arg in args:
-                        if type(arg) not in plain:
-                            args = [self._to_local(a) for a in args]
-                            break
+                    if type(args) is not tuple:  # a tuple holds ints and floats only (decode_call_frame)
+                        args = self._args_to_local(args)
                     result = func(*args)
-                    reply = encode_result(result if type(result) in plain else self._to_wire(result))
+                    try:
+                        reply = encode_result(result)
+                    except TypeError:  # a runtime object: it stays here and travels as a handle
+                        reply = encode_result(self._to_wire(result))
                 except ConnectionLost:
                     raise
                 except Exception as exc:  # reported to the client, the session goes on
@@ -155,6 +156,12 @@ class SessionHandler:
         if not isinstance(value, TensorHandle):
             raise ProtocolError(f"expected a tensor handle, got {type(value).__name__}")
         return self._lookup(value.id, runtime.Tensor, "tensor")
+
+    def _args_to_local(self, args: list) -> list:
+        for arg in args:
+            if type(arg) not in _PLAIN:
+                return [self._to_local(a) for a in args]
+        return args
 
     def _to_local(self, value):
         """A decoded argument as the runtime object it stands for."""

@@ -15,7 +15,6 @@ buffers, so they never pass through this codec.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import re
 import struct
@@ -181,11 +180,8 @@ _INT_RESULT = struct.Struct("<IBIBq")
 _FLOAT_RESULT = struct.Struct("<IBIBd")
 _INT_RESULT_PREFIX = _RESULT_FIRST.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT)
 _INT_RESULT_FRAME = struct.Struct(f"<{_RESULT_FIRST.size}sq")
-_SCALAR_FORMATS = {T_INT: "xq", T_FLOAT: "xd"}
-_MAX_SCALAR_ARGS = 4
-# Struct of k int and float arguments, keyed by their k tags (``frame[19::9]`` of such a CALL).
-_SCALAR_ARGS = {bytes(tags): struct.Struct("<" + "".join(_SCALAR_FORMATS[t] for t in tags))
-                for k in range(_MAX_SCALAR_ARGS + 1) for tags in itertools.product(_SCALAR_FORMATS, repeat=k)}
+_INT_ARG = struct.Struct("<q")  # unpacks the one argument of a CALL straight into the args tuple
+_FLOAT_ARG = struct.Struct("<d")
 
 NOT_ONE_FRAME = object()
 """What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
@@ -237,7 +233,8 @@ def decode_call(body: bytes) -> tuple[int, list]:
 def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, Sequence] | None:
     """``(function_id, args)`` if ``data`` is exactly one whole CALL request frame, else None.
 
-    ``args`` is a tuple when they are all ints and floats (no list built per call), else a list.
+    ``args`` is a tuple when there is none or one int or float (nothing built per value: the
+    calls that measurement loops repeat), else a list.
 
     The fast path for a read that holds one request; None leaves every other case (partial or
     several frames, other frame types and ops, bad headers) to FrameReader and decode_request.
@@ -249,12 +246,14 @@ def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, Sequence]
         return None
     if tag != T_FUNCTION or count == 0:
         raise ProtocolError("CALL needs a function handle first")
-    if length == _CALL_FIXED + _SCALAR_LENGTH * (count - 1):
-        # Every tag where a 9-byte value's tag would be is an int or float tag: then they all
-        # are, and one struct unpacks them.
-        scalars = _SCALAR_ARGS.get(data[_CALL_HEAD.size::_SCALAR_LENGTH])
-        if scalars is not None:
-            return function_id, scalars.unpack_from(data, _CALL_HEAD.size)
+    if count == 2 and length == _CALL_FIXED + _SCALAR_LENGTH:
+        arg_tag = data[_CALL_HEAD.size]
+        if arg_tag == T_INT:
+            return function_id, _INT_ARG.unpack_from(data, _CALL_HEAD.size + 1)
+        if arg_tag == T_FLOAT:
+            return function_id, _FLOAT_ARG.unpack_from(data, _CALL_HEAD.size + 1)
+    elif count == 1 and length == _CALL_FIXED:
+        return function_id, ()
     return function_id, decode_items(data, _CALL_HEAD.size, count - 1)
 
 

@@ -102,6 +102,8 @@ def test_results_round_trip_and_match_the_general_encoding(value):
     reply = P.encode_result(value)
     assert reply == P.encode_return([value])
     assert P.decode_result_frame(reply, MAX_FRAME << 10) == value
+    scalar = P.encode_scalar_result(value)
+    assert scalar == (reply if type(value) in (int, float) else None)
 
 
 def test_nan_and_subclasses_encode_as_the_general_codec_does():
@@ -112,6 +114,9 @@ def test_nan_and_subclasses_encode_as_the_general_codec_does():
         assert P.encode_call(7, args) == P.encode_request(P.CALL, [FunctionHandle(7), *args])
     for value in (math.nan, True, Level.HIGH, None):
         assert P.encode_result(value) == P.encode_return([value])
+    assert P.encode_scalar_result(math.nan) == P.encode_result(math.nan)
+    for value in (True, Level.HIGH, None, 2**63, "1"):
+        assert P.encode_scalar_result(value) is None
     assert math.isnan(P.decode_result_frame(P.encode_result(math.nan), MAX_FRAME))
     assert P.decode_result_frame(P.encode_result(True), MAX_FRAME) is True
 

@@ -212,9 +212,6 @@ def encode_scalar_call(function_id: int, args) -> bytes | None:
 
 def encode_call(function_id: int, args=()) -> bytes:
     """A CALL request of function ``function_id`` with ``args``."""
-    request = encode_scalar_call(function_id, args)
-    if request is not None:
-        return request
     payload = encode_items(args)
     return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
                            function_id) + payload
@@ -257,16 +254,21 @@ def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, Sequence]
     return function_id, decode_items(data, _CALL_HEAD.size, count - 1)
 
 
-def encode_result(value) -> bytes:
-    """A RETURN frame carrying the one value of a CALL's result."""
+def encode_scalar_result(value) -> bytes | None:
+    """The RETURN frame in one pack when ``value`` is an exact int (in range) or float, else None."""
     kind = type(value)
     if kind is int:
         try:
             return _INT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT, value)
         except struct.error:
-            pass  # out of range: the general encoder says so
-    elif kind is float:
+            return None  # out of range: encode_result says so
+    if kind is float:
         return _FLOAT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_FLOAT, value)
+    return None
+
+
+def encode_result(value) -> bytes:
+    """A RETURN frame carrying the one value of a CALL's result."""
     payload = encode_items((value,))
     return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
 

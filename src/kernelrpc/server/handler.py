@@ -65,8 +65,8 @@ class SessionHandler:
         """
         conn = self.conn
         recv_chunk, feed, send = conn.recv_chunk, conn.reader.feed, conn.sock.sendall
-        decode_call_frame, encode_result, max_frame_bytes = P.decode_call_frame, P.encode_result, \
-            self.config.max_frame_bytes
+        decode_call_frame, encode_scalar_result, max_frame_bytes = P.decode_call_frame, \
+            P.encode_scalar_result, self.config.max_frame_bytes
         objects, CALL = self._objects, P.CALL
         while True:
             chunk = recv_chunk()
@@ -91,10 +91,9 @@ class SessionHandler:
                     if type(args) is not tuple:  # a tuple holds ints and floats only (decode_call_frame)
                         args = self._args_to_local(args)
                     result = func(*args)
-                    try:
-                        reply = encode_result(result)
-                    except TypeError:  # a runtime object: it stays here and travels as a handle
-                        reply = encode_result(self._to_wire(result))
+                    reply = encode_scalar_result(result)
+                    if reply is None:
+                        reply = P.encode_result(result if type(result) in _PLAIN else self._to_wire(result))
                 except ConnectionLost:
                     raise
                 except Exception as exc:  # reported to the client, the session goes on

@@ -28,6 +28,25 @@ def test_echo_round_trips_every_argument_type(session):
     assert dev.device_type == "cpu" and dev.session is session
 
 
+def test_scalar_calls_take_the_fast_path_with_edge_values(session):
+    echo = session.get_function("testing.echo")
+    for value in (2**63 - 1, -2**63, -0.0, float("inf"), 5e-324, True, False):
+        assert repr(echo(value)) == repr(value)
+    assert echo() == [] and echo(1, 2.5, -3) == [1, 2.5, -3] and echo(*range(7)) == list(range(7))
+    with pytest.raises(kernelrpc.ProtocolError, match="64 bits"):
+        echo(2**63)
+    assert echo(7) == 7  # the session goes on
+
+
+def test_calls_and_results_longer_than_one_small_read(session):
+    echo = session.get_function("testing.echo")
+    text = "long " * 50_000
+    assert echo(text) == text
+    assert echo(*range(100)) == list(range(100))
+    tensors = [session.empty((2, 3), "float32") for _ in range(12)]
+    assert [t.shape for t in echo(*tensors)] == [(2, 3)] * 12
+
+
 def test_tensor_round_trip_keeps_bytes_exactly(session):
     source = np.random.default_rng(0).standard_normal((3, 5, 7)).astype("float32")
     remote = nd.array(source, session.cpu(0))

@@ -91,7 +91,8 @@ class RPCSession:
     def __init__(self, sock: socket.socket, info: dict, where: str, initial: bytes = b"") -> None:
         self.info = info
         self.address = where
-        self._conn = FramedSocket(sock, int(info["max_frame_bytes"]), initial)
+        self._max_frame_bytes = int(info["max_frame_bytes"])
+        self._conn = FramedSocket(sock, self._max_frame_bytes, initial)
         self._lock = threading.Lock()
         self._closed = False
         self._to_free: list = []
@@ -115,8 +116,39 @@ class RPCSession:
         return decode_values(self._exchange(P.encode_request(op, args), raw))
 
     def _call(self, function_id: int, args):
-        """Call a remote function with wire-ready arguments; its result as a wire value."""
-        return P.decode_result(self._exchange(P.encode_call(function_id, args)))
+        """Call a remote function; its result as a wire value."""
+        request = P.encode_scalar_call(function_id, args)
+        if request is None:
+            request = P.encode_call(function_id, self._args_to_wire(args))
+        conn = self._conn
+        lock = self._lock
+        lock.acquire()
+        try:
+            if not self._to_free and not self._closed:
+                try:
+                    conn.sock.sendall(request)
+                except OSError as exc:
+                    raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+            else:
+                self._send(request, None)
+            try:
+                chunk = conn.recv_chunk()
+            except ConnectionLost as exc:
+                raise self._lost(exc) from None
+            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+                self._mark_closed()
+                raise
+            if chunk is not None:
+                result = P.decode_result_frame(chunk, self._max_frame_bytes)
+                if result is not P.NOT_ONE_FRAME:
+                    return result
+                conn.reader.feed(chunk)
+            frame = self._receive()
+            if frame[0] != P.RETURN:
+                self._fail(frame, P.RETURN)
+        finally:
+            lock.release()
+        return P.decode_result(frame[1])
 
     def _exchange(self, request: bytes, raw=None) -> bytes:
         """Send an encoded request (and a raw stream after it); the body of the RETURN reply."""
@@ -130,13 +162,7 @@ class RPCSession:
                     raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
             else:
                 self._send(request, raw)
-            try:
-                frame = self._conn.recv_frame()
-            except (ConnectionLost, ProtocolError) as exc:
-                raise self._lost(exc) from None
-            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
-                self._mark_closed()
-                raise
+            frame = self._receive()
             if frame[0] != P.RETURN:
                 self._fail(frame, P.RETURN)
         finally:
@@ -165,10 +191,14 @@ class RPCSession:
                 raise
 
     def _receive(self) -> tuple[int, bytes]:
+        """The next reply frame."""
         try:
             return self._conn.recv_frame()
         except (ConnectionLost, ProtocolError) as exc:
             raise self._lost(exc) from None
+        except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+            self._mark_closed()
+            raise
 
     def _expect(self, frame: tuple[int, bytes], frame_type: int):
         """The RETURN values or DATA length of a reply, or the error that the reply stands for."""
@@ -230,6 +260,12 @@ class RPCSession:
             self._mark_closed()
 
     # ------------------------------------------------------------ values
+
+    def _args_to_wire(self, args):
+        for arg in args:
+            if type(arg) not in _PLAIN:
+                return [self._to_wire(a) for a in args]
+        return args
 
     def _to_wire(self, value):
         if type(value) in _PLAIN:
@@ -398,10 +434,6 @@ class Function(_Remote):
 
     def __call__(self, *args):
         session = self._session
-        for arg in args:
-            if type(arg) not in _PLAIN:
-                args = [session._to_wire(a) for a in args]
-                break
         result = session._call(self._id, args)
         return result if type(result) in _PLAIN else session._from_wire(result)
 

@@ -18,10 +18,11 @@ import dataclasses
 import json
 import re
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..errors import ProtocolError, VersionMismatch
-from .values import (T_FUNCTION, decode_items, decode_single, decode_values, encode_items,
+from .values import (T_FLOAT, T_FUNCTION, T_INT, decode_items, decode_single, decode_values, encode_items,
                      encode_values)
 
 PROTOCOL_NAME = "kernelrpc"
@@ -170,6 +171,43 @@ _CALL_HEAD = struct.Struct("<IBBIBQ")  # frame header, op, value count, function
 _CALL_FIXED = _CALL_HEAD.size - HEADER_SIZE
 _CALL_BODY = struct.Struct("<xIBQ")
 _RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
+_RESULT_FIRST = struct.Struct("<IBIB")  # frame header, value count, first tag
+_SCALAR_LENGTH = 9  # an int or float value: tag and 8 bytes
+# Single packs for the commonest calls and results: one int or float argument, an int or float result.
+_ONE_INT_CALL = struct.Struct("<IBBIBQBq")
+_ONE_FLOAT_CALL = struct.Struct("<IBBIBQBd")
+_INT_RESULT = struct.Struct("<IBIBq")
+_FLOAT_RESULT = struct.Struct("<IBIBd")
+_INT_RESULT_PREFIX = _RESULT_FIRST.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT)
+_INT_RESULT_FRAME = struct.Struct(f"<{_RESULT_FIRST.size}sq")
+_INT_ARG = struct.Struct("<q")  # unpacks the one argument of a CALL straight into the args tuple
+_FLOAT_ARG = struct.Struct("<d")
+
+NOT_ONE_FRAME = object()
+"""What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
+
+
+def encode_scalar_call(function_id: int, args) -> bytes | None:
+    """The CALL request in one pack when ``args`` is empty or one exact int or float, else None.
+
+    Those are the calls a measurement loop repeats; a caller that gets None converts its
+    arguments to wire values and uses encode_call.
+    """
+    if len(args) == 1:
+        kind = type(args[0])
+        try:
+            if kind is int:
+                return _ONE_INT_CALL.pack(_CALL_FIXED + _SCALAR_LENGTH, REQUEST, CALL, 2, T_FUNCTION,
+                                          function_id, T_INT, args[0])
+            if kind is float:
+                return _ONE_FLOAT_CALL.pack(_CALL_FIXED + _SCALAR_LENGTH, REQUEST, CALL, 2, T_FUNCTION,
+                                            function_id, T_FLOAT, args[0])
+        except struct.error:
+            pass  # out of range: encode_call says which value
+        return None
+    if not args:
+        return _CALL_HEAD.pack(_CALL_FIXED, REQUEST, CALL, 1, T_FUNCTION, function_id)
+    return None
 
 
 def encode_call(function_id: int, args=()) -> bytes:
@@ -189,6 +227,46 @@ def decode_call(body: bytes) -> tuple[int, list]:
     return function_id, decode_items(body, _CALL_FIXED, count - 1)
 
 
+def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, Sequence] | None:
+    """``(function_id, args)`` if ``data`` is exactly one whole CALL request frame, else None.
+
+    ``args`` is a tuple when there is none or one int or float (nothing built per value: the
+    calls that measurement loops repeat), else a list.
+
+    The fast path for a read that holds one request; None leaves every other case (partial or
+    several frames, other frame types and ops, bad headers) to FrameReader and decode_request.
+    """
+    if len(data) < _CALL_HEAD.size:
+        return None
+    length, frame_type, op, count, tag, function_id = _CALL_HEAD.unpack_from(data)
+    if length + HEADER_SIZE != len(data) or frame_type != REQUEST or op != CALL or length > max_frame_bytes:
+        return None
+    if tag != T_FUNCTION or count == 0:
+        raise ProtocolError("CALL needs a function handle first")
+    if count == 2 and length == _CALL_FIXED + _SCALAR_LENGTH:
+        arg_tag = data[_CALL_HEAD.size]
+        if arg_tag == T_INT:
+            return function_id, _INT_ARG.unpack_from(data, _CALL_HEAD.size + 1)
+        if arg_tag == T_FLOAT:
+            return function_id, _FLOAT_ARG.unpack_from(data, _CALL_HEAD.size + 1)
+    elif count == 1 and length == _CALL_FIXED:
+        return function_id, ()
+    return function_id, decode_items(data, _CALL_HEAD.size, count - 1)
+
+
+def encode_scalar_result(value) -> bytes | None:
+    """The RETURN frame in one pack when ``value`` is an exact int (in range) or float, else None."""
+    kind = type(value)
+    if kind is int:
+        try:
+            return _INT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT, value)
+        except struct.error:
+            return None  # out of range: encode_result says so
+    if kind is float:
+        return _FLOAT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_FLOAT, value)
+    return None
+
+
 def encode_result(value) -> bytes:
     """A RETURN frame carrying the one value of a CALL's result."""
     payload = encode_items((value,))
@@ -196,6 +274,23 @@ def encode_result(value) -> bytes:
 
 
 decode_result = decode_single
+
+
+def decode_result_frame(data: bytes, max_frame_bytes: int):
+    """The result in ``data`` if it is exactly one whole RETURN frame, else ``NOT_ONE_FRAME``.
+
+    A malformed value in a whole RETURN frame raises ProtocolError, as decode_result does.
+    """
+    if len(data) == _INT_RESULT_FRAME.size:
+        prefix, value = _INT_RESULT_FRAME.unpack(data)
+        if prefix == _INT_RESULT_PREFIX:
+            return value
+    if len(data) < HEADER_SIZE:
+        return NOT_ONE_FRAME
+    length, frame_type = _HEADER.unpack_from(data)
+    if length + HEADER_SIZE != len(data) or frame_type != RETURN or length > max_frame_bytes:
+        return NOT_ONE_FRAME
+    return decode_single(data[HEADER_SIZE:])
 
 
 def encode_return(values=()) -> bytes:

@@ -12,6 +12,10 @@ from ..errors import ConnectionLost
 from .protocol import DEFAULT_MAX_FRAME_BYTES, FrameReader
 
 _RECV_CHUNK = 1 << 16
+# What recv_chunk asks for: room for any scalar CALL or RETURN and a few tensor handles, and
+# small enough that CPython takes the bytes object from its small-object allocator (at most 512
+# bytes with the object header) instead of malloc-ing and shrinking 64 KiB on every call.
+_FIRST_READ = 448
 
 
 class FramedSocket:
@@ -55,6 +59,23 @@ class FramedSocket:
         if n == 0:
             raise ConnectionLost("the peer closed the connection")
         self.reader.feed(memoryview(self._scratch)[:n])
+
+    def recv_chunk(self) -> bytes | None:
+        """One small read straight from the socket, or None while frame bytes are buffered.
+
+        The fast path for requests and replies that arrive whole in one read: the caller decodes
+        the chunk itself, or hands it back with ``reader.feed`` and goes on with ``recv_frame``
+        (a frame longer than the read costs one more read there).
+        """
+        if self.reader.pending:
+            return None
+        try:
+            data = self.sock.recv(_FIRST_READ)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if not data:
+            raise ConnectionLost("the peer closed the connection")
+        return data
 
     def recv_frame(self) -> tuple[int, bytes]:
         """The next frame as ``(type, body)``."""

@@ -112,7 +112,14 @@ def encode_items(values) -> bytes:
     """The tagged values without their count (the caller writes the count)."""
     parts = []
     for value in values:
-        encoder = _ENCODERS.get(type(value))
+        kind = type(value)
+        if kind is int:  # the common argument, without a call per value
+            try:
+                parts.append(_TAG_I64.pack(T_INT, value))
+            except struct.error:
+                _enc_int(value, parts, 0)
+            continue
+        encoder = _ENCODERS.get(kind)
         if encoder is None:
             _encode_other(value, parts, 0)
         else:
@@ -298,8 +305,13 @@ def _read_items(data, pos: int, count: int, depth: int) -> tuple[list, int]:
     decoders = _DECODERS
     try:
         for _ in range(count):
-            value, pos = decoders[data[pos]](data, pos + 1, depth)
-            out.append(value)
+            tag = data[pos]
+            if tag == T_INT:  # the common argument, without a call per value
+                out.append(_I64.unpack_from(data, pos + 1)[0])
+                pos += 9
+            else:
+                value, pos = decoders[tag](data, pos + 1, depth)
+                out.append(value)
     except IndexError:
         raise ProtocolError(f"truncated message or unknown value tag at offset {pos}") from None
     return out, pos

@@ -57,35 +57,78 @@ class SessionHandler:
         }
 
     def serve(self) -> None:
-        """Answer requests until the client shuts the session down or disconnects."""
-        recv_frame, send, ops, call = self.conn.recv_frame, self.conn.sock.sendall, self._ops, self._call
-        request, shutdown, decode_call, CALL = P.REQUEST, P.SHUTDOWN, P.decode_call, P.CALL
+        """Answer requests until the client shuts the session down or disconnects.
+
+        CALL, the request that measurement loops repeat, is served inline: usually it arrives
+        whole in one read and is decoded straight from it, and the function is called here
+        rather than through the table of operations.
+        """
+        conn = self.conn
+        recv_chunk, feed, send = conn.recv_chunk, conn.reader.feed, conn.sock.sendall
+        decode_call_frame, encode_scalar_result, max_frame_bytes = P.decode_call_frame, \
+            P.encode_scalar_result, self.config.max_frame_bytes
+        objects, CALL = self._objects, P.CALL
         while True:
-            frame_type, body = recv_frame()
-            if frame_type != request:
-                raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
-            if body and body[0] == CALL:  # the request a measurement loop repeats: no dispatch
-                op, args = CALL, decode_call(body)
-                handler = call
-            else:
-                op, args = P.decode_request(body)
-                if op == shutdown:
+            chunk = recv_chunk()
+            call = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
+            if call is None:
+                if chunk is not None:
+                    feed(chunk)
+                op, args = self._next_request()
+                if op == CALL:
+                    call = args
+                elif op == P.SHUTDOWN:
                     return
-                handler = ops[op]
-            try:
-                reply = handler(args)
-            except ConnectionLost:
-                raise
-            except Exception as exc:  # reported to the client, the session goes on
-                if op in P.OPS_WITH_RAW_INPUT and not getattr(exc, "raw_consumed", False):
-                    self._skip_raw_input(args)
-                log.debug("%s failed", P.OPS[op], exc_info=True)
-                reply = P.encode_error(type(exc).__name__, str(exc), traceback.format_exc())
+                else:
+                    reply = self._answer(op, args)
+            if call is not None:
+                function_id, args = call
+                try:
+                    func = objects.get(function_id)
+                    if func is None:
+                        raise LookupError(f"no function with handle {function_id} in this session "
+                                          "(freed already?)")
+                    if type(args) is not tuple:  # a tuple holds ints and floats only (decode_call_frame)
+                        args = self._args_to_local(args)
+                    result = func(*args)
+                    reply = encode_scalar_result(result)
+                    if reply is None:
+                        reply = P.encode_result(result if type(result) in _PLAIN else self._to_wire(result))
+                except ConnectionLost:
+                    raise
+                except Exception as exc:  # reported to the client, the session goes on
+                    log.debug("CALL failed", exc_info=True)
+                    reply = self._error_reply(CALL, args, exc)
             if reply is not None:
                 try:
                     send(reply)
                 except OSError as exc:
                     raise ConnectionLost(f"connection lost while sending: {exc}") from exc
+
+    def _next_request(self) -> tuple[int, object]:
+        """``(op, args)`` of the next request frame; for CALL, args is ``(function_id, args)``."""
+        frame_type, body = self.conn.recv_frame()
+        if frame_type != P.REQUEST:
+            raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
+        if body and body[0] == P.CALL:
+            return P.CALL, P.decode_call(body)
+        return P.decode_request(body)
+
+    def _answer(self, op: int, args: list) -> bytes | None:
+        """The reply to a request other than CALL (None when the operation sent it itself)."""
+        try:
+            return self._ops[op](args)
+        except ConnectionLost:
+            raise
+        except Exception as exc:  # reported to the client, the session goes on
+            log.debug("%s failed", P.OPS[op], exc_info=True)
+            return self._error_reply(op, args, exc)
+
+    def _error_reply(self, op: int, args, exc: Exception) -> bytes:
+        """The ERROR frame for a failed request, after dropping any raw bytes that followed it."""
+        if op in P.OPS_WITH_RAW_INPUT and not getattr(exc, "raw_consumed", False):
+            self._skip_raw_input(args)
+        return P.encode_error(type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
 
     def _skip_raw_input(self, args: list) -> None:
         nbytes = args[-1] if args and type(args[-1]) is int else -1
@@ -112,6 +155,12 @@ class SessionHandler:
         if not isinstance(value, TensorHandle):
             raise ProtocolError(f"expected a tensor handle, got {type(value).__name__}")
         return self._lookup(value.id, runtime.Tensor, "tensor")
+
+    def _args_to_local(self, args: list) -> list:
+        for arg in args:
+            if type(arg) not in _PLAIN:
+                return [self._to_local(a) for a in args]
+        return args
 
     def _to_local(self, value):
         """A decoded argument as the runtime object it stands for."""
@@ -180,18 +229,6 @@ class SessionHandler:
         module_handle, name = _expect(args, ModuleHandle, str)
         module = self._lookup(module_handle.id, runtime.Module, "module")
         return P.encode_return([FunctionHandle(self._put(module.get_function(name)))])
-
-    def _call(self, request: tuple[int, list]):
-        function_id, args = request
-        func = self._objects.get(function_id)
-        if func is None:
-            raise LookupError(f"no function with handle {function_id} in this session (freed already?)")
-        for arg in args:
-            if type(arg) not in _PLAIN:
-                args = [self._to_local(a) for a in args]
-                break
-        result = func(*args)
-        return P.encode_result(result if type(result) in _PLAIN else self._to_wire(result))
 
     def _free(self, args):
         for value in args:

@@ -28,6 +28,16 @@ def test_echo_round_trips_every_argument_type(session):
     assert dev.device_type == "cpu" and dev.session is session
 
 
+def test_numpy_scalars_travel_as_python_scalars(session):
+    import numpy as np
+
+    echo = session.get_function("testing.echo")
+    for value in (np.int64(-5), np.int32(7), np.float32(0.5), np.float64(2.25), np.bool_(True)):
+        result = echo(value)
+        assert type(result) is type(value.item()) and result == value.item()
+    assert echo(np.zeros((2, 2), "float32")).shape == (2, 2)  # arrays still become tensors
+
+
 def test_scalar_calls_take_the_fast_path_with_edge_values(session):
     echo = session.get_function("testing.echo")
     for value in (2**63 - 1, -2**63, -0.0, float("inf"), 5e-324, True, False):

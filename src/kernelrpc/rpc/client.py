@@ -278,10 +278,10 @@ class RPCSession:
             return DeviceValue(value.device_type, value.device_id)
         if isinstance(value, (list, tuple)):
             return [self._to_wire(v) for v in value]
+        if type(value).__module__ == "numpy" and type(value).__name__ != "ndarray":
+            return value.item()  # numpy scalars travel as Python scalars, not 0-d tensors
         if hasattr(value, "__array_interface__") or type(value).__name__ == "Tensor":
             return _inline_tensor(value)
-        if type(value).__module__ == "numpy":  # numpy scalars
-            return value.item()
         return value
 
     def _from_wire(self, value):

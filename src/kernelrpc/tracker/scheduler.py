@@ -191,8 +191,7 @@ class Scheduler:
         stats = queue.stats
         stats.matches += 1
         stats.queue_wait_total += wait
-        if wait > stats.queue_wait_max:
-            stats.queue_wait_max = wait
+        stats.queue_wait_max = max(stats.queue_wait_max, wait)
         return Match(request.client, slot, wait)
 
     def _discard_free(self, slot: Slot) -> None:

@@ -214,3 +214,16 @@ def test_cancelled_requests_do_not_pile_up():
         s.drop(f"c{i}", now=i)
     assert len(s._queues["k"].waiting) < 100
     assert served(s.put("srv", "k", "h", 1, "k:1", now=1)) == [("stays", "k:1")]
+
+
+def test_request_served_at_once_past_cancelled_waiters_and_counted():
+    s = Scheduler()
+    s.request("gone", "k", 9, now=0)
+    s.drop("gone", now=1)
+    assert s.put("srv", "k", "h", 1, "k:1", now=2) == []        # only a cancelled waiter: the slot stays free
+    matches = s.request("cl", "k", 1, now=5)
+    assert served(matches) == [("cl", "k:1")] and matches[0].queue_wait == 0
+    assert s.waiting_count("cl") == 0 and s.pending_matchkeys("srv") == []
+    assert s.queue_info()["k"] == {"free": 0, "pending": 0}
+    assert s.key_stats()["k"]["matches"] == 1
+    assert [x["client"] for x in s.lease_info(6, describe=str)] == ["cl"]

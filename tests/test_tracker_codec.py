@@ -1,10 +1,19 @@
+import json
 import struct
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc.tracker_codec import FrameDecoder, MAGIC_BYTES, check_magic, encode_frame
+from kernelrpc.rpc.tracker_codec import (
+    MAGIC_BYTES,
+    FrameDecoder,
+    check_magic,
+    decode_json,
+    encode_address_reply,
+    encode_frame,
+)
 
 
 def test_frames_match_tvm_capture():
@@ -67,3 +76,19 @@ def test_arbitrary_bytes_raise_only_protocol_error(data):
         FrameDecoder().feed(data)
     except ProtocolError:
         pass
+
+
+@given(st.text(max_size=40), st.one_of(st.integers(0, 65535), st.integers(0, 65535).map(str)), st.text(max_size=40))
+def test_address_reply_is_the_generic_frame(host, port, matchkey):
+    assert encode_address_reply(host, port, matchkey) == encode_frame([0, [host, port, matchkey]])
+
+
+@pytest.mark.parametrize("text", ['[1]', ' [1]', '[1] ', '\n{"a": 1}\t', '[1] [2]', '', ' ', '[1', '\ufeff[1]', 'x'])
+def test_decode_json_is_json_loads(text):
+    try:
+        expected = json.loads(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            decode_json(text)
+    else:
+        assert decode_json(text) == expected

@@ -67,6 +67,15 @@ def _port(value, what: str = "port"):
 
 
 def _parse_put(msg: list) -> Put:
+    # Fast path: the shape every server sends, checked with exact types (JSON decodes to
+    # plain str/int/list); anything else takes the general checks below, which explain.
+    if len(msg) == 4:
+        key, slot, custom = msg[1], msg[2], msg[3]
+        if (type(key) is str and 0 < len(key) <= MAX_KEY_CHARS and type(slot) is list and len(slot) == 2
+                and type(slot[0]) is int and 0 <= slot[0] <= 65535
+                and type(slot[1]) is str and 0 < len(slot[1]) <= MAX_MATCHKEY_CHARS
+                and (custom is None or (type(custom) is str and 0 < len(custom) <= MAX_ADDR_CHARS))):
+            return Put(key, slot[0], slot[1], custom)
     if len(msg) not in (3, 4):
         raise ProtocolError("PUT is [3, key, [port, matchkey], custom_addr]")
     slot = msg[2]
@@ -80,6 +89,11 @@ def _parse_put(msg: list) -> Put:
 
 
 def _parse_request(msg: list) -> Request:
+    if len(msg) == 4:           # fast path, as in _parse_put
+        key, user, priority = msg[1], msg[2], msg[3]
+        if (type(key) is str and 0 < len(key) <= MAX_KEY_CHARS and type(user) is str and len(user) <= MAX_KEY_CHARS
+                and type(priority) is int and -MAX_PRIORITY <= priority <= MAX_PRIORITY):
+            return Request(key, user, priority)
     if len(msg) != 4:
         raise ProtocolError("REQUEST is [4, key, user, priority]")
     priority = msg[3]
@@ -124,6 +138,10 @@ _PARSERS = {
 
 def parse_message(msg) -> Put | Request | UpdateInfo | Simple | Stop:
     """Turn one decoded JSON message into a command; raise ProtocolError with the reason."""
+    if type(msg) is list and msg and type(msg[0]) is int:
+        parser = _PARSERS.get(msg[0])
+        if parser is not None:
+            return parser(msg)
     if not isinstance(msg, list) or not msg or isinstance(msg[0], bool) or not isinstance(msg[0], int):
         raise ProtocolError("a tracker message is a JSON list starting with an integer code")
     parser = _PARSERS.get(msg[0])

@@ -163,31 +163,35 @@ class Scheduler:
 
     def _schedule(self, queue: _Queue, now: float) -> list[Match]:
         matches = []
-        while queue.free:
+        while queue.free and queue.live_requests:
             request = queue.best_request()
-            if request is None:
-                break
             heapq.heappop(queue.waiting)
+            queue.live_requests -= 1
+            waiting = self._requests_of[request.client]
+            waiting.remove(request)
+            if not waiting:
+                del self._requests_of[request.client]
             _, slot = queue.free.popitem(last=False)
             matches.append(self._grant(queue, slot, request, now))
         return matches
 
     def _grant(self, queue: _Queue, slot: Slot, request: Request, now: float) -> Match:
-        queue.live_requests -= 1
-        self._requests_of[request.client].remove(request)
-        if not self._requests_of[request.client]:
-            del self._requests_of[request.client]
+        """Lease ``slot`` (already off the free list) to ``request`` (already off the waiting list)."""
         self._discard_free(slot)
-        expires = now + self.lease_timeout if slot.server in self._reporting else None
-        lease = Lease(slot, request, now, expires)
-        leases = self._leases_of.setdefault(slot.server, [])
-        leases.append(lease)
-        if len(leases) > self.max_leases_per_server:
-            del leases[0]
-        wait = lease.queue_wait
-        queue.stats.matches += 1
-        queue.stats.queue_wait_total += wait
-        queue.stats.queue_wait_max = max(queue.stats.queue_wait_max, wait)
+        server = slot.server
+        lease = Lease(slot, request, now, now + self.lease_timeout if server in self._reporting else None)
+        leases = self._leases_of.get(server)
+        if leases is None:
+            self._leases_of[server] = [lease]
+        else:
+            leases.append(lease)
+            if len(leases) > self.max_leases_per_server:
+                del leases[0]
+        wait = now - request.requested_at
+        stats = queue.stats
+        stats.matches += 1
+        stats.queue_wait_total += wait
+        stats.queue_wait_max = max(stats.queue_wait_max, wait)
         return Match(request.client, slot, wait)
 
     def _discard_free(self, slot: Slot) -> None:
@@ -219,7 +223,8 @@ class Scheduler:
 
     def put(self, server: Peer, key: str, host: str, port, matchkey: str, now: float) -> list[Match]:
         """A server offers a session.  Offering a port again ends the leases on that port."""
-        self._end_leases(server, now, port)
+        if server in self._leases_of:
+            self._end_leases(server, now, port)
         if matchkey in self._slots_of.get(server, ()):     # the same offer twice: keep the first
             return []
         slot = Slot(server, key, host, port, matchkey, now)
@@ -229,6 +234,9 @@ class Scheduler:
     def request(self, client: Peer, key: str, priority: int, now: float) -> list[Match]:
         queue = self._queue(key)
         request = Request(client, key, priority, next(self._seq), now)
+        if queue.free and not queue.live_requests:     # nobody waits ahead of it: served at once
+            _, slot = queue.free.popitem(last=False)
+            return [self._grant(queue, slot, request, now)]
         heapq.heappush(queue.waiting, (-priority, request.seq, request))
         queue.live_requests += 1
         self._requests_of.setdefault(client, []).append(request)

@@ -16,7 +16,13 @@ import socket
 import time
 
 from ..errors import ProtocolError
-from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, encode_frame
+from ..rpc.tracker_codec import (
+    MAGIC_BYTES,
+    FrameDecoder,
+    TrackerCode,
+    encode_address_reply,
+    encode_frame,
+)
 from . import messages
 from .scheduler import Match, Scheduler
 
@@ -231,7 +237,8 @@ class TrackerService:
             match = matches.pop(0)
             client: TrackerConnection = match.client
             if client.alive:
-                client.send([TrackerCode.SUCCESS, match.slot.address])
+                slot = match.slot
+                client.write(encode_address_reply(slot.host, slot.port, slot.matchkey))
                 continue
             self.scheduler.drop_client(client)
             matches += self.scheduler.cancel(match, self._clock())

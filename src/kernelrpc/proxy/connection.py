@@ -30,7 +30,7 @@ def enable_keepalive(sock: socket.socket) -> None:
 
 
 class PeerConnection:
-    websocket = False
+    decoder = None  # a WebSocket peer's frame decoder (WebSocketConnection)
     read_bytes = _READ_BYTES
 
     def __init__(self, service, sock: socket.socket, addr) -> None:
@@ -126,7 +126,6 @@ class WebSocketConnection(PeerConnection):
     ``decoder`` (kept for the relay) holds any partial frame when the peer is paired.
     """
 
-    websocket = True
     read_bytes = ws.MAX_REQUEST_BYTES + 1024
 
     def __init__(self, service, sock: socket.socket, addr) -> None:

@@ -35,9 +35,10 @@ import sys
 import threading
 import time
 
+from .relay import BUFFER_BYTES
+
 logger = logging.getLogger(__name__)
 
-BUFFER_BYTES = 1 << 20
 #: Reads shorter than this look like requests and replies and (re)start the polling
 #: window; bulk transfers do not, so they do not take a core from the peers.
 SHORT_READ_BYTES = 16 << 10

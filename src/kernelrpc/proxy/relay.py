@@ -28,10 +28,17 @@ _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK
 SPLICE_AVAILABLE = hasattr(os, "splice")
 
 
-class PipeBuffer:
-    """A kernel pipe between two sockets; bytes move with splice(2)."""
+class RelayBuffer:
+    """What :class:`Relay` asks of a direction's buffer besides ``fill``/``drain``/``put``."""
 
     src_closed = False  # set by buffers that see the end inside the stream (a close frame)
+
+    def farewell(self, dst: socket.socket) -> None:
+        """Last bytes for ``dst`` when the pair ends; plain streams have none."""
+
+
+class PipeBuffer(RelayBuffer):
+    """A kernel pipe between two sockets; bytes move with splice(2)."""
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -79,10 +86,8 @@ class PipeBuffer:
         os.close(self._w)
 
 
-class CopyBuffer:
+class CopyBuffer(RelayBuffer):
     """A user-space buffer: ``recv_into`` then ``send``."""
-
-    src_closed = False
 
     def __init__(self) -> None:
         self._buf = bytearray(BUFFER_BYTES)
@@ -179,9 +184,7 @@ class Relay:
             if on:
                 (self._loop.remove_reader if kind == "r" else self._loop.remove_writer)(fd)
         for pump in self._pumps:
-            farewell = getattr(pump.buffer, "farewell", None)
-            if farewell is not None:
-                farewell(pump.dst)
+            pump.buffer.farewell(pump.dst)
         for pump in self._pumps:
             pump.src.close()
             pump.buffer.close()

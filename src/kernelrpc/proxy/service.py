@@ -4,17 +4,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import socket
 
 from ..errors import HandshakeError
 from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
+from ..runtime.threads import usable_cores
 from .connection import PeerConnection, WebSocketConnection
-from .native_relay import BUFFER_BYTES, NativeRelay, NativeRelayUnavailable, relay_function
+from .native_relay import NativeRelay, NativeRelayUnavailable, relay_function
 from .pairing import Matchmaker, Waiter
-from .relay import SPLICE_AVAILABLE, Relay
+from .relay import BUFFER_BYTES, SPLICE_AVAILABLE, Relay
 from .ws_relay import websocket_buffers
 
 logger = logging.getLogger(__name__)
@@ -208,14 +208,13 @@ class ProxyService:
         return removed
 
     def _make_relay(self, a: PeerConnection, b: PeerConnection, **kwargs):
-        if a.websocket or b.websocket:
-            buffers = websocket_buffers(a.decoder if a.websocket else None,
-                                        b.decoder if b.websocket else None)
+        if a.decoder is not None or b.decoder is not None:
+            buffers = websocket_buffers(a.decoder, b.decoder)
             return Relay(self._loop, a.sock, b.sock, buffers=buffers, **kwargs)
         if self.config.relay != "native":
             return Relay(self._loop, a.sock, b.sock, mode=self.config.relay, **kwargs)
         # Polling holds a core while a session is busy: only while cores are left for it.
-        spinning = len(self.relays) < len(os.sched_getaffinity(0))
+        spinning = len(self.relays) < usable_cores()
         spin_ns = int(self.config.relay_spin_us * 1000) if spinning else 0
         return NativeRelay(self._loop, a.sock, b.sock, spin_ns=spin_ns, **kwargs)
 

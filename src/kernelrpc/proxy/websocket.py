@@ -60,14 +60,12 @@ class UpgradeRequestParser:
     def feed(self, data: bytes) -> UpgradeRequest | None:
         self._buf += data
         end = self._buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buf) > MAX_REQUEST_BYTES:
-                raise UpgradeRejected("431 Request Header Fields Too Large",
-                                      f"request head over {MAX_REQUEST_BYTES} bytes")
-            return None
-        if end + 4 > MAX_REQUEST_BYTES:
+        head_bytes = end + 4 if end >= 0 else len(self._buf)  # so far, while incomplete
+        if head_bytes > MAX_REQUEST_BYTES:
             raise UpgradeRejected("431 Request Header Fields Too Large",
                                   f"request head over {MAX_REQUEST_BYTES} bytes")
+        if end < 0:
+            return None
         head, leftover = bytes(self._buf[:end]), bytes(self._buf[end + 4:])
         try:
             lines = head.decode("ascii").split("\r\n")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import socket
 
 from . import websocket as ws
+from .relay import BUFFER_BYTES, RelayBuffer
 
-BUFFER_BYTES = 1 << 20
 _MAX_HEADER = 10  # server frames are unmasked: 2 + 8 length bytes at most
 
 
-class WebSocketBuffer:
+class WebSocketBuffer(RelayBuffer):
     """One direction ``src -> dst`` where ``src`` (``decoder`` given) or ``dst`` (``encode``)
     or both speak WebSocket; ``reverse`` is the other direction, which carries our
     answers to ``src``'s pings."""
@@ -38,7 +38,7 @@ class WebSocketBuffer:
         return self.pending + _MAX_HEADER >= self.capacity
 
     def put(self, data: bytes) -> None:
-        """Queue bytes of the stream (the pairing reply) for ``dst``."""
+        """Queue bytes of the stream (the pairing reply, or what ``src`` sent) for ``dst``."""
         self._out += ws.encode_frame(ws.BINARY, data) if self._encode else data
 
     def put_frame(self, frame: bytes) -> None:
@@ -58,7 +58,7 @@ class WebSocketBuffer:
             return 0
         data = raw if self._decoder is None else self._unframe(raw)
         if data:
-            self._out += ws.encode_frame(ws.BINARY, data) if self._encode else data
+            self.put(data)
         return len(raw)
 
     def _unframe(self, raw: bytes) -> bytes:

@@ -134,14 +134,18 @@ def test_two_devices_with_the_same_key_are_both_usable(proxy):
     assert received == [0, 1]
 
 
-def _threads(pid: int) -> int:
+def _proc_status(pid: int, field: str) -> int:
+    """A number from /proc/PID/status (``Threads``; ``VmRSS`` in KiB)."""
     with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
 
 
 def test_many_concurrent_sessions_each_get_their_own_bytes_and_leave_no_threads(proxy):
     p = proxy()
-    baseline = _threads(p.proc.pid)
+    baseline = _proc_status(p.proc.pid, "Threads")
     pairs = [pair(p.address, f"many{i}") for i in range(40)]
     for i, (device, client) in enumerate(pairs):
         client.sendall(struct.pack("<i", i) * 1000)
@@ -153,9 +157,9 @@ def test_many_concurrent_sessions_each_get_their_own_bytes_and_leave_no_threads(
         client.close()
         assert is_closed(device)
     deadline = time.monotonic() + 10
-    while _threads(p.proc.pid) > baseline and time.monotonic() < deadline:
+    while _proc_status(p.proc.pid, "Threads") > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _threads(p.proc.pid) <= baseline
+    assert _proc_status(p.proc.pid, "Threads") <= baseline
 
 
 def test_exact_matchkey_picks_that_device_and_a_gone_key_is_refused_at_once(proxy):
@@ -210,19 +214,11 @@ def test_silent_and_half_sent_peers_are_closed_without_stalling_others(proxy):
     assert is_closed(silent) and is_closed(half)
 
 
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
-
-
 @pytest.mark.parametrize("relay", ["native", "splice", "copy"])
 def test_slow_reader_applies_backpressure_without_memory_growth(proxy, relay):
     p = proxy("--relay", relay)
     device, client = pair(p.address, "slow")
-    rss_before = _rss_kib(p.proc.pid)
+    rss_before = _proc_status(p.proc.pid, "VmRSS")
     client.setblocking(False)
     pattern = memoryview(bytes(range(256)) * 8192)  # 2 MiB; byte i of the stream is i % 256
     sent = 0
@@ -233,7 +229,7 @@ def test_slow_reader_applies_backpressure_without_memory_growth(proxy, relay):
             sent += client.send(pattern[sent % 256:sent % 256 + (1 << 20)])
         except BlockingIOError:
             pass
-    growth_mib = (_rss_kib(p.proc.pid) - rss_before) / 1024
+    growth_mib = (_proc_status(p.proc.pid, "VmRSS") - rss_before) / 1024
     print(f"sent {sent / 2**20:.1f} MiB before blocking; proxy RSS grew {growth_mib:.1f} MiB")
     assert sent < 128 << 20, "the proxy kept reading from the client although the device did not"
     assert growth_mib < 32

@@ -68,6 +68,10 @@ class WebSocketPeer:
 
     def handshake(self, key: str) -> hs.Reply:
         self.send(hs.encode_preamble(key))
+        return self.read_reply()
+
+    def read_reply(self) -> hs.Reply:
+        """The proxy's pairing reply, from the data messages that carry it."""
         parser, reply = hs.ReplyParser(), None
         while reply is None:
             event = self.next_event()
@@ -82,9 +86,7 @@ def test_websocket_device_and_tcp_client_relay_both_ways(proxy):
     device.send(hs.encode_preamble("server:browser"))
     client = connect(p.address, "client:browser")
     assert read_reply(client)[0].key == "server:browser"
-    parser, reply = hs.ReplyParser(), None
-    while reply is None:
-        reply = parser.feed(device.next_event().payload)
+    reply = device.read_reply()
     assert reply.ok and reply.key == "client:browser"
 
     payload = os.urandom(3 << 20)

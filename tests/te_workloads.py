@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kernelrpc import te
-from kernelrpc.te import recipes
+from kernelrpc.compiler import recipes
 
 
 gemm = recipes.matmul

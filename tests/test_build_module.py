@@ -14,8 +14,8 @@ import kernelrpc
 from kernelrpc import nd, te
 from kernelrpc.deploy.toolchain import ToolchainError
 from kernelrpc.te import Target
-from kernelrpc.te.codegen import CodegenError
-from kernelrpc.te.target import TargetError
+from kernelrpc.compiler.codegen import CodegenError
+from kernelrpc.compiler.target import TargetError
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import struct
 import numpy as np
 import pytest
 
-from kernelrpc.te import expr as E
-from kernelrpc.te import ir
-from kernelrpc.te.build import build
-from kernelrpc.te.codegen import CodegenError
+from kernelrpc.compiler import expr as E
+from kernelrpc.compiler import ir
+from kernelrpc.compiler.build import build
+from kernelrpc.compiler.codegen import CodegenError
 
 c = E.const
 

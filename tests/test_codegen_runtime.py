@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from kernelrpc.deploy.toolchain import ToolchainError, create_shared, find_host_cc
-from kernelrpc.te.codegen import compile_ir, runtime_ir
-from kernelrpc.te.target import Target
+from kernelrpc.compiler.codegen import compile_ir, runtime_ir
+from kernelrpc.compiler.target import Target
 
 # add_one(args): args[0] = float*, args[1] = int64* count; runs on the pool, one chunk per task,
 # and returns 7 when the first element is negative (to test error propagation).

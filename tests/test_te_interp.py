@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from kernelrpc import te
-from kernelrpc.te import interp
+from kernelrpc.compiler import interp
 
 import te_workloads as W
 
@@ -189,8 +189,8 @@ def test_math_casts_and_integer_division():
 
 
 def test_interpreter_catches_out_of_bounds():
-    from kernelrpc.te.expr import const
-    from kernelrpc.te.ir import Buffer, PrimFunc, Store
+    from kernelrpc.compiler.expr import const
+    from kernelrpc.compiler.ir import Buffer, PrimFunc, Store
     buf = Buffer("X", (4,), "float32")
     f = PrimFunc("oob", [buf], Store(buf, const(1.0), const(4)))
     with pytest.raises(interp.IROutOfBounds):

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from kernelrpc import te
-from kernelrpc.te import interp, ir
-from kernelrpc.te.expr import FloatImm, IntImm, Var, const
-from kernelrpc.te.lower import PassConfigError
-from kernelrpc.te.lower.vectorize import vectorize_func
+from kernelrpc.compiler import interp, ir
+from kernelrpc.compiler.expr import FloatImm, IntImm, Var, const
+from kernelrpc.compiler.lower import PassConfigError
+from kernelrpc.compiler.lower.vectorize import vectorize_func
 
 import te_workloads as W
 

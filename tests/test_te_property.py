@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernelrpc import te
-from kernelrpc.te import interp
+from kernelrpc.compiler import interp
 
 import te_workloads as W
 

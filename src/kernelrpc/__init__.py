@@ -16,9 +16,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "cpu": (".runtime", "cpu"),
     "device": (".runtime", "device"),
-    "build": (".te", "build"),
-    "lower": (".te", "lower"),
-    "Target": (".te", "Target"),
+    "build": (".compiler", "build"),
+    "lower": (".compiler", "lower"),
+    "Target": (".compiler", "Target"),
     "te": (".te", None),
     "nd": (".nd", None),
     "rpc": (".rpc", None),

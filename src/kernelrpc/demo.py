@@ -21,7 +21,7 @@ def run(size: int, key: str, repeat: int) -> int:
 
     import kernelrpc
     from . import nd, rpc
-    from .te import recipes
+    from .compiler import recipes
 
     t0 = time.perf_counter()
     tracker = Service("kernelrpc.tracker", ["--host", "127.0.0.1", "--port", "0"])

@@ -354,9 +354,9 @@ def relay_function():
     if not sys.platform.startswith("linux") or struct.calcsize("P") != 8:
         raise NativeRelayUnavailable("the native relay needs 64-bit Linux")
     try:
-        from ..te.codegen.llvm_init import ensure_llvm
-        from ..te.codegen.runtime_ir import pause_ir
-        from ..te.target import Target
+        from ..compiler.codegen.llvm_init import ensure_llvm
+        from ..compiler.codegen.runtime_ir import pause_ir
+        from ..compiler.target import Target
 
         llvm = ensure_llvm()
         host = Target.host()

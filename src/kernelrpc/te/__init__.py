@@ -1,16 +1,20 @@
-"""Tensor expressions, schedules and lowering (the compiler frontend)."""
+"""TVM's ``tvm.te`` surface: tensor expressions and schedules, under the names TVM users know.
+
+The compiler itself (expressions, schedules, lowering, code generation, build, export) lives in
+:mod:`kernelrpc.compiler`; this module is the public face ``from kernelrpc import te`` imports.
+"""
 from __future__ import annotations
 
-from . import expr, ir
-from .expr import (all_of as all, any_of as any, call_math, const, floordiv, floormod, indexdiv,
-                   indexmod, truncdiv, truncmod)
-from .expr import if_then_else, max_value, min_value
-from .lower import LowerError, PassContext, lower
-from .schedule import Schedule, ScheduleError, Stage, create_schedule
-from .tensor import (IterVar, Range, Tensor, TensorError, compute, max, min, placeholder,
-                     reduce_axis, sum, var)
-from .build import BuiltModule, build  # the backend (LLVM via llvmlite)
-from .target import Target
+from ..compiler import expr, ir
+from ..compiler.expr import (all_of as all, any_of as any, call_math, const, floordiv, floormod,
+                              indexdiv, indexmod, truncdiv, truncmod)
+from ..compiler.expr import if_then_else, max_value, min_value
+from ..compiler.lower import LowerError, PassContext, lower
+from ..compiler.schedule import Schedule, ScheduleError, Stage, create_schedule
+from ..compiler.tensor import (IterVar, Range, Tensor, TensorError, compute, max, min,
+                                placeholder, reduce_axis, sum, var)
+from ..compiler.build import BuiltModule, build  # the backend (LLVM via llvmlite)
+from ..compiler.target import Target
 
 size_var = var
 

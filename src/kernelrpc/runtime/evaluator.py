@@ -1,5 +1,6 @@
 """time_evaluator on a local module: TVM's algorithm (timing.py) around the module's native
-``__kernelrpc_time`` loop."""
+``__kernelrpc_time`` loop, with the device's conditions (conditions.py) sampled before and after
+it (never inside a timed batch)."""
 from __future__ import annotations
 
 import ctypes
@@ -9,6 +10,7 @@ import time
 
 from .buffer import AlignedBuffer
 from .cacheflush import ScratchFlusher
+from .conditions import ConditionsProbe
 from .device import Device
 from .profile import MAX_RESULTS, ProfileResult
 from .timing import TimerState, TimingConfig, measure
@@ -70,6 +72,7 @@ class TimeEvaluator:
                                               MAX_CACHE_FLUSH_BYTES)
         self._flush_buffers: tuple[AlignedBuffer, AlignedBuffer] | None = None
         self._scratch = ScratchFlusher()
+        self._probe = ConditionsProbe()
 
     @property
     def number(self) -> int:
@@ -91,9 +94,12 @@ class TimeEvaluator:
         preproc = None
         if self.f_preproc == CACHE_FLUSH_NON_FIRST_ARG:
             preproc = functools.partial(self._flush_non_first, packed)
+        start = self._probe.snapshot()
         results = measure(self._state, self.config, warmup=lambda: function.invoke(packed),
                           run_batch=run_batch, preproc=preproc, sleep=time.sleep)
-        return ProfileResult(results, self._state.number, module.target, function.name)
+        conditions = self._probe.report(start)
+        return ProfileResult(results, self._state.number, module.target, function.name,
+                             conditions)
 
     def _cache_flush_buffers(self):
         """TVM's cache_flush_bytes: two int32 buffers; copying one into the other before every

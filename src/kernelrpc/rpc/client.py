@@ -26,6 +26,9 @@ from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, Te
                      decode_values, nbytes_of)
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+#: Transfers at least this large show a progress bar (where bars are shown: display.progress).
+PROGRESS_MIN_BYTES = 16 << 20
+_PROGRESS_CHUNK = 4 << 20
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
 
 
@@ -99,9 +102,26 @@ class RPCSession:
         timeout = float(info["session_timeout"])
         self._deadline = time.monotonic() + timeout if timeout else None
         self._timeout = timeout
+        #: Progress bars for large uploads and downloads: None = where someone watches
+        #: (a notebook or a terminal), True/False = always/never.
+        self.progress: bool | None = None
 
     def __repr__(self) -> str:
-        return f"RPCSession({self.address})"
+        if self._closed:
+            return f"<RPCSession {self.address} closed>"
+        detail = [f"{self.info.get('server', '?')} pid {self.info.get('pid', '?')}"]
+        if self._deadline is not None:
+            detail.append(f"{max(self._deadline - time.monotonic(), 0):.0f} s of "
+                          f"{self._timeout:g} s left")
+        return f"<RPCSession {self.address} ({', '.join(detail)})>"
+
+    def _transfer_bar(self, nbytes: int, desc: str):
+        """A byte progress bar for a transfer worth one, else None."""
+        if nbytes < PROGRESS_MIN_BYTES:
+            return None
+        from ..display import byte_progress, progress_enabled
+
+        return byte_progress(nbytes, desc) if progress_enabled(self.progress) else None
 
     def __enter__(self) -> "RPCSession":
         return self
@@ -324,11 +344,21 @@ class RPCSession:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 self._check_upload(size)
+                bar = self._transfer_bar(size, f"upload {target}")
                 with self._lock:
                     self._send(P.encode_request(P.UPLOAD, [target, size]), b"")
                     try:
-                        if size:
-                            self._conn.sock.sendfile(f, 0, size)
+                        if bar is None:
+                            if size:
+                                self._conn.sock.sendfile(f, 0, size)
+                        else:
+                            with bar:
+                                sent = 0
+                                while sent < size:
+                                    n = self._conn.sock.sendfile(
+                                        f, sent, min(_PROGRESS_CHUNK, size - sent))
+                                    sent += n
+                                    bar.update(n)
                     except OSError as exc:
                         raise self._lost(exc) from None
                     self._expect(self._receive(), P.RETURN)
@@ -337,7 +367,23 @@ class RPCSession:
             raise ValueError("upload of bytes needs a target name")
         view = memoryview(data).cast("B")
         self._check_upload(view.nbytes)
-        self._request(P.UPLOAD, [target, view.nbytes], view)
+        bar = self._transfer_bar(view.nbytes, f"upload {target}")
+        if bar is None:
+            self._request(P.UPLOAD, [target, view.nbytes], view)
+            return
+        with self._lock, bar:
+            self._send(P.encode_request(P.UPLOAD, [target, view.nbytes]), b"")
+            for start in range(0, view.nbytes, _PROGRESS_CHUNK):
+                part = view[start:start + _PROGRESS_CHUNK]
+                self._send_raw(part)
+                bar.update(part.nbytes)
+            self._expect(self._receive(), P.RETURN)
+
+    def _send_raw(self, data) -> None:
+        try:
+            self._conn.sock.sendall(data)
+        except OSError as exc:
+            raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
 
     def _check_upload(self, size: int) -> None:
         limit = self.info["max_upload_bytes"]
@@ -355,7 +401,16 @@ class RPCSession:
                 raise ProtocolError(f"the server announces a {nbytes}-byte download, beyond its own "
                                     "limits; refusing to allocate it")
             out = bytearray(nbytes)
-            self._recv_raw(out)
+            bar = self._transfer_bar(nbytes, f"download {name}")
+            if bar is None:
+                self._recv_raw(out)
+            else:
+                view = memoryview(out)
+                with bar:
+                    for start in range(0, nbytes, _PROGRESS_CHUNK):
+                        part = view[start:start + _PROGRESS_CHUNK]
+                        self._recv_raw(part)
+                        bar.update(part.nbytes)
         return out
 
     def _recv_raw(self, target) -> None:
@@ -510,7 +565,9 @@ class Module(_Remote):
         return self._session.get_function("runtime.module_set_num_threads")(self, n)
 
     def __repr__(self) -> str:
-        return f"<remote Module {self.entry_name or ''} on {self._session.address}>"
+        target = self.target.get("string", "")
+        return (f"<remote Module [{', '.join(self.function_names)}]"
+                f"{' for ' + target if target else ''} on {self._session.address}>")
 
 
 class Tensor(_Remote):

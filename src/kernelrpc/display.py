@@ -100,19 +100,17 @@ def _cell(value) -> str:
 
 
 def compare(results: dict, flops: float | None = None, *, title: str = "") -> Table:
-    """One row per named ProfileResult (median, min, max, CV, GFLOP/s when ``flops`` is given,
-    and whether the device saw a disturbance): the table a notebook shows after a sweep."""
-    medians = [r.median for r in results.values()]
-    unit = time_unit(min(medians)) if medians else None
+    """One row per named ProfileResult (median, min, max, CV, outliers, GFLOP/s when ``flops``
+    is given, and whether the device saw a disturbance): the table a notebook shows after a
+    sweep."""
     header = ["", "median", "min", "max", "cv", "outliers"]
     if flops:
         header.append("GFLOP/s")
     header.append("device")
     rows = []
     for name, result in results.items():
-        row = [name, format_time(result.median, unit), format_time(result.min, unit),
-               format_time(result.max, unit), format_percent(result.cv),
-               len(result.outliers)]
+        row = [name, format_time(result.median), format_time(result.min),
+               format_time(result.max), format_percent(result.cv), len(result.outliers)]
         if flops:
             row.append(flops / result.median / 1e9)
         row.append("disturbed" if result.disturbed else

@@ -241,10 +241,11 @@ class ProfileResult:
         ax.scatter(xs, [r / scale for r in self.results],
                    c=["tab:red" if i in outliers else "tab:blue" for i in xs], zorder=2)
         ax.axhline(self.median / scale, color="gray", linestyle="--", label="median")
+        ax.set_xticks(list(xs))
         ax.set_xlabel("repeat")
         ax.set_ylabel(f"time per call ({name})")
-        title = self._where() + (" (DISTURBED)" if self.disturbed else "")
-        ax.set_title(title)
+        title = f"{self.function or 'function'}: {self.repeat} repeats of {self.number} calls"
+        ax.set_title(title + (" (DISTURBED)" if self.disturbed else ""))
         ax.legend(loc="best")
         return ax
 

@@ -35,8 +35,10 @@ def format_time(seconds: float, unit: tuple[str, float] | None = None, digits: i
 def _significant(value: float, digits: int) -> str:
     if value == 0:
         return "0"
-    decimals = max(digits - 1 - int(math.floor(math.log10(abs(value)))), 0)
-    return f"{value:.{decimals}f}"
+    exponent = int(math.floor(math.log10(abs(value))))
+    if round(abs(value), digits - 1 - exponent) >= 10.0 ** (exponent + 1):
+        exponent += 1  # 0.99996 rounds to 1.000, not 1.0000
+    return f"{value:.{max(digits - 1 - exponent, 0)}f}"
 
 
 def format_rate(flops: float, seconds: float) -> str:

@@ -121,7 +121,7 @@ class RPCSession:
             return None
         from ..display import byte_progress, progress_enabled
 
-        return byte_progress(nbytes, desc) if progress_enabled(self.progress) else None
+        return byte_progress(nbytes, desc, enabled=True) if progress_enabled(self.progress) else None
 
     def __enter__(self) -> "RPCSession":
         return self

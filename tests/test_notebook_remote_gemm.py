@@ -84,3 +84,21 @@ def test_remote_gemm_notebook_runs_and_shows_checked_measurements(executed):
     error = re.search(r"max relative error of any step: ([0-9.e+-]+)", table)
     assert error and float(error.group(1)) < 1e-4
     assert f"GEMM {SIZE}x{SIZE}x{SIZE}" in table
+
+
+def test_progress_is_the_notebook_widget_in_jupyter(tmp_path):
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("tqdm")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import sys; sys.path.insert(0, %r)\n"
+        "from kernelrpc import display\n"
+        "print(display.in_notebook(), display.progress_enabled())\n"
+        "bar = display.byte_progress(8 << 20, 'upload gemm.so')\n"
+        "bar.update(8 << 20); bar.close()" % SRC)]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = nb.cells[0].outputs
+    assert any(o.get("text", "").strip() == "True True" for o in outputs)
+    widgets = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert widgets, outputs

@@ -7,6 +7,7 @@ when a progress bar is wanted, matplotlib when a plot is.
 from __future__ import annotations
 
 import html
+import importlib.util
 import math
 import os
 import sys
@@ -179,14 +180,15 @@ class _NoProgress:
 
 def progress(total: float | None = None, desc: str = "", *, unit: str = "it",
              enabled: bool | None = None, **kwargs):
-    """A tqdm bar: the notebook widget in Jupyter, a text bar on a terminal, nothing otherwise
-    (see :func:`progress_enabled`). Without tqdm installed there is no bar either."""
+    """A tqdm bar: the notebook widget in Jupyter (with ipywidgets; a text bar without), a text
+    bar on a terminal, nothing otherwise (see :func:`progress_enabled`). Without tqdm installed
+    there is no bar either."""
     if not progress_enabled(enabled):
         return _NoProgress()
     try:
-        if in_notebook():
-            from tqdm.auto import tqdm
-        else:
+        if in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
+            from tqdm.notebook import tqdm
+        else:  # a terminal, or a notebook without ipywidgets: a text bar
             from tqdm.std import tqdm
     except ImportError:
         return _NoProgress()

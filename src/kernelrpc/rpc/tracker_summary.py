@@ -51,13 +51,14 @@ class TrackerSummary:
                                format_time(s["queue_wait_mean"]) if "queue_wait_mean" in s
                                else "-"])
         held = self._holders()
+        knows_leases = "leases" in info  # a TVM tracker does not say who holds a server
         server_rows = []
         for item in sorted(servers, key=lambda x: (_server_key(x), _address(x.get("addr", "")))):
             address = _address(item.get("addr", ""))
-            leases = held.get(address, [])
             holder = ", ".join(f"{x.get('client', '?')} ({x.get('state', '?')}, "
-                               f"{format_time(x.get('age', 0))})" for x in leases) or "free"
-            server_rows.append([address, _server_key(item), holder])
+                               f"{format_time(x.get('age', 0))})" for x in held.get(address, []))
+            server_rows.append([address, _server_key(item),
+                                holder or ("free" if knows_leases else "-")])
         title = f"Tracker {self.where}" if self.where else "Tracker"
         tables = [Table(["key", "servers", "free", "pending", "matches", "mean wait"],
                         queue_rows, title=f"{title}: queues"),

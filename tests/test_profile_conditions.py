@@ -43,17 +43,19 @@ def test_local_measurement_reports_cpus_threads_and_other_processes():
 
 def test_frequency_from_sysfs_and_its_change(tmp_path):
     probe = ConditionsProbe(sys_cpu=str(tmp_path))
+    cpus = sorted(os.sched_getaffinity(0))
 
     def write(khz):
-        for c in probe.cpus:
+        for c in cpus:
             path = tmp_path / f"cpu{c}" / "cpufreq"
             path.mkdir(parents=True, exist_ok=True)
             (path / "scaling_cur_freq").write_text(f"{khz}\n")
 
     write(2400000)
-    start = probe.snapshot()
+    measurement = probe.measurement()
+    measurement.batch_started()
     write(3000000)
-    cond = probe.report(start)
+    cond = measurement.report()
     assert cond["freq_mhz"] == [2400.0, 3000.0]
     result = ProfileResult([1e-3], number=1, conditions=cond)
     assert "the CPU frequency varied from 2400 to 3000 MHz" in result.disturbance()
@@ -61,7 +63,9 @@ def test_frequency_from_sysfs_and_its_change(tmp_path):
 
 def test_without_procfs_or_cpufreq_the_fields_are_none(tmp_path):
     probe = ConditionsProbe(proc=str(tmp_path), sys_cpu=str(tmp_path))
-    cond = probe.report(probe.snapshot())
+    measurement = probe.measurement()
+    measurement.batch_started()
+    cond = measurement.report()
     assert cond["other_cpu_s"] is None and cond["other_load"] is None
     assert cond["freq_mhz"] is None and cond["threads"] == []
     result = ProfileResult([1e-3], number=1, conditions=cond)
@@ -118,3 +122,13 @@ def test_remote_measurement_carries_the_device_conditions(session, fixture_modul
     assert cond["threads"] and not ours & {t["tid"] for t in cond["threads"]}  # the server's
     assert "device: CPUs" in str(result)
 
+
+
+def test_cooldown_sleeps_are_left_out_of_the_window(fixture_module):
+    from kernelrpc.runtime import load_module
+
+    module = load_module(fixture_module)
+    a, b = kernelrpc.runtime.empty((1024,), "float32"), kernelrpc.runtime.empty((1024,), "float32")
+    result = module.time_evaluator("addone", cpu(0), number=1, repeat=3,
+                                   cooldown_interval_ms=500)(a, b)
+    assert 0 < result.conditions["wall_s"] < 0.75   # the three sleeps alone take 1.5 s

@@ -1,11 +1,14 @@
 """What the device saw while a measurement ran, so a reader can tell a clean number from a
 disturbed one.
 
-A :class:`ConditionsProbe` takes a snapshot before the timing starts and another after it ends
-(neither inside the timed batches) and reports, as a plain JSON-able dict:
+A :class:`Measurement` (from ``ConditionsProbe.measurement()``) follows one time_evaluator
+call: it reads the CPU counters when the timed batches start and when they end (outside the
+batches' own native clock; cooldown sleeps are left out) and the threads and frequencies at
+the start and the end, and reports, as a plain JSON-able dict:
 
+* ``wall_s``: the length of that window, which everything below refers to.
 * ``other_cpu_s``: CPU time that *other* processes used on the CPUs this process may run on,
-  during the measurement: the busy time of those CPUs in ``/proc/stat`` minus this process's
+  during the window: the busy time of those CPUs in ``/proc/stat`` minus this process's
   own CPU time (``own_cpu_s``, from ``getrusage`` in microseconds; ``os.times`` would count in
   ticks). ``/proc/stat`` counts in clock ticks (``clock_tick_s``, usually 10 ms), so short
   measurements carry up to a tick of uncertainty per CPU.
@@ -16,7 +19,8 @@ A :class:`ConditionsProbe` takes a snapshot before the timing starts and another
 * ``freq_mhz``: the lowest and highest ``scaling_cur_freq`` of those CPUs seen at either
   snapshot, where the device exposes cpufreq (``None`` where it does not, e.g. most VMs).
 * ``threads``: the threads of this process that ran during the measurement (the caller and
-  the module's pool): native thread id, the CPU it ran on last, and its CPU time.
+  the module's pool) between the start and the end: native thread id, the CPU it ran on
+  last, and its CPU time.
 
 Standard library only (it runs on devices); every reader degrades to ``None`` on a system
 without the file it reads.
@@ -49,70 +53,35 @@ def _read(path: str) -> str | None:
         return None
 
 
-class _Snapshot:
-    __slots__ = ("wall", "busy_ticks", "own_cpu", "nivcsw", "threads", "freq_khz")
-
-
 class ConditionsProbe:
-    """Snapshots of the CPUs this process may use; ``proc`` and ``sys_cpu`` name the roots of
-    procfs and of ``/sys/devices/system/cpu`` (other roots serve tests and containers)."""
+    """Reads the state of the CPUs this process may use; ``proc`` and ``sys_cpu`` name the
+    roots of procfs and of ``/sys/devices/system/cpu`` (other roots serve tests and containers)."""
 
     def __init__(self, proc: str = "/proc", sys_cpu: str = "/sys/devices/system/cpu") -> None:
         self.proc = proc
         self.sys_cpu = sys_cpu
         try:
-            self.cpus = sorted(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self.cpus = list(range(os.cpu_count() or 1))
-        try:
             self.tick = 1.0 / os.sysconf("SC_CLK_TCK")
         except (AttributeError, ValueError, OSError):
             self.tick = 0.01
 
-    def snapshot(self) -> _Snapshot:
-        snap = _Snapshot()
-        snap.freq_khz = self._frequencies()
-        snap.threads = self._threads()
-        snap.busy_ticks = self._busy_ticks()
-        if resource is not None:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            snap.own_cpu, snap.nivcsw = usage.ru_utime + usage.ru_stime, usage.ru_nivcsw
-        else:
-            snap.own_cpu, snap.nivcsw = time.process_time(), None
-        snap.wall = time.monotonic()
-        return snap
+    def measurement(self) -> Measurement:
+        """Start following one measurement (call it before the warm-up)."""
+        return Measurement(self)
 
-    def report(self, start: _Snapshot) -> dict:
-        """The conditions between ``start`` and now."""
-        end = self.snapshot()
-        wall = max(end.wall - start.wall, 1e-9)
-        own = max(end.own_cpu - start.own_cpu, 0.0)
-        other = load = None
-        if start.busy_ticks is not None and end.busy_ticks is not None:
-            other = max((end.busy_ticks - start.busy_ticks) * self.tick - own, 0.0)
-            load = other / (wall * len(self.cpus))
-        preempted = None
-        if start.nivcsw is not None and end.nivcsw is not None:
-            preempted = max(end.nivcsw - start.nivcsw, 0)
-        freqs = [*start.freq_khz, *end.freq_khz]
-        return {
-            "wall_s": wall,
-            "cpus": list(self.cpus),
-            "own_cpu_s": own,
-            "other_cpu_s": other,
-            "other_load": load,
-            "preempted": preempted,
-            "freq_mhz": [min(freqs) / 1e3, max(freqs) / 1e3] if freqs else None,
-            "threads": _threads_that_ran(start.threads, end.threads),
-            "clock_tick_s": self.tick,
-        }
+    @staticmethod
+    def _cpus() -> list[int]:
+        try:
+            return sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return list(range(os.cpu_count() or 1))
 
-    def _busy_ticks(self) -> int | None:
-        """Non-idle ticks of this process's CPUs, from the ``cpuN`` lines of /proc/stat."""
+    def _busy_ticks(self, cpus: list[int]) -> int | None:
+        """Non-idle ticks of ``cpus``, from the ``cpuN`` lines of /proc/stat."""
         text = _read(os.path.join(self.proc, "stat"))
         if text is None:
             return None
-        wanted = {f"cpu{c}" for c in self.cpus}
+        wanted = {f"cpu{c}" for c in cpus}
         busy = 0
         found = False
         for line in text.splitlines():
@@ -125,9 +94,9 @@ class ConditionsProbe:
                 found = True
         return busy if found else None
 
-    def _frequencies(self) -> list[int]:
+    def _frequencies(self, cpus: list[int]) -> list[int]:
         freqs = []
-        for cpu in self.cpus:
+        for cpu in cpus:
             text = _read(os.path.join(self.sys_cpu, f"cpu{cpu}", "cpufreq", "scaling_cur_freq"))
             if text is not None and text.strip().isdigit():
                 freqs.append(int(text))
@@ -159,6 +128,77 @@ class ConditionsProbe:
                 seconds = int(schedstat.split()[0]) / 1e9   # exact run time where available
             threads[int(name)] = (seconds, cpu)
         return threads
+
+
+    def _usage(self) -> tuple[float, int | None]:
+        """This process's CPU seconds (all threads) and involuntary context switches."""
+        if resource is None:
+            return time.process_time(), None
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime, usage.ru_nivcsw
+
+
+class Measurement:
+    """One time_evaluator call: the threads and the CPU frequency at its start and its end, and
+    the CPU accounting of the window from its first timed batch (``batch_started``) to the end
+    (``report``). The window closes for cooldown sleeps (``pause``) and opens again at the next
+    batch, so the warm-up call and the sleeps do not count. /proc/stat is read only when the
+    window opens or closes: reading it costs about 50 µs, too much to do around every batch."""
+
+    def __init__(self, probe: ConditionsProbe) -> None:
+        self.probe = probe
+        self.cpus = probe._cpus()
+        self._threads = probe._threads()
+        self._freqs = probe._frequencies(self.cpus)
+        self.wall = self.own = 0.0
+        self.busy: int | None = 0
+        self.preempted: int | None = 0
+        self._opened = None
+
+    def _counters(self):
+        busy = self.probe._busy_ticks(self.cpus)
+        own, nivcsw = self.probe._usage()
+        return busy, own, nivcsw, time.monotonic()
+
+    def batch_started(self) -> None:
+        if self._opened is None:
+            self._opened = self._counters()
+
+    def pause(self) -> None:
+        if self._opened is None:
+            return
+        now = time.monotonic()
+        own, nivcsw = self.probe._usage()
+        busy = self.probe._busy_ticks(self.cpus)
+        busy0, own0, nivcsw0, then = self._opened
+        self._opened = None
+        self.wall += now - then
+        self.own += max(own - own0, 0.0)
+        self.busy = None if None in (busy, busy0, self.busy) else self.busy + busy - busy0
+        self.preempted = (None if None in (nivcsw, nivcsw0, self.preempted)
+                          else self.preempted + max(nivcsw - nivcsw0, 0))
+
+    def report(self) -> dict:
+        """The conditions dict (see the module docstring); call it after the last batch."""
+        self.pause()
+        probe = self.probe
+        wall = max(self.wall, 1e-9)
+        other = load = None
+        if self.busy is not None:
+            other = max(self.busy * probe.tick - self.own, 0.0)
+            load = other / (wall * len(self.cpus))
+        freqs = [*self._freqs, *probe._frequencies(self.cpus)]
+        return {
+            "wall_s": wall,
+            "cpus": list(self.cpus),
+            "own_cpu_s": self.own,
+            "other_cpu_s": other,
+            "other_load": load,
+            "preempted": self.preempted,
+            "freq_mhz": [min(freqs) / 1e3, max(freqs) / 1e3] if freqs else None,
+            "threads": _threads_that_ran(self._threads, probe._threads()),
+            "clock_tick_s": probe.tick,
+        }
 
 
 def _threads_that_ran(start: dict, end: dict) -> list[dict]:

@@ -13,7 +13,7 @@ import pytest
 import kernelrpc
 from kernelrpc import nd, rpc
 from kernelrpc.compiler import recipes
-from kernelrpc.runtime import ProfileResult, cpu
+from kernelrpc.runtime import ProfileResult, cpu, load_module
 from kernelrpc.runtime.conditions import ConditionsProbe
 from servicectl import SRC
 
@@ -125,8 +125,6 @@ def test_remote_measurement_carries_the_device_conditions(session, fixture_modul
 
 
 def test_cooldown_sleeps_are_left_out_of_the_window(fixture_module):
-    from kernelrpc.runtime import load_module
-
     module = load_module(fixture_module)
     a, b = kernelrpc.runtime.empty((1024,), "float32"), kernelrpc.runtime.empty((1024,), "float32")
     result = module.time_evaluator("addone", cpu(0), number=1, repeat=3,

@@ -4,8 +4,11 @@ import copy
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernelrpc.runtime import ProfileResult
+from kernelrpc.runtime.conditions import FIELDS
 from kernelrpc.runtime.profile import FORMAT_VERSION
 
 CLEAN = {"wall_s": 0.5, "cpus": [0, 1], "own_cpu_s": 0.5, "other_cpu_s": 0.01,
@@ -130,3 +133,24 @@ def test_plot_shows_every_repeat():
     assert tuple(colors[4]) != tuple(colors[0])  # the outlier stands out
     assert ax.get_ylabel() == "time per call (ms)" and "DISTURBED" in ax.get_title()
     plt.close(ax.figure)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from([*FIELDS, "tid", "cpu"]), _JSON, max_size=10),
+       st.sampled_from([None, [0], [0, 1]]), st.sampled_from([None, 0.5]))
+def test_any_conditions_from_the_network_load_or_give_a_valueerror(data, cpus, wall):
+    cond = dict(data)
+    if cpus is not None:
+        cond["cpus"] = cpus
+    if wall is not None:
+        cond["wall_s"] = wall
+    try:
+        result = ProfileResult.from_dict({"results": [1e-3], "number": 1, "conditions": cond})
+    except ValueError:
+        return
+    repr(result), str(result), result._repr_html_(), result.disturbed  # all of it renders

@@ -151,8 +151,6 @@ class ProfileResult:
     def __eq__(self, other) -> bool:
         return isinstance(other, ProfileResult) and self.to_dict() == other.to_dict()
 
-    __hash__ = None
-
     # -- how it looks ------------------------------------------------------------------------
 
     def _where(self) -> str:

@@ -7,7 +7,7 @@ import importlib
 _LAZY = {
     "connect": ".client",
     "RPCSession": ".client",
-    "LocalSession": ".local",
+    "LocalSession": "..server.local",  # the server's parts in this process; only named here
     "connect_tracker": ".tracker_client",
     "TrackerSession": ".tracker_client",
     "TrackerSummary": ".tracker_summary",

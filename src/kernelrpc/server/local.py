@@ -1,4 +1,5 @@
-"""TVM's ``rpc.LocalSession``: the session API, running in this process.
+"""TVM's ``rpc.LocalSession``: the session API, served in this process by the device server's
+parts (its workspace rules and its global functions), without a socket.
 
 Code written for a remote device (``remote.upload(lib)``, ``remote.load_module(name)``,
 ``remote.cpu(0)``, ``nd.array(x, dev)``, ``mod.time_evaluator(...)``) runs unchanged with a
@@ -11,16 +12,16 @@ from __future__ import annotations
 import os
 import shutil
 
+from .. import runtime
 from ..runtime import Device, Tensor, load_module
-from ..runtime.device import cpu as _local_cpu
+from . import registry
+from .workspace import Workspace
 
 
 class LocalSession:
     """A session with this process; use as a context manager, or call :meth:`close`."""
 
     def __init__(self) -> None:
-        from ..server.workspace import Workspace
-
         self.workspace = Workspace.create()
         self.address = "local"
         self._closed = False
@@ -51,20 +52,16 @@ class LocalSession:
         return self.workspace
 
     def cpu(self, dev_id: int = 0) -> Device:
-        return _local_cpu(dev_id)
+        return runtime.cpu(dev_id)
 
     def device(self, dev_type="cpu", dev_id: int = 0) -> Device:
         return Device(dev_type, dev_id)
 
     def get_function(self, name: str):
         """A global function of the device server's registry, e.g. ``"testing.echo"``."""
-        from ..server import registry
-
         return registry.get(name)
 
     def list_global_func_names(self) -> list[str]:
-        from ..server import registry
-
         return registry.names()
 
     def upload(self, data, target: str | None = None) -> None:
@@ -96,11 +93,10 @@ class LocalSession:
         return load_module(str(self._live().existing_file(name)))
 
     def empty(self, shape, dtype="float32", dev: Device | None = None) -> Tensor:
-        from .. import nd
-
-        return nd.empty(shape, dtype, dev or self.cpu(0))
+        return runtime.empty(shape, dtype, dev or self.cpu(0))
 
     def array(self, source, dev: Device | None = None) -> Tensor:
+        """A tensor holding a copy of ``source`` (needs numpy, as the remote session's does)."""
         from .. import nd
 
         return nd.array(source, dev or self.cpu(0))

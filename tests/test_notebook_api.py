@@ -161,7 +161,7 @@ def test_request_and_run_returns_retries_device_failures_and_raises_the_rest(fle
     trk.close()
 
 
-def test_large_transfers_show_a_byte_progress_bar(start_service, monkeypatch, capsys, tmp_path):
+def test_large_transfers_and_tensor_copies_show_a_byte_progress_bar(start_service, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(rpc_client, "PROGRESS_MIN_BYTES", 1 << 20)
     server = start_service("kernelrpc.server", ["--host", "127.0.0.1", "--port", "0", "--key", "dev"])
     payload = np.random.default_rng(0).integers(0, 255, 9 << 20, dtype=np.uint8).tobytes()
@@ -173,8 +173,11 @@ def test_large_transfers_show_a_byte_progress_bar(start_service, monkeypatch, ca
         sess.upload(payload, "copy.bin")
         assert bytes(sess.download("big.bin")) == payload
         assert bytes(sess.download("copy.bin")) == payload
+        tensor = nd.array(np.frombuffer(payload, np.uint8), sess.cpu(0))
+        assert tensor.numpy().tobytes() == payload
         err = capsys.readouterr().err
         assert "upload big.bin" in err and "upload copy.bin" in err and "download big.bin" in err
+        assert "copy to uint8[9437184]" in err and "copy from uint8[9437184]" in err
         assert "9.00M" in err
         sess.progress = False
         sess.upload(payload, "quiet.bin")

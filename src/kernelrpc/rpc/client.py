@@ -115,13 +115,14 @@ class RPCSession:
                           f"{self._timeout:g} s left")
         return f"<RPCSession {self.address} ({', '.join(detail)})>"
 
-    def _transfer_bar(self, nbytes: int, desc: str):
-        """A byte progress bar for a transfer worth one, else None."""
+    def _transfer_bar(self, nbytes: int, describe):
+        """A byte progress bar for a transfer worth one, else None; ``describe()`` names the
+        transfer (called only when there is a bar, off the path of small transfers)."""
         if nbytes < PROGRESS_MIN_BYTES:
             return None
         from ..display import byte_progress, progress_enabled
 
-        return byte_progress(nbytes, desc, enabled=True) if progress_enabled(self.progress) else None
+        return byte_progress(nbytes, describe(), enabled=True) if progress_enabled(self.progress) else None
 
     def __enter__(self) -> "RPCSession":
         return self
@@ -344,7 +345,7 @@ class RPCSession:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 self._check_upload(size)
-                bar = self._transfer_bar(size, f"upload {target}")
+                bar = self._transfer_bar(size, lambda: f"upload {target}")
                 with self._lock:
                     self._send(P.encode_request(P.UPLOAD, [target, size]), b"")
                     try:
@@ -367,23 +368,25 @@ class RPCSession:
             raise ValueError("upload of bytes needs a target name")
         view = memoryview(data).cast("B")
         self._check_upload(view.nbytes)
-        bar = self._transfer_bar(view.nbytes, f"upload {target}")
+        self._request_with_raw(P.UPLOAD, [target, view.nbytes], view, lambda: f"upload {target}")
+
+    def _request_with_raw(self, op: int, args: list, view: memoryview, describe) -> None:
+        """A request followed by the raw bytes of ``view``, in pieces under a progress bar when
+        the transfer is worth one."""
+        bar = self._transfer_bar(view.nbytes, describe)
         if bar is None:
-            self._request(P.UPLOAD, [target, view.nbytes], view)
+            self._request(op, args, view)
             return
         with self._lock, bar:
-            self._send(P.encode_request(P.UPLOAD, [target, view.nbytes]), b"")
+            self._send(P.encode_request(op, args), b"")
             for start in range(0, view.nbytes, _PROGRESS_CHUNK):
                 part = view[start:start + _PROGRESS_CHUNK]
-                self._send_raw(part)
+                try:
+                    self._conn.sock.sendall(part)
+                except OSError as exc:
+                    raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
                 bar.update(part.nbytes)
             self._expect(self._receive(), P.RETURN)
-
-    def _send_raw(self, data) -> None:
-        try:
-            self._conn.sock.sendall(data)
-        except OSError as exc:
-            raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
 
     def _check_upload(self, size: int) -> None:
         limit = self.info["max_upload_bytes"]
@@ -401,21 +404,22 @@ class RPCSession:
                 raise ProtocolError(f"the server announces a {nbytes}-byte download, beyond its own "
                                     "limits; refusing to allocate it")
             out = bytearray(nbytes)
-            bar = self._transfer_bar(nbytes, f"download {name}")
-            if bar is None:
-                self._recv_raw(out)
-            else:
-                view = memoryview(out)
-                with bar:
-                    for start in range(0, nbytes, _PROGRESS_CHUNK):
-                        part = view[start:start + _PROGRESS_CHUNK]
-                        self._recv_raw(part)
-                        bar.update(part.nbytes)
+            self._recv_raw(memoryview(out), lambda: f"download {name}")
         return out
 
-    def _recv_raw(self, target) -> None:
+    def _recv_raw(self, target: memoryview, describe) -> None:
+        """Fill ``target`` with the raw bytes that follow a DATA frame, in pieces under a
+        progress bar when the transfer is worth one."""
+        bar = self._transfer_bar(target.nbytes, describe)
         try:
-            self._conn.recv_raw_into(target)
+            if bar is None:
+                self._conn.recv_raw_into(target)
+                return
+            with bar:
+                for start in range(0, target.nbytes, _PROGRESS_CHUNK):
+                    part = target[start:start + _PROGRESS_CHUNK]
+                    self._conn.recv_raw_into(part)
+                    bar.update(part.nbytes)
         except ConnectionLost as exc:
             raise self._lost(exc) from None
 
@@ -628,7 +632,8 @@ class Tensor(_Remote):
             view = memoryview(source).cast("B")
         if view.nbytes != self.nbytes:
             raise ValueError(f"copyfrom: source has {view.nbytes} bytes, the tensor {self.nbytes}")
-        self._live()._request(P.COPY_TO, [self._handle, 0, view.nbytes], view)
+        self._live()._request_with_raw(P.COPY_TO, [self._handle, 0, view.nbytes], view,
+                                       lambda: f"copy to {self.dtype}{list(self.shape)}")
         return self
 
     def copyto_buffer(self, target) -> None:
@@ -644,7 +649,7 @@ class Tensor(_Remote):
             if nbytes != view.nbytes:
                 session._mark_closed()
                 raise ProtocolError(f"server sent {nbytes} bytes for a {view.nbytes}-byte tensor")
-            session._recv_raw(view)
+            session._recv_raw(view, lambda: f"copy from {self.dtype}{list(self.shape)}")
 
     def numpy(self):
         import numpy as np

@@ -162,9 +162,6 @@ class _NoProgress:
     def update(self, n: int = 1) -> None:
         self.n += n
 
-    def set_description_str(self, text: str, refresh: bool = True) -> None:
-        pass
-
     def set_postfix_str(self, text: str, refresh: bool = True) -> None:
         pass
 

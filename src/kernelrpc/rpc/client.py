@@ -102,7 +102,7 @@ class RPCSession:
         timeout = float(info["session_timeout"])
         self._deadline = time.monotonic() + timeout if timeout else None
         self._timeout = timeout
-        #: Progress bars for large uploads and downloads: None = where someone watches
+        #: Progress bars for large transfers and tensor copies: None = where someone watches
         #: (a notebook or a terminal), True/False = always/never.
         self.progress: bool | None = None
 
@@ -358,6 +358,8 @@ class RPCSession:
                                 while sent < size:
                                     n = self._conn.sock.sendfile(
                                         f, sent, min(_PROGRESS_CHUNK, size - sent))
+                                    if not n:
+                                        raise OSError(f"{path} shrank while it was being sent")
                                     sent += n
                                     bar.update(n)
                     except OSError as exc:

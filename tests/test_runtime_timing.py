@@ -197,7 +197,7 @@ def test_profile_result_statistics_and_wire_form():
     assert (result.min, result.max, result.repeat) == (1e-3, 6e-3, 4)
     assert ProfileResult.from_dict(result.to_dict()) == result
     text = str(result)
-    assert "mean (ms)" in text and "median (ms)" in text and "3.0000" in text
+    assert "mean (ms)" in text and "median (ms)" in text and "3.000 " in text
     assert "gemm on llvm -mcpu=znver4, number=5, repeat=4" in text
 
 

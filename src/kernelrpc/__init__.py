@@ -21,6 +21,7 @@ _LAZY = {
     "Target": (".compiler", "Target"),
     "te": (".te", None),
     "nd": (".nd", None),
+    "display": (".display", None),
     "rpc": (".rpc", None),
     "runtime": (".runtime", None),
 }
@@ -32,6 +33,11 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(entry[0], __name__)
     return module if entry[1] is None else getattr(module, entry[1])
+
+
+def __dir__() -> list[str]:
+    """The lazily loaded names too, so ``dir()`` and tab completion show them."""
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = ["ConnectionLost", "ConnectTimeout", "HandshakeError", "ProtocolError", "QueueTimeout",

@@ -26,6 +26,9 @@ from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, Te
                      decode_values, nbytes_of)
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+#: Transfers at least this large show a progress bar (where bars are shown: display.progress).
+PROGRESS_MIN_BYTES = 16 << 20
+_PROGRESS_CHUNK = 4 << 20
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
 
 
@@ -99,9 +102,27 @@ class RPCSession:
         timeout = float(info["session_timeout"])
         self._deadline = time.monotonic() + timeout if timeout else None
         self._timeout = timeout
+        #: Progress bars for large transfers and tensor copies: None = where someone watches
+        #: (a notebook or a terminal), True/False = always/never.
+        self.progress: bool | None = None
 
     def __repr__(self) -> str:
-        return f"RPCSession({self.address})"
+        if self._closed:
+            return f"<RPCSession {self.address} closed>"
+        detail = [f"{self.info.get('server', '?')} pid {self.info.get('pid', '?')}"]
+        if self._deadline is not None:
+            detail.append(f"{max(self._deadline - time.monotonic(), 0):.0f} s of "
+                          f"{self._timeout:g} s left")
+        return f"<RPCSession {self.address} ({', '.join(detail)})>"
+
+    def _transfer_bar(self, nbytes: int, describe):
+        """A byte progress bar for a transfer worth one, else None; ``describe()`` names the
+        transfer (called only when there is a bar, off the path of small transfers)."""
+        if nbytes < PROGRESS_MIN_BYTES:
+            return None
+        from ..display import byte_progress, progress_enabled
+
+        return byte_progress(nbytes, describe(), enabled=True) if progress_enabled(self.progress) else None
 
     def __enter__(self) -> "RPCSession":
         return self
@@ -324,11 +345,23 @@ class RPCSession:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 self._check_upload(size)
+                bar = self._transfer_bar(size, lambda: f"upload {target}")
                 with self._lock:
                     self._send(P.encode_request(P.UPLOAD, [target, size]), b"")
                     try:
-                        if size:
-                            self._conn.sock.sendfile(f, 0, size)
+                        if bar is None:
+                            if size:
+                                self._conn.sock.sendfile(f, 0, size)
+                        else:
+                            with bar:
+                                sent = 0
+                                while sent < size:
+                                    n = self._conn.sock.sendfile(
+                                        f, sent, min(_PROGRESS_CHUNK, size - sent))
+                                    if not n:
+                                        raise OSError(f"{path} shrank while it was being sent")
+                                    sent += n
+                                    bar.update(n)
                     except OSError as exc:
                         raise self._lost(exc) from None
                     self._expect(self._receive(), P.RETURN)
@@ -337,7 +370,25 @@ class RPCSession:
             raise ValueError("upload of bytes needs a target name")
         view = memoryview(data).cast("B")
         self._check_upload(view.nbytes)
-        self._request(P.UPLOAD, [target, view.nbytes], view)
+        self._request_with_raw(P.UPLOAD, [target, view.nbytes], view, lambda: f"upload {target}")
+
+    def _request_with_raw(self, op: int, args: list, view: memoryview, describe) -> None:
+        """A request followed by the raw bytes of ``view``, in pieces under a progress bar when
+        the transfer is worth one."""
+        bar = self._transfer_bar(view.nbytes, describe)
+        if bar is None:
+            self._request(op, args, view)
+            return
+        with self._lock, bar:
+            self._send(P.encode_request(op, args), b"")
+            for start in range(0, view.nbytes, _PROGRESS_CHUNK):
+                part = view[start:start + _PROGRESS_CHUNK]
+                try:
+                    self._conn.sock.sendall(part)
+                except OSError as exc:
+                    raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+                bar.update(part.nbytes)
+            self._expect(self._receive(), P.RETURN)
 
     def _check_upload(self, size: int) -> None:
         limit = self.info["max_upload_bytes"]
@@ -355,12 +406,22 @@ class RPCSession:
                 raise ProtocolError(f"the server announces a {nbytes}-byte download, beyond its own "
                                     "limits; refusing to allocate it")
             out = bytearray(nbytes)
-            self._recv_raw(out)
+            self._recv_raw(memoryview(out), lambda: f"download {name}")
         return out
 
-    def _recv_raw(self, target) -> None:
+    def _recv_raw(self, target: memoryview, describe) -> None:
+        """Fill ``target`` with the raw bytes that follow a DATA frame, in pieces under a
+        progress bar when the transfer is worth one."""
+        bar = self._transfer_bar(target.nbytes, describe)
         try:
-            self._conn.recv_raw_into(target)
+            if bar is None:
+                self._conn.recv_raw_into(target)
+                return
+            with bar:
+                for start in range(0, target.nbytes, _PROGRESS_CHUNK):
+                    part = target[start:start + _PROGRESS_CHUNK]
+                    self._conn.recv_raw_into(part)
+                    bar.update(part.nbytes)
         except ConnectionLost as exc:
             raise self._lost(exc) from None
 
@@ -510,7 +571,9 @@ class Module(_Remote):
         return self._session.get_function("runtime.module_set_num_threads")(self, n)
 
     def __repr__(self) -> str:
-        return f"<remote Module {self.entry_name or ''} on {self._session.address}>"
+        target = self.target.get("string", "")
+        return (f"<remote Module [{', '.join(self.function_names)}]"
+                f"{' for ' + target if target else ''} on {self._session.address}>")
 
 
 class Tensor(_Remote):
@@ -571,7 +634,8 @@ class Tensor(_Remote):
             view = memoryview(source).cast("B")
         if view.nbytes != self.nbytes:
             raise ValueError(f"copyfrom: source has {view.nbytes} bytes, the tensor {self.nbytes}")
-        self._live()._request(P.COPY_TO, [self._handle, 0, view.nbytes], view)
+        self._live()._request_with_raw(P.COPY_TO, [self._handle, 0, view.nbytes], view,
+                                       lambda: f"copy to {self.dtype}{list(self.shape)}")
         return self
 
     def copyto_buffer(self, target) -> None:
@@ -587,7 +651,7 @@ class Tensor(_Remote):
             if nbytes != view.nbytes:
                 session._mark_closed()
                 raise ProtocolError(f"server sent {nbytes} bytes for a {view.nbytes}-byte tensor")
-            session._recv_raw(view)
+            session._recv_raw(view, lambda: f"copy from {self.dtype}{list(self.shape)}")
 
     def numpy(self):
         import numpy as np

@@ -12,10 +12,14 @@ import socket
 import time
 
 from ..errors import (ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
-                      TrackerError)
+                      ServerCrashed, SessionTimeout, TrackerError)
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
+
+#: While a request waits in the queue, how often its place is looked up for the progress bar
+#: and ``on_queue_wait`` (seconds; nothing is looked up for a request granted sooner).
+QUEUE_POLL_S = 1.0
 
 
 class TrackerUnreachable(TrackerError):
@@ -36,7 +40,14 @@ class TrackerSession:
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
         self._replies: list = []
+        #: A progress bar while a request waits: None = where someone watches, True/False.
+        self.progress: bool | None = None
+        #: Called with a ``tracker_summary.QueueState`` every QUEUE_POLL_S while a request waits.
+        self.on_queue_wait = None
         self._connect()
+
+    def __repr__(self) -> str:
+        return f"<TrackerSession {self.where} {'connected' if self._sock else 'closed'}>"
 
     @property
     def where(self) -> str:
@@ -132,6 +143,13 @@ class TrackerSession:
         """The same text as TVM's ``TrackerSession.text_summary``."""
         return format_summary(self.summary())
 
+    def summary_table(self):
+        """The summary as tables (queues, servers and who holds them, waiting requests) that
+        print as text and render as HTML in Jupyter; ``.info`` is the dict."""
+        from .tracker_summary import TrackerSummary
+
+        return TrackerSummary(self.summary(), self.where)
+
     # -- requesting a device ----------------------------------------------------------------
 
     def request(self, key: str, priority: int = 1, session_timeout: float = 0, max_retry: int = 5,
@@ -163,6 +181,31 @@ class TrackerSession:
         raise TrackerError(f"no session for key {key!r} from tracker {self.where} after {max_retry} "
                            f"attempts; last error: {last_error}")
 
+    def request_and_run(self, key: str, func, priority: int = 1, session_timeout: float = 0,
+                        max_retry: int = 2):
+        """TVM's ``request_and_run``: request a session for ``key``, return ``func(remote)``.
+
+        A failure of the device or of the connection (``ConnectionLost``, ``ServerCrashed``,
+        a refused handshake, a tracker error) costs one of ``max_retry`` attempts, each with a
+        new session; a ``SessionTimeout`` is raised at once (a longer run would time out
+        again), and so are errors of ``func`` itself, ``RemoteError`` included (the kernel or
+        the arguments are at fault, not the board). The session is closed when ``func``
+        returns, so its result must not be a remote object.
+        """
+        last_error: Exception | None = None
+        for attempt in range(1, max_retry + 1):
+            try:
+                with self.request(key, priority=priority, session_timeout=session_timeout) as remote:
+                    return func(remote)
+            except SessionTimeout:
+                raise
+            except (ConnectionLost, ServerCrashed, HandshakeError, ConnectTimeout, TrackerError) as exc:
+                log.info("request_and_run(%r, %s): attempt %d of %d failed: %s", key,
+                         getattr(func, "__name__", func), attempt, max_retry, exc)
+                last_error = exc
+        raise TrackerError(f"request_and_run: {getattr(func, '__name__', 'func')} failed on key "
+                           f"{key!r} {max_retry} times; last error: {last_error}") from last_error
+
     def request_address(self, key: str, priority: int = 1, timeout: float | None = None) -> tuple[str, int, str]:
         """Wait in the queue and return ``(host, port, matchkey)`` without connecting."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -171,7 +214,7 @@ class TrackerSession:
     def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None):
         self._send([TrackerCode.REQUEST, key, "", priority])
         try:
-            reply = self._recv(deadline)
+            reply = self._await_match(key, deadline)
         except socket.timeout:
             self.close()                      # closing the connection takes us out of the queue
             raise QueueTimeout(f"no server with key {key!r} became free within {timeout:g} s at tracker "
@@ -184,6 +227,48 @@ class TrackerSession:
             return host, int(port), matchkey
         except (TypeError, ValueError):
             raise TrackerError(f"tracker {self.where} answered REQUEST with {reply!r:.200}") from None
+
+    def _await_match(self, key: str, deadline: float | None):
+        """The REQUEST's reply. While it is not there, every QUEUE_POLL_S the request's place in
+        the queue goes to ``on_queue_wait`` and to a progress bar (display.progress)."""
+        from ..display import progress, progress_enabled
+
+        watch = progress_enabled(self.progress)
+        if not watch and self.on_queue_wait is None:
+            return self._recv(deadline)
+        bar = None
+        try:
+            while True:
+                step = time.monotonic() + QUEUE_POLL_S
+                try:
+                    return self._recv(step if deadline is None else min(step, deadline))
+                except socket.timeout:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+                state = self.queue_state(key)
+                if state is None:
+                    continue
+                if self.on_queue_wait is not None:
+                    self.on_queue_wait(state)
+                if watch:
+                    bar = bar or progress(desc=f"waiting for {key!r}", unit="poll", enabled=True)
+                    bar.set_postfix_str(str(state))
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def queue_state(self, key: str):
+        """Where this session's request for ``key`` stands (a ``QueueState``), from a fresh
+        summary on a second connection; None when the tracker cannot tell."""
+        from .tracker_summary import queue_state
+
+        try:
+            client = "{}:{}".format(*self._sock.getsockname()[:2])
+            with TrackerSession(self.addr, connect_timeout=2.0) as probe:
+                return queue_state(probe.summary(), key, client)
+        except (TrackerError, ConnectionLost, OSError, AttributeError):
+            return None
 
     def _queue_state(self, key: str) -> str:
         """A few words on why the wait was long, from a fresh summary; empty if unavailable."""

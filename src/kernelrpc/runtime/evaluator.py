@@ -1,5 +1,6 @@
 """time_evaluator on a local module: TVM's algorithm (timing.py) around the module's native
-``__kernelrpc_time`` loop."""
+``__kernelrpc_time`` loop, with the device's conditions (conditions.py) read around the timed
+batches (outside their native clock)."""
 from __future__ import annotations
 
 import ctypes
@@ -9,6 +10,7 @@ import time
 
 from .buffer import AlignedBuffer
 from .cacheflush import ScratchFlusher
+from .conditions import ConditionsProbe
 from .device import Device
 from .profile import MAX_RESULTS, ProfileResult
 from .timing import TimerState, TimingConfig, measure
@@ -70,6 +72,7 @@ class TimeEvaluator:
                                               MAX_CACHE_FLUSH_BYTES)
         self._flush_buffers: tuple[AlignedBuffer, AlignedBuffer] | None = None
         self._scratch = ScratchFlusher()
+        self._probe = ConditionsProbe()
 
     @property
     def number(self) -> int:
@@ -82,18 +85,26 @@ class TimeEvaluator:
         packed = function.pack(args)
         flush_buffers = self._cache_flush_buffers()
 
+        measurement = self._probe.measurement()
+
         def run_batch(number: int) -> int:
             if flush_buffers is not None:
                 src, dst = flush_buffers
                 ctypes.memmove(dst.address, src.address, dst.nbytes)
+            measurement.batch_started()
             return module.time_batch(function, packed, number)
+
+        def cooldown(seconds: float) -> None:
+            measurement.pause()
+            time.sleep(seconds)
 
         preproc = None
         if self.f_preproc == CACHE_FLUSH_NON_FIRST_ARG:
             preproc = functools.partial(self._flush_non_first, packed)
         results = measure(self._state, self.config, warmup=lambda: function.invoke(packed),
-                          run_batch=run_batch, preproc=preproc, sleep=time.sleep)
-        return ProfileResult(results, self._state.number, module.target, function.name)
+                          run_batch=run_batch, preproc=preproc, sleep=cooldown)
+        return ProfileResult(results, self._state.number, module.target, function.name,
+                             measurement.report())
 
     def _cache_flush_buffers(self):
         """TVM's cache_flush_bytes: two int32 buffers; copying one into the other before every

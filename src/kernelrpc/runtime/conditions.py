@@ -1,0 +1,270 @@
+"""What the device saw while a measurement ran, so a reader can tell a clean number from a
+disturbed one.
+
+A :class:`Measurement` (from ``ConditionsProbe.measurement()``) follows one time_evaluator
+call: it reads the CPU counters when the timed batches start and when they end (outside the
+batches' own native clock; cooldown sleeps are left out) and the threads and frequencies at
+the start and the end, and reports, as a plain JSON-able dict:
+
+* ``wall_s``: the length of that window, which everything below refers to.
+* ``other_cpu_s``: CPU time that *other* processes used on the CPUs this process may run on,
+  during the window: the busy time of those CPUs in ``/proc/stat`` minus this process's
+  own CPU time (``own_cpu_s``, from ``getrusage`` in microseconds; ``os.times`` would count in
+  ticks). ``/proc/stat`` counts in clock ticks (``clock_tick_s``, usually 10 ms), so short
+  measurements carry up to a tick of uncertainty per CPU.
+* ``other_load``: that time as a fraction of the CPUs' capacity over the measurement
+  (``other_cpu_s / (wall_s * len(cpus))``).
+* ``preempted``: involuntary context switches of this process (``getrusage``): how often the
+  scheduler took a CPU away from the timed threads.
+* ``freq_mhz``: the lowest and highest ``scaling_cur_freq`` of those CPUs seen at either
+  snapshot, where the device exposes cpufreq (``None`` where it does not, e.g. most VMs).
+* ``threads``: the threads of this process that ran during the measurement (the caller and
+  the module's pool) between the start and the end: native thread id, the CPU it ran on
+  last, and its CPU time.
+
+Standard library only (it runs on devices); every reader degrades to ``None`` on a system
+without the file it reads.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None
+
+MAX_CPUS = 4096
+MAX_THREADS = 4096
+
+#: Fields of a conditions dict and the type each holds (None allowed for all but wall_s/cpus).
+FIELDS = {"wall_s": float, "cpus": list, "own_cpu_s": float, "other_cpu_s": float,
+          "other_load": float, "preempted": int, "freq_mhz": list, "threads": list,
+          "clock_tick_s": float}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+class ConditionsProbe:
+    """Reads the state of the CPUs this process may use; ``proc`` and ``sys_cpu`` name the
+    roots of procfs and of ``/sys/devices/system/cpu`` (other roots serve tests and containers)."""
+
+    def __init__(self, proc: str = "/proc", sys_cpu: str = "/sys/devices/system/cpu") -> None:
+        self.proc = proc
+        self.sys_cpu = sys_cpu
+        try:
+            self.tick = 1.0 / os.sysconf("SC_CLK_TCK")
+        except (AttributeError, ValueError, OSError):
+            self.tick = 0.01
+
+    def measurement(self) -> Measurement:
+        """Start following one measurement (call it before the warm-up)."""
+        return Measurement(self)
+
+    @staticmethod
+    def _cpus() -> list[int]:
+        try:
+            return sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return list(range(os.cpu_count() or 1))
+
+    def _busy_ticks(self, cpus: list[int]) -> int | None:
+        """Non-idle ticks of ``cpus``, from the ``cpuN`` lines of /proc/stat."""
+        text = _read(os.path.join(self.proc, "stat"))
+        if text is None:
+            return None
+        wanted = {f"cpu{c}" for c in cpus}
+        busy = 0
+        found = False
+        for line in text.splitlines():
+            fields = line.split()
+            if fields and fields[0] in wanted:
+                # user nice system idle iowait irq softirq steal [guest guest_nice: in user]
+                values = [int(v) for v in fields[1:9]]
+                values += [0] * (8 - len(values))
+                busy += sum(values) - values[3] - values[4]
+                found = True
+        return busy if found else None
+
+    def _frequencies(self, cpus: list[int]) -> list[int]:
+        freqs = []
+        for cpu in cpus:
+            text = _read(os.path.join(self.sys_cpu, f"cpu{cpu}", "cpufreq", "scaling_cur_freq"))
+            if text is not None and text.strip().isdigit():
+                freqs.append(int(text))
+        return freqs
+
+    def _threads(self) -> dict[int, tuple[float, int | None]]:
+        """tid -> (CPU seconds so far, CPU it last ran on) for every thread of this process."""
+        task_dir = os.path.join(self.proc, "self", "task")
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            return {}
+        threads = {}
+        for name in tids[:MAX_THREADS]:
+            if not name.isdigit():
+                continue
+            stat = _read(os.path.join(task_dir, name, "stat"))
+            if stat is None:
+                continue
+            # the fields after the parenthesised command name, which may hold spaces
+            fields = stat[stat.rfind(")") + 2:].split()
+            try:
+                cpu = int(fields[36])                      # field 39, "processor"
+                seconds = (int(fields[11]) + int(fields[12])) * self.tick  # utime + stime
+            except (IndexError, ValueError):
+                continue
+            schedstat = _read(os.path.join(task_dir, name, "schedstat"))
+            if schedstat and schedstat.split()[0].isdigit():
+                seconds = int(schedstat.split()[0]) / 1e9   # exact run time where available
+            threads[int(name)] = (seconds, cpu)
+        return threads
+
+
+    def _usage(self) -> tuple[float, int | None]:
+        """This process's CPU seconds (all threads) and involuntary context switches."""
+        if resource is None:
+            return time.process_time(), None
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime, usage.ru_nivcsw
+
+
+class Measurement:
+    """One time_evaluator call: the threads and the CPU frequency at its start and its end, and
+    the CPU accounting of the window from its first timed batch (``batch_started``) to the end
+    (``report``). The window closes for cooldown sleeps (``pause``) and opens again at the next
+    batch, so the warm-up call and the sleeps do not count. /proc/stat is read only when the
+    window opens or closes: reading it costs about 50 µs, too much to do around every batch."""
+
+    def __init__(self, probe: ConditionsProbe) -> None:
+        self.probe = probe
+        self.cpus = probe._cpus()
+        self._threads = probe._threads()
+        self._freqs = probe._frequencies(self.cpus)
+        self.wall = self.own = 0.0
+        self.busy: int | None = 0
+        self.preempted: int | None = 0
+        self._opened = None
+
+    def _counters(self):
+        busy = self.probe._busy_ticks(self.cpus)
+        own, nivcsw = self.probe._usage()
+        return busy, own, nivcsw, time.monotonic()
+
+    def batch_started(self) -> None:
+        if self._opened is None:
+            self._opened = self._counters()
+
+    def pause(self) -> None:
+        if self._opened is None:
+            return
+        now = time.monotonic()
+        own, nivcsw = self.probe._usage()
+        busy = self.probe._busy_ticks(self.cpus)
+        busy0, own0, nivcsw0, then = self._opened
+        self._opened = None
+        self.wall += now - then
+        self.own += max(own - own0, 0.0)
+        self.busy = None if None in (busy, busy0, self.busy) else self.busy + busy - busy0
+        self.preempted = (None if None in (nivcsw, nivcsw0, self.preempted)
+                          else self.preempted + max(nivcsw - nivcsw0, 0))
+
+    def report(self) -> dict:
+        """The conditions dict (see the module docstring); call it after the last batch."""
+        self.pause()
+        probe = self.probe
+        wall = max(self.wall, 1e-9)
+        other = load = None
+        if self.busy is not None:
+            other = max(self.busy * probe.tick - self.own, 0.0)
+            load = other / (wall * len(self.cpus))
+        freqs = [*self._freqs, *probe._frequencies(self.cpus)]
+        return {
+            "wall_s": wall,
+            "cpus": list(self.cpus),
+            "own_cpu_s": self.own,
+            "other_cpu_s": other,
+            "other_load": load,
+            "preempted": self.preempted,
+            "freq_mhz": [min(freqs) / 1e3, max(freqs) / 1e3] if freqs else None,
+            "threads": _threads_that_ran(self._threads, probe._threads()),
+            "clock_tick_s": probe.tick,
+        }
+
+
+def _threads_that_ran(start: dict, end: dict) -> list[dict]:
+    ran = []
+    for tid, (seconds, cpu) in sorted(end.items()):
+        used = seconds - start.get(tid, (0.0, None))[0]
+        if used > 0:
+            ran.append({"tid": tid, "cpu": cpu, "cpu_s": used})
+    return ran
+
+
+def check_conditions(data) -> dict | None:
+    """A conditions dict from the network, checked field by field (unknown fields dropped)."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"ProfileResult 'conditions' must be a dict, got {type(data).__name__}")
+    out = {}
+    for name, kind in FIELDS.items():
+        value = data.get(name)
+        if value is None:
+            if name in ("wall_s", "cpus"):
+                raise ValueError(f"ProfileResult conditions need {name!r}")
+            out[name] = None
+            continue
+        if kind is float:
+            if not _is_number(value) or value < 0:
+                raise ValueError(f"ProfileResult conditions {name!r} must be a finite number "
+                                 f">= 0, got {value!r:.60}")
+            value = float(value)
+        elif kind is int:
+            if type(value) is not int or value < 0:
+                raise ValueError(f"ProfileResult conditions {name!r} must be an integer >= 0")
+        elif name == "cpus":
+            if (not isinstance(value, list) or not 0 < len(value) <= MAX_CPUS
+                    or not all(type(c) is int and 0 <= c < 1 << 20 for c in value)):
+                raise ValueError("ProfileResult conditions 'cpus' must be a non-empty list of "
+                                 f"at most {MAX_CPUS} CPU numbers")
+        elif name == "freq_mhz":
+            if (not isinstance(value, list) or len(value) != 2
+                    or not all(_is_number(f) and f >= 0 for f in value)):
+                raise ValueError("ProfileResult conditions 'freq_mhz' must be [lowest, highest]")
+            value = [float(f) for f in value]
+        elif name == "threads":
+            value = _check_threads(value)
+        out[name] = value
+    return out
+
+
+def _check_threads(value) -> list[dict]:
+    if not isinstance(value, list) or len(value) > MAX_THREADS:
+        raise ValueError(f"ProfileResult conditions 'threads' must be a list of at most "
+                         f"{MAX_THREADS} threads")
+    threads = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise ValueError("ProfileResult conditions 'threads' entries must be dicts")
+        tid, cpu, seconds = item.get("tid"), item.get("cpu"), item.get("cpu_s")
+        if (type(tid) is not int or not (cpu is None or type(cpu) is int)
+                or not _is_number(seconds) or seconds < 0):
+            raise ValueError("ProfileResult conditions 'threads' entries need an integer 'tid', "
+                             "an integer 'cpu' and a number 'cpu_s'")
+        threads.append({"tid": tid, "cpu": cpu, "cpu_s": float(seconds)})
+    return threads
+
+
+def _is_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))

@@ -16,6 +16,9 @@ from .tensor import Tensor, _is_ndarray
 from .threads import check_num_threads, process_config
 
 
+_POINTER_BYTES = ctypes.sizeof(ctypes.c_void_p)
+
+
 class PackedArgs:
     """Validated arguments in the packed calling convention: ``pointer`` is the ``void **args``
     array. Holds the tensors' memory (even if a tensor is freed meanwhile) and the 8-byte
@@ -26,11 +29,13 @@ class PackedArgs:
     def __init__(self, spec: FunctionSpec, values: tuple):
         n = len(spec.args)
         # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
-        self.words = (ctypes.c_uint64 * max(2 * n, 1))()
+        pointer_words = n if _POINTER_BYTES == 8 else (n * _POINTER_BYTES + 7) // 8
+        self.words = (ctypes.c_uint64 * max(pointer_words + n, 1))()
         self.pointer = ctypes.addressof(self.words)
         self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
         self._memory: list[memoryview] = []
-        words = self.words
+        words = self.words if _POINTER_BYTES == 8 else \
+            (ctypes.c_uint32 * max(n, 1)).from_buffer(self.words)
         for i, arg in enumerate(spec.args):
             value = values[i]
             if arg.kind == "tensor":
@@ -48,7 +53,7 @@ class PackedArgs:
                 except (TypeError, ValueError):
                     pack_scalar(arg.dtype, value, _where(spec, i))   # raises, naming the argument
                     raise
-                slot = self.pointer + 8 * (n + i)
+                slot = self.pointer + 8 * (pointer_words + i)
                 ctypes.memmove(slot, raw, len(raw))
                 words[i] = slot
 

@@ -9,6 +9,7 @@ import tempfile
 import threading
 
 from ..errors import KernelError, ModuleError
+from .compat import check_module_file
 from .dtype import pack_scalar
 from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
 from .evaluator import TimeEvaluator
@@ -229,10 +230,17 @@ def load_module(path) -> Module:
 
     Loading a path again after the file changed loads the new file (the dynamic loader alone
     would hand back the library already loaded under that name).
+
+    Raises:
+        IncompatibleModuleError: (from ``kernelrpc.runtime.compat``) the file was built for
+            another architecture, float ABI, CPU features or a newer glibc than this device's;
+            checked on the file before it is loaded.
+        ModuleError: the file is not a kernelrpc module.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"module file not found: {path}")
+    check_module_file(path)
     lib = _dlopen(path)
     get_metadata = _symbol(lib, "__kernelrpc_metadata", ctypes.c_char_p, ())
     if get_metadata is None:

@@ -110,6 +110,13 @@ class Target:
         return _same_arch(self.triple, host) and _os(self.triple) == _os(host)
 
     @property
+    def llvm_triple(self) -> str:
+        """The triple in LLVM's normal form (``armv7-unknown-linux-gnueabihf``): LLVM reads
+        ``armv7-linux-gnueabihf`` positionally, as vendor ``linux`` and OS ``gnueabihf``,
+        and then falls back to the soft-float calling convention for libm calls."""
+        return _normalized(self.triple)
+
+    @property
     def pointer_bits(self) -> int:
         return _pointer_bits(self.triple)
 
@@ -254,11 +261,21 @@ def _check_llvm_knows(triple: str, text: str) -> None:
 
 
 @functools.lru_cache(maxsize=None)
+def _normalized(triple: str) -> str:
+    from .codegen.llvm_init import ensure_llvm
+
+    parts = ensure_llvm().get_triple_parts(triple)
+    fields = [triple.split("-", 1)[0], parts.Vendor, parts.OS] + ([parts.Env] if parts.Env
+                                                                  else [])
+    return "-".join(fields)
+
+
+@functools.lru_cache(maxsize=None)
 def _pointer_bits(triple: str) -> int:
     """Pointer width from LLVM's data layout for the triple (``p:32:32`` on 32-bit targets)."""
     from .codegen.llvm_init import ensure_llvm
 
     llvm = ensure_llvm()
-    layout = str(llvm.Target.from_triple(triple).create_target_machine().target_data)
+    layout = str(llvm.Target.from_triple(_normalized(triple)).create_target_machine().target_data)
     match = re.search(r"(?:^|-)p(?:0)?:(\d+)", layout)
     return int(match.group(1)) if match else 64

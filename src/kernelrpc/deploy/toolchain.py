@@ -145,7 +145,7 @@ def find_toolchain(target) -> Toolchain:
     gcc = shutil.which(f"{prefix}-gcc")
     if gcc:
         return Toolchain(f"{prefix}-gcc", (gcc,))
-    if importlib.util.find_spec("ziglang") is None:
+    if not zig_installed():
         raise ToolchainError(f"no linker for {target.triple}: "
                              + _INSTALL_HINT.format(prefix=prefix))
     floor = GLIBC_FLOORS[family]
@@ -156,6 +156,11 @@ def find_toolchain(target) -> Toolchain:
                                 f"{zig_arch}-linux-{abi}.{floor}"),
                      runtime_flags=(runtime_cpu,) if runtime_cpu else (),
                      link_flags=("-s",), libc=f"glibc>={floor}")
+
+
+def zig_installed() -> bool:
+    """Whether the ``ziglang`` package (the ``cross`` extra) is importable."""
+    return importlib.util.find_spec("ziglang") is not None
 
 
 def cache_dir() -> Path:

@@ -264,12 +264,13 @@ def _family(machine: str) -> str:
 _X86 = {name: (name,) for name in (
     "sse", "sse2", "ssse3", "avx", "avx2", "fma", "f16c", "bmi2", "aes", "popcnt", "movbe",
     "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi",
-    "avx512fp16", "vaes", "gfni", "amx-tile")}
+    "vaes", "gfni")}
 _X86.update({"sse3": ("pni",), "sse4.1": ("sse4_1",), "sse4.2": ("sse4_2",), "bmi": ("bmi1",),
              "lzcnt": ("abm",), "pclmul": ("pclmulqdq",), "sha": ("sha_ni",),
              "avx512vnni": ("avx512_vnni",), "avx512bf16": ("avx512_bf16",),
              "avx512vbmi2": ("avx512_vbmi2",), "avx512bitalg": ("avx512_bitalg",),
-             "avx512vpopcntdq": ("avx512_vpopcntdq",), "avxvnni": ("avx_vnni",)})
+             "avx512vpopcntdq": ("avx512_vpopcntdq",), "avxvnni": ("avx_vnni",),
+             "avx512fp16": ("avx512_fp16",), "amx-tile": ("amx_tile",)})
 _FEATURE_NAMES = {
     "x86_64": _X86,
     "aarch64": {"neon": ("asimd",), "fp-armv8": ("fp",), "sve": ("sve",), "sve2": ("sve2",),

@@ -159,6 +159,8 @@ def test_soft_float_arm_and_other_oses_have_no_toolchain():
     for text in ("llvm -mtriple=armv7-linux-gnueabi", "llvm -mtriple=aarch64-apple-darwin"):
         with pytest.raises(ToolchainError, match="fcompile="):
             find_toolchain(Target(text))
+    with pytest.raises(ToolchainError, match="riscv64 Linux C libraries are lp64d"):
+        find_toolchain(Target("llvm -mtriple=riscv64-linux-gnu -mattr=+m,+a,+c"))
 
 
 def test_runtime_object_is_compiled_once_per_toolchain(tmp_path, monkeypatch):

@@ -145,6 +145,9 @@ def find_toolchain(target) -> Toolchain:
     if family == "arm" and target.float_abi != "hard":
         raise ToolchainError(f"{target.triple} is soft-float Arm; kernelrpc links hard-float "
                              "(...-linux-gnueabihf) modules only; pass fcompile=")
+    if family == "riscv64" and target.abi != "lp64d":
+        raise ToolchainError(f"{target} uses the {target.abi} float ABI, but riscv64 Linux C "
+                             "libraries are lp64d: give -mattr with +f,+d (or none for RV64GC)")
     gcc = shutil.which(f"{prefix}-gcc")
     if gcc:
         return Toolchain(f"{prefix}-gcc", (gcc,))

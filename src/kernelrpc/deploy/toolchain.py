@@ -136,7 +136,8 @@ def find_toolchain(target) -> Toolchain:
         ToolchainError: none is installed; the message says what to install.
     """
     if target.is_host:
-        return Toolchain("cc" if not os.environ.get("CC") else "$CC", tuple(find_host_cc()))
+        argv = tuple(find_host_cc())
+        return Toolchain(os.path.basename(argv[0]), argv)
     family = _arch_family(target.triple)
     prefix = _GNU_PREFIX.get(family)
     if prefix is None or "linux" not in target.triple:

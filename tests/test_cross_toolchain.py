@@ -279,3 +279,24 @@ def test_elf_reader_survives_truncated_and_hostile_headers(tmp_path):
     (tmp_path / "hostile.so").write_bytes(bytes(hostile))
     with open(tmp_path / "hostile.so", "rb") as f:
         assert compat.read_elf(f, with_sections=True).sections == ()
+
+
+@pytest.mark.cross
+def test_a_device_server_refuses_a_module_for_another_board(start_service, tmp_path):
+    """Uploaded to this (x86-64) server, an aarch64 module fails at load with the typed
+    error's message instead of "cannot open shared object file", and the session goes on."""
+    from kernelrpc import rpc
+
+    if compat.this_process().machine != 62:
+        pytest.skip("the message checked names an x86-64 device")
+    server = start_service("kernelrpc.server", ["--port", "0", "--key", "dev"])
+    s, args = _double()
+    path = kernelrpc.build(s, args, target="llvm -mtriple=aarch64-linux-gnu",
+                           name="dbl").export_library(tmp_path / "dbl.so")
+    with rpc.connect(server.host, server.port, key="dev") as session:
+        session.upload(str(path), "dbl.so")
+        with pytest.raises(kernelrpc.RemoteError,
+                           match=r"WrongArchitectureError: dbl.so was built for "
+                                 r"aarch64-linux-gnu .*; this device is x86_64"):
+            session.load_module("dbl.so")
+        assert session.get_function("testing.echo")(7) == 7

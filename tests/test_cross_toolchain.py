@@ -130,6 +130,15 @@ def test_cross_targets_link_with_zig_pinned_to_an_old_glibc(text, zig_target, fl
     assert chain.libc == f"glibc>={floor}"
 
 
+@pytest.mark.cross
+def test_the_arm_runtime_is_compiled_for_the_triples_baseline(monkeypatch):
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
+    v6 = find_toolchain(Target("llvm -mtriple=armv6-linux-gnueabihf"))
+    v7 = find_toolchain(Target("llvm -mtriple=armv7-linux-gnueabihf -mattr=+neon"))
+    assert v6.runtime_flags == ("-mcpu=arm1176jzf_s",)
+    assert v7.runtime_flags == ("-mcpu=generic+v7a+vfp3d16-neon",)      # no NEON: any armhf
+
+
 def test_a_cross_gcc_on_path_is_preferred(tmp_path, monkeypatch):
     gcc = tmp_path / "aarch64-linux-gnu-gcc"
     gcc.write_text("#!/bin/sh\nexit 1\n")

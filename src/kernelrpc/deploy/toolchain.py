@@ -47,8 +47,10 @@ GLIBC_FLOORS = {"aarch64": "2.17", "arm": "2.17", "riscv64": "2.27", "x86_64": "
 _GNU_PREFIX = {"aarch64": "aarch64-linux-gnu", "arm": "arm-linux-gnueabihf",
                "riscv64": "riscv64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
 #: The runtime is compiled for each architecture's baseline, not for the kernels' CPU:
-#: it must run wherever the kernels do (armhf: VFPv3-D16 and no NEON, as Debian's).
-_ZIG_RUNTIME_CPU = {"arm": "-mcpu=generic+v7a+vfp3d16-neon"}
+#: it must run wherever the kernels do (armv7: VFPv3-D16 and no NEON, as Debian's armhf;
+#: armv6: the Raspberry Pi 1/Zero's ARM1176, as Raspberry Pi OS's armhf).
+_ZIG_ARM_RUNTIME_CPU = {"armv6": "-mcpu=arm1176jzf_s"}
+_ZIG_ARM_V7_RUNTIME_CPU = "-mcpu=generic+v7a+vfp3d16-neon"
 #: zig links all of compiler_rt (with debug info) when it gets objects; dropping unused
 #: sections and symbols takes an armv7 module from ~220 KB to ~9 KB.
 _ZIG_LINK_FLAGS = ("-s", "-Wl,--gc-sections")
@@ -158,7 +160,10 @@ def find_toolchain(target) -> Toolchain:
     floor = GLIBC_FLOORS[family]
     zig_arch = "arm" if family == "arm" else family
     abi = "gnueabihf" if family == "arm" else "gnu"
-    runtime_cpu = _ZIG_RUNTIME_CPU.get(family)
+    arch = target.triple.split("-", 1)[0]
+    runtime_cpu = None if family != "arm" else next(
+        (flag for prefix, flag in _ZIG_ARM_RUNTIME_CPU.items() if arch.startswith(prefix)),
+        _ZIG_ARM_V7_RUNTIME_CPU)
     return Toolchain("zig cc", (sys.executable, "-m", "ziglang", "cc", "-target",
                                 f"{zig_arch}-linux-{abi}.{floor}"),
                      runtime_flags=(runtime_cpu,) if runtime_cpu else (),

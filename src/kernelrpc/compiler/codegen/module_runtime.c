@@ -32,7 +32,6 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -310,7 +309,7 @@ static int krpc_try_claim(void) {
 
 KRPC_HIDDEN int32_t __kernelrpc_parallel_launch(krpc_task_fn fn, void *ctx) {
     krpc_ensure_pool();
-    int32_t n = krpc.nthreads;
+    int32_t n = LOAD(&krpc.nthreads, __ATOMIC_RELAXED); /* set_num_threads may change it */
     if (n <= 1 || !krpc_try_claim())
         return fn(ctx, 0, 1);
     krpc_publish(fn, ctx, n, KRPC_NO_QUIT);
@@ -330,9 +329,10 @@ KRPC_EXPORT int32_t __kernelrpc_set_num_threads(int32_t want) {
     krpc_shrink(n - 1);
     krpc_grow(n - 1);
     int32_t avail = krpc.nworkers + 1;
-    krpc.nthreads = n < avail ? n : avail;
+    int32_t use = n < avail ? n : avail;
+    STORE(&krpc.nthreads, use, __ATOMIC_RELAXED);
     STORE(&krpc.busy, 0, REL);
-    return krpc.nthreads;
+    return use;
 }
 
 #ifdef __cplusplus

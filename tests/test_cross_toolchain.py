@@ -59,6 +59,35 @@ def test_tvm_target_strings_are_accepted_and_recorded():
     assert Target(target, host="llvm").to_dict()["host"] == str(Target("llvm"))
 
 
+def test_tvm_dict_and_json_targets():
+    """TVM 0.27 spells targets as JSON/dicts; those work as they are."""
+    doc = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72",
+           "mattr": ["+neon"], "keys": ["arm_cpu", "cpu"], "opt-level": 3,
+           "feature.has_asimd": True, "tag": "", "host": {"kind": "llvm"}}
+    target = Target(doc)
+    assert (target.triple, target.cpu, target.features, target.opt_level) == (
+        "aarch64-linux-gnu", "cortex-a72", "+neon", 3)
+    assert target.to_dict()["labels"] == {"keys": "arm_cpu,cpu"}
+    assert target.to_dict()["host"] == str(Target("llvm"))
+    import json
+    assert Target(json.dumps(doc)) == target
+    with pytest.raises(TargetError, match="kind 'llvm'"):
+        Target({"kind": "cuda"})
+    with pytest.raises(TargetError, match="unknown target option 'thing'"):
+        Target({"kind": "llvm", "thing": 1})
+
+
+@pytest.mark.tvm
+def test_a_tvm_target_object_is_accepted():
+    tvm = pytest.importorskip("tvm", reason="apache-tvm is not installed")
+    with pytest.warns(TargetOptionIgnored, match="num-cores"):
+        target = Target(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                                           "mattr": ["+neon"], "num-cores": 4},
+                                          host={"kind": "llvm"}))
+    assert (target.triple, target.features) == ("aarch64-linux-gnu", "+neon")
+    assert target.to_dict()["labels"]["num-cores"] == "4" and target.to_dict()["host"]
+
+
 def test_opt_level_of_the_target_is_the_build_default():
     s, args = _double()
     o0 = kernelrpc.build(s, args, target="llvm -opt-level=0", name="dbl")

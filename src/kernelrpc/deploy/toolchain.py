@@ -164,10 +164,13 @@ def find_toolchain(target) -> Toolchain:
     runtime_cpu = None if family != "arm" else next(
         (flag for prefix, flag in _ZIG_ARM_RUNTIME_CPU.items() if arch.startswith(prefix)),
         _ZIG_ARM_V7_RUNTIME_CPU)
+    # The link gets the baseline CPU too: zig builds compiler_rt (memcpy, __aeabi_*) for the
+    # CPU it links for, by default one with NEON, which traps on VFPv3-D16 boards.
+    cpu = (runtime_cpu,) if runtime_cpu else ()
     return Toolchain("zig cc", (sys.executable, "-m", "ziglang", "cc", "-target",
                                 f"{zig_arch}-linux-{abi}.{floor}"),
-                     runtime_flags=(runtime_cpu,) if runtime_cpu else (),
-                     link_flags=_ZIG_LINK_FLAGS, libc=f"glibc>={floor}")
+                     runtime_flags=cpu, link_flags=(*_ZIG_LINK_FLAGS, *cpu),
+                     libc=f"glibc>={floor}")
 
 
 def zig_installed() -> bool:

@@ -218,7 +218,7 @@ def _check_features(path: str, record: dict) -> None:
     if here is None:
         log.debug("%s: this CPU's features are unknown here; not checking %s", path, features)
         return
-    names = _FEATURE_NAMES.get(_family(platform.machine()), {})
+    names = _FEATURE_NAMES.get(_process_family(), {})
     missing = []
     for item in features.split(","):
         if not item.startswith("+"):
@@ -247,6 +247,15 @@ def _check_libc(path: str, record: dict) -> None:
 
 def _version_tuple(text: str) -> tuple:
     return tuple(int(p) for p in text.split(".") if p.isdigit())
+
+
+def _process_family() -> str:
+    """The instruction set of this process (a 32-bit armhf Python on an AArch64 kernel is
+    ``arm``, whatever ``uname -m`` says), as the feature tables name it."""
+    here = this_process()
+    if here is not None and here.arch in ("aarch64", "arm", "x86_64", "riscv64"):
+        return here.arch
+    return _family(platform.machine())
 
 
 def _family(machine: str) -> str:
@@ -296,7 +305,7 @@ _AT_HWCAP, _AT_HWCAP2 = 16, 26
 
 
 def _hwcap_names() -> set[str] | None:
-    family = _family(platform.machine())
+    family = _process_family()
     tables = {"aarch64": ((_AT_HWCAP, _AARCH64_HWCAP), (_AT_HWCAP2, _AARCH64_HWCAP2)),
               "arm": ((_AT_HWCAP, _ARM_HWCAP),)}.get(family)
     if tables is None:
@@ -314,7 +323,7 @@ def _hwcap_names() -> set[str] | None:
 
 
 def _cpuinfo_names() -> set[str] | None:
-    family = _family(platform.machine())
+    family = _process_family()
     key = {"x86_64": "flags", "aarch64": "Features", "arm": "Features",
            "riscv64": "isa"}.get(family)
     try:

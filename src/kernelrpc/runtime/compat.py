@@ -229,8 +229,8 @@ def _check_features(path: str, record: dict) -> None:
     if missing:
         raise MissingCPUFeaturesError(
             f"{os.path.basename(path)} needs CPU features {','.join(missing)} that this device "
-            f"lacks (built for {record.get('string', record.get('triple'))}); rebuild without "
-            "them, e.g. for the target remote.target() reports")
+            f"lacks (built for {str(record.get('string', record.get('triple')))[:200]}); "
+            "rebuild without them, e.g. for the target remote.target() reports")
 
 
 def _check_libc(path: str, record: dict) -> None:

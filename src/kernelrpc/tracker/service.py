@@ -98,7 +98,7 @@ class TrackerConnection(asyncio.BufferedProtocol):
 
     def close(self, why: str) -> None:
         if not self.transport.is_closing():
-            log.warning("%s: %s; closing", self.name, why)
+            log.info("%s: %s; closing", self.name, why)
             self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -278,8 +278,9 @@ class TrackerService:
                             conn.name, len(peers), conn.host)
                 conn.transport.abort()
                 return
-            min(idle, key=operator.attrgetter("last_message")).close(
-                f"{len(peers)} connections from {conn.host}; making room for a new one")
+            victim = min(idle, key=operator.attrgetter("last_message"))
+            victim.close(f"{len(peers)} connections from {conn.host}; making room for a new one")
+            peers.discard(victim)           # its connection_lost comes later
         peers.add(conn)
         self.connections.add(conn)
 

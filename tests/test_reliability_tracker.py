@@ -217,3 +217,28 @@ def test_a_queued_request_survives_a_tracker_restart(start_service):
     session.close()
     server.close()
     assert got == [("127.0.0.1", 9000, "board:9")]
+
+
+def test_clients_skip_and_report_servers_they_cannot_reach(tracker, peers, start_service):
+    bogus = peers()
+    assert bogus.call([5, {"key": "server:board", "addr": [None, 1]}]) == 0
+    for i in range(20):                                  # ports nobody listens on
+        assert bogus.call([3, "board", [free_port(), f"board:bogus{i}"], None]) == 0
+    tarpit = socket.socket()                             # accepts connections (backlog) and never answers
+    tarpit.bind(("127.0.0.1", 0))
+    tarpit.listen(8)
+    slow = peers()
+    assert slow.call([5, {"key": "server:board", "addr": [None, tarpit.getsockname()[1]]}]) == 0
+    assert slow.call([3, "board", [tarpit.getsockname()[1], "board:tarpit"], None]) == 0
+    start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}", "--key", "board"])
+    until(lambda: summary(tracker.address)["queue_info"]["board"]["free"] == 22, what="real server registered")
+    try:
+        with connect_tracker(*tracker.address) as session:
+            with session.request("board", max_retry=3, timeout=20, connect_timeout=2,
+                                 handshake_timeout=0.5) as sess:
+                assert sess.info["server"] == "kernelrpc"
+            assert summary(tracker.address)["queue_info"]["board"]["free"] <= 1   # bogus ones held back
+            assert bogus.call([7]) != []                 # still listed as pending to their server
+    finally:
+        tarpit.close()
+    assert any("could not reach" in line and "held back" in line for line in tracker.lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import traceback
 
 from .. import runtime
@@ -40,6 +41,15 @@ def _expect(args: list, *kinds) -> list:
     return args
 
 
+class SessionIdle(ConnectionLost):
+    """The client sent no request for the server's idle timeout."""
+
+
+def _timed_out(exc: ConnectionLost) -> bool:
+    """Whether a receive ended because the socket's receive timeout (SO_RCVTIMEO) passed."""
+    return isinstance(exc.__cause__, (BlockingIOError, TimeoutError))
+
+
 class SessionHandler:
     def __init__(self, conn: FramedSocket, workspace: Workspace, config: ServerConfig) -> None:
         self.conn = conn
@@ -47,6 +57,8 @@ class SessionHandler:
         self.config = config
         self._objects: dict[int, object] = {}
         self._next_id = 1
+        self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
+        self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY made
         self._ops = {
             P.GET_GLOBAL: self._get_global, P.LIST_GLOBALS: self._list_globals,
             P.LOAD_MODULE: self._load_module, P.GET_FUNCTION: self._get_function,
@@ -68,8 +80,20 @@ class SessionHandler:
         decode_call_frame, encode_scalar_result, max_frame_bytes = P.decode_call_frame, \
             P.encode_scalar_result, self.config.max_frame_bytes
         objects, CALL = self._objects, P.CALL
+        idle_timeout, monotonic = self.config.idle_timeout, time.monotonic
         while True:
-            chunk = recv_chunk()
+            waiting_since = monotonic()
+            while True:
+                try:
+                    chunk = recv_chunk()
+                    break
+                except ConnectionLost as exc:   # each receive waits at most the socket's timeout
+                    if not _timed_out(exc):
+                        raise
+                    idle = monotonic() - waiting_since
+                    if idle_timeout and idle >= idle_timeout:
+                        raise SessionIdle(f"no request for {idle:.0f} s; the server ended the session "
+                                          "(its --idle-timeout)") from None
             call = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
             if call is None:
                 if chunk is not None:
@@ -177,7 +201,7 @@ class SessionHandler:
         if isinstance(value, TensorValue):
             tensor = runtime.Tensor(value.shape, value.dtype, runtime.Device(value.device.device_type,
                                                                              value.device.device_id))
-            tensor.buffer[:] = value.data
+            tensor.buffer[:] = value.data   # lives for this call only: not counted in the session's bytes
             return tensor
         if isinstance(value, list):
             return [self._to_local(v) for v in value]
@@ -235,6 +259,7 @@ class SessionHandler:
             if isinstance(value, (ModuleHandle, FunctionHandle, TensorHandle)):
                 obj = self._objects.pop(value.id, None)
                 if isinstance(obj, runtime.Tensor):
+                    self.tensor_bytes -= self._allocated.pop(value.id, 0)
                     obj.free()
         return P.encode_return()
 
@@ -244,8 +269,16 @@ class SessionHandler:
         if nbytes > self.config.max_tensor_bytes:
             raise MemoryError(f"tensor of {nbytes} bytes exceeds the server's limit of "
                               f"{self.config.max_tensor_bytes} bytes (max_tensor_bytes)")
+        if self.tensor_bytes + nbytes > self.config.max_session_bytes:
+            raise MemoryError(f"a tensor of {nbytes} bytes would bring this session's tensors to "
+                              f"{self.tensor_bytes + nbytes} bytes, beyond the server's limit of "
+                              f"{self.config.max_session_bytes} bytes per session (--max-session-bytes); "
+                              "free tensors you no longer need")
         tensor = runtime.Tensor(tuple(shape), dtype, runtime.Device(device.device_type, device.device_id))
-        return P.encode_return([self._tensor_handle(tensor)])
+        handle = self._tensor_handle(tensor)
+        self._allocated[handle.id] = nbytes
+        self.tensor_bytes += nbytes
+        return P.encode_return([handle])
 
     def _tensor_range(self, args) -> memoryview:
         handle, offset, nbytes = _expect(args, TensorHandle, int, int)

@@ -28,6 +28,10 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
                         help="end a session that sends no request for this many seconds (0: never)")
     parser.add_argument("--io-timeout", type=float, default=ServerConfig.io_timeout,
                         help="end a session whose frame or transfer stalls this many seconds (0: never)")
+    parser.add_argument("--min-transfer-rate", type=int, default=ServerConfig.min_transfer_rate,
+                        help="bytes/s an upload or tensor copy must keep on average (0: any pace)")
+    parser.add_argument("--checked-tensors", action="store_true",
+                        help="check after each call that no kernel wrote outside its tensor arguments")
     parser.add_argument("--max-session-bytes", type=int, default=None,
                         help="tensor bytes one session may hold at a time (default: 3/4 of the memory)")
     parser.add_argument("--max-pending", type=int, default=ServerConfig.max_pending,
@@ -64,7 +68,8 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
         max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
         handshake_timeout=args.handshake_timeout, max_pending=args.max_pending,
         max_sessions=args.max_sessions,
-        idle_timeout=args.idle_timeout, io_timeout=args.io_timeout,
+        idle_timeout=args.idle_timeout, io_timeout=args.io_timeout, checked_tensors=args.checked_tensors,
+        min_transfer_rate=args.min_transfer_rate,
         **({} if args.max_session_bytes is None else {"max_session_bytes": args.max_session_bytes}),
         workspace_root=args.workspace_root, tracker_addr=tracker_addr,
         custom_addr=args.custom_addr, through_proxy=args.through_proxy), args.log_level

@@ -20,6 +20,8 @@ class ServerConfig:
     max_session_bytes: int = dataclasses.field(default_factory=lambda: default_session_bytes())
     idle_timeout: float = 600.0           # a session with no request for this long ends (0 = never)
     io_timeout: float = 30.0              # a frame or transfer stalled this long ends the session (0 = never)
+    min_transfer_rate: int = 16 << 10     # bytes/s an upload or copy must keep, after io_timeout (0 = any)
+    checked_tensors: bool = False         # pads around tensors, checked after each call (canary.py)
     handshake_timeout: float = 10.0       # a silent peer is dropped after this long
     max_pending: int = 256                # connections in the handshake or waiting for a slot
     max_sessions: int = 1                 # sessions at a time; more would disturb measurements

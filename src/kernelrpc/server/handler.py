@@ -19,7 +19,7 @@ from ..rpc import protocol as P
 from ..rpc.transport import FramedSocket
 from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                           nbytes_of)
-from . import registry
+from . import canary, registry
 from .config import ServerConfig
 from .workspace import Workspace, WorkspaceError
 
@@ -43,6 +43,13 @@ def _expect(args: list, *kinds) -> list:
 
 class SessionIdle(ConnectionLost):
     """The client sent no request for the server's idle timeout."""
+
+
+class TransferTooSlow(ConnectionLost):
+    """An upload or tensor copy arrives slower than the server's minimum rate."""
+
+
+_PACE_CHUNK = 1 << 16
 
 
 def _timed_out(exc: ConnectionLost) -> bool:
@@ -81,6 +88,7 @@ class SessionHandler:
             P.encode_scalar_result, self.config.max_frame_bytes
         objects, CALL = self._objects, P.CALL
         idle_timeout, monotonic = self.config.idle_timeout, time.monotonic
+        checked = self.config.checked_tensors
         while True:
             waiting_since = monotonic()
             while True:
@@ -115,6 +123,8 @@ class SessionHandler:
                     if type(args) is not tuple:  # a tuple holds ints and floats only (decode_call_frame)
                         args = self._args_to_local(args)
                     result = func(*args)
+                    if checked:
+                        canary.check_arguments(args)
                     reply = encode_scalar_result(result)
                     if reply is None:
                         reply = P.encode_result(result if type(result) in _PLAIN else self._to_wire(result))
@@ -275,6 +285,8 @@ class SessionHandler:
                               f"{self.config.max_session_bytes} bytes per session (--max-session-bytes); "
                               "free tensors you no longer need")
         tensor = runtime.Tensor(tuple(shape), dtype, runtime.Device(device.device_type, device.device_id))
+        if self.config.checked_tensors:
+            canary.guard(tensor)
         handle = self._tensor_handle(tensor)
         self._allocated[handle.id] = nbytes
         self.tensor_bytes += nbytes
@@ -290,7 +302,7 @@ class SessionHandler:
 
     def _copy_to(self, args):
         target = self._tensor_range(args)
-        self.conn.recv_raw_into(target)
+        self._receive_raw(target, self._pace_deadline(len(target)))
         return P.encode_return()
 
     def _copy_from(self, args):
@@ -312,12 +324,31 @@ class SessionHandler:
                 raise
         return P.encode_return()
 
+    def _pace_deadline(self, nbytes: int) -> float | None:
+        rate = self.config.min_transfer_rate
+        return time.monotonic() + self.config.io_timeout + nbytes / rate if rate else None
+
+    def _receive_raw(self, target, deadline: float | None) -> None:
+        """``recv_raw_into``, in pieces between which the pace is checked: a transfer that
+        would end after ``deadline`` ends the session (it cannot be refused in step)."""
+        view = memoryview(target).cast("B")
+        if deadline is None:
+            self.conn.recv_raw_into(view)
+            return
+        for pos in range(0, len(view), _PACE_CHUNK):
+            if time.monotonic() > deadline:
+                raise TransferTooSlow(f"a transfer is slower than the server's minimum of "
+                                      f"{self.config.min_transfer_rate} bytes/s (--min-transfer-rate); "
+                                      "the server ended the session")
+            self.conn.recv_raw_into(view[pos:pos + _PACE_CHUNK])
+
     def _receive_into_file(self, out, nbytes: int) -> None:
         chunk = bytearray(min(nbytes, 1 << 20))
         left = nbytes
+        deadline = self._pace_deadline(nbytes)
         while left:
             part = memoryview(chunk)[:min(left, len(chunk))]
-            self.conn.recv_raw_into(part)
+            self._receive_raw(part, deadline)
             left -= len(part)
             try:
                 out.write(part)

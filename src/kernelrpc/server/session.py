@@ -21,7 +21,7 @@ from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.transport import FramedSocket
 from .config import ServerConfig
-from .handler import SessionHandler, SessionIdle
+from .handler import SessionHandler, SessionIdle, TransferTooSlow
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -288,8 +288,8 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
     try:
         conn.send(P.encode_hello_accept(info))
         SessionHandler(conn, workspace, config).serve()
-    except SessionIdle as exc:
-        log.info("session ended: %s", exc)
+    except (SessionIdle, TransferTooSlow) as exc:
+        log.warning("session ended: %s", exc)
         try:
             conn.send(P.encode_notice(P.NOTICE_TIMEOUT, str(exc)))
         except ConnectionLost:

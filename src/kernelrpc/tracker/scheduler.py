@@ -36,6 +36,7 @@ import collections
 import dataclasses
 import heapq
 import itertools
+import operator
 from typing import Hashable
 
 Peer = Hashable
@@ -424,17 +425,24 @@ class Scheduler:
         """TVM's ``queue_info``: every key seen, with its free slots and waiting requests."""
         return dict(self.queue_rows())
 
-    def queue_rows(self) -> list[tuple[str, dict]]:
-        """``queue_info`` as rows, keys that servers offered first, then by waiting requests."""
+    def queue_rows(self):
+        """``queue_info`` as rows (made as they are consumed), keys that servers offered first,
+        then by waiting requests."""
         order = sorted(self._queues.items(), key=lambda kq: (not kq[1].offered, -kq[1].live_requests))
-        return [(key, {"free": len(q.free), "pending": q.live_requests}) for key, q in order]
+        return ((key, {"free": len(q.free), "pending": q.live_requests}) for key, q in order)
 
     def key_count(self) -> int:
         return len(self._queues)
 
-    def lease_info(self, now: float, describe=lambda peer: None) -> list[dict]:
-        """Open leases, oldest first, without match keys (they are the servers' secrets)."""
-        leases = sorted((x for ls in self._leases_of.values() for x in ls), key=lambda x: x.granted_at)
+    def lease_count(self) -> int:
+        return sum(map(len, self._leases_of.values()))
+
+    def lease_info(self, now: float, describe=lambda peer: None, limit: int | None = None) -> list[dict]:
+        """Open leases, oldest first (the first ``limit``), without match keys (they are the
+        servers' secrets)."""
+        every = (x for ls in self._leases_of.values() for x in ls)
+        granted = operator.attrgetter("granted_at")
+        leases = sorted(every, key=granted) if limit is None else heapq.nsmallest(limit, every, key=granted)
         return [{"key": x.slot.key, "server": [x.slot.host, x.slot.port], "client": describe(x.request.client),
                  "priority": x.request.priority, "state": "session" if x.in_session else "leased",
                  "age": round(now - x.granted_at, 6), "queue_wait": round(x.queue_wait, 6)}
@@ -455,5 +463,9 @@ class Scheduler:
                      "waited": round(now - r.requested_at, 6)} for _, _, r in live]
         return out if limit is None else (out, total)
 
-    def key_stats(self) -> dict:
-        return {key: q.stats.to_dict() for key, q in self._queues.items() if q.stats.matches}
+    def key_stats(self, limit: int | None = None) -> dict:
+        matched = (kq for kq in self._queues.items() if kq[1].stats.matches)
+        return {key: q.stats.to_dict() for key, q in itertools.islice(matched, limit)}
+
+    def matched_key_count(self) -> int:
+        return sum(1 for q in self._queues.values() if q.stats.matches)

@@ -409,12 +409,12 @@ class TrackerService:
             "queue_info": dict(_within_budget(scheduler.queue_rows(), scheduler.key_count(), "queue_info", omitted)),
             "server_info": _within_budget(servers, len(servers), "server_info", omitted),
         }
-        leases = scheduler.lease_info(now, describe)
-        out["leases"] = _within_budget(leases[:MAX_SUMMARY_ROWS], len(leases), "leases", omitted)
+        leases = scheduler.lease_info(now, describe, limit=MAX_SUMMARY_ROWS)
+        out["leases"] = _within_budget(leases, scheduler.lease_count(), "leases", omitted)
         waiting, total_waiting = scheduler.wait_info(now, describe, limit=MAX_SUMMARY_ROWS)
         out["waiting"] = _within_budget(waiting, total_waiting, "waiting", omitted)
-        stats = scheduler.key_stats()
-        out["stats"] = dict(_within_budget(list(stats.items())[:MAX_SUMMARY_ROWS], len(stats), "stats", omitted))
+        stats = scheduler.key_stats(limit=MAX_SUMMARY_ROWS)
+        out["stats"] = dict(_within_budget(stats.items(), scheduler.matched_key_count(), "stats", omitted))
         if omitted:
             out["truncated"] = omitted
         return out

@@ -52,8 +52,8 @@ class TransferTooSlow(ConnectionLost):
 _PACE_CHUNK = 1 << 16
 
 
-def _timed_out(exc: ConnectionLost) -> bool:
-    """Whether a receive ended because the socket's receive timeout (SO_RCVTIMEO) passed."""
+def socket_timed_out(exc: ConnectionLost) -> bool:
+    """Whether a receive or send ended because the socket's timeout (SO_RCVTIMEO/SO_SNDTIMEO) passed."""
     return isinstance(exc.__cause__, (BlockingIOError, TimeoutError))
 
 
@@ -96,7 +96,7 @@ class SessionHandler:
                     chunk = recv_chunk()
                     break
                 except ConnectionLost as exc:   # each receive waits at most the socket's timeout
-                    if not _timed_out(exc):
+                    if not socket_timed_out(exc):
                         raise
                     idle = monotonic() - waiting_since
                     if idle_timeout and idle >= idle_timeout:

@@ -21,7 +21,7 @@ from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.transport import FramedSocket
 from .config import ServerConfig
-from .handler import SessionHandler, SessionIdle, TransferTooSlow
+from .handler import SessionHandler, SessionIdle, TransferTooSlow, socket_timed_out
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -295,7 +295,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
         except ConnectionLost:
             pass
     except ConnectionLost as exc:
-        if isinstance(exc.__cause__, (BlockingIOError, TimeoutError)):
+        if socket_timed_out(exc):
             log.warning("session ended: a frame or transfer stalled for %g s (--io-timeout)", config.io_timeout)
         else:
             log.info("client disconnected")

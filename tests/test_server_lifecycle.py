@@ -176,8 +176,12 @@ def test_oversized_frame_ends_the_session_with_an_error(start_service):
     server = start_server(start_service, "--max-frame-bytes", "4096")
     with rpc.connect(server.host, server.port, key="dev") as sess:
         assert sess.info["max_frame_bytes"] == 4096
+        echo = sess.get_function("testing.echo")
+        with pytest.raises(ValueError, match="frame limit of 4096"):   # our client refuses it locally
+            echo(b"x" * 10_000)
+        sess._conn.send(P.encode_call(echo._id, [b"x" * 10_000]))       # a client that sends it anyway
         with pytest.raises(kernelrpc.RemoteError, match="exceeds the limit of 4096"):
-            sess.get_function("testing.echo")(b"x" * 10_000)
+            echo(1)
     assert_serves(server)
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 
 from .errors import ConnectionLost, TrackerError
-from .rpc.tracker_client import TrackerUnreachable, connect_tracker, count_servers, format_summary
+from .rpc.tracker_client import TrackerUnreachable, connect_tracker, count_servers, format_summary, printable
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_NO_SERVERS, EXIT_ALL_BUSY = 0, 3, 4, 5
 
@@ -38,7 +38,7 @@ def explain(status: str, info: dict, where: str) -> str:
         return f"no servers are registered at tracker {where} for any key"
     pending = {k: q["pending"] for k, q in info.get("queue_info", {}).items() if q.get("pending")}
     servers = count_servers(info)
-    busy = ", ".join(f"{k} ({n} servers, {pending.get(k, 0)} waiting)" for k, n in sorted(servers.items()))
+    busy = ", ".join(f"{printable(k)} ({n} servers, {pending.get(k, 0)} waiting)" for k, n in sorted(servers.items()))
     return f"all servers at tracker {where} are busy: {busy or 'no server key'}"
 
 
@@ -64,10 +64,10 @@ def main(argv=None) -> int:
     except (TrackerUnreachable, ConnectionLost) as exc:
         if args.json:
             print(json.dumps({"tracker": where, "status": "unreachable", "error": str(exc)}))
-        print(f"tracker unreachable: {exc}", file=sys.stderr)
+        print(f"tracker unreachable: {printable(exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except TrackerError as exc:
-        print(f"tracker error: {exc}", file=sys.stderr)
+        print(f"tracker error: {printable(exc)}", file=sys.stderr)
         return 1
     code, status = classify(info)
     if args.json:

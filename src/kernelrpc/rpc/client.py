@@ -141,6 +141,10 @@ class RPCSession:
         request = P.encode_scalar_call(function_id, args)
         if request is None:
             request = P.encode_call(function_id, self._args_to_wire(args))
+            if len(request) > self._max_frame_bytes:
+                raise ValueError(f"the arguments of this call take {len(request)} bytes, more than the "
+                                 f"server's frame limit of {self._max_frame_bytes} bytes; pass large "
+                                 "arrays as remote tensors (sess.empty(...).copyfrom(array))")
         conn = self._conn
         lock = self._lock
         lock.acquire()

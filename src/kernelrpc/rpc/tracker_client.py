@@ -8,11 +8,13 @@ the session's lifetime on the server (``session_timeout``).
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import time
 
 from ..errors import (ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
+from . import handshake as H
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -153,31 +155,32 @@ class TrackerSession:
     # -- requesting a device ----------------------------------------------------------------
 
     def request(self, key: str, priority: int = 1, session_timeout: float = 0, max_retry: int = 5,
-                timeout: float | None = None):
+                timeout: float | None = None, *, connect_timeout: float = 5.0, handshake_timeout: float = 10.0,
+                reconnect_timeout: float = 30.0):
         """Wait for a free server with ``key`` and open a session with it.
 
         ``timeout`` bounds the wait in the tracker's queue (QueueTimeout); ``session_timeout``
-        is how long the server lets the session run.  A server that does not accept the
-        match key (it went away or its key went stale) costs one of ``max_retry`` attempts.
+        is how long the server lets the session run.  ``connect_timeout`` and
+        ``handshake_timeout`` bound the TCP connect to the server and its handshake.  A server
+        that cannot be reached (refused, timed out, closed) is reported to the tracker, which
+        hands it to nobody for a while, and the next one is tried; a server that refuses the
+        match key (it went stale) is just skipped.  Each costs one of ``max_retry`` attempts.
+        If the tracker connection breaks while waiting (say, the tracker restarts), the request
+        reconnects and queues again, until ``timeout`` or, without one, ``reconnect_timeout``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         self._warn_if_unknown(key)
         last_error: Exception | None = None
         for attempt in range(1, max_retry + 1):
+            host, port, matchkey = self._wait_for_match(key, priority, deadline, timeout, reconnect_timeout)
             try:
-                host, port, matchkey = self._wait_for_match(key, priority, deadline, timeout)
-            except (OSError, ConnectionLost) as exc:
-                self.close()
-                last_error = exc
-                continue
-            from .client import connect
-
-            try:
-                return connect(host, port, key=matchkey, session_timeout=session_timeout)
+                return _open_session(host, port, matchkey, session_timeout, connect_timeout, handshake_timeout)
             except (HandshakeError, ConnectionLost, ConnectTimeout, OSError) as exc:
                 log.info("server %s:%s for key %r did not accept the session (attempt %d of %d): %s",
                          host, port, key, attempt, max_retry, exc)
                 last_error = exc
+                if not isinstance(exc, HandshakeError):
+                    self._report_unreachable(key, host, port, matchkey)
         raise TrackerError(f"no session for key {key!r} from tracker {self.where} after {max_retry} "
                            f"attempts; last error: {last_error}")
 
@@ -206,19 +209,46 @@ class TrackerSession:
         raise TrackerError(f"request_and_run: {getattr(func, '__name__', 'func')} failed on key "
                            f"{key!r} {max_retry} times; last error: {last_error}") from last_error
 
-    def request_address(self, key: str, priority: int = 1, timeout: float | None = None) -> tuple[str, int, str]:
+    def request_address(self, key: str, priority: int = 1, timeout: float | None = None,
+                        reconnect_timeout: float = 30.0) -> tuple[str, int, str]:
         """Wait in the queue and return ``(host, port, matchkey)`` without connecting."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        return self._wait_for_match(key, priority, deadline, timeout)
+        return self._wait_for_match(key, priority, deadline, timeout, reconnect_timeout)
 
-    def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None):
-        self._send([TrackerCode.REQUEST, key, "", priority])
+    def _report_unreachable(self, key: str, host: str, port: int, matchkey: str) -> None:
+        """Tell the tracker (best effort) that the server it handed out cannot be reached.  Sent
+        in an UPDATE_INFO that TVM's tracker merges into our info and otherwise ignores."""
+        report = {"key": key, "addr": [host, port], "matchkey": matchkey}
         try:
-            reply = self._await_match(key, deadline)
-        except socket.timeout:
-            self.close()                      # closing the connection takes us out of the queue
-            raise QueueTimeout(f"no server with key {key!r} became free within {timeout:g} s at tracker "
-                               f"{self.where}{self._queue_state(key)}") from None
+            self._call([TrackerCode.UPDATE_INFO, {"addr": [None, 0], "unreachable": report}])
+        except (TrackerError, ConnectionLost, OSError) as exc:
+            log.debug("could not report %s:%s to tracker %s: %s", host, port, self.where, exc)
+
+    def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None,
+                        reconnect_timeout: float):
+        lost_at = None
+        pause = 0.05
+        while True:
+            try:
+                self._send([TrackerCode.REQUEST, key, "", priority])
+                reply = self._await_match(key, deadline)
+                break
+            except socket.timeout:
+                self.close()                      # closing the connection takes us out of the queue
+                raise QueueTimeout(f"no server with key {key!r} became free within {timeout:g} s at tracker "
+                                   f"{self.where}{self._queue_state(key)}") from None
+            except (OSError, ConnectionLost, TrackerUnreachable) as exc:
+                self.close()
+                now = time.monotonic()
+                if lost_at is None:
+                    lost_at = now
+                    log.warning("lost tracker %s while waiting for key %r (%s); reconnecting", self.where, key, exc)
+                give_up = deadline if deadline is not None else lost_at + reconnect_timeout
+                if now >= give_up:
+                    raise TrackerUnreachable(f"lost tracker {self.where} while waiting for key {key!r} and "
+                                             f"could not queue again within {give_up - lost_at:.3g} s: {exc}") from None
+                time.sleep(min(pause * (0.5 + random.random()), give_up - now))
+                pause = min(pause * 2, 1.0)
         _raise_for_failure(reply, self.where)
         try:
             code, (host, port, matchkey) = reply
@@ -282,12 +312,45 @@ class TrackerSession:
         return f" ({servers} servers have this key, {queue.get('free', 0)} free, {queue.get('pending', 0)} waiting)"
 
     def _warn_if_unknown(self, key: str) -> None:
-        info = self.summary()
+        """Best effort: a request never depends on the summary (a tracker may refuse it)."""
+        try:
+            info = self.summary()
+        except (TrackerError, ConnectionLost, OSError) as exc:
+            log.debug("no summary from tracker %s: %s", self.where, exc)
+            return
         free = info.get("queue_info", {}).get(key, {}).get("free", 0)
         if not free and not count_servers(info).get(key):
             known = sorted(k for k in count_servers(info))
             log.warning("no server with key %r is registered at tracker %s (keys with servers: %s); "
                         "the request waits until one registers", key, self.where, ", ".join(known) or "none")
+
+
+def _open_session(host: str, port: int, matchkey: str, session_timeout: float, connect_timeout: float,
+                  handshake_timeout: float):
+    """``client.connect``, with the TCP connect and the handshake bounded separately."""
+    from .client import open_session
+
+    try:
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
+    except socket.timeout:
+        raise ConnectTimeout(f"connecting to {host}:{port} took more than {connect_timeout:g} s") from None
+    except OSError as exc:
+        raise ConnectionLost(f"cannot connect to kernelrpc server at {host}:{port}: {exc}") from exc
+    try:
+        sock.settimeout(handshake_timeout)
+        return open_session(sock, H.make_key("client", matchkey, session_timeout or None),
+                            f"{host}:{port}", session_timeout)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def printable(text) -> str:
+    """``str(text)`` with control and other unprintable characters escaped (safe on a terminal)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _raise_for_failure(reply, where: str) -> None:
@@ -311,19 +374,23 @@ def format_summary(info: dict) -> str:
     """Render a SUMMARY payload exactly like TVM's ``text_summary`` (``tvm-rpc-protocol.md`` 2.8)."""
     lines = ["Server List", "-" * 30, "server-address           key", "-" * 30]
     for item in sorted(info.get("server_info", []), key=lambda x: str(x.get("key", ""))):
-        address = ":".join(map(str, item.get("addr", [])))
-        lines.append(f"{address:21s}    {item.get('key', '')}")
+        address = printable(":".join(map(str, item.get("addr", []))))
+        lines.append(f"{address:21s}    {printable(item.get('key', ''))}")
     lines += ["-" * 30, ""]
     total = count_servers(info)
     queue_info = info.get("queue_info", {})
     keys = sorted(queue_info)
-    width = max((len(k) for k in keys), default=0)
+    width = max((len(printable(k)) for k in keys), default=0)
     title = f"{'key':<{width}s}   total  free  pending"
     rule = "-" * (len(title) + 1)
     lines += ["Queue Status", rule, title, rule]
     for k in keys:
         count, free, pending = total.get(k, 0), queue_info[k]["free"], queue_info[k]["pending"]
         if count or pending:
-            lines.append(f"{k:<{width}}   {count:<5d}  {free:<4d}  {pending:<7d}")
+            lines.append(f"{printable(k):<{width}}   {count:<5d}  {free:<4d}  {pending:<7d}")
     lines.append(rule)
+    truncated = info.get("truncated")
+    if isinstance(truncated, dict) and truncated:
+        lines.append("(the tracker left out " + ", ".join(f"{n} {printable(part)} rows" for part, n in
+                                                      sorted(truncated.items())) + " to fit its reply)")
     return "\n".join(lines) + "\n"

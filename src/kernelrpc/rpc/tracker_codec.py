@@ -100,6 +100,8 @@ class FrameDecoder:
                 out.append(decode_json(str(data[pos + 4:pos + 4 + n], "utf-8")))
             except (UnicodeDecodeError, ValueError) as exc:
                 raise ProtocolError(f"tracker frame is not valid JSON: {exc}") from None
+            except RecursionError:
+                raise ProtocolError("tracker frame nests JSON too deeply to decode") from None
             pos += 4 + n
         if data is buf:
             del buf[:pos]

@@ -24,6 +24,16 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
     parser.add_argument("--max-frame-bytes", type=int, default=ServerConfig.max_frame_bytes)
     parser.add_argument("--max-tensor-bytes", type=int, default=ServerConfig.max_tensor_bytes)
     parser.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout)
+    parser.add_argument("--idle-timeout", type=float, default=ServerConfig.idle_timeout,
+                        help="end a session that sends no request for this many seconds (0: never)")
+    parser.add_argument("--io-timeout", type=float, default=ServerConfig.io_timeout,
+                        help="end a session whose frame or transfer stalls this many seconds (0: never)")
+    parser.add_argument("--min-transfer-rate", type=int, default=ServerConfig.min_transfer_rate,
+                        help="bytes/s an upload or tensor copy must keep on average (0: any pace)")
+    parser.add_argument("--checked-tensors", action="store_true",
+                        help="check after each call that no kernel wrote outside its tensor arguments")
+    parser.add_argument("--max-session-bytes", type=int, default=None,
+                        help="tensor bytes one session may hold at a time (default: 3/4 of the memory)")
     parser.add_argument("--max-pending", type=int, default=ServerConfig.max_pending,
                         help="connections held in the handshake or waiting for a session slot; past it, "
                              "the oldest unfinished handshake is dropped")
@@ -49,7 +59,8 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
     from ..rpc.protocol import MIN_MAX_FRAME_BYTES
     if args.max_frame_bytes < MIN_MAX_FRAME_BYTES:
         parser.error(f"--max-frame-bytes must be at least {MIN_MAX_FRAME_BYTES}")
-    if args.max_sessions < 1 or args.max_pending < 1 or args.session_timeout < 0 or args.handshake_timeout <= 0:
+    if (args.max_sessions < 1 or args.max_pending < 1 or args.session_timeout < 0 or args.handshake_timeout <= 0
+            or args.idle_timeout < 0 or args.io_timeout < 0):
         parser.error("--max-sessions and --max-pending must be >= 1, timeouts positive")
     return ServerConfig(
         host=args.host, port=args.port, port_end=args.port_end, key=args.key,
@@ -57,6 +68,9 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
         max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
         handshake_timeout=args.handshake_timeout, max_pending=args.max_pending,
         max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout, io_timeout=args.io_timeout, checked_tensors=args.checked_tensors,
+        min_transfer_rate=args.min_transfer_rate,
+        **({} if args.max_session_bytes is None else {"max_session_bytes": args.max_session_bytes}),
         workspace_root=args.workspace_root, tracker_addr=tracker_addr,
         custom_addr=args.custom_addr, through_proxy=args.through_proxy), args.log_level
 

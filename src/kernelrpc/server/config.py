@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from ..rpc.protocol import DEFAULT_MAX_FRAME_BYTES
 
@@ -16,6 +17,11 @@ class ServerConfig:
     max_upload_bytes: int = 1 << 30
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_tensor_bytes: int = 8 << 30       # largest single tensor a client may allocate
+    max_session_bytes: int = dataclasses.field(default_factory=lambda: default_session_bytes())
+    idle_timeout: float = 600.0           # a session with no request for this long ends (0 = never)
+    io_timeout: float = 30.0              # a frame or transfer stalled this long ends the session (0 = never)
+    min_transfer_rate: int = 16 << 10     # bytes/s an upload or copy must keep, after io_timeout (0 = any)
+    checked_tensors: bool = False         # pads around tensors, checked after each call (canary.py)
     handshake_timeout: float = 10.0       # a silent peer is dropped after this long
     max_pending: int = 256                # connections in the handshake or waiting for a slot
     max_sessions: int = 1                 # sessions at a time; more would disturb measurements
@@ -24,7 +30,20 @@ class ServerConfig:
     custom_addr: str | None = None
     through_proxy: bool = False           # --host/--port name a proxy to connect out to
 
+    def socket_timeout(self) -> float:
+        """What each receive or send of a session may wait (0: forever)."""
+        limits = [t for t in (self.idle_timeout, self.io_timeout) if t]
+        return min(limits) if limits else 0.0
+
     def effective_timeout(self, client_timeout: float | None) -> float | None:
         """The session's time limit: the smaller of the client's and the server's, if any."""
         limits = [t for t in (client_timeout, self.session_timeout) if t]
         return min(limits) if limits else None
+
+
+def default_session_bytes() -> int:
+    """Tensor bytes one session may hold at a time by default: three quarters of the memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import traceback
 
 from .. import runtime
@@ -18,7 +19,7 @@ from ..rpc import protocol as P
 from ..rpc.transport import FramedSocket
 from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                           nbytes_of)
-from . import registry
+from . import canary, registry
 from .config import ServerConfig
 from .workspace import Workspace, WorkspaceError
 
@@ -40,6 +41,22 @@ def _expect(args: list, *kinds) -> list:
     return args
 
 
+class SessionIdle(ConnectionLost):
+    """The client sent no request for the server's idle timeout."""
+
+
+class TransferTooSlow(ConnectionLost):
+    """An upload or tensor copy arrives slower than the server's minimum rate."""
+
+
+_PACE_CHUNK = 1 << 16
+
+
+def socket_timed_out(exc: ConnectionLost) -> bool:
+    """Whether a receive or send ended because the socket's timeout (SO_RCVTIMEO/SO_SNDTIMEO) passed."""
+    return isinstance(exc.__cause__, (BlockingIOError, TimeoutError))
+
+
 class SessionHandler:
     def __init__(self, conn: FramedSocket, workspace: Workspace, config: ServerConfig) -> None:
         self.conn = conn
@@ -47,6 +64,8 @@ class SessionHandler:
         self.config = config
         self._objects: dict[int, object] = {}
         self._next_id = 1
+        self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
+        self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY made
         self._ops = {
             P.GET_GLOBAL: self._get_global, P.LIST_GLOBALS: self._list_globals,
             P.LOAD_MODULE: self._load_module, P.GET_FUNCTION: self._get_function,
@@ -68,8 +87,21 @@ class SessionHandler:
         decode_call_frame, encode_scalar_result, max_frame_bytes = P.decode_call_frame, \
             P.encode_scalar_result, self.config.max_frame_bytes
         objects, CALL = self._objects, P.CALL
+        idle_timeout, monotonic = self.config.idle_timeout, time.monotonic
+        checked = self.config.checked_tensors
         while True:
-            chunk = recv_chunk()
+            waiting_since = monotonic()
+            while True:
+                try:
+                    chunk = recv_chunk()
+                    break
+                except ConnectionLost as exc:   # each receive waits at most the socket's timeout
+                    if not socket_timed_out(exc):
+                        raise
+                    idle = monotonic() - waiting_since
+                    if idle_timeout and idle >= idle_timeout:
+                        raise SessionIdle(f"no request for {idle:.0f} s; the server ended the session "
+                                          "(its --idle-timeout)") from None
             call = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
             if call is None:
                 if chunk is not None:
@@ -91,6 +123,8 @@ class SessionHandler:
                     if type(args) is not tuple:  # a tuple holds ints and floats only (decode_call_frame)
                         args = self._args_to_local(args)
                     result = func(*args)
+                    if checked:
+                        canary.check_arguments(args)
                     reply = encode_scalar_result(result)
                     if reply is None:
                         reply = P.encode_result(result if type(result) in _PLAIN else self._to_wire(result))
@@ -177,7 +211,7 @@ class SessionHandler:
         if isinstance(value, TensorValue):
             tensor = runtime.Tensor(value.shape, value.dtype, runtime.Device(value.device.device_type,
                                                                              value.device.device_id))
-            tensor.buffer[:] = value.data
+            tensor.buffer[:] = value.data   # lives for this call only: not counted in the session's bytes
             return tensor
         if isinstance(value, list):
             return [self._to_local(v) for v in value]
@@ -235,6 +269,7 @@ class SessionHandler:
             if isinstance(value, (ModuleHandle, FunctionHandle, TensorHandle)):
                 obj = self._objects.pop(value.id, None)
                 if isinstance(obj, runtime.Tensor):
+                    self.tensor_bytes -= self._allocated.pop(value.id, 0)
                     obj.free()
         return P.encode_return()
 
@@ -244,8 +279,18 @@ class SessionHandler:
         if nbytes > self.config.max_tensor_bytes:
             raise MemoryError(f"tensor of {nbytes} bytes exceeds the server's limit of "
                               f"{self.config.max_tensor_bytes} bytes (max_tensor_bytes)")
+        if self.tensor_bytes + nbytes > self.config.max_session_bytes:
+            raise MemoryError(f"a tensor of {nbytes} bytes would bring this session's tensors to "
+                              f"{self.tensor_bytes + nbytes} bytes, beyond the server's limit of "
+                              f"{self.config.max_session_bytes} bytes per session (--max-session-bytes); "
+                              "free tensors you no longer need")
         tensor = runtime.Tensor(tuple(shape), dtype, runtime.Device(device.device_type, device.device_id))
-        return P.encode_return([self._tensor_handle(tensor)])
+        if self.config.checked_tensors:
+            canary.guard(tensor)
+        handle = self._tensor_handle(tensor)
+        self._allocated[handle.id] = nbytes
+        self.tensor_bytes += nbytes
+        return P.encode_return([handle])
 
     def _tensor_range(self, args) -> memoryview:
         handle, offset, nbytes = _expect(args, TensorHandle, int, int)
@@ -257,7 +302,7 @@ class SessionHandler:
 
     def _copy_to(self, args):
         target = self._tensor_range(args)
-        self.conn.recv_raw_into(target)
+        self._receive_raw(target, self._pace_deadline(len(target)))
         return P.encode_return()
 
     def _copy_from(self, args):
@@ -279,12 +324,31 @@ class SessionHandler:
                 raise
         return P.encode_return()
 
+    def _pace_deadline(self, nbytes: int) -> float | None:
+        rate = self.config.min_transfer_rate
+        return time.monotonic() + self.config.io_timeout + nbytes / rate if rate else None
+
+    def _receive_raw(self, target, deadline: float | None) -> None:
+        """``recv_raw_into``, in pieces between which the pace is checked: a transfer that
+        would end after ``deadline`` ends the session (it cannot be refused in step)."""
+        view = memoryview(target).cast("B")
+        if deadline is None:
+            self.conn.recv_raw_into(view)
+            return
+        for pos in range(0, len(view), _PACE_CHUNK):
+            if time.monotonic() > deadline:
+                raise TransferTooSlow(f"a transfer is slower than the server's minimum of "
+                                      f"{self.config.min_transfer_rate} bytes/s (--min-transfer-rate); "
+                                      "the server ended the session")
+            self.conn.recv_raw_into(view[pos:pos + _PACE_CHUNK])
+
     def _receive_into_file(self, out, nbytes: int) -> None:
         chunk = bytearray(min(nbytes, 1 << 20))
         left = nbytes
+        deadline = self._pace_deadline(nbytes)
         while left:
             part = memoryview(chunk)[:min(left, len(chunk))]
-            self.conn.recv_raw_into(part)
+            self._receive_raw(part, deadline)
             left -= len(part)
             try:
                 out.write(part)

@@ -19,6 +19,7 @@ from ..errors import ProtocolError
 from ..rpc import handshake as H
 from .config import ServerConfig
 from .session import SessionProcess, start_session
+from .workspace import remove_stale
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Server:
         self._stopping = False
         listen_sock.setblocking(False)
         self.selector.register(listen_sock, selectors.EVENT_READ, self._accept)
+        remove_stale(config.workspace_root)
 
     @property
     def address(self) -> tuple[str, int]:

@@ -7,11 +7,13 @@ the session timeout and was killed), and it removes the session's workspace.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import select
 import signal
 import socket
+import struct
 import time
 
 from ..errors import ConnectionLost, ProtocolError, VersionMismatch
@@ -19,7 +21,7 @@ from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.transport import FramedSocket
 from .config import ServerConfig
-from .handler import SessionHandler
+from .handler import SessionHandler, SessionIdle, TransferTooSlow, socket_timed_out
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -56,19 +58,26 @@ class SessionProcess:
         """Reap the child if it has exited; True once the session is over."""
         if self.done:
             return True
-        pid, status = os.waitpid(self.pid, os.WNOHANG)
-        if pid == 0:
+        if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return False
+        self._kill_group()              # before reaping: until then the group's id cannot be reused
+        _, status = os.waitpid(self.pid, 0)
         self._finish(status, self._ended_cleanly())
         return True
+
+    def _kill_group(self) -> None:
+        """End the session child and every process it started (a kernel may fork)."""
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(self.pid, signal.SIGKILL)
+                return
+            except (ProcessLookupError, PermissionError):
+                continue
 
     def expire_if_due(self, now: float) -> bool:
         if self.done or self.deadline is None or now < self.deadline:
             return False
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self._kill_group()
         _, status = os.waitpid(self.pid, 0)
         if self._ended_cleanly():  # it ended on its own just in time
             self._finish(status, True)
@@ -96,10 +105,7 @@ class SessionProcess:
         """End the session now because the server shuts down."""
         if self.done:
             return
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self._kill_group()
         os.waitpid(self.pid, 0)
         self._notify(P.encode_notice(P.NOTICE_SHUTDOWN, "the server is shutting down"))
         self._cleanup()
@@ -168,10 +174,15 @@ def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConf
     except OSError:
         peer = "?"
     status_r, status_w = os.pipe()
+    server_pid = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(status_r)
-        _child_main(sock, status_w, workspace, config, timeout, initial)
+        _child_main(sock, status_w, workspace, config, timeout, initial, server_pid)
+    try:
+        os.setpgid(pid, pid)            # also done by the child: whichever runs first
+    except OSError:
+        pass
     os.close(status_w)
     os.set_blocking(status_r, False)
     return SessionProcess(pid, sock, workspace, timeout, peer, status_r)
@@ -183,10 +194,30 @@ def serve_connection(sock: socket.socket, client_key: ParsedKey, config: ServerC
     start_session(sock, client_key, config, initial).wait()
 
 
+def _die_with_parent(server_pid: int) -> None:
+    """The session's own process group, and SIGKILL when the server dies (even of kill -9)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError):    # not Linux: the server's kill of the group must do
+        pass
+    if os.getppid() != server_pid:      # the server died before the signal was armed
+        os._exit(EXIT_INTERNAL)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, config: ServerConfig,
-                timeout: float | None, initial: bytes) -> None:
+                timeout: float | None, initial: bytes, server_pid: int) -> None:
     code = EXIT_INTERNAL
     try:
+        _die_with_parent(server_pid)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
@@ -203,6 +234,17 @@ def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, confi
         log.exception("session child failed")
     finally:
         os._exit(code)
+
+
+def _set_socket_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Kernel-side receive and send timeouts (SO_RCVTIMEO/SO_SNDTIMEO): a stalled peer makes a
+    blocking call fail with EAGAIN, at no cost per call (a Python socket timeout polls first)."""
+    if not seconds:
+        return
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, value)
 
 
 def _max_fd() -> int:
@@ -238,6 +280,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
         log.warning("session hello failed: %s", exc)
         return
     sock.settimeout(None)
+    _set_socket_timeouts(sock, config.socket_timeout())
     info = {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
             "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
             "server": "kernelrpc", "pid": os.getpid()}
@@ -245,8 +288,17 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
     try:
         conn.send(P.encode_hello_accept(info))
         SessionHandler(conn, workspace, config).serve()
-    except ConnectionLost:
-        log.info("client disconnected")
+    except (SessionIdle, TransferTooSlow) as exc:
+        log.warning("session ended: %s", exc)
+        try:
+            conn.send(P.encode_notice(P.NOTICE_TIMEOUT, str(exc)))
+        except ConnectionLost:
+            pass
+    except ConnectionLost as exc:
+        if socket_timed_out(exc):
+            log.warning("session ended: a frame or transfer stalled for %g s (--io-timeout)", config.io_timeout)
+        else:
+            log.info("client disconnected")
     except ProtocolError as exc:
         log.warning("protocol error, ending session: %s", exc)
         try:

@@ -1,12 +1,18 @@
 """A session's private directory: every remote file operation is confined to it."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 MAX_NAME_BYTES = 1024
+PREFIX = "kernelrpc-session-"
+_OWNED = re.compile(re.escape(PREFIX) + r"(\d+)-")
 
 
 class WorkspaceError(ValueError):
@@ -19,7 +25,9 @@ class Workspace:
 
     @classmethod
     def create(cls, parent: str | None = None) -> "Workspace":
-        return cls(tempfile.mkdtemp(prefix="kernelrpc-session-", dir=parent))
+        """A fresh workspace, named after this (the server's) process so a later server can
+        tell it is stale once this one is gone (:func:`remove_stale`)."""
+        return cls(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -72,3 +80,39 @@ class Workspace:
         if not path.is_dir():
             raise WorkspaceError(f"no directory {name!r} in the session workspace")
         return sorted(os.listdir(path))
+
+
+def remove_stale(parent: str | None = None) -> list[str]:
+    """Remove the workspaces in ``parent`` (default: the temporary directory) that belong to
+    this user and to a server process that no longer exists (one killed with -9 leaves its
+    sessions' workspaces behind); returns their names."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _OWNED.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid() or _process_exists(int(match.group(1))):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    if removed:
+        log.info("removed %d stale session workspaces in %s", len(removed), parent)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -9,7 +9,7 @@ import signal
 import sys
 
 from ..netutil import bind_first_free
-from .service import serve
+from .service import Limits, serve
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -20,6 +20,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lease-timeout", type=float, default=5.0,
                         help="seconds a server that reports its sessions stays leased to a client "
                              "that never connects, before it goes back to the pool")
+    parser.add_argument("--frame-timeout", type=float, default=Limits.frame_timeout,
+                        help="seconds a connection may take to finish a frame it started (0: no limit)")
+    parser.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout,
+                        help="seconds a connection that holds no slot, lease or request may stay silent (0: no limit)")
+    parser.add_argument("--max-connections-per-host", type=int, default=Limits.max_connections_per_host,
+                        help="connections from one address; past it the longest-idle one that holds nothing is closed")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
 
@@ -41,7 +47,9 @@ async def _main(args: argparse.Namespace) -> None:
     gc.collect()
     gc.freeze()
     try:
-        await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready)
+        limits = Limits(frame_timeout=args.frame_timeout, idle_timeout=args.idle_timeout,
+                        max_connections_per_host=args.max_connections_per_host)
+        await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready, limits=limits, backlog=1024)
     except asyncio.CancelledError:
         pass
 

@@ -33,9 +33,24 @@ class Request:
     priority: int
 
 
+UNREACHABLE = "unreachable"
+"""UPDATE_INFO field a client sends when it cannot reach the server it was handed:
+``{"key": KEY, "addr": [host, port], "matchkey": MATCHKEY}``.  TVM's tracker merges it
+into the client's info and ignores it; ours holds that server's slots back."""
+
+
+@dataclasses.dataclass(slots=True)
+class Unreachable:
+    key: str
+    host: str
+    port: object
+    matchkey: str
+
+
 @dataclasses.dataclass(slots=True)
 class UpdateInfo:
     info: dict
+    unreachable: Unreachable | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -118,7 +133,18 @@ def _parse_update_info(msg: list) -> UpdateInfo:
     _port(addr[1], "addr port")
     if "key" in info:
         _text(info["key"], "info key", MAX_KEY_CHARS + 16)
-    return UpdateInfo(info)
+    if UNREACHABLE not in info:
+        return UpdateInfo(info)
+    info = dict(info)
+    return UpdateInfo(info, _parse_unreachable(info.pop(UNREACHABLE)))
+
+
+def _parse_unreachable(report) -> Unreachable:
+    if not isinstance(report, dict) or not isinstance(report.get("addr"), list) or len(report["addr"]) != 2:
+        raise ProtocolError(f'"{UNREACHABLE}" is {{"key": KEY, "addr": [host, port], "matchkey": MATCHKEY}}')
+    return Unreachable(_text(report.get("key"), "key", MAX_KEY_CHARS),
+                       _text(report["addr"][0], "address", MAX_ADDR_CHARS), _port(report["addr"][1]),
+                       _text(report.get("matchkey"), "match key", MAX_MATCHKEY_CHARS))
 
 
 def _parse_stop(msg: list) -> Stop:

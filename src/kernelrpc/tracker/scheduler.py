@@ -23,7 +23,12 @@ What this adds to TVM's ``PriorityScheduler`` (``tvm-rpc-protocol.md`` 2.5):
 * a server that reports a running session has its free slots withdrawn until it
   offers a new one, so a busy server is never handed out;
 * queue wait (request to match) and session time (match to the server's next
-  offer) are measured separately.
+  offer) are measured separately;
+* a client that cannot reach the server it was handed reports it with that
+  slot's match key (which only it knows); the server's slots are then held
+  back for ``quarantine`` seconds, so no other client is sent there meanwhile;
+* a queue for a key that no server ever offered goes away with its last
+  waiting request, so made-up keys do not pile up.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import collections
 import dataclasses
 import heapq
 import itertools
+import operator
 from typing import Hashable
 
 Peer = Hashable
@@ -113,6 +119,7 @@ class _Queue:
         self.free: collections.OrderedDict[int, Slot] = collections.OrderedDict()
         self.waiting: list[tuple[int, int, Request]] = []
         self.live_requests = 0
+        self.offered = False             # some server has offered a slot for this key
         self.stats = KeyStats()
 
     def best_request(self) -> Request | None:
@@ -132,8 +139,9 @@ class Scheduler:
     """Matches requests to free slots, per key; see the module docstring for the rules."""
 
     def __init__(self, lease_timeout: float = 5.0, max_keys: int = 10_000,
-                 max_leases_per_server: int = 4096) -> None:
+                 max_leases_per_server: int = 4096, quarantine: float = 60.0) -> None:
         self.lease_timeout = lease_timeout
+        self.quarantine = quarantine
         self.max_keys = max_keys
         self.max_leases_per_server = max_leases_per_server
         self._queues: dict[str, _Queue] = {}
@@ -142,6 +150,8 @@ class Scheduler:
         self._requests_of: dict[Peer, list[Request]] = {}     # client -> its waiting requests
         self._leases_of: dict[Peer, list[Lease]] = {}         # server -> its open leases
         self._reporting: set[Peer] = set()
+        self._quarantined: dict[Peer, float] = {}             # server -> when its slots return
+        self._unserved: set[str] = set()                      # keys of queues never offered
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -151,15 +161,20 @@ class Scheduler:
             if len(self._queues) >= self.max_keys:
                 self._forget_idle_queues()
             queue = self._queues[key] = _Queue()
+            self._unserved.add(key)
         return queue
+
+    def _delete_queue(self, key: str) -> None:
+        del self._queues[key]
+        self._unserved.discard(key)
 
     def _forget_idle_queues(self) -> None:
         """Keys stay listed like in TVM's tracker, until there are too many of them."""
         for key in [k for k, q in self._queues.items() if q.idle and not q.stats.matches]:
-            del self._queues[key]
+            self._delete_queue(key)
         if len(self._queues) >= self.max_keys:
             for key in [k for k, q in self._queues.items() if q.idle]:
-                del self._queues[key]
+                self._delete_queue(key)
 
     def _schedule(self, queue: _Queue, now: float) -> list[Match]:
         matches = []
@@ -261,10 +276,70 @@ class Scheduler:
 
     def _offer(self, slot: Slot, front: bool = False) -> None:
         self._slots_of.setdefault(slot.server, {})[slot.matchkey] = slot
-        free = self._queue(slot.key).free
+        queue = self._queue(slot.key)
+        if not queue.offered:
+            queue.offered = True
+            self._unserved.discard(slot.key)
+        if slot.server in self._quarantined:   # indexed (GET_PENDING_MATCHKEYS lists it), not handed out
+            return
+        free = queue.free
         free[id(slot)] = slot
         if front:
             free.move_to_end(id(slot), last=False)
+
+    def report_unreachable(self, key: str, matchkey: str, now: float) -> Peer | None:
+        """A client could not reach the server of the slot it got with ``matchkey``: end that
+        lease and hold the server's slots back for ``quarantine`` seconds.  Returns the server,
+        or None when no slot of ``key`` with that match key was handed out."""
+        for server, leases in self._leases_of.items():
+            lease = next((x for x in leases if x.slot.matchkey == matchkey and x.slot.key == key), None)
+            if lease is not None:
+                leases.remove(lease)
+                if not leases:
+                    del self._leases_of[server]
+                break
+        else:
+            queue = self._queues.get(key)     # its lease expired, and it went back to the pool
+            slot = next((x for x in queue.free.values() if x.matchkey == matchkey), None) if queue else None
+            if slot is None:
+                return None
+            server = slot.server
+        self._quarantined[server] = now + self.quarantine
+        for slot in self._slots_of.get(server, {}).values():
+            queue = self._queues.get(slot.key)
+            if queue is not None:
+                queue.free.pop(id(slot), None)
+        return server
+
+    def _release_quarantines(self, now: float, touched: dict) -> None:
+        for server, until in list(self._quarantined.items()):
+            if until > now:
+                continue
+            del self._quarantined[server]
+            for slot in self._slots_of.get(server, {}).values():
+                queue = self._queue(slot.key)
+                queue.free[id(slot)] = slot
+                touched[slot.key] = queue
+
+    def holds(self, peer: Peer) -> bool:
+        """Whether ``peer`` has slots, leases, waiting requests or reports sessions."""
+        return (peer in self._slots_of or peer in self._requests_of or peer in self._leases_of
+                or peer in self._reporting)
+
+    def offered(self, key: str) -> bool:
+        queue = self._queues.get(key)
+        return queue is not None and queue.offered
+
+    def has_queue(self, key: str) -> bool:
+        return key in self._queues
+
+    def unserved_keys(self) -> int:
+        """Keys that clients wait for and that no server has offered."""
+        return len(self._unserved)
+
+    def unserved_count(self, client: Peer) -> int:
+        """The client's waiting requests for keys that no server has offered."""
+        return sum(1 for r in self._requests_of.get(client, ()) if r.key in self._unserved)
 
     def waiting_count(self, client: Peer) -> int:
         return len(self._requests_of.get(client, ()))
@@ -301,7 +376,9 @@ class Scheduler:
             request.cancelled = True
             queue = self._queues[request.key]
             queue.live_requests -= 1
-            if len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
+            if queue.idle and not queue.offered:
+                self._delete_queue(request.key)
+            elif len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
                 queue.waiting = [item for item in queue.waiting if not item[2].cancelled]
                 heapq.heapify(queue.waiting)
 
@@ -311,6 +388,7 @@ class Scheduler:
             self._withdraw(slot)
         self._end_leases(server, now)
         self._reporting.discard(server)
+        self._quarantined.pop(server, None)
 
     def drop(self, peer: Peer, now: float) -> None:
         self.drop_client(peer)
@@ -329,6 +407,8 @@ class Scheduler:
                 touched[slot.key] = queue
             if not leases:
                 del self._leases_of[server]
+        if self._quarantined:
+            self._release_quarantines(now, touched)
         matches = []
         for queue in touched.values():
             matches += self._schedule(queue, now)
@@ -343,24 +423,49 @@ class Scheduler:
 
     def queue_info(self) -> dict:
         """TVM's ``queue_info``: every key seen, with its free slots and waiting requests."""
-        return {key: {"free": len(q.free), "pending": q.live_requests} for key, q in self._queues.items()}
+        return dict(self.queue_rows())
 
-    def lease_info(self, now: float, describe=lambda peer: None) -> list[dict]:
-        """Open leases, oldest first, without match keys (they are the servers' secrets)."""
-        leases = sorted((x for ls in self._leases_of.values() for x in ls), key=lambda x: x.granted_at)
+    def queue_rows(self):
+        """``queue_info`` as rows (made as they are consumed), keys that servers offered first,
+        then by waiting requests."""
+        order = sorted(self._queues.items(), key=lambda kq: (not kq[1].offered, -kq[1].live_requests))
+        return ((key, {"free": len(q.free), "pending": q.live_requests}) for key, q in order)
+
+    def key_count(self) -> int:
+        return len(self._queues)
+
+    def lease_count(self) -> int:
+        return sum(map(len, self._leases_of.values()))
+
+    def lease_info(self, now: float, describe=lambda peer: None, limit: int | None = None) -> list[dict]:
+        """Open leases, oldest first (the first ``limit``), without match keys (they are the
+        servers' secrets)."""
+        every = (x for ls in self._leases_of.values() for x in ls)
+        granted = operator.attrgetter("granted_at")
+        leases = sorted(every, key=granted) if limit is None else heapq.nsmallest(limit, every, key=granted)
         return [{"key": x.slot.key, "server": [x.slot.host, x.slot.port], "client": describe(x.request.client),
                  "priority": x.request.priority, "state": "session" if x.in_session else "leased",
                  "age": round(now - x.granted_at, 6), "queue_wait": round(x.queue_wait, 6)}
                 for x in leases]
 
-    def wait_info(self, now: float, describe=lambda peer: None) -> list[dict]:
-        """Waiting requests in the order they will be served, per key."""
+    def wait_info(self, now: float, describe=lambda peer: None, limit: int | None = None):
+        """Waiting requests in the order they will be served, per key.  With ``limit``: the
+        first ``limit`` of them and how many there are in all."""
         out = []
+        total = 0
         for key, queue in sorted(self._queues.items()):
-            live = sorted((item for item in queue.waiting if not item[2].cancelled))
+            total += queue.live_requests
+            if limit is not None and len(out) >= limit:
+                continue
+            live = [item for item in queue.waiting if not item[2].cancelled]
+            live = sorted(live) if limit is None else heapq.nsmallest(limit - len(out), live)
             out += [{"key": key, "client": describe(r.client), "priority": r.priority,
                      "waited": round(now - r.requested_at, 6)} for _, _, r in live]
-        return out
+        return out if limit is None else (out, total)
 
-    def key_stats(self) -> dict:
-        return {key: q.stats.to_dict() for key, q in self._queues.items() if q.stats.matches}
+    def key_stats(self, limit: int | None = None) -> dict:
+        matched = (kq for kq in self._queues.items() if kq[1].stats.matches)
+        return {key: q.stats.to_dict() for key, q in itertools.islice(matched, limit)}
+
+    def matched_key_count(self) -> int:
+        return sum(1 for q in self._queues.values() if q.stats.matches)

@@ -8,6 +8,8 @@ All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import json
 import logging
 import operator
@@ -30,11 +32,32 @@ log = logging.getLogger(__name__)
 
 MAX_SLOTS_PER_CONNECTION = 4096
 MAX_REQUESTS_PER_CONNECTION = 1024
+MAX_UNSERVED_REQUESTS_PER_CONNECTION = 16
+"""Waiting requests one connection may hold for keys that no server has ever offered."""
+MAX_UNSERVED_KEYS = 1024
+"""Keys that no server has ever offered and that clients wait for, over all connections."""
 MAX_SUMMARY_ROWS = 1000
+SUMMARY_BUDGET = {"server_info": 320 << 10, "queue_info": 256 << 10, "leases": 128 << 10,
+                  "waiting": 128 << 10, "stats": 128 << 10}
+"""Bytes of JSON per SUMMARY section: together they stay below the 1 MiB frame limit."""
 READ_BUFFER_BYTES = 64 * 1024
+WRITE_BUFFER_BYTES = 256 * 1024
+"""Unsent reply bytes per connection past which the tracker stops reading from it."""
+HELD_REPLY_BYTES = 64 * 1024
+"""Replies to one read are joined into one write, up to this many bytes at a time."""
 OK_FRAME = encode_frame(TrackerCode.SUCCESS)
 OPENING_TIMEOUT = 10.0
 """Seconds a new connection has to send the magic before it is closed."""
+
+
+@dataclasses.dataclass
+class Limits:
+    """What one peer may hold; the defaults are the CLI's."""
+
+    opening_timeout: float = OPENING_TIMEOUT    # magic not received: closed
+    frame_timeout: float = 30.0                 # a frame (or the magic) started and not finished: closed
+    idle_timeout: float = 600.0                 # no message, and nothing held in the tracker: closed
+    max_connections_per_host: int = 512         # past it, that host's longest-idle empty connection goes
 
 
 class TrackerConnection(asyncio.BufferedProtocol):
@@ -56,8 +79,11 @@ class TrackerConnection(asyncio.BufferedProtocol):
         self._opening = bytearray()
         self._opened = False
         self._decoder = FrameDecoder()
-        self._opening_timer: asyncio.TimerHandle | None = None
         self._held: list[bytes] | None = None
+        self._held_bytes = 0
+        self._inbox: collections.deque = collections.deque()
+        self._write_paused = False
+        self.connected_at = self.last_message = self.partial_since = time.monotonic()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -67,12 +93,13 @@ class TrackerConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername") or ("?", 0)
         self.host = str(peer[0])
         self.name = f"{peer[0]}:{peer[1]}"
-        self.service.connections.add(self)
-        self._opening_timer = asyncio.get_running_loop().call_later(OPENING_TIMEOUT, self._opening_timed_out)
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+        self.service.connected(self)
 
-    def _opening_timed_out(self) -> None:
-        log.warning("%s sent no tracker magic within %.0f s; closing", self.name, OPENING_TIMEOUT)
-        self.transport.close()
+    def close(self, why: str) -> None:
+        if not self.transport.is_closing():
+            log.info("%s: %s; closing", self.name, why)
+            self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.service.read_buffer
@@ -91,10 +118,10 @@ class TrackerConnection(asyncio.BufferedProtocol):
                 self.transport.close()
                 return
             self._opened = True
-            self._opening_timer.cancel()
             self.transport.write(MAGIC_BYTES)
             data = bytes(self._opening[4:])
             self._opening.clear()
+        had_partial = self._decoder.buffered
         try:
             batch = self._decoder.feed(data)
         except ProtocolError as exc:
@@ -102,24 +129,46 @@ class TrackerConnection(asyncio.BufferedProtocol):
             self.send([TrackerCode.FAIL, str(exc)])
             self.transport.close()
             return
-        if len(batch) < 2:
-            for msg in batch:
-                self.service.handle(self, msg)
+        now = time.monotonic()
+        if batch or not had_partial:
+            self.partial_since = now
+        if batch:
+            self.last_message = now
+        if not batch:
             return
-        self._held = []                 # several messages in one read: their replies in one write
+        if len(batch) == 1 and not self._inbox and not self._write_paused:
+            self.service.handle(self, batch[0])
+            return
+        self._inbox.extend(batch)
+        self._run_inbox()
+
+    def _run_inbox(self) -> None:
+        """Handle waiting messages until none is left or the peer stops taking its replies;
+        the replies to the messages of one read go out together."""
+        inbox = self._inbox
+        self._held = []
         try:
-            for msg in batch:
-                self.service.handle(self, msg)
+            while inbox and not self._write_paused:
+                self.service.handle(self, inbox.popleft())
+                if self._held_bytes >= HELD_REPLY_BYTES:
+                    self._flush_held()
         finally:
-            held, self._held = self._held, None
-            if held:
-                self.transport.write(b"".join(held))
+            self._flush_held()
+            self._held = None
+
+    def _flush_held(self) -> None:
+        held = self._held
+        if held:
+            self._held = []
+            self._held_bytes = 0
+            self.transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def write(self, frame: bytes) -> None:
         if self._held is None:
             self.transport.write(frame)
         else:
             self._held.append(frame)
+            self._held_bytes += len(frame)
 
     def send(self, obj) -> None:
         self.write(encode_frame(obj))
@@ -129,15 +178,37 @@ class TrackerConnection(asyncio.BufferedProtocol):
         return not self.transport.is_closing()
 
     def pause_writing(self) -> None:
+        """The peer does not take its replies: read nothing more from it until it does."""
+        self._write_paused = True
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        self.transport.resume_reading()
+        self._write_paused = False
+        if self._inbox:
+            self._run_inbox()
+        if not self._write_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def connection_lost(self, exc) -> None:
-        if self._opening_timer is not None:
-            self._opening_timer.cancel()
+        self._inbox.clear()
         self.service.disconnected(self)
+
+    def timed_out(self, now: float, limits: Limits) -> str | None:
+        """Why the connection should be closed now, if it should."""
+        if not self._opened:
+            if now - self.connected_at > limits.opening_timeout:
+                return f"sent no tracker magic within {limits.opening_timeout:g} s"
+            return None
+        if self._decoder.buffered and limits.frame_timeout and now - self.partial_since > limits.frame_timeout:
+            return f"left a frame unfinished for {limits.frame_timeout:g} s"
+        if limits.idle_timeout and now - self.last_message > limits.idle_timeout and self.idle:
+            return f"sent nothing for {limits.idle_timeout:g} s and holds nothing"
+        return None
+
+    @property
+    def idle(self) -> bool:
+        """Holds nothing at the tracker: no server registration, slot, lease or waiting request."""
+        return not self.is_server and not self.service.scheduler.holds(self) and not self._inbox
 
     @property
     def is_server(self) -> bool:
@@ -148,32 +219,70 @@ class TrackerConnection(asyncio.BufferedProtocol):
 class TrackerService:
     """State shared by all connections: the scheduler and the set of live peers."""
 
-    def __init__(self, lease_timeout: float = 5.0, clock=time.monotonic) -> None:
+    def __init__(self, lease_timeout: float = 5.0, clock=time.monotonic, limits: Limits | None = None) -> None:
         self.scheduler = Scheduler(lease_timeout=lease_timeout)
+        self.limits = limits or Limits()
         self.connections: set[TrackerConnection] = set()
+        self._by_host: dict[str, set[TrackerConnection]] = {}
         self.read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
         self.stop_key = "tracker:" + secrets.token_hex(16)
         self.stopped = asyncio.Event()
         self._clock = clock
         self._expiry_timer: asyncio.TimerHandle | None = None
+        self._sweep_timer: asyncio.TimerHandle | None = None
         self._check_period = min(1.0, max(0.05, lease_timeout / 4))
+        timeouts = [t for t in (self.limits.opening_timeout, self.limits.frame_timeout, self.limits.idle_timeout) if t]
+        self._sweep_period = min([1.0] + [max(0.05, t / 4) for t in timeouts])
+        self._version = 0                   # changes whenever the state SUMMARY shows may have changed
+        self._summary_cache: tuple[int, float, bytes] | None = None
         self._handlers = {messages.Request: self._on_request, messages.Put: self._on_put,
                           messages.UpdateInfo: self._on_update_info, messages.Simple: self._on_simple,
                           messages.Stop: self._on_stop}
 
     def start_timers(self) -> None:
-        self._expiry_timer = asyncio.get_running_loop().call_later(self._check_period, self._check_leases)
+        loop = asyncio.get_running_loop()
+        self._expiry_timer = loop.call_later(self._check_period, self._check_leases)
+        if self._sweep_timer is None:
+            self._sweep_timer = loop.call_later(self._sweep_period, self._sweep)
 
     def _check_leases(self) -> None:
+        self._version += 1
         self._deliver(self.scheduler.expire(self._clock()))
         self.start_timers()
 
+    def _sweep(self) -> None:
+        """Close connections that stalled in the magic or in a frame, or idle ones that hold nothing."""
+        now = time.monotonic()
+        for conn in list(self.connections):
+            why = conn.timed_out(now, self.limits)
+            if why is not None:
+                conn.close(why)
+        self._sweep_timer = asyncio.get_running_loop().call_later(self._sweep_period, self._sweep)
+
     def stop(self) -> None:
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
+        for timer in (self._expiry_timer, self._sweep_timer):
+            if timer is not None:
+                timer.cancel()
         for conn in list(self.connections):
             conn.transport.close()
         self.stopped.set()
+
+    def connected(self, conn: TrackerConnection) -> None:
+        """Admit a new connection; at its host's cap, the longest-idle connection that holds
+        nothing makes room for it, or, if there is none, it is refused."""
+        peers = self._by_host.setdefault(conn.host, set())
+        if len(peers) >= self.limits.max_connections_per_host:
+            idle = [c for c in peers if c.idle]
+            if not idle:
+                log.warning("refusing %s: %d connections from %s already hold slots or requests",
+                            conn.name, len(peers), conn.host)
+                conn.transport.abort()
+                return
+            victim = min(idle, key=operator.attrgetter("last_message"))
+            victim.close(f"{len(peers)} connections from {conn.host}; making room for a new one")
+            peers.discard(victim)           # its connection_lost comes later
+        peers.add(conn)
+        self.connections.add(conn)
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -181,15 +290,25 @@ class TrackerService:
         """Run one message; every handler writes its own reply (REQUEST's may come later)."""
         try:
             cmd = messages.parse_message(msg)
+            if type(cmd) is not messages.Simple:
+                self._version += 1
             self._handlers[type(cmd)](conn, cmd)
         except ProtocolError as exc:
             log.warning("%s: bad tracker message %.200r: %s", conn.name, msg, exc)
             conn.send([TrackerCode.FAIL, str(exc)])
 
     def _on_request(self, conn: TrackerConnection, cmd: messages.Request) -> None:
-        if self.scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
+        scheduler = self.scheduler
+        if scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
             raise ProtocolError(f"more than {MAX_REQUESTS_PER_CONNECTION} waiting requests on one connection")
-        self._deliver(self.scheduler.request(conn, cmd.key, cmd.priority, self._clock()))
+        if not scheduler.offered(cmd.key):
+            if scheduler.unserved_count(conn) >= MAX_UNSERVED_REQUESTS_PER_CONNECTION:
+                raise ProtocolError(f"more than {MAX_UNSERVED_REQUESTS_PER_CONNECTION} requests on one "
+                                    "connection wait for keys that no server has offered")
+            if scheduler.unserved_keys() >= MAX_UNSERVED_KEYS and not scheduler.has_queue(cmd.key):
+                raise ProtocolError(f"{MAX_UNSERVED_KEYS} keys that no server has offered are waited for "
+                                    f"already; no server has offered key {cmd.key!r}")
+        self._deliver(scheduler.request(conn, cmd.key, cmd.priority, self._clock()))
 
     def _on_put(self, conn: TrackerConnection, cmd: messages.Put) -> None:
         if self.scheduler.free_count(conn) >= MAX_SLOTS_PER_CONNECTION:
@@ -205,7 +324,7 @@ class TrackerService:
         elif cmd.code == TrackerCode.GET_PENDING_MATCHKEYS:
             conn.send(self.scheduler.pending_matchkeys(conn))
         else:
-            conn.send([TrackerCode.SUCCESS, self.summary(self._clock())])
+            conn.write(self.summary_frame(self._clock()))
 
     def _on_stop(self, conn: TrackerConnection, cmd: messages.Stop) -> None:
         if cmd.stop_key != self.stop_key:
@@ -216,6 +335,8 @@ class TrackerService:
 
     def _on_update_info(self, conn: TrackerConnection, cmd: messages.UpdateInfo) -> None:
         info = dict(cmd.info)
+        if cmd.unreachable is not None:
+            self._on_unreachable(conn, cmd.unreachable)
         if info["addr"][0] is None:
             info["addr"] = [conn.host, info["addr"][1]]
         merged = {**conn.info, **info}
@@ -231,6 +352,16 @@ class TrackerService:
                 self.scheduler.session_started(conn, self._clock())
         conn.write(OK_FRAME)
 
+    def _on_unreachable(self, conn: TrackerConnection, report: messages.Unreachable) -> None:
+        server = self.scheduler.report_unreachable(report.key, report.matchkey, self._clock())
+        if server is None:
+            log.info("%s reports %s:%s for key %r unreachable, with a match key the tracker did not "
+                     "hand out; ignored", conn.name, report.host, report.port, report.key)
+            return
+        log.warning("%s could not reach %s:%s, given out for key %r; the slots of %s are held back for %g s",
+                    conn.name, report.host, report.port, report.key, getattr(server, "name", server),
+                    self.scheduler.quarantine)
+
     def _deliver(self, matches: list[Match]) -> None:
         """Send each match to its client; a client that is already gone gives its slot back."""
         while matches:
@@ -244,29 +375,94 @@ class TrackerService:
             matches += self.scheduler.cancel(match, self._clock())
 
     def disconnected(self, conn: TrackerConnection) -> None:
+        self._version += 1
         self.connections.discard(conn)
+        peers = self._by_host.get(conn.host)
+        if peers is not None:
+            peers.discard(conn)
+            if not peers:
+                del self._by_host[conn.host]
         self.scheduler.drop(conn, self._clock())
         if conn.is_server:
             log.info("server %s at %s:%s left", conn.info["key"], *conn.info["addr"])
 
+    def summary_frame(self, now: float) -> bytes:
+        """The SUMMARY reply, encoded once per state change (a flood of SUMMARY costs one build)."""
+        cached = self._summary_cache
+        if cached is not None and cached[0] == self._version and now - cached[1] < 1.0:
+            return cached[2]
+        frame = encode_frame([TrackerCode.SUCCESS, self.summary(now)])
+        self._summary_cache = (self._version, now, frame)
+        return frame
+
     def summary(self, now: float) -> dict:
-        """TVM's SUMMARY payload, plus leases, waiting requests and per-key statistics."""
+        """TVM's SUMMARY payload, plus leases, waiting requests and per-key statistics.
+
+        Each section is cut to its share of ``SUMMARY_BUDGET``, so the reply always fits in a
+        frame a client can read; ``truncated`` then says how many rows each section left out.
+        """
         describe = operator.attrgetter("name")
-        return {
-            "queue_info": self.scheduler.queue_info(),
-            "server_info": [conn.info for conn in self.connections if conn.is_server],
-            "leases": self.scheduler.lease_info(now, describe)[:MAX_SUMMARY_ROWS],
-            "waiting": self.scheduler.wait_info(now, describe)[:MAX_SUMMARY_ROWS],
-            "stats": self.scheduler.key_stats(),
+        scheduler = self.scheduler
+        omitted: dict[str, int] = {}
+        servers = [conn.info for conn in self.connections if conn.is_server]
+        out = {
+            "queue_info": dict(_within_budget(scheduler.queue_rows(), scheduler.key_count(), "queue_info", omitted)),
+            "server_info": _within_budget(servers, len(servers), "server_info", omitted),
         }
+        leases = scheduler.lease_info(now, describe, limit=MAX_SUMMARY_ROWS)
+        out["leases"] = _within_budget(leases, scheduler.lease_count(), "leases", omitted)
+        waiting, total_waiting = scheduler.wait_info(now, describe, limit=MAX_SUMMARY_ROWS)
+        out["waiting"] = _within_budget(waiting, total_waiting, "waiting", omitted)
+        stats = scheduler.key_stats(limit=MAX_SUMMARY_ROWS)
+        out["stats"] = dict(_within_budget(stats.items(), scheduler.matched_key_count(), "stats", omitted))
+        if omitted:
+            out["truncated"] = omitted
+        return out
 
 
+_ROW_ENCODER = json.JSONEncoder()
 
-async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None) -> None:
+
+def _within_budget(rows, total: int, section: str, omitted: dict) -> list:
+    """The leading ``rows`` whose JSON fits in the section's budget; counts the rest in ``omitted``."""
+    budget = SUMMARY_BUDGET[section]
+    taken = []
+    for row in rows:
+        budget -= len(_ROW_ENCODER.encode(row)) + 2
+        if budget < 0:
+            break
+        taken.append(row)
+    if total > len(taken):
+        omitted[section] = total - len(taken)
+    return taken
+
+
+def raise_open_file_limit(want: int = 65536) -> int:
+    """Raise the soft descriptor limit towards the hard one (a flood of connections then
+    meets the per-host cap, not EMFILE); returns the soft limit now in force."""
+    try:
+        import resource
+    except ImportError:                 # not on this platform
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
+    return soft
+
+
+async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None, *,
+                limits: Limits | None = None, backlog: int = 1024) -> None:
     """Serve tracker connections on the bound ``sock`` until STOP or cancellation."""
-    service = TrackerService(lease_timeout=lease_timeout)
+    raise_open_file_limit()
+    service = TrackerService(lease_timeout=lease_timeout, limits=limits)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: TrackerConnection(service), sock=sock)
+    # create_server listens again on a given socket, with its own backlog (100 by default)
+    server = await loop.create_server(lambda: TrackerConnection(service), sock=sock, backlog=backlog)
     service.start_timers()
     if on_ready is not None:
         on_ready(sock.getsockname())

@@ -1,0 +1,230 @@
+"""Soak: a small fleet under random faults for a few minutes; does every job still get done?
+
+    python bench/soak.py [--servers 4] [--clients 8] [--duration 180] [--seed 1]
+
+Starts a tracker and ``--servers`` device servers as users do (``python -m ...``), and
+``--clients`` client threads that each repeat one *job*: ``request()`` a server from the
+tracker, call ``testing.echo``, upload and download 64 KiB, close. A job that fails with a
+typed error (any ``RPCError``) is retried until it succeeds or its 60 s run out (then it is
+*lost*). Meanwhile, every 1-3 s, one fault at random:
+
+* kill -9 of a running session child (the client sees ``ServerCrashed``),
+* kill -9 of a server, restarted 0.5 s later,
+* a tracker restart (SIGTERM, started again on the same port),
+* 50 garbage connections to the tracker and to a server (random bytes, or silent).
+
+Reported: jobs done and lost, typed errors by type, how long the failing call took
+to raise (typed-error latency), time to heal (from a server kill or tracker restart to
+every server registered again), and the resident memory of the tracker and of each
+server that was never restarted, at the start and at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import random
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kernelrpc.errors import RPCError                                    # noqa: E402
+from kernelrpc.launch import Service                                    # noqa: E402
+from kernelrpc.rpc.tracker_client import connect_tracker                # noqa: E402
+
+JOB_DEADLINE = 60.0
+PAYLOAD = os.urandom(64 << 10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration):
+        return float("nan")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+class Fleet:
+    def __init__(self, servers: int) -> None:
+        self.port = free_port()
+        self.tracker = self._start_tracker()
+        self.servers = [self._start_server() for _ in range(servers)]
+        self.original = {s.proc.pid for s in self.servers}
+
+    def _start_tracker(self) -> Service:
+        return Service("kernelrpc.tracker", ["--port", str(self.port), "--port-end", str(self.port + 1),
+                                             "--log-level", "WARNING"])
+
+    def _start_server(self) -> Service:
+        return Service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{self.port}", "--key", "soak",
+                                            "--log-level", "WARNING"])
+
+    def registered(self) -> int:
+        """Servers registered at the tracker under the key (free or in a session)."""
+        try:
+            with connect_tracker("127.0.0.1", self.port, connect_timeout=2) as t:
+                return sum(info.get("key") == "server:soak" for info in t.summary()["server_info"])
+        except (RPCError, OSError):
+            return -1
+
+    def stop(self) -> None:
+        for svc in [*self.servers, self.tracker]:
+            svc.stop()
+
+
+def client_loop(fleet: Fleet, stop: threading.Event, stats: dict, lock: threading.Lock) -> None:
+    while not stop.is_set():
+        started = time.monotonic()
+        done = False
+        while not done and time.monotonic() - started < JOB_DEADLINE and not stop.is_set():
+            call_started = time.monotonic()
+            try:
+                with connect_tracker("127.0.0.1", fleet.port, connect_timeout=5) as tracker:
+                    remaining = JOB_DEADLINE - (time.monotonic() - started)
+                    with tracker.request("soak", timeout=max(1.0, remaining), session_timeout=30) as sess:
+                        assert sess.get_function("testing.echo")(7) == 7
+                        sess.upload(PAYLOAD, "p.bin")
+                        assert sess.download("p.bin") == PAYLOAD
+                done = True
+            except RPCError as exc:
+                with lock:
+                    stats["errors"][type(exc).__name__] += 1
+                    stats["examples"].setdefault(type(exc).__name__, str(exc)[:160])
+                    stats["error_latency"].append(time.monotonic() - call_started)
+                stop.wait(0.05)
+            except Exception as exc:            # not typed: counted apart, the job goes on
+                with lock:
+                    stats["untyped"][f"{type(exc).__name__}: {exc}"[:120]] += 1
+                stop.wait(0.05)
+        with lock:
+            if done:
+                stats["done"] += 1
+            elif not stop.is_set():
+                stats["lost"] += 1
+
+
+def garbage(addr: tuple[str, int], rng: random.Random) -> None:
+    socks = []
+    for _ in range(50):
+        try:
+            s = socket.create_connection(addr, timeout=2)
+            if rng.random() < 0.5:
+                s.sendall(os.urandom(rng.randint(1, 2000)))
+            socks.append(s)
+        except OSError:
+            pass
+    threading.Timer(rng.uniform(0.5, 5.0), lambda: [s.close() for s in socks]).start()
+
+
+def heal_time(fleet: Fleet, want: int, since: float, deadline: float = 30.0) -> float | None:
+    while time.monotonic() - since < deadline:
+        if fleet.registered() >= want:
+            return time.monotonic() - since
+        time.sleep(0.02)
+    return None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=180.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    logging.getLogger("kernelrpc").setLevel(logging.ERROR)   # the clients' reconnect warnings are expected
+    rng = random.Random(args.seed)
+    fleet = Fleet(args.servers)
+    heal_time(fleet, args.servers, time.monotonic())
+    rss_start = {"tracker": rss_mib(fleet.tracker.proc.pid),
+                 **{f"server {s.proc.pid}": rss_mib(s.proc.pid) for s in fleet.servers}}
+    stats = {"done": 0, "lost": 0, "errors": collections.Counter(), "untyped": collections.Counter(),
+             "error_latency": [], "examples": {}}
+    lock = threading.Lock()
+    stop = threading.Event()
+    threads = [threading.Thread(target=client_loop, args=(fleet, stop, stats, lock), daemon=True)
+               for _ in range(args.clients)]
+    for t in threads:
+        t.start()
+    faults = collections.Counter()
+    heals: dict[str, list[float]] = collections.defaultdict(list)
+    end = time.monotonic() + args.duration
+    try:
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(1.0, 3.0))
+            fault = rng.choice(["session", "session", "server", "tracker", "garbage"])
+            faults[fault] += 1
+            injected = time.monotonic()
+            if fault == "session":
+                kids = [k for s in fleet.servers for k in children(s.proc.pid)]
+                if kids:
+                    os.kill(rng.choice(kids), signal.SIGKILL)
+            elif fault == "server":
+                victim = rng.randrange(len(fleet.servers))
+                os.kill(fleet.servers[victim].proc.pid, signal.SIGKILL)
+                fleet.servers[victim].stop()
+                time.sleep(0.5)
+                fleet.servers[victim] = fleet._start_server()
+            elif fault == "tracker":
+                fleet.tracker.stop()
+                fleet.tracker = fleet._start_tracker()
+            else:
+                garbage(fleet.tracker.address, rng)
+                garbage(rng.choice(fleet.servers).address, rng)
+            if fault in ("server", "tracker"):
+                took = heal_time(fleet, len(fleet.servers), injected)
+                heals[fault].append(float("inf") if took is None else took)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(JOB_DEADLINE + 10)
+    rss_end = {"tracker": rss_mib(fleet.tracker.proc.pid),
+               **{f"server {s.proc.pid}": rss_mib(s.proc.pid) for s in fleet.servers if s.proc.pid in fleet.original}}
+    fleet.stop()
+
+    print(f"soak: {args.servers} servers, {args.clients} clients, {args.duration:g} s, seed {args.seed}")
+    print(f"faults injected: {dict(faults)}")
+    print(f"jobs done {stats['done']}, lost {stats['lost']} (goal 0)")
+    print(f"typed errors (retried): {dict(stats['errors'])}")
+    for name, example in sorted(stats["examples"].items()):
+        print(f"  e.g. {name}: {example}")
+    if stats["untyped"]:
+        print(f"UNTYPED errors: {dict(stats['untyped'])}")
+    lat = sorted(stats["error_latency"])
+    if lat:
+        print(f"typed-error latency: median {statistics.median(lat) * 1000:.1f} ms, "
+              f"p90 {lat[int(0.9 * (len(lat) - 1))] * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms")
+    for fault, times in sorted(heals.items()):
+        print(f"time until every server is registered again after a {fault} fault: "
+              f"median {statistics.median(times):.2f} s, max {max(times):.2f} s ({len(times)} faults)")
+    print(f"{'service':<20} {'RSS start MiB':>14} {'RSS end MiB':>12}")
+    print(f"{'tracker (restarted)' if faults['tracker'] else 'tracker':<20} {rss_start['tracker']:>14.1f} "
+          f"{rss_end['tracker']:>12.1f}")
+    for name in sorted(k for k in rss_start if k != "tracker"):
+        end_rss = rss_end.get(name)
+        print(f"{name:<20} {rss_start[name]:>14.1f} {'restarted' if end_rss is None else f'{end_rss:.1f}':>12}")
+    return 0 if stats["lost"] == 0 and not stats["untyped"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

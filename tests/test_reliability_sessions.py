@@ -1,0 +1,220 @@
+"""Sessions that misbehave or outlive their server (issue 14), against real server processes."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kernelrpc
+from kernelrpc import nd, rpc
+
+
+def start_server(start_service, *extra):
+    return start_service("kernelrpc.server", ["--port", "0", "--key", "dev", *extra])
+
+
+def until(predicate, timeout=20.0, what="condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        threading.Event().wait(0.02)
+    raise TimeoutError(f"{what} not reached within {timeout} s")
+
+
+def gone(pid):
+    """The process has exited (and is not a zombie of ours)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def test_an_idle_session_ends_and_frees_the_server(start_service):
+    server = start_server(start_service, "--idle-timeout", "1", "--io-timeout", "0.5")
+    sess = rpc.connect(server.host, server.port, key="dev")
+    echo = sess.get_function("testing.echo")
+    assert echo(1) == 1
+    threading.Event().wait(2.0)                        # idle past the server's --idle-timeout
+    with pytest.raises(kernelrpc.SessionTimeout, match="no request for"):
+        echo(2)
+    sess.close()
+    with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as other:
+        assert other.get_function("testing.echo")(3) == 3
+
+
+def test_a_half_sent_frame_does_not_hold_the_device(start_service):
+    server = start_server(start_service, "--io-timeout", "0.5")
+    stalled = rpc.connect(server.host, server.port, key="dev")
+    stalled._conn.sock.sendall(b"\x40\x00")            # two bytes of a frame header, then nothing
+    try:
+        with rpc.connect(server.host, server.port, key="dev", connect_timeout=15) as other:
+            assert other.get_function("testing.echo")(3) == 3
+        assert server.wait_for_line("stalled for 0.5 s")
+    finally:
+        stalled.close()
+
+
+def test_a_session_cannot_allocate_more_than_its_total(start_service):
+    server = start_server(start_service, "--max-tensor-bytes", str(1 << 20), "--max-session-bytes", str(2 << 20))
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        first = nd.empty((1 << 18,), "float32", sess.cpu(0))
+        second = nd.empty((1 << 18,), "float32", sess.cpu(0))     # noqa: F841 (kept alive)
+        with pytest.raises(kernelrpc.RemoteError, match="per session"):
+            nd.empty((1 << 18,), "float32", sess.cpu(0))
+        first.free()
+        nd.empty((1 << 18,), "float32", sess.cpu(0))
+
+
+def test_a_killed_server_leaves_no_session_child_and_the_next_cleans_its_workspaces(start_service, tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    server = start_server(start_service, "--workspace-root", str(root))
+    sess = rpc.connect(server.host, server.port, key="dev")
+    child = sess.info["pid"]
+    until(lambda: any(root.iterdir()), what="session workspace")
+    os.kill(server.proc.pid, signal.SIGKILL)           # the server only, not its process group
+    server.proc.wait(10)
+    try:
+        until(lambda: gone(child), what="session child gone after kill -9 of its server")
+    finally:
+        sess.close()
+        if not gone(child):
+            os.kill(child, signal.SIGKILL)
+    assert [p.name.startswith(f"kernelrpc-session-{server.proc.pid}-") for p in root.iterdir()] == [True]
+    foreign = root / "someone-else"
+    foreign.mkdir()
+    start_server(start_service, "--workspace-root", str(root))
+    until(lambda: [p.name for p in root.iterdir()] == ["someone-else"], what="stale workspace removed")
+
+
+def test_a_numpy_argument_beyond_the_frame_limit_is_refused_locally(start_service):
+    server = start_server(start_service, "--max-frame-bytes", "65536")
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        echo = sess.get_function("testing.echo")
+        with pytest.raises(ValueError, match="frame limit of 65536 bytes"):
+            echo(np.zeros(100_000, "float32"))
+        assert echo(1) == 1                            # the session goes on
+
+
+FORKING_MODULE = r"""
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <time.h>
+#include <unistd.h>
+#define EXPORT __attribute__((visibility("default")))
+static const char METADATA[] =
+    "{\"format\": \"kernelrpc.module\", \"version\": 1, \"producer\": \"tests\","
+    "\"target\": {\"string\": \"c\", \"triple\": \"" KRPC_TRIPLE "\", \"cpu\": \"generic\", \"features\": \"\"},"
+    "\"entry\": \"spawn\", \"functions\": [{\"name\": \"spawn\", \"symbol\": \"__kernelrpc_fn_spawn\", \"args\": ["
+    "{\"name\": \"pid\", \"kind\": \"tensor\", \"dtype\": \"int64\", \"shape\": [1]}]}]}";
+EXPORT const char *__kernelrpc_metadata(void) { return METADATA; }
+/* Start a process that outlives the call (and would outlive the session without its group). */
+EXPORT int32_t __kernelrpc_fn_spawn(void **args) {
+    pid_t pid = fork();
+    if (pid == 0) { sleep(600); _exit(0); }
+    *(int64_t *)args[0] = pid;
+    return pid < 0;
+}
+EXPORT int64_t __kernelrpc_time(int32_t (*fn)(void **), void **args, int64_t number) {
+    for (int64_t i = 0; i < number; ++i) fn(args);
+    return 0;
+}
+"""
+
+
+def test_processes_a_kernel_starts_end_with_the_session(start_service, tmp_path):
+    from fixtures.build import compile_module
+
+    library = compile_module(FORKING_MODULE, tmp_path, "forking")
+    server = start_server(start_service)
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        sess.upload(library.read_bytes(), "forking.so")
+        module = sess.load_module("forking.so")
+        out = nd.empty((1,), "int64", sess.cpu(0))
+        module["spawn"](out)
+        grandchild = int(out.numpy()[0])
+        assert grandchild > 0 and not gone(grandchild)
+    try:
+        until(lambda: gone(grandchild), what="the kernel's process gone with its session")
+    finally:
+        if not gone(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+OVERRUN_MODULE = r"""
+#include <stdint.h>
+#define EXPORT __attribute__((visibility("default")))
+static const char METADATA[] =
+    "{\"format\": \"kernelrpc.module\", \"version\": 1, \"producer\": \"tests\","
+    "\"target\": {\"string\": \"c\", \"triple\": \"" KRPC_TRIPLE "\", \"cpu\": \"generic\", \"features\": \"\"},"
+    "\"entry\": \"fill\", \"functions\": ["
+    "{\"name\": \"fill\", \"symbol\": \"__kernelrpc_fn_fill\", \"args\": ["
+    "{\"name\": \"A\", \"kind\": \"tensor\", \"dtype\": \"float32\", \"shape\": [256]}]},"
+    "{\"name\": \"fill_past\", \"symbol\": \"__kernelrpc_fn_fill_past\", \"args\": ["
+    "{\"name\": \"A\", \"kind\": \"tensor\", \"dtype\": \"float32\", \"shape\": [256]}]}]}";
+EXPORT const char *__kernelrpc_metadata(void) { return METADATA; }
+EXPORT int32_t __kernelrpc_fn_fill(void **args) {
+    float *a = args[0];
+    for (int i = 0; i < 256; ++i) a[i] = 1.0f;
+    return 0;
+}
+/* Its code disagrees with its metadata: 64 elements too many. */
+EXPORT int32_t __kernelrpc_fn_fill_past(void **args) {
+    float *a = args[0];
+    for (int i = 0; i < 256 + 64; ++i) a[i] = 2.0f;
+    return 0;
+}
+EXPORT int64_t __kernelrpc_time(int32_t (*fn)(void **), void **args, int64_t number) {
+    for (int64_t i = 0; i < number; ++i) fn(args);
+    return 0;
+}
+"""
+
+
+def test_checked_mode_names_the_call_that_wrote_past_a_tensor(start_service, tmp_path):
+    from fixtures.build import compile_module
+
+    library = compile_module(OVERRUN_MODULE, tmp_path, "overrun")
+    server = start_server(start_service, "--checked-tensors")
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        sess.upload(library.read_bytes(), "overrun.so")
+        module = sess.load_module("overrun.so")
+        a = nd.empty((256,), "float32", sess.cpu(0))
+        module["fill"](a)
+        assert (a.numpy() == 1.0).all()
+        with pytest.raises(kernelrpc.RemoteError, match="256 of the 4096 bytes after its end") as info:
+            module["fill_past"](a)
+        assert info.value.type_name == "TensorOverrun"
+        module["fill"](a)                              # the pads were restored: checked again, and fine
+        assert sess.get_function("testing.echo")(5) == 5
+
+
+def test_a_trickling_upload_does_not_hold_the_device(start_service):
+    from kernelrpc.rpc import protocol as P
+
+    server = start_server(start_service, "--io-timeout", "1", "--min-transfer-rate", str(1 << 20))
+    slow = rpc.connect(server.host, server.port, key="dev")
+    slow._conn.send(P.encode_request(P.UPLOAD, ["big.bin", 256 << 10]))
+    stop = threading.Event()
+
+    def trickle():                                     # 16 KiB/s: a 256 KiB upload would take 16 s
+        try:
+            while not stop.wait(0.05):
+                slow._conn.sock.sendall(b"x" * 800)
+        except OSError:
+            pass
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    try:
+        with rpc.connect(server.host, server.port, key="dev", connect_timeout=15) as other:
+            assert other.get_function("testing.echo")(3) == 3
+        assert server.wait_for_line("slower than the server's minimum")
+    finally:
+        stop.set()
+        sender.join(10)
+        slow.close()

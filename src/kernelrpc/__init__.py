@@ -23,6 +23,8 @@ _LAZY = {
     "nd": (".nd", None),
     "rpc": (".rpc", None),
     "runtime": (".runtime", None),
+    "measure": (".measure", None),
+    "autotvm": (".autotvm", None),
 }
 
 

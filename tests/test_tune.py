@@ -115,18 +115,18 @@ def test_tuning_logs_every_trial_resumes_and_applies_the_best(fleet, tmp_path, t
 
 
 def test_failed_trials_are_logged_with_their_status(fleet, tmp_path):
-    @autotvm.template("test/fails_when_vectorized_wide")
+    @autotvm.template("test/fails_on_a_bad_split")
     def template(n):
         cfg = autotvm.get_config()
         A = te.placeholder((n,), name="A")
         B = te.compute((n,), lambda i: A[i] * 2.0, name="B")
         s = te.create_schedule(B.op)
-        cfg.define_knob("factor", [0, 4])            # 0 is not a valid split: a compile error
+        cfg.define_knob("factor", [4, 0])            # 0 is not a valid split: a compile error
         s[B].split(B.op.axis[0], factor=cfg["factor"].val)
         return s, [A, B]
 
     log = tmp_path / "fails.log"
-    task = autotvm.task.create("test/fails_when_vectorized_wide", args=(16,), reference=lambda a: a * 2)
+    task = autotvm.task.create("test/fails_on_a_bad_split", args=(16,), reference=lambda a: a * 2)
     autotvm.tuner.GridSearchTuner(task).tune(4, option(fleet), callbacks=[autotvm.callback.log_to_file(log)])
     statuses = {r["config"]["knobs"]["factor"]: r["result"]["status"] for r in autotvm.load_from_file(log)}
     assert statuses == {0: "compile_error", 4: "ok"}

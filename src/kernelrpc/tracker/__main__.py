@@ -20,6 +20,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lease-timeout", type=float, default=5.0,
                         help="seconds a server that reports its sessions stays leased to a client "
                              "that never connects, before it goes back to the pool")
+    parser.add_argument("--web-port", type=int, default=None,
+                        help="serve the status page, /api/status and /metrics on this port "
+                             "(0: the OS chooses; needs the web extra)")
+    parser.add_argument("--web-host", default=None, help="address of the status page (default: --host)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
 
@@ -40,14 +44,28 @@ async def _main(args: argparse.Namespace) -> None:
     # objects made since and pauses every waiting client for less.
     gc.collect()
     gc.freeze()
+    def attach_web(service) -> None:
+        from . import web
+
+        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port)
+        print(f"kernelrpc.tracker status page on http://{host}:{port}/", flush=True)
+
     try:
-        await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready)
+        await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready,
+                    on_service=attach_web if args.web_port is not None else None)
     except asyncio.CancelledError:
         pass
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.web_port is not None:
+        from .web import require_web_extra
+        try:
+            require_web_extra()
+        except ImportError as exc:
+            print(f"kernelrpc.tracker: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(_main(args))

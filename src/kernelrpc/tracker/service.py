@@ -8,6 +8,7 @@ All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import operator
@@ -33,6 +34,8 @@ MAX_REQUESTS_PER_CONNECTION = 1024
 MAX_SUMMARY_ROWS = 1000
 READ_BUFFER_BYTES = 64 * 1024
 OK_FRAME = encode_frame(TrackerCode.SUCCESS)
+RECENT_MATCHES = 100
+"""Matches the service remembers for the status page's recent sessions."""
 OPENING_TIMEOUT = 10.0
 """Seconds a new connection has to send the magic before it is closed."""
 
@@ -155,11 +158,17 @@ class TrackerService:
         self.stop_key = "tracker:" + secrets.token_hex(16)
         self.stopped = asyncio.Event()
         self._clock = clock
+        self.started_at = clock()
+        self.recent_matches: collections.deque = collections.deque(maxlen=RECENT_MATCHES)
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._check_period = min(1.0, max(0.05, lease_timeout / 4))
         self._handlers = {messages.Request: self._on_request, messages.Put: self._on_put,
                           messages.UpdateInfo: self._on_update_info, messages.Simple: self._on_simple,
                           messages.Stop: self._on_stop}
+
+    def now(self) -> float:
+        """The clock the scheduler's times are on (for the status page)."""
+        return self._clock()
 
     def start_timers(self) -> None:
         self._expiry_timer = asyncio.get_running_loop().call_later(self._check_period, self._check_leases)
@@ -239,6 +248,7 @@ class TrackerService:
             if client.alive:
                 slot = match.slot
                 client.write(encode_address_reply(slot.host, slot.port, slot.matchkey))
+                self.recent_matches.append((time.time(), match))
                 continue
             self.scheduler.drop_client(client)
             matches += self.scheduler.cancel(match, self._clock())
@@ -262,9 +272,12 @@ class TrackerService:
 
 
 
-async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None) -> None:
-    """Serve tracker connections on the bound ``sock`` until STOP or cancellation."""
+async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None, on_service=None) -> None:
+    """Serve tracker connections on the bound ``sock`` until STOP or cancellation;
+    ``on_service(service)`` runs first (the status page attaches there)."""
     service = TrackerService(lease_timeout=lease_timeout)
+    if on_service is not None:
+        on_service(service)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: TrackerConnection(service), sock=sock)
     service.start_timers()

@@ -2,12 +2,14 @@
 import json
 import os
 import shutil
+import socket
 import threading
 import urllib.request
 
 import pytest
 
 from kernelrpc.rpc import connect_tracker
+from kernelrpc.rpc.tracker_codec import MAGIC_BYTES, TrackerCode, encode_frame
 from servicectl import SRC
 from test_tracker_e2e import queue, start_server, until
 
@@ -28,6 +30,17 @@ def get(url: str) -> tuple[str, str]:
 
 def status(page: str) -> dict:
     return json.loads(get(page + "api/status")[1])
+
+
+def register_raw(tracker, key: str, arch: str) -> socket.socket:
+    """A peer registering the way any TVM-protocol server may, with an architecture in its info."""
+    sock = socket.create_connection(tracker.address, timeout=10)
+    sock.sendall(MAGIC_BYTES)
+    assert sock.recv(4) == MAGIC_BYTES
+    sock.sendall(encode_frame([TrackerCode.UPDATE_INFO, {"key": f"server:{key}", "addr": [None, 9],
+                                                         "arch": arch}]))
+    sock.recv(64)
+    return sock
 
 
 class Waiter(threading.Thread):
@@ -118,6 +131,10 @@ def test_page_shows_servers_and_queued_requests_live(start_service, tmp_path):
         server = start_server(start_service, tracker)              # registers after the page opened
         wait.until(lambda _: f":{server.port}" in text("servers"))
         assert "board" in text("servers") and "free" in text("servers")
+        odd = register_raw(tracker, "<i>odd</i>", "aarch64")      # shown as text, never as markup
+        wait.until(lambda _: "aarch64" in text("servers"))
+        assert "<i>odd</i>" in text("servers")
+        odd.close()
 
         with connect_tracker(*tracker.address) as t, t.request("board", session_timeout=30, timeout=30):
             waiter = Waiter(tracker)

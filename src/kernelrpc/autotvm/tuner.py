@@ -93,6 +93,20 @@ class Tuner:
             log.warning("task %s has no reference: outputs are not checked", task.name)
         reference = None if task.reference is None else task.reference(*inputs)
         batch_size = batch_size or max(8, 4 * (runner.max_devices or 2))
+        executor = builder.executor
+        own_executor = executor is None
+        if own_executor:
+            from ..measure import default_executor
+            executor = default_executor()          # one pool for every round: workers start once
+        try:
+            self._tune(n_trial, runner, executor, early_stopping, callbacks, batch_size, inputs, reference)
+        finally:
+            if own_executor:
+                executor.shutdown(wait=False, cancel_futures=True)
+        return self.best_config
+
+    def _tune(self, n_trial, runner, executor, early_stopping, callbacks, batch_size, inputs, reference):
+        task = self.task
         since_best = 0
         measured = 0
         while measured < n_trial and self.has_next():
@@ -109,7 +123,7 @@ class Tuner:
                             inputs=inputs, reference=reference, target=task.target, name="main",
                             number=runner.number, repeat=runner.repeat,
                             min_repeat_ms=runner.min_repeat_ms, timeout=runner.timeout,
-                            session_timeout=runner.session_timeout, executor=builder.executor,
+                            session_timeout=runner.session_timeout, executor=executor,
                             max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
                             atol=runner.atol, priority=runner.priority)
             for result in batch:
@@ -124,7 +138,6 @@ class Tuner:
             if early_stopping is not None and since_best >= early_stopping:
                 log.info("no better configuration in %d trials: stopping", since_best)
                 break
-        return self.best_config
 
     def _random_unvisited(self, exclude: set) -> ConfigEntity | None:
         total = len(self.space)

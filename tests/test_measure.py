@@ -1,4 +1,6 @@
 """kernelrpc.measure against a real tracker and device servers started as users start them."""
+import signal
+
 import numpy as np
 import pytest
 
@@ -99,6 +101,21 @@ def test_timeout_costs_only_its_candidate(fleet):
     results = {r.name: r for r in run(tracker, candidates, timeout=3, session_timeout=10).wait()}
     assert results["endless"].status == TIMEOUT
     assert all(results[f"split{f}"].status == OK for f in (4, 8, 16))
+
+
+def test_a_device_that_disappears_costs_only_its_candidate(fleet):
+    tracker, servers = fleet
+    quick = {f"split{f}": addone(f) for f in (4, 8, 16, 32)}
+    batch = run(tracker, {"endless": endless, **quick}, timeout=120, session_timeout=150)
+    results = {}
+    for res in batch:
+        results[res.name] = res
+        if set(quick) <= set(results) and "endless" not in results:
+            for server in servers:                  # the boards vanish, one mid-kernel
+                server.stop(signal.SIGKILL)
+    assert all(results[name].status == OK for name in quick)
+    assert results["endless"].status == RUNTIME_ERROR
+    assert "went away" in results["endless"].error or "crashed" in results["endless"].error
 
 
 def test_session_reports_its_cores(start_service):

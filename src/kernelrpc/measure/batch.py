@@ -396,7 +396,7 @@ class MeasureBatch:
         """Throughput and device idleness of the batch so far (wall-clock seconds)."""
         end = self._end_time or time.monotonic()
         wall = max(end - self._start_time, 1e-9) if self._started else 0.0
-        held = sum(end - d.opened_at for d in self._devices)
+        held = sum((d.closed_at or end) - d.opened_at for d in self._devices)
         busy = sum(d.busy for d in self._devices)
         counts = collections.Counter(r.status for r in self.results)
         return {"candidates": len(self.candidates), "wall_seconds": wall,
@@ -404,7 +404,7 @@ class MeasureBatch:
                 "build_seconds_total": self._build_seconds,
                 "measured_per_second": sum(d.count for d in self._devices) / wall if wall else 0.0,
                 "devices": [{"address": d.address, "cpus": d.cpus, "measured": d.count,
-                             "busy_seconds": d.busy, "held_seconds": end - d.opened_at}
+                             "busy_seconds": d.busy, "held_seconds": (d.closed_at or end) - d.opened_at}
                             for d in self._devices],
                 "device_idle_fraction": 1 - busy / held if held > 0 else None,
                 "statuses": dict(counts)}

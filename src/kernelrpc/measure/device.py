@@ -27,6 +27,7 @@ class DeviceSession:
         self.dev = session.cpu(0)
         self.inputs = [session.array(a, self.dev) for a in inputs]
         self.opened_at = time.monotonic()
+        self.closed_at: float | None = None
         self.deadline = self.opened_at + session_timeout if session_timeout else None
         self._outputs: dict = {}
         self.busy = 0.0
@@ -40,6 +41,8 @@ class DeviceSession:
         return self.deadline is None or time.monotonic() + seconds < self.deadline
 
     def close(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = time.monotonic()
         self.session.close()
 
     def _output(self, index: int, record: dict):

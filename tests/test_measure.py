@@ -139,3 +139,28 @@ def test_dask_cluster_builds_the_batch(fleet):
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         results = run(tracker, [addone(4), addone(8), broken], executor=client.get_executor()).wait()
     assert [r.status for r in results] == [OK, OK, COMPILE_ERROR]
+
+
+def test_leaving_the_loop_early_releases_the_devices(fleet):
+    tracker, _ = fleet
+    batch = run(tracker, {"endless": endless, **{f"split{f}": addone(f) for f in (4, 8)}}, timeout=120,
+                session_timeout=150)
+    for res in batch:
+        if res.name != "endless":
+            break
+    assert batch._queue.cancelled and not any(t.is_alive() for t in batch._threads)
+    assert len(batch.results) == 1
+
+
+def test_unreachable_tracker_is_a_clear_error():
+    from kernelrpc.rpc.tracker_client import TrackerUnreachable
+
+    batch = kernelrpc.measure([addone(4)], key="board", tracker="127.0.0.1:1",
+                              inputs=[np.zeros(N, "float32")])
+    with pytest.raises(TrackerUnreachable, match="127.0.0.1:1"):
+        batch.wait()
+
+
+def test_candidates_must_be_callable():
+    with pytest.raises(TypeError, match="returns \\(schedule, args\\)"):
+        kernelrpc.measure([42], key="board", tracker="127.0.0.1:1", inputs=[])

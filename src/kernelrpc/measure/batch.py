@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 QUEUE_POLL = 2.0
 """Seconds a device thread waits in the tracker's queue before it checks whether the batch is over."""
+TRACKER_GONE = 60.0
+"""Seconds a device thread keeps trying to reach a tracker that does not answer before it gives up."""
 
 
 @dataclasses.dataclass
@@ -209,6 +211,7 @@ class MeasureBatch:
     def _start(self) -> None:
         self._started = True
         self._start_time = time.monotonic()
+        devices = self._device_count()           # first: an unreachable tracker fails before any build
         if self._executor is None:
             self._executor = default_executor()
         self._queue.expect(len(self.candidates))
@@ -220,7 +223,7 @@ class MeasureBatch:
                 self._built_one(index, name, BuildOutput(None, [], 0.0, f"{type(exc).__name__}: {exc}"))
                 continue
             future.add_done_callback(lambda f, i=index, n=name: self._build_finished(i, n, f))
-        for _ in range(self._device_count()):
+        for _ in range(devices):
             thread = threading.Thread(target=self._device_loop, daemon=True,
                                       name=f"kernelrpc-measure-{self.key}")
             thread.start()
@@ -263,6 +266,7 @@ class MeasureBatch:
         from ..rpc.tracker_client import TrackerSession
 
         tracker = None
+        failing_since = None
         try:
             while self._queue.wait_for_work():
                 try:
@@ -270,9 +274,15 @@ class MeasureBatch:
                         tracker = TrackerSession(self.tracker_addr)
                     session = tracker.request(self.key, priority=self.priority,
                                               session_timeout=self.session_timeout, timeout=QUEUE_POLL)
-                except QueueTimeout:
+                except QueueTimeout:              # the tracker answers; every device is busy
+                    failing_since = None
                     continue
                 except (TrackerError, OSError, RPCError) as exc:
+                    now = time.monotonic()
+                    failing_since = failing_since or now
+                    if now - failing_since > TRACKER_GONE:
+                        raise TrackerError(f"no session for key {self.key!r} for {TRACKER_GONE:g} s: "
+                                           f"{exc}") from exc
                     log.warning("measure: no session for key %r yet: %s", self.key, exc)
                     if tracker is not None:
                         tracker.close()
@@ -332,12 +342,13 @@ class MeasureBatch:
     # -- consuming -------------------------------------------------------------------------
 
     def __iter__(self):
+        """Results as they finish. Leaving the loop early stops the batch and releases the devices."""
         if not self._started:
             self._start()
         seen = len(self.results)
         yield from self.results[:seen]
         try:
-            while len(self.results) < len(self.candidates):
+            while len(self.results) < len(self.candidates) and not self._queue.cancelled:
                 with self._done_cond:
                     while not self._done:
                         if not any(t.is_alive() for t in self._threads) and not self._done:
@@ -349,9 +360,8 @@ class MeasureBatch:
                 for res in batch:
                     self.results.append(res)
                     yield res
-        finally:
-            if len(self.results) >= len(self.candidates):
-                self._finish()
+        finally:   # all seen, or the caller stopped early (break, an exception, Ctrl-C): release devices
+            self._finish()
 
     def _fail_remaining(self) -> None:
         """Every device thread ended with work left (the tracker went away): say so per candidate."""
@@ -365,7 +375,11 @@ class MeasureBatch:
         if self._end_time:
             return
         self._end_time = time.monotonic()
+        stopped_early = len(self.results) < len(self.candidates)
         self._queue.cancel()
+        if stopped_early:
+            for device in list(self._devices):
+                device.abort()
         for thread in self._threads:
             thread.join(QUEUE_POLL + 5)
         if self._own_executor and self._executor is not None:

@@ -45,6 +45,13 @@ class DeviceSession:
             self.closed_at = time.monotonic()
         self.session.close()
 
+    def abort(self) -> None:
+        """From another thread: break the connection, so a call waiting on the device returns now."""
+        try:
+            self.session._conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def _output(self, index: int, record: dict):
         """A reused output tensor, refilled before every candidate so that a kernel that writes
         nothing cannot pass the check with the previous candidate's answer."""

@@ -118,13 +118,15 @@ def test_a_device_that_disappears_costs_only_its_candidate(fleet):
     assert "went away" in results["endless"].error or "crashed" in results["endless"].error
 
 
-def test_session_reports_its_cores(start_service):
+def test_session_reports_its_cores(start_service, capsys):
     tracker = start_tracker(start_service)
     start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}",
                                        "--key", "board", "--cpus", "0"])
     until(lambda: queue(tracker)["free"] == 1)
-    (res,) = run(tracker, [addone(8)]).wait()
+    (res,) = run(tracker, [addone(8)], progress=True).wait()
     assert res.status == OK and res.cpus == [0]
+    bar = capsys.readouterr().err
+    assert "measure" in bar and "1/1" in bar and "best" in bar
 
 
 def test_server_rejects_bad_cpus(start_service):

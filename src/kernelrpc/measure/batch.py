@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
 
@@ -69,11 +70,11 @@ class _WorkQueue:
         with self._cond:
             self._builds_left += n
 
-    def put(self, job: Job | None, front: bool = False) -> None:
+    def put(self, job: Job | None) -> None:
         """A build finished: its job (or None for a failed build) and one fewer to come."""
         with self._cond:
             if job is not None:
-                (self._items.appendleft if front else self._items.append)(job)
+                self._items.append(job)
             self._builds_left -= 1
             self._cond.notify_all()
 
@@ -119,16 +120,12 @@ class _WorkQueue:
 
 
 def _normalize(candidates) -> list[tuple[str, object]]:
+    """``[(name, function)]`` from a dict, a list of pairs or a list of functions."""
     if isinstance(candidates, dict):
         items = list(candidates.items())
     else:
-        items = []
-        for i, c in enumerate(candidates):
-            if isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str):
-                items.append(c)
-            else:
-                items.append((getattr(c, "__name__", "") if getattr(c, "__name__", "") != "<lambda>"
-                              else f"candidate{i}", c))
+        items = [c if isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str)
+                 else (getattr(c, "__name__", "").replace("<lambda>", ""), c) for c in candidates]
     for name, fn in items:
         if not callable(fn):
             raise TypeError(f"candidate {name!r} is not callable: a candidate is a function that "
@@ -166,6 +163,21 @@ def default_executor(max_workers: int | None = None) -> concurrent.futures.Execu
                                                   mp_context=multiprocessing.get_context("spawn"))
 
 
+def _progress_bar(total: int, enabled: bool | None):
+    """A tqdm bar (a widget in Jupyter); by default only where someone watches: a terminal or a
+    notebook. None when off or when tqdm is not installed."""
+    if enabled is None:
+        enabled = sys.stderr.isatty() or "ipykernel" in sys.modules
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        log.info("measure: no progress bar (pip install tqdm)")
+        return None
+    return tqdm(total=total, desc="measure", unit="candidate")
+
+
 class MeasureBatch:
     """A running batch: iterate for results as they finish; ``results`` holds those seen so far.
 
@@ -177,7 +189,7 @@ class MeasureBatch:
                  name: str = "main", number: int = 3, repeat: int = 3, min_repeat_ms: float = 0,
                  timeout: float = 60.0, session_timeout: float = 600.0, executor=None,
                  max_devices: int | None = None, flops: float | None = None, rtol: float = 1e-4,
-                 atol: float = 1e-4, priority: int = 1) -> None:
+                 atol: float = 1e-4, priority: int = 1, progress: bool | None = None) -> None:
         self.candidates = _normalize(candidates)
         self.key = key
         self.tracker_addr = _tracker_address(tracker)
@@ -192,6 +204,7 @@ class MeasureBatch:
         self.session_timeout = session_timeout
         self.priority = priority
         self.max_devices = max_devices
+        self.progress = progress
         self.results: list[R.MeasureResult] = []
         self._executor = executor
         self._own_executor = executor is None
@@ -347,6 +360,9 @@ class MeasureBatch:
             self._start()
         seen = len(self.results)
         yield from self.results[:seen]
+        bar = _progress_bar(len(self.candidates), self.progress) if seen < len(self.candidates) else None
+        if bar is not None:
+            bar.update(seen)
         try:
             while len(self.results) < len(self.candidates) and not self._queue.cancelled:
                 with self._done_cond:
@@ -359,8 +375,14 @@ class MeasureBatch:
                     self._done.clear()
                 for res in batch:
                     self.results.append(res)
+                    if bar is not None:
+                        best = self.best()
+                        bar.set_postfix_str(f"best {best.summary()}" if best else "", refresh=False)
+                        bar.update(1)
                     yield res
         finally:   # all seen, or the caller stopped early (break, an exception, Ctrl-C): release devices
+            if bar is not None:
+                bar.close()
             self._finish()
 
     def _fail_remaining(self) -> None:
@@ -457,7 +479,8 @@ def measure(candidates, *, key: str, tracker, inputs, reference=None, **options)
         options: ``target``, ``name`` (function name), ``number``, ``repeat``, ``min_repeat_ms``,
             ``timeout`` (seconds per candidate on a device), ``session_timeout``, ``executor``
             (any ``concurrent.futures.Executor``), ``max_devices``, ``flops`` (per call, for
-            GFLOP/s), ``rtol``/``atol``, ``priority``.
+            GFLOP/s), ``rtol``/``atol``, ``priority``, ``progress`` (a tqdm bar; default: on in a
+            terminal or a notebook).
 
     Returns:
         A :class:`MeasureBatch`: iterate it for :class:`MeasureResult` objects as they finish, or

@@ -6,6 +6,7 @@ import pytest
 
 import kernelrpc
 from kernelrpc import te
+from kernelrpc.rpc import connect_tracker
 from kernelrpc.measure import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT, MeasureResult
 from test_tracker_e2e import queue, start_server, start_tracker, until
 
@@ -141,6 +142,16 @@ def test_dask_cluster_builds_the_batch(fleet):
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         results = run(tracker, [addone(4), addone(8), broken], executor=client.get_executor()).wait()
     assert [r.status for r in results] == [OK, OK, COMPILE_ERROR]
+
+
+def test_a_device_held_by_someone_else_is_waited_for_not_required(fleet):
+    tracker, _ = fleet
+    with connect_tracker(*tracker.address) as other, other.request("board", session_timeout=60, timeout=30):
+        results = run(tracker, [addone(4), addone(8), addone(16)]).wait()
+        assert [r.status for r in results] == [OK, OK, OK]
+        assert len({r.device for r in results}) == 1
+        with connect_tracker(*tracker.address) as probe:
+            until(lambda: not probe.summary()["waiting"])     # the batch left the queue
 
 
 def test_leaving_the_loop_early_releases_the_devices(fleet):

@@ -13,23 +13,25 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import socket
 import sys
 import threading
 import time
 
 import numpy as np
 
-from ..errors import QueueTimeout, RPCError, TrackerError
+from ..errors import RPCError, TrackerError
 from . import result as R
 from .build import BuildOutput, build_candidate, dumps_candidate
 from .device import DeviceSession, Requeue
 
 log = logging.getLogger(__name__)
 
-QUEUE_POLL = 2.0
-"""Seconds a device thread waits in the tracker's queue before it checks whether the batch is over."""
+RETRY_PAUSE = 1.0
+"""Seconds between attempts to reach a tracker or server that did not answer."""
 TRACKER_GONE = 60.0
-"""Seconds a device thread keeps trying to reach a tracker that does not answer before it gives up."""
+"""Seconds a device thread keeps trying to reach a tracker (or the servers it names) before it gives up."""
+JOIN_TIMEOUT = 10.0
 
 
 @dataclasses.dataclass
@@ -163,6 +165,16 @@ def default_executor(max_workers: int | None = None) -> concurrent.futures.Execu
                                                   mp_context=multiprocessing.get_context("spawn"))
 
 
+def _interrupt(tracker) -> None:
+    """Wake a thread blocked on this tracker connection (closing alone does not)."""
+    sock = tracker._sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def _progress_bar(total: int, enabled: bool | None):
     """A tqdm bar (a widget in Jupyter); by default only where someone watches: a terminal or a
     notebook. None when off or when tqdm is not installed."""
@@ -213,6 +225,8 @@ class MeasureBatch:
         self._done_cond = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._devices: list[DeviceSession] = []
+        self._waiting: set = set()                # tracker connections waiting in the queue
+        self._waiting_lock = threading.Lock()
         self._errors: list[Exception] = []
         self._started = False
         self._start_time = self._end_time = 0.0
@@ -276,41 +290,45 @@ class MeasureBatch:
             self._done_cond.notify_all()
 
     def _open_session(self) -> DeviceSession | None:
+        """Wait in the tracker's queue for a device of the key (as long as there is work for it)
+        and open a session. ``_finish`` breaks the wait by shutting the tracker connection."""
+        from ..rpc.client import connect
         from ..rpc.tracker_client import TrackerSession
 
-        tracker = None
         failing_since = None
-        try:
-            while self._queue.wait_for_work():
-                try:
-                    if tracker is None:
-                        tracker = TrackerSession(self.tracker_addr)
-                    session = tracker.request(self.key, priority=self.priority,
-                                              session_timeout=self.session_timeout, timeout=QUEUE_POLL)
-                except QueueTimeout:              # the tracker answers; every device is busy
-                    failing_since = None
-                    continue
-                except (TrackerError, OSError, RPCError) as exc:
-                    now = time.monotonic()
-                    failing_since = failing_since or now
-                    if now - failing_since > TRACKER_GONE:
-                        raise TrackerError(f"no session for key {self.key!r} for {TRACKER_GONE:g} s: "
-                                           f"{exc}") from exc
-                    log.warning("measure: no session for key %r yet: %s", self.key, exc)
-                    if tracker is not None:
-                        tracker.close()
-                        tracker = None
-                    time.sleep(QUEUE_POLL)
-                    continue
-                try:
-                    return DeviceSession(session, self.spec.inputs, self.session_timeout)
-                except (RPCError, OSError) as exc:
-                    log.warning("measure: session with %s failed at the start: %s", session.address, exc)
-                    session.close()
-            return None
-        finally:
-            if tracker is not None:
-                tracker.close()
+        while self._queue.wait_for_work():
+            tracker = None
+            try:
+                tracker = TrackerSession(self.tracker_addr)
+                with self._waiting_lock:
+                    self._waiting.add(tracker)
+                if self._queue.cancelled:
+                    return None
+                host, port, matchkey = tracker.request_address(self.key, self.priority)
+                session = connect(host, port, key=matchkey, session_timeout=self.session_timeout)
+            except (TrackerError, OSError, RPCError) as exc:
+                if self._queue.cancelled:
+                    return None
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > TRACKER_GONE:
+                    raise TrackerError(f"no session for key {self.key!r} for {TRACKER_GONE:g} s: "
+                                       f"{exc}") from exc
+                log.warning("measure: no session for key %r yet: %s", self.key, exc)
+                time.sleep(RETRY_PAUSE)
+                continue
+            finally:
+                if tracker is not None:
+                    with self._waiting_lock:
+                        self._waiting.discard(tracker)
+                    tracker.close()
+            failing_since = None
+            try:
+                return DeviceSession(session, self.spec.inputs, self.session_timeout)
+            except (RPCError, OSError) as exc:
+                log.warning("measure: session with %s failed at the start: %s", session.address, exc)
+                session.close()
+        return None
 
     def _device_loop(self) -> None:
         device = None
@@ -399,11 +417,15 @@ class MeasureBatch:
         self._end_time = time.monotonic()
         stopped_early = len(self.results) < len(self.candidates)
         self._queue.cancel()
+        with self._waiting_lock:
+            waiting = list(self._waiting)
+        for tracker in waiting:                    # leave the tracker's queue now
+            _interrupt(tracker)
         if stopped_early:
             for device in list(self._devices):
                 device.abort()
         for thread in self._threads:
-            thread.join(QUEUE_POLL + 5)
+            thread.join(JOIN_TIMEOUT)
         if self._own_executor and self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 

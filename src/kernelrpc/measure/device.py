@@ -23,7 +23,9 @@ class DeviceSession:
     def __init__(self, session, inputs: list[np.ndarray], session_timeout: float) -> None:
         self.session = session
         self.address = session.address
-        self.cpus = session.info.get("cpus")
+        cpus = session.info.get("cpus")            # from the network: kept only if plausible
+        self.cpus = cpus if isinstance(cpus, list) and len(cpus) <= 4096 and \
+            all(type(c) is int for c in cpus) else None
         self.dev = session.cpu(0)
         self.inputs = [session.array(a, self.dev) for a in inputs]
         self.opened_at = time.monotonic()

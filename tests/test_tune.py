@@ -130,3 +130,34 @@ def test_failed_trials_are_logged_with_their_status(fleet, tmp_path):
     autotvm.tuner.GridSearchTuner(task).tune(4, option(fleet), callbacks=[autotvm.callback.log_to_file(log)])
     statuses = {r["config"]["knobs"]["factor"]: r["result"]["status"] for r in autotvm.load_from_file(log)}
     assert statuses == {0: "compile_error", 4: "ok"}
+
+
+@autotvm.template("test/annotated")
+def annotated(n):
+    cfg = autotvm.get_config()
+    A = te.placeholder((n, n), name="A")
+    B = te.compute((n, n), lambda i, j: A[i, j] * 3.0, name="B")
+    s = te.create_schedule(B.op)
+    i, j = s[B].op.axis
+    cfg.define_split("tile_j", j, num_outputs=3, policy="power2", max_factor=8)
+    jo, jm, ji = cfg["tile_j"].apply(s, B, j)
+    cfg.define_annotate("ann", [jm, ji], policy="try_unroll_vec")
+    cfg["ann"].apply(s, B, [jm, ji])
+    return s, [A, B]
+
+
+def test_every_annotation_and_three_way_split_builds_correctly():
+    space = annotated.space((16,))
+    assert [c.value for c in space.space_map["ann"].entities] == [
+        ["none", "none"], ["none", "unroll"], ["unroll", "none"], ["unroll", "unroll"],
+        ["none", "vec"], ["unroll", "vec"]]
+    a = np.random.default_rng(0).random((16, 16), dtype=np.float32)
+    for index in range(0, len(space), 7):
+        config = space.get(index)
+        s, args = annotated.instantiate(config, (16,))
+        lowered = str(kernelrpc.lower(s, args, simple_mode=True))
+        anns = config["ann"].value
+        assert ("ramp(" in lowered) == ("vec" in anns) or config["tile_j"].size[-1] == 1
+        b = nd.empty((16, 16), "float32")
+        kernelrpc.build(s, args)(nd.array(a), b)
+        np.testing.assert_allclose(b.numpy(), a * 3.0, rtol=1e-6)

@@ -39,17 +39,18 @@ async def _main(args: argparse.Namespace) -> None:
     def ready(addr) -> None:
         print(f"kernelrpc.tracker listening on {addr[0]}:{addr[1]}", flush=True)
 
+    def attach_web(service) -> None:
+        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port)
+        print(f"kernelrpc.tracker status page on http://{host}:{port}/", flush=True)
+
+    if args.web_port is not None:
+        from . import web
+
     # Everything alive now (modules, the loop) lives as long as the process: keep it out
     # of the collector's generations, so that a collection under load scans only the
     # objects made since and pauses every waiting client for less.
     gc.collect()
     gc.freeze()
-    def attach_web(service) -> None:
-        from . import web
-
-        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port)
-        print(f"kernelrpc.tracker status page on http://{host}:{port}/", flush=True)
-
     try:
         await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready,
                     on_service=attach_web if args.web_port is not None else None)

@@ -181,7 +181,10 @@ def start(service, host: str, port: int):
     import tornado.httpserver
     import tornado.netutil
 
-    sockets = tornado.netutil.bind_sockets(port, host, reuse_port=False)
+    try:
+        sockets = tornado.netutil.bind_sockets(port, host)
+    except OSError as exc:
+        raise OSError(exc.errno, f"--web-port {port} on {host}: {exc.strerror or exc}") from None
     server = tornado.httpserver.HTTPServer(make_app(service), max_header_size=16 * 1024,
                                            max_body_size=1024, idle_connection_timeout=60)
     server.add_sockets(sockets)

@@ -11,8 +11,8 @@ pool and numpy) on the cores left, so that builds do not disturb measurements on
 2. runs another ``--batch`` random configurations through ``kernelrpc.measure`` (builds and runs
    overlapping): candidates measured per second and the fraction of the time the devices held
    by the batch sat idle (goal: under 10%; idle time is time a device waits for builds);
-3. tunes the template with the genetic tuner for ``--trials`` trials, then measures the best
-   configuration, the hand-written recipes (kernelrpc.compiler.recipes) and numpy.dot side by
+3. tunes the template with ``--tuner`` (genetic by default) for ``--trials`` trials, then
+   measures the best configuration, the hand-written recipes (kernelrpc.compiler.recipes) and numpy.dot side by
    side at the end (each kernel alone in its batch, so no build runs while it is timed).
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ def parse(argv=None):
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--pin", action="store_true",
                         help="device servers on the last cores, builds and numpy on the others")
+    parser.add_argument("--tuner", choices=["ga", "model", "random"], default="ga")
     parser.add_argument("--number", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
     return parser.parse_args(argv)
@@ -90,6 +91,10 @@ def fleet(devices: int):
             svc.stop()
 
 
+TUNERS = {"ga": autotvm.tuner.GATuner, "model": autotvm.tuner.ModelTuner,
+          "random": autotvm.tuner.RandomTuner}
+
+
 def random_configs(task, n: int, seed: int):
     tuner = autotvm.tuner.RandomTuner(task, seed=seed)
     return tuner.next_batch(n)
@@ -139,7 +144,7 @@ def main(opts) -> int:
 
         # 3. tuning with a fixed budget
         log_path = Path(tempfile.mkdtemp(prefix="kernelrpc-bench-")) / "gemm.log"
-        tuner = autotvm.tuner.GATuner(task, seed=0)
+        tuner = TUNERS[opts.tuner](task, seed=0)
         option = autotvm.measure_option(runner=autotvm.RPCRunner(
             "bench", "127.0.0.1", port, number=opts.number, repeat=opts.repeat, timeout=300,
             **tolerance))
@@ -157,7 +162,7 @@ def main(opts) -> int:
         statuses = {}
         for r in records:
             statuses[r["result"]["status"]] = statuses.get(r["result"]["status"], 0) + 1
-        print(f"\n3. GA tuner: {len(records)} trials in {tune_wall:.0f} s ({statuses}); best "
+        print(f"\n3. {opts.tuner} tuner: {len(records)} trials in {tune_wall:.0f} s ({statuses}); best "
               f"{tuner.best_flops:.1f} GFLOP/s found at trial {first_at[max(first_at)] if first_at else '-'}")
         print(f"   best configuration: {tuner.best_config}")
 

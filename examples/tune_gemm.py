@@ -117,7 +117,8 @@ def tune(M, N, K, host, port, key, trials, log_path, tuner_name="ga", number=2, 
     """Tune the template; returns ``(tuner, task)``."""
     task = autotvm.task.create("example/gemm", args=(M, N, K), reference=lambda a, b: a @ b,
                                flop=2 * M * N * K)
-    tuner = {"ga": autotvm.tuner.GATuner, "random": autotvm.tuner.RandomTuner}[tuner_name](task, seed=seed)
+    tuner = {"ga": autotvm.tuner.GATuner, "model": autotvm.tuner.ModelTuner,
+             "random": autotvm.tuner.RandomTuner}[tuner_name](task, seed=seed)
     with contextlib.suppress(FileNotFoundError):
         resumed = tuner.load_history(autotvm.load_from_file(log_path))
         if resumed:
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=512, help="M = N = K")
     parser.add_argument("--trials", type=int, default=64)
-    parser.add_argument("--tuner", choices=["ga", "random"], default="ga")
+    parser.add_argument("--tuner", choices=["ga", "model", "random"], default="ga")
     parser.add_argument("--tracker", metavar="HOST:PORT", help="default: start a local fleet")
     parser.add_argument("--key", default="local")
     parser.add_argument("--devices", type=int, default=1, help="local device servers to start")

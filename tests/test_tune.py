@@ -64,6 +64,21 @@ def test_knob_defined_twice_is_an_error():
         space.define_knob("x", [3])
 
 
+def test_model_tuner_ranks_by_its_fit():
+    """Pure: after a warm-up whose fastest configurations vectorize, the model proposes vectorized ones."""
+    from types import SimpleNamespace
+
+    task = autotvm.task.create("test/matmul", args=(N,))
+    tuner = autotvm.tuner.ModelTuner(task, warmup=8, epsilon=0.0, seed=3)
+    for config in tuner.next_batch(12):
+        seconds = 1e-3 if config["vectorize"].val else 4e-3
+        tuner._record(config, SimpleNamespace(status="ok", profile=SimpleNamespace(median=seconds),
+                                              gflops=None))
+    proposed = tuner.next_batch(8)
+    assert proposed and all(c["vectorize"].val for c in proposed)
+    assert not {c.index for c in proposed} & tuner.visited
+
+
 def test_get_config_outside_a_template_says_how_to_call_it():
     with pytest.raises(RuntimeError, match="template"):
         autotvm.get_config()
@@ -83,7 +98,8 @@ def option(tracker):
                                                            number=2, repeat=2, rtol=1e-4, atol=1e-3))
 
 
-@pytest.mark.parametrize("tuner_class", [autotvm.tuner.RandomTuner, autotvm.tuner.GATuner])
+@pytest.mark.parametrize("tuner_class", [autotvm.tuner.RandomTuner, autotvm.tuner.GATuner,
+                                         autotvm.tuner.ModelTuner])
 def test_tuning_logs_every_trial_resumes_and_applies_the_best(fleet, tmp_path, tuner_class):
     log = tmp_path / "matmul.log"
     task = autotvm.task.create("test/matmul", args=(N,), reference=lambda a, b: a @ b, flop=2 * N ** 3)

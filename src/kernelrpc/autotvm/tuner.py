@@ -3,7 +3,8 @@
 Each round, a tuner proposes a batch of configurations it has not measured yet, measures them on
 every free device, and learns from the results: ``RandomTuner`` and ``GridSearchTuner`` ignore
 them, ``GATuner`` (a genetic algorithm over knob choices, as AutoTVM's) breeds the next batch
-from the fastest configurations so far.
+from the fastest configurations so far, and ``ModelTuner`` ranks candidates with a cost model
+fitted to the measurements.
 """
 from __future__ import annotations
 
@@ -216,6 +217,82 @@ class GATuner(Tuner):
                 if index not in self.visited and index not in chosen:
                     chosen.add(index)
                     batch.append(self.space.get(index))
+        while len(batch) < size:
+            config = self._random_unvisited(chosen)
+            if config is None:
+                break
+            chosen.add(config.index)
+            batch.append(config)
+        return batch
+
+
+class ModelTuner(Tuner):
+    """Model-guided search: a ridge regression of log throughput on the knob choices (one-hot,
+    with pairwise products, so that knobs that only pay off together are seen) ranks a pool of
+    random and mutated unvisited configurations; each batch takes the best-ranked ones plus an
+    ``epsilon`` share of random ones. Until ``warmup`` results are in, batches are random.
+
+    A small stand-in for AutoTVM's XGBoost cost model that needs nothing beyond numpy.
+    """
+
+    def __init__(self, task, warmup: int = 16, pool_size: int = 2048, epsilon: float = 0.1,
+                 ridge: float = 1.0, seed: int | None = None) -> None:
+        super().__init__(task, seed)
+        self.warmup = warmup
+        self.pool_size = pool_size
+        self.epsilon = epsilon
+        self.ridge = ridge
+        self.scores: dict[int, float] = {}
+        self._offsets = np.cumsum([0, *self.space.dims[:-1]])
+        self._width = sum(self.space.dims)
+
+    def update(self, config: ConfigEntity, result) -> None:
+        self.scores[config.index] = 1.0 / result.profile.median if result.status == OK else 0.0
+
+    def _features(self, indices: list[list[int]]) -> np.ndarray:
+        onehot = np.zeros((len(indices), self._width))
+        for row, genes in enumerate(indices):
+            onehot[row, self._offsets + np.asarray(genes)] = 1.0
+        upper = np.triu_indices(self._width, 1)
+        pairs = (onehot[:, :, None] * onehot[:, None, :])[:, upper[0], upper[1]]
+        return np.hstack([np.ones((len(indices), 1)), onehot, pairs])
+
+    def _fit(self) -> np.ndarray:
+        good = [s for s in self.scores.values() if s > 0]
+        floor = np.log(min(good)) - 1.0 if good else 0.0
+        indices = list(self.scores)
+        x = self._features([self.space.indices_of(i) for i in indices])
+        y = np.array([np.log(self.scores[i]) if self.scores[i] > 0 else floor for i in indices])
+        return np.linalg.solve(x.T @ x + self.ridge * np.eye(x.shape[1]), x.T @ y)
+
+    def _pool(self) -> list[int]:
+        pool: set[int] = set()
+        dims = self.space.dims
+        top = sorted(self.scores, key=self.scores.get, reverse=True)[:16]
+        for _ in range(self.pool_size * 2):
+            if len(pool) >= self.pool_size:
+                break
+            if top and self.rng.random() < 0.5:
+                genes = self.space.indices_of(self.rng.choice(top))
+                knob = self.rng.randrange(len(dims))
+                genes[knob] = self.rng.randrange(dims[knob])
+                index = self.space.index_of(genes)
+            else:
+                index = self.rng.randrange(len(self.space))
+            if index not in self.visited:
+                pool.add(index)
+        return list(pool)
+
+    def next_batch(self, size: int) -> list[ConfigEntity]:
+        if len(self.scores) < self.warmup or not any(self.scores.values()):
+            return RandomTuner.next_batch(self, size)
+        weights = self._fit()
+        pool = self._pool()
+        predicted = self._features([self.space.indices_of(i) for i in pool]) @ weights
+        ranked = [pool[i] for i in np.argsort(-predicted)]
+        greedy = ranked[:max(1, int(round(size * (1 - self.epsilon))))]
+        batch = [self.space.get(i) for i in greedy]
+        chosen = set(greedy)
         while len(batch) < size:
             config = self._random_unvisited(chosen)
             if config is None:

@@ -12,8 +12,9 @@ pool and numpy) on the cores left, so that builds do not disturb measurements on
    overlapping): candidates measured per second and the fraction of the time the devices held
    by the batch sat idle (goal: under 10%; idle time is time a device waits for builds);
 3. tunes the template with ``--tuner`` (genetic by default) for ``--trials`` trials, then
-   measures the best configuration, the hand-written recipes (kernelrpc.compiler.recipes) and numpy.dot side by
-   side at the end (each kernel alone in its batch, so no build runs while it is timed).
+   measures the best configuration, the hand-written recipes (kernelrpc.compiler.recipes) and
+   numpy.dot side by side at the end (each kernel alone in its batch, so no build runs while it
+   is timed).
 """
 from __future__ import annotations
 

@@ -98,10 +98,6 @@ def best_records(records) -> dict:
     return best
 
 
-def pick_best(records, workload) -> dict | None:
-    return best_records(records).get(_key(list(workload)))
-
-
 class ApplyHistoryBest(DispatchContext):
     """Within ``with apply_history_best(log):``, a template called with a tuned workload's
     arguments gets that workload's best logged configuration."""

@@ -32,6 +32,7 @@ RETRY_PAUSE = 1.0
 TRACKER_GONE = 60.0
 """Seconds a device thread keeps trying to reach a tracker (or the servers it names) before it gives up."""
 JOIN_TIMEOUT = 10.0
+"""Seconds ``_finish`` waits for each device thread to end."""
 
 
 @dataclasses.dataclass
@@ -109,11 +110,6 @@ class _WorkQueue:
                 return None
             self._running += 1
             return self._items.popleft()
-
-    @property
-    def finished(self) -> bool:
-        with self._cond:
-            return self._finished()
 
     def cancel(self) -> None:
         with self._cond:

@@ -24,6 +24,8 @@ _LAZY = {
     "display": (".display", None),
     "rpc": (".rpc", None),
     "runtime": (".runtime", None),
+    "measure": (".measure", None),
+    "autotvm": (".autotvm", None),
 }
 
 

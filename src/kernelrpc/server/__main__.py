@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 
-from .config import ServerConfig
+from .config import ServerConfig, parse_cpus
 from ..netutil import bind_first_free
 from .listener import Server
 
@@ -46,8 +46,14 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
                         help="address the tracker hands to clients (default: this host as the tracker sees it)")
     parser.add_argument("--through-proxy", action="store_true",
                         help="connect out to the proxy at --host/--port and serve the clients it pairs")
+    parser.add_argument("--cpus", default=None, metavar="LIST",
+                        help="run on these cores only, e.g. 0 or 0,2-3 (sessions report them)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    try:
+        cpus = parse_cpus(args.cpus) if args.cpus is not None else None
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.through_proxy and args.tracker:
         parser.error("--through-proxy and --tracker exclude each other: run the proxy with --tracker")
     tracker_addr = None
@@ -72,11 +78,16 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
         min_transfer_rate=args.min_transfer_rate,
         **({} if args.max_session_bytes is None else {"max_session_bytes": args.max_session_bytes}),
         workspace_root=args.workspace_root, tracker_addr=tracker_addr,
-        custom_addr=args.custom_addr, through_proxy=args.through_proxy), args.log_level
+        custom_addr=args.custom_addr, through_proxy=args.through_proxy, cpus=cpus), args.log_level
 
 
 def main(argv=None) -> int:
     config, log_level = parse_args(argv)
+    try:
+        config.confine()
+    except OSError as exc:
+        print(f"kernelrpc.server: --cpus {','.join(map(str, config.cpus))}: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     if config.through_proxy:

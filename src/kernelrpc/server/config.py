@@ -29,6 +29,12 @@ class ServerConfig:
     tracker_addr: tuple[str, int] | None = None
     custom_addr: str | None = None
     through_proxy: bool = False           # --host/--port name a proxy to connect out to
+    cpus: tuple[int, ...] | None = None   # --cpus: the cores the server and its sessions run on
+
+    def confine(self) -> None:
+        """Pin this process (and so every session it forks) to ``cpus``."""
+        if self.cpus is not None:
+            os.sched_setaffinity(0, self.cpus)
 
     def socket_timeout(self) -> float:
         """What each receive or send of a session may wait (0: forever)."""
@@ -47,3 +53,16 @@ def default_session_bytes() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
     except (ValueError, OSError, AttributeError):
         return 16 << 30
+
+
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """``"0"``, ``"0,2"`` or ``"0-3,6"`` as a sorted tuple of core numbers."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(f"--cpus takes core numbers and ranges such as 0,2-3, got {text!r}")
+        cores.update(range(int(low), int(high if sep else low) + 1))
+    if not cores or len(cores) > 4096:
+        raise ValueError(f"--cpus names no cores or too many: {text!r}")
+    return tuple(sorted(cores))

@@ -283,7 +283,8 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
     _set_socket_timeouts(sock, config.socket_timeout())
     info = {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
             "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
-            "server": "kernelrpc", "pid": os.getpid()}
+            "server": "kernelrpc", "pid": os.getpid(),
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     conn = FramedSocket(sock, config.max_frame_bytes, parser.unused)
     try:
         conn.send(P.encode_hello_accept(info))

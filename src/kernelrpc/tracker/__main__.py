@@ -26,6 +26,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="seconds a connection that holds no slot, lease or request may stay silent (0: no limit)")
     parser.add_argument("--max-connections-per-host", type=int, default=Limits.max_connections_per_host,
                         help="connections from one address; past it the longest-idle one that holds nothing is closed")
+    parser.add_argument("--web-port", type=int, default=None,
+                        help="serve the status page, /api/status and /metrics on this port "
+                             "(0: the OS chooses; needs the web extra)")
+    parser.add_argument("--web-host", default=None, help="address of the status page (default: --host)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
 
@@ -41,6 +45,13 @@ async def _main(args: argparse.Namespace) -> None:
     def ready(addr) -> None:
         print(f"kernelrpc.tracker listening on {addr[0]}:{addr[1]}", flush=True)
 
+    def attach_web(service) -> None:
+        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port)
+        print(f"kernelrpc.tracker status page on http://{host}:{port}/", flush=True)
+
+    if args.web_port is not None:
+        from . import web
+
     # Everything alive now (modules, the loop) lives as long as the process: keep it out
     # of the collector's generations, so that a collection under load scans only the
     # objects made since and pauses every waiting client for less.
@@ -49,13 +60,21 @@ async def _main(args: argparse.Namespace) -> None:
     try:
         limits = Limits(frame_timeout=args.frame_timeout, idle_timeout=args.idle_timeout,
                         max_connections_per_host=args.max_connections_per_host)
-        await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready, limits=limits, backlog=1024)
+        await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready, limits=limits, backlog=1024,
+                    on_service=attach_web if args.web_port is not None else None)
     except asyncio.CancelledError:
         pass
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.web_port is not None:
+        from .web import require_web_extra
+        try:
+            require_web_extra()
+        except ImportError as exc:
+            print(f"kernelrpc.tracker: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(_main(args))

@@ -46,6 +46,8 @@ WRITE_BUFFER_BYTES = 256 * 1024
 HELD_REPLY_BYTES = 64 * 1024
 """Replies to one read are joined into one write, up to this many bytes at a time."""
 OK_FRAME = encode_frame(TrackerCode.SUCCESS)
+RECENT_MATCHES = 100
+"""Matches the service remembers for the status page's recent sessions."""
 OPENING_TIMEOUT = 10.0
 """Seconds a new connection has to send the magic before it is closed."""
 
@@ -228,6 +230,8 @@ class TrackerService:
         self.stop_key = "tracker:" + secrets.token_hex(16)
         self.stopped = asyncio.Event()
         self._clock = clock
+        self.started_at = clock()
+        self.recent_matches: collections.deque = collections.deque(maxlen=RECENT_MATCHES)
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._check_period = min(1.0, max(0.05, lease_timeout / 4))
@@ -238,6 +242,10 @@ class TrackerService:
         self._handlers = {messages.Request: self._on_request, messages.Put: self._on_put,
                           messages.UpdateInfo: self._on_update_info, messages.Simple: self._on_simple,
                           messages.Stop: self._on_stop}
+
+    def now(self) -> float:
+        """The clock the scheduler's times are on (for the status page)."""
+        return self._clock()
 
     def start_timers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -370,6 +378,7 @@ class TrackerService:
             if client.alive:
                 slot = match.slot
                 client.write(encode_address_reply(slot.host, slot.port, slot.matchkey))
+                self.recent_matches.append((time.time(), match))
                 continue
             self.scheduler.drop_client(client)
             matches += self.scheduler.cancel(match, self._clock())
@@ -456,10 +465,13 @@ def raise_open_file_limit(want: int = 65536) -> int:
 
 
 async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None, *,
-                limits: Limits | None = None, backlog: int = 1024) -> None:
-    """Serve tracker connections on the bound ``sock`` until STOP or cancellation."""
+                limits: Limits | None = None, backlog: int = 1024, on_service=None) -> None:
+    """Serve tracker connections on the bound ``sock`` until STOP or cancellation;
+    ``on_service(service)`` runs first (the status page attaches there)."""
     raise_open_file_limit()
     service = TrackerService(lease_timeout=lease_timeout, limits=limits)
+    if on_service is not None:
+        on_service(service)
     loop = asyncio.get_running_loop()
     # create_server listens again on a given socket, with its own backlog (100 by default)
     server = await loop.create_server(lambda: TrackerConnection(service), sock=sock, backlog=backlog)

@@ -1,0 +1,121 @@
+"""The tuning log: one JSON line per measurement, appended as results come in.
+
+A line holds the workload (template name and arguments), the target, the configuration as
+``{knob: value}`` with its index in the space, and the outcome (status, seconds per repeat,
+GFLOP/s, error text, device). Logs are resumable (``Tuner.load_history``) and the best entry of a
+workload applies back to its template (``apply_history_best``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from ..measure.result import OK
+from .task import DispatchContext
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+
+
+def encode(task, config, result) -> str:
+    """One log line for ``result`` (a :class:`kernelrpc.measure.MeasureResult`) of ``config``."""
+    profile = result.profile
+    return json.dumps({
+        "version": VERSION,
+        "workload": [task.name, *task.args],
+        "target": task.target,
+        "config": {"index": config.index, "knobs": config.to_dict()},
+        "result": {"status": result.status,
+                   "costs": list(profile.results) if profile is not None else [],
+                   "mean": profile.mean if profile is not None else None,
+                   "gflops": result.gflops, "error": result.error.splitlines()[0][:500] if result.error else "",
+                   "device": result.device, "build_seconds": round(result.build_seconds, 6),
+                   "timestamp": round(time.time(), 3)},
+    })
+
+
+def decode(line: str) -> dict | None:
+    """A log record, or None for a line that is not one (a truncated last line, say)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("version") != VERSION:
+        return None
+    try:
+        workload, config, result = record["workload"], record["config"], record["result"]
+        if not (isinstance(workload, list) and workload and isinstance(config["knobs"], dict)
+                and isinstance(result["status"], str)):
+            return None
+    except (KeyError, TypeError):
+        return None
+    return record
+
+
+def load_from_file(path) -> list[dict]:
+    """Every valid record of a log; lines that do not parse are skipped (and counted in the log)."""
+    records, skipped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                record = decode(line)
+                if record is None:
+                    skipped += 1
+                else:
+                    records.append(record)
+    if skipped:
+        log.warning("%s: skipped %d lines that are not tuning records", path, skipped)
+    return records
+
+
+def log_to_file(path):
+    """A tuner callback appending every measurement to ``path`` (flushed line by line)."""
+    path = os.fspath(path)
+
+    def callback(tuner, config, result) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(encode(tuner.task, config, result) + "\n")
+    return callback
+
+
+def _key(workload) -> tuple:
+    return tuple(json.dumps(x) for x in workload)
+
+
+def best_records(records) -> dict:
+    """The fastest correct record per workload."""
+    best: dict = {}
+    for record in records:
+        result = record["result"]
+        if result["status"] != OK or result.get("mean") is None:
+            continue
+        key = _key(record["workload"])
+        if key not in best or result["mean"] < best[key]["result"]["mean"]:
+            best[key] = record
+    return best
+
+
+class ApplyHistoryBest(DispatchContext):
+    """Within ``with apply_history_best(log):``, a template called with a tuned workload's
+    arguments gets that workload's best logged configuration."""
+
+    def __init__(self, records) -> None:
+        if isinstance(records, (str, os.PathLike)):
+            records = load_from_file(records)
+        self.best = best_records(records)
+
+    def query(self, template, args):
+        record = self.best.get(_key([template.name, *args]))
+        if record is None:
+            log.warning("no tuned configuration for %s%s in the log; using the default one",
+                        template.name, tuple(args))
+            return None
+        return template.space(tuple(args)).from_values(record["config"]["knobs"])
+
+
+def apply_history_best(records) -> ApplyHistoryBest:
+    """``with autotvm.apply_history_best("gemm.log"): s, args = gemm(M, N, K)``."""
+    return ApplyHistoryBest(records)

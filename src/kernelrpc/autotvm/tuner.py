@@ -1,0 +1,302 @@
+"""Search strategies over a task's configuration space, measured with ``kernelrpc.measure``.
+
+Each round, a tuner proposes a batch of configurations it has not measured yet, measures them on
+every free device, and learns from the results: ``RandomTuner`` and ``GridSearchTuner`` ignore
+them, ``GATuner`` (a genetic algorithm over knob choices, as AutoTVM's) breeds the next batch
+from the fastest configurations so far, and ``ModelTuner`` ranks candidates with a cost model
+fitted to the measurements.
+"""
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+
+from ..measure import measure
+from ..measure.result import OK
+from .space import ConfigEntity
+
+log = logging.getLogger(__name__)
+
+
+class Tuner:
+    def __init__(self, task, seed: int | None = None) -> None:
+        self.task = task
+        self.space = task.config_space
+        self.rng = random.Random(seed)
+        self.visited: set[int] = set()
+        self.best_config: ConfigEntity | None = None
+        self.best_flops = 0.0
+        self.best_seconds = float("inf")
+        self.trials = 0
+
+    # -- to be provided by a strategy --------------------------------------------------------
+
+    def next_batch(self, size: int) -> list[ConfigEntity]:
+        raise NotImplementedError
+
+    def update(self, config: ConfigEntity, result) -> None:
+        """Learn from one measurement (the default keeps only the best)."""
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def has_next(self) -> bool:
+        return len(self.visited) < len(self.space)
+
+    def _record(self, config: ConfigEntity, result) -> None:
+        self.visited.add(config.index)
+        if result.status == OK and result.profile.median < self.best_seconds:
+            self.best_seconds = result.profile.median
+            self.best_flops = result.gflops or 0.0
+            self.best_config = config
+        self.update(config, result)
+
+    def load_history(self, records) -> int:
+        """Take in earlier measurements of this task (a resumed log): they are not measured again."""
+        from types import SimpleNamespace
+
+        from ..runtime.profile import ProfileResult
+
+        workload = [self.task.name, *self.task.args]
+        count = 0
+        for record in records:
+            if record["workload"] != workload:
+                continue
+            try:
+                config = self.space.from_values(record["config"]["knobs"])
+            except ValueError:
+                continue
+            res = record["result"]
+            profile = ProfileResult(res["costs"], 1) if res["costs"] else None
+            result = SimpleNamespace(status=res["status"], profile=profile, gflops=res.get("gflops"),
+                                     error=res.get("error", ""))
+            self._record(config, result)
+            count += 1
+        return count
+
+    def tune(self, n_trial: int, measure_option: dict, early_stopping: int | None = None,
+             callbacks=(), batch_size: int | None = None, inputs=None) -> ConfigEntity | None:
+        """Measure up to ``n_trial`` new configurations; returns the best configuration seen.
+
+        ``early_stopping``: stop after that many trials without a better result. ``inputs``:
+        arrays for the leading arguments (default: seeded random values of the argument shapes).
+        """
+        runner, builder = measure_option["runner"], measure_option["builder"]
+        task = self.task
+        n_in = task.n_inputs
+        if inputs is None:
+            data_rng = np.random.default_rng(0)
+            inputs = [data_rng.random(shape).astype(dtype) if np.dtype(dtype).kind == "f"
+                      else data_rng.integers(0, 8, shape).astype(dtype)
+                      for shape, dtype in task.arg_specs[:n_in]]
+        if task.reference is None:
+            log.warning("task %s has no reference: outputs are not checked", task.name)
+        reference = None if task.reference is None else task.reference(*inputs)
+        batch_size = batch_size or max(8, 4 * (runner.max_devices or 2))
+        executor = builder.executor
+        own_executor = executor is None
+        if own_executor:
+            from ..measure import default_executor
+            executor = default_executor()          # one pool for every round: workers start once
+        try:
+            self._tune(n_trial, runner, executor, early_stopping, callbacks, batch_size, inputs, reference)
+        finally:
+            if own_executor:
+                executor.shutdown(wait=False, cancel_futures=True)
+        return self.best_config
+
+    def _tune(self, n_trial, runner, executor, early_stopping, callbacks, batch_size, inputs, reference):
+        task = self.task
+        since_best = 0
+        measured = 0
+        while measured < n_trial and self.has_next():
+            configs = self.next_batch(min(batch_size, n_trial - measured))
+            if not configs:
+                break
+            by_name = {}
+            candidates = []
+            for config in configs:
+                fn = task.candidate(config)
+                by_name[fn.__name__] = config
+                candidates.append((fn.__name__, fn))
+            batch = measure(candidates, key=runner.key, tracker=(runner.host, runner.port),
+                            inputs=inputs, reference=reference, target=task.target, name="main",
+                            number=runner.number, repeat=runner.repeat,
+                            min_repeat_ms=runner.min_repeat_ms, timeout=runner.timeout,
+                            session_timeout=runner.session_timeout, executor=executor,
+                            max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
+                            atol=runner.atol, priority=runner.priority)
+            for result in batch:
+                config = by_name[result.name]
+                before = self.best_seconds
+                self._record(config, result)
+                measured += 1
+                self.trials += 1
+                since_best = 0 if self.best_seconds < before else since_best + 1
+                for callback in callbacks:
+                    callback(self, config, result)
+            if early_stopping is not None and since_best >= early_stopping:
+                log.info("no better configuration in %d trials: stopping", since_best)
+                break
+
+    def _random_unvisited(self, exclude: set) -> ConfigEntity | None:
+        total = len(self.space)
+        for _ in range(64):
+            index = self.rng.randrange(total)
+            if index not in self.visited and index not in exclude:
+                return self.space.get(index)
+        for index in range(total):               # a nearly exhausted space: scan
+            if index not in self.visited and index not in exclude:
+                return self.space.get(index)
+        return None
+
+
+class RandomTuner(Tuner):
+    """Configurations drawn uniformly, without repeats."""
+
+    def next_batch(self, size: int) -> list[ConfigEntity]:
+        batch, chosen = [], set()
+        while len(batch) < size:
+            config = self._random_unvisited(chosen)
+            if config is None:
+                break
+            chosen.add(config.index)
+            batch.append(config)
+        return batch
+
+
+class GridSearchTuner(Tuner):
+    """Every configuration in index order."""
+
+    def __init__(self, task, seed: int | None = None) -> None:
+        super().__init__(task, seed)
+        self._next = 0
+
+    def next_batch(self, size: int) -> list[ConfigEntity]:
+        batch = []
+        while len(batch) < size and self._next < len(self.space):
+            if self._next not in self.visited:
+                batch.append(self.space.get(self._next))
+            self._next += 1
+        return batch
+
+
+class GATuner(Tuner):
+    """A genetic algorithm over knob choices: the fittest (highest throughput) configurations
+    breed by uniform crossover, each knob mutates with ``mutation_prob``; the first generation and
+    any shortfall are random. Failed configurations have fitness zero."""
+
+    def __init__(self, task, pop_size: int = 32, elite_num: int = 4, mutation_prob: float = 0.1,
+                 seed: int | None = None) -> None:
+        super().__init__(task, seed)
+        self.pop_size = pop_size
+        self.elite_num = elite_num
+        self.mutation_prob = mutation_prob
+        self.scores: dict[int, float] = {}
+
+    def update(self, config: ConfigEntity, result) -> None:
+        self.scores[config.index] = 1.0 / result.profile.median if result.status == OK else 0.0
+
+    def next_batch(self, size: int) -> list[ConfigEntity]:
+        ranked = sorted((i for i, s in self.scores.items() if s > 0), key=self.scores.get, reverse=True)
+        parents = ranked[:self.pop_size]
+        batch, chosen = [], set()
+        if len(parents) >= 2:
+            weights = [self.scores[i] for i in parents]
+            dims = self.space.dims
+            genes = {i: self.space.indices_of(i) for i in parents}
+            for _ in range(size * 20):
+                if len(batch) >= size:
+                    break
+                a, b = self.rng.choices(parents, weights=weights, k=2)
+                child = [ga if self.rng.random() < 0.5 else gb for ga, gb in zip(genes[a], genes[b])]
+                child = [self.rng.randrange(d) if self.rng.random() < self.mutation_prob else g
+                         for g, d in zip(child, dims)]
+                index = self.space.index_of(child)
+                if index not in self.visited and index not in chosen:
+                    chosen.add(index)
+                    batch.append(self.space.get(index))
+        while len(batch) < size:
+            config = self._random_unvisited(chosen)
+            if config is None:
+                break
+            chosen.add(config.index)
+            batch.append(config)
+        return batch
+
+
+class ModelTuner(Tuner):
+    """Model-guided search: a ridge regression of log throughput on the knob choices (one-hot,
+    with pairwise products, so that knobs that only pay off together are seen) ranks a pool of
+    random and mutated unvisited configurations; each batch takes the best-ranked ones plus an
+    ``epsilon`` share of random ones. Until ``warmup`` results are in, batches are random.
+
+    A small stand-in for AutoTVM's XGBoost cost model that needs nothing beyond numpy.
+    """
+
+    def __init__(self, task, warmup: int = 16, pool_size: int = 2048, epsilon: float = 0.1,
+                 ridge: float = 1.0, seed: int | None = None) -> None:
+        super().__init__(task, seed)
+        self.warmup = warmup
+        self.pool_size = pool_size
+        self.epsilon = epsilon
+        self.ridge = ridge
+        self.scores: dict[int, float] = {}
+        self._offsets = np.cumsum([0, *self.space.dims[:-1]])
+        self._width = sum(self.space.dims)
+
+    def update(self, config: ConfigEntity, result) -> None:
+        self.scores[config.index] = 1.0 / result.profile.median if result.status == OK else 0.0
+
+    def _features(self, indices: list[list[int]]) -> np.ndarray:
+        onehot = np.zeros((len(indices), self._width))
+        for row, genes in enumerate(indices):
+            onehot[row, self._offsets + np.asarray(genes)] = 1.0
+        upper = np.triu_indices(self._width, 1)
+        pairs = (onehot[:, :, None] * onehot[:, None, :])[:, upper[0], upper[1]]
+        return np.hstack([np.ones((len(indices), 1)), onehot, pairs])
+
+    def _fit(self) -> np.ndarray:
+        good = [s for s in self.scores.values() if s > 0]
+        floor = np.log(min(good)) - 1.0 if good else 0.0
+        indices = list(self.scores)
+        x = self._features([self.space.indices_of(i) for i in indices])
+        y = np.array([np.log(self.scores[i]) if self.scores[i] > 0 else floor for i in indices])
+        return np.linalg.solve(x.T @ x + self.ridge * np.eye(x.shape[1]), x.T @ y)
+
+    def _pool(self) -> list[int]:
+        pool: set[int] = set()
+        dims = self.space.dims
+        top = sorted(self.scores, key=self.scores.get, reverse=True)[:16]
+        for _ in range(self.pool_size * 2):
+            if len(pool) >= self.pool_size:
+                break
+            if top and self.rng.random() < 0.5:
+                genes = self.space.indices_of(self.rng.choice(top))
+                knob = self.rng.randrange(len(dims))
+                genes[knob] = self.rng.randrange(dims[knob])
+                index = self.space.index_of(genes)
+            else:
+                index = self.rng.randrange(len(self.space))
+            if index not in self.visited:
+                pool.add(index)
+        return list(pool)
+
+    def next_batch(self, size: int) -> list[ConfigEntity]:
+        if len(self.scores) < self.warmup or not any(self.scores.values()):
+            return RandomTuner.next_batch(self, size)
+        weights = self._fit()
+        pool = self._pool()
+        predicted = self._features([self.space.indices_of(i) for i in pool]) @ weights
+        ranked = [pool[i] for i in np.argsort(-predicted)]
+        greedy = ranked[:max(1, int(round(size * (1 - self.epsilon))))]
+        batch = [self.space.get(i) for i in greedy]
+        chosen = set(greedy)
+        while len(batch) < size:
+            config = self._random_unvisited(chosen)
+            if config is None:
+                break
+            chosen.add(config.index)
+            batch.append(config)
+        return batch

@@ -1,0 +1,179 @@
+"""kernelrpc.measure against a real tracker and device servers started as users start them."""
+import signal
+
+import numpy as np
+import pytest
+
+import kernelrpc
+from kernelrpc import te
+from kernelrpc.rpc import connect_tracker
+from kernelrpc.measure import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT, MeasureResult
+from test_tracker_e2e import queue, start_server, start_tracker, until
+
+N = 64
+
+
+def addone(factor, offset=1.0):
+    """A candidate: B = A + offset, split by ``factor`` (a closure, as written in a notebook)."""
+    def schedule():
+        A = te.placeholder((N,), name="A")
+        B = te.compute((N,), lambda i: A[i] + offset, name="B")
+        s = te.create_schedule(B.op)
+        _, inner = s[B].split(B.op.axis[0], factor=factor)
+        s[B].vectorize(inner)
+        return s, [A, B]
+    return schedule
+
+
+def broken():
+    A = te.placeholder((N,), name="A")
+    B = te.compute((N,), lambda i: A[i] + 1.0, name="B")
+    s = te.create_schedule(B.op)
+    s[B].split(B.op.axis[0], factor=0)           # not a valid split: the build fails
+    return s, [A, B]
+
+
+def segfaults():
+    A = te.placeholder((N,), name="A")
+    B = te.compute((N,), lambda i: A[i * 100_000_000 + 10_000_000_000], name="B")
+    return te.create_schedule(B.op), [A, B]
+
+
+def endless():
+    """Every output element sums 2**30 terms (in order: floats do not reassociate), about a
+    minute of work: far past the test's timeout."""
+    A = te.placeholder((N,), name="A")
+    k = te.reduce_axis((0, 1 << 30), "k")
+    B = te.compute((N,), lambda i: te.sum(A[i] + te.indexmod(k, 2).astype("float32"), axis=k), name="B")
+    return te.create_schedule(B.op), [A, B]
+
+
+@pytest.fixture
+def fleet(start_service):
+    tracker = start_tracker(start_service)
+    servers = [start_server(start_service, tracker) for _ in range(2)]
+    until(lambda: queue(tracker)["free"] == 2)
+    return tracker, servers
+
+
+def run(tracker, candidates, **options):
+    a = np.arange(N, dtype="float32")
+    options.setdefault("timeout", 60)
+    batch = kernelrpc.measure(candidates, key="board", tracker=f"127.0.0.1:{tracker.port}",
+                              inputs=[a], reference=lambda x: x + 1.0, number=2, repeat=2, **options)
+    return batch
+
+
+def test_batch_keeps_outcomes_apart_and_uses_every_device(fleet):
+    tracker, _ = fleet
+    candidates = {f"split{f}": addone(f) for f in (4, 8, 16, 32)}
+    candidates["broken"] = broken
+    candidates["off_by_one"] = addone(8, offset=2.0)
+    candidates["lambda"] = lambda: addone(2)()
+    candidates["segfault"] = segfaults
+    candidates["after_crash"] = addone(16)
+    batch = run(tracker, candidates)
+    seen = []
+    for res in batch:                           # results stream in as they finish
+        assert isinstance(res, MeasureResult)
+        seen.append(res)
+    assert len(seen) == len(candidates)
+    by_name = {r.name: r for r in batch.wait()}
+    for name in ("split4", "split8", "split16", "split32", "lambda", "after_crash"):
+        assert by_name[name].status == OK, by_name[name]
+        assert by_name[name].profile.mean > 0
+    assert by_name["broken"].status == COMPILE_ERROR
+    assert "ScheduleError" in by_name["broken"].error
+    assert by_name["off_by_one"].status == WRONG_RESULT
+    assert "differ from the reference" in by_name["off_by_one"].error
+    assert by_name["segfault"].status == RUNTIME_ERROR
+    assert "crashed" in by_name["segfault"].error
+    stats = batch.stats()
+    assert len({d["address"] for d in stats["devices"]}) >= 2      # both boards were used
+    assert stats["statuses"] == {OK: 6, COMPILE_ERROR: 1, WRONG_RESULT: 1, RUNTIME_ERROR: 1}
+    text = str(batch)
+    assert "off_by_one" in text and "wrong_result" in text and ("µs" in text or " ns" in text)
+    assert "<table>" in batch._repr_html_() and "segfault" in batch._repr_html_()
+
+
+def test_timeout_costs_only_its_candidate(fleet):
+    tracker, _ = fleet
+    candidates = {"endless": endless, **{f"split{f}": addone(f) for f in (4, 8, 16)}}
+    results = {r.name: r for r in run(tracker, candidates, timeout=3, session_timeout=10).wait()}
+    assert results["endless"].status == TIMEOUT
+    assert all(results[f"split{f}"].status == OK for f in (4, 8, 16))
+
+
+def test_a_device_that_disappears_costs_only_its_candidate(fleet):
+    tracker, servers = fleet
+    quick = {f"split{f}": addone(f) for f in (4, 8, 16, 32)}
+    batch = run(tracker, {"endless": endless, **quick}, timeout=120, session_timeout=150)
+    results = {}
+    for res in batch:
+        results[res.name] = res
+        if set(quick) <= set(results) and "endless" not in results:
+            for server in servers:                  # the boards vanish, one mid-kernel
+                server.stop(signal.SIGKILL)
+    assert all(results[name].status == OK for name in quick)
+    assert results["endless"].status == RUNTIME_ERROR
+    assert "went away" in results["endless"].error or "crashed" in results["endless"].error
+
+
+def test_session_reports_its_cores(start_service, capsys):
+    tracker = start_tracker(start_service)
+    start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}",
+                                       "--key", "board", "--cpus", "0"])
+    until(lambda: queue(tracker)["free"] == 1)
+    (res,) = run(tracker, [addone(8)], progress=True).wait()
+    assert res.status == OK and res.cpus == [0]
+    bar = capsys.readouterr().err
+    assert "measure" in bar and "1/1" in bar and "best" in bar
+
+
+def test_server_rejects_bad_cpus(start_service):
+    with pytest.raises(RuntimeError, match="--cpus"):
+        start_service("kernelrpc.server", ["--port", "0", "--cpus", "0-x"], timeout=10)
+
+
+def test_dask_cluster_builds_the_batch(fleet):
+    distributed = pytest.importorskip("distributed")
+    tracker, _ = fleet
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        results = run(tracker, [addone(4), addone(8), broken], executor=client.get_executor()).wait()
+    assert [r.status for r in results] == [OK, OK, COMPILE_ERROR]
+
+
+def test_a_device_held_by_someone_else_is_waited_for_not_required(fleet):
+    tracker, _ = fleet
+    with connect_tracker(*tracker.address) as other, other.request("board", session_timeout=60, timeout=30):
+        results = run(tracker, [addone(4), addone(8), addone(16)]).wait()
+        assert [r.status for r in results] == [OK, OK, OK]
+        assert len({r.device for r in results}) == 1
+        with connect_tracker(*tracker.address) as probe:
+            until(lambda: not probe.summary()["waiting"])     # the batch left the queue
+
+
+def test_leaving_the_loop_early_releases_the_devices(fleet):
+    tracker, _ = fleet
+    batch = run(tracker, {"endless": endless, **{f"split{f}": addone(f) for f in (4, 8)}}, timeout=120,
+                session_timeout=150)
+    for res in batch:
+        if res.name != "endless":
+            break
+    assert batch._queue.cancelled and not any(t.is_alive() for t in batch._threads)
+    assert len(batch.results) == 1
+
+
+def test_unreachable_tracker_is_a_clear_error():
+    from kernelrpc.rpc.tracker_client import TrackerUnreachable
+
+    batch = kernelrpc.measure([addone(4)], key="board", tracker="127.0.0.1:1",
+                              inputs=[np.zeros(N, "float32")])
+    with pytest.raises(TrackerUnreachable, match="127.0.0.1:1"):
+        batch.wait()
+
+
+def test_candidates_must_be_callable():
+    with pytest.raises(TypeError, match="returns \\(schedule, args\\)"):
+        kernelrpc.measure([42], key="board", tracker="127.0.0.1:1", inputs=[])

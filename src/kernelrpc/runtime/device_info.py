@@ -1,0 +1,206 @@
+"""What machine this process runs on, and the LLVM target string to build kernels for it.
+
+Standard library only: it runs on the device (the server sends it to the tracker and
+answers ``remote.target()`` with it). Sources, in order of trust:
+
+* ``os.uname().machine`` for the architecture;
+* the kernel's hardware capability words (``getauxval(AT_HWCAP)``/``AT_HWCAP2``) for the
+  CPU features on arm, aarch64 and riscv64: they are what ``/proc/cpuinfo``'s
+  ``Features``/``isa`` lines are printed from, and qemu-user sets them for the CPU it
+  emulates (its ``/proc/cpuinfo`` is the host's);
+* ``/proc/cpuinfo`` for the CPU model (and x86's feature flags), used only when it
+  describes this architecture.
+"""
+from __future__ import annotations
+
+import os
+import platform
+
+__all__ = ["describe", "target_string", "llvm_target"]
+
+AT_HWCAP, AT_HWCAP2 = 16, 26
+
+# Linux's HWCAP bit names (arch/*/include/uapi/asm/hwcap.h), as /proc/cpuinfo prints them.
+_AARCH64_HWCAP = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm "
+                  "jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc "
+                  "flagm ssbs sb paca pacg").split()
+_AARCH64_HWCAP2 = ("dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm "
+                   "svef32mm svef64mm svebf16 i8mm bf16 dgh rng bti mte").split()
+_ARM_HWCAP = ("swp half thumb 26bit fastmult fpa vfp edsp java iwmmxt crunch thumbee neon vfpv3 "
+              "vfpv3d16 tls vfpv4 idiva idivt vfpd32 lpae evtstrm").split()
+
+# Linux feature name -> LLVM -mattr feature. Only features that change generated code.
+_AARCH64_LLVM = {"asimd": "neon", "crc32": "crc", "atomics": "lse", "aes": "aes", "sha2": "sha2",
+                 "sha3": "sha3", "asimdrdm": "rdm", "fphp": "fullfp16", "asimddp": "dotprod",
+                 "asimdfhm": "fp16fml", "sve": "sve", "sve2": "sve2", "i8mm": "i8mm", "bf16": "bf16",
+                 "lrcpc": "rcpc", "jscvt": "jsconv", "fcma": "complxnum"}
+_X86_LLVM = {"sse3": "sse3", "pni": "sse3", "ssse3": "ssse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2",
+             "popcnt": "popcnt", "avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c",
+             "bmi1": "bmi", "bmi2": "bmi2", "abm": "lzcnt", "movbe": "movbe", "aes": "aes",
+             "pclmulqdq": "pclmul", "avx512f": "avx512f", "avx512cd": "avx512cd",
+             "avx512bw": "avx512bw", "avx512dq": "avx512dq", "avx512vl": "avx512vl",
+             "avx512_vnni": "avx512vnni", "avx512_bf16": "avx512bf16", "avx512ifma": "avx512ifma",
+             "avx512vbmi": "avx512vbmi", "avx_vnni": "avxvnni"}
+_RISCV_Z = {"zba", "zbb", "zbc", "zbs", "zfh", "zfhmin", "zicond", "zvfh"}
+
+# MIDR implementer 0x41 (Arm) part numbers of common boards' cores -> LLVM cpu name.
+_ARM_PARTS = {0xc07: "cortex-a7", 0xc08: "cortex-a8", 0xc09: "cortex-a9", 0xc0f: "cortex-a15",
+              0xd03: "cortex-a53", 0xd04: "cortex-a35", 0xd05: "cortex-a55", 0xd07: "cortex-a57",
+              0xd08: "cortex-a72", 0xd09: "cortex-a73", 0xd0a: "cortex-a75", 0xd0b: "cortex-a76",
+              0xd0c: "neoverse-n1", 0xd0d: "cortex-a77", 0xd41: "cortex-a78", 0xd42: "cortex-a78ae",
+              0xd44: "cortex-x1", 0xd46: "cortex-a510", 0xd47: "cortex-a710", 0xd49: "neoverse-n2"}
+_CPUINFO_ARCH = {"aarch64": ("Features", "CPU implementer"), "arm": ("Features", "CPU implementer"),
+                 "riscv64": ("isa",), "x86_64": ("flags",)}
+
+
+def _family(machine: str) -> str:
+    if machine in ("aarch64", "arm64"):
+        return "aarch64"
+    if machine.startswith("armv") or machine == "arm":
+        return "arm"
+    if machine in ("x86_64", "amd64"):
+        return "x86_64"
+    return machine
+
+
+def _hwcaps() -> tuple[int, int]:
+    try:
+        import ctypes
+
+        getauxval = ctypes.CDLL(None).getauxval
+    except (ImportError, OSError, AttributeError):
+        return 0, 0
+    getauxval.restype = ctypes.c_ulong
+    getauxval.argtypes = [ctypes.c_ulong]
+    return getauxval(AT_HWCAP), getauxval(AT_HWCAP2)
+
+
+def _bits(word: int, names: list[str]) -> list[str]:
+    return [name for i, name in enumerate(names) if word >> i & 1]
+
+
+def _read_cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields (and board-wide ones such as ``Model``)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if sep and key and key not in fields:
+            fields[key] = value.strip()
+    return fields
+
+
+def _is_armhf() -> bool:
+    """Whether this Python uses the hard-float ABI (ELF flag EF_ARM_ABI_FLOAT_HARD)."""
+    import sys
+
+    try:
+        with open(sys.executable, "rb") as f:
+            header = f.read(52)
+        return bool(int.from_bytes(header[36:40], "little") & 0x400)
+    except OSError:
+        return True
+
+
+def describe(cpuinfo_path: str = "/proc/cpuinfo") -> dict:
+    """A JSON-ready description of this machine; ``target`` is the string to build for it.
+
+    Keys: ``machine``, ``system``, ``cpus``, ``python``, ``cpu_model``, ``features`` (Linux
+    names), ``target``, and ``cpuinfo_foreign`` (true when /proc/cpuinfo describes another
+    architecture, as it does under qemu-user).
+    """
+    uname = os.uname()
+    machine = uname.machine
+    family = _family(machine)
+    cpuinfo = _read_cpuinfo(cpuinfo_path)
+    own_keys = _CPUINFO_ARCH.get(family, ())
+    foreign = bool(cpuinfo) and bool(own_keys) and not any(k in cpuinfo for k in own_keys)
+    if foreign:
+        cpuinfo = {}
+    hwcap, hwcap2 = _hwcaps() if family in ("aarch64", "arm", "riscv64") else (0, 0)
+    if family == "aarch64":
+        features = _bits(hwcap, _AARCH64_HWCAP) + _bits(hwcap2, _AARCH64_HWCAP2) if hwcap \
+            else cpuinfo.get("Features", "").split()
+    elif family == "arm":
+        features = _bits(hwcap, _ARM_HWCAP) if hwcap else cpuinfo.get("Features", "").split()
+    elif family == "riscv64":
+        features = _riscv_extensions(cpuinfo.get("isa", ""), hwcap)
+    else:
+        features = cpuinfo.get("flags", "").split()
+    model = cpuinfo.get("model name") or cpuinfo.get("Model") or cpuinfo.get("uarch") or ""
+    cpu = _arm_cpu(cpuinfo) if family in ("aarch64", "arm") else ""
+    info = {"machine": machine, "system": uname.sysname, "cpus": os.cpu_count() or 1,
+            "python": platform.python_version(), "cpu_model": model[:200],
+            "features": sorted(set(features))[:256],
+            "target": llvm_target(machine, features, cpu=cpu,
+                                  hard_float=_is_armhf() if family == "arm" else True)}
+    if cpu:
+        info["cpu"] = cpu
+    if foreign:
+        info["cpuinfo_foreign"] = True
+    return info
+
+
+def _riscv_extensions(isa: str, hwcap: int) -> list[str]:
+    """Extension names from ``rv64imafdc_zicsr_zba`` (cpuinfo) or the AT_HWCAP letter bits."""
+    isa = isa.lower()
+    if isa.startswith("rv64") or isa.startswith("rv32"):
+        base, *z = isa[4:].split("_")
+        letters = list(base)
+        if "g" in letters:
+            letters += list("imafd")
+        return sorted(set(letters)) + [e for e in z if e]
+    return [chr(ord("a") + i) for i in range(26) if hwcap >> i & 1]
+
+
+def _arm_cpu(cpuinfo: dict) -> str:
+    try:
+        if int(cpuinfo.get("CPU implementer", ""), 16) == 0x41:
+            return _ARM_PARTS.get(int(cpuinfo.get("CPU part", ""), 16), "")
+    except ValueError:
+        pass
+    return ""
+
+
+def llvm_target(machine: str, features: list[str], *, cpu: str = "", hard_float: bool = True) -> str:
+    """The kernelrpc/TVM target string for a machine with these Linux CPU feature names."""
+    family = _family(machine)
+    have = set(features)
+    if family == "aarch64":
+        triple = "aarch64-linux-gnu"
+        mattr = [f"+{llvm}" for linux, llvm in _AARCH64_LLVM.items() if linux in have]
+        if "asimd" not in have and not mattr:
+            mattr = ["+neon"]        # every AArch64 Linux machine has Advanced SIMD
+    elif family == "arm":
+        triple = "armv7-linux-gnueabihf" if hard_float else "armv7-linux-gnueabi"
+        if "neon" in have:
+            mattr = ["+neon"] + (["+vfp4"] if "vfpv4" in have else [])
+        else:
+            mattr = (["+vfp4"] if "vfpv4" in have else ["+vfp3d16"] if have & {"vfpv3", "vfpv3d16"}
+                     else ["+vfp2"] if "vfp" in have else []) + ["-neon"]
+    elif family == "riscv64":
+        triple = "riscv64-linux-gnu"
+        cpu = cpu or "generic-rv64"
+        mattr = [f"+{e}" for e in "mafdcv" if e in have] + [f"+{e}" for e in sorted(have & _RISCV_Z)]
+    elif family == "x86_64":
+        triple = "x86_64-linux-gnu"
+        mattr = sorted({f"+{_X86_LLVM[f]}" for f in have if f in _X86_LLVM})
+    else:
+        return "llvm"
+    parts = ["llvm", f"-mtriple={triple}"]
+    if cpu:
+        parts.append(f"-mcpu={cpu}")
+    if mattr:
+        parts.append("-mattr=" + ",".join(mattr))
+    return " ".join(parts)
+
+
+def target_string() -> str:
+    """The target string to build kernels for this machine (``remote.target()``)."""
+    return describe()["target"]
+

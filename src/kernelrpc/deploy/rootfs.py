@@ -36,7 +36,7 @@ __all__ = ["ARCHES", "Arch", "Rootfs", "RootfsError", "ToolMissing", "DownloadFa
 MIRROR_ENV = "KERNELRPC_DEBIAN_MIRROR"
 CACHE_ENV = "KERNELRPC_ROOTFS_CACHE"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-LAYOUT_VERSION = 1          # bump when the unpacked layout changes; older caches are rebuilt
+LAYOUT_VERSION = 2          # bump when the unpacked layout changes; older caches are rebuilt
 _APT_TIMEOUT_S = 300
 _COMPILE_TIMEOUT_S = 600
 QEMU_PACKAGE_HINT = "install qemu-user-static (Debian/Ubuntu: apt-get install qemu-user-static)"
@@ -70,12 +70,13 @@ class Arch:
     qemu_cpu: str = ""      # -cpu for qemu ("" = qemu's default)
     libssl: str = "libssl3"
     libffi: str = "libffi8"
+    extra: tuple[str, ...] = ()
 
     @property
     def packages(self) -> tuple[str, ...]:
         py = self.python
         return ("libc6", "libgcc-s1", f"python{py}-minimal", f"libpython{py}-minimal",
-                f"libpython{py}-stdlib", self.libffi, "libexpat1", "zlib1g", self.libssl)
+                f"libpython{py}-stdlib", self.libffi, "libexpat1", "zlib1g", self.libssl, *self.extra)
 
 
 ARCHES: dict[str, Arch] = {
@@ -84,9 +85,9 @@ ARCHES: dict[str, Arch] = {
     # built with it (trixie's); use "max,pauth-impdef=on" if you want max.
     "aarch64": Arch("aarch64", "arm64", "bookworm", "3.11", "qemu-aarch64-static", "cortex-a72"),
     "armv7": Arch("armv7l", "armhf", "bookworm", "3.11", "qemu-arm-static", "cortex-a7"),
-    # Debian 12 has no riscv64 port; Debian 13 does (with 64-bit time_t: libssl3t64).
+    # Debian 12 has no riscv64 port; Debian 13 does (64-bit time_t: libssl3t64, which needs zstd).
     "riscv64": Arch("riscv64", "riscv64", "trixie", "3.13", "qemu-riscv64-static", "",
-                    "libssl3t64"),
+                    "libssl3t64", extra=("libzstd1",)),
 }
 _ALIASES = {"arm64": "aarch64", "armhf": "armv7", "armv7l": "armv7", "arm": "armv7"}
 
@@ -252,9 +253,11 @@ def _unpack_packages(arch: Arch, work: Path, tree: Path, mirror: str) -> None:
                        ("Dir::Etc::PreferencesParts", "/nonexistent"),
                        ("Dir::State::Lists", state / "lists"), ("Dir::State::status", state / "status"),
                        ("Dir::Cache", state / "cache"), ("APT::Architecture", arch.debian_arch),
-                       ("APT::Architectures::", arch.debian_arch), ("Acquire::Retries", "3"),
+                       ("APT::Architectures::", arch.debian_arch), ("Acquire::Retries", "2"),
                        ("Debug::NoLocking", "1")):
         options += ["-o", f"{key}={value}"]
+    if os.geteuid() == 0:     # apt would drop to user _apt, who cannot write our private state
+        options += ["-o", "APT::Sandbox::User=root"]
     where = f"{mirror} {arch.suite} ({arch.debian_arch})"
     try:
         out = _run([apt_get, *options, "-q", "update"], f"apt-get update for {where}")

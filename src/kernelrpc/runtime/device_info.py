@@ -96,33 +96,40 @@ def _read_cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
 
 
 def _is_armhf() -> bool:
-    """Whether this Python uses the hard-float ABI (ELF flag EF_ARM_ABI_FLOAT_HARD)."""
+    """Whether this Python uses the hard-float ABI (ELF flag EF_ARM_ABI_FLOAT_HARD); true
+    unless this Python is a 32-bit Arm executable that says otherwise."""
     import sys
 
     try:
         with open(sys.executable, "rb") as f:
             header = f.read(52)
-        return bool(int.from_bytes(header[36:40], "little") & 0x400)
     except OSError:
         return True
+    if len(header) < 52 or header[:4] != b"\x7fELF" or int.from_bytes(header[18:20], "little") != 40:
+        return True
+    return bool(int.from_bytes(header[36:40], "little") & 0x400)
 
 
-def describe(cpuinfo_path: str = "/proc/cpuinfo") -> dict:
+def describe(*, machine: str | None = None, cpuinfo_path: str = "/proc/cpuinfo",
+             hwcaps: tuple[int, int] | None = None) -> dict:
     """A JSON-ready description of this machine; ``target`` is the string to build for it.
 
     Keys: ``machine``, ``system``, ``cpus``, ``python``, ``cpu_model``, ``features`` (Linux
-    names), ``target``, and ``cpuinfo_foreign`` (true when /proc/cpuinfo describes another
-    architecture, as it does under qemu-user).
+    names), ``target``, ``cpu`` (when known) and ``cpuinfo_foreign`` (true when /proc/cpuinfo
+    describes another architecture, as it does under qemu-user). ``machine``, ``cpuinfo_path``
+    and ``hwcaps`` stand in for this machine's, to describe another one.
     """
     uname = os.uname()
-    machine = uname.machine
+    machine = machine or uname.machine
     family = _family(machine)
     cpuinfo = _read_cpuinfo(cpuinfo_path)
     own_keys = _CPUINFO_ARCH.get(family, ())
     foreign = bool(cpuinfo) and bool(own_keys) and not any(k in cpuinfo for k in own_keys)
     if foreign:
         cpuinfo = {}
-    hwcap, hwcap2 = _hwcaps() if family in ("aarch64", "arm", "riscv64") else (0, 0)
+    if hwcaps is None:
+        hwcaps = _hwcaps() if family in ("aarch64", "arm", "riscv64") else (0, 0)
+    hwcap, hwcap2 = hwcaps
     if family == "aarch64":
         features = _bits(hwcap, _AARCH64_HWCAP) + _bits(hwcap2, _AARCH64_HWCAP2) if hwcap \
             else cpuinfo.get("Features", "").split()
@@ -177,7 +184,8 @@ def llvm_target(machine: str, features: list[str], *, cpu: str = "", hard_float:
         if "asimd" not in have and not mattr:
             mattr = ["+neon"]        # every AArch64 Linux machine has Advanced SIMD
     elif family == "arm":
-        triple = "armv7-linux-gnueabihf" if hard_float else "armv7-linux-gnueabi"
+        sub = "armv6" if machine.startswith("armv6") else "armv7"   # armv8l: AArch32 userland
+        triple = f"{sub}-linux-gnueabihf" if hard_float else f"{sub}-linux-gnueabi"
         if "neon" in have:
             mattr = ["+neon"] + (["+vfp4"] if "vfpv4" in have else [])
         else:

@@ -1,5 +1,5 @@
 """The per-module native runtime (timer, cache flush, thread pool, metadata), tested through a
-real shared library: runtime IR + a hand-written LLVM IR kernel, compiled with llvmlite and
+real shared library: the C runtime + a hand-written LLVM IR kernel compiled with llvmlite,
 linked with the system cc, loaded with ctypes."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from kernelrpc.deploy.toolchain import ToolchainError, create_shared, find_host_cc
-from kernelrpc.compiler.codegen import compile_ir, runtime_ir
+from kernelrpc.compiler.build import link_module
+from kernelrpc.compiler.codegen import compile_ir, metadata_ir
 from kernelrpc.compiler.target import Target
 
 # add_one(args): args[0] = float*, args[1] = int64* count; runs on the pool, one chunk per task,
@@ -104,11 +105,10 @@ class Lib:
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     target = Target()
-    obj = compile_ir([runtime_ir(target, json.dumps(dict(METADATA, target=target.to_dict()))),
-                      KERNEL], target)
-    tmp = tmp_path_factory.mktemp("rt")
-    (tmp / "k.o").write_bytes(obj.object_code)
-    return Lib(create_shared(tmp / "k.so", [tmp / "k.o"]))
+    obj = compile_ir([KERNEL], target)
+    path = tmp_path_factory.mktemp("rt") / "k.so"
+    link_module(path, obj.object_code, dict(METADATA, target=target.to_dict()), target)
+    return Lib(path)
 
 
 def test_metadata_is_the_json_document(lib):
@@ -235,11 +235,11 @@ def test_toolchain_reports_link_errors(tmp_path):
         create_shared(tmp_path / "out.so", [bad])
 
 
-def test_runtime_ir_for_other_architectures_compiles():
+def test_metadata_ir_for_other_architectures_compiles():
     for text, arch in (("llvm -mtriple=aarch64-unknown-linux-gnu", "aarch64"),
                        ("llvm -mtriple=riscv64-unknown-linux-gnu -mattr=+m,+a,+f,+d,+c",
                         "riscv64")):
         target = Target(text)
-        obj = compile_ir([runtime_ir(target, "{}"), KERNEL], target)
+        obj = compile_ir([metadata_ir("{}"), KERNEL], target)
         assert obj.object_code[:4] == b"\x7fELF", arch
-        assert "__kernelrpc_time" in obj.assembly()
+        assert "__kernelrpc_metadata" in obj.assembly()

@@ -1,13 +1,16 @@
 """``build``: schedule -> loop IR -> LLVM -> a module that runs here or on a device.
 
 A :class:`BuiltModule` holds the machine code of one target. ``export_library``
-links it into the one shared library of docs/module-format.md. Local calls go
+links it, the metadata and the C runtime compiled for the target into the one
+shared library of docs/module-format.md, with the toolchain
+``kernelrpc.deploy.toolchain.find_toolchain`` picks for the triple. Local calls go
 through exactly that file too: the module is linked into a temporary directory
 and loaded with :func:`kernelrpc.runtime.load_module`, so local and remote runs
 share one code path (and one timing loop).
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from .. import __version__
 from . import ir
-from .codegen import CompileOptions, compile_ir, emit_primfunc, runtime_ir
+from .codegen import CompileOptions, compile_ir, emit_primfunc, metadata_ir
+from .codegen.runtime_ir import RUNTIME_SOURCE
 from .codegen.emitter import CodegenError, ModuleBuilder
 from .expr import Var, dtype_element
 from .target import Target
@@ -26,7 +30,6 @@ from .target import Target
 __all__ = ["BuiltModule", "build", "module_metadata"]
 
 FORMAT_VERSION = 1
-_LINK_OPTIONS = ("-Wl,-z,nodelete",)  # pool threads run module code: never unmap it
 
 
 def build(s, args=None, target=None, name: str = "main",
@@ -39,7 +42,8 @@ def build(s, args=None, target=None, name: str = "main",
         args: the tensors (and scalar Vars) of the function, in call order.
         target: a target string such as ``"llvm -mcpu=znver4"`` or a :class:`Target`.
         name: the function name (a C identifier).
-        options: LLVM pipeline options (opt level, SLP vectorizer).
+        options: LLVM pipeline options (opt level, SLP vectorizer); the target's
+            ``-opt-level`` applies when they are not given.
 
     Raises:
         CodegenError: the IR cannot be translated or LLVM rejects it.
@@ -47,14 +51,14 @@ def build(s, args=None, target=None, name: str = "main",
     """
     target = Target(target)
     funcs = _as_primfuncs(s, args, name)
-    module = ModuleBuilder()
+    module = ModuleBuilder(size_type=f"i{target.pointer_bits}")
     for func in funcs:
         emit_primfunc(module, func)
-    kernel_ir = module.text()
-    metadata = module_metadata(funcs, target)
-    compiled = compile_ir([runtime_ir(target, json.dumps(metadata)), kernel_ir], target,
-                          options or CompileOptions())
-    return BuiltModule(compiled, metadata, funcs)
+    if options is None:
+        options = CompileOptions() if target.opt_level is None else CompileOptions(
+            opt_level=target.opt_level)
+    compiled = compile_ir([module.text()], target, options)
+    return BuiltModule(compiled, module_metadata(funcs, target), funcs)
 
 
 def _as_primfuncs(s, args, name: str) -> list:
@@ -98,6 +102,47 @@ def module_metadata(funcs: list, target: Target) -> dict:
         "functions": [{"name": f.name, "symbol": f"__kernelrpc_fn_{f.name}",
                        "args": [_arg_record(p) for p in f.params]} for f in funcs],
     }
+
+
+def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
+                fcompile=None) -> dict:
+    """Link compiled kernels, their metadata and the runtime into the shared library ``path``.
+
+    The toolchain (:func:`kernelrpc.deploy.toolchain.find_toolchain`) compiles the C
+    runtime for the target and links; ``fcompile(output, objects)`` links instead when
+    given. Returns the metadata as written: the target record gains the toolchain and the
+    C library floor the link was pinned to.
+    """
+    from ..deploy.toolchain import ToolchainError, find_toolchain, runtime_object
+
+    path = Path(path)
+    try:
+        toolchain = find_toolchain(target)
+    except ToolchainError:
+        if fcompile is None:
+            raise
+        toolchain = None
+    metadata = copy.deepcopy(metadata)
+    record = metadata.setdefault("target", target.to_dict())
+    record.pop("libc", None)
+    record["toolchain"] = "fcompile" if fcompile is not None else toolchain.name
+    if fcompile is None:
+        record["libc"] = toolchain.libc
+    with tempfile.TemporaryDirectory(prefix="kernelrpc-export-") as tmp:
+        kernels = Path(tmp) / "lib0.o"
+        kernels.write_bytes(kernel_object)
+        meta = Path(tmp) / "metadata.o"
+        meta.write_bytes(compile_ir([metadata_ir(json.dumps(metadata))], target).object_code)
+        runtime = (runtime_object(toolchain, RUNTIME_SOURCE) if toolchain is not None
+                   else RUNTIME_SOURCE)
+        objects = [kernels, meta, runtime]
+        if fcompile is not None:
+            fcompile(str(path), [str(p) for p in objects])
+        else:
+            tmp_out = Path(tmp) / path.name
+            toolchain.link_shared(tmp_out, objects)
+            shutil.move(str(tmp_out), path)  # the file appears complete or not at all
+    return metadata
 
 
 class BuiltModule:
@@ -144,27 +189,18 @@ class BuiltModule:
 
         Args:
             path: the ``.so`` to write.
-            fcompile: optional ``fcompile(output, objects)`` linker; default: the host ``cc``.
+            fcompile: optional TVM-style ``fcompile(output, objects)`` linker. It gets the
+                kernel and metadata objects and the runtime: an object when kernelrpc has a
+                toolchain for the target, else the C source ``module_runtime.c`` (which
+                TVM's ``cc.create_shared`` / ``cc.cross_compiler`` compile).
 
         Raises:
-            ToolchainError: no linker is available or linking failed.
+            ToolchainError: no toolchain for the target (the message says what to install),
+                or compiling or linking failed.
         """
-        from ..deploy.toolchain import ToolchainError, create_shared
-
-        path = Path(path)
-        with tempfile.TemporaryDirectory(prefix="kernelrpc-export-") as tmp:
-            obj = self.save_object(Path(tmp) / "lib0.o")
-            if fcompile is not None:
-                fcompile(str(path), [str(obj)])
-            elif not self.target.is_host:
-                raise ToolchainError(
-                    f"target {self.target.triple} is not this host; pass fcompile= with a "
-                    "cross linker to export it")
-            else:
-                tmp_out = Path(tmp) / path.name
-                create_shared(tmp_out, [obj], options=_LINK_OPTIONS)
-                shutil.move(str(tmp_out), path)  # the file appears complete or not at all
-        return path
+        self.metadata = link_module(path, self._compiled.object_code, self.metadata,
+                                    self.target, fcompile)
+        return Path(path)
 
     # ------------------------------------------------------------------ local execution
 

@@ -1,22 +1,47 @@
-"""Compilation target: ``"llvm -mtriple=... -mcpu=... -mattr=..."``.
+"""Compilation target: ``"llvm -mtriple=... -mcpu=... -mattr=..."``, TVM's spelling.
 
-The identity (triple, cpu, features) decides the machine code and is recorded
+The identity (triple, cpu, features, ABI) decides the machine code and is recorded
 in every module's metadata and so in every ProfileResult measured with it.
 A bare ``"llvm"`` means the host this process runs on.
+
+TVM's other CPU target options are accepted so that target strings users already
+have keep working: ``-opt-level`` sets the LLVM optimisation level,
+``-mfloat-abi`` is checked against the triple, and the labels ``-device``,
+``-keys``, ``-model``, ``-tag``, ``-libs``, ``-num-cores`` are recorded in the
+module's target; those that would change code in TVM (``-device``, ``-libs``,
+``-num-cores``) do not here, and a :class:`TargetOptionIgnored` warning says so.
 """
 from __future__ import annotations
 
 import functools
+import re
 import shlex
+import warnings
 from dataclasses import dataclass
 
-__all__ = ["Target", "TargetError"]
+__all__ = ["Target", "TargetError", "TargetOptionIgnored"]
 
-_OPTIONS = ("mtriple", "mcpu", "mattr", "mabi")
+_CODE_OPTIONS = ("mtriple", "mcpu", "mattr", "mabi", "mfloat-abi", "opt-level")
+_LABELS = ("device", "keys", "model", "tag", "libs", "num-cores")
+#: Labels that steer TVM's code (schedule choice, external libraries, core count) but
+#: not kernelrpc's: the schedule is the user's, no library is linked, and the module's
+#: thread pool sizes itself on the device.
+_IGNORED = {
+    "device": "kernelrpc does not choose schedules by device; the schedule you give is built",
+    "libs": "kernelrpc links no external kernel libraries; the generated code is used",
+    "num-cores": "the module's thread pool sizes itself on the device (set_num_threads)",
+}
+#: riscv64 with no -mattr: the RV64GC profile every Linux distribution targets, so the
+#: float ABI (lp64d) matches the device's C library.
+_RISCV64_DEFAULT = ("generic-rv64", "+m,+a,+f,+d,+c")
 
 
 class TargetError(ValueError):
     """The target string cannot be parsed or names something LLVM does not know."""
+
+
+class TargetOptionIgnored(UserWarning):
+    """A TVM target option was accepted and recorded but has no effect on kernelrpc's code."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,14 +58,20 @@ def _host() -> tuple[str, str, str]:
 class Target:
     """A parsed LLVM CPU target.
 
+    ``Target(target, host=None)`` as in TVM; for CPU code the host (if given) is
+    only recorded, since the kernel and its caller run on the same CPU.
+
     Attributes:
         kind: always ``"llvm"`` (CPU code through LLVM).
         triple: the LLVM target triple, e.g. ``x86_64-unknown-linux-gnu``.
         cpu: the LLVM cpu name (``znver4``, ``generic``...).
         features: comma-separated ``+feat,-feat`` list; empty means the cpu's defaults.
-        abi: optional ABI name (``lp64d`` on riscv64).
+        abi: ABI name given with ``-mabi`` or implied by the triple (``lp64d`` on riscv64).
         mattr_given: whether ``-mattr`` was spelled out (else ``features`` are the
             host's or the cpu's own, and ``str()`` leaves them out for readability).
+        opt_level: ``-opt-level`` (None: the build's default).
+        labels: the recorded TVM labels, as sorted ``(name, value)`` pairs.
+        host_string: the ``host=`` target's string, if one was given.
     """
 
     kind: str
@@ -49,14 +80,19 @@ class Target:
     features: str
     abi: str = ""
     mattr_given: bool = False
+    opt_level: "int | None" = None
+    labels: tuple = ()
+    host_string: str = ""
 
-    def __init__(self, target: "str | Target | None" = None):
+    def __init__(self, target: "str | Target | None" = None, host: "str | Target | None" = None):
         if isinstance(target, Target):
-            values = (target.triple, target.cpu, target.features, target.abi, target.mattr_given)
+            values = dict(target.__dict__)
         else:
             values = _parse(target or "llvm")
-        object.__setattr__(self, "kind", "llvm")
-        for name, value in zip(("triple", "cpu", "features", "abi", "mattr_given"), values):
+        if host is not None:
+            values["host_string"] = str(host if isinstance(host, Target) else Target(host))
+        values["kind"] = "llvm"
+        for name, value in values.items():
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -74,25 +110,49 @@ class Target:
         return _same_arch(self.triple, host) and _os(self.triple) == _os(host)
 
     @property
+    def llvm_triple(self) -> str:
+        """The triple in LLVM's normal form (``armv7-unknown-linux-gnueabihf``): LLVM reads
+        ``armv7-linux-gnueabihf`` positionally, as vendor ``linux`` and OS ``gnueabihf``,
+        and then falls back to the soft-float calling convention for libm calls."""
+        return _normalized(self.triple)
+
+    @property
     def pointer_bits(self) -> int:
-        return 32 if self.arch in ("i386", "i686", "arm", "armv7", "thumbv7", "riscv32",
-                                   "wasm32") or self.arch.startswith("armv") else 64
+        return _pointer_bits(self.triple)
+
+    @property
+    def float_abi(self) -> str:
+        """``hard`` or ``soft`` on 32-bit Arm (from the triple), else ``""``."""
+        if not self.arch.startswith(("arm", "thumb")):
+            return ""
+        return "hard" if self.triple.endswith("hf") else "soft"
 
     def __str__(self) -> str:
         parts = ["llvm", f"-mtriple={self.triple}", f"-mcpu={self.cpu}"]
         if self.features and self.mattr_given:
             parts.append(f"-mattr={self.features}")
-        if self.abi:
+        if self.abi and self.abi != _implied_abi(self.triple, self.features):
             parts.append(f"-mabi={self.abi}")
+        if self.opt_level is not None:
+            parts.append(f"-opt-level={self.opt_level}")
+        parts += [f"-{key}={shlex.quote(value)}" for key, value in self.labels]
         return " ".join(parts)
 
     def to_dict(self) -> dict:
         """The identity recorded in module metadata (``docs/module-format.md``)."""
-        return {"string": str(self), "triple": self.triple, "cpu": self.cpu,
-                "features": self.features}
+        record = {"string": str(self), "triple": self.triple, "cpu": self.cpu,
+                  "features": self.features, "abi": self.abi or _abi_name(self),
+                  "pointer_bits": self.pointer_bits}
+        if self.float_abi:
+            record["float_abi"] = self.float_abi
+        if self.labels:
+            record["labels"] = dict(self.labels)
+        if self.host_string:
+            record["host"] = self.host_string
+        return record
 
 
-def _parse(text: str) -> tuple[str, str, str, str, bool]:
+def _parse(text: str) -> dict:
     if not isinstance(text, str):
         raise TargetError(f"target must be a string or Target, got {type(text).__name__}")
     try:
@@ -104,24 +164,74 @@ def _parse(text: str) -> tuple[str, str, str, str, bool]:
     options: dict[str, str] = {}
     for token in tokens[1:]:
         key, sep, value = token.lstrip("-").partition("=")
-        if not token.startswith("-") or not sep or key not in _OPTIONS:
-            raise TargetError(f"unknown target option {token!r} in {text!r}; "
-                              f"expected -{'=..., -'.join(_OPTIONS)}=...")
+        if not token.startswith("-") or not sep or key not in _CODE_OPTIONS + _LABELS:
+            raise TargetError(f"unknown target option {token!r} in {text!r}; expected "
+                              f"-{'=..., -'.join(_CODE_OPTIONS + _LABELS)}=...")
         options[key] = value
     host_triple, host_cpu, host_features = _host()
     triple = options.get("mtriple", host_triple)
     same_as_host = _same_arch(triple, host_triple)
-    cpu = options.get("mcpu") or (host_cpu if same_as_host and "mattr" not in options
-                                  and "mcpu" not in options else "generic")
+    explicit_cpu = "mcpu" in options or "mattr" in options
     if "mattr" in options:
         features = options["mattr"]
     elif same_as_host and "mcpu" not in options:
         features = host_features
+    elif triple.startswith("riscv64"):
+        features = _RISCV64_DEFAULT[1]
     else:
         features = ""
+    default_cpu = _RISCV64_DEFAULT[0] if triple.startswith("riscv64") else "generic"
+    cpu = options.get("mcpu") or (host_cpu if same_as_host and not explicit_cpu else default_cpu)
     _check_features(features, text)
     _check_llvm_knows(triple, text)
-    return triple, cpu, features, options.get("mabi", ""), "mattr" in options
+    abi = options.get("mabi") or _implied_abi(triple, features)
+    _check_float_abi(options.get("mfloat-abi"), triple, text)
+    labels = tuple(sorted((key, options[key]) for key in _LABELS if key in options))
+    for key, value in labels:
+        if key in _IGNORED:
+            warnings.warn(f"target option -{key}={value} is recorded but ignored: "
+                          f"{_IGNORED[key]}", TargetOptionIgnored, stacklevel=3)
+    return {"triple": triple, "cpu": cpu, "features": features, "abi": abi,
+            "mattr_given": "mattr" in options, "opt_level": _opt_level(options, text),
+            "labels": labels, "host_string": ""}
+
+
+def _implied_abi(triple: str, features: str) -> str:
+    """The ABI LLVM would need to be told about: riscv64's float ABI from its features."""
+    if not triple.startswith("riscv64"):
+        return ""
+    enabled = set(filter(None, features.split(",")))
+    return "lp64d" if "+d" in enabled else "lp64f" if "+f" in enabled else "lp64"
+
+
+def _abi_name(target: "Target") -> str:
+    """The calling convention's usual name, for the record (LLVM needs no option for it)."""
+    arch = target.arch
+    if arch.startswith(("arm", "thumb")):
+        return "aapcs-vfp" if target.float_abi == "hard" else "aapcs"
+    return {"aarch64": "aapcs64", "x86_64": "sysv"}.get(arch, "")
+
+
+def _opt_level(options: dict, text: str) -> "int | None":
+    value = options.get("opt-level")
+    if value is None:
+        return None
+    if value not in ("0", "1", "2", "3"):
+        raise TargetError(f"-opt-level must be 0, 1, 2 or 3 in {text!r}, got {value!r}")
+    return int(value)
+
+
+def _check_float_abi(value: "str | None", triple: str, text: str) -> None:
+    if value is None:
+        return
+    if value not in ("hard", "soft", "softfp"):
+        raise TargetError(f"-mfloat-abi must be hard, soft or softfp in {text!r}, got {value!r}")
+    if not triple.split("-", 1)[0].startswith(("arm", "thumb")):
+        return
+    implied = "hard" if triple.endswith("hf") else "soft"
+    if (value == "hard") != (implied == "hard"):
+        raise TargetError(f"-mfloat-abi={value} contradicts the triple {triple!r} in {text!r}; "
+                          "use an ...-gnueabihf triple for hard float, ...-gnueabi for soft")
 
 
 def _same_arch(triple: str, host_triple: str) -> bool:
@@ -148,3 +258,24 @@ def _check_llvm_knows(triple: str, text: str) -> None:
         llvm.Target.from_triple(triple)
     except RuntimeError as exc:
         raise TargetError(f"LLVM does not know the triple {triple!r} of {text!r}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _normalized(triple: str) -> str:
+    from .codegen.llvm_init import ensure_llvm
+
+    parts = ensure_llvm().get_triple_parts(triple)
+    fields = [triple.split("-", 1)[0], parts.Vendor, parts.OS] + ([parts.Env] if parts.Env
+                                                                  else [])
+    return "-".join(fields)
+
+
+@functools.lru_cache(maxsize=None)
+def _pointer_bits(triple: str) -> int:
+    """Pointer width from LLVM's data layout for the triple (``p:32:32`` on 32-bit targets)."""
+    from .codegen.llvm_init import ensure_llvm
+
+    llvm = ensure_llvm()
+    layout = str(llvm.Target.from_triple(_normalized(triple)).create_target_machine().target_data)
+    match = re.search(r"(?:^|-)p(?:0)?:(\d+)", layout)
+    return int(match.group(1)) if match else 64

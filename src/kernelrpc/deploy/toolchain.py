@@ -1,24 +1,101 @@
-"""Linkers that turn relocatable objects into the shared library of docs/module-format.md.
+"""Toolchains that compile the module runtime and link modules into shared libraries.
 
-The host toolchain is the system C compiler driver (``$CC``, else ``cc``, ``gcc``
-or ``clang`` on ``PATH``); it only links, so any of them will do.
+One toolchain per target triple, chosen by :func:`find_toolchain`:
+
+* the host's own code: the system C compiler driver (``$CC``, else ``cc``, ``gcc``
+  or ``clang`` on ``PATH``);
+* another architecture: a cross gcc on ``PATH`` (``aarch64-linux-gnu-gcc``...)
+  when the user has one, else ``zig cc`` from the pip-installable ``ziglang``
+  package (``pip install 'kernelrpc[cross]'``), pinned to an old glibc symbol
+  floor (:data:`GLIBC_FLOORS`) so modules load on old board images.
+
+The same toolchain compiles ``module_runtime.c`` for the target (cached by
+:func:`runtime_object`) and links it with the kernels, so the runtime is built
+against the target's own C library headers.
+
+Zig builds its C library stubs and compiler_rt on the first link for each
+target (about 17 s on 2 cores) and caches them in ``$ZIG_GLOBAL_CACHE_DIR``
+(default ``~/.cache/zig``); later links take a fraction of a second.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
+import logging
 import os
 import shlex
 import shutil
 import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ToolchainError", "find_host_cc", "create_shared"]
+__all__ = ["GLIBC_FLOORS", "Toolchain", "ToolchainError", "cache_dir", "create_shared",
+           "find_host_cc", "find_toolchain", "runtime_object"]
+
+log = logging.getLogger(__name__)
 
 _CANDIDATES = ("cc", "gcc", "clang")
-_LINK_TIMEOUT_S = 120
+_LINK_TIMEOUT_S = 300  # zig's first link for a target builds its libc stubs
+#: The oldest glibc whose symbol versions zig links against, per architecture: 2.17 is
+#: the first glibc with AArch64 (and covers every armhf board image in use); riscv64
+#: appeared in 2.27.
+GLIBC_FLOORS = {"aarch64": "2.17", "arm": "2.17", "riscv64": "2.27", "x86_64": "2.17"}
+#: GNU cross toolchain prefixes (Debian's gcc-<prefix> packages) and zig's names.
+_GNU_PREFIX = {"aarch64": "aarch64-linux-gnu", "arm": "arm-linux-gnueabihf",
+               "riscv64": "riscv64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
+#: The runtime is compiled for each architecture's baseline, not for the kernels' CPU:
+#: it must run wherever the kernels do (armhf: VFPv3-D16 and no NEON, as Debian's).
+_ZIG_RUNTIME_CPU = {"arm": "-mcpu=generic+v7a+vfp3d16-neon"}
+_RUNTIME_FLAGS = ("-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden")
+_LINK_OPTIONS = ("-Wl,-z,nodelete",)  # pool threads run module code: never unmap it
+_INSTALL_HINT = ("pip install 'kernelrpc[cross]' (the ziglang package, a complete cross "
+                 "linker), or put {prefix}-gcc on PATH (Debian: apt-get install gcc-{prefix})")
 
 
 class ToolchainError(RuntimeError):
-    """No usable compiler/linker was found, or linking failed."""
+    """No usable compiler/linker was found, or compiling or linking failed."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A C compiler driver for one target.
+
+    Attributes:
+        name: what it is, for messages and the module record (``cc``, ``zig cc``...).
+        argv: the driver with its target options (``python -m ziglang cc -target ...``).
+        runtime_flags: extra options for compiling the runtime (a baseline CPU).
+        link_flags: extra options for linking (``-s`` for zig: compiler_rt's debug info).
+        libc: the C library floor the links are pinned to (``glibc>=2.17``) or
+            ``glibc`` when the toolchain's own C library decides it.
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    runtime_flags: tuple[str, ...] = ()
+    link_flags: tuple[str, ...] = ()
+    libc: str = "glibc"
+
+    def compile_c(self, source, output) -> Path:
+        """Compile one C file into an object."""
+        output = Path(output)
+        _run([*self.argv, *_RUNTIME_FLAGS, *self.runtime_flags, "-c", str(source), "-o",
+              str(output)], f"compiling {Path(source).name}")
+        return output
+
+    def link_shared(self, output, objects, options=()) -> Path:
+        """Link objects into a shared library (libm and libpthread only)."""
+        output = Path(output)
+        _run([*self.argv, "-shared", "-fPIC", "-o", str(output), *map(str, objects),
+              *self.link_flags, *_LINK_OPTIONS, *options, "-lm", "-lpthread"],
+             f"linking {output.name}")
+        return output
+
+    def identity(self) -> str:
+        """What decides the compiled bytes: the command and the compiler's version."""
+        return "\0".join([*self.argv, *self.runtime_flags, _version(self.argv)])
 
 
 def find_host_cc() -> list[str]:
@@ -42,25 +119,125 @@ def find_host_cc() -> list[str]:
         "`apt-get install gcc` or `clang`) or set $CC to its path")
 
 
+def _arch_family(triple: str) -> str:
+    arch = triple.split("-", 1)[0]
+    if arch.startswith(("arm", "thumb")):
+        return "arm"
+    return arch
+
+
+def find_toolchain(target) -> Toolchain:
+    """The toolchain for a :class:`~kernelrpc.compiler.target.Target`.
+
+    Raises:
+        ToolchainError: none is installed; the message says what to install.
+    """
+    if target.is_host:
+        return Toolchain("cc" if not os.environ.get("CC") else "$CC", tuple(find_host_cc()))
+    family = _arch_family(target.triple)
+    prefix = _GNU_PREFIX.get(family)
+    if prefix is None or "linux" not in target.triple:
+        raise ToolchainError(f"no toolchain is known for {target.triple}: kernelrpc cross-links "
+                             f"for Linux on {', '.join(sorted(_GNU_PREFIX))}; pass fcompile=")
+    if family == "arm" and target.float_abi != "hard":
+        raise ToolchainError(f"{target.triple} is soft-float Arm; kernelrpc links hard-float "
+                             "(...-linux-gnueabihf) modules only; pass fcompile=")
+    gcc = shutil.which(f"{prefix}-gcc")
+    if gcc:
+        return Toolchain(f"{prefix}-gcc", (gcc,))
+    if not zig_installed():
+        raise ToolchainError(f"no linker for {target.triple}: "
+                             + _INSTALL_HINT.format(prefix=prefix))
+    floor = GLIBC_FLOORS[family]
+    zig_arch = "arm" if family == "arm" else family
+    abi = "gnueabihf" if family == "arm" else "gnu"
+    runtime_cpu = _ZIG_RUNTIME_CPU.get(family)
+    return Toolchain("zig cc", (sys.executable, "-m", "ziglang", "cc", "-target",
+                                f"{zig_arch}-linux-{abi}.{floor}"),
+                     runtime_flags=(runtime_cpu,) if runtime_cpu else (),
+                     link_flags=("-s",), libc=f"glibc>={floor}")
+
+
+def zig_installed() -> bool:
+    """Whether the ``ziglang`` package (the ``cross`` extra) is importable."""
+    return importlib.util.find_spec("ziglang") is not None
+
+
+def cache_dir() -> Path:
+    """kernelrpc's cache: ``$KERNELRPC_CACHE_DIR``, else ``$XDG_CACHE_HOME/kernelrpc``,
+    else ``~/.cache/kernelrpc``."""
+    explicit = os.environ.get("KERNELRPC_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kernelrpc"
+
+
+_memo: dict[str, Path] = {}
+
+
+def runtime_object(toolchain: Toolchain, source) -> Path:
+    """``source`` (the module runtime) compiled by ``toolchain``, cached on disk by the
+    source's and the toolchain's identity (a new compiler or source compiles afresh)."""
+    source = Path(source)
+    digest = hashlib.sha256(source.read_bytes() + toolchain.identity().encode()).hexdigest()[:24]
+    cached = _memo.get(digest)
+    if cached is not None and cached.exists():
+        return cached
+    directory = cache_dir() / "runtime"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        directory = Path(tempfile.mkdtemp(prefix="kernelrpc-runtime-"))
+        log.warning("cache directory %s is not usable (%s); compiling the runtime into %s",
+                    cache_dir(), exc, directory)
+    path = directory / f"{source.stem}-{digest}.o"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".o.tmp")
+        os.close(fd)
+        try:
+            toolchain.compile_c(source, tmp)
+            os.replace(tmp, path)  # concurrent builders each write a whole file
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    _memo[digest] = path
+    return path
+
+
 def create_shared(output: str | os.PathLike, objects: list[str | os.PathLike],
                   cc: list[str] | None = None, options: list[str] | tuple[str, ...] = ()) -> Path:
-    """Link ``objects`` into the shared library ``output`` (libm and libpthread only).
+    """Link ``objects`` into the shared library ``output`` with the host ``cc`` (or ``cc``).
 
     Raises:
         ToolchainError: the linker is missing or reports an error (its output is included).
     """
-    argv = list(cc or find_host_cc())
-    output = Path(output)
-    cmd = [*argv, "-shared", "-fPIC", "-o", str(output), *map(str, objects), *options,
-           "-lm", "-lpthread"]
+    argv = tuple(cc or find_host_cc())
+    return Toolchain(argv[0], argv).link_shared(output, objects, options)
+
+
+@functools.lru_cache(maxsize=None)
+def _version(argv: tuple[str, ...]) -> str:
+    if argv[1:4] == ("-m", "ziglang", "cc"):
+        from importlib.metadata import version
+
+        return "ziglang " + version("ziglang")
+    try:
+        proc = subprocess.run([*argv, "--version"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.decode(errors="replace").split("\n", 1)[0]
+
+
+def _run(cmd: list[str], what: str) -> None:
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=_LINK_TIMEOUT_S, check=False)
     except OSError as exc:
-        raise ToolchainError(f"cannot run {argv[0]!r}: {exc}") from None
+        raise ToolchainError(f"{what}: cannot run {cmd[0]!r}: {exc}") from None
     except subprocess.TimeoutExpired:
-        raise ToolchainError(f"linking {output.name} took more than {_LINK_TIMEOUT_S} s") from None
+        raise ToolchainError(f"{what} took more than {_LINK_TIMEOUT_S} s") from None
     if proc.returncode != 0:
-        raise ToolchainError(f"linking {output.name} failed ({shlex.join(cmd)}):\n"
+        raise ToolchainError(f"{what} failed ({shlex.join(cmd)}):\n"
                              + proc.stdout.decode(errors="replace").strip())
-    return output

@@ -9,11 +9,15 @@ import tempfile
 import threading
 
 from ..errors import KernelError, ModuleError
+from .compat import check_module_file
 from .dtype import pack_scalar
 from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
 from .evaluator import TimeEvaluator
 from .tensor import Tensor, _is_ndarray
 from .threads import check_num_threads, process_config
+
+
+_POINTER_BYTES = ctypes.sizeof(ctypes.c_void_p)
 
 
 class PackedArgs:
@@ -26,11 +30,13 @@ class PackedArgs:
     def __init__(self, spec: FunctionSpec, values: tuple):
         n = len(spec.args)
         # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
-        self.words = (ctypes.c_uint64 * max(2 * n, 1))()
+        pointer_words = n if _POINTER_BYTES == 8 else (n * _POINTER_BYTES + 7) // 8
+        self.words = (ctypes.c_uint64 * max(pointer_words + n, 1))()
         self.pointer = ctypes.addressof(self.words)
         self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
         self._memory: list[memoryview] = []
-        words = self.words
+        words = self.words if _POINTER_BYTES == 8 else \
+            (ctypes.c_uint32 * max(n, 1)).from_buffer(self.words)
         for i, arg in enumerate(spec.args):
             value = values[i]
             if arg.kind == "tensor":
@@ -48,7 +54,7 @@ class PackedArgs:
                 except (TypeError, ValueError):
                     pack_scalar(arg.dtype, value, _where(spec, i))   # raises, naming the argument
                     raise
-                slot = self.pointer + 8 * (n + i)
+                slot = self.pointer + 8 * (pointer_words + i)
                 ctypes.memmove(slot, raw, len(raw))
                 words[i] = slot
 
@@ -224,10 +230,17 @@ def load_module(path) -> Module:
 
     Loading a path again after the file changed loads the new file (the dynamic loader alone
     would hand back the library already loaded under that name).
+
+    Raises:
+        IncompatibleModuleError: (from ``kernelrpc.runtime.compat``) the file was built for
+            another architecture, float ABI, CPU features or a newer glibc than this device's;
+            checked on the file before it is loaded.
+        ModuleError: the file is not a kernelrpc module.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"module file not found: {path}")
+    check_module_file(path)
     lib = _dlopen(path)
     get_metadata = _symbol(lib, "__kernelrpc_metadata", ctypes.c_char_p, ())
     if get_metadata is None:

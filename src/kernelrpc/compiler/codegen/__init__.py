@@ -2,7 +2,7 @@
 from .emitter import CodegenError
 from .func_codegen import emit_primfunc
 from .llvm_emit import CompiledObject, CompileOptions, compile_ir
-from .runtime_ir import runtime_ir
+from .runtime_ir import metadata_ir
 
 __all__ = ["CodegenError", "CompileOptions", "CompiledObject", "compile_ir", "emit_primfunc",
-           "runtime_ir"]
+           "metadata_ir"]

@@ -94,9 +94,15 @@ def _identifier(hint: str) -> str:
 
 
 class ModuleBuilder:
-    """Declarations and functions of one LLVM module."""
+    """Declarations and functions of one LLVM module.
 
-    def __init__(self):
+    ``size_type`` is the target's ``size_t`` / pointer-sized integer (``i32`` on 32-bit
+    targets), for C library calls and pointer-slot alignment.
+    """
+
+    def __init__(self, size_type: str = "i64"):
+        self.size_type = size_type
+        self.pointer_bytes = int(size_type[1:]) // 8
         self.declarations: dict[str, str] = {}
         self.functions: list[str] = []
         self._names: set[str] = set()

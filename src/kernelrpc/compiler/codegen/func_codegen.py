@@ -103,11 +103,16 @@ class StmtCodegen(ExprCodegen):
             with self.bound(buffer, storage):
                 self.stmt(node.body)
             return
-        self.module.declare("aligned_alloc", "declare noalias ptr @aligned_alloc(i64, i64)")
+        size_t = self.module.size_type
+        if nbytes >= 1 << (8 * self.module.pointer_bytes - 1):
+            raise CodegenError(f"allocation {buffer.name} of {nbytes} bytes does not fit the "
+                               f"target's {8 * self.module.pointer_bytes}-bit address space")
+        self.module.declare("aligned_alloc",
+                            f"declare noalias ptr @aligned_alloc({size_t}, {size_t})")
         self.module.declare("free", "declare void @free(ptr)")
         rounded = (nbytes + 63) // 64 * 64
-        ptr = self.fn.assign("ptr", f"call noalias ptr @aligned_alloc(i64 64, i64 {rounded})",
-                             hint=buffer.name)
+        ptr = self.fn.assign("ptr", f"call noalias ptr @aligned_alloc({size_t} 64, "
+                                    f"{size_t} {rounded})", hint=buffer.name)
         self.return_if(self.fn.assign("i1", f"icmp eq ptr {ptr.ref}, null"), ERR_OUT_OF_MEMORY)
         with self.bound(buffer, ptr):
             self.stmt(node.body)
@@ -290,7 +295,8 @@ def emit_primfunc(module: ModuleBuilder, func) -> str:
     values = []
     for k, p in enumerate(func.params):
         slot = entry.assign("ptr", f"getelementptr inbounds ptr, ptr %args, i64 {k}")
-        pointer = entry.assign("ptr", f"load ptr, ptr {slot.ref}, align 8")
+        pointer = entry.assign("ptr", f"load ptr, ptr {slot.ref}, "
+                                      f"align {module.pointer_bytes}")
         if isinstance(p, ir.Buffer):
             values.append(pointer)
             continue

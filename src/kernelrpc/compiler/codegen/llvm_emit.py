@@ -43,7 +43,7 @@ class CompiledObject:
 def _target_machine(target: Target, opt_level: int):
     llvm = ensure_llvm()
     try:
-        llvm_target = llvm.Target.from_triple(target.triple)
+        llvm_target = llvm.Target.from_triple(target.llvm_triple)
     except RuntimeError as exc:
         raise CodegenError(f"LLVM has no backend for {target.triple}: {exc}") from None
     return llvm_target.create_target_machine(
@@ -67,7 +67,7 @@ def compile_ir(ir_texts: list[str], target: Target,
         except RuntimeError as exc:
             raise CodegenError(f"generated LLVM IR (module {index}) does not parse: {exc}"
                                f"\n{_numbered(text, str(exc))}") from None
-        mod.triple = target.triple
+        mod.triple = target.llvm_triple
         mod.data_layout = str(tm.target_data)
         if linked is None:
             linked = mod

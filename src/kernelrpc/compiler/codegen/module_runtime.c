@@ -1,0 +1,335 @@
+/* The native runtime every kernelrpc module carries (docs/module-format.md).
+ *
+ * Compiled for each target by the toolchain that links the module (the host cc,
+ * a cross gcc or `zig cc -target ...`), so every struct layout and constant comes
+ * from the target's own C library headers. It must also compile as C++ (a TVM
+ * `fcompile=` hook may hand it to g++).
+ *
+ * * __kernelrpc_time: clock_gettime(CLOCK_MONOTONIC) around `number` calls.
+ * * __kernelrpc_cache_flush: clflush (x86-64) or dc civac (AArch64) per line;
+ *   left out elsewhere (the symbol is optional, the runtime then evicts by
+ *   writing a scratch buffer).
+ * * __kernelrpc_set_num_threads and the thread pool behind
+ *   __kernelrpc_parallel_launch(body, ctx), which runs
+ *   int32_t body(void *ctx, int32_t task, int32_t ntasks) for task in 0..ntasks-1.
+ *
+ * The pool is created on first use and kept for the life of the process. Workers
+ * spin on a generation counter for a short while after each job (launches in a
+ * timing loop then cost well under a microsecond) and then sleep on a condition
+ * variable, so an idle pool burns no CPU. The pool holds exactly threads - 1
+ * workers, every worker takes part in every job, and the caller waits for all of
+ * them: no late worker can mistake the next job for the one it woke up for. A
+ * launch from inside a job or from a second thread while one runs falls back to
+ * body(ctx, 0, 1) on the calling thread. After fork() the child starts with no
+ * workers and creates them again on first use. The default size is the number of
+ * cores in the affinity mask (overridden by KERNELRPC_NUM_THREADS or
+ * TVM_NUM_THREADS).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KRPC_EXPORT __attribute__((visibility("default")))
+#define KRPC_HIDDEN __attribute__((visibility("hidden")))
+
+/* Workers beyond the calling thread (the caller always runs task 0). */
+#define KRPC_MAX_WORKERS 63
+/* Spin iterations (each with a pause hint) before a worker or the caller sleeps:
+ * roughly 0.1-1 ms, long enough to bridge back-to-back launches in a timing loop. */
+#define KRPC_SPIN_ITERATIONS 20000
+/* "No worker quits after this job." */
+#define KRPC_NO_QUIT (1 << 30)
+
+typedef int32_t (*krpc_task_fn)(void *ctx, int32_t task, int32_t ntasks);
+typedef int32_t (*krpc_packed_fn)(void **args);
+
+static inline void krpc_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#elif defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7
+    __asm__ __volatile__("yield" ::: "memory");
+#elif defined(__riscv)
+    __asm__ __volatile__(".4byte 0x0100000f" ::: "memory"); /* Zihintpause `pause`, a hint */
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+#define LOAD(p, order) __atomic_load_n((p), (order))
+#define STORE(p, v, order) __atomic_store_n((p), (v), (order))
+#define ACQ __ATOMIC_ACQUIRE
+#define REL __ATOMIC_RELEASE
+#define SEQ __ATOMIC_SEQ_CST
+
+/* ------------------------------------------------------------------ timing */
+
+KRPC_EXPORT int64_t __kernelrpc_time(krpc_packed_fn fn, void **args, int64_t number) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t i = 0; i < number; ++i) {
+        int32_t rc = fn(args);
+        if (rc != 0) {
+            int64_t code = rc;
+            return code < 0 ? code : -code;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int64_t elapsed = ((int64_t)t1.tv_sec - (int64_t)t0.tv_sec) * 1000000000
+                      + ((int64_t)t1.tv_nsec - (int64_t)t0.tv_nsec);
+    return elapsed < 0 ? 0 : elapsed;
+}
+
+/* ------------------------------------------------------------------ cache flush */
+
+#if defined(__x86_64__)
+KRPC_EXPORT void __kernelrpc_cache_flush(const void *ptr, int64_t nbytes) {
+    if (nbytes <= 0)
+        return;
+    uintptr_t end = (uintptr_t)ptr + (uintptr_t)nbytes;
+    for (uintptr_t line = (uintptr_t)ptr & ~(uintptr_t)63; line < end; line += 64)
+        __builtin_ia32_clflush((const void *)line);
+    __builtin_ia32_mfence();
+}
+#elif defined(__aarch64__)
+/* dc civac (clean and invalidate to the point of coherency) is allowed at EL0 on Linux. */
+KRPC_EXPORT void __kernelrpc_cache_flush(const void *ptr, int64_t nbytes) {
+    if (nbytes <= 0)
+        return;
+    uint64_t ctr;
+    __asm__ __volatile__("mrs %0, ctr_el0" : "=r"(ctr));
+    uintptr_t step = (uintptr_t)4 << ((ctr >> 16) & 0xf); /* DminLine: log2 of words */
+    uintptr_t end = (uintptr_t)ptr + (uintptr_t)nbytes;
+    for (uintptr_t line = (uintptr_t)ptr & ~(step - 1); line < end; line += step)
+        __asm__ __volatile__("dc civac, %0" : : "r"(line) : "memory");
+    __asm__ __volatile__("dsb ish" ::: "memory");
+}
+#endif
+
+/* ------------------------------------------------------------------ thread pool */
+
+static pthread_mutex_t krpc_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t krpc_cv_work = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t krpc_cv_done = PTHREAD_COND_INITIALIZER;
+static pthread_t krpc_threads[KRPC_MAX_WORKERS];
+static int32_t krpc_seen_init[KRPC_MAX_WORKERS];
+static int32_t krpc_state;           /* 0 none, 1 initialising, 2 ready */
+static int32_t krpc_nworkers;
+static int32_t krpc_nthreads = 1;
+static int32_t krpc_gen;
+static int32_t krpc_sleepers;
+static int32_t krpc_pending;
+static int32_t krpc_waiter;
+static int32_t krpc_busy;
+static krpc_task_fn krpc_job_fn;
+static void *krpc_job_ctx;
+static int32_t krpc_job_n;
+static int32_t krpc_job_err;
+static int32_t krpc_job_quit = KRPC_NO_QUIT; /* workers with index >= this exit after the job */
+
+/* Wait until *word != value: spin first, then sleep on cv with *count raised. */
+static void krpc_wait_change(int32_t *word, int32_t value, pthread_cond_t *cv, int32_t *count) {
+    for (int i = 0; i < KRPC_SPIN_ITERATIONS; ++i) {
+        if (LOAD(word, ACQ) != value)
+            return;
+        krpc_pause();
+    }
+    pthread_mutex_lock(&krpc_mutex);
+    __atomic_fetch_add(count, 1, SEQ);
+    while (LOAD(word, SEQ) == value)
+        pthread_cond_wait(cv, &krpc_mutex);
+    __atomic_fetch_sub(count, 1, SEQ);
+    pthread_mutex_unlock(&krpc_mutex);
+}
+
+/* Wake sleepers of krpc_wait_change after the watched word changed (seq_cst). */
+static void krpc_wake(pthread_cond_t *cv, int32_t *count) {
+    if (LOAD(count, SEQ) != 0) {
+        pthread_mutex_lock(&krpc_mutex);
+        pthread_cond_broadcast(cv);
+        pthread_mutex_unlock(&krpc_mutex);
+    }
+}
+
+static void *krpc_worker(void *arg) {
+    int32_t tid = (int32_t)(intptr_t)arg;
+    int32_t task = tid + 1;
+    int32_t seen = krpc_seen_init[tid];
+    for (;;) {
+        krpc_wait_change(&krpc_gen, seen, &krpc_cv_work, &krpc_sleepers);
+        seen = LOAD(&krpc_gen, ACQ);
+        int32_t n = krpc_job_n;
+        int32_t quit = krpc_job_quit;
+        if (task < n) {
+            int32_t rc = krpc_job_fn(krpc_job_ctx, task, n);
+            if (rc != 0) {
+                int32_t expected = 0;
+                __atomic_compare_exchange_n(&krpc_job_err, &expected, rc, 0, SEQ, SEQ);
+            }
+        }
+        if (__atomic_fetch_sub(&krpc_pending, 1, SEQ) == 1)
+            krpc_wake(&krpc_cv_done, &krpc_waiter);
+        if (tid >= quit)
+            return NULL;
+    }
+}
+
+/* Publish a job to every worker (the caller holds krpc_busy). */
+static void krpc_publish(krpc_task_fn fn, void *ctx, int32_t n, int32_t quit) {
+    krpc_job_fn = fn;
+    krpc_job_ctx = ctx;
+    krpc_job_n = n;
+    krpc_job_quit = quit;
+    krpc_job_err = 0;
+    STORE(&krpc_pending, krpc_nworkers, SEQ);
+    __atomic_fetch_add(&krpc_gen, 1, SEQ);
+    krpc_wake(&krpc_cv_work, &krpc_sleepers);
+}
+
+/* Wait until every worker has acknowledged the published job. */
+static void krpc_join(void) {
+    int32_t left;
+    while ((left = LOAD(&krpc_pending, ACQ)) != 0)
+        krpc_wait_change(&krpc_pending, left, &krpc_cv_done, &krpc_waiter);
+}
+
+static int32_t krpc_noop(void *ctx, int32_t task, int32_t n) {
+    (void)ctx, (void)task, (void)n;
+    return 0;
+}
+
+/* Stop and join the workers with index >= keep (the caller holds krpc_busy). */
+static void krpc_shrink(int32_t keep) {
+    int32_t have = krpc_nworkers;
+    if (keep >= have)
+        return;
+    krpc_publish(krpc_noop, NULL, 1, keep);
+    krpc_join();
+    krpc_job_quit = KRPC_NO_QUIT;
+    for (int32_t i = keep; i < have; ++i)
+        pthread_join(krpc_threads[i], NULL);
+    krpc_nworkers = keep;
+}
+
+/* Grow the pool to `want` workers (the caller holds krpc_busy or is the initialiser). */
+static void krpc_grow(int32_t want) {
+    if (want > KRPC_MAX_WORKERS)
+        want = KRPC_MAX_WORKERS;
+    for (int32_t have = krpc_nworkers; have < want; ++have) {
+        krpc_seen_init[have] = LOAD(&krpc_gen, ACQ);
+        if (pthread_create(&krpc_threads[have], NULL, krpc_worker, (void *)(intptr_t)have) != 0)
+            return;
+        STORE(&krpc_nworkers, have + 1, REL);
+    }
+}
+
+static int32_t krpc_env_threads(void) {
+    const char *value = getenv("KERNELRPC_NUM_THREADS");
+    if (value == NULL)
+        value = getenv("TVM_NUM_THREADS");
+    return value == NULL ? 0 : atoi(value);
+}
+
+/* The cores this thread may run on (its affinity mask, as taskset/cpusets set it),
+ * else the online cores. */
+static int32_t krpc_usable_cores(void) {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+        int count = CPU_COUNT(&mask);
+        if (count > 0)
+            return count;
+    }
+    return (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/* 0 (or less) means all usable cores; the result is in [1, KRPC_MAX_WORKERS + 1]. */
+static int32_t krpc_resolve_threads(int32_t n) {
+    if (n <= 0)
+        n = krpc_usable_cores();
+    if (n < 1)
+        n = 1;
+    return n > KRPC_MAX_WORKERS + 1 ? KRPC_MAX_WORKERS + 1 : n;
+}
+
+static void krpc_after_fork_child(void) {
+    static const pthread_mutex_t fresh_mutex = PTHREAD_MUTEX_INITIALIZER;
+    static const pthread_cond_t fresh_cond = PTHREAD_COND_INITIALIZER;
+    krpc_mutex = fresh_mutex;
+    krpc_cv_work = fresh_cond;
+    krpc_cv_done = fresh_cond;
+    krpc_nworkers = 0;
+    krpc_sleepers = 0;
+    krpc_waiter = 0;
+    krpc_pending = 0;
+    krpc_busy = 0;
+    krpc_nthreads = 1;
+    STORE(&krpc_state, 0, REL);
+}
+
+static void krpc_ensure_pool(void) {
+    if (LOAD(&krpc_state, ACQ) == 2)
+        return;
+    int32_t expected = 0;
+    if (!__atomic_compare_exchange_n(&krpc_state, &expected, 1, 0, SEQ, SEQ)) {
+        while (LOAD(&krpc_state, ACQ) != 2)
+            sched_yield();
+        return;
+    }
+    if (LOAD(&krpc_gen, ACQ) == 0) {
+        /* gen starts at 1 after the first init so that a forked child does not re-register */
+        STORE(&krpc_gen, 1, REL);
+        pthread_atfork(NULL, NULL, krpc_after_fork_child);
+    }
+    krpc_grow(krpc_resolve_threads(krpc_env_threads()) - 1);
+    krpc_nthreads = krpc_nworkers + 1;
+    STORE(&krpc_state, 2, REL);
+}
+
+static int krpc_try_claim(void) {
+    int32_t expected = 0;
+    return __atomic_compare_exchange_n(&krpc_busy, &expected, 1, 0, ACQ, __ATOMIC_RELAXED);
+}
+
+KRPC_HIDDEN int32_t __kernelrpc_parallel_launch(krpc_task_fn fn, void *ctx) {
+    krpc_ensure_pool();
+    int32_t n = krpc_nthreads;
+    if (n <= 1 || !krpc_try_claim())
+        return fn(ctx, 0, 1);
+    krpc_publish(fn, ctx, n, KRPC_NO_QUIT);
+    int32_t rc = fn(ctx, 0, n);
+    krpc_join();
+    if (rc == 0)
+        rc = krpc_job_err;
+    STORE(&krpc_busy, 0, REL);
+    return rc;
+}
+
+KRPC_EXPORT int32_t __kernelrpc_set_num_threads(int32_t want) {
+    krpc_ensure_pool();
+    while (!krpc_try_claim())
+        sched_yield();
+    int32_t n = krpc_resolve_threads(want);
+    krpc_shrink(n - 1);
+    krpc_grow(n - 1);
+    int32_t avail = krpc_nworkers + 1;
+    krpc_nthreads = n < avail ? n : avail;
+    STORE(&krpc_busy, 0, REL);
+    return krpc_nthreads;
+}
+
+#ifdef __cplusplus
+}
+#endif

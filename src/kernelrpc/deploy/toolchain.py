@@ -151,11 +151,12 @@ def find_toolchain(target) -> Toolchain:
     floor = GLIBC_FLOORS[family]
     zig_arch = "arm" if family == "arm" else family
     abi = "gnueabihf" if family == "arm" else "gnu"
-    runtime_cpu = _ZIG_RUNTIME_CPU.get(family)
+    # Linking with the baseline CPU too: zig builds compiler_rt (memcpy...) for it, else for
+    # a NEON/VFP-D32 default that traps on VFPv3-D16 boards.
+    cpu = (_ZIG_RUNTIME_CPU[family],) if family in _ZIG_RUNTIME_CPU else ()
     return Toolchain("zig cc", (sys.executable, "-m", "ziglang", "cc", "-target",
                                 f"{zig_arch}-linux-{abi}.{floor}"),
-                     runtime_flags=(runtime_cpu,) if runtime_cpu else (),
-                     link_flags=("-s",), libc=f"glibc>={floor}")
+                     runtime_flags=cpu, link_flags=("-s", *cpu), libc=f"glibc>={floor}")
 
 
 def zig_installed() -> bool:

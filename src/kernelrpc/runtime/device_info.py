@@ -16,18 +16,13 @@ from __future__ import annotations
 import os
 import platform
 
+# Linux's HWCAP bit names (asm/hwcap.h), as /proc/cpuinfo prints them: one table for the
+# load-time checks and this description.
+from .compat import _AARCH64_HWCAP, _AARCH64_HWCAP2, _ARM_HWCAP
+
 __all__ = ["describe", "target_string", "llvm_target"]
 
 AT_HWCAP, AT_HWCAP2 = 16, 26
-
-# Linux's HWCAP bit names (arch/*/include/uapi/asm/hwcap.h), as /proc/cpuinfo prints them.
-_AARCH64_HWCAP = ("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm "
-                  "jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc "
-                  "flagm ssbs sb paca pacg").split()
-_AARCH64_HWCAP2 = ("dcpodp sve2 sveaes svepmull svebitperm svesha3 svesm4 flagm2 frint svei8mm "
-                   "svef32mm svef64mm svebf16 i8mm bf16 dgh rng bti mte").split()
-_ARM_HWCAP = ("swp half thumb 26bit fastmult fpa vfp edsp java iwmmxt crunch thumbee neon vfpv3 "
-              "vfpv3d16 tls vfpv4 idiva idivt vfpd32 lpae evtstrm").split()
 
 # Linux feature name -> LLVM -mattr feature. Only features that change generated code.
 _AARCH64_LLVM = {"asimd": "neon", "crc32": "crc", "atomics": "lse", "aes": "aes", "sha2": "sha2",

@@ -1,8 +1,10 @@
 """A device describes itself: /proc/cpuinfo and hardware capabilities -> an LLVM target string."""
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -117,9 +119,17 @@ LLVM_CHECK = textwrap.dedent("""
 """)
 
 
+def _documented_targets() -> list[str]:
+    docs = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
+    return re.findall(r"`(llvm -mtriple=[^`]+)`", docs.read_text())
+
+
 def test_llvm_knows_every_cpu_and_feature_named():
-    """LLVM only warns (on stderr) about an unknown -mcpu or -mattr name; there must be none."""
-    targets = [target for _, _, target in CASES]
+    """LLVM only warns (on stderr) about an unknown -mcpu or -mattr name; there must be none,
+    in what boards report and in the table of docs/deploy.md."""
+    documented = _documented_targets()
+    assert len(documented) >= 10
+    targets = [target for _, _, target in CASES] + documented
     proc = subprocess.run([sys.executable, "-c", LLVM_CHECK, *targets], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr

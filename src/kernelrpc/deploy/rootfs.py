@@ -36,6 +36,7 @@ __all__ = ["ARCHES", "Arch", "Rootfs", "RootfsError", "ToolMissing", "DownloadFa
 MIRROR_ENV = "KERNELRPC_DEBIAN_MIRROR"
 CACHE_ENV = "KERNELRPC_ROOTFS_CACHE"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 LAYOUT_VERSION = 2          # bump when the unpacked layout changes; older caches are rebuilt
 _APT_TIMEOUT_S = 300
 _COMPILE_TIMEOUT_S = 600
@@ -245,7 +246,8 @@ def _unpack_packages(arch: Arch, work: Path, tree: Path, mirror: str) -> None:
     state = work / "apt"
     for sub in ("lists/partial", "cache/archives/partial", "debs"):
         (state / sub).mkdir(parents=True)
-    (state / "sources.list").write_text(f"deb [arch={arch.debian_arch}] {mirror} {arch.suite} main\n")
+    signed_by = f" signed-by={DEBIAN_KEYRING}" if os.path.exists(DEBIAN_KEYRING) else ""
+    (state / "sources.list").write_text(f"deb [arch={arch.debian_arch}{signed_by}] {mirror} {arch.suite} main\n")
     (state / "status").write_text("")
     options = []
     for key, value in (("Dir::Etc::SourceList", state / "sources.list"),
@@ -262,6 +264,10 @@ def _unpack_packages(arch: Arch, work: Path, tree: Path, mirror: str) -> None:
     try:
         out = _run([apt_get, *options, "-q", "update"], f"apt-get update for {where}")
     except RootfsError as exc:
+        if "NO_PUBKEY" in str(exc) or "is not signed" in str(exc):
+            raise ToolMissing(f"apt cannot check the signature of {where}: install Debian's archive "
+                              f"keyring (apt-get install debian-archive-keyring; it provides "
+                              f"{DEBIAN_KEYRING}).\n{exc}") from None
         raise DownloadFailed(f"cannot download Debian's package index from {where}; check the network "
                              f"or set ${MIRROR_ENV} to a reachable mirror.\n{exc}") from None
     if not any((state / "lists").glob("*Packages*")):

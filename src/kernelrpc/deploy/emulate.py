@@ -14,6 +14,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from .rootfs import Arch, Rootfs, arch_named, prepare
 
@@ -31,13 +32,14 @@ def server_command(root: Rootfs, server_args: list[str], *, bundle: str | os.Pat
         bundle = Path(bundle).resolve()
         if not bundle.is_file():
             raise FileNotFoundError(f"no bundle at {bundle} (build one: python -m kernelrpc.deploy bundle)")
+        env.pop("PYTHONPATH", None)
         return root.python_argv(str(bundle), *server_args), env
     env["PYTHONPATH"] = str(_SOURCE_ROOT)
     return root.python_argv("-m", "kernelrpc.server", *server_args), env
 
 
 def exec_server(arch: str | Arch, server_args: list[str], *, cpu: str | None = None,
-                bundle: str | os.PathLike | None = None) -> "NoReturn":  # noqa: F821
+                bundle: str | os.PathLike | None = None) -> NoReturn:
     """Prepare the root for ``arch`` and replace this process with the emulated server."""
     arch = arch if isinstance(arch, Arch) else arch_named(arch)
     if cpu:

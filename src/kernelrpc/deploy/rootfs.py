@@ -12,8 +12,9 @@ lists, cache and an empty dpkg status), so the host's apt and dpkg stay untouche
 and no root rights are needed.
 
 Each root is cached under ``$KERNELRPC_ROOTFS_CACHE`` (default
-``~/.cache/kernelrpc/rootfs``) in ``<arch>/``, with its standard library precompiled
-into ``<arch>/.pycache`` (emulated start-ups then skip compiling it).
+``~/.cache/kernelrpc/rootfs``) in ``<debian-arch>-<release>/`` (``arm64-bookworm``), with
+its standard library precompiled into the root's ``.pycache`` (emulated start-ups then skip
+compiling it). Debian's archive signatures are checked by apt, with Debian's keyring.
 """
 from __future__ import annotations
 
@@ -247,7 +248,8 @@ def _unpack_packages(arch: Arch, work: Path, tree: Path, mirror: str) -> None:
     for sub in ("lists/partial", "cache/archives/partial", "debs"):
         (state / sub).mkdir(parents=True)
     signed_by = f" signed-by={DEBIAN_KEYRING}" if os.path.exists(DEBIAN_KEYRING) else ""
-    (state / "sources.list").write_text(f"deb [arch={arch.debian_arch}{signed_by}] {mirror} {arch.suite} main\n")
+    (state / "sources.list").write_text(
+        f"deb [arch={arch.debian_arch}{signed_by}] {mirror} {arch.suite} main\n")
     (state / "status").write_text("")
     options = []
     for key, value in (("Dir::Etc::SourceList", state / "sources.list"),

@@ -109,15 +109,16 @@ def _prepare(board: Board, root: Path) -> None:
 
 
 def run_in_rootfs(arch: str, args: list[str], timeout: float = 300, stdin: str | None = None,
-                  env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the target's ``python3`` with ``args`` under qemu-user in the root of ``arch``."""
+                  env: dict | None = None, cpu: str | None = None) -> subprocess.CompletedProcess:
+    """Run the target's ``python3`` with ``args`` under qemu-user in the root of ``arch``
+    (on the emulated CPU ``cpu``, default the board's)."""
     board = BOARDS[arch]
     root = rootfs(arch)
     child_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(SRC),
                  "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     cmd = [board.qemu, "-L", str(root)]
-    if board.qemu_cpu:
-        cmd += ["-cpu", board.qemu_cpu]
+    if cpu or board.qemu_cpu:
+        cmd += ["-cpu", cpu or board.qemu_cpu]
     cmd += [str(root / "usr" / "bin" / f"python{board.python}"), *args]
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout,
                           env=child_env)

@@ -21,11 +21,14 @@ import cross_rootfs
 
 pytestmark = pytest.mark.cross
 
+#: name -> (board, target, emulated CPU or None for the board's default)
 TARGETS = {
-    "aarch64": ("aarch64", "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"),
-    "armv7-neon": ("armv7", "llvm -mtriple=armv7-linux-gnueabihf -mattr=+neon"),
-    "armv7-vfp3d16": ("armv7", "llvm -mtriple=armv7-linux-gnueabihf -mattr=+vfp3d16,-neon"),
-    "riscv64": ("riscv64", "llvm -mtriple=riscv64-linux-gnu"),
+    "aarch64": ("aarch64", "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", None),
+    "armv7-neon": ("armv7", "llvm -mtriple=armv7-linux-gnueabihf -mattr=+neon", None),
+    # a CPU with VFPv3-D16 and no NEON, like Raspberry Pi OS's baseline: NEON code traps
+    "armv7-vfp3d16": ("armv7", "llvm -mtriple=armv7-linux-gnueabihf -mattr=+vfp3d16,-neon",
+                      "cortex-r5f"),
+    "riscv64": ("riscv64", "llvm -mtriple=riscv64-linux-gnu", None),
 }
 #: (e_machine, ELF class bits, e_flags that must be set)
 ELF = {"aarch64": (183, 64, 0), "armv7": (40, 32, 0x5000400), "riscv64": (243, 64, 0x5)}
@@ -79,7 +82,7 @@ def _kernels():
 @pytest.fixture(scope="module", params=sorted(TARGETS))
 def board(request, tmp_path_factory):
     """Build and export every kernel for one target, run them all on its emulated board."""
-    arch, target = TARGETS[request.param]
+    arch, target, cpu = TARGETS[request.param]
     try:
         cross_rootfs.rootfs(arch)
     except cross_rootfs.Unavailable as exc:
@@ -103,13 +106,14 @@ def board(request, tmp_path_factory):
         built.append((name, module, path, inputs, reference, tol, specs))
     proc = cross_rootfs.run_in_rootfs(arch, [str(cross_rootfs.SRC.parent / "tests" /
                                                  "cross_driver.py")],
-                                      stdin=json.dumps({"kernels": jobs}), timeout=600)
+                                      stdin=json.dumps({"kernels": jobs}), timeout=600,
+                                      cpu=cpu)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return request.param, arch, target, built, json.loads(proc.stdout)
+    return request.param, arch, target, built, json.loads(proc.stdout), cpu
 
 
 def test_exported_file_is_an_elf_for_the_board(board):
-    name, arch, target, built, _ = board
+    name, arch, target, built, _, cpu = board
     machine, bits, flags = ELF[arch]
     for kernel, module, path, *_ in built:
         with open(path, "rb") as f:
@@ -126,7 +130,7 @@ def test_exported_file_is_an_elf_for_the_board(board):
 
 
 def test_kernels_compute_on_the_board_what_numpy_does(board):
-    name, arch, _, built, report = board
+    name, arch, _, built, report, _ = board
     assert report["machine"] == {"armv7": "armv7l"}.get(arch, arch)
     for (kernel, module, path, inputs, reference, tol, specs), result in zip(built,
                                                                              report["results"]):
@@ -145,7 +149,7 @@ def test_kernels_compute_on_the_board_what_numpy_does(board):
 
 
 def test_gemm_uses_the_pool_and_heap_paths(board):
-    _, _, _, built, _ = board
+    _, _, _, built, _, _ = board
     sources = {kernel: module.get_source() for kernel, module, *_ in built}
     assert "@__kernelrpc_parallel_launch" in sources["gemm"]
     assert "@aligned_alloc" in sources["heap_stage"]
@@ -154,7 +158,7 @@ def test_gemm_uses_the_pool_and_heap_paths(board):
 def test_a_module_for_another_board_is_refused_before_dlopen(board, tmp_path):
     """On the emulated board: a module built for another architecture, and one needing
     CPU features the board lacks, are refused with typed errors naming both sides."""
-    name, arch, target, built, _ = board
+    name, arch, target, built, _, cpu = board
     A = te.placeholder((8,), name="A")
     B = te.compute((8,), lambda i: A[i] + 1.0, name="B")
     s = te.create_schedule(B.op)
@@ -163,21 +167,24 @@ def test_a_module_for_another_board_is_refused_before_dlopen(board, tmp_path):
     wrong = kernelrpc.build(s, [A, B], target=other, name="inc").export_library(
         tmp_path / "wrong.so")
     paths = [str(wrong)]
-    if arch == "aarch64":       # the board is a Cortex-A72 (qemu -cpu cortex-a72): no SVE
-        sve = kernelrpc.build(s, [A, B], target=target + " -mattr=+sve", name="inc")
-        paths.append(str(sve.export_library(tmp_path / "sve.so")))
+    lacking = {"aarch64": "+sve",          # the board is a Cortex-A72: no SVE
+               "armv7-vfp3d16": "+neon"}.get(name)   # ... and a Cortex-R5F: no NEON
+    if lacking:
+        base = target.split(" -mattr=")[0]
+        needy = kernelrpc.build(s, [A, B], target=f"{base} -mattr={lacking}", name="inc")
+        paths.append(str(needy.export_library(tmp_path / "needy.so")))
     script = ("import sys, json\nfrom kernelrpc import runtime\nout = []\n"
               "for p in sys.argv[1:]:\n"
               "    try:\n        runtime.load_module(p); out.append(['loaded', ''])\n"
               "    except runtime.IncompatibleModuleError as e:\n"
               "        out.append([type(e).__name__, str(e)])\n"
               "print(json.dumps(out))\n")
-    proc = cross_rootfs.run_in_rootfs(arch, ["-c", script, *paths])
+    proc = cross_rootfs.run_in_rootfs(arch, ["-c", script, *paths], cpu=cpu)
     assert proc.returncode == 0, proc.stderr[-2000:]
     outcomes = json.loads(proc.stdout)
     assert outcomes[0][0] == "WrongArchitectureError"
     assert f"built for {other.split('=')[1]}" in outcomes[0][1]
     assert f"this device is {({'armv7': 'armv7l'}).get(arch, arch)}" in outcomes[0][1]
-    if arch == "aarch64":
+    if lacking:
         assert outcomes[1][0] == "MissingCPUFeaturesError"
-        assert "needs CPU features +sve that this device lacks" in outcomes[1][1]
+        assert f"needs CPU features {lacking} that this device lacks" in outcomes[1][1]

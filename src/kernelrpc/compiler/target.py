@@ -14,6 +14,7 @@ module's target; those that would change code in TVM (``-device``, ``-libs``,
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shlex
 import warnings
@@ -58,8 +59,10 @@ def _host() -> tuple[str, str, str]:
 class Target:
     """A parsed LLVM CPU target.
 
-    ``Target(target, host=None)`` as in TVM; for CPU code the host (if given) is
-    only recorded, since the kernel and its caller run on the same CPU.
+    ``Target(target, host=None)`` as in TVM: ``target`` is a string (``"llvm -mtriple=..."``),
+    TVM 0.27's JSON/dict form (``{"kind": "llvm", "mtriple": ..., "mattr": [...]}``) or a
+    ``tvm.target.Target``. For CPU code the host (if given) is only recorded, since the
+    kernel and its caller run on the same CPU.
 
     Attributes:
         kind: always ``"llvm"`` (CPU code through LLVM).
@@ -84,11 +87,15 @@ class Target:
     labels: tuple = ()
     host_string: str = ""
 
-    def __init__(self, target: "str | Target | None" = None, host: "str | Target | None" = None):
+    def __init__(self, target: "str | dict | Target | None" = None,
+                 host: "str | dict | Target | None" = None):
         if isinstance(target, Target):
             values = dict(target.__dict__)
         else:
+            target = _as_dict_if_tvm(target)
             values = _parse(target or "llvm")
+            if host is None and isinstance(target, dict):
+                host = target.get("host")
         if host is not None:
             values["host_string"] = str(host if isinstance(host, Target) else Target(host))
         values["kind"] = "llvm"
@@ -152,9 +159,25 @@ class Target:
         return record
 
 
-def _parse(text: str) -> dict:
-    if not isinstance(text, str):
-        raise TargetError(f"target must be a string or Target, got {type(text).__name__}")
+def _as_dict_if_tvm(target):
+    """A ``tvm.target.Target`` or TVM's JSON form as a dict; anything else unchanged."""
+    if hasattr(target, "export") and type(target).__module__.startswith("tvm"):
+        return _plain(target.export())
+    if isinstance(target, str) and target.lstrip().startswith("{"):
+        try:
+            return json.loads(target)
+        except ValueError as exc:
+            raise TargetError(f"cannot parse target {target!r}: {exc}") from None
+    return target
+
+
+def _parse(target) -> dict:
+    """Target fields from a target string or TVM's dict form."""
+    if isinstance(target, dict):
+        return _from_options(*_dict_options(target))
+    if not isinstance(target, str):
+        raise TargetError(f"target must be a string, dict or Target, got {type(target).__name__}")
+    text = target
     try:
         tokens = shlex.split(text)
     except ValueError as exc:
@@ -168,6 +191,44 @@ def _parse(text: str) -> dict:
             raise TargetError(f"unknown target option {token!r} in {text!r}; expected "
                               f"-{'=..., -'.join(_CODE_OPTIONS + _LABELS)}=...")
         options[key] = value
+    return _from_options(options, text)
+
+
+def _plain(value):
+    """TVM's Map/Array objects as dicts and lists."""
+    if hasattr(value, "items") and not isinstance(value, str):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    try:
+        return [_plain(v) for v in value]
+    except TypeError:
+        return str(value)
+
+
+def _dict_options(doc: dict) -> tuple[dict, str]:
+    """TVM's dict form (``{"kind": "llvm", "mtriple": ..., "mattr": ["+neon"], ...}``) as
+    string options. ``feature.*`` entries are TVM's own derived facts and ``host`` is
+    given to ``Target(..., host=)`` separately."""
+    text = json.dumps(doc, default=list)
+    if doc.get("kind") != "llvm":
+        raise TargetError(f"target {text} must have kind 'llvm' (CPU code through LLVM)")
+    options: dict[str, str] = {}
+    for key, value in doc.items():
+        if key in ("kind", "host") or key.startswith("feature.") or (key == "tag" and not value):
+            continue
+        if key not in _CODE_OPTIONS + _LABELS:
+            raise TargetError(f"unknown target option {key!r} in {text}; expected "
+                              f"{', '.join(_CODE_OPTIONS + _LABELS)}")
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        options[key] = str(value)
+    if options.get("keys") == "cpu":
+        del options["keys"]             # TVM's default for every CPU target
+    return options, text
+
+
+def _from_options(options: dict, text: str) -> dict:
     host_triple, host_cpu, host_features = _host()
     triple = options.get("mtriple", host_triple)
     same_as_host = _same_arch(triple, host_triple)

@@ -47,8 +47,13 @@ GLIBC_FLOORS = {"aarch64": "2.17", "arm": "2.17", "riscv64": "2.27", "x86_64": "
 _GNU_PREFIX = {"aarch64": "aarch64-linux-gnu", "arm": "arm-linux-gnueabihf",
                "riscv64": "riscv64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
 #: The runtime is compiled for each architecture's baseline, not for the kernels' CPU:
-#: it must run wherever the kernels do (armhf: VFPv3-D16 and no NEON, as Debian's).
-_ZIG_RUNTIME_CPU = {"arm": "-mcpu=generic+v7a+vfp3d16-neon"}
+#: it must run wherever the kernels do (armv7: VFPv3-D16 and no NEON, as Debian's armhf;
+#: armv6: the Raspberry Pi 1/Zero's ARM1176, as Raspberry Pi OS's armhf).
+_ZIG_ARM_RUNTIME_CPU = {"armv6": "-mcpu=arm1176jzf_s"}
+_ZIG_ARM_V7_RUNTIME_CPU = "-mcpu=generic+v7a+vfp3d16-neon"
+#: zig links all of compiler_rt (with debug info) when it gets objects; dropping unused
+#: sections and symbols takes an armv7 module from ~220 KB to ~9 KB.
+_ZIG_LINK_FLAGS = ("-s", "-Wl,--gc-sections")
 _RUNTIME_FLAGS = ("-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden")
 _LINK_OPTIONS = ("-Wl,-z,nodelete",)  # pool threads run module code: never unmap it
 _INSTALL_HINT = ("pip install 'kernelrpc[cross]' (the ziglang package, a complete cross "
@@ -67,7 +72,7 @@ class Toolchain:
         name: what it is, for messages and the module record (``cc``, ``zig cc``...).
         argv: the driver with its target options (``python -m ziglang cc -target ...``).
         runtime_flags: extra options for compiling the runtime (a baseline CPU).
-        link_flags: extra options for linking (``-s`` for zig: compiler_rt's debug info).
+        link_flags: extra options for linking (zig: strip, drop unused sections).
         libc: the C library floor the links are pinned to (``glibc>=2.17``) or
             ``glibc`` when the toolchain's own C library decides it.
     """
@@ -133,7 +138,8 @@ def find_toolchain(target) -> Toolchain:
         ToolchainError: none is installed; the message says what to install.
     """
     if target.is_host:
-        return Toolchain("cc" if not os.environ.get("CC") else "$CC", tuple(find_host_cc()))
+        argv = tuple(find_host_cc())
+        return Toolchain(os.path.basename(argv[0]), argv)
     family = _arch_family(target.triple)
     prefix = _GNU_PREFIX.get(family)
     if prefix is None or "linux" not in target.triple:
@@ -142,6 +148,9 @@ def find_toolchain(target) -> Toolchain:
     if family == "arm" and target.float_abi != "hard":
         raise ToolchainError(f"{target.triple} is soft-float Arm; kernelrpc links hard-float "
                              "(...-linux-gnueabihf) modules only; pass fcompile=")
+    if family == "riscv64" and target.abi != "lp64d":
+        raise ToolchainError(f"{target} uses the {target.abi} float ABI, but riscv64 Linux C "
+                             "libraries are lp64d: give -mattr with +f,+d (or none for RV64GC)")
     gcc = shutil.which(f"{prefix}-gcc")
     if gcc:
         return Toolchain(f"{prefix}-gcc", (gcc,))
@@ -151,12 +160,17 @@ def find_toolchain(target) -> Toolchain:
     floor = GLIBC_FLOORS[family]
     zig_arch = "arm" if family == "arm" else family
     abi = "gnueabihf" if family == "arm" else "gnu"
-    # Linking with the baseline CPU too: zig builds compiler_rt (memcpy...) for it, else for
-    # a NEON/VFP-D32 default that traps on VFPv3-D16 boards.
-    cpu = (_ZIG_RUNTIME_CPU[family],) if family in _ZIG_RUNTIME_CPU else ()
+    arch = target.triple.split("-", 1)[0]
+    runtime_cpu = None if family != "arm" else next(
+        (flag for prefix, flag in _ZIG_ARM_RUNTIME_CPU.items() if arch.startswith(prefix)),
+        _ZIG_ARM_V7_RUNTIME_CPU)
+    # The link gets the baseline CPU too: zig builds compiler_rt (memcpy, __aeabi_*) for the
+    # CPU it links for, by default one with NEON, which traps on VFPv3-D16 boards.
+    cpu = (runtime_cpu,) if runtime_cpu else ()
     return Toolchain("zig cc", (sys.executable, "-m", "ziglang", "cc", "-target",
                                 f"{zig_arch}-linux-{abi}.{floor}"),
-                     runtime_flags=cpu, link_flags=("-s", *cpu), libc=f"glibc>={floor}")
+                     runtime_flags=cpu, link_flags=(*_ZIG_LINK_FLAGS, *cpu),
+                     libc=f"glibc>={floor}")
 
 
 def zig_installed() -> bool:

@@ -218,7 +218,7 @@ def _check_features(path: str, record: dict) -> None:
     if here is None:
         log.debug("%s: this CPU's features are unknown here; not checking %s", path, features)
         return
-    names = _FEATURE_NAMES.get(_family(platform.machine()), {})
+    names = _FEATURE_NAMES.get(_process_family(), {})
     missing = []
     for item in features.split(","):
         if not item.startswith("+"):
@@ -229,8 +229,8 @@ def _check_features(path: str, record: dict) -> None:
     if missing:
         raise MissingCPUFeaturesError(
             f"{os.path.basename(path)} needs CPU features {','.join(missing)} that this device "
-            f"lacks (built for {record.get('string', record.get('triple'))}); rebuild without "
-            "them, e.g. for the target remote.target() reports")
+            f"lacks (built for {str(record.get('string', record.get('triple')))[:200]}); "
+            "rebuild without them, e.g. for the target remote.target() reports")
 
 
 def _check_libc(path: str, record: dict) -> None:
@@ -249,6 +249,15 @@ def _version_tuple(text: str) -> tuple:
     return tuple(int(p) for p in text.split(".") if p.isdigit())
 
 
+def _process_family() -> str:
+    """The instruction set of this process (a 32-bit armhf Python on an AArch64 kernel is
+    ``arm``, whatever ``uname -m`` says), as the feature tables name it."""
+    here = this_process()
+    if here is not None and here.arch in ("aarch64", "arm", "x86_64", "riscv64"):
+        return here.arch
+    return _family(platform.machine())
+
+
 def _family(machine: str) -> str:
     if machine in ("aarch64", "arm64"):
         return "aarch64"
@@ -264,12 +273,13 @@ def _family(machine: str) -> str:
 _X86 = {name: (name,) for name in (
     "sse", "sse2", "ssse3", "avx", "avx2", "fma", "f16c", "bmi2", "aes", "popcnt", "movbe",
     "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi",
-    "avx512fp16", "vaes", "gfni", "amx-tile")}
+    "vaes", "gfni")}
 _X86.update({"sse3": ("pni",), "sse4.1": ("sse4_1",), "sse4.2": ("sse4_2",), "bmi": ("bmi1",),
              "lzcnt": ("abm",), "pclmul": ("pclmulqdq",), "sha": ("sha_ni",),
              "avx512vnni": ("avx512_vnni",), "avx512bf16": ("avx512_bf16",),
              "avx512vbmi2": ("avx512_vbmi2",), "avx512bitalg": ("avx512_bitalg",),
-             "avx512vpopcntdq": ("avx512_vpopcntdq",), "avxvnni": ("avx_vnni",)})
+             "avx512vpopcntdq": ("avx512_vpopcntdq",), "avxvnni": ("avx_vnni",),
+             "avx512fp16": ("avx512_fp16",), "amx-tile": ("amx_tile",)})
 _FEATURE_NAMES = {
     "x86_64": _X86,
     "aarch64": {"neon": ("asimd",), "fp-armv8": ("fp",), "sve": ("sve",), "sve2": ("sve2",),
@@ -295,7 +305,7 @@ _AT_HWCAP, _AT_HWCAP2 = 16, 26
 
 
 def _hwcap_names() -> set[str] | None:
-    family = _family(platform.machine())
+    family = _process_family()
     tables = {"aarch64": ((_AT_HWCAP, _AARCH64_HWCAP), (_AT_HWCAP2, _AARCH64_HWCAP2)),
               "arm": ((_AT_HWCAP, _ARM_HWCAP),)}.get(family)
     if tables is None:
@@ -313,7 +323,7 @@ def _hwcap_names() -> set[str] | None:
 
 
 def _cpuinfo_names() -> set[str] | None:
-    family = _family(platform.machine())
+    family = _process_family()
     key = {"x86_64": "flags", "aarch64": "Features", "arm": "Features",
            "riscv64": "isa"}.get(family)
     try:

@@ -1,4 +1,5 @@
-"""LLVM backend: loop IR -> LLVM IR text -> optimised object code, plus the module runtime."""
+"""LLVM backend: loop IR -> LLVM IR text -> optimised object code, plus the module metadata
+(the module runtime is C: ``module_runtime.c``)."""
 from .emitter import CodegenError
 from .func_codegen import emit_primfunc
 from .llvm_emit import CompiledObject, CompileOptions, compile_ir

@@ -45,6 +45,15 @@ Features	: half thumb fastmult vfp edsp thumbee vfpv3 vfpv3d16 tls idiva idivt
 CPU implementer	: 0x56
 CPU part	: 0x584
 """
+RPI_ZERO = """\
+processor	: 0
+model name	: ARMv6-compatible processor rev 7 (v6l)
+Features	: half thumb fastmult vfp edsp java tls
+CPU implementer	: 0x41
+CPU architecture: 7
+CPU part	: 0xb76
+Model		: Raspberry Pi Zero W Rev 1.1
+"""
 VISIONFIVE2 = """\
 processor	: 0
 hart		: 1
@@ -60,13 +69,14 @@ CASES = [
                       "-mattr=+neon,+crc,+lse,+aes,+sha2,+rdm,+fullfp16,+dotprod,+rcpc"),
     ("armv7l", RPI4_32, "llvm -mtriple=armv7-linux-gnueabihf -mcpu=cortex-a72 -mattr=+neon,+vfp4"),
     ("armv7l", NO_NEON_V7, "llvm -mtriple=armv7-linux-gnueabihf -mattr=+vfp3d16,-neon"),
+    ("armv6l", RPI_ZERO, "llvm -mtriple=armv6-linux-gnueabihf -mcpu=arm1176jzf-s -mattr=+vfp2"),
     ("riscv64", VISIONFIVE2, "llvm -mtriple=riscv64-linux-gnu -mcpu=generic-rv64 "
                              "-mattr=+m,+a,+f,+d,+c,+zba,+zbb"),
     ("x86_64", X86, "llvm -mtriple=x86_64-linux-gnu -mattr=+avx,+avx2,+fma,+sse4.1,+sse4.2,+ssse3"),
 ]
 
 
-@pytest.mark.parametrize("machine,cpuinfo,target", CASES, ids=["rpi4", "rpi5", "rpi4-32bit", "armv7-no-neon",
+@pytest.mark.parametrize("machine,cpuinfo,target", CASES, ids=["rpi4", "rpi5", "rpi4-32bit", "armv7-no-neon", "rpi-zero",
                                                                "visionfive2", "x86"])
 def test_board_cpuinfo_gives_its_target(tmp_path, machine, cpuinfo, target):
     path = tmp_path / "cpuinfo"

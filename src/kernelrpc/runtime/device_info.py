@@ -3,7 +3,8 @@
 Standard library only: it runs on the device (the server sends it to the tracker and
 answers ``remote.target()`` with it). Sources, in order of trust:
 
-* ``os.uname().machine`` for the architecture;
+* ``os.uname().machine`` for the architecture, unless this Python is a 32-bit Arm
+  program on a 64-bit kernel (then modules must be 32-bit Arm too);
 * the kernel's hardware capability words (``getauxval(AT_HWCAP)``/``AT_HWCAP2``) for the
   CPU features on arm, aarch64 and riscv64: they are what ``/proc/cpuinfo``'s
   ``Features``/``isa`` lines are printed from, and qemu-user sets them for the CPU it
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import platform
 
+from . import compat
 # Linux's HWCAP bit names (asm/hwcap.h), as /proc/cpuinfo prints them: one table for the
 # load-time checks and this description.
 from .compat import _AARCH64_HWCAP, _AARCH64_HWCAP2, _ARM_HWCAP
@@ -39,7 +41,7 @@ _X86_LLVM = {"sse3": "sse3", "pni": "sse3", "ssse3": "ssse3", "sse4_1": "sse4.1"
 _RISCV_Z = {"zba", "zbb", "zbc", "zbs", "zfh", "zfhmin", "zicond", "zvfh"}
 
 # MIDR implementer 0x41 (Arm) part numbers of common boards' cores -> LLVM cpu name.
-_ARM_PARTS = {0xc07: "cortex-a7", 0xc08: "cortex-a8", 0xc09: "cortex-a9", 0xc0f: "cortex-a15",
+_ARM_PARTS = {0xb76: "arm1176jzf-s", 0xc07: "cortex-a7", 0xc08: "cortex-a8", 0xc09: "cortex-a9", 0xc0f: "cortex-a15",
               0xd03: "cortex-a53", 0xd04: "cortex-a35", 0xd05: "cortex-a55", 0xd07: "cortex-a57",
               0xd08: "cortex-a72", 0xd09: "cortex-a73", 0xd0a: "cortex-a75", 0xd0b: "cortex-a76",
               0xd0c: "neoverse-n1", 0xd0d: "cortex-a77", 0xd41: "cortex-a78", 0xd42: "cortex-a78ae",
@@ -90,32 +92,31 @@ def _read_cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
     return fields
 
 
-def _is_armhf() -> bool:
-    """Whether this Python uses the hard-float ABI (ELF flag EF_ARM_ABI_FLOAT_HARD); true
-    unless this Python is a 32-bit Arm executable that says otherwise."""
-    import sys
-
-    try:
-        with open(sys.executable, "rb") as f:
-            header = f.read(52)
-    except OSError:
-        return True
-    if len(header) < 52 or header[:4] != b"\x7fELF" or int.from_bytes(header[18:20], "little") != 40:
-        return True
-    return bool(int.from_bytes(header[36:40], "little") & 0x400)
+def _process_machine(kernel_machine: str) -> tuple[str, bool]:
+    """``(machine, hard_float)`` of this Python process, which is what a module must match:
+    a 32-bit Arm userland on a 64-bit kernel (32-bit Raspberry Pi OS on a Pi 4 or 5) has
+    ``uname -m`` aarch64 but loads only 32-bit Arm modules."""
+    elf = compat.this_process()
+    if elf is None or elf.arch != "arm":
+        return kernel_machine, True
+    machine = kernel_machine if _family(kernel_machine) == "arm" else "armv7l"
+    return machine, bool(elf.flags & 0x400)          # EF_ARM_ABI_FLOAT_HARD
 
 
 def describe(*, machine: str | None = None, cpuinfo_path: str = "/proc/cpuinfo",
              hwcaps: tuple[int, int] | None = None) -> dict:
     """A JSON-ready description of this machine; ``target`` is the string to build for it.
 
-    Keys: ``machine``, ``system``, ``cpus``, ``python``, ``cpu_model``, ``features`` (Linux
-    names), ``target``, ``cpu`` (when known) and ``cpuinfo_foreign`` (true when /proc/cpuinfo
-    describes another architecture, as it does under qemu-user). ``machine``, ``cpuinfo_path``
+    Keys: ``machine`` (this Python's), ``system``, ``cpus``, ``python``, ``cpu_model``,
+    ``features`` (Linux names), ``target``, ``cpu`` (when known), ``kernel_machine`` (when the
+    kernel's differs) and ``cpuinfo_foreign`` (true when /proc/cpuinfo describes another
+    architecture, as it does under qemu-user). ``machine``, ``cpuinfo_path``
     and ``hwcaps`` stand in for this machine's, to describe another one.
     """
     uname = os.uname()
-    machine = machine or uname.machine
+    kernel_machine, hard_float = machine or uname.machine, True
+    if machine is None:
+        machine, hard_float = _process_machine(kernel_machine)
     family = _family(machine)
     cpuinfo = _read_cpuinfo(cpuinfo_path)
     own_keys = _CPUINFO_ARCH.get(family, ())
@@ -139,8 +140,9 @@ def describe(*, machine: str | None = None, cpuinfo_path: str = "/proc/cpuinfo",
     info = {"machine": machine, "system": uname.sysname, "cpus": os.cpu_count() or 1,
             "python": platform.python_version(), "cpu_model": model[:200],
             "features": sorted(set(features))[:256],
-            "target": llvm_target(machine, features, cpu=cpu,
-                                  hard_float=_is_armhf() if family == "arm" else True)}
+            "target": llvm_target(machine, features, cpu=cpu, hard_float=hard_float)}
+    if machine != kernel_machine:
+        info["kernel_machine"] = kernel_machine
     if cpu:
         info["cpu"] = cpu
     if foreign:
@@ -181,7 +183,9 @@ def llvm_target(machine: str, features: list[str], *, cpu: str = "", hard_float:
     elif family == "arm":
         sub = "armv6" if machine.startswith("armv6") else "armv7"   # armv8l: AArch32 userland
         triple = f"{sub}-linux-gnueabihf" if hard_float else f"{sub}-linux-gnueabi"
-        if "neon" in have:
+        if sub == "armv6":
+            mattr = ["+vfp2"] if "vfp" in have else []
+        elif "neon" in have:
             mattr = ["+neon"] + (["+vfp4"] if "vfpv4" in have else [])
         else:
             mattr = (["+vfp4"] if "vfpv4" in have else ["+vfp3d16"] if have & {"vfpv3", "vfpv3d16"}

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from emulated_boards import need_qemu, start_board
-from kernelrpc import rpc
+import kernelrpc
+from kernelrpc import rpc, te
 from kernelrpc.deploy import bundle, emulate, rootfs
+from kernelrpc.deploy.toolchain import zig_installed
 from kernelrpc.errors import RemoteError
 from servicectl import Service
 
@@ -101,11 +103,28 @@ BULLSEYE_AMD64 = rootfs.Arch("x86_64", "amd64", "bullseye", "3.9", "qemu-x86_64-
                              libssl="libssl1.1", libffi="libffi7")
 
 
-def test_bundle_runs_on_the_oldest_supported_python(tmp_path):
-    """Python 3.9 (Debian 11, Raspberry Pi OS "bullseye"): bundle.MIN_PYTHON, run for real."""
+def _kernel_for_glibc_2_31(tmp_path, monkeypatch):
+    """An x86-64 module linked by zig against glibc 2.17 ($CC), so that Debian 11 loads it."""
+    if not zig_installed():
+        pytest.skip("needs the cross extra (pip install 'kernelrpc[cross]': ziglang)")
+    monkeypatch.setenv("CC", f"{sys.executable} -m ziglang cc -target x86_64-linux-gnu.2.17")
+    n = 1000
+    A = te.placeholder((n,), name="A")
+    B = te.compute((n,), lambda i: A[i] * 2.0 + 1.0, name="B")
+    s = te.create_schedule(B.op)
+    outer, inner = s[B].split(B.op.axis[0], factor=8)
+    s[B].parallel(outer)
+    s[B].vectorize(inner)
+    return kernelrpc.build(s, [A, B], target="llvm", name="twice").export_library(tmp_path / "twice.so")
+
+
+def test_bundle_runs_on_the_oldest_supported_python(tmp_path, monkeypatch):
+    """Python 3.9 (Debian 11, Raspberry Pi OS "bullseye"): bundle.MIN_PYTHON, run for real,
+    with a parallel kernel, the timer and the cache flush."""
     if shutil.which(BULLSEYE_AMD64.qemu) is None:
         pytest.skip(rootfs.QEMU_PACKAGE_HINT)
     assert bundle.MIN_PYTHON == (3, 9)
+    kernel = _kernel_for_glibc_2_31(tmp_path, monkeypatch)
     root = rootfs.prepare(BULLSEYE_AMD64)
     pyz = bundle.build_bundle(tmp_path / "kernelrpc-device.pyz")
     argv, env = emulate.server_command(root, ["--port", "0"], bundle=pyz)
@@ -122,6 +141,14 @@ def test_bundle_runs_on_the_oldest_supported_python(tmp_path):
             with pytest.raises(RemoteError, match="no global function"):
                 remote.get_function("no.such")
             assert remote.get_function("testing.echo")("ok") == "ok"
+            remote.upload(kernel)
+            twice = remote.load_module(kernel.name)
+            x, y = remote.array(np.arange(1000, dtype="float32")), remote.empty((1000,), "float32")
+            twice["twice"](x, y)
+            np.testing.assert_array_equal(y.numpy(), np.arange(1000, dtype="float32") * 2 + 1)
+            timing = twice.time_evaluator("twice", remote.cpu(0), number=2, repeat=2,
+                                          f_preproc="cache_flush_cpu_non_first_arg")(x, y)
+            assert timing.repeat == 2 and timing.mean > 0
     finally:
         proc.terminate()
         assert proc.wait(30) == 0

@@ -179,7 +179,8 @@ class TrackerRegistration:
         self._decoder = FrameDecoder()
         self._expect = []
         self.matchkey = self._fresh_matchkey()
-        self._send([TrackerCode.UPDATE_INFO, self._info("active" if self._busy else "idle")], "info", now)
+        self._send([TrackerCode.UPDATE_INFO, self._info("active" if self._busy else "idle", with_device=True)],
+                   "info", now)
         if not self._busy:
             self._offer(now)
         if self._echo[4:]:
@@ -226,9 +227,11 @@ class TrackerRegistration:
 
     # -- messages -------------------------------------------------------------------------
 
-    def _info(self, session: str) -> dict:
-        return {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session,
-                "device": self.device}
+    def _info(self, session: str, *, with_device: bool = False) -> dict:
+        info = {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session}
+        if with_device:        # once per connection: trackers merge later updates into it
+            info["device"] = self.device
+        return info
 
     def _offer_idle(self, now: float) -> None:
         self._send([TrackerCode.UPDATE_INFO, self._info("idle")], "info", now)

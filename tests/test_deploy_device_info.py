@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,17 @@ def test_server_reports_its_device_to_the_tracker_and_the_session(start_service)
     with rpc.connect_tracker("127.0.0.1", tracker.port).request("host", session_timeout=30) as remote:
         assert remote.target() == device_info.describe()["target"]
         assert remote.device_info()["machine"] == entry["device"]["machine"]
+    server.wait_for_line("session from .* finished")
+    deadline = time.monotonic() + 30
+    while _server_info(tracker.port).get("session") != "idle" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = _server_info(tracker.port)       # later UPDATE_INFOs carry no "device": it stays
+    assert after["session"] == "idle" and after["device"] == entry["device"]
+
+
+def _server_info(port: int) -> dict:
+    from kernelrpc.rpc.tracker_client import connect_tracker
+
+    with connect_tracker("127.0.0.1", port) as session:
+        (entry,) = session.summary()["server_info"]
+    return entry

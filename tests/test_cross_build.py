@@ -15,11 +15,14 @@ import pytest
 import kernelrpc
 from kernelrpc import te
 from kernelrpc.compiler import recipes
+from kernelrpc.deploy import toolchain
 from kernelrpc.runtime import compat
 
 import cross_rootfs
 
-pytestmark = pytest.mark.cross
+pytestmark = [pytest.mark.cross,
+              pytest.mark.skipif(not toolchain.zig_installed(),
+                                 reason="needs the cross extra: pip install 'kernelrpc[cross]'")]
 
 #: name -> (board, target, emulated CPU or None for the board's default)
 TARGETS = {

@@ -26,6 +26,9 @@ from kernelrpc.errors import ModuleError
 from kernelrpc.runtime import compat, load_module
 
 ARM_NO_NEON = "llvm -mtriple=armv7-linux-gnueabihf -mattr=+vfp3d16,-neon"
+#: Tests that link for another architecture with zig (the cross extra).
+needs_zig = pytest.mark.skipif(not toolchain.zig_installed(),
+                               reason="needs the cross extra: pip install 'kernelrpc[cross]'")
 
 
 def _double(n=64, vector=True, parallel=False):
@@ -151,6 +154,7 @@ def test_host_target_links_with_the_host_cc():
     (ARM_NO_NEON, "arm-linux-gnueabihf.2.17", "2.17"),
     ("llvm -mtriple=riscv64-linux-gnu", "riscv64-linux-gnu.2.27", "2.27"),
 ])
+@needs_zig
 def test_cross_targets_link_with_zig_pinned_to_an_old_glibc(text, zig_target, floor,
                                                             monkeypatch):
     monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)   # no cross gcc here
@@ -160,6 +164,7 @@ def test_cross_targets_link_with_zig_pinned_to_an_old_glibc(text, zig_target, fl
 
 
 @pytest.mark.cross
+@needs_zig
 def test_the_arm_runtime_is_compiled_for_the_triples_baseline(monkeypatch):
     monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
     v6 = find_toolchain(Target("llvm -mtriple=armv6-linux-gnueabihf"))
@@ -236,6 +241,7 @@ def test_tvm_create_shared_as_fcompile(tmp_path):
 
 @pytest.mark.cross
 @pytest.mark.tvm
+@needs_zig
 def test_tvm_cross_compiler_compiles_the_runtime_source(tmp_path, monkeypatch):
     """With no kernelrpc toolchain, TVM's ``cross_compiler`` gets module_runtime.c and
     compiles it for the target itself; the result is a complete aarch64 module."""
@@ -260,6 +266,7 @@ def test_tvm_cross_compiler_compiles_the_runtime_source(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------- load-time checks
 
 @pytest.mark.cross
+@needs_zig
 def test_load_module_refuses_a_module_for_another_architecture(tmp_path):
     s, args = _double()
     for text, arch in (("llvm -mtriple=aarch64-linux-gnu", "aarch64"),
@@ -320,6 +327,7 @@ def test_elf_reader_survives_truncated_and_hostile_headers(tmp_path):
 
 
 @pytest.mark.cross
+@needs_zig
 def test_a_device_server_refuses_a_module_for_another_board(start_service, tmp_path):
     """Uploaded to this (x86-64) server, an aarch64 module fails at load with the typed
     error's message instead of "cannot open shared object file", and the session goes on."""

@@ -210,7 +210,7 @@ def _dict_options(doc: dict) -> tuple[dict, str]:
     """TVM's dict form (``{"kind": "llvm", "mtriple": ..., "mattr": ["+neon"], ...}``) as
     string options. ``feature.*`` entries are TVM's own derived facts and ``host`` is
     given to ``Target(..., host=)`` separately."""
-    text = json.dumps(doc, default=list)
+    text = json.dumps(doc, default=str)
     if doc.get("kind") != "llvm":
         raise TargetError(f"target {text} must have kind 'llvm' (CPU code through LLVM)")
     options: dict[str, str] = {}
@@ -251,7 +251,7 @@ def _from_options(options: dict, text: str) -> dict:
     for key, value in labels:
         if key in _IGNORED:
             warnings.warn(f"target option -{key}={value} is recorded but ignored: "
-                          f"{_IGNORED[key]}", TargetOptionIgnored, stacklevel=3)
+                          f"{_IGNORED[key]}", TargetOptionIgnored, stacklevel=4)
     return {"triple": triple, "cpu": cpu, "features": features, "abi": abi,
             "mattr_given": "mattr" in options, "opt_level": _opt_level(options, text),
             "labels": labels, "host_string": ""}

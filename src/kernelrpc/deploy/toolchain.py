@@ -46,11 +46,6 @@ GLIBC_FLOORS = {"aarch64": "2.17", "arm": "2.17", "riscv64": "2.27", "x86_64": "
 #: GNU cross toolchain prefixes (Debian's gcc-<prefix> packages) and zig's names.
 _GNU_PREFIX = {"aarch64": "aarch64-linux-gnu", "arm": "arm-linux-gnueabihf",
                "riscv64": "riscv64-linux-gnu", "x86_64": "x86_64-linux-gnu"}
-#: The runtime is compiled for each architecture's baseline, not for the kernels' CPU:
-#: it must run wherever the kernels do (armv7: VFPv3-D16 and no NEON, as Debian's armhf;
-#: armv6: the Raspberry Pi 1/Zero's ARM1176, as Raspberry Pi OS's armhf).
-_ZIG_ARM_RUNTIME_CPU = {"armv6": "-mcpu=arm1176jzf_s"}
-_ZIG_ARM_V7_RUNTIME_CPU = "-mcpu=generic+v7a+vfp3d16-neon"
 #: zig links all of compiler_rt (with debug info) when it gets objects; dropping unused
 #: sections and symbols takes an armv7 module from ~220 KB to ~9 KB.
 _ZIG_LINK_FLAGS = ("-s", "-Wl,--gc-sections")
@@ -158,19 +153,26 @@ def find_toolchain(target) -> Toolchain:
         raise ToolchainError(f"no linker for {target.triple}: "
                              + _INSTALL_HINT.format(prefix=prefix))
     floor = GLIBC_FLOORS[family]
-    zig_arch = "arm" if family == "arm" else family
     abi = "gnueabihf" if family == "arm" else "gnu"
-    arch = target.triple.split("-", 1)[0]
-    runtime_cpu = None if family != "arm" else next(
-        (flag for prefix, flag in _ZIG_ARM_RUNTIME_CPU.items() if arch.startswith(prefix)),
-        _ZIG_ARM_V7_RUNTIME_CPU)
     # The link gets the baseline CPU too: zig builds compiler_rt (memcpy, __aeabi_*) for the
     # CPU it links for, by default one with NEON, which traps on VFPv3-D16 boards.
-    cpu = (runtime_cpu,) if runtime_cpu else ()
+    cpu = _zig_baseline_cpu(target.triple)
     return Toolchain("zig cc", (sys.executable, "-m", "ziglang", "cc", "-target",
-                                f"{zig_arch}-linux-{abi}.{floor}"),
+                                f"{family}-linux-{abi}.{floor}"),
                      runtime_flags=cpu, link_flags=(*_ZIG_LINK_FLAGS, *cpu),
                      libc=f"glibc>={floor}")
+
+
+def _zig_baseline_cpu(triple: str) -> tuple[str, ...]:
+    """zig's CPU option for code that runs on every board of the triple: the runtime is built
+    for the architecture's baseline, not for the kernels' CPU (armv7: VFPv3-D16 without NEON,
+    as Debian's armhf; armv6: the Raspberry Pi 1/Zero's ARM1176). Elsewhere zig's default
+    (ARMv8-A, RV64GC) is that baseline."""
+    arch = triple.split("-", 1)[0]
+    if not arch.startswith(("arm", "thumb")):
+        return ()
+    return ("-mcpu=arm1176jzf_s",) if arch.startswith("armv6") else (
+        "-mcpu=generic+v7a+vfp3d16-neon",)
 
 
 def zig_installed() -> bool:

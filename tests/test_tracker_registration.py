@@ -7,6 +7,7 @@ import time
 import pytest
 
 from kernelrpc.rpc.tracker_client import connect_tracker
+from kernelrpc.runtime import device_info
 from kernelrpc.server.registration import TrackerRegistration
 
 
@@ -61,7 +62,8 @@ def test_registers_and_cycles_match_keys(tracker, registration, caplog):
     drive(reg, lambda: reg.registered)
     assert f"registered key board at tracker 127.0.0.1:{tracker.port}, advertised 127.0.0.1:9999" in caplog.text
     info = summary(tracker)
-    assert info["server_info"] == [{"key": "server:board", "addr": ["127.0.0.1", 9999], "session": "idle"}]
+    assert info["server_info"] == [{"key": "server:board", "addr": ["127.0.0.1", 9999], "session": "idle",
+                                    "device": device_info.describe()}]
     assert info["queue_info"]["board"] == {"free": 1, "pending": 0}
     with connect_tracker(*tracker.address) as session:
         first = session.request_address("board", timeout=5)

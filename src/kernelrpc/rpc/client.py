@@ -341,6 +341,15 @@ class RPCSession:
         (names,) = self._request(P.LIST_GLOBALS)
         return names
 
+    def device_info(self) -> dict:
+        """What the device is: architecture, CPU model and features, the target to build for it."""
+        return json.loads(self.get_function("runtime.device_info")())
+
+    def target(self) -> str:
+        """The target string to build kernels for this device, e.g.
+        ``"llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72 -mattr=+neon,+crc"``."""
+        return self.device_info()["target"]
+
     def upload(self, data, target: str | None = None) -> None:
         """Upload bytes, or the file at a host path, to ``target`` in the session's workspace."""
         if isinstance(data, (str, os.PathLike)):

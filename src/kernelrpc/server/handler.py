@@ -162,7 +162,8 @@ class SessionHandler:
         """The ERROR frame for a failed request, after dropping any raw bytes that followed it."""
         if op in P.OPS_WITH_RAW_INPUT and not getattr(exc, "raw_consumed", False):
             self._skip_raw_input(args)
-        return P.encode_error(type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
+        trace = traceback.format_exception(type(exc), exc, exc.__traceback__)  # Python 3.9's form
+        return P.encode_error(type(exc).__name__, str(exc), "".join(trace))
 
     def _skip_raw_input(self, args: list) -> None:
         nbytes = args[-1] if args and type(args[-1]) is int else -1

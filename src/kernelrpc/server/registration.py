@@ -18,7 +18,9 @@ tracker as well as ours:
 
 Our UPDATE_INFO also carries ``"session": "idle" | "active"``; kernelrpc's tracker
 uses it to withdraw a busy server and to expire leases whose client never came
-(TVM's tracker just lists it in SUMMARY).
+(TVM's tracker just lists it in SUMMARY). ``"device"`` describes the board
+(:func:`kernelrpc.runtime.device_info.describe`: architecture, CPU, the target string
+to build for it); trackers list it in SUMMARY's ``server_info``.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import socket
 import time
 
 from ..errors import ProtocolError
+from ..runtime import device_info
 from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ class TrackerRegistration:
         self._last_warning = -1e9
         self._closed = False
         self._last_tick = 0.0
+        self.device = device_info.describe()
 
     @property
     def where(self) -> str:
@@ -175,7 +179,8 @@ class TrackerRegistration:
         self._decoder = FrameDecoder()
         self._expect = []
         self.matchkey = self._fresh_matchkey()
-        self._send([TrackerCode.UPDATE_INFO, self._info("active" if self._busy else "idle")], "info", now)
+        self._send([TrackerCode.UPDATE_INFO, self._info("active" if self._busy else "idle", with_device=True)],
+                   "info", now)
         if not self._busy:
             self._offer(now)
         if self._echo[4:]:
@@ -222,8 +227,11 @@ class TrackerRegistration:
 
     # -- messages -------------------------------------------------------------------------
 
-    def _info(self, session: str) -> dict:
-        return {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session}
+    def _info(self, session: str, *, with_device: bool = False) -> dict:
+        info = {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session}
+        if with_device:        # once per connection: trackers merge later updates into it
+            info["device"] = self.device
+        return info
 
     def _offer_idle(self, now: float) -> None:
         self._send([TrackerCode.UPDATE_INFO, self._info("idle")], "info", now)

@@ -8,7 +8,7 @@ import time
 from typing import Callable
 
 from .. import runtime
-from ..runtime import threads
+from ..runtime import device_info, threads
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -53,6 +53,13 @@ def _system_info():
     """JSON text describing the device: machine, system, CPU count, Python version."""
     return json.dumps({"machine": platform.machine(), "system": platform.system(),
                        "cpus": os.cpu_count(), "python": platform.python_version()})
+
+
+@register("runtime.device_info")
+def _device_info():
+    """JSON text of :func:`kernelrpc.runtime.device_info.describe`; its ``target`` is the string
+    to build kernels for this device (the client's ``remote.target()``)."""
+    return json.dumps(device_info.describe())
 
 
 @register("runtime.module_set_num_threads")

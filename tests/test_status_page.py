@@ -1,6 +1,7 @@
 """The tracker's --web-port: /api/status, /metrics, and the live page in a real headless Chromium."""
 import json
 import os
+import platform
 import shutil
 import socket
 import threading
@@ -38,7 +39,7 @@ def register_raw(tracker, key: str, arch: str) -> socket.socket:
     sock.sendall(MAGIC_BYTES)
     assert sock.recv(4) == MAGIC_BYTES
     sock.sendall(encode_frame([TrackerCode.UPDATE_INFO, {"key": f"server:{key}", "addr": [None, 9],
-                                                         "arch": arch}]))
+                                                         "device": {"machine": arch}}]))
     sock.recv(64)
     return sock
 
@@ -131,6 +132,7 @@ def test_page_shows_servers_and_queued_requests_live(start_service, tmp_path):
         server = start_server(start_service, tracker)              # registers after the page opened
         wait.until(lambda _: f":{server.port}" in text("servers"))
         assert "board" in text("servers") and "free" in text("servers")
+        wait.until(lambda _: platform.machine() in text("servers"))   # from the server's own report
         odd = register_raw(tracker, "<i>odd</i>", "aarch64")      # shown as text, never as markup
         wait.until(lambda _: "aarch64" in text("servers"))
         assert "<i>odd</i>" in text("servers")

@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 EXTRA = "web"
 MAX_ROWS = 500
 """Rows per table in /api/status (servers, waiting requests, sessions)."""
-ARCH_FIELDS = ("arch", "machine", "target")
-"""Fields of a server's UPDATE_INFO that name its architecture, if it sends one."""
+ARCH_FIELDS = ("machine", "arch")
+"""Fields of the ``"device"`` record in a server's UPDATE_INFO that name its architecture."""
 
 
 def require_web_extra() -> None:
@@ -65,7 +65,8 @@ def status(service) -> dict:
             state, holder = "free", ""
         else:
             state, holder = ("in session" if info.get("session") == "active" else "busy"), ""
-        arch = next((str(info[f]) for f in ARCH_FIELDS if isinstance(info.get(f), (str, int))), "")
+        device = info.get("device") if isinstance(info.get("device"), dict) else {}
+        arch = next((str(device[f]) for f in ARCH_FIELDS if isinstance(device.get(f), (str, int))), "")
         servers.append({"key": _server_key(info), "address": address, "state": state, "held_by": holder,
                         "arch": arch[:100], "connection": conn.name})
     servers.sort(key=lambda s: (s["key"], s["address"]))

@@ -11,7 +11,9 @@ flags).  The loop (TVM section 4.3):
 
 A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server``):
 reconnect at once.  Refused or lost connections (the proxy restarts) are retried with
-exponential backoff, forever; TVM's server gives up after five failures.  TCP
+exponential backoff, forever; TVM's server gives up after five failures.  A peer that
+is not a proxy is not retried: :class:`NotAProxy` says what answered instead (a device
+server answers MISMATCH to a ``server:`` key at once; other services send no RPC magic).  TCP
 keepalive notices a proxy that vanished without closing and keeps NAT mappings open
 while the device waits.
 """
@@ -33,7 +35,12 @@ CONNECT_TIMEOUT = 10.0
 MIN_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
 QUICK_REFUSAL = 1.0
-"""A MISMATCH sooner than this is a refusal of our key (retry with backoff), not a timeout."""
+"""A MISMATCH sooner than this is no proxy timeout: the peer is a device server, or a proxy
+that refuses our key; either way retrying cannot help."""
+
+
+class NotAProxy(HandshakeError):
+    """The address given as the proxy's answers as something else; retrying cannot help."""
 
 
 def _enable_keepalive(sock: socket.socket, idle: int = 30, interval: int = 10, count: int = 3) -> None:
@@ -78,10 +85,16 @@ class ProxyLink:
                                f"{self.config.key}", flush=True)
                 self._announced = True
             waiting_since = time.monotonic()
-            reply, initial = wait_for_pairing(sock)
+            try:
+                reply, initial = wait_for_pairing(sock)
+            except ProtocolError as exc:
+                raise NotAProxy(f"{where} is not a proxy: {exc}") from None
             if reply.code == H.RPC_CODE_MISMATCH:
                 if time.monotonic() - waiting_since < QUICK_REFUSAL:
-                    raise HandshakeError(f"proxy {where} refused key {self.config.key!r} at once (MISMATCH)")
+                    raise NotAProxy(
+                        f"{where} answered MISMATCH at once to 'server:{self.config.key}': it is a device "
+                        f"server, not a proxy (is the proxy listening on another port?), or a proxy "
+                        f"that refuses this key")
                 log.info("proxy %s ended the wait (no client within its timeout); reconnecting", where)
                 return False
             reply.raise_for_code(f"proxy {where}")
@@ -115,6 +128,8 @@ def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = Non
             link.serve_one()
             backoff = MIN_BACKOFF
             continue
+        except NotAProxy:
+            raise
         except (OSError, RPCError) as exc:
             if isinstance(exc, (HandshakeError, ProtocolError)):
                 log.error("proxy %s:%d refused us: %s", *link.proxy, exc)

@@ -18,7 +18,8 @@ tracker as well as ours:
 
 Our UPDATE_INFO also carries ``"session": "idle" | "active"``; kernelrpc's tracker
 uses it to withdraw a busy server and to expire leases whose client never came
-(TVM's tracker just lists it in SUMMARY).
+(TVM's tracker just lists it in SUMMARY).  Its ``"protocol"`` names our session
+protocol, so that kernelrpc's tracker hands this server only to kernelrpc clients.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import socket
 import time
 
 from ..errors import ProtocolError
+from ..rpc.protocol import VERSION_STRING
 from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -223,7 +225,8 @@ class TrackerRegistration:
     # -- messages -------------------------------------------------------------------------
 
     def _info(self, session: str) -> dict:
-        return {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session}
+        return {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session,
+                "protocol": VERSION_STRING}
 
     def _offer_idle(self, now: float) -> None:
         self._send([TrackerCode.UPDATE_INFO, self._info("idle")], "info", now)

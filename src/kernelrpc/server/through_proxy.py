@@ -3,7 +3,8 @@
 ``python -m kernelrpc.server --through-proxy --host PROXY --port PORT --key KEY`` (TVM's
 flags).  The loop (TVM section 4.3):
 
-1. connect to the proxy and send the preamble with ``server:KEY``;
+1. connect to the proxy and send the preamble with ``server:KEY -protocol=kernelrpc/1``
+   (TVM's proxy takes the first word; ours tells its tracker which clients may have us);
 2. wait until the proxy pairs us: it answers SUCCESS and the client's full key, whose
    ``-timeout=`` option limits the session;
 3. serve the session in a child process, exactly as for a direct connection;
@@ -26,6 +27,7 @@ import time
 
 from ..errors import HandshakeError, ProtocolError, RPCError
 from ..rpc import handshake as H
+from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from .session import start_session
 
@@ -37,6 +39,10 @@ MAX_BACKOFF = 30.0
 QUICK_REFUSAL = 1.0
 """A MISMATCH sooner than this is no proxy timeout: the peer is a device server, or a proxy
 that refuses our key; either way retrying cannot help."""
+
+
+SILENT_CLOSES = 3
+"""Connections in a row closed at once without a word: a tracker, or another non-proxy."""
 
 
 class NotAProxy(HandshakeError):
@@ -70,6 +76,7 @@ class ProxyLink:
         self.proxy = (config.host, config.port)
         self._announce = announce
         self._announced = False
+        self._silent_closes = 0
 
     def serve_one(self) -> bool:
         """Wait for one client and serve it. False when the proxy ended the wait (MISMATCH)."""
@@ -77,7 +84,7 @@ class ProxyLink:
         sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
         try:
             _enable_keepalive(sock)
-            sock.sendall(H.encode_preamble(H.make_key("server", self.config.key)))
+            sock.sendall(H.encode_preamble(f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"))
             sock.settimeout(None)
             log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)
             if not self._announced:
@@ -89,6 +96,14 @@ class ProxyLink:
                 reply, initial = wait_for_pairing(sock)
             except ProtocolError as exc:
                 raise NotAProxy(f"{where} is not a proxy: {exc}") from None
+            except ConnectionError:
+                quick = time.monotonic() - waiting_since < QUICK_REFUSAL
+                self._silent_closes = self._silent_closes + 1 if quick else 0
+                if self._silent_closes >= SILENT_CLOSES:
+                    raise NotAProxy(f"{where} closed {SILENT_CLOSES} connections in a row without answering "
+                                    f"'server:{self.config.key}': it is not a proxy (a tracker?)") from None
+                raise
+            self._silent_closes = 0
             if reply.code == H.RPC_CODE_MISMATCH:
                 if time.monotonic() - waiting_since < QUICK_REFUSAL:
                     raise NotAProxy(

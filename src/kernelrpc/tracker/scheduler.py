@@ -23,7 +23,10 @@ What this adds to TVM's ``PriorityScheduler`` (``tvm-rpc-protocol.md`` 2.5):
 * a server that reports a running session has its free slots withdrawn until it
   offers a new one, so a busy server is never handed out;
 * queue wait (request to match) and session time (match to the server's next
-  offer) are measured separately.
+  offer) are measured separately;
+* a request is matched only with a slot of the same session ``protocol`` (kernelrpc's
+  peers mark themselves, TVM's send nothing, ``""``), so TVM and kernelrpc clients can
+  share a tracker and a key without being handed a server they cannot talk to.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ import itertools
 from typing import Hashable
 
 Peer = Hashable
+UNMARKED = "tvm"
+"""How summaries name the protocol of peers that do not mark theirs: TVM's."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -46,6 +51,7 @@ class Slot:
     port: object  # int, or a numeric string from TVM's C++ server; echoed back unchanged
     matchkey: str
     offered_at: float
+    protocol: str = ""
 
     @property
     def address(self) -> list:
@@ -60,6 +66,7 @@ class Request:
     seq: int
     requested_at: float
     cancelled: bool = False
+    protocol: str = ""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -94,6 +101,11 @@ class KeyStats:
     sessions: int = 0
     session_total: float = 0.0
     expired_leases: int = 0
+
+    def __add__(self, other: KeyStats) -> KeyStats:
+        total = KeyStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        total.queue_wait_max = max(self.queue_wait_max, other.queue_wait_max)
+        return total
 
     def to_dict(self) -> dict:
         return {
@@ -136,7 +148,7 @@ class Scheduler:
         self.lease_timeout = lease_timeout
         self.max_keys = max_keys
         self.max_leases_per_server = max_leases_per_server
-        self._queues: dict[str, _Queue] = {}
+        self._queues: dict[tuple[str, str], _Queue] = {}   # (key, protocol) -> queue
         self._seq = itertools.count()
         self._slots_of: dict[Peer, dict[str, Slot]] = {}      # server -> matchkey -> free slot
         self._requests_of: dict[Peer, list[Request]] = {}     # client -> its waiting requests
@@ -145,12 +157,12 @@ class Scheduler:
 
     # -- queues ---------------------------------------------------------------------------
 
-    def _queue(self, key: str) -> _Queue:
-        queue = self._queues.get(key)
+    def _queue(self, key: str, protocol: str) -> _Queue:
+        queue = self._queues.get((key, protocol))
         if queue is None:
             if len(self._queues) >= self.max_keys:
                 self._forget_idle_queues()
-            queue = self._queues[key] = _Queue()
+            queue = self._queues[(key, protocol)] = _Queue()
         return queue
 
     def _forget_idle_queues(self) -> None:
@@ -211,7 +223,7 @@ class Scheduler:
             if port is not None and lease.slot.port != port:
                 keep.append(lease)
                 continue
-            stats = self._queue(lease.slot.key).stats
+            stats = self._queue(lease.slot.key, lease.slot.protocol).stats
             stats.sessions += 1
             stats.session_total += now - lease.granted_at
         if keep:
@@ -221,19 +233,20 @@ class Scheduler:
 
     # -- events ---------------------------------------------------------------------------
 
-    def put(self, server: Peer, key: str, host: str, port, matchkey: str, now: float) -> list[Match]:
+    def put(self, server: Peer, key: str, host: str, port, matchkey: str, now: float,
+            protocol: str = "") -> list[Match]:
         """A server offers a session.  Offering a port again ends the leases on that port."""
         if server in self._leases_of:
             self._end_leases(server, now, port)
         if matchkey in self._slots_of.get(server, ()):     # the same offer twice: keep the first
             return []
-        slot = Slot(server, key, host, port, matchkey, now)
+        slot = Slot(server, key, host, port, matchkey, now, protocol)
         self._offer(slot)
-        return self._schedule(self._queues[key], now)
+        return self._schedule(self._queues[(key, protocol)], now)
 
-    def request(self, client: Peer, key: str, priority: int, now: float) -> list[Match]:
-        queue = self._queue(key)
-        request = Request(client, key, priority, next(self._seq), now)
+    def request(self, client: Peer, key: str, priority: int, now: float, protocol: str = "") -> list[Match]:
+        queue = self._queue(key, protocol)
+        request = Request(client, key, priority, next(self._seq), now, protocol=protocol)
         if queue.free and not queue.live_requests:     # nobody waits ahead of it: served at once
             _, slot = queue.free.popitem(last=False)
             return [self._grant(queue, slot, request, now)]
@@ -253,7 +266,7 @@ class Scheduler:
             return []
         if not leases:
             del self._leases_of[match.slot.server]
-        queue = self._queue(match.slot.key)
+        queue = self._queue(match.slot.key, match.slot.protocol)
         queue.stats.matches -= 1
         queue.stats.queue_wait_total -= lease.queue_wait
         self._offer(match.slot, front=True)
@@ -261,7 +274,7 @@ class Scheduler:
 
     def _offer(self, slot: Slot, front: bool = False) -> None:
         self._slots_of.setdefault(slot.server, {})[slot.matchkey] = slot
-        free = self._queue(slot.key).free
+        free = self._queue(slot.key, slot.protocol).free
         free[id(slot)] = slot
         if front:
             free.move_to_end(id(slot), last=False)
@@ -290,7 +303,7 @@ class Scheduler:
             self._withdraw(slot)
 
     def _withdraw(self, slot: Slot) -> None:
-        queue = self._queues.get(slot.key)
+        queue = self._queues.get((slot.key, slot.protocol))
         if queue is not None:
             queue.free.pop(id(slot), None)
         self._discard_free(slot)
@@ -299,7 +312,7 @@ class Scheduler:
         """The client's connection closed: its waiting requests leave their queues now."""
         for request in self._requests_of.pop(client, ()):
             request.cancelled = True
-            queue = self._queues[request.key]
+            queue = self._queues[(request.key, request.protocol)]
             queue.live_requests -= 1
             if len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
                 queue.waiting = [item for item in queue.waiting if not item[2].cancelled]
@@ -323,10 +336,10 @@ class Scheduler:
             for lease in [x for x in leases if x.expires_at is not None and x.expires_at <= now]:
                 leases.remove(lease)
                 slot = lease.slot
-                queue = self._queue(slot.key)
+                queue = self._queue(slot.key, slot.protocol)
                 queue.stats.expired_leases += 1
-                self._offer(Slot(server, slot.key, slot.host, slot.port, slot.matchkey, now))
-                touched[slot.key] = queue
+                self._offer(Slot(server, slot.key, slot.host, slot.port, slot.matchkey, now, slot.protocol))
+                touched[(slot.key, slot.protocol)] = queue
             if not leases:
                 del self._leases_of[server]
         matches = []
@@ -343,12 +356,25 @@ class Scheduler:
 
     def queue_info(self) -> dict:
         """TVM's ``queue_info``: every key seen, with its free slots and waiting requests."""
-        return {key: {"free": len(q.free), "pending": q.live_requests} for key, q in self._queues.items()}
+        info: dict[str, dict] = {}
+        for (key, _), q in self._queues.items():
+            entry = info.setdefault(key, {"free": 0, "pending": 0})
+            entry["free"] += len(q.free)
+            entry["pending"] += q.live_requests
+        return info
+
+    def protocol_info(self) -> dict:
+        """The same counts per key and session protocol: who can be served by whom."""
+        info: dict[str, dict] = {}
+        for (key, protocol), q in self._queues.items():
+            info.setdefault(key, {})[protocol or UNMARKED] = {"free": len(q.free), "pending": q.live_requests}
+        return info
 
     def lease_info(self, now: float, describe=lambda peer: None) -> list[dict]:
         """Open leases, oldest first, without match keys (they are the servers' secrets)."""
         leases = sorted((x for ls in self._leases_of.values() for x in ls), key=lambda x: x.granted_at)
-        return [{"key": x.slot.key, "server": [x.slot.host, x.slot.port], "client": describe(x.request.client),
+        return [{"key": x.slot.key, "protocol": x.slot.protocol or UNMARKED,
+                 "server": [x.slot.host, x.slot.port], "client": describe(x.request.client),
                  "priority": x.request.priority, "state": "session" if x.in_session else "leased",
                  "age": round(now - x.granted_at, 6), "queue_wait": round(x.queue_wait, 6)}
                 for x in leases]
@@ -356,11 +382,16 @@ class Scheduler:
     def wait_info(self, now: float, describe=lambda peer: None) -> list[dict]:
         """Waiting requests in the order they will be served, per key."""
         out = []
-        for key, queue in sorted(self._queues.items()):
+        for (key, protocol), queue in sorted(self._queues.items()):
             live = sorted((item for item in queue.waiting if not item[2].cancelled))
-            out += [{"key": key, "client": describe(r.client), "priority": r.priority,
+            out += [{"key": key, "protocol": protocol or UNMARKED, "client": describe(r.client), "priority": r.priority,
                      "waited": round(now - r.requested_at, 6)} for _, _, r in live]
         return out
 
     def key_stats(self) -> dict:
-        return {key: q.stats.to_dict() for key, q in self._queues.items() if q.stats.matches}
+        """Per device key, all session protocols together."""
+        total: dict[str, KeyStats] = {}
+        for (key, _), q in self._queues.items():
+            if q.stats.matches:
+                total[key] = total[key] + q.stats if key in total else q.stats
+        return {key: stats.to_dict() for key, stats in total.items()}

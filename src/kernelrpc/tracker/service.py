@@ -189,13 +189,14 @@ class TrackerService:
     def _on_request(self, conn: TrackerConnection, cmd: messages.Request) -> None:
         if self.scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
             raise ProtocolError(f"more than {MAX_REQUESTS_PER_CONNECTION} waiting requests on one connection")
-        self._deliver(self.scheduler.request(conn, cmd.key, cmd.priority, self._clock()))
+        self._deliver(self.scheduler.request(conn, cmd.key, cmd.priority, self._clock(), protocol=cmd.user))
 
     def _on_put(self, conn: TrackerConnection, cmd: messages.Put) -> None:
         if self.scheduler.free_count(conn) >= MAX_SLOTS_PER_CONNECTION:
             raise ProtocolError(f"more than {MAX_SLOTS_PER_CONNECTION} free slots on one connection")
         host = cmd.custom_addr if cmd.custom_addr is not None else conn.host
-        matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, self._clock())
+        matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, self._clock(),
+                                     protocol=conn.info.get("protocol", ""))
         conn.write(OK_FRAME)
         self._deliver(matches)
 
@@ -250,10 +251,12 @@ class TrackerService:
             log.info("server %s at %s:%s left", conn.info["key"], *conn.info["addr"])
 
     def summary(self, now: float) -> dict:
-        """TVM's SUMMARY payload, plus leases, waiting requests and per-key statistics."""
+        """TVM's SUMMARY payload, plus free/pending per session protocol, leases, waiting
+        requests and per-key statistics."""
         describe = operator.attrgetter("name")
         return {
             "queue_info": self.scheduler.queue_info(),
+            "protocols": self.scheduler.protocol_info(),
             "server_info": [conn.info for conn in self.connections if conn.is_server],
             "leases": self.scheduler.lease_info(now, describe)[:MAX_SUMMARY_ROWS],
             "waiting": self.scheduler.wait_info(now, describe)[:MAX_SUMMARY_ROWS],

@@ -203,23 +203,22 @@ class TrackerSession:
 
     def _warn_if_unknown(self, key: str) -> None:
         info = self.summary()
-        if "protocols" in info:                # kernelrpc's tracker: free slots per session protocol
-            free = info["protocols"].get(key, {}).get(VERSION_STRING, {}).get("free", 0)
-        else:
-            free = info.get("queue_info", {}).get(key, {}).get("free", 0)
-        if free:
-            return
         servers = [item for item in info.get("server_info", []) if key in served_keys(item)]
         if not servers:
-            known = sorted(count_servers(info))
-            log.warning("no server with key %r is registered at tracker %s (keys with servers: %s); "
-                        "the request waits until one registers", key, self.where, ", ".join(known) or "none")
-            return
-        direct = [item for item in servers if not _is_proxy(item)]
-        if direct and not any(item.get("protocol") == VERSION_STRING for item in direct):
-            log.warning("the servers with key %r at tracker %s are not kernelrpc servers (%s); the request "
-                        "waits for a kernelrpc server. Give TVM's and kernelrpc's servers different keys",
-                        key, self.where, ", ".join(sorted({str(item.get("protocol", "TVM's")) for item in direct})))
+            if "protocols" in info:            # kernelrpc's tracker: free slots per session protocol
+                free = info["protocols"].get(key, {}).get(VERSION_STRING, {}).get("free", 0)
+            else:
+                free = info.get("queue_info", {}).get(key, {}).get("free", 0)
+            if not free:
+                log.warning("no server with key %r is registered at tracker %s (keys with servers: %s); "
+                            "the request waits until one registers", key, self.where,
+                            ", ".join(sorted(count_servers(info))) or "none")
+        elif not any(_is_proxy(item) or item.get("protocol") == VERSION_STRING for item in servers):
+            log.warning("the servers with key %r at tracker %s are not kernelrpc servers (%s); %s. Give "
+                        "TVM's and kernelrpc's servers different keys", key, self.where,
+                        ", ".join(sorted({str(item.get("protocol", "TVM's")) for item in servers})),
+                        "the request waits for a kernelrpc server" if "protocols" in info else
+                        "this tracker cannot tell them apart and may hand one out")
 
 
 def _raise_for_failure(reply, where: str) -> None:

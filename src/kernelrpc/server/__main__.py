@@ -1,6 +1,7 @@
 """``python -m kernelrpc.server``: serve sessions on a port, one child process per session."""
 from __future__ import annotations
 
+import argparse
 import ctypes
 import logging
 import os
@@ -15,13 +16,14 @@ from .listener import Server
 log = logging.getLogger("kernelrpc.server")
 
 
-def parse_args(argv=None) -> tuple[ServerConfig, object]:
+def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
     parser = cli.parser("python -m kernelrpc.server", __doc__)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for every interface")
     parser.add_argument("--port", type=int, default=9090,
                         help="first port to try; 0 lets the OS choose")
     parser.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
-    parser.add_argument("--key", default="", help="the device key: clients ask the tracker or proxy for it, or present it "
+    parser.add_argument("--key", default="",
+                        help="the device key: clients ask the tracker or proxy for it, or present it "
                              "directly (client:KEY)")
     parser.add_argument("--session-timeout", type=float, default=0.0,
                         help="end every session after this many seconds (0: no limit of our own)")

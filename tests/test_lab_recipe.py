@@ -88,8 +88,16 @@ def through_proxy(port: int) -> subprocess.CompletedProcess:
                           env=child_env(), timeout=60)
 
 
-def test_through_proxy_server_stops_at_a_device_server(start_service):
-    board = start_service("kernelrpc.server", ["--port", "0", "--key", "rpi4"])
+@pytest.mark.parametrize("kind", ["kernelrpc", pytest.param("tvm", marks=pytest.mark.tvm)])
+def test_through_proxy_server_stops_at_a_device_server(start_service, kind):
+    if kind == "kernelrpc":
+        board = start_service("kernelrpc.server", ["--port", "0", "--key", "rpi4"])
+    else:
+        pytest.importorskip("tvm.rpc", reason="apache-tvm is not installed", exc_type=ImportError)
+        port = free_port()
+        board = start_service("tvm.exec.rpc_server", ["--host", "127.0.0.1", "--port", str(port), "--port-end",
+                                                      str(port + 1), "--key", "rpi4"],
+                              ready=re.compile(r"bind to (\S+):(\d+)"), timeout=60)
     out = through_proxy(board.port)
     assert out.returncode == 2
     assert "answered MISMATCH at once to 'server:rpi4': it is a device server, not a proxy" in out.stderr

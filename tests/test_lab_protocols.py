@@ -105,3 +105,15 @@ def test_kernelrpc_client_warns_when_only_tvm_servers_have_the_key(start_service
                     session.request("tvmonly", timeout=5, max_retry=1)
         assert "the servers with key 'tvmonly'" in caplog.text and "are not kernelrpc servers" in caplog.text
         assert "different keys" in caplog.text
+
+
+def test_tracker_says_why_a_tvm_request_waits(start_service, tracker):
+    from test_tracker_service import Raw
+    start_service("kernelrpc.server", ["--port", "0", "--key", "onlyours", "--tracker", f"127.0.0.1:{tracker.port}"])
+    until(lambda: free_slots(tracker, "onlyours").get(VERSION_STRING, {}).get("free") == 1)
+    tvm_client = Raw(tracker.address)
+    tvm_client.send([4, "onlyours", "", 1])            # what TVM's TrackerSession.request sends
+    tracker.wait_for_line("waits for a tvm server with key 'onlyours'; free ones speak kernelrpc/1 only")
+    assert free_slots(tracker, "onlyours") == {"tvm": {"free": 0, "pending": 1},
+                                               VERSION_STRING: {"free": 1, "pending": 0}}
+    tvm_client.close()

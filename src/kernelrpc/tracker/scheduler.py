@@ -39,6 +39,7 @@ from typing import Hashable
 Peer = Hashable
 UNMARKED = "tvm"
 """How summaries name the protocol of peers that do not mark theirs: TVM's."""
+MAX_HINTED_PROTOCOLS = 16
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -154,6 +155,7 @@ class Scheduler:
         self._requests_of: dict[Peer, list[Request]] = {}     # client -> its waiting requests
         self._leases_of: dict[Peer, list[Lease]] = {}         # server -> its open leases
         self._reporting: set[Peer] = set()
+        self._protocols: dict[str, None] = {}                # protocols servers offered, for hints
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -241,6 +243,8 @@ class Scheduler:
         if matchkey in self._slots_of.get(server, ()):     # the same offer twice: keep the first
             return []
         slot = Slot(server, key, host, port, matchkey, now, protocol)
+        if protocol not in self._protocols and len(self._protocols) < MAX_HINTED_PROTOCOLS:
+            self._protocols[protocol] = None
         self._offer(slot)
         return self._schedule(self._queues[(key, protocol)], now)
 
@@ -278,6 +282,11 @@ class Scheduler:
         free[id(slot)] = slot
         if front:
             free.move_to_end(id(slot), last=False)
+
+    def free_elsewhere(self, key: str, protocol: str) -> list[str]:
+        """Protocols other than ``protocol`` with free slots for ``key``: why a request waits."""
+        return [p or UNMARKED for p in self._protocols
+                if p != protocol and (q := self._queues.get((key, p))) is not None and q.free]
 
     def waiting_count(self, client: Peer) -> int:
         return len(self._requests_of.get(client, ()))

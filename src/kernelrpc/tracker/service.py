@@ -24,7 +24,7 @@ from ..rpc.tracker_codec import (
     encode_frame,
 )
 from . import messages
-from .scheduler import Match, Scheduler
+from .scheduler import UNMARKED, Match, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,11 @@ class TrackerService:
     def _on_request(self, conn: TrackerConnection, cmd: messages.Request) -> None:
         if self.scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
             raise ProtocolError(f"more than {MAX_REQUESTS_PER_CONNECTION} waiting requests on one connection")
-        self._deliver(self.scheduler.request(conn, cmd.key, cmd.priority, self._clock(), protocol=cmd.user))
+        matches = self.scheduler.request(conn, cmd.key, cmd.priority, self._clock(), protocol=cmd.user)
+        if not matches and (others := self.scheduler.free_elsewhere(cmd.key, cmd.user)):
+            log.info("%s waits for a %s server with key %r; free ones speak %s only (use separate keys)",
+                     conn.name, cmd.user or UNMARKED, cmd.key, ", ".join(others))
+        self._deliver(matches)
 
     def _on_put(self, conn: TrackerConnection, cmd: messages.Put) -> None:
         if self.scheduler.free_count(conn) >= MAX_SLOTS_PER_CONNECTION:

@@ -245,12 +245,11 @@ class Scheduler:
         slot = Slot(server, key, host, port, matchkey, now, protocol)
         if protocol not in self._protocols and len(self._protocols) < MAX_HINTED_PROTOCOLS:
             self._protocols[protocol] = None
-        self._offer(slot)
-        return self._schedule(self._queues[(key, protocol)], now)
+        return self._schedule(self._offer(slot), now)
 
     def request(self, client: Peer, key: str, priority: int, now: float, protocol: str = "") -> list[Match]:
         queue = self._queue(key, protocol)
-        request = Request(client, key, priority, next(self._seq), now, protocol=protocol)
+        request = Request(client, key, priority, next(self._seq), now, False, protocol)
         if queue.free and not queue.live_requests:     # nobody waits ahead of it: served at once
             _, slot = queue.free.popitem(last=False)
             return [self._grant(queue, slot, request, now)]
@@ -276,12 +275,13 @@ class Scheduler:
         self._offer(match.slot, front=True)
         return self._schedule(queue, now)
 
-    def _offer(self, slot: Slot, front: bool = False) -> None:
+    def _offer(self, slot: Slot, front: bool = False) -> _Queue:
         self._slots_of.setdefault(slot.server, {})[slot.matchkey] = slot
-        free = self._queue(slot.key, slot.protocol).free
-        free[id(slot)] = slot
+        queue = self._queue(slot.key, slot.protocol)
+        queue.free[id(slot)] = slot
         if front:
-            free.move_to_end(id(slot), last=False)
+            queue.free.move_to_end(id(slot), last=False)
+        return queue
 
     def free_elsewhere(self, key: str, protocol: str) -> list[str]:
         """Protocols other than ``protocol`` with free slots for ``key``: why a request waits."""

@@ -393,7 +393,8 @@ class Scheduler:
         out = []
         for (key, protocol), queue in sorted(self._queues.items()):
             live = sorted((item for item in queue.waiting if not item[2].cancelled))
-            out += [{"key": key, "protocol": protocol or UNMARKED, "client": describe(r.client), "priority": r.priority,
+            out += [{"key": key, "protocol": protocol or UNMARKED, "client": describe(r.client),
+                     "priority": r.priority,
                      "waited": round(now - r.requested_at, 6)} for _, _, r in live]
         return out
 

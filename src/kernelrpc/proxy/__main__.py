@@ -75,6 +75,9 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
         p.error("--relay-spin-us must be in [0, 1000000]")
     if a.timeout is not None:
         a.timeout_client = a.timeout_server = a.timeout
+    if a.timeout_server < 1:
+        p.error("the devices' wait (--timeout-server, --timeout) must be at least 1 s: a device "
+                "server takes a quicker MISMATCH for a sign that it did not reach a proxy")
     return ProxyConfig(host=a.host, port=a.port, port_end=cli.port_end(a), tracker=a.tracker,
                        custom_addr=a.custom_addr, web_port=a.web_port,
                        timeout_client=a.timeout_client, timeout_server=a.timeout_server,

@@ -36,9 +36,9 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 10.0
 MIN_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
-QUICK_REFUSAL = 1.0
-"""A MISMATCH sooner than this is no proxy timeout: the peer is a device server, or a proxy
-that refuses our key; either way retrying cannot help."""
+QUICK_REFUSAL = 0.5
+"""A MISMATCH sooner than this after our key went out is no proxy timeout (those are whole
+seconds): the peer is a device server, or a proxy that refuses our key; retrying cannot help."""
 
 
 SILENT_CLOSES = 3
@@ -84,6 +84,7 @@ class ProxyLink:
         sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
         try:
             _enable_keepalive(sock)
+            waiting_since = time.monotonic()      # before the proxy can start its timeout
             sock.sendall(H.encode_preamble(f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"))
             sock.settimeout(None)
             log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)
@@ -91,7 +92,6 @@ class ProxyLink:
                 self._announce(f"kernelrpc.server connected to proxy {where} with key "
                                f"{self.config.key}", flush=True)
                 self._announced = True
-            waiting_since = time.monotonic()
             try:
                 reply, initial = wait_for_pairing(sock)
             except ProtocolError as exc:

@@ -144,7 +144,8 @@ def test_summary_helpers_hide_matchkeys():
     s.request("b", "k", 7, now=1)
     text = repr(s.lease_info(now=2, describe=str)) + repr(s.wait_info(now=2, describe=str))
     assert "secret" not in text
-    assert s.wait_info(now=2, describe=str) == [{"key": "k", "client": "b", "priority": 7, "waited": 1}]
+    assert s.wait_info(now=2, describe=str) == [{"key": "k", "protocol": "tvm", "client": "b", "priority": 7,
+                                                   "waited": 1}]
 
 
 def test_idle_queues_are_forgotten_past_the_limit():
@@ -212,7 +213,7 @@ def test_cancelled_requests_do_not_pile_up():
     for i in range(10_000):
         s.request(f"c{i}", "k", 1, now=i)
         s.drop(f"c{i}", now=i)
-    assert len(s._queues["k"].waiting) < 100
+    assert len(s._queues[("k", "")].waiting) < 100
     assert served(s.put("srv", "k", "h", 1, "k:1", now=1)) == [("stays", "k:1")]
 
 

@@ -156,7 +156,7 @@ def test_request_retries_past_a_stale_slot(start_service, tracker, caplog):
     server = start_service("kernelrpc.server", ["--port", "0", "--key", "board", "--tracker",
                                                 f"127.0.0.1:{free_port()}"])    # not registered: no tracker there
     stale = Raw(tracker.address)
-    stale.register("board", server.port, "board:stale")       # a slot the server does not know
+    stale.register("board", server.port, "board:stale", protocol="kernelrpc/1")   # a slot the server does not know
     real = start_server(start_service, tracker)
     until(lambda: queue(tracker)["free"] == 2)
     with caplog.at_level("INFO", "kernelrpc.rpc.tracker_client"), connect_tracker(*tracker.address) as t:

@@ -63,7 +63,7 @@ def test_registers_and_cycles_match_keys(tracker, registration, caplog):
     assert f"registered key board at tracker 127.0.0.1:{tracker.port}, advertised 127.0.0.1:9999" in caplog.text
     info = summary(tracker)
     assert info["server_info"] == [{"key": "server:board", "addr": ["127.0.0.1", 9999], "session": "idle",
-                                    "device": device_info.describe()}]
+                                    "protocol": "kernelrpc/1", "device": device_info.describe()}]
     assert info["queue_info"]["board"] == {"free": 1, "pending": 0}
     with connect_tracker(*tracker.address) as session:
         first = session.request_address("board", timeout=5)

@@ -46,8 +46,11 @@ class Raw:
         self.send(obj)
         return self.recv()
 
-    def register(self, key, port, matchkey, addr=None):
-        assert self.call([5, {"key": f"server:{key}", "addr": [addr, port]}]) == 0
+    def register(self, key, port, matchkey, addr=None, protocol=None):
+        info = {"key": f"server:{key}", "addr": [addr, port]}
+        if protocol is not None:
+            info["protocol"] = protocol
+        assert self.call([5, info]) == 0
         assert self.call([3, key, [port, matchkey], None]) == 0
 
     def closed_by_peer(self, timeout=5):
@@ -234,7 +237,7 @@ def test_port_range_binds_first_free(start_service, tracker):
 
 def test_client_summary_text_and_queue_timeout(tracker, peers, caplog):
     srv = peers()
-    srv.register("board", 7000, "board:1")
+    srv.register("board", 7000, "board:1", protocol="kernelrpc/1")   # our client asks for its protocol
     with connect_tracker(*tracker.address) as session:
         text = session.text_summary()
         assert text == format_summary(session.summary())

@@ -12,11 +12,15 @@ COMMANDS = {
     "query": "kernelrpc.query_rpc_tracker",
 }
 
-USAGE = "usage: kernelrpc {" + ",".join(COMMANDS) + "} [options]   (kernelrpc COMMAND --help for more)"
+USAGE = "usage: kernelrpc {" + ",".join(COMMANDS) + "} [options]   (kernelrpc COMMAND --help for more; -v: version)"
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-v", "--version"):
+        from . import __version__
+        print(f"kernelrpc {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

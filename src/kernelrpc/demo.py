@@ -3,20 +3,21 @@
 Starts a tracker and a device server on loopback (as separate processes, the way
 a lab runs them), compiles a GEMM with ``kernelrpc.te``, exports it as a shared
 library, asks the tracker for a device, uploads and runs the kernel remotely,
-checks the result against numpy and prints the timings.
+checks the result against numpy and prints the timings.  The library it built stays
+in the current directory (``--output``), to load again or send to another board.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from . import cli
 from .launch import Service
 
-def run(size: int, key: str, repeat: int) -> int:
+
+def run(size: int, key: str, repeat: int, output: str = "gemm.so") -> int:
     import numpy as np
 
     import kernelrpc
@@ -33,28 +34,27 @@ def run(size: int, key: str, repeat: int) -> int:
         server.wait_for_line("registered")
         print(f"device       {server.host}:{server.port} registered as key {key!r}")
 
-        with tempfile.TemporaryDirectory(prefix="kernelrpc-demo-") as tmp:
-            t = time.perf_counter()
-            s, args = recipes.register_blocked(size, size, size)
-            module = kernelrpc.build(s, args, target="llvm", name="gemm")
-            lib = module.export_library(Path(tmp) / "gemm.so")
-            print(f"compiled     gemm {size}x{size}x{size} float32 for {module.metadata['target']['string']}"
-                  f" in {time.perf_counter() - t:.2f}s -> {lib.name} ({lib.stat().st_size} bytes)")
+        t = time.perf_counter()
+        s, args = recipes.register_blocked(size, size, size)
+        module = kernelrpc.build(s, args, target="llvm", name="gemm")
+        lib = module.export_library(Path(output).resolve())
+        print(f"compiled     gemm {size}x{size}x{size} float32 for {module.metadata['target']['string']}"
+              f" in {time.perf_counter() - t:.2f}s -> {lib} ({lib.stat().st_size} bytes)")
 
-            tracker_session = rpc.connect_tracker(tracker.host, tracker.port)
-            with tracker_session.request(key, session_timeout=120) as remote:
-                remote.upload(lib)
-                rmod = remote.load_module(lib.name)
-                dev = remote.cpu(0)
-                rng = np.random.default_rng(0)
-                a = rng.random((size, size), dtype=np.float32)
-                b = rng.random((size, size), dtype=np.float32)
-                ta, tb, tc = nd.array(a, dev), nd.array(b, dev), nd.empty((size, size), "float32", dev)
-                # Timed before numpy runs here: OpenBLAS threads spin for a while after each call
-                # and would take a core from the device server on this one machine.
-                result = rmod.time_evaluator("gemm", dev, number=3, repeat=repeat)(ta, tb, tc)
-                got = tc.numpy()
-            tracker_session.close()
+        tracker_session = rpc.connect_tracker(tracker.host, tracker.port)
+        with tracker_session.request(key, session_timeout=120) as remote:
+            remote.upload(lib)
+            rmod = remote.load_module(lib.name)
+            dev = remote.cpu(0)
+            rng = np.random.default_rng(0)
+            a = rng.random((size, size), dtype=np.float32)
+            b = rng.random((size, size), dtype=np.float32)
+            ta, tb, tc = nd.array(a, dev), nd.array(b, dev), nd.empty((size, size), "float32", dev)
+            # Timed before numpy runs here: OpenBLAS threads spin for a while after each call
+            # and would take a core from the device server on this one machine.
+            result = rmod.time_evaluator("gemm", dev, number=3, repeat=repeat)(ta, tb, tc)
+            got = tc.numpy()
+        tracker_session.close()
         expect = a @ b
         err = float(np.max(np.abs(got - expect)) / np.max(np.abs(expect)))
         print(f"checked      remote result vs numpy: max relative error {err:.1e}")
@@ -88,9 +88,11 @@ def _time_numpy(a, b, number: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="kernelrpc demo", description=__doc__.split("\n\n")[0])
+    parser = cli.parser("kernelrpc demo", __doc__, silent=False)
     parser.add_argument("--size", type=int, default=512, help="M = N = K of the GEMM")
     parser.add_argument("--key", default="demo", help="device key the server registers")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5, help="time_evaluator repeats")
+    parser.add_argument("--output", default="gemm.so", help="where the compiled library is left")
     opts = parser.parse_args(argv)
-    return run(opts.size, opts.key, opts.repeat)
+    cli.setup_logging(opts)
+    return run(opts.size, opts.key, opts.repeat, opts.output)

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from . import cli
 from .errors import ConnectionLost, TrackerError
 from .rpc.tracker_client import TrackerUnreachable, connect_tracker, count_servers, format_summary, printable
 
@@ -43,13 +44,13 @@ def explain(status: str, info: dict, where: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m kernelrpc.query_rpc_tracker",
-                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser("python -m kernelrpc.query_rpc_tracker", __doc__, silent=False)
     parser.add_argument("--host", default="", help="tracker host (default $TVM_TRACKER_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="tracker port (default $TVM_TRACKER_PORT or 9190)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON for scripts")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the tracker")
     args = parser.parse_args(argv)
+    cli.setup_logging(args)
     args.host = args.host or os.environ.get("TVM_TRACKER_HOST", "127.0.0.1")
     args.port = args.port or int(os.environ.get("TVM_TRACKER_PORT", "9190"))
     return args

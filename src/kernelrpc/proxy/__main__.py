@@ -1,4 +1,8 @@
-"""``python -m kernelrpc.proxy``: run the proxy until interrupted."""
+"""``python -m kernelrpc.proxy``: pair clients with device servers that connect out to it.
+
+For boards that cannot be reached directly (NAT, firewalls): each board runs
+``python -m kernelrpc.server --through-proxy --host PROXY --port PORT --key KEY``.
+"""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +11,7 @@ import logging
 import signal
 import sys
 
+from .. import cli
 from .service import ProxyConfig, ProxyService
 
 
@@ -27,12 +32,10 @@ def _seconds(text: str) -> float:
     return value
 
 
-def parse_args(argv=None) -> tuple[ProxyConfig, str]:
-    p = argparse.ArgumentParser(prog="python -m kernelrpc.proxy", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9090,
-                   help="first port to try; 0 lets the OS choose (default 9090)")
-    p.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
+def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
+    p = cli.parser("python -m kernelrpc.proxy", __doc__)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for every interface")
+    cli.add_port_range(p, 9090, "the proxy")
     p.add_argument("--tracker", type=_host_port, help="register the devices' keys with this tracker")
     p.add_argument("--custom-addr", default=None,
                    help="address the tracker hands to clients for this proxy (default: this host "
@@ -47,8 +50,14 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
     p.add_argument("--timeout-server", type=_seconds, default=600.0,
                    help="seconds a device waits for a client before MISMATCH; it then "
                         "reconnects (default 600, as TVM)")
+    p.add_argument("--timeout", type=_seconds, default=None,
+                   help="sets both --timeout-client and --timeout-server, like the timeout of "
+                        "TVM's Proxy")
     p.add_argument("--timeout-handshake", type=_seconds, default=10.0,
                    help="seconds a new connection has to send its key (default 10)")
+    p.add_argument("--example-rpc", default=None, metavar="BOOL",
+                   help="accepted for TVM's command lines: TVM serves its web runtime's example "
+                        "page with it; kernelrpc has no such page (see the warning)")
     p.add_argument("--relay", choices=["native", "splice", "copy"], default="native",
                    help="native (default): a JIT-compiled loop, one thread per session (64-bit "
                         "Linux; else splice); splice: Python moves bytes kernel-side with "
@@ -57,7 +66,6 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
                    help="native relay: keep polling this many microseconds after traffic before "
                         "sleeping; saves two wake-ups per round trip, costs CPU while a session "
                         "is busy (default 50; 0 never polls)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
@@ -65,11 +73,16 @@ def parse_args(argv=None) -> tuple[ProxyConfig, str]:
         p.error("--web-port must be in [0, 65535]")
     if not 0 <= a.relay_spin_us <= 1e6:
         p.error("--relay-spin-us must be in [0, 1000000]")
-    return ProxyConfig(host=a.host, port=a.port, port_end=a.port_end, tracker=a.tracker,
+    if a.timeout is not None:
+        a.timeout_client = a.timeout_server = a.timeout
+    if a.timeout_server < 1:
+        p.error("the devices' wait (--timeout-server, --timeout) must be at least 1 s: a device "
+                "server takes a quicker MISMATCH for a sign that it did not reach a proxy")
+    return ProxyConfig(host=a.host, port=a.port, port_end=cli.port_end(a), tracker=a.tracker,
                        custom_addr=a.custom_addr, web_port=a.web_port,
                        timeout_client=a.timeout_client, timeout_server=a.timeout_server,
                        handshake_timeout=a.timeout_handshake, relay=a.relay,
-                       relay_spin_us=a.relay_spin_us), a.log_level
+                       relay_spin_us=a.relay_spin_us), a
 
 
 async def _serve(config: ProxyConfig) -> None:
@@ -89,13 +102,15 @@ async def _serve(config: ProxyConfig) -> None:
 
 
 def main(argv=None) -> int:
-    config, level = parse_args(argv)
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config, args = parse_args(argv)
+    cli.setup_logging(args)
+    if args.example_rpc is not None and args.example_rpc.strip().lower() not in ("", "0", "false", "no"):
+        cli.warn_ignored("--example-rpc", "it serves the example page of TVM's web runtime, which "
+                                          "kernelrpc does not ship; WebSocket peers still connect at --web-port")
     try:
         asyncio.run(_serve(config))
     except OSError as exc:
-        logging.getLogger("kernelrpc.proxy").error("%s", exc)
+        logging.getLogger("kernelrpc.proxy").error("%s", cli.bind_failure(exc, args))
         return 1
     return 0
 

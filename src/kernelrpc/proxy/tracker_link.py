@@ -3,7 +3,10 @@
 Per connection: magic, then UPDATE_INFO ``{"key": "server:proxy[K1,K2]", "addr": [null,
 proxy_port]}`` whenever the set of device keys changes (sent before any PUT, so the
 tracker drops our slots if this link closes), then one PUT ``[KEY, [proxy_port,
-matchkey], null]`` per waiting device.  Every ``period`` seconds GET_PENDING_MATCHKEYS
+matchkey], null]`` per waiting device.  Before a PUT, UPDATE_INFO sets ``"protocol"`` to
+the session protocol the device named in its key (``-protocol=``; "" for TVM's servers)
+when it differs from the last one sent, so kernelrpc's tracker hands each slot only to
+clients that speak with that device.  Every ``period`` seconds GET_PENDING_MATCHKEYS
 tells which slots the tracker has handed to clients; a device whose key was handed
 out but whose client has not come within ``timeout_alloc`` gets a fresh key and a
 new PUT, as TVM's proxy does.
@@ -21,7 +24,9 @@ import logging
 import time
 
 from ..errors import ProtocolError, TrackerError
+from ..rpc.handshake import parse_key
 from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
+from ..tracker.messages import MAX_PROTOCOL_CHARS
 from .pairing import Matchmaker
 
 logger = logging.getLogger(__name__)
@@ -47,6 +52,7 @@ class TrackerLink:
         self._writer: asyncio.StreamWriter | None = None
         self._decoder = FrameDecoder()
         self._reported_keys: list[str] | None = None
+        self._reported_protocol: str | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -95,7 +101,7 @@ class TrackerLink:
         for device in self.matchmaker.devices():
             if device.offered and device.claimed_at is None:
                 self.matchmaker.rename(device)
-        self._reported_keys = None
+        self._reported_keys = self._reported_protocol = None
         logger.info("registered with tracker %s:%d", *self.addr)
 
     def _disconnect(self) -> None:
@@ -121,12 +127,16 @@ class TrackerLink:
 
     async def _report(self) -> None:
         keys = self.matchmaker.device_keys()
+        info = {"key": "server:proxy[" + ",".join(keys) + "]", "addr": [self.custom_addr, self.proxy_port]}
         if keys != self._reported_keys:
-            info = {"key": "server:proxy[" + ",".join(keys) + "]", "addr": [self.custom_addr, self.proxy_port]}
             await self._expect_success([TrackerCode.UPDATE_INFO, info])
             self._reported_keys = keys
         for device in self.matchmaker.devices():
             if not device.offered:
+                protocol = parse_key(device.key).options.get("protocol", "")[:MAX_PROTOCOL_CHARS]
+                if protocol != self._reported_protocol:
+                    await self._expect_success([TrackerCode.UPDATE_INFO, {**info, "protocol": protocol}])
+                    self._reported_protocol = protocol
                 device.offered = True
                 await self._expect_success(
                     [TrackerCode.PUT, device.wanted, [self.proxy_port, device.matchkey],

@@ -4,6 +4,10 @@ Works with kernelrpc's tracker and with Apache TVM's (same wire protocol).  The
 API is synchronous, on blocking sockets, so it also works inside a running event
 loop (Jupyter).  Time spent waiting in the queue (``timeout``) is kept apart from
 the session's lifetime on the server (``session_timeout``).
+
+Every REQUEST names our session protocol in the ``user`` field (TVM's clients send
+``""``, TVM's tracker ignores it): kernelrpc's tracker then hands out only servers that
+registered with the same protocol, never one of TVM's.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import time
 from ..errors import (ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
 from . import handshake as H
+from .protocol import VERSION_STRING
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -134,7 +139,7 @@ class TrackerSession:
 
     def summary(self) -> dict:
         """The tracker's state: ``queue_info`` (free/pending per key) and ``server_info``
-        (kernelrpc's tracker adds ``leases``, ``waiting`` and per-key ``stats``)."""
+        (kernelrpc's tracker adds ``protocols``, ``leases``, ``waiting`` and per-key ``stats``)."""
         reply = self._call([TrackerCode.SUMMARY])
         if not (isinstance(reply, list) and len(reply) == 2 and reply[0] == TrackerCode.SUCCESS
                 and isinstance(reply[1], dict)):
@@ -230,7 +235,7 @@ class TrackerSession:
         pause = 0.05
         while True:
             try:
-                self._send([TrackerCode.REQUEST, key, "", priority])
+                self._send([TrackerCode.REQUEST, key, VERSION_STRING, priority])
                 reply = self._await_match(key, deadline)
                 break
             except socket.timeout:
@@ -318,11 +323,22 @@ class TrackerSession:
         except (TrackerError, ConnectionLost, OSError) as exc:
             log.debug("no summary from tracker %s: %s", self.where, exc)
             return
-        free = info.get("queue_info", {}).get(key, {}).get("free", 0)
-        if not free and not count_servers(info).get(key):
-            known = sorted(k for k in count_servers(info))
-            log.warning("no server with key %r is registered at tracker %s (keys with servers: %s); "
-                        "the request waits until one registers", key, self.where, ", ".join(known) or "none")
+        servers = [item for item in info.get("server_info", []) if key in served_keys(item)]
+        if not servers:
+            if "protocols" in info:            # kernelrpc's tracker: free slots per session protocol
+                free = info["protocols"].get(key, {}).get(VERSION_STRING, {}).get("free", 0)
+            else:
+                free = info.get("queue_info", {}).get(key, {}).get("free", 0)
+            if not free:
+                log.warning("no server with key %r is registered at tracker %s (keys with servers: %s); "
+                            "the request waits until one registers", key, self.where,
+                            ", ".join(sorted(count_servers(info))) or "none")
+        elif not any(_is_proxy(item) or item.get("protocol") == VERSION_STRING for item in servers):
+            log.warning("the servers with key %r at tracker %s are not kernelrpc servers (%s); %s. Give "
+                        "TVM's and kernelrpc's servers different keys", key, self.where,
+                        ", ".join(sorted({str(item.get("protocol", "TVM's")) for item in servers})),
+                        "the request waits for a kernelrpc server" if "protocols" in info else
+                        "this tracker cannot tell them apart and may hand one out")
 
 
 def _open_session(host: str, port: int, matchkey: str, session_timeout: float, connect_timeout: float,
@@ -360,13 +376,28 @@ def _raise_for_failure(reply, where: str) -> None:
         raise TrackerError(f"tracker {where} refused the request: {reply[1]}")
 
 
+def _is_proxy(item: dict) -> bool:
+    return str(item.get("key", "")).startswith("server:proxy[")
+
+
+def served_keys(item: dict) -> list[str]:
+    """The device keys a ``server_info`` entry serves: ``server:KEY`` (KEY may hold ':',
+    like ``127.0.0.1:5555``) or a proxy's ``server:proxy[K1,K2]``."""
+    key = str(item.get("key", ""))
+    if not key.startswith("server:"):
+        return []
+    if _is_proxy(item) and key.endswith("]"):
+        return [k for k in key[len("server:proxy["):-1].split(",") if k]
+    return [key[len("server:"):]]
+
+
 def count_servers(info: dict) -> dict[str, int]:
-    """Servers per device key, counted like TVM's ``text_summary`` (``server:<key>``)."""
+    """Servers (and proxies) per device key.  TVM's ``text_summary`` counts ``key.split(":")[1]``,
+    which loses keys holding ':' and counts a proxy under ``proxy[K]``, a key nobody requests."""
     total: dict[str, int] = {}
     for item in info.get("server_info", []):
-        parts = str(item.get("key", "")).split(":")
-        if len(parts) > 1:
-            total[parts[1]] = total.get(parts[1], 0) + 1
+        for key in served_keys(item):
+            total[key] = total.get(key, 0) + 1
     return total
 
 

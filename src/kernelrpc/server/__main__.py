@@ -2,28 +2,39 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
+import os
 import signal
 import sys
 
+from .. import cli
 from .config import ServerConfig, parse_cpus
 from ..netutil import bind_first_free
 from .listener import Server
 
+log = logging.getLogger("kernelrpc.server")
 
-def parse_args(argv=None) -> tuple[ServerConfig, str]:
-    parser = argparse.ArgumentParser(prog="python -m kernelrpc.server", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+
+def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
+    parser = cli.parser("python -m kernelrpc.server", __doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for every interface")
     parser.add_argument("--port", type=int, default=9090,
-                        help="first port to try; 0 lets the OS choose (default 9090)")
+                        help="first port to try; 0 lets the OS choose")
     parser.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
-    parser.add_argument("--key", default="", help="the key clients must present (client:KEY)")
+    parser.add_argument("--key", default="",
+                        help="the device key: clients ask the tracker or proxy for it, or present it "
+                             "directly (client:KEY)")
     parser.add_argument("--session-timeout", type=float, default=0.0,
                         help="end every session after this many seconds (0: no limit of our own)")
-    parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes)
-    parser.add_argument("--max-frame-bytes", type=int, default=ServerConfig.max_frame_bytes)
-    parser.add_argument("--max-tensor-bytes", type=int, default=ServerConfig.max_tensor_bytes)
-    parser.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout)
+    parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes,
+                        help="largest file a client may upload")
+    parser.add_argument("--max-frame-bytes", type=int, default=ServerConfig.max_frame_bytes,
+                        help="largest session packet accepted")
+    parser.add_argument("--max-tensor-bytes", type=int, default=ServerConfig.max_tensor_bytes,
+                        help="largest tensor a client may allocate")
+    parser.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout,
+                        help="seconds a new connection has to send its key")
     parser.add_argument("--idle-timeout", type=float, default=ServerConfig.idle_timeout,
                         help="end a session that sends no request for this many seconds (0: never)")
     parser.add_argument("--io-timeout", type=float, default=ServerConfig.io_timeout,
@@ -43,12 +54,18 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
     parser.add_argument("--tracker", default=None, metavar="HOST:PORT",
                         help="register with this tracker under --key (re-registers after every session)")
     parser.add_argument("--custom-addr", default=None,
-                        help="address the tracker hands to clients (default: this host as the tracker sees it)")
+                        help="address the tracker hands to clients, when the one it sees is not theirs to reach "
+                             "(NAT, or a server on the tracker's host that would advertise 127.0.0.1) "
+                             "(default: this host as the tracker sees it)")
     parser.add_argument("--through-proxy", action="store_true",
                         help="connect out to the proxy at --host/--port and serve the clients it pairs")
     parser.add_argument("--cpus", default=None, metavar="LIST",
                         help="run on these cores only, e.g. 0 or 0,2-3 (sessions report them)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--load-library", default=None, metavar="LIB[:LIB...]",
+                        help="shared libraries to load (RTLD_GLOBAL) before serving, so that "
+                             "uploaded modules can use their symbols (TVM's flag)")
+    parser.add_argument("--no-fork", action="store_true",
+                        help="accepted for TVM's command lines; sessions are always forked (see the warning)")
     args = parser.parse_args(argv)
     try:
         cpus = parse_cpus(args.cpus) if args.cpus is not None else None
@@ -78,22 +95,40 @@ def parse_args(argv=None) -> tuple[ServerConfig, str]:
         min_transfer_rate=args.min_transfer_rate,
         **({} if args.max_session_bytes is None else {"max_session_bytes": args.max_session_bytes}),
         workspace_root=args.workspace_root, tracker_addr=tracker_addr,
-        custom_addr=args.custom_addr, through_proxy=args.through_proxy, cpus=cpus), args.log_level
+        custom_addr=args.custom_addr, through_proxy=args.through_proxy, cpus=cpus), args
+
+
+def load_libraries(spec: str) -> None:
+    """TVM's ``--load-library a.so:b.so``: load each into this process, symbols global."""
+    for path in filter(None, spec.split(":")):
+        try:
+            ctypes.CDLL(os.path.abspath(path), mode=ctypes.RTLD_GLOBAL)
+        except OSError as exc:
+            raise SystemExit(f"kernelrpc.server: --load-library cannot load {path}: {exc}") from None
+        log.info("loaded library %s", path)
 
 
 def main(argv=None) -> int:
-    config, log_level = parse_args(argv)
+    config, args = parse_args(argv)
+    cli.setup_logging(args)
     try:
         config.confine()
     except OSError as exc:
         print(f"kernelrpc.server: --cpus {','.join(map(str, config.cpus))}: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if args.no_fork:
+        cli.warn_ignored("--no-fork", "the server always forks each session from a parent that runs no "
+                                      "device driver or thread (the problems TVM's spawn mode avoids)")
+    if args.load_library:
+        load_libraries(args.load_library)
     if config.through_proxy:
-        from .through_proxy import serve_through_proxy
+        from .through_proxy import NotAProxy, serve_through_proxy
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        serve_through_proxy(config)
+        try:
+            serve_through_proxy(config)
+        except NotAProxy as exc:
+            log.error("%s", exc)
+            return 2
         return 0
     sock = bind_first_free(config.host, config.port, config.port_end)
     registration = None

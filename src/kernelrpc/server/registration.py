@@ -20,7 +20,8 @@ Our UPDATE_INFO also carries ``"session": "idle" | "active"``; kernelrpc's track
 uses it to withdraw a busy server and to expire leases whose client never came
 (TVM's tracker just lists it in SUMMARY). ``"device"`` describes the board
 (:func:`kernelrpc.runtime.device_info.describe`: architecture, CPU, the target string
-to build for it); trackers list it in SUMMARY's ``server_info``.
+to build for it); trackers list it in SUMMARY's ``server_info``.  Its ``"protocol"`` names our session
+protocol, so that kernelrpc's tracker hands this server only to kernelrpc clients.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import time
 
 from ..errors import ProtocolError
 from ..runtime import device_info
+from ..rpc.protocol import VERSION_STRING
 from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -228,7 +230,8 @@ class TrackerRegistration:
     # -- messages -------------------------------------------------------------------------
 
     def _info(self, session: str, *, with_device: bool = False) -> dict:
-        info = {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session}
+        info = {"key": "server:" + self.key, "addr": [self.custom_addr, self.port], "session": session,
+                "protocol": VERSION_STRING}
         if with_device:        # once per connection: trackers merge later updates into it
             info["device"] = self.device
         return info

@@ -3,7 +3,8 @@
 ``python -m kernelrpc.server --through-proxy --host PROXY --port PORT --key KEY`` (TVM's
 flags).  The loop (TVM section 4.3):
 
-1. connect to the proxy and send the preamble with ``server:KEY``;
+1. connect to the proxy and send the preamble with ``server:KEY -protocol=kernelrpc/1``
+   (TVM's proxy takes the first word; ours tells its tracker which clients may have us);
 2. wait until the proxy pairs us: it answers SUCCESS and the client's full key, whose
    ``-timeout=`` option limits the session;
 3. serve the session in a child process, exactly as for a direct connection;
@@ -11,7 +12,9 @@ flags).  The loop (TVM section 4.3):
 
 A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server``):
 reconnect at once.  Refused or lost connections (the proxy restarts) are retried with
-exponential backoff, forever; TVM's server gives up after five failures.  TCP
+exponential backoff, forever; TVM's server gives up after five failures.  A peer that
+is not a proxy is not retried: :class:`NotAProxy` says what answered instead (a device
+server answers MISMATCH to a ``server:`` key at once; other services send no RPC magic).  TCP
 keepalive notices a proxy that vanished without closing and keeps NAT mappings open
 while the device waits.
 """
@@ -24,6 +27,7 @@ import time
 
 from ..errors import HandshakeError, ProtocolError, RPCError
 from ..rpc import handshake as H
+from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from .session import start_session
 
@@ -32,8 +36,17 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 10.0
 MIN_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
-QUICK_REFUSAL = 1.0
-"""A MISMATCH sooner than this is a refusal of our key (retry with backoff), not a timeout."""
+QUICK_REFUSAL = 0.5
+"""A MISMATCH sooner than this after our key went out is no proxy timeout (those are whole
+seconds): the peer is a device server, or a proxy that refuses our key; retrying cannot help."""
+
+
+SILENT_CLOSES = 3
+"""Connections in a row closed at once without a word: a tracker, or another non-proxy."""
+
+
+class NotAProxy(HandshakeError):
+    """The address given as the proxy's answers as something else; retrying cannot help."""
 
 
 def _enable_keepalive(sock: socket.socket, idle: int = 30, interval: int = 10, count: int = 3) -> None:
@@ -63,6 +76,7 @@ class ProxyLink:
         self.proxy = (config.host, config.port)
         self._announce = announce
         self._announced = False
+        self._silent_closes = 0
 
     def serve_one(self) -> bool:
         """Wait for one client and serve it. False when the proxy ended the wait (MISMATCH)."""
@@ -70,18 +84,32 @@ class ProxyLink:
         sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
         try:
             _enable_keepalive(sock)
-            sock.sendall(H.encode_preamble(H.make_key("server", self.config.key)))
+            waiting_since = time.monotonic()      # before the proxy can start its timeout
+            sock.sendall(H.encode_preamble(f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"))
             sock.settimeout(None)
             log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)
             if not self._announced:
                 self._announce(f"kernelrpc.server connected to proxy {where} with key "
                                f"{self.config.key}", flush=True)
                 self._announced = True
-            waiting_since = time.monotonic()
-            reply, initial = wait_for_pairing(sock)
+            try:
+                reply, initial = wait_for_pairing(sock)
+            except ProtocolError as exc:
+                raise NotAProxy(f"{where} is not a proxy: {exc}") from None
+            except ConnectionError:
+                quick = time.monotonic() - waiting_since < QUICK_REFUSAL
+                self._silent_closes = self._silent_closes + 1 if quick else 0
+                if self._silent_closes >= SILENT_CLOSES:
+                    raise NotAProxy(f"{where} closed {SILENT_CLOSES} connections in a row without answering "
+                                    f"'server:{self.config.key}': it is not a proxy (a tracker?)") from None
+                raise
+            self._silent_closes = 0
             if reply.code == H.RPC_CODE_MISMATCH:
                 if time.monotonic() - waiting_since < QUICK_REFUSAL:
-                    raise HandshakeError(f"proxy {where} refused key {self.config.key!r} at once (MISMATCH)")
+                    raise NotAProxy(
+                        f"{where} answered MISMATCH at once to 'server:{self.config.key}': it is a device "
+                        f"server, not a proxy (is the proxy listening on another port?), or a proxy "
+                        f"that refuses this key")
                 log.info("proxy %s ended the wait (no client within its timeout); reconnecting", where)
                 return False
             reply.raise_for_code(f"proxy {where}")
@@ -115,6 +143,8 @@ def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = Non
             link.serve_one()
             backoff = MIN_BACKOFF
             continue
+        except NotAProxy:
+            raise
         except (OSError, RPCError) as exc:
             if isinstance(exc, (HandshakeError, ProtocolError)):
                 log.error("proxy %s:%d refused us: %s", *link.proxy, exc)

@@ -1,22 +1,24 @@
-"""``python -m kernelrpc.tracker --host 127.0.0.1 --port 9190 --port-end 9199``."""
+"""``python -m kernelrpc.tracker``: hand device servers to clients by key, for a whole lab.
+
+Speaks Apache TVM's tracker protocol: TVM's servers, clients and query_rpc_tracker work with it.
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
-import logging
 import signal
 import sys
 
+from .. import cli
 from ..netutil import bind_first_free
 from .service import Limits, serve
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m kernelrpc.tracker", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=9190, help="first port to try; 0 lets the OS choose")
-    parser.add_argument("--port-end", type=int, default=9199, help="end (exclusive) of the port range to try")
+    parser = cli.parser("python -m kernelrpc.tracker", __doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for every interface")
+    cli.add_port_range(parser, 9190, "the tracker")
     parser.add_argument("--lease-timeout", type=float, default=5.0,
                         help="seconds a server that reports its sessions stays leased to a client "
                              "that never connects, before it goes back to the pool")
@@ -30,12 +32,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="serve the status page, /api/status and /metrics on this port "
                              "(0: the OS chooses; needs the web extra)")
     parser.add_argument("--web-host", default=None, help="address of the status page (default: --host)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
 
 
 async def _main(args: argparse.Namespace) -> None:
-    sock = bind_first_free(args.host, args.port, args.port_end, backlog=1024)
+    sock = bind_first_free(args.host, args.port, cli.port_end(args), backlog=1024)
     sock.setblocking(False)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -75,11 +76,11 @@ def main(argv=None) -> int:
         except ImportError as exc:
             print(f"kernelrpc.tracker: {exc}", file=sys.stderr)
             return 2
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cli.setup_logging(args)
     try:
         asyncio.run(_main(args))
     except OSError as exc:
-        print(f"kernelrpc.tracker: {exc}", file=sys.stderr)
+        print(f"kernelrpc.tracker: {cli.bind_failure(exc, args)}", file=sys.stderr)
         return 1
     return 0
 

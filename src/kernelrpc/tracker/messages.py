@@ -2,6 +2,10 @@
 
 Accepts what TVM's peers send (``tvm-rpc-protocol.md`` 2.3), including the
 3-element PUT and the C++ server's port-as-string, and bounds every field.
+
+kernelrpc's peers name their session protocol in fields TVM already carries and
+ignores: a server in its UPDATE_INFO dict (``"protocol": "kernelrpc/1"``, applying to
+the slots it PUTs after it), a client in REQUEST's ``user``.  TVM's send neither.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ MAX_MATCHKEY_CHARS = 1024
 MAX_ADDR_CHARS = 255
 MAX_INFO_BYTES = 16 * 1024
 MAX_PRIORITY = 1 << 31
+MAX_PROTOCOL_CHARS = 64
 
 
 @dataclasses.dataclass(slots=True)
@@ -30,6 +35,7 @@ class Put:
 class Request:
     key: str
     user: str
+    """The client's session protocol ("" from TVM's clients, which send nothing there)."""
     priority: int
 
 
@@ -133,6 +139,8 @@ def _parse_update_info(msg: list) -> UpdateInfo:
     _port(addr[1], "addr port")
     if "key" in info:
         _text(info["key"], "info key", MAX_KEY_CHARS + 16)
+    if "protocol" in info:
+        _text(info["protocol"], "protocol", MAX_PROTOCOL_CHARS, allow_empty=True)
     if UNREACHABLE not in info:
         return UpdateInfo(info)
     info = dict(info)

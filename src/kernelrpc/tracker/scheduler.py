@@ -28,7 +28,11 @@ What this adds to TVM's ``PriorityScheduler`` (``tvm-rpc-protocol.md`` 2.5):
   slot's match key (which only it knows); the server's slots are then held
   back for ``quarantine`` seconds, so no other client is sent there meanwhile;
 * a queue for a key that no server ever offered goes away with its last
-  waiting request, so made-up keys do not pile up.
+  waiting request, so made-up keys do not pile up;
+* a request is matched only with a slot of the same session ``protocol`` (kernelrpc's
+  peers mark themselves, TVM's send nothing, ``""``), so TVM and kernelrpc clients can
+  share a tracker and a key without being handed a server they cannot talk to.  A queue
+  is therefore one per ``(key, protocol)``; summaries add the protocols up per key.
 """
 from __future__ import annotations
 
@@ -40,6 +44,11 @@ import operator
 from typing import Hashable
 
 Peer = Hashable
+QueueId = tuple  # (key, protocol)
+
+UNMARKED = "tvm"
+"""How summaries name the protocol of peers that do not mark theirs: TVM's."""
+MAX_HINTED_PROTOCOLS = 16
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -52,6 +61,7 @@ class Slot:
     port: object  # int, or a numeric string from TVM's C++ server; echoed back unchanged
     matchkey: str
     offered_at: float
+    protocol: str = ""
 
     @property
     def address(self) -> list:
@@ -66,6 +76,7 @@ class Request:
     seq: int
     requested_at: float
     cancelled: bool = False
+    protocol: str = ""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -100,6 +111,11 @@ class KeyStats:
     sessions: int = 0
     session_total: float = 0.0
     expired_leases: int = 0
+
+    def __add__(self, other: KeyStats) -> KeyStats:
+        total = KeyStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        total.queue_wait_max = max(self.queue_wait_max, other.queue_wait_max)
+        return total
 
     def to_dict(self) -> dict:
         return {
@@ -144,29 +160,31 @@ class Scheduler:
         self.quarantine = quarantine
         self.max_keys = max_keys
         self.max_leases_per_server = max_leases_per_server
-        self._queues: dict[str, _Queue] = {}
+        self._queues: dict[QueueId, _Queue] = {}
         self._seq = itertools.count()
         self._slots_of: dict[Peer, dict[str, Slot]] = {}      # server -> matchkey -> free slot
         self._requests_of: dict[Peer, list[Request]] = {}     # client -> its waiting requests
         self._leases_of: dict[Peer, list[Lease]] = {}         # server -> its open leases
         self._reporting: set[Peer] = set()
         self._quarantined: dict[Peer, float] = {}             # server -> when its slots return
-        self._unserved: set[str] = set()                      # keys of queues never offered
+        self._unserved: set[QueueId] = set()                  # queues never offered
+        self._protocols: dict[str, None] = {}                # protocols servers offered, for hints
 
     # -- queues ---------------------------------------------------------------------------
 
-    def _queue(self, key: str) -> _Queue:
-        queue = self._queues.get(key)
+    def _queue(self, key: str, protocol: str) -> _Queue:
+        qid = (key, protocol)
+        queue = self._queues.get(qid)
         if queue is None:
             if len(self._queues) >= self.max_keys:
                 self._forget_idle_queues()
-            queue = self._queues[key] = _Queue()
-            self._unserved.add(key)
+            queue = self._queues[qid] = _Queue()
+            self._unserved.add(qid)
         return queue
 
-    def _delete_queue(self, key: str) -> None:
-        del self._queues[key]
-        self._unserved.discard(key)
+    def _delete_queue(self, qid: QueueId) -> None:
+        del self._queues[qid]
+        self._unserved.discard(qid)
 
     def _forget_idle_queues(self) -> None:
         """Keys stay listed like in TVM's tracker, until there are too many of them."""
@@ -226,7 +244,7 @@ class Scheduler:
             if port is not None and lease.slot.port != port:
                 keep.append(lease)
                 continue
-            stats = self._queue(lease.slot.key).stats
+            stats = self._queue(lease.slot.key, lease.slot.protocol).stats
             stats.sessions += 1
             stats.session_total += now - lease.granted_at
         if keep:
@@ -236,19 +254,21 @@ class Scheduler:
 
     # -- events ---------------------------------------------------------------------------
 
-    def put(self, server: Peer, key: str, host: str, port, matchkey: str, now: float) -> list[Match]:
+    def put(self, server: Peer, key: str, host: str, port, matchkey: str, now: float,
+            protocol: str = "") -> list[Match]:
         """A server offers a session.  Offering a port again ends the leases on that port."""
         if server in self._leases_of:
             self._end_leases(server, now, port)
         if matchkey in self._slots_of.get(server, ()):     # the same offer twice: keep the first
             return []
-        slot = Slot(server, key, host, port, matchkey, now)
-        self._offer(slot)
-        return self._schedule(self._queues[key], now)
+        slot = Slot(server, key, host, port, matchkey, now, protocol)
+        if protocol not in self._protocols and len(self._protocols) < MAX_HINTED_PROTOCOLS:
+            self._protocols[protocol] = None
+        return self._schedule(self._offer(slot), now)
 
-    def request(self, client: Peer, key: str, priority: int, now: float) -> list[Match]:
-        queue = self._queue(key)
-        request = Request(client, key, priority, next(self._seq), now)
+    def request(self, client: Peer, key: str, priority: int, now: float, protocol: str = "") -> list[Match]:
+        queue = self._queue(key, protocol)
+        request = Request(client, key, priority, next(self._seq), now, False, protocol)
         if queue.free and not queue.live_requests:     # nobody waits ahead of it: served at once
             _, slot = queue.free.popitem(last=False)
             return [self._grant(queue, slot, request, now)]
@@ -268,24 +288,29 @@ class Scheduler:
             return []
         if not leases:
             del self._leases_of[match.slot.server]
-        queue = self._queue(match.slot.key)
+        queue = self._queue(match.slot.key, match.slot.protocol)
         queue.stats.matches -= 1
         queue.stats.queue_wait_total -= lease.queue_wait
         self._offer(match.slot, front=True)
         return self._schedule(queue, now)
 
-    def _offer(self, slot: Slot, front: bool = False) -> None:
+    def _offer(self, slot: Slot, front: bool = False) -> _Queue:
         self._slots_of.setdefault(slot.server, {})[slot.matchkey] = slot
-        queue = self._queue(slot.key)
+        queue = self._queue(slot.key, slot.protocol)
         if not queue.offered:
             queue.offered = True
-            self._unserved.discard(slot.key)
+            self._unserved.discard((slot.key, slot.protocol))
         if slot.server in self._quarantined:   # indexed (GET_PENDING_MATCHKEYS lists it), not handed out
-            return
-        free = queue.free
-        free[id(slot)] = slot
+            return queue
+        queue.free[id(slot)] = slot
         if front:
-            free.move_to_end(id(slot), last=False)
+            queue.free.move_to_end(id(slot), last=False)
+        return queue
+
+    def free_elsewhere(self, key: str, protocol: str) -> list[str]:
+        """Protocols other than ``protocol`` with free slots for ``key``: why a request waits."""
+        return [p or UNMARKED for p in self._protocols
+                if p != protocol and (q := self._queues.get((key, p))) is not None and q.free]
 
     def report_unreachable(self, key: str, matchkey: str, now: float) -> Peer | None:
         """A client could not reach the server of the slot it got with ``matchkey``: end that
@@ -298,15 +323,15 @@ class Scheduler:
                 if not leases:
                     del self._leases_of[server]
                 break
-        else:
-            queue = self._queues.get(key)     # its lease expired, and it went back to the pool
-            slot = next((x for x in queue.free.values() if x.matchkey == matchkey), None) if queue else None
+        else:                                 # its lease expired, and it went back to the pool
+            slot = next((x for slots in self._slots_of.values() for x in slots.values()
+                         if x.matchkey == matchkey and x.key == key), None)
             if slot is None:
                 return None
             server = slot.server
         self._quarantined[server] = now + self.quarantine
         for slot in self._slots_of.get(server, {}).values():
-            queue = self._queues.get(slot.key)
+            queue = self._queues.get((slot.key, slot.protocol))
             if queue is not None:
                 queue.free.pop(id(slot), None)
         return server
@@ -317,21 +342,21 @@ class Scheduler:
                 continue
             del self._quarantined[server]
             for slot in self._slots_of.get(server, {}).values():
-                queue = self._queue(slot.key)
+                queue = self._queue(slot.key, slot.protocol)
                 queue.free[id(slot)] = slot
-                touched[slot.key] = queue
+                touched[(slot.key, slot.protocol)] = queue
 
     def holds(self, peer: Peer) -> bool:
         """Whether ``peer`` has slots, leases, waiting requests or reports sessions."""
         return (peer in self._slots_of or peer in self._requests_of or peer in self._leases_of
                 or peer in self._reporting)
 
-    def offered(self, key: str) -> bool:
-        queue = self._queues.get(key)
+    def offered(self, key: str, protocol: str = "") -> bool:
+        queue = self._queues.get((key, protocol))
         return queue is not None and queue.offered
 
-    def has_queue(self, key: str) -> bool:
-        return key in self._queues
+    def has_queue(self, key: str, protocol: str = "") -> bool:
+        return (key, protocol) in self._queues
 
     def unserved_keys(self) -> int:
         """Keys that clients wait for and that no server has offered."""
@@ -339,7 +364,7 @@ class Scheduler:
 
     def unserved_count(self, client: Peer) -> int:
         """The client's waiting requests for keys that no server has offered."""
-        return sum(1 for r in self._requests_of.get(client, ()) if r.key in self._unserved)
+        return sum(1 for r in self._requests_of.get(client, ()) if (r.key, r.protocol) in self._unserved)
 
     def waiting_count(self, client: Peer) -> int:
         return len(self._requests_of.get(client, ()))
@@ -365,7 +390,7 @@ class Scheduler:
             self._withdraw(slot)
 
     def _withdraw(self, slot: Slot) -> None:
-        queue = self._queues.get(slot.key)
+        queue = self._queues.get((slot.key, slot.protocol))
         if queue is not None:
             queue.free.pop(id(slot), None)
         self._discard_free(slot)
@@ -374,10 +399,11 @@ class Scheduler:
         """The client's connection closed: its waiting requests leave their queues now."""
         for request in self._requests_of.pop(client, ()):
             request.cancelled = True
-            queue = self._queues[request.key]
+            qid = (request.key, request.protocol)
+            queue = self._queues[qid]
             queue.live_requests -= 1
             if queue.idle and not queue.offered:
-                self._delete_queue(request.key)
+                self._delete_queue(qid)
             elif len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
                 queue.waiting = [item for item in queue.waiting if not item[2].cancelled]
                 heapq.heapify(queue.waiting)
@@ -401,10 +427,10 @@ class Scheduler:
             for lease in [x for x in leases if x.expires_at is not None and x.expires_at <= now]:
                 leases.remove(lease)
                 slot = lease.slot
-                queue = self._queue(slot.key)
+                queue = self._queue(slot.key, slot.protocol)
                 queue.stats.expired_leases += 1
-                self._offer(Slot(server, slot.key, slot.host, slot.port, slot.matchkey, now))
-                touched[slot.key] = queue
+                self._offer(Slot(server, slot.key, slot.host, slot.port, slot.matchkey, now, slot.protocol))
+                touched[(slot.key, slot.protocol)] = queue
             if not leases:
                 del self._leases_of[server]
         if self._quarantined:
@@ -421,18 +447,37 @@ class Scheduler:
 
     # -- reporting ------------------------------------------------------------------------
 
+    def _per_key(self) -> dict[str, list]:
+        """``key -> [free, pending, offered]``, all session protocols together."""
+        total: dict[str, list] = {}
+        for (key, _), q in self._queues.items():
+            entry = total.get(key)
+            if entry is None:
+                total[key] = [len(q.free), q.live_requests, q.offered]
+            else:
+                entry[0] += len(q.free)
+                entry[1] += q.live_requests
+                entry[2] = entry[2] or q.offered
+        return total
+
     def queue_info(self) -> dict:
         """TVM's ``queue_info``: every key seen, with its free slots and waiting requests."""
         return dict(self.queue_rows())
 
     def queue_rows(self):
-        """``queue_info`` as rows (made as they are consumed), keys that servers offered first,
-        then by waiting requests."""
-        order = sorted(self._queues.items(), key=lambda kq: (not kq[1].offered, -kq[1].live_requests))
-        return ((key, {"free": len(q.free), "pending": q.live_requests}) for key, q in order)
+        """``queue_info`` as rows, keys that servers offered first, then by waiting requests."""
+        order = sorted(self._per_key().items(), key=lambda kv: (not kv[1][2], -kv[1][1]))
+        return ((key, {"free": free, "pending": pending}) for key, (free, pending, _) in order)
+
+    def protocol_info(self, limit: int | None = None) -> dict:
+        """The same counts per key and session protocol: who can be served by whom."""
+        info: dict[str, dict] = {}
+        for (key, protocol), q in itertools.islice(self._queues.items(), limit):
+            info.setdefault(key, {})[protocol or UNMARKED] = {"free": len(q.free), "pending": q.live_requests}
+        return info
 
     def key_count(self) -> int:
-        return len(self._queues)
+        return len({key for key, _ in self._queues})
 
     def lease_count(self) -> int:
         return sum(map(len, self._leases_of.values()))
@@ -443,29 +488,34 @@ class Scheduler:
         every = (x for ls in self._leases_of.values() for x in ls)
         granted = operator.attrgetter("granted_at")
         leases = sorted(every, key=granted) if limit is None else heapq.nsmallest(limit, every, key=granted)
-        return [{"key": x.slot.key, "server": [x.slot.host, x.slot.port], "client": describe(x.request.client),
+        return [{"key": x.slot.key, "protocol": x.slot.protocol or UNMARKED,
+                 "server": [x.slot.host, x.slot.port], "client": describe(x.request.client),
                  "priority": x.request.priority, "state": "session" if x.in_session else "leased",
                  "age": round(now - x.granted_at, 6), "queue_wait": round(x.queue_wait, 6)}
                 for x in leases]
 
     def wait_info(self, now: float, describe=lambda peer: None, limit: int | None = None):
-        """Waiting requests in the order they will be served, per key.  With ``limit``: the
+        """Waiting requests in the order they will be served, per queue.  With ``limit``: the
         first ``limit`` of them and how many there are in all."""
         out = []
         total = 0
-        for key, queue in sorted(self._queues.items()):
+        for (key, protocol), queue in sorted(self._queues.items()):
             total += queue.live_requests
             if limit is not None and len(out) >= limit:
                 continue
             live = [item for item in queue.waiting if not item[2].cancelled]
             live = sorted(live) if limit is None else heapq.nsmallest(limit - len(out), live)
-            out += [{"key": key, "client": describe(r.client), "priority": r.priority,
-                     "waited": round(now - r.requested_at, 6)} for _, _, r in live]
+            out += [{"key": key, "protocol": protocol or UNMARKED, "client": describe(r.client),
+                     "priority": r.priority, "waited": round(now - r.requested_at, 6)} for _, _, r in live]
         return out if limit is None else (out, total)
 
     def key_stats(self, limit: int | None = None) -> dict:
-        matched = (kq for kq in self._queues.items() if kq[1].stats.matches)
-        return {key: q.stats.to_dict() for key, q in itertools.islice(matched, limit)}
+        """Per device key (the first ``limit`` keys with matches), all session protocols together."""
+        total: dict[str, KeyStats] = {}
+        for (key, _), q in self._queues.items():
+            if q.stats.matches and (key in total or limit is None or len(total) < limit):
+                total[key] = total[key] + q.stats if key in total else q.stats
+        return {key: stats.to_dict() for key, stats in total.items()}
 
     def matched_key_count(self) -> int:
-        return sum(1 for q in self._queues.values() if q.stats.matches)
+        return len({key for (key, _), q in self._queues.items() if q.stats.matches})

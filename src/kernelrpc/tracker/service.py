@@ -26,7 +26,7 @@ from ..rpc.tracker_codec import (
     encode_frame,
 )
 from . import messages
-from .scheduler import Match, Scheduler
+from .scheduler import UNMARKED, Match, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ MAX_UNSERVED_REQUESTS_PER_CONNECTION = 16
 MAX_UNSERVED_KEYS = 1024
 """Keys that no server has ever offered and that clients wait for, over all connections."""
 MAX_SUMMARY_ROWS = 1000
-SUMMARY_BUDGET = {"server_info": 320 << 10, "queue_info": 256 << 10, "leases": 128 << 10,
-                  "waiting": 128 << 10, "stats": 128 << 10}
+SUMMARY_BUDGET = {"server_info": 320 << 10, "queue_info": 192 << 10, "protocols": 128 << 10,
+                  "leases": 96 << 10, "waiting": 96 << 10, "stats": 96 << 10}
 """Bytes of JSON per SUMMARY section: together they stay below the 1 MiB frame limit."""
 READ_BUFFER_BYTES = 64 * 1024
 WRITE_BUFFER_BYTES = 256 * 1024
@@ -309,20 +309,25 @@ class TrackerService:
         scheduler = self.scheduler
         if scheduler.waiting_count(conn) >= MAX_REQUESTS_PER_CONNECTION:
             raise ProtocolError(f"more than {MAX_REQUESTS_PER_CONNECTION} waiting requests on one connection")
-        if not scheduler.offered(cmd.key):
+        if not scheduler.offered(cmd.key, cmd.user):
             if scheduler.unserved_count(conn) >= MAX_UNSERVED_REQUESTS_PER_CONNECTION:
                 raise ProtocolError(f"more than {MAX_UNSERVED_REQUESTS_PER_CONNECTION} requests on one "
                                     "connection wait for keys that no server has offered")
-            if scheduler.unserved_keys() >= MAX_UNSERVED_KEYS and not scheduler.has_queue(cmd.key):
+            if scheduler.unserved_keys() >= MAX_UNSERVED_KEYS and not scheduler.has_queue(cmd.key, cmd.user):
                 raise ProtocolError(f"{MAX_UNSERVED_KEYS} keys that no server has offered are waited for "
                                     f"already; no server has offered key {cmd.key!r}")
-        self._deliver(scheduler.request(conn, cmd.key, cmd.priority, self._clock()))
+        matches = scheduler.request(conn, cmd.key, cmd.priority, self._clock(), protocol=cmd.user)
+        if not matches and (others := scheduler.free_elsewhere(cmd.key, cmd.user)):
+            log.info("%s waits for a %s server with key %r; free ones speak %s only (use separate keys)",
+                     conn.name, cmd.user or UNMARKED, cmd.key, ", ".join(others))
+        self._deliver(matches)
 
     def _on_put(self, conn: TrackerConnection, cmd: messages.Put) -> None:
         if self.scheduler.free_count(conn) >= MAX_SLOTS_PER_CONNECTION:
             raise ProtocolError(f"more than {MAX_SLOTS_PER_CONNECTION} free slots on one connection")
         host = cmd.custom_addr if cmd.custom_addr is not None else conn.host
-        matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, self._clock())
+        matches = self.scheduler.put(conn, cmd.key, host, cmd.port, cmd.matchkey, self._clock(),
+                                     protocol=conn.info.get("protocol", ""))
         conn.write(OK_FRAME)
         self._deliver(matches)
 
@@ -405,7 +410,8 @@ class TrackerService:
         return frame
 
     def summary(self, now: float) -> dict:
-        """TVM's SUMMARY payload, plus leases, waiting requests and per-key statistics.
+        """TVM's SUMMARY payload, plus free/pending per session protocol, leases, waiting
+        requests and per-key statistics.
 
         Each section is cut to its share of ``SUMMARY_BUDGET``, so the reply always fits in a
         frame a client can read; ``truncated`` then says how many rows each section left out.
@@ -417,6 +423,8 @@ class TrackerService:
         out = {
             "queue_info": dict(_within_budget(scheduler.queue_rows(), scheduler.key_count(), "queue_info", omitted)),
             "server_info": _within_budget(servers, len(servers), "server_info", omitted),
+            "protocols": dict(_within_budget(scheduler.protocol_info().items(), scheduler.key_count(),
+                                             "protocols", omitted)),
         }
         leases = scheduler.lease_info(now, describe, limit=MAX_SUMMARY_ROWS)
         out["leases"] = _within_budget(leases, scheduler.lease_count(), "leases", omitted)

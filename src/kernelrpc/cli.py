@@ -1,0 +1,102 @@
+"""What every ``python -m kernelrpc...`` entry point shares: argument parser, log set-up, flags
+kept for Apache TVM's command lines.
+
+Standard library only: the device server uses it too.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import re
+import sys
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "warn": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL}
+
+log = logging.getLogger(__name__)
+
+
+def log_level(text: str) -> int:
+    """``--log-level`` in any case (``debug``, ``INFO``, ``Warning``); anything else is refused."""
+    level = LOG_LEVELS.get(text.strip().lower())
+    if level is None:
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {text!r}; choose one of debug, info, warning, error, critical")
+    return level
+
+
+def plain_text(doc: str) -> str:
+    """A module docstring as terminal text: reStructuredText literals, roles and table rules removed."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"^[ \t]*=+([ \t]+=+)*[ \t]*\n", "", text, flags=re.M)
+    return text.strip()
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks and shows every flag's default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default in ("", argparse.SUPPRESS)
+                or not action.option_strings or action.nargs == 0):
+            return text
+        shown = logging.getLevelName(default).lower() if action.dest == "log_level" else "%(default)s"
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+def parser(prog: str, doc: str | None, *, silent: bool = True) -> argparse.ArgumentParser:
+    """An ArgumentParser with ``-v/--version``, ``--log-level`` and (TVM's) ``--silent``."""
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog=prog, description=plain_text(doc or ""), formatter_class=HelpFormatter)
+    p.add_argument("-v", "--version", action="version", version=f"%(prog)s (kernelrpc {__version__})")
+    p.add_argument("--log-level", type=log_level, default=logging.INFO, metavar="LEVEL",
+                   help="debug, info, warning, error or critical, in any case")
+    if silent:
+        p.add_argument("--silent", action="store_true",
+                       help="log warnings and errors only, as TVM's --silent (same as --log-level warning)")
+    return p
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """One format for every service, on stderr; ``args`` comes from a :func:`parser`."""
+    level = logging.WARNING if getattr(args, "silent", False) else args.log_level
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+
+
+def warn_ignored(flag: str, why: str) -> None:
+    """A TVM flag that is accepted but cannot apply here, said once at start-up."""
+    log.warning("%s has no effect: %s", flag, why)
+
+
+def add_port_range(p: argparse.ArgumentParser, port: int, role: str) -> None:
+    """``--port`` and TVM's ``--port-end`` for a service whose address others type in.
+
+    TVM's services silently take the next free port when ``--port`` is taken, so the next
+    command in a recipe reaches whatever holds the port.  Here ``--port`` is exact unless
+    ``--port-end`` asks for a range; :func:`port_end` turns the pair into a range.
+    """
+    p.add_argument("--port", type=int, default=port,
+                   help=f"port to listen on; 0 lets the OS choose. A taken port is an error, so {role} "
+                        "never silently moves")
+    p.add_argument("--port-end", type=int, default=None,
+                   help="take the first free port in [--port, --port-end) instead, as TVM's tools "
+                        "do (the ready line says which)")
+
+
+def port_end(args: argparse.Namespace) -> int:
+    """The exclusive end of the ports to try: just ``--port`` unless ``--port-end`` was given."""
+    return args.port + 1 if args.port_end is None else args.port_end
+
+
+def bind_failure(exc: OSError, args: argparse.Namespace) -> str:
+    """The message for a service that could not bind its ``--port``."""
+    if args.port_end is None and exc.errno in (errno.EADDRINUSE, errno.EACCES):
+        return (f"cannot listen on {args.host}:{args.port}: {os.strerror(exc.errno)}. Choose another "
+                f"--port, or pass --port-end to take the first free port in a range")
+    return str(exc)

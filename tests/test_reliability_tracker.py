@@ -84,7 +84,7 @@ def test_requests_for_made_up_keys_do_not_pile_up_and_requests_go_on(tracker, pe
     refused = [flooder.recv() for flooder in flooders for _ in range(1024 - 16)]
     assert all(reply[0] == -1 and "no server has offered" in reply[1] for reply in refused)
     server = peers()
-    server.register("board", 9000, "board:1")
+    server.register("board", 9000, "board:1", protocol="kernelrpc/1")  # a kernelrpc server
     with connect_tracker(*tracker.address) as session:
         info = session.summary()
         assert sum(q["pending"] for q in info["queue_info"].values()) == 4 * 16
@@ -212,7 +212,7 @@ def test_a_queued_request_survives_a_tracker_restart(start_service):
     until(lambda: summary(("127.0.0.1", port))["queue_info"].get("board", {}).get("pending"),
           what="request queued again")
     server = Raw(("127.0.0.1", port))
-    server.register("board", 9000, "board:9")
+    server.register("board", 9000, "board:9", protocol="kernelrpc/1")
     waiter.join(30)
     session.close()
     server.close()
@@ -221,14 +221,15 @@ def test_a_queued_request_survives_a_tracker_restart(start_service):
 
 def test_clients_skip_and_report_servers_they_cannot_reach(tracker, peers, start_service):
     bogus = peers()
-    assert bogus.call([5, {"key": "server:board", "addr": [None, 1]}]) == 0
+    assert bogus.call([5, {"key": "server:board", "addr": [None, 1], "protocol": "kernelrpc/1"}]) == 0
     for i in range(20):                                  # ports nobody listens on
         assert bogus.call([3, "board", [free_port(), f"board:bogus{i}"], None]) == 0
     tarpit = socket.socket()                             # accepts connections (backlog) and never answers
     tarpit.bind(("127.0.0.1", 0))
     tarpit.listen(8)
     slow = peers()
-    assert slow.call([5, {"key": "server:board", "addr": [None, tarpit.getsockname()[1]]}]) == 0
+    assert slow.call([5, {"key": "server:board", "addr": [None, tarpit.getsockname()[1]],
+                          "protocol": "kernelrpc/1"}]) == 0
     assert slow.call([3, "board", [tarpit.getsockname()[1], "board:tarpit"], None]) == 0
     start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}", "--key", "board"])
     until(lambda: summary(tracker.address)["queue_info"]["board"]["free"] == 22, what="real server registered")

@@ -72,6 +72,29 @@ def dtype_bits(dtype: str) -> int:
     return parse_dtype(dtype)[1]
 
 
+def int_range(dtype: str) -> tuple[int, int]:
+    """Inclusive value range of an integer (or bool) dtype's elements."""
+    code, bits, _ = parse_dtype(dtype)
+    if code == "bool":
+        return 0, 1
+    if code == "uint":
+        return 0, 2 ** bits - 1
+    if code == "int":
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    raise DTypeError(f"{dtype} is not an integer dtype")
+
+
+def wrap_int(value: int, dtype: str) -> int:
+    """``value`` reduced to the dtype the way the machine does it (two's complement)."""
+    code, bits, _ = parse_dtype(dtype)
+    if code == "bool":
+        return 1 if value else 0
+    value &= (1 << bits) - 1
+    if code == "int" and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return value
+
+
 # --------------------------------------------------------------------------- nodes
 
 class PrimExpr:
@@ -176,7 +199,7 @@ class IntImm(PrimExpr):
     _fields = ("value", "dtype")
 
     def __init__(self, value: int, dtype: str = "int32"):
-        self.value = int(value)
+        self.value = wrap_int(int(value), dtype)
         self.dtype = dtype
 
 
@@ -372,6 +395,10 @@ def const(value, dtype: str | None = None) -> PrimExpr:
             raise DTypeError(f"cannot make a constant from {type(value).__name__}")
     if is_float(dtype):
         return FloatImm(float(value), dtype)
+    if not is_bool(dtype):
+        lo, hi = int_range(dtype)
+        if not lo <= int(value) <= hi:
+            raise DTypeError(f"constant {value} does not fit {dtype} [{lo}, {hi}]")
     return IntImm(int(value), dtype)
 
 
@@ -437,6 +464,14 @@ def _literal_like(value, dtype: str) -> PrimExpr:
         return const(value, "bool")
     if is_bool(elem):
         return const(value)
+    if isinstance(value, int) and is_int(elem):
+        lo, hi = int_range(elem)
+        if not lo <= value <= hi:
+            # as TVM: a literal the other side's dtype cannot hold widens the operation
+            wide = "int32" if dtype_bits(elem) < 32 and -2**31 <= value < 2**31 else "int64"
+            if not -2**63 <= value < 2**63 or (elem == "uint64"):
+                raise DTypeError(f"literal {value} does not fit {elem}")
+            return const(value, wide)
     return const(value, elem)
 
 

@@ -1,8 +1,9 @@
 """Expressions of the loop IR -> LLVM IR instructions (scalar and explicit vector).
 
 Float arithmetic carries the ``contract`` flag so that LLVM fuses a multiply
-feeding an add into one FMA; integer arithmetic on signed types is ``nsw`` (as in
-TVM: index arithmetic does not overflow). Integer constants are folded here, so
+feeding an add into one FMA. Integer arithmetic wraps (no ``nsw``: an int8 sum that
+overflows must give numpy's answer, not poison; measured, index arithmetic is not
+slower without it). Integer constants are folded here, reduced to their dtype, so
 that unrolled loops give SROA constant offsets into local accumulators.
 """
 from __future__ import annotations
@@ -99,8 +100,8 @@ class ExprCodegen(MemoryCodegen):
             scalar = float_literal(float(value), elem)
             folded = float(value)
         else:
-            scalar = int_literal(int(value), elem)
-            folded = int(value)
+            folded = E.wrap_int(int(value), elem)
+            scalar = int_literal(folded, elem)
         if lanes == 1:
             div = abs(folded) if not is_float(elem) else 1
             return Value(llvm_type(elem), scalar, const=folded, div=div)
@@ -172,13 +173,12 @@ class ExprCodegen(MemoryCodegen):
             return simple
         ty = llvm_type(dtype)
         signed = is_signed(dtype)
-        nsw = " nsw" if signed else ""
         if op is E.Add:
-            return self.fn.assign(ty, f"add{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+            return self.fn.assign(ty, f"add {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
         if op is E.Sub:
-            return self.fn.assign(ty, f"sub{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+            return self.fn.assign(ty, f"sub {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
         if op is E.Mul:
-            return self.fn.assign(ty, f"mul{nsw} {ty} {a.ref}, {b.ref}", div=a.div * b.div)
+            return self.fn.assign(ty, f"mul {ty} {a.ref}, {b.ref}", div=a.div * b.div)
         if op in (E.Min, E.Max):
             name = ("s" if signed else "u") + ("min" if op is E.Min else "max")
             return self._call_intrinsic(name, dtype, [a, b])

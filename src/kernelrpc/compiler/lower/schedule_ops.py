@@ -239,8 +239,8 @@ class ScheduleLowering:
                     elif regions[d] is None:
                         regions[d] = lo_hi
                     else:
-                        regions[d] = (simplify(minimum(regions[d][0], lo_hi[0])),
-                                      simplify(maximum(regions[d][1], lo_hi[1])))
+                        regions[d] = (simplify(minimum(regions[d][0], lo_hi[0]), all_ranges),
+                                      simplify(maximum(regions[d][1], lo_hi[1]), all_ranges))
         for d, iv in enumerate(op.axis):
             region = regions[d]
             dom = full[iv]

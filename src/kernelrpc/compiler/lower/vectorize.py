@@ -128,8 +128,9 @@ class Vectorizer(Mutator):
 
 def _all_lanes(cond, var: Var, lanes: int):
     """A condition equivalent to ``cond`` holding for every ``var`` in [0, lanes), or None."""
-    if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a):
-        return None
+    if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a) \
+            or not cond.a.dtype.startswith("int"):
+        return None             # monotonic in the lane only where nothing wraps
     reads: list = []
     post_order_visit(cond, lambda n: reads.append(n) if isinstance(n, Load) else None)
     if reads:                    # hoisting would read memory outside its guards

@@ -141,6 +141,13 @@ class Stage:
         parent._check_leaf(ivar)
         if parent is self:
             raise ScheduleError("compute_at: a stage cannot be attached to itself")
+        chain, outer = [self.op.name, parent.op.name], parent
+        while outer.attach_type == "scope":
+            outer = outer.attach_stage
+            chain.append(outer.op.name)
+            if outer is self:
+                raise ScheduleError(f"compute_at: attaching {self.op.name} to {parent.op.name} "
+                                    f"makes a cycle ({' -> '.join(chain)})")
         self.attach_type, self.attach_stage, self.attach_ivar = "scope", parent, ivar
 
     def compute_inline(self) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 from .expr import (EQ, GE, GT, LE, LT, NE, Add, And, Call, Cast, Div, FloatImm, FloorDiv, FloorMod,
                    IntImm, Let, Max, Min, Mod, Mul, Not, Or, Select, Sub, Var, dtype_element,
                    dtype_lanes, is_bool, is_float, is_int, wrap_int)
-from .ir import (Allocate, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
+from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
                  Ramp, SeqStmt, Store, substitute)
 from .lower.arith import exact_bound, fits, simplify
 
@@ -218,6 +218,10 @@ class _PyGen:
         elif isinstance(s, LetStmt):
             self.lines.append(f"{ind}{self.expr(s.var)} = {self.expr(s.value)}")
             self.stmt(s.body, ind)
+        elif isinstance(s, AssertStmt):
+            self.lines.append(f"{ind}if not {self.expr(s.condition)}:")
+            self.lines.append(f"{ind} raise IROutOfBounds({s.message!r})")
+            self.stmt(s.body, ind)
         elif isinstance(s, Evaluate):
             self.lines.append(f"{ind}{self.expr(s.value)}")
         else:
@@ -236,7 +240,7 @@ def compile_func(func: PrimFunc):
     gen.stmt(func.body, " ")
     src = f"def {func.name}({', '.join(params)}):\n" + "\n".join(gen.lines) + "\n"
     env = {"np": np, "_ld": _ld, "_st": _st, "_tdiv": _tdiv, "_tmod": _tmod,
-           "_vselect": _vselect, "_icast": _icast, "_wrap": _wrap, **gen.consts}
+           "_vselect": _vselect, "_icast": _icast, "_wrap": _wrap, "IROutOfBounds": IROutOfBounds, **gen.consts}
     exec(compile(src, f"<interp {func.name}>", "exec"), env)  # noqa: S102 - our own IR
     return env[func.name], src
 

@@ -10,6 +10,8 @@ from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, PrimExpr, Var, dtype_
                    with_lanes)
 
 FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+#: What a kernel returns when a run-time bound check (``tir.instrument_bound_checkers``) fails.
+ERR_OUT_OF_BOUNDS = 3
 
 
 # --------------------------------------------------------------------------- buffers
@@ -163,6 +165,23 @@ class SeqStmt(Stmt):
 
     def __init__(self, seq):
         self.seq = tuple(seq)
+
+
+class AssertStmt(Stmt):
+    """Run ``body`` if ``condition`` holds, else stop the function with an error.
+
+    ``message`` says what failed (the interpreter raises it; compiled code returns
+    ``code``, e.g. ERR_OUT_OF_BOUNDS for ``tir.instrument_bound_checkers``).
+    """
+
+    __slots__ = ("condition", "message", "code", "body")
+    _fields = ("condition", "message", "code", "body")
+
+    def __init__(self, condition: PrimExpr, message: str, code: int, body: Stmt):
+        self.condition = condition
+        self.message = message
+        self.code = code
+        self.body = body
 
 
 class Evaluate(Stmt):

@@ -115,6 +115,11 @@ class Vectorizer(Mutator):
             raise _Scalarize("condition depends on the vector lane")
         return IfThenElse(s.condition, self.visit(s.then_case), self.visit(s.else_case))
 
+    def visit_AssertStmt(self, s):
+        if uses_var(s.condition, self.var):
+            raise _Scalarize("a run-time check depends on the vector lane")
+        return type(s)(s.condition, s.message, s.code, self.visit(s.body))
+
     def visit_LetStmt(self, s):
         value = self.visit(s.value)
         if _lanes(value) == 1:

@@ -370,12 +370,18 @@ class Let(PrimExpr):
         self.dtype = body.dtype
 
 
-#: name -> number of arguments; all are float -> float, computed elementwise.
+#: name -> number of arguments; float -> float elementwise unless listed below.
 MATH_INTRINSICS = {
-    "exp": 1, "exp2": 1, "log": 1, "log2": 1, "log10": 1, "sqrt": 1, "tanh": 1,
-    "sin": 1, "cos": 1, "fabs": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1,
-    "pow": 2, "fma": 3,
+    "exp": 1, "exp2": 1, "exp10": 1, "log": 1, "log2": 1, "log10": 1, "log1p": 1, "sqrt": 1,
+    "tanh": 1, "sinh": 1, "cosh": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1,
+    "atan": 1, "erf": 1, "fabs": 1, "floor": 1, "ceil": 1, "round": 1, "nearbyint": 1,
+    "trunc": 1, "pow": 2, "atan2": 2, "hypot": 2, "copysign": 2, "fmod": 2, "fma": 3,
+    "ldexp": 2, "isnan": 1, "isinf": 1, "isfinite": 1, "clz": 1, "popcount": 1,
 }
+#: float -> bool (the lanes of the argument)
+FLOAT_PREDICATES = ("isnan", "isinf", "isfinite")
+#: int -> the same int type
+INT_INTRINSICS = ("clz", "popcount")
 
 
 # --------------------------------------------------------------------------- construction
@@ -569,6 +575,11 @@ def cast(value, dtype: str) -> PrimExpr:
     return Cast(dtype, value)
 
 
+def _broadcast_const(value: bool, lanes: int) -> PrimExpr:
+    c = const(bool(value))
+    return c if lanes == 1 else _broadcast(c, lanes)
+
+
 def if_then_else(cond, t, f) -> PrimExpr:
     t, f = _promote(t, f)
     return Select(_as_bool(cond), t, f)
@@ -579,6 +590,21 @@ def call_math(op: str, *args) -> PrimExpr:
     if nargs is None or nargs != len(args):
         raise DTypeError(f"unknown intrinsic {op}/{len(args)}")
     conv = [convert(a) for a in args]
+    if op in INT_INTRINSICS:
+        if not is_int(conv[0].dtype):
+            raise DTypeError(f"{op} needs an integer argument, got {conv[0].dtype}")
+        return Call(conv[0].dtype, op, conv)
+    if op in FLOAT_PREDICATES:
+        x = conv[0]
+        lanes = dtype_lanes(x.dtype)
+        if not is_float(x.dtype):          # an integer is never NaN or infinite (as in TVM)
+            return _broadcast_const(op == "isfinite", lanes)
+        return Call(with_lanes("bool", lanes), op, conv)
+    if op == "ldexp":
+        x, e = conv
+        if not is_float(x.dtype):
+            x = cast(x, "float32")
+        return Call(x.dtype, op, [x, cast(e, with_lanes("int32", dtype_lanes(x.dtype)))])
     dtype = next((a.dtype for a in conv if is_float(a.dtype)), "float32")
     conv = [a if a.dtype == dtype else cast(a, dtype) for a in conv]
     return Call(dtype, op, conv)

@@ -7,6 +7,8 @@ Parallel and vectorized loops run serially / as numpy vectors.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .expr import (EQ, GE, GT, LE, LT, NE, Add, And, Call, Cast, Div, FloatImm, FloorDiv, FloorMod,
@@ -87,7 +89,38 @@ _BIN = {Add: "+", Sub: "-", Mul: "*", FloorDiv: "//", FloorMod: "%",
 _MATH = {"exp": "np.exp", "exp2": "np.exp2", "log": "np.log", "log2": "np.log2",
          "log10": "np.log10", "sqrt": "np.sqrt", "tanh": "np.tanh", "sin": "np.sin",
          "cos": "np.cos", "fabs": "np.abs", "floor": "np.floor", "ceil": "np.ceil",
-         "round": "np.round", "trunc": "np.trunc", "pow": "np.power"}
+         "round": "np.round", "trunc": "np.trunc", "pow": "np.power", "exp10": "_exp10",
+         "log1p": "np.log1p", "sinh": "np.sinh", "cosh": "np.cosh", "tan": "np.tan",
+         "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan", "erf": "_erf",
+         "nearbyint": "np.rint", "atan2": "np.arctan2", "hypot": "np.hypot",
+         "copysign": "np.copysign", "fmod": "np.fmod", "ldexp": "np.ldexp",
+         "isnan": "np.isnan", "isinf": "np.isinf", "isfinite": "np.isfinite",
+         "clz": "_clz", "popcount": "_popcount"}
+
+
+def _exp10(x):
+    return np.power(np.asarray(x).dtype.type(10), x)
+
+
+def _erf(x):
+    x = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[x.dtype])(x)[()]
+
+
+def _unsigned_bits(x):
+    x = np.asarray(x)
+    return x.view(f"uint{x.dtype.itemsize * 8}"), x.dtype.itemsize * 8
+
+
+def _clz(x):
+    u, bits = _unsigned_bits(x)
+    out = np.vectorize(lambda v: bits - int(v).bit_length(), otypes=[np.asarray(x).dtype])(u)
+    return out[()]
+
+
+def _popcount(x):
+    u, _ = _unsigned_bits(x)
+    return np.bitwise_count(u).astype(np.asarray(x).dtype)[()]
 
 
 class _PyGen:
@@ -240,7 +273,8 @@ def compile_func(func: PrimFunc):
     gen.stmt(func.body, " ")
     src = f"def {func.name}({', '.join(params)}):\n" + "\n".join(gen.lines) + "\n"
     env = {"np": np, "_ld": _ld, "_st": _st, "_tdiv": _tdiv, "_tmod": _tmod,
-           "_vselect": _vselect, "_icast": _icast, "_wrap": _wrap, "IROutOfBounds": IROutOfBounds, **gen.consts}
+           "_vselect": _vselect, "_icast": _icast, "_wrap": _wrap, "_exp10": _exp10, "_erf": _erf,
+           "_clz": _clz, "_popcount": _popcount, "IROutOfBounds": IROutOfBounds, **gen.consts}
     exec(compile(src, f"<interp {func.name}>", "exec"), env)  # noqa: S102 - our own IR
     return env[func.name], src
 

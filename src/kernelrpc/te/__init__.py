@@ -26,11 +26,19 @@ def _math(op):
     return fn
 
 
-exp, exp2, log, log2, log10 = (_math(n) for n in ("exp", "exp2", "log", "log2", "log10"))
-sqrt, tanh, sin, cos = (_math(n) for n in ("sqrt", "tanh", "sin", "cos"))
-floor, ceil, round, trunc = (_math(n) for n in ("floor", "ceil", "round", "trunc"))
+exp, exp2, exp10, log, log2, log10, log1p = (
+    _math(n) for n in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p"))
+sqrt, tanh, sinh, cosh, erf = (_math(n) for n in ("sqrt", "tanh", "sinh", "cosh", "erf"))
+sin, cos, tan, asin, acos, atan = (_math(n) for n in ("sin", "cos", "tan", "asin", "acos", "atan"))
+atan2, hypot, copysign, fmod, ldexp = (
+    _math(n) for n in ("atan2", "hypot", "copysign", "fmod", "ldexp"))
+floor, ceil, round, trunc, nearbyint = (
+    _math(n) for n in ("floor", "ceil", "round", "trunc", "nearbyint"))
+isnan, isinf, isfinite = (_math(n) for n in ("isnan", "isinf", "isfinite"))
+clz, popcount = _math("clz"), _math("popcount")
 power = _math("pow")
 fma = _math("fma")
+div = truncdiv           # TVM's te.div: C semantics (true division on floats)
 
 
 def abs(x):  # noqa: A001 - TVM's name

@@ -17,10 +17,16 @@ from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value, join_d
 from .llvm_types import float_literal, int_literal, is_signed, llvm_type, scalar_type
 from .memory_codegen import MemoryCodegen
 
-_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log10": "log10",
-         "sqrt": "sqrt", "tanh": "tanh", "sin": "sin", "cos": "cos", "fabs": "fabs",
-         "floor": "floor", "ceil": "ceil", "round": "nearbyint", "trunc": "trunc",
-         "pow": "pow", "fma": "fma"}
+#: intrinsic -> LLVM intrinsic (vector forms are legalized by LLVM, to libm calls if need be)
+_MATH = {"exp": "exp", "exp2": "exp2", "exp10": "exp10", "log": "log", "log2": "log2",
+         "log10": "log10", "sqrt": "sqrt", "tanh": "tanh", "sinh": "sinh", "cosh": "cosh",
+         "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
+         "atan": "atan", "atan2": "atan2", "fabs": "fabs", "floor": "floor", "ceil": "ceil",
+         "round": "nearbyint", "nearbyint": "nearbyint", "trunc": "trunc", "pow": "pow",
+         "fma": "fma", "copysign": "copysign"}
+#: intrinsic -> C math library function (float name, double name): no LLVM intrinsic exists,
+#: so vectors call it lane by lane
+_LIBM = {"erf": ("erff", "erf"), "log1p": ("log1pf", "log1p"), "hypot": ("hypotf", "hypot")}
 _INT_CMP = {E.EQ: "eq", E.NE: "ne", E.LT: "slt", E.LE: "sle", E.GT: "sgt", E.GE: "sge"}
 _FLOAT_CMP = {E.EQ: "oeq", E.NE: "une", E.LT: "olt", E.LE: "ole", E.GT: "ogt", E.GE: "oge"}
 _FLOAT_OPS = {E.Add: "fadd", E.Sub: "fsub", E.Mul: "fmul", E.Div: "fdiv", E.Mod: "frem"}
@@ -370,10 +376,59 @@ class ExprCodegen(MemoryCodegen):
         return self.fn.assign(ty, f"{op} {value} to {ty}", div=value.div if op == "sext" else 1)
 
     def visit_Call(self, node):
-        name = _MATH.get(node.op)
-        if name is None:
-            raise CodegenError(f"unknown intrinsic {node.op!r}")
-        return self._call_intrinsic(name, node.dtype, [self(a) for a in node.args])
+        args = [self(a) for a in node.args]
+        op = node.op
+        if op in _MATH:
+            return self._call_intrinsic(_MATH[op], node.dtype, args)
+        if op in _LIBM:
+            return self._call_libm(_LIBM[op], node.dtype, args)
+        ty = llvm_type(node.dtype)
+        if op == "fmod":
+            return self.fn.assign(ty, f"frem {ty} {args[0].ref}, {args[1].ref}")
+        if op == "ldexp":
+            full = (f"llvm.ldexp.{_intrinsic_suffix(node.dtype)}."
+                    f"{_intrinsic_suffix(node.args[1].dtype)}")
+            self.module.declare(full, f"declare {ty} @{full}({ty}, {args[1].type})")
+            return self.fn.assign(ty, f"call {ty} @{full}({args[0]}, {args[1]})")
+        if op in ("clz", "popcount"):
+            name = "ctlz" if op == "clz" else "ctpop"
+            full = f"llvm.{name}.{_intrinsic_suffix(node.dtype)}"
+            extra = ", i1" if op == "clz" else ""
+            self.module.declare(full, f"declare {ty} @{full}({ty}{extra})")
+            flag = ", i1 false" if op == "clz" else ""
+            return self.fn.assign(ty, f"call {ty} @{full}({args[0]}{flag})")
+        if op in ("isnan", "isinf", "isfinite"):
+            x, src = args[0], node.args[0].dtype
+            bool_ty = self._bool_type(src)
+            if op == "isnan":
+                return self.fn.assign(bool_ty, f"fcmp uno {x}, {x.ref}")
+            magnitude = self._call_intrinsic("fabs", src, [x])
+            inf = self.const(float("inf"), src)
+            pred = "oeq" if op == "isinf" else "one"
+            return self.fn.assign(bool_ty, f"fcmp {pred} {magnitude}, {inf.ref}")
+        raise CodegenError(f"unknown intrinsic {op!r}")
+
+    def _call_libm(self, names, dtype: str, args):
+        """A C math function, lane by lane for vectors; float16 computes in float."""
+        elem = dtype_element(dtype)
+        lanes = dtype_lanes(dtype)
+        calc = "float64" if elem == "float64" else "float32"
+        fname = names[1] if calc == "float64" else names[0]
+        cty = llvm_type(calc)
+        self.module.declare(fname, f"declare {cty} @{fname}({', '.join([cty] * len(args))})")
+
+        def scalar(values):
+            values = [self.cast(v, elem, calc) for v in values]
+            out = self.fn.assign(cty, f"call {cty} @{fname}({', '.join(map(str, values))})")
+            return self.cast(out, calc, elem)
+        if lanes == 1:
+            return scalar(args)
+        ety = llvm_type(elem)
+        result = Value(llvm_type(dtype), "poison")
+        for k in range(lanes):
+            lane = [self.fn.assign(ety, f"extractelement {a}, i32 {k}") for a in args]
+            result = self.fn.assign(result.type, f"insertelement {result}, {scalar(lane)}, i32 {k}")
+        return result
 
     def _call_intrinsic(self, name, dtype, args):
         ty = llvm_type(dtype)

@@ -261,7 +261,7 @@ class Mutator:
             old = getattr(node, name)
             if isinstance(old, (PrimExpr, Stmt)):
                 new = self.visit(old)
-            elif isinstance(old, tuple) and name in ("args", "seq", "indices"):
+            elif isinstance(old, tuple) and name in ("args", "seq", "indices", "source", "init"):
                 new = tuple(self.visit(x) for x in old)
                 if all(x is y for x, y in zip(new, old)):
                     new = old

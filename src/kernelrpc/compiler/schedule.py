@@ -190,6 +190,8 @@ class Schedule:
             raise ScheduleError("cache_write: only compute tensors can be cached")
         if stage.attach_type == "inline":
             raise ScheduleError("cache_write: the stage is inlined")
+        if len(op.outputs) > 1:
+            raise ScheduleError(f"cache_write: {op.name} has several outputs")
         new_axis = [IterVar(iv.dom_min, iv.extent, Var(f"{iv.name}.c")) for iv in op.axis]
         vmap = {iv.var: n.var for iv, n in zip(op.axis, new_axis)}
         body = substitute(op.body, vmap)

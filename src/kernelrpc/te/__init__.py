@@ -11,8 +11,8 @@ from ..compiler.expr import (all_of as all, any_of as any, call_math, const, flo
 from ..compiler.expr import if_then_else, max_value, min_value
 from ..compiler.lower import LowerError, PassContext, lower
 from ..compiler.schedule import Schedule, ScheduleError, Stage, create_schedule
-from ..compiler.tensor import (IterVar, Range, Tensor, TensorError, compute, max, min,
-                                placeholder, reduce_axis, sum, var)
+from ..compiler.tensor import (CommReducer, IterVar, Range, Tensor, TensorError, comm_reducer,
+                                compute, max, min, placeholder, reduce_axis, sum, var)
 from ..compiler.build import BuiltModule, build  # the backend (LLVM via llvmlite)
 from ..compiler.target import Target
 

@@ -48,7 +48,10 @@ def _loads(e, guarded: bool, out: list) -> None:
     if isinstance(e, Reduce):
         if e.condition is not None:
             _loads(e.condition, guarded, out)
-        _loads(e.source, guarded or e.condition is not None, out)
+        for x in e.source:
+            _loads(x, guarded or e.condition is not None, out)
+        for x in e.init or ():
+            _loads(x, guarded, out)
         return
     if isinstance(e, Select):
         _loads(e.condition, guarded, out)
@@ -111,7 +114,8 @@ def check_static_bounds(op: ComputeOp) -> None:
     if ranges is None:
         return
     found: list = []
-    _loads(op.body, False, found)
+    for body in op.bodies[:1] if isinstance(op.body, Reduce) else op.bodies:
+        _loads(body, False, found)
     printer = Printer()
     for load, guarded in found:
         tensor = load.tensor

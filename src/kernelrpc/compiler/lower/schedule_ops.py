@@ -9,7 +9,7 @@ attached stages (and their buffers) placed inside their parent's loops.
 from __future__ import annotations
 
 from ..expr import PrimExpr, Var, all_of, convert, maximum, minimum
-from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store,
+from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, PrimFunc, Store,
                   post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split
 from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
@@ -23,17 +23,25 @@ class LowerError(ValueError):
 class _StageInfo:
     """Loop structure of one stage after bounds inference."""
 
-    def __init__(self, stage, body):
+    def __init__(self, stage, bodies):
         self.stage = stage
-        self.body = body                 # compute body with inlined producers
+        self.bodies = bodies             # compute bodies (one per output), producers inlined
         self.root_dom: dict = {}         # root IterVar -> (min expr, extent expr)
         self.ext: dict = {}              # every IterVar -> extent expr
         self.rel: dict = {}              # IterVar -> value relative to its min, in leaf vars
         self.checks: list = []           # conditions that keep indices inside their extent
         self.partial: set = set()        # root axes computed over a sub-region (compute_at)
-        self.buffer: Buffer | None = None
+        self.buffers: dict = {}          # output value_index -> Buffer
         self.offsets: tuple = ()         # region min per dim for attached buffers
         self.children: dict = {}         # leaf position -> [child _StageInfo]
+
+    @property
+    def body(self):
+        return self.bodies[0]
+
+    @property
+    def buffer(self) -> Buffer | None:
+        return self.buffers.get(0)
 
     @property
     def leaves(self):
@@ -61,17 +69,19 @@ class _Inliner(Mutator):
         stage = self.sch.stage_map.get(node.tensor.op)
         if stage is not None and stage.attach_type == "inline":
             axis = stage.op.axis
-            return substitute(self.bodies[stage], {iv.var: i for iv, i in zip(axis, indices)})
+            body = self.bodies[stage][node.tensor.value_index]
+            return substitute(body, {iv.var: i for iv, i in zip(axis, indices)})
         return TensorLoad(node.tensor, indices)
 
 
-def _loads_of(body, stage, sch) -> list:
+def _loads_of(bodies, stage, sch) -> list:
     found = []
 
     def fn(node):
         if isinstance(node, TensorLoad) and sch.stage_map.get(node.tensor.op) is stage:
             found.append(node)
-    post_order_visit(body, fn)
+    for body in bodies:
+        post_order_visit(body, fn)
     return found
 
 
@@ -90,7 +100,7 @@ class ScheduleLowering:
         inliner = _Inliner(sch, bodies)
         for stage in sch.stages:
             if isinstance(stage.op, ComputeOp):
-                bodies[stage] = inliner.visit(stage.op.body)
+                bodies[stage] = tuple(inliner.visit(b) for b in stage.op.bodies)
                 if stage.attach_type == "inline" and stage.op in sch.outputs:
                     raise LowerError(f"output {stage.op.name} cannot be inlined")
         computes = [s for s in sch.stages
@@ -110,11 +120,15 @@ class ScheduleLowering:
                 parent.children.setdefault(pos, []).append(info)
             else:
                 roots.append(info)
-            if info.buffer is None:
-                info.buffer = self._new_buffer(stage.op.name, self._alloc_shape(info),
-                                               stage.op.outputs[0].dtype, stage.scope)
-                if stage.attach_type != "scope":
-                    allocs.append(info.buffer)
+            if len(info.buffers) < len(stage.op.outputs):
+                shape = self._alloc_shape(info)
+                for out in stage.op.outputs:
+                    if out.value_index in info.buffers:
+                        continue
+                    buf = self._new_buffer(out.name, shape, out.dtype, stage.scope)
+                    info.buffers[out.value_index] = buf
+                    if stage.attach_type != "scope":
+                        allocs.append(buf)
         body = seq(*[self._build(info) for info in roots])
         for buf in reversed(allocs):
             body = Allocate(buf, body)
@@ -146,20 +160,23 @@ class ScheduleLowering:
                 raise LowerError(f"lower: arguments must be tensors or te.var, got {arg!r}")
             stage = self.sch.stage_map.get(arg.op)
             key = stage if stage is not None else arg.op
-            if id(key) in seen:
+            if (id(key), arg.value_index) in seen:
                 raise LowerError(f"lower: tensor {arg.name} is given twice")
-            seen.add(id(key))
+            seen.add((id(key), arg.value_index))
             if stage is not None and stage.attach_type == "inline":
                 raise LowerError(f"lower: {arg.name} is inlined and has no buffer")
             buf = self._new_buffer(arg.name, arg.shape, arg.dtype)
             self.buffers[key] = buf
             if stage is not None and stage in self.infos:
-                self.infos[stage].buffer = buf
-                self.infos[stage].offsets = (0,) * len(arg.shape)
+                info = self.infos[stage]
+                if info.buffers and info.offsets != (0,) * len(arg.shape):
+                    raise LowerError(f"lower: {arg.name} is attached (compute_at)")
+                info.buffers[arg.value_index] = buf
+                info.offsets = (0,) * len(arg.shape)
             params.append(buf)
         for stage in self.sch.stages:
             if isinstance(stage.op, PlaceholderOp) and stage not in self.buffers:
-                if any(_loads_of(info.body, stage, self.sch) for info in self.infos.values()):
+                if any(_loads_of(info.bodies, stage, self.sch) for info in self.infos.values()):
                     raise LowerError(f"lower: placeholder {stage.op.name} is used but not in args")
         free = []
         for arg_buf in [p for p in params if isinstance(p, Buffer)]:
@@ -215,7 +232,7 @@ class ScheduleLowering:
         regions = [None] * len(op.axis)
         for reader in computes:
             reader_info = self.infos[reader]
-            loads = _loads_of(reader_info.body, stage, self.sch)
+            loads = _loads_of(reader_info.bodies, stage, self.sch)
             if not loads:
                 continue
             if reader is parent.stage:
@@ -299,7 +316,8 @@ class ScheduleLowering:
                 indices = [self.visit(i) for i in node.indices]
                 stage = lowering.sch.stage_map.get(node.tensor.op)
                 info = lowering.infos.get(stage)
-                buf = info.buffer if info is not None else lowering.buffers[stage]
+                buf = info.buffers[node.tensor.value_index] if info is not None \
+                    else lowering.buffers[stage]
                 offsets = info.offsets if info is not None else (0,) * len(indices)
                 return Load(buf, lowering._flat(buf, offsets, indices))
 
@@ -311,22 +329,25 @@ class ScheduleLowering:
         roots = list(op.axis) + list(op.reduce_axis)
         values = {iv.var: info.root_value(iv) for iv in roots}
         out_index = self._flat(info.buffer, info.offsets, [values[iv.var] for iv in op.axis])
+        buffers = [info.buffers[k] for k in range(len(info.bodies))]
         checks = [simplify(c) for c in info.checks]
         leaves = info.leaves
         body = info.body
         init = None
         first_reduce = len(leaves)
         if isinstance(body, Reduce):
-            source = self._to_load(substitute(body.source, values))
-            acc = Load(info.buffer, out_index)
-            update = Store(info.buffer, body.combine(acc, source), out_index)
+            sources = [self._to_load(substitute(x, values)) for x in body.source]
+            accs = [Load(buf, out_index) for buf in buffers]
+            update = self._assign(buffers, body.combiner.combine(accs, sources), out_index)
             if body.condition is not None:
                 update = IfThenElse(self._to_load(substitute(body.condition, values)), update)
             first_reduce = next(k for k, leaf in enumerate(leaves) if leaf.kind == IterVar.REDUCE)
-            init = self._init_nest(info, first_reduce, checks, body.identity())
+            start = body.identity() if body.init is None else body.init
+            init = self._init_nest(info, first_reduce, checks, buffers, start)
             stmt = update
         else:
-            stmt = Store(info.buffer, self._to_load(substitute(body, values)), out_index)
+            stmt = self._assign(buffers, [self._to_load(substitute(b, values))
+                                          for b in info.bodies], out_index)
         positions = {leaf.var: k for k, leaf in enumerate(leaves)}
         by_level: dict = {}
         for cond in checks:
@@ -335,7 +356,9 @@ class ScheduleLowering:
             if pos + 1 == first_reduce and init is not None:
                 stmt = seq(init, stmt)
             for child in reversed(info.children.get(pos, [])):
-                stmt = Allocate(child.buffer, seq(self._build(child), stmt))
+                stmt = seq(self._build(child), stmt)
+                for k in sorted(child.buffers, reverse=True):
+                    stmt = Allocate(child.buffers[k], stmt)
             if pos in by_level:
                 stmt = IfThenElse(simplify(all_of(*by_level[pos])), stmt)
             if pos >= 0:
@@ -343,14 +366,27 @@ class ScheduleLowering:
                 stmt = For(leaf.var, convert(0), info.ext[leaf], self._kind(stage, leaf), stmt)
         return stmt
 
-    def _init_nest(self, info, first_reduce, checks, identity):
+    @staticmethod
+    def _assign(buffers, values, index):
+        """Store every output; a tuple reduction computes all new values before storing."""
+        if len(buffers) == 1:
+            return Store(buffers[0], values[0], index)
+        temps = [Var(f"{buf.name}.new", v.dtype) for buf, v in zip(buffers, values)]
+        stmt = seq(*[Store(buf, t, index) for buf, t in zip(buffers, temps)])
+        for t, v in reversed(list(zip(temps, values))):
+            stmt = LetStmt(t, v, stmt)
+        return stmt
+
+    def _init_nest(self, info, first_reduce, checks, buffers, start):
         stage = info.stage
         leaves = info.leaves
         copies = [leaf for leaf in leaves[first_reduce + 1:] if leaf.kind != IterVar.REDUCE]
         vmap = {leaf.var: Var(f"{leaf.var.name}.init", leaf.var.dtype) for leaf in copies}
         values = [info.root_value(iv) for iv in stage.op.axis]
         index = simplify(substitute(self._flat(info.buffer, info.offsets, values), vmap))
-        stmt = Store(info.buffer, identity, index)
+        axis_values = {iv.var: substitute(v, vmap) for iv, v in zip(stage.op.axis, values)}
+        start = [self._to_load(substitute(v, axis_values)) for v in start]
+        stmt = seq(*[Store(buf, v, index) for buf, v in zip(buffers, start)])
         reduce_vars = {leaf.var for leaf in leaves if leaf.kind == IterVar.REDUCE}
         positions = {leaf.var: k for k, leaf in enumerate(copies)}
         by_level: dict = {}

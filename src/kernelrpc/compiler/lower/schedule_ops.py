@@ -364,6 +364,9 @@ class ScheduleLowering:
             if pos >= 0:
                 leaf = leaves[pos]
                 stmt = For(leaf.var, convert(0), info.ext[leaf], self._kind(stage, leaf), stmt)
+                pragmas = stage.pragmas.get(leaf, {})
+                if pragmas.get("unroll_explicit", True) and "auto_unroll_max_step" in pragmas:
+                    stmt = _auto_unroll(stmt, pragmas["auto_unroll_max_step"])
         return stmt
 
     @staticmethod
@@ -406,6 +409,40 @@ class ScheduleLowering:
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _auto_unroll(stmt, max_step: int):
+    """Mark serial loops whose whole nest runs at most ``max_step`` iterations as unrolled."""
+    def visit(s):
+        if isinstance(s, For):
+            body, inner = visit(s.body)
+            n = const_int(s.extent)
+            if n is None:
+                return For(s.var, s.min, s.extent, s.kind, body), INF
+            trips = n * max(inner, 1)
+            kind = "unrolled" if s.kind == "serial" and trips <= max_step else s.kind
+            return For(s.var, s.min, s.extent, kind, body), trips
+        if s is None or not hasattr(s, "_fields") or isinstance(s, PrimExpr):
+            return s, 0
+        parts = []
+        most = 0
+        for name in s._fields:
+            child = getattr(s, name)
+            if isinstance(child, tuple) and name == "seq":
+                new = []
+                for c in child:
+                    c, t = visit(c)
+                    new.append(c)
+                    most += t
+                parts.append(tuple(new))
+            elif hasattr(child, "_fields") and not isinstance(child, PrimExpr):
+                child, t = visit(child)
+                most = max(most, t)
+                parts.append(child)
+            else:
+                parts.append(child)
+        return type(s)(*parts), most
+    return visit(stmt)[0]
+
 
 def _level(cond, positions: dict) -> int:
     return max((positions[v] for v in vars_in(cond) if v in positions), default=-1)

@@ -227,3 +227,29 @@ def test_bound_checks_never_fire_on_correct_schedules():
         c = np.zeros((M, N), "float32")
         interp.run(f, a, b, c)
         np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+
+
+def test_bound_checks_respect_if_then_else_padding():
+    """An inlined padding stage reads out of range only where if_then_else rules it out."""
+    import te_workloads as W
+    data, kernel, padded, out = W.conv2d_nchw(1, 3, 6, 7, 4, 3, 3, 1, 1)
+    s = te.create_schedule(out.op)
+    s[padded].compute_inline()
+    with te.PassContext(config={"tir.instrument_bound_checkers": True}):
+        func = te.lower(s, [data, kernel, out])
+        module = kernelrpc.build(s, [data, kernel, out], name="conv")
+    rng = np.random.default_rng(3)
+    d = rng.random((1, 3, 6, 7), dtype=np.float32)
+    k = rng.random((4, 3, 3, 3), dtype=np.float32)
+    dp = np.pad(d, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((1, 4, 6, 7), "float32")
+    for y in range(6):
+        for x in range(7):
+            want[0, :, y, x] = np.einsum("cij,fcij->f", dp[0, :, y:y + 3, x:x + 3], k)
+    got = np.zeros_like(want)
+    interp.run(func, d, k, got)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    dev = kernelrpc.cpu(0)
+    o = nd.empty(want.shape, "float32", dev)
+    module(nd.array(d, dev), nd.array(k, dev), o)
+    np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)

@@ -253,3 +253,17 @@ def test_bound_checks_respect_if_then_else_padding():
     o = nd.empty(want.shape, "float32", dev)
     module(nd.array(d, dev), nd.array(k, dev), o)
     np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
+
+
+def test_packed_layout_read_past_its_extent_is_a_build_error():
+    """The GEMM tutorial's packing with N // bn blocks reads past packedB when bn does not
+    divide N: that was a silent wrong answer (or a segfault); now the build says so."""
+    M, K, N, bn = 8, 5, 40, 16
+    A = te.placeholder((M, K), name="A")
+    B = te.placeholder((K, N), name="B")
+    k = te.reduce_axis((0, K), "k")
+    packedB = te.compute((N // bn, K, bn), lambda x, y, z: B[y, x * bn + z], name="packedB")
+    C = te.compute((M, N), lambda m, n: te.sum(A[m, k] * packedB[n // bn, k, n % bn], axis=k),
+                   name="C")
+    with pytest.raises(te.LowerError, match=r"packedB.*\[0, 2\], outside the extent \[0, 2\)"):
+        kernelrpc.build(te.create_schedule(C.op), [A, B, C])

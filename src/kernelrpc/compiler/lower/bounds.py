@@ -15,8 +15,8 @@
 """
 from __future__ import annotations
 
-from ..expr import (Add, Cast, IntImm, Mul, PrimExpr, Select, Sub, Var, const, convert, is_int,
-                    logical_and)
+from ..expr import (Add, Cast, FloorDiv, FloorMod, IntImm, Mul, PrimExpr, Select, Sub, Var, const,
+                    convert, is_int, logical_and)
 from ..ir import (ERR_OUT_OF_BOUNDS, AssertStmt, For, IfThenElse, LetStmt, Load, Mutator, Store,
                   vars_in)
 from ..printer import Printer
@@ -68,17 +68,49 @@ def _loads(e, guarded: bool, out: list) -> None:
                     _loads(c, guarded, out)
 
 
-def _tight_interval(index, ranges):
-    """The exact, attained (lo, hi) of a linear form over independent ranged axes, or None."""
-    terms, k = linear(index)
-    lo = hi = k
-    for atom, c in terms.values():
-        while isinstance(atom, Cast) and is_int(atom.value.dtype) and is_int(atom.dtype) \
-                and fits(bound(atom.value, ranges), atom.dtype):
-            atom = atom.value                   # a widening cast keeps the value
-        if not isinstance(atom, Var) or atom not in ranges:
+def _tight_interval(e, ranges):
+    """(lo, hi) of ``e`` over the axes' ranges with both ends attained, or None.
+
+    Linear forms over independent attained atoms (each variable in one term only),
+    floordiv by a positive constant (monotone) and floormod of a variable sweeping at least
+    the divisor (every remainder) qualify; anything else is None.
+    """
+    while isinstance(e, Cast) and is_int(e.value.dtype) and is_int(e.dtype) \
+            and fits(bound(e.value, ranges), e.dtype):
+        e = e.value                             # a widening cast keeps the value
+    if isinstance(e, IntImm):
+        return e.value, e.value
+    if isinstance(e, Var):
+        return ranges.get(e)
+    if isinstance(e, (FloorDiv, FloorMod)) and isinstance(e.b, IntImm) and e.b.value > 0:
+        inner = _tight_interval(e.a, ranges)
+        if inner is None:
             return None
-        a, b = ranges[atom]
+        lo, hi = inner
+        c = e.b.value
+        if isinstance(e, FloorDiv):
+            return lo // c, hi // c
+        terms, _ = linear(e.a)
+        step_one = len(terms) == 1 and abs(next(iter(terms.values()))[1]) == 1
+        if lo // c == hi // c:
+            return (lo % c, hi % c) if step_one else None
+        return (0, c - 1) if step_one and hi - lo + 1 >= c else None
+    terms, k = linear(e)
+    if len(terms) == 1:
+        (atom, c), = terms.values()
+        if atom is e:
+            return None
+    lo = hi = k
+    seen: set = set()
+    for atom, c in terms.values():
+        used = vars_in(atom)
+        if used & seen:
+            return None
+        seen |= used
+        inner = _tight_interval(atom, ranges)
+        if inner is None:
+            return None
+        a, b = inner
         lo += min(c * a, c * b)
         hi += max(c * a, c * b)
     return lo, hi

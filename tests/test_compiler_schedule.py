@@ -125,3 +125,24 @@ def test_normalize_returns_the_schedule():
     A, B, C = _gemm(4, 4, 4)
     s = te.create_schedule(C.op)
     assert s.normalize() is s
+
+
+def test_storage_align_pads_the_row_stride():
+    M, K, N = 8, 10, 12
+    A, B, C = _gemm(M, K, N)
+    s = te.create_schedule(C.op)
+    AA = s.cache_read(A, "local", [C])
+    s[AA].storage_align(AA.op.axis[0], 16, 3)
+    a = RNG.standard_normal((M, K)).astype("float32")
+    b = RNG.standard_normal((K, N)).astype("float32")
+    got, ref, func = _run_both(s, [A, B, C], [a, b], (M, N))
+    allocs = []
+    ir.post_order_visit(func.body, lambda n: allocs.append(n) if isinstance(n, ir.Allocate)
+                        else None)
+    (buf,) = [x.buffer for x in allocs if x.buffer.name == "A.local"]
+    assert buf.strides == (19, 1) and buf.size == 8 * 19       # 10 -> 19 = 16 + 3
+    for out in (got, ref):
+        np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    s[C].storage_align(C.op.axis[0], 16, 0)
+    with pytest.raises(te.LowerError, match="function argument"):
+        te.lower(s, [A, B, C])

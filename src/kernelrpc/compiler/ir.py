@@ -23,20 +23,26 @@ class Buffer:
     ``Allocate`` introduces the others.
     """
 
-    __slots__ = ("name", "shape", "dtype", "scope")
+    __slots__ = ("name", "shape", "dtype", "scope", "strides")
     __hash__ = object.__hash__
 
-    def __init__(self, name: str, shape, dtype: str = "float32", scope: str = "global"):
+    def __init__(self, name: str, shape, dtype: str = "float32", scope: str = "global",
+                 strides=None):
         if dtype_lanes(dtype) != 1:
             raise TypeError(f"buffer {name}: dtype must be scalar, got {dtype}")
         self.name = name
         self.shape = tuple(shape)
         self.dtype = dtype
         self.scope = scope
+        #: element strides per dimension (ints) when padded by ``storage_align``; None: compact
+        self.strides = None if strides is None else tuple(strides)
 
     @property
     def size(self):
         """Number of elements: an int when the shape is constant, else an expression."""
+        if self.strides is not None and self.shape:
+            first = self.shape[0]
+            return (first.value if isinstance(first, IntImm) else first) * self.strides[0]
         total = 1
         for dim in self.shape:
             total = total * (dim.value if isinstance(dim, IntImm) else dim)

@@ -45,6 +45,7 @@ class Stage:
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
         self.scope = "global"
+        self.storage_aligns: dict = {}      # dimension -> (factor, offset)
 
     def reset(self) -> None:
         op = self.op
@@ -154,6 +155,18 @@ class Stage:
                                 f"{sorted(PRAGMAS)}")
         value = PRAGMAS[pragma_type](pragma_value)
         self.pragmas.setdefault(iv, {})[pragma_type] = value
+
+    def storage_align(self, axis: IterVar, factor: int, offset: int) -> None:
+        """Pad this stage's buffer so the stride of ``axis``'s dimension is
+        ``k * factor + offset`` elements (TVM's storage_align; only for buffers lowering
+        allocates, not for function arguments)."""
+        self._compute_only("storage_align")
+        dims = [k for k, iv in enumerate(self.op.axis) if iv is axis]
+        if not dims:
+            raise ScheduleError(f"storage_align: {axis!r} is not a root axis of {self.op.name}")
+        if not (isinstance(factor, int) and factor > 0 and isinstance(offset, int)):
+            raise ScheduleError("storage_align: factor must be a positive int, offset an int")
+        self.storage_aligns[dims[0]] = (factor, offset % factor)
 
     # ------------------------------------------------------------------ placement
     def compute_at(self, parent: "Stage", ivar: IterVar) -> None:

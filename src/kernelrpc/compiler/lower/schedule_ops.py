@@ -125,7 +125,8 @@ class ScheduleLowering:
                 for out in stage.op.outputs:
                     if out.value_index in info.buffers:
                         continue
-                    buf = self._new_buffer(out.name, shape, out.dtype, stage.scope)
+                    buf = self._new_buffer(out.name, shape, out.dtype, stage.scope,
+                                           stage.storage_aligns)
                     info.buffers[out.value_index] = buf
                     if stage.attach_type != "scope":
                         allocs.append(buf)
@@ -143,8 +144,8 @@ class ScheduleLowering:
         self.names.add(name)
         return name
 
-    def _new_buffer(self, name, shape, dtype, scope="global") -> Buffer:
-        buf = Buffer(self._unique(name), shape, dtype, scope)
+    def _new_buffer(self, name, shape, dtype, scope="global", aligns=None) -> Buffer:
+        buf = Buffer(self._unique(name), shape, dtype, scope, _aligned_strides(shape, aligns))
         size = const_int(convert(buf.size))
         if size is not None and size >= 2 ** 31:
             raise LowerError(f"{name} has {size} elements; indices are int32 (max 2**31 - 1)")
@@ -169,6 +170,9 @@ class ScheduleLowering:
             self.buffers[key] = buf
             if stage is not None and stage in self.infos:
                 info = self.infos[stage]
+                if stage.storage_aligns:
+                    raise LowerError(f"lower: storage_align pads buffers lowering allocates; "
+                                     f"{arg.name} is a function argument")
                 if info.buffers and info.offsets != (0,) * len(arg.shape):
                     raise LowerError(f"lower: {arg.name} is attached (compute_at)")
                 info.buffers[arg.value_index] = buf
@@ -199,7 +203,9 @@ class ScheduleLowering:
 
     def _flat(self, buf: Buffer, offsets, indices) -> PrimExpr:
         flat, stride = None, 1
-        for dim, off, idx in reversed(list(zip(buf.shape, offsets, indices))):
+        strides = buf.strides or (None,) * len(buf.shape)
+        for dim, off, idx, fixed in reversed(list(zip(buf.shape, offsets, indices, strides))):
+            stride = stride if fixed is None else fixed
             term = (idx - off) * stride
             flat = term if flat is None else term + flat
             stride = stride * dim
@@ -409,6 +415,23 @@ class ScheduleLowering:
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _aligned_strides(shape, aligns):
+    """Row-major strides with ``storage_align``'s padding: stride[d] % factor == offset."""
+    if not aligns:
+        return None
+    dims = [const_int(d) for d in shape]
+    if any(d is None for d in dims):
+        raise LowerError("storage_align needs a constant shape")
+    strides = [1] * len(dims)
+    for d in range(len(dims) - 1, -1, -1):
+        stride = 1 if d == len(dims) - 1 else strides[d + 1] * dims[d + 1]
+        if d in aligns:
+            factor, offset = aligns[d]
+            stride += (offset - stride) % factor
+        strides[d] = stride
+    return strides
+
 
 def _auto_unroll(stmt, max_step: int):
     """Mark serial loops whose whole nest runs at most ``max_step`` iterations as unrolled."""

@@ -146,3 +146,22 @@ def test_storage_align_pads_the_row_stride():
     s[C].storage_align(C.op.axis[0], 16, 0)
     with pytest.raises(te.LowerError, match="function argument"):
         te.lower(s, [A, B, C])
+
+
+def test_prefetch_emits_hints_and_keeps_results():
+    M, K, N = 16, 64, 32
+    A, B, C = _gemm(M, K, N)
+    s = te.create_schedule(C.op)
+    i, j = C.op.axis
+    s[C].prefetch(A, i, 1)
+    a = RNG.standard_normal((M, K)).astype("float32")
+    b = RNG.standard_normal((K, N)).astype("float32")
+    got, ref, func = _run_both(s, [A, B, C], [a, b], (M, N))
+    text = str(func)
+    assert "prefetch(A[" in text and "A.line" in text       # 64 floats = 4 lines per row
+    for out in (got, ref):
+        np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    module = kernelrpc.build(s, [A, B, C], name="f")
+    assert "llvm.prefetch" in module.get_source("ll")
+    with pytest.raises(te.ScheduleError, match="does not read"):
+        s[C].prefetch(C, i, 1)

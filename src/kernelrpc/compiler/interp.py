@@ -14,7 +14,7 @@ import numpy as np
 from .expr import (EQ, GE, GT, LE, LT, NE, Add, And, Call, Cast, Div, FloatImm, FloorDiv, FloorMod,
                    IntImm, Let, Max, Min, Mod, Mul, Not, Or, Select, Sub, Var, dtype_element,
                    dtype_lanes, is_bool, is_float, is_int, wrap_int)
-from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
+from .ir import (Allocate, AssertStmt, Prefetch, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
                  Ramp, SeqStmt, Store, substitute)
 from .lower.arith import exact_bound, fits, simplify
 
@@ -251,6 +251,8 @@ class _PyGen:
         elif isinstance(s, LetStmt):
             self.lines.append(f"{ind}{self.expr(s.var)} = {self.expr(s.value)}")
             self.stmt(s.body, ind)
+        elif isinstance(s, Prefetch):
+            self.lines.append(f"{ind}pass  # prefetch")
         elif isinstance(s, AssertStmt):
             self.lines.append(f"{ind}if not {self.expr(s.condition)}:")
             self.lines.append(f"{ind} raise IROutOfBounds({s.message!r})")

@@ -190,6 +190,20 @@ class AssertStmt(Stmt):
         self.body = body
 
 
+class Prefetch(Stmt):
+    """A hint: bring the cache line holding ``buffer[index]`` closer (TVM's prefetch).
+
+    Never faults, even past the end of the buffer; the interpreter ignores it.
+    """
+
+    __slots__ = ("buffer", "index")
+    _fields = ("buffer", "index")
+
+    def __init__(self, buffer: Buffer, index: PrimExpr):
+        self.buffer = buffer
+        self.index = index
+
+
 class Evaluate(Stmt):
     __slots__ = ("value",)
     _fields = ("value",)

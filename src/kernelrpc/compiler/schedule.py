@@ -55,6 +55,7 @@ class Stage:
         self.relations: list = []
         self.iter_var_attrs: dict = {}
         self.pragmas: dict = {}             # leaf IterVar -> {pragma name: value}
+        self.prefetches: list = []          # (tensor, leaf IterVar, offset)
 
     def __repr__(self):
         return f"stage({self.op.name})"
@@ -155,6 +156,17 @@ class Stage:
                                 f"{sorted(PRAGMAS)}")
         value = PRAGMAS[pragma_type](pragma_value)
         self.pragmas.setdefault(iv, {})[pragma_type] = value
+
+    def prefetch(self, tensor: Tensor, var: IterVar, offset) -> None:
+        """At the start of every iteration of loop ``var``, prefetch the part of ``tensor``
+        that iteration ``var + offset`` reads (one hint per 64-byte line; TVM's prefetch)."""
+        self._compute_only("prefetch")
+        self._check_leaf(var)
+        if not any(t.op is tensor.op for t in self.op.input_tensors):
+            raise ScheduleError(f"prefetch: {self.op.name} does not read {tensor.name}")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise ScheduleError(f"prefetch: offset must be an int, got {offset!r}")
+        self.prefetches.append((tensor, var, offset))
 
     def storage_align(self, axis: IterVar, factor: int, offset: int) -> None:
         """Pad this stage's buffer so the stride of ``axis``'s dimension is

@@ -70,6 +70,19 @@ class StmtCodegen(ExprCodegen):
     def stmt_Evaluate(self, node):
         self(node.value)
 
+    def stmt_Prefetch(self, node):
+        base = self.env.get(node.buffer)
+        if base is None:
+            return                  # the buffer is not live here: a hint can be dropped
+        index = self(node.index)
+        if index.type != "i64":
+            index = self.cast(index, node.index.dtype, "int64")
+        ptr = self.fn.assign("ptr", f"getelementptr {memory_type(node.buffer.dtype)}, "
+                                    f"ptr {base.ref}, i64 {index.ref}")
+        self.module.declare("llvm.prefetch.p0",
+                            "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+        self.fn.emit(f"call void @llvm.prefetch.p0(ptr {ptr.ref}, i32 0, i32 3, i32 1)")
+
     def stmt_AssertStmt(self, node):
         cond = self(node.condition)
         if cond.const is None:

@@ -8,9 +8,9 @@ attached stages (and their buffers) placed inside their parent's loops.
 """
 from __future__ import annotations
 
-from ..expr import PrimExpr, Var, all_of, convert, maximum, minimum
-from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, PrimFunc, Store,
-                  post_order_visit, seq, substitute, vars_in)
+from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
+from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
+                  Store, post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split
 from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 from .arith import INF, bound, const_int, from_linear, linear, simplify
@@ -369,11 +369,34 @@ class ScheduleLowering:
                 stmt = IfThenElse(simplify(all_of(*by_level[pos])), stmt)
             if pos >= 0:
                 leaf = leaves[pos]
+                stmt = seq(*self._prefetches(info, pos, values), stmt)
                 stmt = For(leaf.var, convert(0), info.ext[leaf], self._kind(stage, leaf), stmt)
                 pragmas = stage.pragmas.get(leaf, {})
                 if pragmas.get("unroll_explicit", True) and "auto_unroll_max_step" in pragmas:
                     stmt = _auto_unroll(stmt, pragmas["auto_unroll_max_step"])
         return stmt
+
+    def _prefetches(self, info, pos, values) -> list:
+        """Prefetch hints for loop ``leaves[pos]``: the lines iteration ``+ offset`` reads."""
+        leaf = info.leaves[pos]
+        inner = info.leaves[pos + 1:]
+        out = []
+        for tensor, var, offset in info.stage.prefetches:
+            if var is not leaf:
+                continue
+            for load in _loads_of(info.bodies, self.sch[tensor], self.sch):
+                access = self._to_load(substitute(load, values))
+                shifted = substitute(access.index, {leaf.var: leaf.var + offset})
+                start = simplify(substitute(shifted, {iv.var: convert(0) for iv in inner}))
+                line = max(1, 64 // _element_bytes(tensor.dtype))
+                lines = min(64, -(-_span(shifted, inner, info) // line))
+                if lines <= 1:
+                    out.append(Prefetch(access.buffer, start))
+                    continue
+                k = Var(f"{tensor.name}.line")
+                out.append(For(k, convert(0), convert(lines), "serial",
+                               Prefetch(access.buffer, start + k * line)))
+        return out
 
     @staticmethod
     def _assign(buffers, values, index):
@@ -415,6 +438,26 @@ class ScheduleLowering:
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _element_bytes(dtype: str) -> int:
+    return 1 if dtype == "bool" else dtype_bits(dtype) // 8
+
+
+def _span(index, inner, info) -> int:
+    """Elements between the lowest and highest ``index`` over the inner loops (0: unknown)."""
+    terms, _ = linear(index)
+    inner_vars = {iv.var: iv for iv in inner}
+    span = 0
+    for atom, c in terms.values():
+        if atom in inner_vars:
+            n = const_int(info.ext[inner_vars[atom]])
+            if n is None:
+                return 0
+            span += abs(c) * (n - 1)
+        elif vars_in(atom) & set(inner_vars):
+            return 0
+    return span + 1
+
 
 def _aligned_strides(shape, aligns):
     """Row-major strides with ``storage_align``'s padding: stride[d] % factor == offset."""

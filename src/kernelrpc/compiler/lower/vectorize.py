@@ -115,6 +115,9 @@ class Vectorizer(Mutator):
             raise _Scalarize("condition depends on the vector lane")
         return IfThenElse(s.condition, self.visit(s.then_case), self.visit(s.else_case))
 
+    def visit_Prefetch(self, s):
+        return type(s)(s.buffer, substitute(s.index, {self.var: IntImm(0, self.var.dtype)}))
+
     def visit_AssertStmt(self, s):
         if uses_var(s.condition, self.var):
             raise _Scalarize("a run-time check depends on the vector lane")

@@ -156,6 +156,8 @@ def test_bound_checks_on_vector_and_parallel_code():
     s[B].parallel(xo)
     with te.PassContext(config={"tir.instrument_bound_checkers": True}):
         module = kernelrpc.build(s, [A, idx, B], name="vgather")
+        func = te.lower(s, [A, idx, B])
+    assert "all_lanes(" in str(func) and "B[ramp(" in str(func)    # still vector code
     dev = kernelrpc.cpu(0)
     a = np.arange(64, dtype="float32")
     good = np.arange(64, dtype="int32")[::-1].copy()
@@ -166,6 +168,8 @@ def test_bound_checks_on_vector_and_parallel_code():
     bad[40] = 64
     with pytest.raises(KernelError):
         module(nd.array(a, dev), nd.array(bad, dev), out)
+    with pytest.raises(interp.IROutOfBounds):
+        interp.run(func, a, bad, np.zeros(64, "float32"))
 
 
 # --------------------------------------------------------------------------- schedules, shapes

@@ -183,6 +183,8 @@ class _PyGen:
             return f"_icast({v}, {e.dtype!r})"
         if isinstance(e, Call):
             args = [self.expr(a) for a in e.args]
+            if e.op == "all_lanes":
+                return f"bool(np.all({args[0]}))"
             if e.op == "fma":
                 return f"({args[0]} * {args[1]} + {args[2]})"
             return f"{_MATH[e.op]}({', '.join(args)})"

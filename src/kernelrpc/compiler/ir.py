@@ -177,7 +177,8 @@ class AssertStmt(Stmt):
     """Run ``body`` if ``condition`` holds, else stop the function with an error.
 
     ``message`` says what failed (the interpreter raises it; compiled code returns
-    ``code``, e.g. ERR_OUT_OF_BOUNDS for ``tir.instrument_bound_checkers``).
+    ``code``, e.g. ERR_OUT_OF_BOUNDS for ``tir.instrument_bound_checkers``). In a vectorized
+    loop the condition is ``Call("bool", "all_lanes", [vector condition])``.
     """
 
     __slots__ = ("condition", "message", "code", "body")

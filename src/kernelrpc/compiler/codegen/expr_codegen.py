@@ -397,6 +397,11 @@ class ExprCodegen(MemoryCodegen):
             self.module.declare(full, f"declare {ty} @{full}({ty}{extra})")
             flag = ", i1 false" if op == "clz" else ""
             return self.fn.assign(ty, f"call {ty} @{full}({args[0]}{flag})")
+        if op == "all_lanes":
+            lanes = dtype_lanes(node.args[0].dtype)
+            full = f"llvm.vector.reduce.and.v{lanes}i1"
+            self.module.declare(full, f"declare i1 @{full}(<{lanes} x i1>)")
+            return self.fn.assign("i1", f"call i1 @{full}({args[0]})")
         if op in ("isnan", "isinf", "isfinite"):
             x, src = args[0], node.args[0].dtype
             bool_ty = self._bool_type(src)

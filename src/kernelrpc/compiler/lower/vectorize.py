@@ -119,9 +119,10 @@ class Vectorizer(Mutator):
         return type(s)(s.buffer, substitute(s.index, {self.var: IntImm(0, self.var.dtype)}))
 
     def visit_AssertStmt(self, s):
-        if uses_var(s.condition, self.var):
-            raise _Scalarize("a run-time check depends on the vector lane")
-        return type(s)(s.condition, s.message, s.code, self.visit(s.body))
+        cond = self.visit(s.condition)
+        if _lanes(cond) > 1:            # the check holds in every lane
+            cond = Call("bool", "all_lanes", [cond])
+        return type(s)(cond, s.message, s.code, self.visit(s.body))
 
     def visit_LetStmt(self, s):
         value = self.visit(s.value)

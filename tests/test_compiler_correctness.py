@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kernelrpc
 from kernelrpc import nd, te
@@ -271,3 +273,52 @@ def test_packed_layout_read_past_its_extent_is_a_build_error():
                    name="C")
     with pytest.raises(te.LowerError, match=r"packedB.*\[0, 2\], outside the extent \[0, 2\)"):
         kernelrpc.build(te.create_schedule(C.op), [A, B, C])
+
+
+def test_integer_division_by_a_constant_zero_is_a_build_error():
+    X = te.placeholder((4,), name="X", dtype="int32")
+    Y = te.compute((4,), lambda i: te.truncdiv(X[i], te.const(0, "int32")), name="Y")
+    with pytest.raises(Exception, match="division by zero"):
+        kernelrpc.build(te.create_schedule(Y.op), [X, Y])
+    # a division the condition rules out is never generated
+    Z = te.compute((4,), lambda i: te.if_then_else(te.const(0) != 0, X[i] // 0, X[i]), name="Z")
+    got = _build_and_run(te.create_schedule(Z.op), [X, Z], [np.arange(4, dtype="int32")],
+                         (4,), "int32")
+    np.testing.assert_array_equal(got, np.arange(4))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(c0=st.integers(-6, 6), c1=st.integers(-3, 3), c2=st.integers(-6, 6),
+       floor=st.booleans())
+def test_static_bound_check_matches_the_interpreter(c0, c1, c2, floor):
+    """For unguarded affine (and floordiv) indices the build refuses exactly the kernels
+    whose accesses leave the tensor: an unchecked build run by the interpreter, which checks
+    every access, agrees."""
+    A = te.placeholder((6, 8), name="A")
+
+    def index(i, j):
+        second = j * c1 + c2
+        return i + c0, (te.floordiv(second, 2) if floor else second)
+    B = te.compute((4, 5), lambda i, j: A[index(i, j)], name="B")
+    s = te.create_schedule(B.op)
+    from kernelrpc.compiler.lower import bounds
+    try:
+        bounds.check_static_bounds(B.op)
+        refused = False
+    except te.LowerError:
+        refused = True
+    from kernelrpc.compiler.lower.schedule_ops import ScheduleLowering
+    func = ScheduleLowering(s, [A, B]).run("f")            # no check: see what happens
+    try:
+        interp.run(func, np.zeros((6, 8), "float32"), np.zeros((4, 5), "float32"))
+        out_of_bounds = False
+    except interp.IROutOfBounds:
+        out_of_bounds = True
+    # per-dimension check: a dimension out of range may still land inside the flat buffer
+    i_range = range(c0, 4 + c0)
+    js = [j * c1 + c2 for j in range(5)]
+    js = [j // 2 for j in js] if floor else js
+    dim_oob = min(i_range) < 0 or max(i_range) >= 6 or min(js) < 0 or max(js) >= 8
+    assert refused == dim_oob
+    if out_of_bounds:
+        assert refused

@@ -174,6 +174,9 @@ class ExprCodegen(MemoryCodegen):
             folded = _fold_int(op, a.const, b.const)
             if folded is not None:
                 return self.const(folded, dtype)
+        if b.const == 0 and op in (E.Div, E.Mod, E.FloorDiv, E.FloorMod):
+            raise CodegenError(f"integer division by zero ({op.__name__} of {dtype}): "
+                               "undefined on the machine")
         simple = self._simplify(op, dtype, a, b)
         if simple is not None:
             return simple

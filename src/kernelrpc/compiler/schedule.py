@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .expr import Var, convert, if_then_else, logical_and
 from .ir import substitute
-from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
+from .tensor import ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 
 
 class ScheduleError(ValueError):
@@ -75,7 +75,8 @@ class Stage:
 
     def _compute_only(self, what: str) -> None:
         if not isinstance(self.op, ComputeOp):
-            raise ScheduleError(f"{what}: {self.op.name} is a placeholder, not a compute stage")
+            kind = "an extern op" if isinstance(self.op, ExternOp) else "a placeholder"
+            raise ScheduleError(f"{what}: {self.op.name} is {kind}, not a compute stage")
 
     # ------------------------------------------------------------------ loop primitives
     def split(self, parent: IterVar, factor=None, nparts=None):
@@ -413,7 +414,7 @@ def _topo_order(outputs) -> list:
         order.append(op)
 
     for op in outputs:
-        if not isinstance(op, (ComputeOp, PlaceholderOp)):
+        if not isinstance(op, (ComputeOp, ExternOp, PlaceholderOp)):
             raise ScheduleError(f"create_schedule: {op!r} is not an operation")
         visit(op)
     return order

@@ -218,6 +218,46 @@ class ComputeOp(Operation):
         return f"compute({self.name})"
 
 
+class ExternOp(Operation):
+    """``te.extern``: outputs computed by a statement ``fcompute(in_buffers, out_buffers)``
+    builds (with :mod:`kernelrpc.compiler.ir_builder`) over flat, row-major buffers."""
+
+    def __init__(self, name: str, shapes, dtypes, inputs, fcompute, tag: str = "", attrs=None):
+        from .ir import Buffer, Stmt
+        self.name = name
+        self.tag = tag
+        self.attrs = dict(attrs or {})
+        self.inputs = list(inputs)
+        self.input_buffers = [Buffer(t.name, t.shape, t.dtype) for t in self.inputs]
+        names = [name] if len(shapes) == 1 else [f"{name}.v{k}" for k in range(len(shapes))]
+        self.output_buffers = [Buffer(n, s, d) for n, s, d in zip(names, shapes, dtypes)]
+        self.body = fcompute(self.input_buffers, self.output_buffers)
+        if not isinstance(self.body, Stmt):
+            raise TensorError(f"extern {name}: fcompute must return a statement (ib.get()), "
+                              f"got {type(self.body).__name__}")
+        self.outputs = [Tensor(s, d, self, n, k)
+                        for k, (n, s, d) in enumerate(zip(names, shapes, dtypes))]
+
+    @property
+    def input_tensors(self) -> list:
+        return list(self.inputs)
+
+    def __repr__(self):
+        return f"extern({self.name})"
+
+
+def extern(shape, inputs, fcompute, name: str = "extern", dtype=None, tag: str = "",
+           attrs=None):
+    """TVM's ``te.extern``: one output for a shape, a list of tensors for a list of shapes."""
+    many = isinstance(shape, list) and shape and isinstance(shape[0], (list, tuple))
+    shapes = [_shape(s) for s in shape] if many else [_shape(shape)]
+    if dtype is None:
+        dtype = inputs[0].dtype if inputs else "float32"
+    dtypes = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shapes)
+    op = ExternOp(name, shapes, dtypes, inputs, fcompute, tag, attrs)
+    return list(op.outputs) if many else op.output(0)
+
+
 class Tensor:
     def __init__(self, shape, dtype: str, op: Operation, name: str, value_index: int = 0):
         self.shape = tuple(shape)

@@ -12,7 +12,7 @@ from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
 from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
                   Store, post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split
-from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
+from ..tensor import ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 from .arith import INF, bound, const_int, from_linear, linear, simplify
 
 
@@ -103,12 +103,15 @@ class ScheduleLowering:
                 bodies[stage] = tuple(inliner.visit(b) for b in stage.op.bodies)
                 if stage.attach_type == "inline" and stage.op in sch.outputs:
                     raise LowerError(f"output {stage.op.name} cannot be inlined")
-        computes = [s for s in sch.stages
-                    if isinstance(s.op, ComputeOp) and s.attach_type != "inline"]
+        computes = [s for s in sch.stages if isinstance(s.op, ExternOp)
+                    or (isinstance(s.op, ComputeOp) and s.attach_type != "inline")]
         for stage in computes:
-            self.infos[stage] = _StageInfo(stage, bodies[stage])
+            self.infos[stage] = _StageInfo(stage, bodies.get(stage, ()))
         params = self._params()
         for stage in reversed(computes):
+            if isinstance(stage.op, ExternOp):
+                self._check_extern_inputs(stage)
+                continue
             self._infer_bound(self.infos[stage], computes)
             self._derive_loops(self.infos[stage])
         roots, allocs = [], []
@@ -180,7 +183,11 @@ class ScheduleLowering:
             params.append(buf)
         for stage in self.sch.stages:
             if isinstance(stage.op, PlaceholderOp) and stage not in self.buffers:
-                if any(_loads_of(info.bodies, stage, self.sch) for info in self.infos.values()):
+                extern_use = any(isinstance(s.op, ExternOp) and any(t.op is stage.op
+                                                                   for t in s.op.inputs)
+                                 for s in self.sch.stages)
+                if extern_use or any(_loads_of(info.bodies, stage, self.sch)
+                                     for info in self.infos.values()):
                     raise LowerError(f"lower: placeholder {stage.op.name} is used but not in args")
         free = []
         for arg_buf in [p for p in params if isinstance(p, Buffer)]:
@@ -191,7 +198,18 @@ class ScheduleLowering:
                 params.append(v)
         return params
 
+    def _check_extern_inputs(self, stage) -> None:
+        for t in stage.op.inputs:
+            producer = self.sch.stage_map.get(t.op)
+            if producer is not None and producer.attach_type != "root" \
+                    and isinstance(producer.op, ComputeOp):
+                raise LowerError(f"extern {stage.op.name} reads {t.name}, which is "
+                                 f"{producer.attach_type}d: externs need their inputs whole")
+
     def _alloc_shape(self, info) -> tuple:
+        if isinstance(info.stage.op, ExternOp):
+            info.offsets = (0,) * len(info.stage.op.outputs[0].shape)
+            return info.stage.op.outputs[0].shape
         shape = []
         for iv in info.stage.op.axis:
             shape.append(info.root_dom[iv][1])
@@ -329,9 +347,31 @@ class ScheduleLowering:
 
         return _ToLoad().visit(expr)
 
+    def _build_extern(self, info):
+        op = info.stage.op
+        mapping = {}
+        for placeholder, t in zip(op.input_buffers, op.inputs):
+            stage = self.sch.stage_map.get(t.op)
+            source = self.infos.get(stage)
+            mapping[placeholder] = source.buffers[t.value_index] if source is not None \
+                else self.buffers[stage]
+        for k, placeholder in enumerate(op.output_buffers):
+            mapping[placeholder] = info.buffers[k]
+
+        class _Rebind(Mutator):
+            def visit_Load(self, node):
+                return Load(mapping.get(node.buffer, node.buffer), self.visit(node.index))
+
+            def visit_Store(self, node):
+                return Store(mapping.get(node.buffer, node.buffer), self.visit(node.value),
+                             self.visit(node.index))
+        return _Rebind().visit(op.body)
+
     def _build(self, info) -> object:
         stage = info.stage
         op = stage.op
+        if isinstance(op, ExternOp):
+            return self._build_extern(info)
         roots = list(op.axis) + list(op.reduce_axis)
         values = {iv.var: info.root_value(iv) for iv in roots}
         out_index = self._flat(info.buffer, info.offsets, [values[iv.var] for iv in op.axis])

@@ -62,3 +62,26 @@ def test_extern_output_as_argument_and_if_scope():
     np.testing.assert_array_equal(out.numpy(), np.where(x > 0.5, x, 0))
     with pytest.raises(te.ScheduleError, match="extern"):
         s[Y].split(Y.op.outputs[0].shape[0], factor=2)
+
+
+def test_scan_cumulative_sum():
+    """TVM's scan tutorial: s_state[t] = s_state[t - 1] + X[t], over a symbolic m too."""
+    for m in (7, te.var("m")):
+        n = 6
+        X = te.placeholder((m, n), name="X")
+        s_state = te.placeholder((m, n), name="s_state")
+        s_init = te.compute((1, n), lambda _, i: X[0, i], name="s_init")
+        s_update = te.compute((m, n), lambda t, i: s_state[t - 1, i] + X[t, i], name="s_update")
+        s_scan = te.scan(s_init, s_update, s_state, inputs=[X])
+        s = te.create_schedule(s_scan.op)
+        module = kernelrpc.build(s, [X, s_scan], name="cumsum")
+        dev = kernelrpc.cpu(0)
+        for rows in ((7,) if isinstance(m, int) else (1, 7, 30)):
+            x = np.random.default_rng(rows).random((rows, n), dtype=np.float32)
+            out = nd.empty((rows, n), "float32", dev)
+            module(nd.array(x, dev), out)
+            np.testing.assert_allclose(out.numpy(), np.cumsum(x, axis=0), rtol=1e-5)
+            if isinstance(m, int):
+                ref = np.zeros((rows, n), "float32")
+                interp.run(te.lower(s, [X, s_scan]), x, ref)
+                np.testing.assert_allclose(ref, np.cumsum(x, axis=0), rtol=1e-5)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from .expr import Var, convert, if_then_else, logical_and
 from .ir import substitute
-from .tensor import ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
+from .tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
+                     TensorLoad)
 
 
 class ScheduleError(ValueError):
@@ -414,7 +415,7 @@ def _topo_order(outputs) -> list:
         order.append(op)
 
     for op in outputs:
-        if not isinstance(op, (ComputeOp, ExternOp, PlaceholderOp)):
+        if not isinstance(op, (ComputeOp, ExternOp, PlaceholderOp, ScanOp)):
             raise ScheduleError(f"create_schedule: {op!r} is not an operation")
         visit(op)
     return order

@@ -246,6 +246,57 @@ class ExternOp(Operation):
         return f"extern({self.name})"
 
 
+class ScanOp(Operation):
+    """``te.scan``: ``out[:k] = init`` (``k = init.shape[0]``), then for ``t >= k``
+    ``out[t] = update[t]``, where ``update`` reads ``state[t - 1, ...]`` (the output so far).
+
+    ``init`` and ``update`` are computes owned by the scan: lowering runs them inside its
+    time loop, so their stages take no schedule of their own.
+    """
+
+    def __init__(self, name: str, init: "Tensor", update: "Tensor", state: "Tensor", inputs,
+                 tag: str = "", attrs=None):
+        for what, t in (("init", init), ("update", update)):
+            if not isinstance(t.op, ComputeOp) or len(t.op.outputs) != 1 \
+                    or isinstance(t.op.body, Reduce):
+                raise TensorError(f"scan {name}: {what} must be a single-output, non-reduction "
+                                  "te.compute")
+        if not isinstance(state.op, PlaceholderOp):
+            raise TensorError(f"scan {name}: state must be a te.placeholder")
+        if len(update.shape) != len(state.shape) or len(init.shape) != len(state.shape):
+            raise TensorError(f"scan {name}: init, update and state need the same rank")
+        self.name = name
+        self.tag = tag
+        self.attrs = dict(attrs or {})
+        self.init, self.update, self.state = init, update, state
+        self.inputs = list(inputs or [])
+        self.outputs = [Tensor(update.shape, update.dtype, self, name)]
+
+    @property
+    def input_tensors(self) -> list:
+        found = list(self.inputs)
+        for op in (self.init.op, self.update.op):
+            for t in op.input_tensors:
+                if t.op is not self.state.op and all(t is not f for f in found):
+                    found.append(t)
+        return found
+
+    def __repr__(self):
+        return f"scan({self.name})"
+
+
+def scan(init, update, state_placeholder, inputs=None, name: str = "scan", tag: str = "",
+         attrs=None) -> "Tensor":
+    """TVM's ``te.scan`` for one state: returns the scan's output tensor."""
+    many = isinstance(init, (list, tuple))
+    if many:
+        if len(init) != 1:
+            raise TensorError("te.scan: only one state is supported")
+        init, update, state_placeholder = init[0], update[0], state_placeholder[0]
+    out = ScanOp(name, init, update, state_placeholder, inputs, tag, attrs).output(0)
+    return [out] if many else out
+
+
 def extern(shape, inputs, fcompute, name: str = "extern", dtype=None, tag: str = "",
            attrs=None):
     """TVM's ``te.extern``: one output for a shape, a list of tensors for a list of shapes."""

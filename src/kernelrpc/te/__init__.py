@@ -12,7 +12,8 @@ from ..compiler.expr import if_then_else, max_value, min_value
 from ..compiler.lower import LowerError, PassContext, lower
 from ..compiler.schedule import Schedule, ScheduleError, Stage, create_schedule
 from ..compiler.tensor import (CommReducer, IterVar, Range, Tensor, TensorError, comm_reducer,
-                                compute, extern, max, min, placeholder, reduce_axis, sum, var)
+                                compute, extern, max, min, placeholder, reduce_axis, scan, sum,
+                                var)
 from ..compiler import ir_builder
 from ..compiler.build import BuiltModule, build  # the backend (LLVM via llvmlite)
 from ..compiler.target import Target

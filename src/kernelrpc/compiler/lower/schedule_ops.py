@@ -12,7 +12,8 @@ from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
 from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
                   Store, post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split
-from ..tensor import ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
+from ..tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
+                      TensorLoad)
 from .arith import INF, bound, const_int, from_linear, linear, simplify
 
 
@@ -103,13 +104,13 @@ class ScheduleLowering:
                 bodies[stage] = tuple(inliner.visit(b) for b in stage.op.bodies)
                 if stage.attach_type == "inline" and stage.op in sch.outputs:
                     raise LowerError(f"output {stage.op.name} cannot be inlined")
-        computes = [s for s in sch.stages if isinstance(s.op, ExternOp)
+        computes = [s for s in sch.stages if isinstance(s.op, (ExternOp, ScanOp))
                     or (isinstance(s.op, ComputeOp) and s.attach_type != "inline")]
         for stage in computes:
             self.infos[stage] = _StageInfo(stage, bodies.get(stage, ()))
         params = self._params()
         for stage in reversed(computes):
-            if isinstance(stage.op, ExternOp):
+            if isinstance(stage.op, (ExternOp, ScanOp)):
                 self._check_extern_inputs(stage)
                 continue
             self._infer_bound(self.infos[stage], computes)
@@ -199,7 +200,7 @@ class ScheduleLowering:
         return params
 
     def _check_extern_inputs(self, stage) -> None:
-        for t in stage.op.inputs:
+        for t in stage.op.input_tensors:
             producer = self.sch.stage_map.get(t.op)
             if producer is not None and producer.attach_type != "root" \
                     and isinstance(producer.op, ComputeOp):
@@ -207,7 +208,7 @@ class ScheduleLowering:
                                  f"{producer.attach_type}d: externs need their inputs whole")
 
     def _alloc_shape(self, info) -> tuple:
-        if isinstance(info.stage.op, ExternOp):
+        if isinstance(info.stage.op, (ExternOp, ScanOp)):
             info.offsets = (0,) * len(info.stage.op.outputs[0].shape)
             return info.stage.op.outputs[0].shape
         shape = []
@@ -367,11 +368,41 @@ class ScheduleLowering:
                              self.visit(node.index))
         return _Rebind().visit(op.body)
 
+    def _build_scan(self, info):
+        """``out[:k] = init``, then ``for t in [k, T)``: ``out[t] = update[t]`` (state = out)."""
+        op = info.stage.op
+        out_tensor = op.output(0)
+        lowering = self
+
+        class _State(Mutator):
+            def visit_TensorLoad(self, node):
+                indices = tuple(self.visit(i) for i in node.indices)
+                return TensorLoad(out_tensor if node.tensor.op is op.state.op else node.tensor,
+                                  indices)
+
+        def nest(part, start):
+            axis = part.op.axis
+            body = _State().visit(part.op.body)
+            values = {iv.var: iv.var for iv in axis}
+            values[axis[0].var] = axis[0].var + start
+            index = lowering._flat(info.buffer, info.offsets, [values[iv.var] for iv in axis])
+            stmt = Store(info.buffer, lowering._to_load(substitute(body, values)), index)
+            for k in range(len(axis) - 1, -1, -1):
+                extent = out_tensor.shape[0] - start if k == 0 and start else axis[k].extent
+                stmt = For(axis[k].var, convert(0), simplify(convert(extent)), "serial", stmt)
+            return stmt
+        steps = const_int(op.init.shape[0])
+        if steps is None:
+            raise LowerError(f"scan {op.name}: init needs a constant number of rows")
+        return seq(nest(op.init, 0), nest(op.update, steps))
+
     def _build(self, info) -> object:
         stage = info.stage
         op = stage.op
         if isinstance(op, ExternOp):
             return self._build_extern(info)
+        if isinstance(op, ScanOp):
+            return self._build_scan(info)
         roots = list(op.axis) + list(op.reduce_axis)
         values = {iv.var: info.root_value(iv) for iv in roots}
         out_index = self._flat(info.buffer, info.offsets, [values[iv.var] for iv in op.axis])

@@ -14,8 +14,8 @@ import numpy as np
 from .expr import (EQ, GE, GT, LE, LT, NE, Add, And, Call, Cast, Div, FloatImm, FloorDiv, FloorMod,
                    IntImm, Let, Max, Min, Mod, Mul, Not, Or, Select, Sub, Var, dtype_element,
                    dtype_lanes, is_bool, is_float, is_int, wrap_int)
-from .ir import (Allocate, AssertStmt, Prefetch, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
-                 Ramp, SeqStmt, Store, substitute)
+from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load,
+                 Prefetch, PrimFunc, Ramp, SeqStmt, Store, substitute)
 from .lower.arith import exact_bound, fits, simplify
 
 

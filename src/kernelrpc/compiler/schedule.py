@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .expr import Var, convert, if_then_else, logical_and
-from .ir import substitute
+from .ir import Mutator, substitute
 from .tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
                      TensorLoad)
 
@@ -281,7 +281,7 @@ class Schedule:
             if not any(t.op is tensor.op for t in stage.op.input_tensors):
                 raise ScheduleError(f"cache_read: {stage.op.name} does not read {tensor.name}")
             old = stage.op
-            bodies = [_replace_tensor(b, tensor, cache) for b in old.bodies]
+            bodies = [replace_tensor(b, tensor, cache) for b in old.bodies]
             new = ComputeOp(old.name, old.axis, bodies, old.tag, old.attrs)
             stage.op = new
             self.stage_map[new] = stage
@@ -383,9 +383,8 @@ def _rel_vars(rel) -> tuple:
     return (rel.outer, rel.inner, rel.fused)
 
 
-def _replace_tensor(body, old: Tensor, new: Tensor):
-    from .ir import Mutator
-
+def replace_tensor(body, old: Tensor, new: Tensor):
+    """``body`` reading ``new`` wherever it read ``old``."""
     class _Replace(Mutator):
         def visit_TensorLoad(self, node):
             indices = tuple(self.visit(i) for i in node.indices)

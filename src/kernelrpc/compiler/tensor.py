@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import inspect
 
-from .expr import (Add, DTypeError, IntImm, Max, Min, PrimExpr, Var, _as_bool, const, convert,
-                   max_value, min_value)
+from .expr import DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value, min_value
 
 
 class TensorError(ValueError):
@@ -452,7 +451,7 @@ def _reduce(reducer: CommReducer, expr, axis, where, init, rest):
         inits = tuple(init) if isinstance(init, (tuple, list)) else (init,)
         if len(inits) != len(source):
             raise TensorError(f"{reducer.name}: init needs {len(source)} values")
-        init = tuple(const(v, s.dtype) if not isinstance(v, PrimExpr) else convert(v).astype(s.dtype)
+        init = tuple(convert(v).astype(s.dtype) if isinstance(v, PrimExpr) else const(v, s.dtype)
                      for v, s in zip(inits, source))
     outs = tuple(Reduce(reducer, source, axes, cond, k, init) for k in range(len(source)))
     return outs if many else outs[0]

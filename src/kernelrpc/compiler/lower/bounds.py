@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from ..expr import (Add, Cast, FloorDiv, FloorMod, IntImm, Mul, PrimExpr, Select, Sub, Var, const,
                     convert, is_int, logical_and)
-from ..ir import (ERR_OUT_OF_BOUNDS, AssertStmt, For, IfThenElse, LetStmt, Load, Mutator, Store,
-                  vars_in)
+from ..ir import ERR_OUT_OF_BOUNDS, AssertStmt, For, IfThenElse, LetStmt, Load, Mutator, vars_in
 from ..printer import Printer
 from ..tensor import ComputeOp, Reduce, TensorLoad
 from .arith import bound, exact_bound, fits, linear, simplify

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
 from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
                   Store, post_order_visit, seq, substitute, vars_in)
-from ..schedule import Fuse, Schedule, Split
+from ..schedule import Fuse, Schedule, Split, replace_tensor
 from ..tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
                       TensorLoad)
 from .arith import INF, bound, const_int, from_linear, linear, simplify
@@ -374,15 +374,9 @@ class ScheduleLowering:
         out_tensor = op.output(0)
         lowering = self
 
-        class _State(Mutator):
-            def visit_TensorLoad(self, node):
-                indices = tuple(self.visit(i) for i in node.indices)
-                return TensorLoad(out_tensor if node.tensor.op is op.state.op else node.tensor,
-                                  indices)
-
         def nest(part, start):
             axis = part.op.axis
-            body = _State().visit(part.op.body)
+            body = replace_tensor(part.op.body, op.state, out_tensor)
             values = {iv.var: iv.var for iv in axis}
             values[axis[0].var] = axis[0].var + start
             index = lowering._flat(info.buffer, info.offsets, [values[iv.var] for iv in axis])

@@ -91,3 +91,27 @@ def test_a_shape_expression_is_refused_with_a_clear_error():
     B = te.compute(A.shape, lambda i: A[i] + 1.0, name="B")
     with pytest.raises(Exception, match="must be a constant or a te.var"):
         kernelrpc.build(te.create_schedule(B.op), [A, B])
+
+
+@pytest.fixture
+def remote_session(start_service):
+    from kernelrpc import rpc
+    server = start_service("kernelrpc.server", ["--port", "0", "--key", "dev"])
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        yield sess
+
+
+def test_symbolic_module_on_a_remote_device(remote_session, module, tmp_path):
+    """The device binds the shape variable too (a real server process)."""
+    remote_session.upload(module.export_library(tmp_path / "myadd.so"), "myadd.so")
+    remote = remote_session.load_module("myadd.so")
+    dev = remote_session.cpu(0)
+    for size in (5, 300):
+        x = np.arange(size, dtype="float32")
+        a, c = nd.array(x, dev), nd.empty((size,), "float32", dev)
+        remote["myadd"](a, a, c)
+        np.testing.assert_allclose(c.numpy(), 2 * x)
+    result = remote.time_evaluator("myadd", dev, number=3)(a, a, c)
+    assert result.mean > 0
+    with pytest.raises(kernelrpc.RemoteError, match="dimension 0 is 4"):
+        remote["myadd"](a, a, nd.empty((4,), "float32", dev))

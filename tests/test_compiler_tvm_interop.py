@@ -16,7 +16,8 @@ CASES = {
     "select_lt": lambda T, x, z: T.select(x < z, x + z, x - z),
     "select_ge": lambda T, x, z: T.select(x >= z, x * T.const(3), z - T.const(1)),
     "wrap_then_compare": lambda T, x, z: T.select(x + T.const(100) < T.const(50), x, z),
-    "floordiv_mod": lambda T, x, z: T.floordiv(x + T.const(7), T.const(3)) + T.floormod(z, T.const(5)),
+    "floordiv_mod": lambda T, x, z: (T.floordiv(x + T.const(7), T.const(3))
+                                     + T.floormod(z, T.const(5))),
     "min_max": lambda T, x, z: T.max(T.min(x, z) - T.const(2), x),
 }
 

@@ -1,6 +1,10 @@
-"""GFLOP/s of every GEMM tutorial step (examples/gemm_tutorial.py) against numpy.dot.
+"""GFLOP/s of every GEMM tutorial step (kernelrpc.compiler.recipes) against numpy.dot.
 
-    PYTHONPATH=src python bench/gemm.py [--size 1024] [--rounds 5] [--steps a,b,...] [--threads N]
+    PYTHONPATH=src python bench/gemm.py [--shapes 1024,2048,1000x999x1001] [--rounds 5]
+                                        [--steps a,b,...] [--threads N]
+
+A shape is ``S`` (S x S x S) or ``MxKxN``; every shape gets its own table, each measured
+side by side with numpy in the same run.
 
 numpy.dot and the kernels are measured in the same process, interleaved round by
 round (numpy, then every step, then numpy again...), so that a noisy neighbour on
@@ -19,12 +23,13 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 
 def _parse(argv=None):
     parser = argparse.ArgumentParser(description="GEMM tutorial steps vs numpy.dot")
-    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--size", type=int, default=None, help="one square size (old form)")
+    parser.add_argument("--shapes", default="1024",
+                        help="comma-separated S or MxKxN, e.g. 1024,2048,1000x999x1001")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", default=None, help="comma-separated (default: all)")
     parser.add_argument("--slow-seconds", type=float, default=0.5)
@@ -40,11 +45,21 @@ if OPTIONS is not None and OPTIONS.threads > 0:
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-
 import kernelrpc  # noqa: E402
 from kernelrpc import nd  # noqa: E402
-from gemm_tutorial import STEPS, build_step  # noqa: E402
+from kernelrpc.compiler import recipes  # noqa: E402
+
+# The recipes are the tutorial's schedules with padded packing, so odd shapes are right too
+# (examples/gemm_tutorial.py packs N // bn blocks, as the tutorial does: odd N fails to build).
+STEPS = (*recipes.TUTORIAL_STEPS, "register")
+
+
+def build_step(step: str, M: int, K: int, N: int):
+    if step == "register":
+        s, args = recipes.register_blocked(M, N, K)
+    else:
+        s, args = recipes.tutorial_schedule(step, M, N, K)
+    return kernelrpc.build(s, args, target="llvm", name="gemm"), (s, args)
 
 ROUND_SECONDS = 0.25  # target time per measurement and round
 
@@ -57,8 +72,23 @@ def numpy_seconds(a, b, number: int) -> float:
     return (time.perf_counter() - start) / number
 
 
+def _shapes(opts) -> list:
+    if opts.size is not None:
+        return [(opts.size,) * 3]
+    out = []
+    for item in opts.shapes.split(","):
+        dims = [int(d) for d in item.lower().split("x")]
+        out.append(tuple(dims * 3) if len(dims) == 1 else tuple(dims))
+    return out
+
+
 def main(opts) -> int:
-    M = N = K = opts.size
+    for M, K, N in _shapes(opts):
+        run_shape(opts, M, K, N)
+    return 0
+
+
+def run_shape(opts, M: int, K: int, N: int) -> None:
     flop = 2.0 * M * N * K
     steps = (opts.steps or ",".join(STEPS)).split(",")
     dev = kernelrpc.cpu(0)
@@ -116,7 +146,7 @@ def main(opts) -> int:
         note = "  (1 round: slow)" if step in slow else ""
         print(f"{step:<20}{statistics.median(values):>10.1f}{min(values):>9.1f}"
               f"{max(values):>9.1f}{statistics.median(ratios[step]):>10.2f}{note}")
-    return 0
+    print(flush=True)
 
 
 if __name__ == "__main__":

@@ -74,10 +74,19 @@ class ModuleError(ValueError):
     """A file is not a loadable kernelrpc module (bad metadata, newer format, missing symbol)."""
 
 
+#: What the compiler's kernels mean by their non-zero return codes.
+KERNEL_ERROR_CODES = {
+    2: "out of memory",
+    3: "index out of bounds (a tir.instrument_bound_checkers check failed)",
+}
+
+
 class KernelError(RuntimeError):
     """A kernel function returned a non-zero error code."""
 
     def __init__(self, function: str, code: int):
-        super().__init__(f"kernel function {function!r} failed with error code {code}")
+        meaning = KERNEL_ERROR_CODES.get(code)
+        super().__init__(f"kernel function {function!r} failed with error code {code}"
+                         + (f": {meaning}" if meaning else ""))
         self.function = function
         self.code = code

@@ -35,7 +35,7 @@ def array(source, device: Device | None = None):
         raise TypeError(f"nd.array: numpy dtype {array_.dtype} has no kernelrpc equivalent; "
                         f"supported: {', '.join(DTYPES)}") from None
     tensor = empty(array_.shape, dtype, device)
-    tensor.copyfrom(np.ascontiguousarray(array_))
+    tensor.copyfrom(np.require(array_, requirements="C"))   # ascontiguousarray makes 0-d 1-d
     return tensor
 
 

@@ -81,9 +81,11 @@ def _arg_record(param) -> dict:
         shape = []
         for dim in param.shape:
             value = getattr(dim, "value", dim)
-            if not isinstance(value, int):
-                raise CodegenError(f"tensor {param.name} has a symbolic shape {param.shape}; "
-                                   "module format version 1 needs static shapes")
+            if isinstance(dim, Var):
+                value = dim.name        # a shape variable: the runtime binds it per call
+            elif not isinstance(value, int):
+                raise CodegenError(f"tensor {param.name}: shape entry {dim} must be a constant "
+                                   "or a te.var")
             shape.append(value)
         return {"name": param.name, "kind": "tensor", "dtype": param.dtype, "shape": shape}
     if isinstance(param, Var):

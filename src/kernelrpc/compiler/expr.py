@@ -72,6 +72,29 @@ def dtype_bits(dtype: str) -> int:
     return parse_dtype(dtype)[1]
 
 
+def int_range(dtype: str) -> tuple[int, int]:
+    """Inclusive value range of an integer (or bool) dtype's elements."""
+    code, bits, _ = parse_dtype(dtype)
+    if code == "bool":
+        return 0, 1
+    if code == "uint":
+        return 0, 2 ** bits - 1
+    if code == "int":
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    raise DTypeError(f"{dtype} is not an integer dtype")
+
+
+def wrap_int(value: int, dtype: str) -> int:
+    """``value`` reduced to the dtype the way the machine does it (two's complement)."""
+    code, bits, _ = parse_dtype(dtype)
+    if code == "bool":
+        return 1 if value else 0
+    value &= (1 << bits) - 1
+    if code == "int" and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return value
+
+
 # --------------------------------------------------------------------------- nodes
 
 class PrimExpr:
@@ -176,7 +199,7 @@ class IntImm(PrimExpr):
     _fields = ("value", "dtype")
 
     def __init__(self, value: int, dtype: str = "int32"):
-        self.value = int(value)
+        self.value = wrap_int(int(value), dtype)
         self.dtype = dtype
 
 
@@ -347,12 +370,18 @@ class Let(PrimExpr):
         self.dtype = body.dtype
 
 
-#: name -> number of arguments; all are float -> float, computed elementwise.
+#: name -> number of arguments; float -> float elementwise unless listed below.
 MATH_INTRINSICS = {
-    "exp": 1, "exp2": 1, "log": 1, "log2": 1, "log10": 1, "sqrt": 1, "tanh": 1,
-    "sin": 1, "cos": 1, "fabs": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1,
-    "pow": 2, "fma": 3,
+    "exp": 1, "exp2": 1, "exp10": 1, "log": 1, "log2": 1, "log10": 1, "log1p": 1, "sqrt": 1,
+    "tanh": 1, "sinh": 1, "cosh": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1,
+    "atan": 1, "erf": 1, "fabs": 1, "floor": 1, "ceil": 1, "round": 1, "nearbyint": 1,
+    "trunc": 1, "pow": 2, "atan2": 2, "hypot": 2, "copysign": 2, "fmod": 2, "fma": 3,
+    "ldexp": 2, "isnan": 1, "isinf": 1, "isfinite": 1, "clz": 1, "popcount": 1,
 }
+#: float -> bool (the lanes of the argument)
+FLOAT_PREDICATES = ("isnan", "isinf", "isfinite")
+#: int -> the same int type
+INT_INTRINSICS = ("clz", "popcount")
 
 
 # --------------------------------------------------------------------------- construction
@@ -372,6 +401,10 @@ def const(value, dtype: str | None = None) -> PrimExpr:
             raise DTypeError(f"cannot make a constant from {type(value).__name__}")
     if is_float(dtype):
         return FloatImm(float(value), dtype)
+    if not is_bool(dtype):
+        lo, hi = int_range(dtype)
+        if not lo <= int(value) <= hi:
+            raise DTypeError(f"constant {value} does not fit {dtype} [{lo}, {hi}]")
     return IntImm(int(value), dtype)
 
 
@@ -437,6 +470,14 @@ def _literal_like(value, dtype: str) -> PrimExpr:
         return const(value, "bool")
     if is_bool(elem):
         return const(value)
+    if isinstance(value, int) and is_int(elem):
+        lo, hi = int_range(elem)
+        if not lo <= value <= hi:
+            # as TVM: a literal the other side's dtype cannot hold widens the operation
+            wide = "int32" if dtype_bits(elem) < 32 and -2**31 <= value < 2**31 else "int64"
+            if not -2**63 <= value < 2**63 or (elem == "uint64"):
+                raise DTypeError(f"literal {value} does not fit {elem}")
+            return const(value, wide)
     return const(value, elem)
 
 
@@ -534,6 +575,11 @@ def cast(value, dtype: str) -> PrimExpr:
     return Cast(dtype, value)
 
 
+def _broadcast_const(value: bool, lanes: int) -> PrimExpr:
+    c = const(bool(value))
+    return c if lanes == 1 else _broadcast(c, lanes)
+
+
 def if_then_else(cond, t, f) -> PrimExpr:
     t, f = _promote(t, f)
     return Select(_as_bool(cond), t, f)
@@ -544,6 +590,21 @@ def call_math(op: str, *args) -> PrimExpr:
     if nargs is None or nargs != len(args):
         raise DTypeError(f"unknown intrinsic {op}/{len(args)}")
     conv = [convert(a) for a in args]
+    if op in INT_INTRINSICS:
+        if not is_int(conv[0].dtype):
+            raise DTypeError(f"{op} needs an integer argument, got {conv[0].dtype}")
+        return Call(conv[0].dtype, op, conv)
+    if op in FLOAT_PREDICATES:
+        x = conv[0]
+        lanes = dtype_lanes(x.dtype)
+        if not is_float(x.dtype):          # an integer is never NaN or infinite (as in TVM)
+            return _broadcast_const(op == "isfinite", lanes)
+        return Call(with_lanes("bool", lanes), op, conv)
+    if op == "ldexp":
+        x, e = conv
+        if not is_float(x.dtype):
+            x = cast(x, "float32")
+        return Call(x.dtype, op, [x, cast(e, with_lanes("int32", dtype_lanes(x.dtype)))])
     dtype = next((a.dtype for a in conv if is_float(a.dtype)), "float32")
     conv = [a if a.dtype == dtype else cast(a, dtype) for a in conv]
     return Call(dtype, op, conv)

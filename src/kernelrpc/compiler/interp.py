@@ -7,14 +7,16 @@ Parallel and vectorized loops run serially / as numpy vectors.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .expr import (EQ, GE, GT, LE, LT, NE, Add, And, Call, Cast, Div, FloatImm, FloorDiv, FloorMod,
                    IntImm, Let, Max, Min, Mod, Mul, Not, Or, Select, Sub, Var, dtype_element,
-                   dtype_lanes, is_bool, is_float)
-from .ir import (Allocate, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
-                 Ramp, SeqStmt, Store, substitute)
-from .lower.arith import simplify
+                   dtype_lanes, is_bool, is_float, is_int, wrap_int)
+from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load,
+                 Prefetch, PrimFunc, Ramp, SeqStmt, Store, substitute)
+from .lower.arith import exact_bound, fits, simplify
 
 
 class IROutOfBounds(IndexError):
@@ -51,8 +53,23 @@ def _st(buf, name, idx, value):
 
 
 def _tdiv(a, b):
-    q = np.abs(a) // np.abs(b)
-    return np.where((np.asarray(a) < 0) != (np.asarray(b) < 0), -q, q)[()]
+    """C's truncating division from floor division (no abs(): abs(INT_MIN) wraps)."""
+    q = a // b
+    up = (a % b != 0) & ((np.asarray(a) < 0) != (np.asarray(b) < 0))
+    return np.where(up, q + 1, q).astype(np.result_type(q))[()]
+
+
+def _wrap(value, dtype: str):
+    return type(value)(wrap_int(int(value), dtype))
+
+
+def _icast(value, dtype: str):
+    """A scalar converted to an integer dtype the way the machine does it (wrapping)."""
+    if isinstance(value, (float, np.floating)):
+        if not np.isfinite(value):
+            return _np_dtype(dtype)(0)
+        value = int(value)          # truncation toward zero
+    return _np_dtype(dtype)(wrap_int(int(value), dtype))
 
 
 def _tmod(a, b):
@@ -72,7 +89,38 @@ _BIN = {Add: "+", Sub: "-", Mul: "*", FloorDiv: "//", FloorMod: "%",
 _MATH = {"exp": "np.exp", "exp2": "np.exp2", "log": "np.log", "log2": "np.log2",
          "log10": "np.log10", "sqrt": "np.sqrt", "tanh": "np.tanh", "sin": "np.sin",
          "cos": "np.cos", "fabs": "np.abs", "floor": "np.floor", "ceil": "np.ceil",
-         "round": "np.round", "trunc": "np.trunc", "pow": "np.power"}
+         "round": "np.round", "trunc": "np.trunc", "pow": "np.power", "exp10": "_exp10",
+         "log1p": "np.log1p", "sinh": "np.sinh", "cosh": "np.cosh", "tan": "np.tan",
+         "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan", "erf": "_erf",
+         "nearbyint": "np.rint", "atan2": "np.arctan2", "hypot": "np.hypot",
+         "copysign": "np.copysign", "fmod": "np.fmod", "ldexp": "np.ldexp",
+         "isnan": "np.isnan", "isinf": "np.isinf", "isfinite": "np.isfinite",
+         "clz": "_clz", "popcount": "_popcount"}
+
+
+def _exp10(x):
+    return np.power(np.asarray(x).dtype.type(10), x)
+
+
+def _erf(x):
+    x = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[x.dtype])(x)[()]
+
+
+def _unsigned_bits(x):
+    x = np.asarray(x)
+    return x.view(f"uint{x.dtype.itemsize * 8}"), x.dtype.itemsize * 8
+
+
+def _clz(x):
+    u, bits = _unsigned_bits(x)
+    out = np.vectorize(lambda v: bits - int(v).bit_length(), otypes=[np.asarray(x).dtype])(u)
+    return out[()]
+
+
+def _popcount(x):
+    u, _ = _unsigned_bits(x)
+    return np.bitwise_count(u).astype(np.asarray(x).dtype)[()]
 
 
 class _PyGen:
@@ -82,6 +130,7 @@ class _PyGen:
         self.consts: dict = {}
         self.mask = "None"      # name of the lane mask of the enclosing vector select
         self.masks = 0
+        self.ranges: dict = {}  # loop variable -> (lo, hi) while its body is emitted
 
     def name(self, obj, prefix: str) -> str:
         key = id(obj)
@@ -103,7 +152,11 @@ class _PyGen:
         if isinstance(e, FloatImm):
             return self.const(_np_dtype(e.dtype)(e.value))
         if type(e) in _BIN:
-            return f"({self.expr(e.a)} {_BIN[type(e)]} {self.expr(e.b)})"
+            text = f"({self.expr(e.a)} {_BIN[type(e)]} {self.expr(e.b)})"
+            if isinstance(e, (Add, Sub, Mul)) and is_int(e.dtype) and dtype_lanes(e.dtype) == 1 \
+                    and not fits(exact_bound(e, self.ranges), e.dtype):
+                return f"_wrap({text}, {e.dtype!r})"     # Python ints do not wrap by themselves
+            return text
         if isinstance(e, Div):
             if is_float(e.dtype):
                 return f"({self.expr(e.a)} / {self.expr(e.b)})"
@@ -125,9 +178,13 @@ class _PyGen:
             v = self.expr(e.value)
             if dtype_lanes(e.dtype) > 1:
                 return f"np.asarray({v}).astype({t})"
-            return f"{t}({v})" if is_float(e.dtype) or is_bool(e.dtype) else f"int({v})"
+            if is_float(e.dtype) or is_bool(e.dtype):
+                return f"{t}({v})"
+            return f"_icast({v}, {e.dtype!r})"
         if isinstance(e, Call):
             args = [self.expr(a) for a in e.args]
+            if e.op == "all_lanes":
+                return f"bool(np.all({args[0]}))"
             if e.op == "fma":
                 return f"({args[0]} * {args[1]} + {args[2]})"
             return f"{_MATH[e.op]}({', '.join(args)})"
@@ -172,7 +229,14 @@ class _PyGen:
             lo = self.expr(s.min)
             self.lines.append(f"{ind}for {self.expr(s.var)} in range({lo}, {lo} + "
                               f"{self.expr(s.extent)}):")
+            known = isinstance(s.min, IntImm) and isinstance(s.extent, IntImm)
+            outer = self.ranges.get(s.var)
+            if known:
+                self.ranges[s.var] = (s.min.value, s.min.value + s.extent.value - 1)
             self.stmt(s.body, ind + " ")
+            self.ranges.pop(s.var, None)
+            if outer is not None:
+                self.ranges[s.var] = outer
         elif isinstance(s, Allocate):
             b = self.name(s.buffer, "b")
             t = self.const(_np_dtype(s.buffer.dtype))
@@ -188,6 +252,12 @@ class _PyGen:
                 self.stmt(s.else_case, ind + " ")
         elif isinstance(s, LetStmt):
             self.lines.append(f"{ind}{self.expr(s.var)} = {self.expr(s.value)}")
+            self.stmt(s.body, ind)
+        elif isinstance(s, Prefetch):
+            self.lines.append(f"{ind}pass  # prefetch")
+        elif isinstance(s, AssertStmt):
+            self.lines.append(f"{ind}if not {self.expr(s.condition)}:")
+            self.lines.append(f"{ind} raise IROutOfBounds({s.message!r})")
             self.stmt(s.body, ind)
         elif isinstance(s, Evaluate):
             self.lines.append(f"{ind}{self.expr(s.value)}")
@@ -207,7 +277,8 @@ def compile_func(func: PrimFunc):
     gen.stmt(func.body, " ")
     src = f"def {func.name}({', '.join(params)}):\n" + "\n".join(gen.lines) + "\n"
     env = {"np": np, "_ld": _ld, "_st": _st, "_tdiv": _tdiv, "_tmod": _tmod,
-           "_vselect": _vselect, **gen.consts}
+           "_vselect": _vselect, "_icast": _icast, "_wrap": _wrap, "_exp10": _exp10, "_erf": _erf,
+           "_clz": _clz, "_popcount": _popcount, "IROutOfBounds": IROutOfBounds, **gen.consts}
     exec(compile(src, f"<interp {func.name}>", "exec"), env)  # noqa: S102 - our own IR
     return env[func.name], src
 
@@ -234,4 +305,5 @@ def run(func: PrimFunc, *args) -> None:
             size = simplify(substitute(_size(p), env))
             if not isinstance(size, IntImm) or size.value != a.size:
                 raise InterpError(f"{p.name}: expected {size} elements, got {a.size}")
-    fn(*flat)
+    with np.errstate(over="ignore"):    # integer arithmetic wraps, as in compiled code
+        fn(*flat)

@@ -10,6 +10,8 @@ from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, PrimExpr, Var, dtype_
                    with_lanes)
 
 FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+#: What a kernel returns when a run-time bound check (``tir.instrument_bound_checkers``) fails.
+ERR_OUT_OF_BOUNDS = 3
 
 
 # --------------------------------------------------------------------------- buffers
@@ -21,20 +23,26 @@ class Buffer:
     ``Allocate`` introduces the others.
     """
 
-    __slots__ = ("name", "shape", "dtype", "scope")
+    __slots__ = ("name", "shape", "dtype", "scope", "strides")
     __hash__ = object.__hash__
 
-    def __init__(self, name: str, shape, dtype: str = "float32", scope: str = "global"):
+    def __init__(self, name: str, shape, dtype: str = "float32", scope: str = "global",
+                 strides=None):
         if dtype_lanes(dtype) != 1:
             raise TypeError(f"buffer {name}: dtype must be scalar, got {dtype}")
         self.name = name
         self.shape = tuple(shape)
         self.dtype = dtype
         self.scope = scope
+        #: element strides per dimension (ints) when padded by ``storage_align``; None: compact
+        self.strides = None if strides is None else tuple(strides)
 
     @property
     def size(self):
         """Number of elements: an int when the shape is constant, else an expression."""
+        if self.strides is not None and self.shape:
+            first = self.shape[0]
+            return (first.value if isinstance(first, IntImm) else first) * self.strides[0]
         total = 1
         for dim in self.shape:
             total = total * (dim.value if isinstance(dim, IntImm) else dim)
@@ -165,6 +173,38 @@ class SeqStmt(Stmt):
         self.seq = tuple(seq)
 
 
+class AssertStmt(Stmt):
+    """Run ``body`` if ``condition`` holds, else stop the function with an error.
+
+    ``message`` says what failed (the interpreter raises it; compiled code returns
+    ``code``, e.g. ERR_OUT_OF_BOUNDS for ``tir.instrument_bound_checkers``). In a vectorized
+    loop the condition is ``Call("bool", "all_lanes", [vector condition])``.
+    """
+
+    __slots__ = ("condition", "message", "code", "body")
+    _fields = ("condition", "message", "code", "body")
+
+    def __init__(self, condition: PrimExpr, message: str, code: int, body: Stmt):
+        self.condition = condition
+        self.message = message
+        self.code = code
+        self.body = body
+
+
+class Prefetch(Stmt):
+    """A hint: bring the cache line holding ``buffer[index]`` closer (TVM's prefetch).
+
+    Never faults, even past the end of the buffer; the interpreter ignores it.
+    """
+
+    __slots__ = ("buffer", "index")
+    _fields = ("buffer", "index")
+
+    def __init__(self, buffer: Buffer, index: PrimExpr):
+        self.buffer = buffer
+        self.index = index
+
+
 class Evaluate(Stmt):
     __slots__ = ("value",)
     _fields = ("value",)
@@ -242,7 +282,7 @@ class Mutator:
             old = getattr(node, name)
             if isinstance(old, (PrimExpr, Stmt)):
                 new = self.visit(old)
-            elif isinstance(old, tuple) and name in ("args", "seq", "indices"):
+            elif isinstance(old, tuple) and name in ("args", "seq", "indices", "source", "init"):
                 new = tuple(self.visit(x) for x in old)
                 if all(x is y for x, y in zip(new, old)):
                     new = old

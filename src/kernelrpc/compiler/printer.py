@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from .expr import (BinaryOp, Call, Cast, FloatImm, FloorDiv, FloorMod, IntImm, Let, Max, Min, Not,
                    PrimExpr, Select, Var, dtype_element, dtype_lanes, is_bool)
-from .ir import (Allocate, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load, PrimFunc,
-                 Ramp, SeqStmt, Store)
+from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load,
+                 Prefetch, PrimFunc, Ramp, SeqStmt, Store)
 
 _SUFFIX = {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64", "int8": "i8",
            "int16": "i16", "uint8": "u8"}
@@ -119,6 +119,11 @@ class Printer:
             self._lines(s.body, ind, out)
         elif isinstance(s, Evaluate):
             out.append(f"{ind}{self.expr(s.value)}")
+        elif isinstance(s, Prefetch):
+            out.append(f"{ind}prefetch({s.buffer.name}[{self.expr(s.index)}])")
+        elif isinstance(s, AssertStmt):
+            out.append(f"{ind}assert({self.expr(s.condition)}, {s.message!r})")
+            self._lines(s.body, ind, out)
         else:
             out.append(f"{ind}<{type(s).__name__}>")
 

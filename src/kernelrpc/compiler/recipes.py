@@ -112,3 +112,88 @@ def register_blocked(M, N, K, mr=4, nr=64, lanes=16, pack_per_panel=False):
     else:
         s[packedB].parallel(x)
     return s, [A, B, C]
+
+
+def _padded(data, pad, name="pad"):
+    """Zero padding of the two spatial dimensions that follow the channel dimension(s)."""
+    shape = [d.value for d in data.shape]
+    h, w = shape[2], shape[3]
+    out_shape = list(shape)
+    out_shape[2], out_shape[3] = h + 2 * pad, w + 2 * pad
+
+    def body(*idx):
+        y, x = idx[2], idx[3]
+        inside = (y >= pad) & (y < h + pad) & (x >= pad) & (x < w + pad)
+        src = list(idx)
+        src[2], src[3] = y - pad, x - pad
+        return if_then_else(inside, data[tuple(src)], 0.0)
+    return _t.compute(tuple(out_shape), body, name=name)
+
+
+def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=8, xr=16):
+    """Direct 3x3-style convolution in NCHW, stride 1: ``fr`` output channels x ``xr`` output
+    columns (one vector) of accumulators stay in registers over the whole reduction; the
+    padded input is a stage of its own. Returns ``(s, [data, kernel, out])``."""
+    data = _t.placeholder((n, c, h, w), name="data")
+    kernel = _t.placeholder((f, c, kh, kw), name="kernel")
+    padded = _padded(data, pad)
+    oh, ow = h + 2 * pad - kh + 1, w + 2 * pad - kw + 1
+    rc = _t.reduce_axis((0, c), "rc")
+    ry = _t.reduce_axis((0, kh), "ry")
+    rx = _t.reduce_axis((0, kw), "rx")
+    out = _t.compute((n, f, oh, ow), lambda b, fo, y, x: _t.sum(
+        padded[b, rc, y + ry, x + rx] * kernel[fo, rc, ry, rx], axis=[rc, ry, rx]), name="conv")
+    s = create_schedule(out.op)
+    cc = s.cache_write(out, "global")
+    b, fo, y, x = s[out].op.axis
+    fo_o, fo_i = s[out].split(fo, factor=fr)
+    xo, xi = s[out].split(x, factor=xr)
+    s[out].reorder(b, fo_o, y, xo, fo_i, xi)
+    s[out].vectorize(xi)
+    s[out].parallel(s[out].fuse(fo_o, y))
+    s[cc].compute_at(s[out], xo)
+    _, cf, _, cx = s[cc].op.axis
+    rc_, ry_, rx_ = s[cc].op.reduce_axis
+    s[cc].reorder(rc_, ry_, rx_, cf, cx)
+    s[cc].unroll(cf)
+    s[cc].vectorize(cx)
+    bb, cb, yy, xx = s[padded].op.axis
+    s[padded].parallel(cb)
+    s[padded].vectorize(xx)
+    return s, [data, kernel, out]
+
+
+def conv2d_nchwc(n, c, h, w, f, kh=3, kw=3, pad=1, cb=16, fb=16, xr=8):
+    """Convolution in the blocked NCHW[x]c layout (TVM's conv2d_NCHWc): data
+    ``[n, c/cb, h, w, cb]``, kernel ``[f/fb, c/cb, kh, kw, cb, fb]``, out ``[n, f/fb, oh, ow, fb]``.
+    ``xr`` output columns x one ``fb``-wide vector of output channels are the register tile:
+    each step loads one kernel vector and broadcasts ``xr`` inputs into ``xr`` FMAs.
+    Returns ``(s, [data, kernel, out])``."""
+    data = _t.placeholder((n, c // cb, h, w, cb), name="data")
+    kernel = _t.placeholder((f // fb, c // cb, kh, kw, cb, fb), name="kernel")
+    padded = _padded(data, pad)
+    oh, ow = h + 2 * pad - kh + 1, w + 2 * pad - kw + 1
+    rco = _t.reduce_axis((0, c // cb), "rco")
+    ry = _t.reduce_axis((0, kh), "ry")
+    rx = _t.reduce_axis((0, kw), "rx")
+    rci = _t.reduce_axis((0, cb), "rci")
+    out = _t.compute((n, f // fb, oh, ow, fb), lambda b, fo, y, x, fi: _t.sum(
+        padded[b, rco, y + ry, x + rx, rci] * kernel[fo, rco, ry, rx, rci, fi],
+        axis=[rco, ry, rx, rci]), name="conv")
+    s = create_schedule(out.op)
+    cc = s.cache_write(out, "global")
+    b, fo, y, x, fi = s[out].op.axis
+    xo, xi = s[out].split(x, factor=xr)
+    s[out].reorder(b, fo, y, xo, xi, fi)
+    s[out].vectorize(fi)
+    s[out].parallel(s[out].fuse(fo, y))
+    s[cc].compute_at(s[out], xo)
+    _, _, _, cx, cf = s[cc].op.axis
+    rco_, ry_, rx_, rci_ = s[cc].op.reduce_axis
+    s[cc].reorder(rco_, ry_, rx_, rci_, cx, cf)
+    s[cc].unroll(cx)
+    s[cc].vectorize(cf)
+    _, pcb, _, _, pci = s[padded].op.axis
+    s[padded].parallel(pcb)
+    s[padded].vectorize(pci)
+    return s, [data, kernel, out]

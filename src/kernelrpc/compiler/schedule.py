@@ -1,9 +1,10 @@
 """Schedules: how each compute stage's loops are split, ordered, annotated and placed."""
 from __future__ import annotations
 
-from .expr import Var
-from .ir import substitute
-from .tensor import ComputeOp, IterVar, PlaceholderOp, Tensor, TensorLoad
+from .expr import Var, convert, if_then_else, logical_and
+from .ir import Mutator, substitute
+from .tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
+                     TensorLoad)
 
 
 class ScheduleError(ValueError):
@@ -21,6 +22,16 @@ class Fuse:
         self.outer, self.inner, self.fused = outer, inner, fused
 
 
+def _step(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ScheduleError(f"auto_unroll_max_step must be a non-negative int, got {value!r}")
+    return value
+
+
+#: supported pragma -> validator of its value
+PRAGMAS = {"auto_unroll_max_step": _step,
+           "unroll_explicit": lambda v: True if v is None else bool(v)}
+
 #: Stage annotation -> For kind in the lowered IR
 ITER_KINDS = {"vectorize": "vectorized", "unroll": "unrolled", "parallel": "parallel"}
 
@@ -35,6 +46,7 @@ class Stage:
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
         self.scope = "global"
+        self.storage_aligns: dict = {}      # dimension -> (factor, offset)
 
     def reset(self) -> None:
         op = self.op
@@ -43,6 +55,8 @@ class Stage:
         self.leaf_iter_vars = list(roots)
         self.relations: list = []
         self.iter_var_attrs: dict = {}
+        self.pragmas: dict = {}             # leaf IterVar -> {pragma name: value}
+        self.prefetches: list = []          # (tensor, leaf IterVar, offset)
 
     def __repr__(self):
         return f"stage({self.op.name})"
@@ -62,7 +76,8 @@ class Stage:
 
     def _compute_only(self, what: str) -> None:
         if not isinstance(self.op, ComputeOp):
-            raise ScheduleError(f"{what}: {self.op.name} is a placeholder, not a compute stage")
+            kind = "an extern op" if isinstance(self.op, ExternOp) else "a placeholder"
+            raise ScheduleError(f"{what}: {self.op.name} is {kind}, not a compute stage")
 
     # ------------------------------------------------------------------ loop primitives
     def split(self, parent: IterVar, factor=None, nparts=None):
@@ -132,6 +147,41 @@ class Stage:
     def parallel(self, iv: IterVar) -> None:
         self._annotate(iv, "parallel")
 
+    def pragma(self, iv: IterVar, pragma_type: str, pragma_value=None) -> None:
+        """TVM's pragmas on a loop: ``auto_unroll_max_step`` (unroll the loops inside whose
+        total trip count is at most the value) and ``unroll_explicit`` (False: leave those
+        loops to LLVM's unroller instead)."""
+        self._compute_only("pragma")
+        self._check_leaf(iv)
+        if pragma_type not in PRAGMAS:
+            raise ScheduleError(f"pragma {pragma_type!r} is not supported; known: "
+                                f"{sorted(PRAGMAS)}")
+        value = PRAGMAS[pragma_type](pragma_value)
+        self.pragmas.setdefault(iv, {})[pragma_type] = value
+
+    def prefetch(self, tensor: Tensor, var: IterVar, offset) -> None:
+        """At the start of every iteration of loop ``var``, prefetch the part of ``tensor``
+        that iteration ``var + offset`` reads (one hint per 64-byte line; TVM's prefetch)."""
+        self._compute_only("prefetch")
+        self._check_leaf(var)
+        if not any(t.op is tensor.op for t in self.op.input_tensors):
+            raise ScheduleError(f"prefetch: {self.op.name} does not read {tensor.name}")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise ScheduleError(f"prefetch: offset must be an int, got {offset!r}")
+        self.prefetches.append((tensor, var, offset))
+
+    def storage_align(self, axis: IterVar, factor: int, offset: int) -> None:
+        """Pad this stage's buffer so the stride of ``axis``'s dimension is
+        ``k * factor + offset`` elements (TVM's storage_align; only for buffers lowering
+        allocates, not for function arguments)."""
+        self._compute_only("storage_align")
+        dims = [k for k, iv in enumerate(self.op.axis) if iv is axis]
+        if not dims:
+            raise ScheduleError(f"storage_align: {axis!r} is not a root axis of {self.op.name}")
+        if not (isinstance(factor, int) and factor > 0 and isinstance(offset, int)):
+            raise ScheduleError("storage_align: factor must be a positive int, offset an int")
+        self.storage_aligns[dims[0]] = (factor, offset % factor)
+
     # ------------------------------------------------------------------ placement
     def compute_at(self, parent: "Stage", ivar: IterVar) -> None:
         """Compute this stage inside ``parent``'s loop ``ivar``, only the region it needs."""
@@ -141,6 +191,13 @@ class Stage:
         parent._check_leaf(ivar)
         if parent is self:
             raise ScheduleError("compute_at: a stage cannot be attached to itself")
+        chain, outer = [self.op.name, parent.op.name], parent
+        while outer.attach_type == "scope":
+            outer = outer.attach_stage
+            chain.append(outer.op.name)
+            if outer is self:
+                raise ScheduleError(f"compute_at: attaching {self.op.name} to {parent.op.name} "
+                                    f"makes a cycle ({' -> '.join(chain)})")
         self.attach_type, self.attach_stage, self.attach_ivar = "scope", parent, ivar
 
     def compute_inline(self) -> None:
@@ -183,6 +240,8 @@ class Schedule:
             raise ScheduleError("cache_write: only compute tensors can be cached")
         if stage.attach_type == "inline":
             raise ScheduleError("cache_write: the stage is inlined")
+        if len(op.outputs) > 1:
+            raise ScheduleError(f"cache_write: {op.name} has several outputs")
         new_axis = [IterVar(iv.dom_min, iv.extent, Var(f"{iv.name}.c")) for iv in op.axis]
         vmap = {iv.var: n.var for iv, n in zip(op.axis, new_axis)}
         body = substitute(op.body, vmap)
@@ -200,6 +259,139 @@ class Schedule:
         if op in self.outputs:
             self.outputs[self.outputs.index(op)] = copy_op
         return cache
+
+    def cache_read(self, tensor: Tensor, scope: str, readers) -> Tensor:
+        """A new stage ``<name>.<scope>`` copies ``tensor``; ``readers`` read the copy instead.
+
+        Each reader keeps its stage, axes and schedule (its op is rebuilt with the same
+        IterVars), so ``compute_at`` can then place the copy inside a reader's loop.
+        """
+        readers = readers if isinstance(readers, (list, tuple)) else [readers]
+        reader_stages = [self[r] for r in readers]
+        if isinstance(tensor.op, ComputeOp) and len(tensor.op.outputs) > 1:
+            raise ScheduleError(f"cache_read: {tensor.op.name} has several outputs")
+        producer = self[tensor]
+        axis = [IterVar(0, d, Var(f"ax{k}")) for k, d in enumerate(tensor.shape)]
+        cache_op = ComputeOp(f"{tensor.name}.{scope}", axis,
+                             TensorLoad(tensor, [iv.var for iv in axis]))
+        cache = cache_op.output(0)
+        for stage in reader_stages:
+            if not isinstance(stage.op, ComputeOp):
+                raise ScheduleError(f"cache_read: reader {stage.op.name} is not a compute")
+            if not any(t.op is tensor.op for t in stage.op.input_tensors):
+                raise ScheduleError(f"cache_read: {stage.op.name} does not read {tensor.name}")
+            old = stage.op
+            bodies = [replace_tensor(b, tensor, cache) for b in old.bodies]
+            new = ComputeOp(old.name, old.axis, bodies, old.tag, old.attrs)
+            stage.op = new
+            self.stage_map[new] = stage
+            if old in self.outputs:
+                self.outputs[self.outputs.index(old)] = new
+        cache_stage = Stage(cache_op)
+        cache_stage.scope = scope
+        self.stage_map[cache_op] = cache_stage
+        self.stages.insert(self.stages.index(producer) + 1, cache_stage)
+        return cache
+
+    def rfactor(self, tensor: Tensor, axis: IterVar, factor_axis: int = 0) -> Tensor:
+        """Factor the reduction of ``tensor`` over ``axis`` into a new stage (TVM's rfactor).
+
+        ``axis`` is a root reduce axis or the outer/inner part of one split once. The new
+        tensor ``<name>.rf`` keeps ``axis`` as a data-parallel dimension (at position
+        ``factor_axis``) and reduces over the rest; ``tensor`` becomes the reduction of
+        ``<name>.rf`` over that dimension. Both stages' loops start unscheduled.
+        """
+        stage = self[tensor]
+        op = stage.op
+        body = op.body if isinstance(op, ComputeOp) else None
+        if not isinstance(body, Reduce) or len(op.outputs) > 1:
+            raise ScheduleError(f"rfactor: {tensor.name} is not a single reduction")
+        if axis in op.reduce_axis:
+            root, split = axis, None
+        else:
+            split = next((r for r in stage.relations if isinstance(r, Split)
+                          and axis in (r.outer, r.inner) and r.parent in op.reduce_axis), None)
+            if split is None or any(r is not split and isinstance(r, (Split, Fuse))
+                                    and axis in _rel_vars(r) for r in stage.relations):
+                raise ScheduleError(f"rfactor: {axis.name} must be a reduce axis of "
+                                    f"{tensor.name} or a part of one split")
+            root = split.parent
+        if not 0 <= factor_axis <= len(op.axis):
+            raise ScheduleError(f"rfactor: factor_axis must be in [0, {len(op.axis)}]")
+        from .lower.arith import const_int
+        extent = const_int(root.extent)
+        if extent is None:
+            raise ScheduleError("rfactor: the reduce axis needs a constant extent")
+        if split is None:
+            kept_extent, other_extent = extent, 1
+        else:
+            f = split.factor if split.factor is not None else -(-extent // split.nparts)
+            nparts = -(-extent // f)
+            kept_extent, other_extent = (f, nparts) if axis is split.inner else (nparts, f)
+        kept = IterVar(0, kept_extent, Var(f"{axis.name}.v"))
+        rest = IterVar(0, other_extent, Var(f"{root.name}.rest"), IterVar.REDUCE)
+        if split is None:
+            value = kept.var
+        elif axis is split.inner:
+            value = rest.var * kept_extent + kept.var
+        else:
+            value = kept.var * other_extent + rest.var
+        value = convert(root.dom_min) + value
+        new_axis = [IterVar(iv.dom_min, iv.extent, Var(f"{iv.name}.rf")) for iv in op.axis]
+        new_axis.insert(factor_axis, kept)
+        vmap = {iv.var: n.var for iv, n in zip(op.axis, new_axis[:factor_axis]
+                                                 + new_axis[factor_axis + 1:])}
+        vmap[root.var] = value
+        source = [substitute(x, vmap) for x in body.source]
+        cond = None if body.condition is None else substitute(body.condition, vmap)
+        if split is not None and kept_extent * other_extent != extent:
+            inside = value < convert(root.dom_min) + extent
+            cond = inside if cond is None else logical_and(cond, inside)
+        reduce_axes = [a for a in body.axis if a is not root]
+        if split is not None:
+            reduce_axes.append(rest)
+        if reduce_axes:
+            rf_body = Reduce(body.combiner, source, reduce_axes, cond, 0, None)
+        else:
+            rf_body = source[0] if cond is None else if_then_else(cond, source[0],
+                                                                  body.identity()[0])
+        rf_op = ComputeOp(f"{op.name}.rf", new_axis, rf_body, op.tag, op.attrs)
+        rf = rf_op.output(0)
+        k = IterVar(0, kept_extent, Var(f"{axis.name}.v"), IterVar.REDUCE)
+        indices = [iv.var for iv in op.axis]
+        indices.insert(factor_axis, k.var)
+        new_body = Reduce(body.combiner, [TensorLoad(rf, indices)], [k], None, 0, body.init)
+        new_op = ComputeOp(op.name, op.axis, new_body, op.tag, op.attrs)
+        stage.op = new_op
+        stage.reset()
+        self.stage_map[new_op] = stage
+        rf_stage = Stage(rf_op)
+        self.stage_map[rf_op] = rf_stage
+        self.stages.insert(self.stages.index(stage), rf_stage)
+        if op in self.outputs:
+            self.outputs[self.outputs.index(op)] = new_op
+        return rf
+
+    def normalize(self) -> "Schedule":
+        """TVM's normalize (loops start at 0): lowering always emits such loops already."""
+        return self
+
+
+def _rel_vars(rel) -> tuple:
+    if isinstance(rel, Split):
+        return (rel.parent, rel.outer, rel.inner)
+    return (rel.outer, rel.inner, rel.fused)
+
+
+def replace_tensor(body, old: Tensor, new: Tensor):
+    """``body`` reading ``new`` wherever it read ``old``."""
+    class _Replace(Mutator):
+        def visit_TensorLoad(self, node):
+            indices = tuple(self.visit(i) for i in node.indices)
+            tensor = new if node.tensor.op is old.op else node.tensor
+            return TensorLoad(tensor, indices)
+
+    return _Replace().visit(body)
 
 
 def create_schedule(ops) -> Schedule:
@@ -222,7 +414,7 @@ def _topo_order(outputs) -> list:
         order.append(op)
 
     for op in outputs:
-        if not isinstance(op, (ComputeOp, PlaceholderOp)):
+        if not isinstance(op, (ComputeOp, ExternOp, PlaceholderOp, ScanOp)):
             raise ScheduleError(f"create_schedule: {op!r} is not an operation")
         visit(op)
     return order

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import inspect
 
-from .expr import (Add, DTypeError, IntImm, Max, Min, PrimExpr, Var, _as_bool, const, convert,
-                   max_value, min_value)
+from .expr import DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value, min_value
 
 
 class TensorError(ValueError):
@@ -83,36 +82,77 @@ class TensorLoad(PrimExpr):
         return f"{self.tensor.name}[{', '.join(printer.expr(i) for i in self.indices)}]"
 
 
-REDUCERS = {
-    "sum": (lambda a, b: Add(a, b), lambda dtype: const(0, dtype)),
-    "max": (lambda a, b: Max(a, b), min_value),
-    "min": (lambda a, b: Min(a, b), max_value),
-}
+class CommReducer:
+    """A commutative reducer (TVM's ``te.comm_reducer``): ``fcombine(x, y)`` and the identity.
+
+    For a tuple reducer (argmax: ``(index, value)``) ``fcombine`` takes and returns tuples
+    and ``fidentity(*dtypes)`` returns one identity per element; for a single value they take
+    and return single expressions.
+    """
+
+    def __init__(self, fcombine, fidentity, name: str = "reduce"):
+        self.fcombine = fcombine
+        self.fidentity = fidentity
+        self.name = name
+
+    def combine(self, accs: tuple, values: tuple) -> tuple:
+        if len(accs) == 1:
+            return (convert(self.fcombine(accs[0], values[0])),)
+        out = self.fcombine(tuple(accs), tuple(values))
+        if not isinstance(out, (tuple, list)) or len(out) != len(accs):
+            raise TensorError(f"{self.name}: fcombine must return {len(accs)} values")
+        return tuple(convert(o) for o in out)
+
+    def identity(self, dtypes) -> tuple:
+        out = self.fidentity(*dtypes)
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if len(out) != len(dtypes):
+            raise TensorError(f"{self.name}: fidentity must return {len(dtypes)} values")
+        return tuple(const(o, d) if not isinstance(o, PrimExpr) else o.astype(d)
+                     for o, d in zip(out, dtypes))
+
+    def __call__(self, expr, axis=None, where=None, init=None, *rest):
+        return _reduce(self, expr, axis, where, init, rest)
+
+    def __repr__(self):
+        return f"comm_reducer({self.name})"
+
+
+def comm_reducer(fcombine, fidentity, name: str = "reduce") -> CommReducer:
+    return CommReducer(fcombine, fidentity, name)
 
 
 class Reduce(PrimExpr):
-    """A commutative reduction of ``source`` over ``axis``; only at the top of a compute body."""
+    """Element ``value_index`` of a commutative reduction of ``source`` (a tuple) over ``axis``.
 
-    __slots__ = ("combiner", "source", "axis", "condition")
-    _fields = ("combiner", "source", "axis", "condition")
+    Only at the top of a compute body; a tuple reduction's outputs share combiner, source,
+    axes, condition and init.
+    """
 
-    def __init__(self, combiner: str, source: PrimExpr, axis, condition: PrimExpr | None = None):
+    __slots__ = ("combiner", "source", "axis", "condition", "value_index", "init")
+    _fields = ("combiner", "source", "axis", "condition", "value_index", "init")
+
+    def __init__(self, combiner: CommReducer, source, axis, condition: PrimExpr | None = None,
+                 value_index: int = 0, init=None):
         self.combiner = combiner
-        self.source = source
+        self.source = tuple(source)
         self.axis = tuple(axis)
         self.condition = condition
-        self.dtype = source.dtype
+        self.value_index = value_index
+        self.init = None if init is None else tuple(init)
+        self.dtype = self.source[value_index].dtype
 
-    def identity(self) -> PrimExpr:
-        return REDUCERS[self.combiner][1](self.dtype)
-
-    def combine(self, acc: PrimExpr, value: PrimExpr) -> PrimExpr:
-        return REDUCERS[self.combiner][0](acc, value)
+    def identity(self) -> tuple:
+        return self.combiner.identity([s.dtype for s in self.source])
 
     def to_str(self, printer) -> str:
         axes = ", ".join(printer.var(a.var) for a in self.axis)
         cond = "" if self.condition is None else f", where={printer.expr(self.condition)}"
-        return f"{self.combiner}({printer.expr(self.source)}, axis=[{axes}]{cond})"
+        src = ", ".join(printer.expr(x) for x in self.source)
+        index = f"[{self.value_index}]" if len(self.source) > 1 else ""
+        init = "" if self.init is None else \
+            f", init={', '.join(printer.expr(x) for x in self.init)}"
+        return f"{self.combiner.name}({src}, axis=[{axes}]{cond}{init}){index}"
 
 
 class Operation:
@@ -138,15 +178,28 @@ class PlaceholderOp(Operation):
 
 
 class ComputeOp(Operation):
-    def __init__(self, name: str, axis, body: PrimExpr, tag: str = "", attrs=None):
+    """``te.compute``: one body per output (several when the lambda returns a tuple)."""
+
+    def __init__(self, name: str, axis, body, tag: str = "", attrs=None):
         self.name = name
         self.tag = tag
         self.attrs = dict(attrs or {})
         self.axis = list(axis)
-        self.body = body
-        self.reduce_axis = list(body.axis) if isinstance(body, Reduce) else []
+        self.bodies = tuple(body) if isinstance(body, (tuple, list)) else (body,)
+        first = self.bodies[0]
+        self.reduce_axis = list(first.axis) if isinstance(first, Reduce) else []
         shape = tuple(iv.extent for iv in self.axis)
-        self.outputs = [Tensor(shape, body.dtype, self, name)]
+        self.outputs = [Tensor(shape, b.dtype, self, name if len(self.bodies) == 1
+                               else f"{name}.v{k}", k) for k, b in enumerate(self.bodies)]
+
+    @property
+    def body(self):
+        """The body of a single-output op (TVM's ``op.body[0]``)."""
+        return self.bodies[0]
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
 
     @property
     def input_tensors(self) -> list:
@@ -156,19 +209,112 @@ class ComputeOp(Operation):
         def fn(node):
             if isinstance(node, TensorLoad) and all(t is not node.tensor for t in found):
                 found.append(node.tensor)
-        post_order_visit(self.body, fn)
+        for body in self.bodies:
+            post_order_visit(body, fn)
         return found
 
     def __repr__(self):
         return f"compute({self.name})"
 
 
+class ExternOp(Operation):
+    """``te.extern``: outputs computed by a statement ``fcompute(in_buffers, out_buffers)``
+    builds (with :mod:`kernelrpc.compiler.ir_builder`) over flat, row-major buffers."""
+
+    def __init__(self, name: str, shapes, dtypes, inputs, fcompute, tag: str = "", attrs=None):
+        from .ir import Buffer, Stmt
+        self.name = name
+        self.tag = tag
+        self.attrs = dict(attrs or {})
+        self.inputs = list(inputs)
+        self.input_buffers = [Buffer(t.name, t.shape, t.dtype) for t in self.inputs]
+        names = [name] if len(shapes) == 1 else [f"{name}.v{k}" for k in range(len(shapes))]
+        self.output_buffers = [Buffer(n, s, d) for n, s, d in zip(names, shapes, dtypes)]
+        self.body = fcompute(self.input_buffers, self.output_buffers)
+        if not isinstance(self.body, Stmt):
+            raise TensorError(f"extern {name}: fcompute must return a statement (ib.get()), "
+                              f"got {type(self.body).__name__}")
+        self.outputs = [Tensor(s, d, self, n, k)
+                        for k, (n, s, d) in enumerate(zip(names, shapes, dtypes))]
+
+    @property
+    def input_tensors(self) -> list:
+        return list(self.inputs)
+
+    def __repr__(self):
+        return f"extern({self.name})"
+
+
+class ScanOp(Operation):
+    """``te.scan``: ``out[:k] = init`` (``k = init.shape[0]``), then for ``t >= k``
+    ``out[t] = update[t]``, where ``update`` reads ``state[t - 1, ...]`` (the output so far).
+
+    ``init`` and ``update`` are computes owned by the scan: lowering runs them inside its
+    time loop, so their stages take no schedule of their own.
+    """
+
+    def __init__(self, name: str, init: "Tensor", update: "Tensor", state: "Tensor", inputs,
+                 tag: str = "", attrs=None):
+        for what, t in (("init", init), ("update", update)):
+            if not isinstance(t.op, ComputeOp) or len(t.op.outputs) != 1 \
+                    or isinstance(t.op.body, Reduce):
+                raise TensorError(f"scan {name}: {what} must be a single-output, non-reduction "
+                                  "te.compute")
+        if not isinstance(state.op, PlaceholderOp):
+            raise TensorError(f"scan {name}: state must be a te.placeholder")
+        if len(update.shape) != len(state.shape) or len(init.shape) != len(state.shape):
+            raise TensorError(f"scan {name}: init, update and state need the same rank")
+        self.name = name
+        self.tag = tag
+        self.attrs = dict(attrs or {})
+        self.init, self.update, self.state = init, update, state
+        self.inputs = list(inputs or [])
+        self.outputs = [Tensor(update.shape, update.dtype, self, name)]
+
+    @property
+    def input_tensors(self) -> list:
+        found = list(self.inputs)
+        for op in (self.init.op, self.update.op):
+            for t in op.input_tensors:
+                if t.op is not self.state.op and all(t is not f for f in found):
+                    found.append(t)
+        return found
+
+    def __repr__(self):
+        return f"scan({self.name})"
+
+
+def scan(init, update, state_placeholder, inputs=None, name: str = "scan", tag: str = "",
+         attrs=None) -> "Tensor":
+    """TVM's ``te.scan`` for one state: returns the scan's output tensor."""
+    many = isinstance(init, (list, tuple))
+    if many:
+        if len(init) != 1:
+            raise TensorError("te.scan: only one state is supported")
+        init, update, state_placeholder = init[0], update[0], state_placeholder[0]
+    out = ScanOp(name, init, update, state_placeholder, inputs, tag, attrs).output(0)
+    return [out] if many else out
+
+
+def extern(shape, inputs, fcompute, name: str = "extern", dtype=None, tag: str = "",
+           attrs=None):
+    """TVM's ``te.extern``: one output for a shape, a list of tensors for a list of shapes."""
+    many = isinstance(shape, list) and shape and isinstance(shape[0], (list, tuple))
+    shapes = [_shape(s) for s in shape] if many else [_shape(shape)]
+    if dtype is None:
+        dtype = inputs[0].dtype if inputs else "float32"
+    dtypes = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shapes)
+    op = ExternOp(name, shapes, dtypes, inputs, fcompute, tag, attrs)
+    return list(op.outputs) if many else op.output(0)
+
+
 class Tensor:
-    def __init__(self, shape, dtype: str, op: Operation, name: str):
+    def __init__(self, shape, dtype: str, op: Operation, name: str, value_index: int = 0):
         self.shape = tuple(shape)
         self.dtype = dtype
         self.op = op
         self.name = name
+        self.value_index = value_index
 
     @property
     def ndim(self) -> int:
@@ -223,8 +369,11 @@ def var(name: str = "tindex", dtype: str = "int32") -> Var:
     return Var(name, dtype)
 
 
-def compute(shape, fcompute, name: str = "compute", tag: str = "", attrs=None) -> Tensor:
-    """``te.compute(shape, lambda i, j: ..., name)``; axis names come from the lambda."""
+def compute(shape, fcompute, name: str = "compute", tag: str = "", attrs=None):
+    """``te.compute(shape, lambda i, j: ..., name)``; axis names come from the lambda.
+
+    A lambda that returns a tuple makes one op with several outputs: a list of tensors.
+    """
     shape = _shape(shape)
     params = list(inspect.signature(fcompute).parameters.values())
     if len(params) == 1 and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
@@ -234,18 +383,42 @@ def compute(shape, fcompute, name: str = "compute", tag: str = "", attrs=None) -
         if len(names) != len(shape):
             raise TensorError(f"fcompute takes {len(names)} arguments, shape has {len(shape)}")
     axis = [IterVar(0, ext, Var(n)) for n, ext in zip(names, shape)]
-    body = convert(fcompute(*[iv.var for iv in axis]))
-    _check_reduce_at_top(body)
-    return ComputeOp(name, axis, body, tag, attrs).output(0)
+    result = fcompute(*[iv.var for iv in axis])
+    bodies = tuple(convert(b) for b in result) if isinstance(result, (tuple, list)) \
+        else (convert(result),)
+    if not bodies:
+        raise TensorError("fcompute returned an empty tuple")
+    _check_bodies(bodies)
+    op = ComputeOp(name, axis, bodies, tag, attrs)
+    return op.output(0) if len(bodies) == 1 else list(op.outputs)
 
 
-def _check_reduce_at_top(body: PrimExpr) -> None:
+def _check_bodies(bodies) -> None:
     from .ir import post_order_visit
 
     def fn(node):
-        if isinstance(node, Reduce) and node is not body:
-            raise TensorError("a reduction (te.sum/max/min) must be the whole compute body")
-    post_order_visit(body.source if isinstance(body, Reduce) else body, fn)
+        if isinstance(node, Reduce):
+            raise TensorError("a reduction (te.sum/max/min/comm_reducer) must be the whole "
+                              "compute body")
+    first = bodies[0]
+    for body in bodies:
+        if isinstance(body, Reduce) != isinstance(first, Reduce):
+            raise TensorError("the outputs of one compute are all reductions or none is")
+        if isinstance(body, Reduce):
+            same = (body.combiner is first.combiner and body.source is not None
+                    and len(body.source) == len(first.source)
+                    and all(a is b for a, b in zip(body.source, first.source))
+                    and body.axis == first.axis)
+            if not same:
+                raise TensorError("the reductions of one compute must be the elements of one "
+                                  "tuple reduction")
+            for part in body.source + ((body.condition,) if body.condition is not None else ()) \
+                    + (body.init or ()):
+                post_order_visit(part, fn)
+        else:
+            post_order_visit(body, fn)
+    if isinstance(first, Reduce) and len(bodies) != len(first.source):
+        raise TensorError(f"a {len(first.source)}-value reduction must give all its outputs")
 
 
 def reduce_axis(dom, name: str = "rv") -> IterVar:
@@ -255,25 +428,33 @@ def reduce_axis(dom, name: str = "rv") -> IterVar:
     return IterVar(lo, extent, Var(name), IterVar.REDUCE)
 
 
-def _reducer(combiner: str, binary):
-    def reducer(expr, axis=None, where=None, *rest):
-        if axis is None or isinstance(axis, (PrimExpr, int, float)):
-            # elementwise form: te.max(a, b, ...)
-            values = [expr] + ([] if axis is None else [axis]) + list(rest)
-            if where is not None:
-                values.append(where)
-            out = convert(values[0])
-            for v in values[1:]:
-                out = binary(out, v)
-            return out
-        axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
-        for a in axes:
-            if not isinstance(a, IterVar) or a.kind != IterVar.REDUCE:
-                raise TensorError(f"{combiner}: axis must be te.reduce_axis, got {a!r}")
-        cond = None if where is None else _as_bool(where)
-        return Reduce(combiner, convert(expr), axes, cond)
-    reducer.__name__ = combiner
-    return reducer
+def _reduce(reducer: CommReducer, expr, axis, where, init, rest):
+    if axis is None or isinstance(axis, (PrimExpr, int, float)):
+        binary = _ELEMENTWISE.get(reducer.name)
+        if binary is None:
+            raise TensorError(f"{reducer.name}: axis= (te.reduce_axis) is required")
+        # elementwise form: te.max(a, b, ...)
+        values = [expr] + ([] if axis is None else [axis]) + list(rest)
+        values += [v for v in (where, init) if v is not None]
+        out = convert(values[0])
+        for v in values[1:]:
+            out = binary(out, v)
+        return out
+    axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+    for a in axes:
+        if not isinstance(a, IterVar) or a.kind != IterVar.REDUCE:
+            raise TensorError(f"{reducer.name}: axis must be te.reduce_axis, got {a!r}")
+    cond = None if where is None else _as_bool(where)
+    many = isinstance(expr, (tuple, list))
+    source = tuple(convert(e) for e in expr) if many else (convert(expr),)
+    if init is not None:
+        inits = tuple(init) if isinstance(init, (tuple, list)) else (init,)
+        if len(inits) != len(source):
+            raise TensorError(f"{reducer.name}: init needs {len(source)} values")
+        init = tuple(convert(v).astype(s.dtype) if isinstance(v, PrimExpr) else const(v, s.dtype)
+                     for v, s in zip(inits, source))
+    outs = tuple(Reduce(reducer, source, axes, cond, k, init) for k in range(len(source)))
+    return outs if many else outs[0]
 
 
 def _max2(a, b):
@@ -286,6 +467,7 @@ def _min2(a, b):
     return minimum(a, b)
 
 
-sum = _reducer("sum", lambda a, b: convert(a) + b)  # noqa: A001 - TVM's name
-max = _reducer("max", _max2)  # noqa: A001
-min = _reducer("min", _min2)  # noqa: A001
+_ELEMENTWISE = {"sum": lambda a, b: convert(a) + b, "max": _max2, "min": _min2}
+sum = CommReducer(lambda x, y: x + y, lambda t: const(0, t), "sum")  # noqa: A001 - TVM's name
+max = CommReducer(_max2, min_value, "max")  # noqa: A001
+min = CommReducer(_min2, max_value, "min")  # noqa: A001

@@ -31,7 +31,7 @@ class ArgSpec:
     name: str
     kind: str                               # "tensor" or "scalar"
     dtype: DType
-    shape: tuple[int, ...] | None = None    # None for scalars
+    shape: tuple[int | str, ...] | None = None    # None for scalars; str: a shape variable
 
     def describe(self) -> str:
         if self.kind == "scalar":
@@ -44,6 +44,8 @@ class FunctionSpec:
     name: str
     symbol: str
     args: tuple[ArgSpec, ...]
+    #: positions of the scalar arguments that tensor shapes name (symbolic dimensions)
+    shape_vars: tuple[int, ...] = ()
 
     def signature(self) -> str:
         return f"{self.name}({', '.join(a.describe() for a in self.args)})"
@@ -114,7 +116,14 @@ def _parse_function(raw, where: str) -> FunctionSpec:
         raise ModuleError(f"function {name!r} declares {len(raw_args)} arguments; "
                           f"at most {MAX_ARGS}")
     args = tuple(_parse_arg(a, f"{name}: args[{i}]") for i, a in enumerate(raw_args))
-    return FunctionSpec(name, symbol, args)
+    scalars = {a.name: i for i, a in enumerate(args)
+               if a.kind == "scalar" and a.dtype.name.startswith(("int", "uint"))}
+    named = {d for a in args if a.kind == "tensor" for d in a.shape if isinstance(d, str)}
+    for dim in named:
+        if dim not in scalars:
+            raise ModuleError(f"function {name!r}: shape variable {dim!r} is not an integer "
+                              "scalar argument")
+    return FunctionSpec(name, symbol, args, tuple(sorted(scalars[d] for d in named)))
 
 
 def _parse_arg(raw, where: str) -> ArgSpec:
@@ -134,9 +143,11 @@ def _parse_arg(raw, where: str) -> ArgSpec:
     shape = raw.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM:
         raise ModuleError(f"{where}.shape must be a list of at most {MAX_NDIM} integers")
-    if not all(_is_int(d) and d >= 0 for d in shape):
-        raise ModuleError(f"{where}.shape entries must be non-negative integers, got {shape}")
-    if math.prod(shape) * dtype.itemsize > MAX_TENSOR_BYTES:
+    if not all((_is_int(d) and d >= 0) or (isinstance(d, str) and 0 < len(d) <= MAX_NAME_LEN)
+               for d in shape):
+        raise ModuleError(f"{where}.shape entries must be non-negative integers or names of "
+                          f"shape variables, got {shape}")
+    if math.prod(d for d in shape if _is_int(d)) * dtype.itemsize > MAX_TENSOR_BYTES:
         raise ModuleError(f"{where}.shape {shape} is implausibly large")
     return ArgSpec(name, kind, dtype, tuple(shape))
 

@@ -29,6 +29,7 @@ class PackedArgs:
 
     def __init__(self, spec: FunctionSpec, values: tuple):
         n = len(spec.args)
+        shapes = _bind_shapes(spec, values) if spec.shape_vars else None
         # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
         pointer_words = n if _POINTER_BYTES == 8 else (n * _POINTER_BYTES + 7) // 8
         self.words = (ctypes.c_uint64 * max(pointer_words + n, 1))()
@@ -42,8 +43,10 @@ class PackedArgs:
             if arg.kind == "tensor":
                 # Fast path for the common case; _check_tensor explains anything else.
                 if (type(value) is not Tensor or value._dtype is not arg.dtype
-                        or value.shape != arg.shape or value._buf.freed):
-                    _check_tensor(arg, value, _where(spec, i))
+                        or value.shape != (arg.shape if shapes is None else shapes[i])
+                        or value._buf.freed):
+                    _check_tensor(arg, value, _where(spec, i),
+                                  None if shapes is None else shapes[i])
                 buf = value._buf
                 self.tensors.append((i, value))
                 self._memory.append(buf.view)
@@ -63,7 +66,36 @@ def _where(spec: FunctionSpec, i: int) -> str:
     return f"{spec.name}() argument {i} '{spec.args[i].name}'"
 
 
-def _check_tensor(arg: ArgSpec, value, where: str) -> None:
+def _bind_shapes(spec: FunctionSpec, values: list) -> dict:
+    """Bind the shape variables from the tensors (filling omitted scalar arguments in
+    ``values``); return each tensor argument's concrete expected shape."""
+    bound: dict = {}
+    for i, arg in enumerate(spec.args):
+        shape = getattr(values[i], "shape", None)
+        if arg.kind != "tensor" or not isinstance(shape, tuple) or len(shape) != len(arg.shape):
+            continue
+        for d, (want, got) in enumerate(zip(arg.shape, shape)):
+            if isinstance(want, str):
+                first = bound.setdefault(want, (got, i))
+                if first[0] != got:
+                    raise ValueError(f"{_where(spec, i)}: dimension {d} is {got}, but "
+                                     f"{want} = {first[0]} from argument {first[1]} "
+                                     f"'{spec.args[first[1]].name}'")
+    for i in spec.shape_vars:
+        name = spec.args[i].name
+        if name not in bound:
+            continue
+        if values[i] is None:
+            values[i] = bound[name][0]
+        elif values[i] != bound[name][0]:
+            raise ValueError(f"{_where(spec, i)}: is {values[i]}, but the tensors' shapes "
+                             f"say {bound[name][0]}")
+    return {i: tuple(bound.get(d, (d,))[0] if isinstance(d, str) else d for d in arg.shape)
+            for i, arg in enumerate(spec.args) if arg.kind == "tensor"}
+
+
+def _check_tensor(arg: ArgSpec, value, where: str, shape: tuple | None = None) -> None:
+    shape = arg.shape if shape is None else shape
     expected = f"{arg.dtype}{list(arg.shape)}"
     if not isinstance(value, Tensor):
         if _is_ndarray(value):
@@ -80,7 +112,7 @@ def _check_tensor(arg: ArgSpec, value, where: str) -> None:
     if value.ndim != len(arg.shape):
         raise ValueError(f"{where}: expected {len(arg.shape)} dimensions {expected}, "
                          f"got {value.ndim} {list(value.shape)}")
-    if value.shape != arg.shape:
+    if value.shape != shape:
         raise ValueError(f"{where}: expected shape {expected}, got {list(value.shape)}")
 
 
@@ -98,6 +130,12 @@ class Function:
         return self.spec.name
 
     def pack(self, args: tuple) -> PackedArgs:
+        spec = self.spec
+        if spec.shape_vars and len(args) == len(spec.args) - len(spec.shape_vars):
+            filled = iter(args)     # shape variables omitted: bound from the tensors' shapes
+            args = [None if i in spec.shape_vars else next(filled) for i in range(len(spec.args))]
+        elif spec.shape_vars:
+            args = list(args)
         if len(args) != len(self.spec.args):
             raise TypeError(f"{self.spec.signature()} takes {len(self.spec.args)} arguments, "
                             f"got {len(args)}")

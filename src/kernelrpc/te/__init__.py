@@ -11,8 +11,10 @@ from ..compiler.expr import (all_of as all, any_of as any, call_math, const, flo
 from ..compiler.expr import if_then_else, max_value, min_value
 from ..compiler.lower import LowerError, PassContext, lower
 from ..compiler.schedule import Schedule, ScheduleError, Stage, create_schedule
-from ..compiler.tensor import (IterVar, Range, Tensor, TensorError, compute, max, min,
-                                placeholder, reduce_axis, sum, var)
+from ..compiler.tensor import (CommReducer, IterVar, Range, Tensor, TensorError, comm_reducer,
+                                compute, extern, max, min, placeholder, reduce_axis, scan, sum,
+                                var)
+from ..compiler import ir_builder
 from ..compiler.build import BuiltModule, build  # the backend (LLVM via llvmlite)
 from ..compiler.target import Target
 
@@ -26,11 +28,19 @@ def _math(op):
     return fn
 
 
-exp, exp2, log, log2, log10 = (_math(n) for n in ("exp", "exp2", "log", "log2", "log10"))
-sqrt, tanh, sin, cos = (_math(n) for n in ("sqrt", "tanh", "sin", "cos"))
-floor, ceil, round, trunc = (_math(n) for n in ("floor", "ceil", "round", "trunc"))
+exp, exp2, exp10, log, log2, log10, log1p = (
+    _math(n) for n in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p"))
+sqrt, tanh, sinh, cosh, erf = (_math(n) for n in ("sqrt", "tanh", "sinh", "cosh", "erf"))
+sin, cos, tan, asin, acos, atan = (_math(n) for n in ("sin", "cos", "tan", "asin", "acos", "atan"))
+atan2, hypot, copysign, fmod, ldexp = (
+    _math(n) for n in ("atan2", "hypot", "copysign", "fmod", "ldexp"))
+floor, ceil, round, trunc, nearbyint = (
+    _math(n) for n in ("floor", "ceil", "round", "trunc", "nearbyint"))
+isnan, isinf, isfinite = (_math(n) for n in ("isnan", "isinf", "isfinite"))
+clz, popcount = _math("clz"), _math("popcount")
 power = _math("pow")
 fma = _math("fma")
+div = truncdiv           # TVM's te.div: C semantics (true division on floats)
 
 
 def abs(x):  # noqa: A001 - TVM's name

@@ -1,8 +1,9 @@
 """Expressions of the loop IR -> LLVM IR instructions (scalar and explicit vector).
 
 Float arithmetic carries the ``contract`` flag so that LLVM fuses a multiply
-feeding an add into one FMA; integer arithmetic on signed types is ``nsw`` (as in
-TVM: index arithmetic does not overflow). Integer constants are folded here, so
+feeding an add into one FMA. Integer arithmetic wraps (no ``nsw``: an int8 sum that
+overflows must give numpy's answer, not poison; measured, index arithmetic is not
+slower without it). Integer constants are folded here, reduced to their dtype, so
 that unrolled loops give SROA constant offsets into local accumulators.
 """
 from __future__ import annotations
@@ -16,10 +17,16 @@ from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value, join_d
 from .llvm_types import float_literal, int_literal, is_signed, llvm_type, scalar_type
 from .memory_codegen import MemoryCodegen
 
-_MATH = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log10": "log10",
-         "sqrt": "sqrt", "tanh": "tanh", "sin": "sin", "cos": "cos", "fabs": "fabs",
-         "floor": "floor", "ceil": "ceil", "round": "nearbyint", "trunc": "trunc",
-         "pow": "pow", "fma": "fma"}
+#: intrinsic -> LLVM intrinsic (vector forms are legalized by LLVM, to libm calls if need be)
+_MATH = {"exp": "exp", "exp2": "exp2", "exp10": "exp10", "log": "log", "log2": "log2",
+         "log10": "log10", "sqrt": "sqrt", "tanh": "tanh", "sinh": "sinh", "cosh": "cosh",
+         "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
+         "atan": "atan", "atan2": "atan2", "fabs": "fabs", "floor": "floor", "ceil": "ceil",
+         "round": "nearbyint", "nearbyint": "nearbyint", "trunc": "trunc", "pow": "pow",
+         "fma": "fma", "copysign": "copysign"}
+#: intrinsic -> C math library function (float name, double name): no LLVM intrinsic exists,
+#: so vectors call it lane by lane
+_LIBM = {"erf": ("erff", "erf"), "log1p": ("log1pf", "log1p"), "hypot": ("hypotf", "hypot")}
 _INT_CMP = {E.EQ: "eq", E.NE: "ne", E.LT: "slt", E.LE: "sle", E.GT: "sgt", E.GE: "sge"}
 _FLOAT_CMP = {E.EQ: "oeq", E.NE: "une", E.LT: "olt", E.LE: "ole", E.GT: "ogt", E.GE: "oge"}
 _FLOAT_OPS = {E.Add: "fadd", E.Sub: "fsub", E.Mul: "fmul", E.Div: "fdiv", E.Mod: "frem"}
@@ -99,8 +106,8 @@ class ExprCodegen(MemoryCodegen):
             scalar = float_literal(float(value), elem)
             folded = float(value)
         else:
-            scalar = int_literal(int(value), elem)
-            folded = int(value)
+            folded = E.wrap_int(int(value), elem)
+            scalar = int_literal(folded, elem)
         if lanes == 1:
             div = abs(folded) if not is_float(elem) else 1
             return Value(llvm_type(elem), scalar, const=folded, div=div)
@@ -167,18 +174,20 @@ class ExprCodegen(MemoryCodegen):
             folded = _fold_int(op, a.const, b.const)
             if folded is not None:
                 return self.const(folded, dtype)
+        if b.const == 0 and op in (E.Div, E.Mod, E.FloorDiv, E.FloorMod):
+            raise CodegenError(f"integer division by zero ({op.__name__} of {dtype}): "
+                               "undefined on the machine")
         simple = self._simplify(op, dtype, a, b)
         if simple is not None:
             return simple
         ty = llvm_type(dtype)
         signed = is_signed(dtype)
-        nsw = " nsw" if signed else ""
         if op is E.Add:
-            return self.fn.assign(ty, f"add{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+            return self.fn.assign(ty, f"add {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
         if op is E.Sub:
-            return self.fn.assign(ty, f"sub{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+            return self.fn.assign(ty, f"sub {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
         if op is E.Mul:
-            return self.fn.assign(ty, f"mul{nsw} {ty} {a.ref}, {b.ref}", div=a.div * b.div)
+            return self.fn.assign(ty, f"mul {ty} {a.ref}, {b.ref}", div=a.div * b.div)
         if op in (E.Min, E.Max):
             name = ("s" if signed else "u") + ("min" if op is E.Min else "max")
             return self._call_intrinsic(name, dtype, [a, b])
@@ -370,10 +379,64 @@ class ExprCodegen(MemoryCodegen):
         return self.fn.assign(ty, f"{op} {value} to {ty}", div=value.div if op == "sext" else 1)
 
     def visit_Call(self, node):
-        name = _MATH.get(node.op)
-        if name is None:
-            raise CodegenError(f"unknown intrinsic {node.op!r}")
-        return self._call_intrinsic(name, node.dtype, [self(a) for a in node.args])
+        args = [self(a) for a in node.args]
+        op = node.op
+        if op in _MATH:
+            return self._call_intrinsic(_MATH[op], node.dtype, args)
+        if op in _LIBM:
+            return self._call_libm(_LIBM[op], node.dtype, args)
+        ty = llvm_type(node.dtype)
+        if op == "fmod":
+            return self.fn.assign(ty, f"frem {ty} {args[0].ref}, {args[1].ref}")
+        if op == "ldexp":
+            full = (f"llvm.ldexp.{_intrinsic_suffix(node.dtype)}."
+                    f"{_intrinsic_suffix(node.args[1].dtype)}")
+            self.module.declare(full, f"declare {ty} @{full}({ty}, {args[1].type})")
+            return self.fn.assign(ty, f"call {ty} @{full}({args[0]}, {args[1]})")
+        if op in ("clz", "popcount"):
+            name = "ctlz" if op == "clz" else "ctpop"
+            full = f"llvm.{name}.{_intrinsic_suffix(node.dtype)}"
+            extra = ", i1" if op == "clz" else ""
+            self.module.declare(full, f"declare {ty} @{full}({ty}{extra})")
+            flag = ", i1 false" if op == "clz" else ""
+            return self.fn.assign(ty, f"call {ty} @{full}({args[0]}{flag})")
+        if op == "all_lanes":
+            lanes = dtype_lanes(node.args[0].dtype)
+            full = f"llvm.vector.reduce.and.v{lanes}i1"
+            self.module.declare(full, f"declare i1 @{full}(<{lanes} x i1>)")
+            return self.fn.assign("i1", f"call i1 @{full}({args[0]})")
+        if op in ("isnan", "isinf", "isfinite"):
+            x, src = args[0], node.args[0].dtype
+            bool_ty = self._bool_type(src)
+            if op == "isnan":
+                return self.fn.assign(bool_ty, f"fcmp uno {x}, {x.ref}")
+            magnitude = self._call_intrinsic("fabs", src, [x])
+            inf = self.const(float("inf"), src)
+            pred = "oeq" if op == "isinf" else "one"
+            return self.fn.assign(bool_ty, f"fcmp {pred} {magnitude}, {inf.ref}")
+        raise CodegenError(f"unknown intrinsic {op!r}")
+
+    def _call_libm(self, names, dtype: str, args):
+        """A C math function, lane by lane for vectors; float16 computes in float."""
+        elem = dtype_element(dtype)
+        lanes = dtype_lanes(dtype)
+        calc = "float64" if elem == "float64" else "float32"
+        fname = names[1] if calc == "float64" else names[0]
+        cty = llvm_type(calc)
+        self.module.declare(fname, f"declare {cty} @{fname}({', '.join([cty] * len(args))})")
+
+        def scalar(values):
+            values = [self.cast(v, elem, calc) for v in values]
+            out = self.fn.assign(cty, f"call {cty} @{fname}({', '.join(map(str, values))})")
+            return self.cast(out, calc, elem)
+        if lanes == 1:
+            return scalar(args)
+        ety = llvm_type(elem)
+        result = Value(llvm_type(dtype), "poison")
+        for k in range(lanes):
+            lane = [self.fn.assign(ety, f"extractelement {a}, i32 {k}") for a in args]
+            result = self.fn.assign(result.type, f"insertelement {result}, {scalar(lane)}, i32 {k}")
+        return result
 
     def _call_intrinsic(self, name, dtype, args):
         ty = llvm_type(dtype)

@@ -53,6 +53,8 @@ class StmtCodegen(ExprCodegen):
         self.outlined = 0
 
     def stmt(self, node) -> None:
+        if node is None:            # nothing to do (an empty nest, e.g. a zero-size tensor)
+            return
         method = getattr(self, "stmt_" + type(node).__name__, None)
         if method is None:
             raise CodegenError(f"cannot generate code for statement {type(node).__name__}")
@@ -67,6 +69,27 @@ class StmtCodegen(ExprCodegen):
 
     def stmt_Evaluate(self, node):
         self(node.value)
+
+    def stmt_Prefetch(self, node):
+        base = self.env.get(node.buffer)
+        if base is None:
+            return                  # the buffer is not live here: a hint can be dropped
+        index = self(node.index)
+        if index.type != "i64":
+            index = self.cast(index, node.index.dtype, "int64")
+        ptr = self.fn.assign("ptr", f"getelementptr {memory_type(node.buffer.dtype)}, "
+                                    f"ptr {base.ref}, i64 {index.ref}")
+        self.module.declare("llvm.prefetch.p0",
+                            "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+        self.fn.emit(f"call void @llvm.prefetch.p0(ptr {ptr.ref}, i32 0, i32 3, i32 1)")
+
+    def stmt_AssertStmt(self, node):
+        cond = self(node.condition)
+        if cond.const is None:
+            self.return_if(self.fn.assign("i1", f"xor {cond}, true"), node.code)
+        elif not cond.const:
+            self.return_if(Value("i1", "true"), node.code)
+        self.stmt(node.body)
 
     def stmt_LetStmt(self, node):
         with self.bound(node.var, self(node.value)):

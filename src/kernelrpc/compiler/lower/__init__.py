@@ -1,8 +1,10 @@
 """Lowering: schedule -> loop nest -> simplified, vectorized, unrolled IR."""
 from __future__ import annotations
 
+from .bounds import check_static_bounds, instrument_bound_checkers
 from .parallel import normalize_parallel_func
 from .partition import partition_func
+from ..tensor import ComputeOp
 from .passes import Pass, PassConfigError, PassContext, run_passes
 from .schedule_ops import LowerError, ScheduleLowering
 from .simplify import simplify_func
@@ -13,6 +15,8 @@ from .verify import verify_vars
 #: the pipeline after ScheduleOps, in order
 PASSES = [
     Pass("Simplify", lambda f, ctx: simplify_func(f)),
+    Pass("InstrumentBoundCheckers", lambda f, ctx: instrument_bound_checkers(f),
+         enabled_by="tir.instrument_bound_checkers"),
     Pass("LoopPartition", lambda f, ctx: partition_func(f), opt_level=2),
     Pass("NormalizeParallel", lambda f, ctx: normalize_parallel_func(f)),
     Pass("VectorizeLoop", lambda f, ctx: vectorize_func(f, not ctx.get("disable_vectorize"))),
@@ -31,8 +35,15 @@ def lower(sch, args, simple_mode: bool = True, name: str = "main", binds=None):
     if binds:
         raise LowerError("lower: binds= is not supported")
     ctx = PassContext.current()
-    schedule_ops = Pass("ScheduleOps", lambda s, c: ScheduleLowering(s, args).run(name))
+    schedule_ops = Pass("ScheduleOps", lambda s, c: _schedule_ops(s, args, name))
     return run_passes(sch, [schedule_ops, *PASSES], ctx)
+
+
+def _schedule_ops(sch, args, name):
+    for stage in sch.stages:
+        if isinstance(stage.op, ComputeOp):
+            check_static_bounds(stage.op)
+    return ScheduleLowering(sch, args).run(name)
 
 
 __all__ = ["PASSES", "LowerError", "Pass", "PassConfigError", "PassContext", "lower"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..expr import (EQ, GE, GT, LE, LT, NE, Add, And, Cast, CmpOp, Div, FloatImm, FloorDiv,
                     FloorMod, IntImm, Max, Min, Mod, Mul, Not, Or, PrimExpr, Select, Sub, Var,
-                    dtype_lanes, is_bool, is_float, is_int)
+                    dtype_lanes, int_range, is_bool, is_float, is_int)
 from ..ir import Broadcast, Mutator
 
 INF = math.inf
@@ -105,11 +105,41 @@ def _mul(a, b):
 
 
 def bound(e: PrimExpr, ranges: dict) -> tuple:
-    """Inclusive (lo, hi) of an integer expression; +-inf when unknown."""
+    """Inclusive (lo, hi) of the value the machine computes for a scalar integer expression.
+
+    Sound for wrapping arithmetic: a node whose exact result may leave its dtype's range
+    (and so wrap) gets the whole range of the dtype. Unknown values (loads, parameters)
+    get their dtype's range; non-integer expressions (-inf, inf).
+    """
     if isinstance(e, IntImm):
         return e.value, e.value
+    if not _is_int_like(e.dtype):
+        return -INF, INF
+    return _clamp(exact_bound(e, ranges), e.dtype)
+
+
+def _is_int_like(dtype: str) -> bool:
+    return dtype_lanes(dtype) == 1 and (is_int(dtype) or is_bool(dtype))
+
+
+def _clamp(lo_hi: tuple, dtype: str) -> tuple:
+    lo, hi = lo_hi
+    d_lo, d_hi = int_range(dtype)
+    if d_lo <= lo and hi <= d_hi:
+        return lo, hi
+    return d_lo, d_hi
+
+
+def fits(lo_hi: tuple, dtype: str) -> bool:
+    """The interval lies inside the dtype's range (nothing in it wraps)."""
+    d_lo, d_hi = int_range(dtype)
+    return d_lo <= lo_hi[0] and lo_hi[1] <= d_hi
+
+
+def exact_bound(e, ranges):
+    """The interval of the exact (unbounded) result of ``e``'s top operation."""
     if isinstance(e, Var):
-        return ranges.get(e, (-INF, INF))
+        return ranges.get(e, int_range(e.dtype))
     if isinstance(e, Add):
         (a0, a1), (b0, b1) = bound(e.a, ranges), bound(e.b, ranges)
         return a0 + b0, a1 + b1
@@ -139,9 +169,41 @@ def bound(e: PrimExpr, ranges: dict) -> tuple:
     if isinstance(e, Select):
         (a0, a1), (b0, b1) = bound(e.true_value, ranges), bound(e.false_value, ranges)
         return min(a0, b0), max(a1, b1)
-    if isinstance(e, Cast) and is_int(e.dtype) and is_int(e.value.dtype):
+    if isinstance(e, Cast) and _is_int_like(e.value.dtype):
         return bound(e.value, ranges)
-    return -INF, INF
+    return int_range(e.dtype)
+
+
+def linear_bound(terms: dict, const: int, ranges: dict) -> tuple:
+    """Exact interval of a linear form over atoms with the given (machine) ranges."""
+    lo = hi = const
+    for atom, c in terms.values():
+        a0, a1 = bound(atom, ranges)
+        lo += min(_mul(c, a0), _mul(c, a1))
+        hi += max(_mul(c, a0), _mul(c, a1))
+    return lo, hi
+
+
+def exact_linear(e: PrimExpr, ranges: dict):
+    """``linear(e)`` when the machine value of ``e`` provably equals it, else None.
+
+    Add, Sub and Mul by a constant wrap consistently (two's complement is a ring), so the
+    machine value is the linear form's exact value modulo 2**bits; it is that value itself
+    exactly when the whole form's interval fits the dtype. A signed variable without a
+    known range (a symbolic shape, a loop variable outside its loop) is index arithmetic
+    and assumed not to overflow, as in TVM; values loaded from memory never are.
+    """
+    terms, const = linear(e)
+    lo = hi = const
+    for atom, c in terms.values():
+        if isinstance(atom, Var) and atom not in ranges and atom.dtype in ("int32", "int64"):
+            continue
+        a0, a1 = bound(atom, ranges)
+        lo += min(_mul(c, a0), _mul(c, a1))
+        hi += max(_mul(c, a0), _mul(c, a1))
+    if not fits((lo, hi), e.dtype):
+        return None
+    return terms, const
 
 
 # --------------------------------------------------------------------------- rewriting
@@ -187,7 +249,11 @@ def _fold_float(e):
 
 
 def _div_mod(e, ranges):
-    """floordiv / floormod (or trunc div/mod of a non-negative) by a positive constant."""
+    """floordiv / floormod (or trunc div/mod of a non-negative) by a positive constant.
+
+    The identities (``(q*c + r) // c == q + r // c``) hold for exact integers, so they are
+    used only when the dividend provably does not wrap.
+    """
     c = e.b.value
     lo, hi = bound(e.a, ranges)
     if isinstance(e, (Div, Mod)) and lo < 0:
@@ -196,12 +262,17 @@ def _div_mod(e, ranges):
     if c == 1:
         return e.a if is_div else IntImm(0, e.dtype)
     inner = e.a
-    if isinstance(inner, FloorDiv) and is_div and isinstance(inner.b, IntImm) and inner.b.value > 0:
+    d_lo, d_hi = int_range(e.dtype)
+    if (isinstance(inner, FloorDiv) and is_div and isinstance(inner.b, IntImm)
+            and 0 < inner.b.value and inner.b.value * c <= d_hi):
         return _div_mod(FloorDiv(inner.a, IntImm(inner.b.value * c, e.dtype)), ranges)
     if (isinstance(inner, FloorMod) and not is_div and isinstance(inner.b, IntImm)
-            and inner.b.value % c == 0):
+            and inner.b.value > 0 and inner.b.value % c == 0):
         return _div_mod(FloorMod(inner.a, e.b), ranges)
-    terms, k = linear(inner)
+    form = exact_linear(inner, ranges)
+    if form is None:
+        return e
+    terms, k = form
     q_terms, r_terms = {}, {}
     for key, (atom, coeff) in terms.items():
         if coeff % c == 0:
@@ -209,19 +280,22 @@ def _div_mod(e, ranges):
         else:
             r_terms[key] = [atom, coeff]
     qk, rk = divmod(k, c)
-    rest = from_linear(r_terms, rk, e.dtype)
-    r_lo, r_hi = bound(rest, ranges)
-    same_block = r_lo != -INF and r_hi != INF and r_lo // c == r_hi // c
+    r_lo, r_hi = linear_bound(r_terms, rk, ranges)
+    same_block = r_lo // c == r_hi // c
     if is_div:
         if same_block:
             return from_linear(q_terms, qk + r_lo // c, e.dtype)
         if not r_terms:
             return from_linear(q_terms, qk, e.dtype)
-        q_terms[skey(rest)] = [FloorDiv(rest, e.b), 1]
-        return from_linear(q_terms, qk, e.dtype)
-    if same_block:
+    elif same_block:
         return from_linear(r_terms, rk - (r_lo // c) * c, e.dtype)
-    return FloorMod(rest, e.b)
+    if not fits((r_lo, r_hi), e.dtype):
+        return e
+    rest = from_linear(r_terms, rk, e.dtype)
+    if not is_div:
+        return FloorMod(rest, e.b)
+    q_terms[skey(rest)] = [FloorDiv(rest, e.b), 1]
+    return from_linear(q_terms, qk, e.dtype)
 
 
 def rewrite(e: PrimExpr, ranges: dict) -> PrimExpr:
@@ -255,7 +329,7 @@ def rewrite(e: PrimExpr, ranges: dict) -> PrimExpr:
             if isinstance(b, IntImm) and b.value > 0:
                 return _div_mod(e, ranges)
             return e
-        lo, hi = bound(from_linear(*linear(Sub(a, b)), e.dtype), ranges)
+        lo, hi = difference_bound(a, b, ranges)
         if hi <= 0:
             return a if isinstance(e, Min) else b
         if lo >= 0:
@@ -283,20 +357,37 @@ def rewrite(e: PrimExpr, ranges: dict) -> PrimExpr:
             return FloatImm(float(_NP_FLOAT[e.dtype](v)), e.dtype)
         if is_bool(e.dtype):
             return _true(v != 0)
+        if isinstance(v, float) and not math.isfinite(v):
+            return e
         return IntImm(int(v), e.dtype)
     if isinstance(e, Broadcast) and e.lanes == 1:
         return e.value
     return e
 
 
+def difference_bound(a: PrimExpr, b: PrimExpr, ranges: dict) -> tuple:
+    """Interval of the exact difference of the machine values of ``a`` and ``b``."""
+    fa, fb = exact_linear(a, ranges), exact_linear(b, ranges)
+    if fa is not None and fb is not None:
+        terms, k = linear(Sub(a, b))
+        return linear_bound(terms, k, ranges)
+    (a0, a1), (b0, b1) = bound(a, ranges), bound(b, ranges)
+    return a0 - b1, a1 - b0
+
+
 def _rewrite_cmp(e, ranges):
+    """Decide a comparison from bounds, else move constants to the right-hand side.
+
+    ``a < b`` becomes ``terms < c`` only where that is an identity of the machine's
+    arithmetic: both sides and the new left-hand side provably do not wrap. (For unsigned
+    types ``a - b`` is never negative, so ``a < b`` must not become ``a - b < 0``.)
+    """
     a, b = e.a, e.b
     if _is_const(a) and _is_const(b):
         return _true(_CMP_FOLD[type(e)](a.value, b.value))
     if not is_index(a):
         return e
-    terms, k = linear(Sub(a, b))
-    lo, hi = bound(from_linear(terms, k, a.dtype), ranges)
+    lo, hi = difference_bound(a, b, ranges)
     decided = {
         LT: (hi < 0, lo >= 0), LE: (hi <= 0, lo > 0), GT: (lo > 0, hi <= 0),
         GE: (lo >= 0, hi < 0), EQ: (lo == hi == 0, hi < 0 or lo > 0),
@@ -306,10 +397,17 @@ def _rewrite_cmp(e, ranges):
         return _true(True)
     if decided[1]:
         return _true(False)
+    if exact_linear(a, ranges) is None or exact_linear(b, ranges) is None:
+        return e
+    terms, k = linear(Sub(a, b))
+    dtype = a.dtype
     if all(c < 0 for _, c in terms.values()):
         negated = {key: [t, -c] for key, (t, c) in terms.items()}
-        return type(e)(IntImm(k, a.dtype), from_linear(negated, 0, a.dtype))
-    return type(e)(from_linear(terms, 0, a.dtype), IntImm(-k, a.dtype))
+        if fits((k, k), dtype) and fits(linear_bound(negated, 0, ranges), dtype):
+            return type(e)(IntImm(k, dtype), from_linear(negated, 0, dtype))
+    elif fits((-k, -k), dtype) and fits(linear_bound(terms, 0, ranges), dtype):
+        return type(e)(from_linear(terms, 0, dtype), IntImm(-k, dtype))
+    return e
 
 
 class Simplifier(Mutator):

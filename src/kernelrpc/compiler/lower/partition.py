@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from ..expr import GE, GT, LE, LT, IntImm, Sub, Var
 from ..ir import For, IfThenElse, Mutator, post_order_visit, seq, substitute, vars_in
-from .arith import INF, and_all, bound, conjuncts, is_index, linear
+from .arith import INF, and_all, bound, conjuncts, exact_linear, is_index, linear
 
 
 def _negative_part(cmp):
     """``d`` such that ``cmp`` holds exactly when ``d < 0`` (integers), or None."""
-    if not isinstance(cmp, (LT, LE, GT, GE)) or not is_index(cmp.a):
+    if not isinstance(cmp, (LT, LE, GT, GE)) or not is_index(cmp.a) \
+            or not cmp.a.dtype.startswith("int"):
         return None
     d = Sub(cmp.a, cmp.b) if isinstance(cmp, (LT, LE)) else Sub(cmp.b, cmp.a)
     if isinstance(cmp, (LE, GE)):
@@ -40,11 +41,14 @@ def _inner_ranges(body) -> dict:
     return ranges
 
 
-def _clean_prefix(var: Var, cmp, inner: dict):
+def _clean_prefix(var: Var, cmp, inner: dict, extent: int):
     """Largest ``t`` such that ``cmp`` holds for all ``var < t`` and every inner value."""
     d = _negative_part(cmp)
     if d is None:
         return None
+    ranges = {**inner, var: (0, extent - 1)}
+    if exact_linear(cmp.a, ranges) is None or exact_linear(cmp.b, ranges) is None:
+        return None             # a side may wrap: the sign of the difference says nothing
     terms, const = linear(d)
     coeff, rest_hi = 0, const
     for atom, c in terms.values():
@@ -91,7 +95,7 @@ class LoopPartitioner(Mutator):
         post_order_visit(body, fn)
         limits = {}
         for cmp in guards:
-            t = _clean_prefix(s.var, cmp, inner)
+            t = _clean_prefix(s.var, cmp, inner, extent)
             if t is not None:
                 limits[id(cmp)] = t
         if not limits:

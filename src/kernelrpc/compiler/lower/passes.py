@@ -8,6 +8,7 @@ CONFIG_OPTIONS = {
     "print_ir_after_each": (bool, False),
     "disable_vectorize": (bool, False),
     "unroll_max_extent": (int, 128),
+    "tir.instrument_bound_checkers": (bool, False),
 }
 
 
@@ -56,10 +57,12 @@ class PassContext:
 
 
 class Pass:
-    """A named ``PrimFunc -> PrimFunc`` transformation."""
+    """A named ``PrimFunc -> PrimFunc`` transformation; ``enabled_by`` names a boolean config
+    option without which the pass does not run."""
 
-    def __init__(self, name: str, fn, opt_level: int = 0):
+    def __init__(self, name: str, fn, opt_level: int = 0, enabled_by: str | None = None):
         self.name, self.fn, self.opt_level = name, fn, opt_level
+        self.enabled_by = enabled_by
 
     def __call__(self, func, ctx: PassContext | None = None):
         ctx = ctx or PassContext.current()
@@ -72,6 +75,8 @@ class Pass:
 def run_passes(func, passes, ctx: PassContext):
     for p in passes:
         if p.opt_level > ctx.opt_level or p.name in ctx.disabled_pass:
+            continue
+        if p.enabled_by is not None and not ctx.get(p.enabled_by):
             continue
         func = p(func, ctx)
         if ctx.get("print_ir_after_each"):

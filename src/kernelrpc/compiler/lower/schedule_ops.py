@@ -8,11 +8,12 @@ attached stages (and their buffers) placed inside their parent's loops.
 """
 from __future__ import annotations
 
-from ..expr import PrimExpr, Var, all_of, convert, maximum, minimum
-from ..ir import (Allocate, Buffer, For, IfThenElse, Load, Mutator, PrimFunc, Store,
-                  post_order_visit, seq, substitute, vars_in)
-from ..schedule import Fuse, Schedule, Split
-from ..tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
+from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
+from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
+                  Store, post_order_visit, seq, substitute, vars_in)
+from ..schedule import Fuse, Schedule, Split, replace_tensor
+from ..tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
+                      TensorLoad)
 from .arith import INF, bound, const_int, from_linear, linear, simplify
 
 
@@ -23,17 +24,25 @@ class LowerError(ValueError):
 class _StageInfo:
     """Loop structure of one stage after bounds inference."""
 
-    def __init__(self, stage, body):
+    def __init__(self, stage, bodies):
         self.stage = stage
-        self.body = body                 # compute body with inlined producers
+        self.bodies = bodies             # compute bodies (one per output), producers inlined
         self.root_dom: dict = {}         # root IterVar -> (min expr, extent expr)
         self.ext: dict = {}              # every IterVar -> extent expr
         self.rel: dict = {}              # IterVar -> value relative to its min, in leaf vars
         self.checks: list = []           # conditions that keep indices inside their extent
         self.partial: set = set()        # root axes computed over a sub-region (compute_at)
-        self.buffer: Buffer | None = None
+        self.buffers: dict = {}          # output value_index -> Buffer
         self.offsets: tuple = ()         # region min per dim for attached buffers
         self.children: dict = {}         # leaf position -> [child _StageInfo]
+
+    @property
+    def body(self):
+        return self.bodies[0]
+
+    @property
+    def buffer(self) -> Buffer | None:
+        return self.buffers.get(0)
 
     @property
     def leaves(self):
@@ -61,17 +70,19 @@ class _Inliner(Mutator):
         stage = self.sch.stage_map.get(node.tensor.op)
         if stage is not None and stage.attach_type == "inline":
             axis = stage.op.axis
-            return substitute(self.bodies[stage], {iv.var: i for iv, i in zip(axis, indices)})
+            body = self.bodies[stage][node.tensor.value_index]
+            return substitute(body, {iv.var: i for iv, i in zip(axis, indices)})
         return TensorLoad(node.tensor, indices)
 
 
-def _loads_of(body, stage, sch) -> list:
+def _loads_of(bodies, stage, sch) -> list:
     found = []
 
     def fn(node):
         if isinstance(node, TensorLoad) and sch.stage_map.get(node.tensor.op) is stage:
             found.append(node)
-    post_order_visit(body, fn)
+    for body in bodies:
+        post_order_visit(body, fn)
     return found
 
 
@@ -90,15 +101,18 @@ class ScheduleLowering:
         inliner = _Inliner(sch, bodies)
         for stage in sch.stages:
             if isinstance(stage.op, ComputeOp):
-                bodies[stage] = inliner.visit(stage.op.body)
+                bodies[stage] = tuple(inliner.visit(b) for b in stage.op.bodies)
                 if stage.attach_type == "inline" and stage.op in sch.outputs:
                     raise LowerError(f"output {stage.op.name} cannot be inlined")
-        computes = [s for s in sch.stages
-                    if isinstance(s.op, ComputeOp) and s.attach_type != "inline"]
+        computes = [s for s in sch.stages if isinstance(s.op, (ExternOp, ScanOp))
+                    or (isinstance(s.op, ComputeOp) and s.attach_type != "inline")]
         for stage in computes:
-            self.infos[stage] = _StageInfo(stage, bodies[stage])
+            self.infos[stage] = _StageInfo(stage, bodies.get(stage, ()))
         params = self._params()
         for stage in reversed(computes):
+            if isinstance(stage.op, (ExternOp, ScanOp)):
+                self._check_extern_inputs(stage)
+                continue
             self._infer_bound(self.infos[stage], computes)
             self._derive_loops(self.infos[stage])
         roots, allocs = [], []
@@ -110,11 +124,16 @@ class ScheduleLowering:
                 parent.children.setdefault(pos, []).append(info)
             else:
                 roots.append(info)
-            if info.buffer is None:
-                info.buffer = self._new_buffer(stage.op.name, self._alloc_shape(info),
-                                               stage.op.outputs[0].dtype, stage.scope)
-                if stage.attach_type != "scope":
-                    allocs.append(info.buffer)
+            if len(info.buffers) < len(stage.op.outputs):
+                shape = self._alloc_shape(info)
+                for out in stage.op.outputs:
+                    if out.value_index in info.buffers:
+                        continue
+                    buf = self._new_buffer(out.name, shape, out.dtype, stage.scope,
+                                           stage.storage_aligns)
+                    info.buffers[out.value_index] = buf
+                    if stage.attach_type != "scope":
+                        allocs.append(buf)
         body = seq(*[self._build(info) for info in roots])
         for buf in reversed(allocs):
             body = Allocate(buf, body)
@@ -129,8 +148,8 @@ class ScheduleLowering:
         self.names.add(name)
         return name
 
-    def _new_buffer(self, name, shape, dtype, scope="global") -> Buffer:
-        buf = Buffer(self._unique(name), shape, dtype, scope)
+    def _new_buffer(self, name, shape, dtype, scope="global", aligns=None) -> Buffer:
+        buf = Buffer(self._unique(name), shape, dtype, scope, _aligned_strides(shape, aligns))
         size = const_int(convert(buf.size))
         if size is not None and size >= 2 ** 31:
             raise LowerError(f"{name} has {size} elements; indices are int32 (max 2**31 - 1)")
@@ -146,20 +165,30 @@ class ScheduleLowering:
                 raise LowerError(f"lower: arguments must be tensors or te.var, got {arg!r}")
             stage = self.sch.stage_map.get(arg.op)
             key = stage if stage is not None else arg.op
-            if id(key) in seen:
+            if (id(key), arg.value_index) in seen:
                 raise LowerError(f"lower: tensor {arg.name} is given twice")
-            seen.add(id(key))
+            seen.add((id(key), arg.value_index))
             if stage is not None and stage.attach_type == "inline":
                 raise LowerError(f"lower: {arg.name} is inlined and has no buffer")
             buf = self._new_buffer(arg.name, arg.shape, arg.dtype)
             self.buffers[key] = buf
             if stage is not None and stage in self.infos:
-                self.infos[stage].buffer = buf
-                self.infos[stage].offsets = (0,) * len(arg.shape)
+                info = self.infos[stage]
+                if stage.storage_aligns:
+                    raise LowerError(f"lower: storage_align pads buffers lowering allocates; "
+                                     f"{arg.name} is a function argument")
+                if info.buffers and info.offsets != (0,) * len(arg.shape):
+                    raise LowerError(f"lower: {arg.name} is attached (compute_at)")
+                info.buffers[arg.value_index] = buf
+                info.offsets = (0,) * len(arg.shape)
             params.append(buf)
         for stage in self.sch.stages:
             if isinstance(stage.op, PlaceholderOp) and stage not in self.buffers:
-                if any(_loads_of(info.body, stage, self.sch) for info in self.infos.values()):
+                extern_use = any(isinstance(s.op, ExternOp) and any(t.op is stage.op
+                                                                   for t in s.op.inputs)
+                                 for s in self.sch.stages)
+                if extern_use or any(_loads_of(info.bodies, stage, self.sch)
+                                     for info in self.infos.values()):
                     raise LowerError(f"lower: placeholder {stage.op.name} is used but not in args")
         free = []
         for arg_buf in [p for p in params if isinstance(p, Buffer)]:
@@ -170,7 +199,18 @@ class ScheduleLowering:
                 params.append(v)
         return params
 
+    def _check_extern_inputs(self, stage) -> None:
+        for t in stage.op.input_tensors:
+            producer = self.sch.stage_map.get(t.op)
+            if producer is not None and producer.attach_type != "root" \
+                    and isinstance(producer.op, ComputeOp):
+                raise LowerError(f"extern {stage.op.name} reads {t.name}, which is "
+                                 f"{producer.attach_type}d: externs need their inputs whole")
+
     def _alloc_shape(self, info) -> tuple:
+        if isinstance(info.stage.op, (ExternOp, ScanOp)):
+            info.offsets = (0,) * len(info.stage.op.outputs[0].shape)
+            return info.stage.op.outputs[0].shape
         shape = []
         for iv in info.stage.op.axis:
             shape.append(info.root_dom[iv][1])
@@ -182,7 +222,9 @@ class ScheduleLowering:
 
     def _flat(self, buf: Buffer, offsets, indices) -> PrimExpr:
         flat, stride = None, 1
-        for dim, off, idx in reversed(list(zip(buf.shape, offsets, indices))):
+        strides = buf.strides or (None,) * len(buf.shape)
+        for dim, off, idx, fixed in reversed(list(zip(buf.shape, offsets, indices, strides))):
+            stride = stride if fixed is None else fixed
             term = (idx - off) * stride
             flat = term if flat is None else term + flat
             stride = stride * dim
@@ -215,7 +257,7 @@ class ScheduleLowering:
         regions = [None] * len(op.axis)
         for reader in computes:
             reader_info = self.infos[reader]
-            loads = _loads_of(reader_info.body, stage, self.sch)
+            loads = _loads_of(reader_info.bodies, stage, self.sch)
             if not loads:
                 continue
             if reader is parent.stage:
@@ -239,8 +281,8 @@ class ScheduleLowering:
                     elif regions[d] is None:
                         regions[d] = lo_hi
                     else:
-                        regions[d] = (simplify(minimum(regions[d][0], lo_hi[0])),
-                                      simplify(maximum(regions[d][1], lo_hi[1])))
+                        regions[d] = (simplify(minimum(regions[d][0], lo_hi[0]), all_ranges),
+                                      simplify(maximum(regions[d][1], lo_hi[1]), all_ranges))
         for d, iv in enumerate(op.axis):
             region = regions[d]
             dom = full[iv]
@@ -299,34 +341,84 @@ class ScheduleLowering:
                 indices = [self.visit(i) for i in node.indices]
                 stage = lowering.sch.stage_map.get(node.tensor.op)
                 info = lowering.infos.get(stage)
-                buf = info.buffer if info is not None else lowering.buffers[stage]
+                buf = info.buffers[node.tensor.value_index] if info is not None \
+                    else lowering.buffers[stage]
                 offsets = info.offsets if info is not None else (0,) * len(indices)
                 return Load(buf, lowering._flat(buf, offsets, indices))
 
         return _ToLoad().visit(expr)
 
+    def _build_extern(self, info):
+        op = info.stage.op
+        mapping = {}
+        for placeholder, t in zip(op.input_buffers, op.inputs):
+            stage = self.sch.stage_map.get(t.op)
+            source = self.infos.get(stage)
+            mapping[placeholder] = source.buffers[t.value_index] if source is not None \
+                else self.buffers[stage]
+        for k, placeholder in enumerate(op.output_buffers):
+            mapping[placeholder] = info.buffers[k]
+
+        class _Rebind(Mutator):
+            def visit_Load(self, node):
+                return Load(mapping.get(node.buffer, node.buffer), self.visit(node.index))
+
+            def visit_Store(self, node):
+                return Store(mapping.get(node.buffer, node.buffer), self.visit(node.value),
+                             self.visit(node.index))
+        return _Rebind().visit(op.body)
+
+    def _build_scan(self, info):
+        """``out[:k] = init``, then ``for t in [k, T)``: ``out[t] = update[t]`` (state = out)."""
+        op = info.stage.op
+        out_tensor = op.output(0)
+        lowering = self
+
+        def nest(part, start):
+            axis = part.op.axis
+            body = replace_tensor(part.op.body, op.state, out_tensor)
+            values = {iv.var: iv.var for iv in axis}
+            values[axis[0].var] = axis[0].var + start
+            index = lowering._flat(info.buffer, info.offsets, [values[iv.var] for iv in axis])
+            stmt = Store(info.buffer, lowering._to_load(substitute(body, values)), index)
+            for k in range(len(axis) - 1, -1, -1):
+                extent = out_tensor.shape[0] - start if k == 0 and start else axis[k].extent
+                stmt = For(axis[k].var, convert(0), simplify(convert(extent)), "serial", stmt)
+            return stmt
+        steps = const_int(op.init.shape[0])
+        if steps is None:
+            raise LowerError(f"scan {op.name}: init needs a constant number of rows")
+        return seq(nest(op.init, 0), nest(op.update, steps))
+
     def _build(self, info) -> object:
         stage = info.stage
         op = stage.op
+        if isinstance(op, ExternOp):
+            return self._build_extern(info)
+        if isinstance(op, ScanOp):
+            return self._build_scan(info)
         roots = list(op.axis) + list(op.reduce_axis)
         values = {iv.var: info.root_value(iv) for iv in roots}
         out_index = self._flat(info.buffer, info.offsets, [values[iv.var] for iv in op.axis])
+        buffers = [info.buffers[k] for k in range(len(info.bodies))]
         checks = [simplify(c) for c in info.checks]
         leaves = info.leaves
         body = info.body
         init = None
         first_reduce = len(leaves)
         if isinstance(body, Reduce):
-            source = self._to_load(substitute(body.source, values))
-            acc = Load(info.buffer, out_index)
-            update = Store(info.buffer, body.combine(acc, source), out_index)
+            sources = [self._to_load(substitute(x, values)) for x in body.source]
+            accs = [Load(buf, out_index) for buf in buffers]
+            update = self._assign(buffers, body.combiner.combine(accs, sources), out_index)
             if body.condition is not None:
                 update = IfThenElse(self._to_load(substitute(body.condition, values)), update)
             first_reduce = next(k for k, leaf in enumerate(leaves) if leaf.kind == IterVar.REDUCE)
-            init = self._init_nest(info, first_reduce, checks, body.identity())
+            start = body.identity() if body.init is None else body.init
+            init = self._init_nest(info, first_reduce, checks, buffers, start)
             stmt = update
         else:
-            stmt = Store(info.buffer, self._to_load(substitute(body, values)), out_index)
+            stmt = self._assign(buffers, [self._to_load(substitute(b, values))
+                                          for b in info.bodies], out_index)
         positions = {leaf.var: k for k, leaf in enumerate(leaves)}
         by_level: dict = {}
         for cond in checks:
@@ -335,22 +427,63 @@ class ScheduleLowering:
             if pos + 1 == first_reduce and init is not None:
                 stmt = seq(init, stmt)
             for child in reversed(info.children.get(pos, [])):
-                stmt = Allocate(child.buffer, seq(self._build(child), stmt))
+                stmt = seq(self._build(child), stmt)
+                for k in sorted(child.buffers, reverse=True):
+                    stmt = Allocate(child.buffers[k], stmt)
             if pos in by_level:
                 stmt = IfThenElse(simplify(all_of(*by_level[pos])), stmt)
             if pos >= 0:
                 leaf = leaves[pos]
+                stmt = seq(*self._prefetches(info, pos, values), stmt)
                 stmt = For(leaf.var, convert(0), info.ext[leaf], self._kind(stage, leaf), stmt)
+                pragmas = stage.pragmas.get(leaf, {})
+                if pragmas.get("unroll_explicit", True) and "auto_unroll_max_step" in pragmas:
+                    stmt = _auto_unroll(stmt, pragmas["auto_unroll_max_step"])
         return stmt
 
-    def _init_nest(self, info, first_reduce, checks, identity):
+    def _prefetches(self, info, pos, values) -> list:
+        """Prefetch hints for loop ``leaves[pos]``: the lines iteration ``+ offset`` reads."""
+        leaf = info.leaves[pos]
+        inner = info.leaves[pos + 1:]
+        out = []
+        for tensor, var, offset in info.stage.prefetches:
+            if var is not leaf:
+                continue
+            for load in _loads_of(info.bodies, self.sch[tensor], self.sch):
+                access = self._to_load(substitute(load, values))
+                shifted = substitute(access.index, {leaf.var: leaf.var + offset})
+                start = simplify(substitute(shifted, {iv.var: convert(0) for iv in inner}))
+                line = max(1, 64 // _element_bytes(tensor.dtype))
+                lines = min(64, -(-_span(shifted, inner, info) // line))
+                if lines <= 1:
+                    out.append(Prefetch(access.buffer, start))
+                    continue
+                k = Var(f"{tensor.name}.line")
+                out.append(For(k, convert(0), convert(lines), "serial",
+                               Prefetch(access.buffer, start + k * line)))
+        return out
+
+    @staticmethod
+    def _assign(buffers, values, index):
+        """Store every output; a tuple reduction computes all new values before storing."""
+        if len(buffers) == 1:
+            return Store(buffers[0], values[0], index)
+        temps = [Var(f"{buf.name}.new", v.dtype) for buf, v in zip(buffers, values)]
+        stmt = seq(*[Store(buf, t, index) for buf, t in zip(buffers, temps)])
+        for t, v in reversed(list(zip(temps, values))):
+            stmt = LetStmt(t, v, stmt)
+        return stmt
+
+    def _init_nest(self, info, first_reduce, checks, buffers, start):
         stage = info.stage
         leaves = info.leaves
         copies = [leaf for leaf in leaves[first_reduce + 1:] if leaf.kind != IterVar.REDUCE]
         vmap = {leaf.var: Var(f"{leaf.var.name}.init", leaf.var.dtype) for leaf in copies}
         values = [info.root_value(iv) for iv in stage.op.axis]
         index = simplify(substitute(self._flat(info.buffer, info.offsets, values), vmap))
-        stmt = Store(info.buffer, identity, index)
+        axis_values = {iv.var: substitute(v, vmap) for iv, v in zip(stage.op.axis, values)}
+        start = [self._to_load(substitute(v, axis_values)) for v in start]
+        stmt = seq(*[Store(buf, v, index) for buf, v in zip(buffers, start)])
         reduce_vars = {leaf.var for leaf in leaves if leaf.kind == IterVar.REDUCE}
         positions = {leaf.var: k for k, leaf in enumerate(copies)}
         by_level: dict = {}
@@ -370,6 +503,77 @@ class ScheduleLowering:
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _element_bytes(dtype: str) -> int:
+    return 1 if dtype == "bool" else dtype_bits(dtype) // 8
+
+
+def _span(index, inner, info) -> int:
+    """Elements between the lowest and highest ``index`` over the inner loops (0: unknown)."""
+    terms, _ = linear(index)
+    inner_vars = {iv.var: iv for iv in inner}
+    span = 0
+    for atom, c in terms.values():
+        if atom in inner_vars:
+            n = const_int(info.ext[inner_vars[atom]])
+            if n is None:
+                return 0
+            span += abs(c) * (n - 1)
+        elif vars_in(atom) & set(inner_vars):
+            return 0
+    return span + 1
+
+
+def _aligned_strides(shape, aligns):
+    """Row-major strides with ``storage_align``'s padding: stride[d] % factor == offset."""
+    if not aligns:
+        return None
+    dims = [const_int(d) for d in shape]
+    if any(d is None for d in dims):
+        raise LowerError("storage_align needs a constant shape")
+    strides = [1] * len(dims)
+    for d in range(len(dims) - 1, -1, -1):
+        stride = 1 if d == len(dims) - 1 else strides[d + 1] * dims[d + 1]
+        if d in aligns:
+            factor, offset = aligns[d]
+            stride += (offset - stride) % factor
+        strides[d] = stride
+    return strides
+
+
+def _auto_unroll(stmt, max_step: int):
+    """Mark serial loops whose whole nest runs at most ``max_step`` iterations as unrolled."""
+    def visit(s):
+        if isinstance(s, For):
+            body, inner = visit(s.body)
+            n = const_int(s.extent)
+            if n is None:
+                return For(s.var, s.min, s.extent, s.kind, body), INF
+            trips = n * max(inner, 1)
+            kind = "unrolled" if s.kind == "serial" and trips <= max_step else s.kind
+            return For(s.var, s.min, s.extent, kind, body), trips
+        if s is None or not hasattr(s, "_fields") or isinstance(s, PrimExpr):
+            return s, 0
+        parts = []
+        most = 0
+        for name in s._fields:
+            child = getattr(s, name)
+            if isinstance(child, tuple) and name == "seq":
+                new = []
+                for c in child:
+                    c, t = visit(c)
+                    new.append(c)
+                    most += t
+                parts.append(tuple(new))
+            elif hasattr(child, "_fields") and not isinstance(child, PrimExpr):
+                child, t = visit(child)
+                most = max(most, t)
+                parts.append(child)
+            else:
+                parts.append(child)
+        return type(s)(*parts), most
+    return visit(stmt)[0]
+
 
 def _level(cond, positions: dict) -> int:
     return max((positions[v] for v in vars_in(cond) if v in positions), default=-1)

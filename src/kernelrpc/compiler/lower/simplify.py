@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..expr import IntImm, Not
-from ..ir import Allocate, For, IfThenElse, LetStmt, seq, substitute
+from ..ir import Allocate, AssertStmt, For, IfThenElse, LetStmt, seq, substitute
 from .arith import Simplifier
 
 
@@ -43,6 +43,12 @@ class StmtSimplifier(Simplifier):
     def visit_Allocate(self, s):
         body = self.visit(s.body)
         return None if body is None else (s if body is s.body else Allocate(s.buffer, body))
+
+    def visit_AssertStmt(self, s):
+        cond, body = self.visit(s.condition), self.visit(s.body)
+        if body is None or (isinstance(cond, IntImm) and cond.value):
+            return body
+        return AssertStmt(cond, s.message, s.code, body)
 
     def visit_LetStmt(self, s):
         value, body = self.visit(s.value), self.visit(s.body)

@@ -115,6 +115,15 @@ class Vectorizer(Mutator):
             raise _Scalarize("condition depends on the vector lane")
         return IfThenElse(s.condition, self.visit(s.then_case), self.visit(s.else_case))
 
+    def visit_Prefetch(self, s):
+        return type(s)(s.buffer, substitute(s.index, {self.var: IntImm(0, self.var.dtype)}))
+
+    def visit_AssertStmt(self, s):
+        cond = self.visit(s.condition)
+        if _lanes(cond) > 1:            # the check holds in every lane
+            cond = Call("bool", "all_lanes", [cond])
+        return type(s)(cond, s.message, s.code, self.visit(s.body))
+
     def visit_LetStmt(self, s):
         value = self.visit(s.value)
         if _lanes(value) == 1:
@@ -128,8 +137,9 @@ class Vectorizer(Mutator):
 
 def _all_lanes(cond, var: Var, lanes: int):
     """A condition equivalent to ``cond`` holding for every ``var`` in [0, lanes), or None."""
-    if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a):
-        return None
+    if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a) \
+            or not cond.a.dtype.startswith("int"):
+        return None             # monotonic in the lane only where nothing wraps
     reads: list = []
     post_order_visit(cond, lambda n: reads.append(n) if isinstance(n, Load) else None)
     if reads:                    # hoisting would read memory outside its guards

@@ -1,0 +1,116 @@
+"""GFLOP/s of 3x3 convolutions (recipes.conv2d_nchw, recipes.conv2d_nchwc) against numpy.
+
+    PYTHONPATH=src python bench/conv2d.py [--channels 64] [--size 56] [--rounds 5] [--threads N]
+
+The reference is numpy's im2col + matmul on NCHW (the im2col copy is part of its time; the
+blocked layout transforms of NCHWc are not part of the kernel's, as when a network keeps
+NCHWc between layers). Reference and kernels are measured in the same process, interleaved
+round by round; every kernel's result is checked against the reference before it is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def _parse(argv=None):
+    parser = argparse.ArgumentParser(description="conv2d 3x3 recipes vs numpy im2col + matmul")
+    parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument("--size", type=int, default=56)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="0: as configured / all cores")
+    return parser.parse_args(argv)
+
+
+OPTIONS = _parse() if __name__ == "__main__" else None
+if OPTIONS is not None and OPTIONS.threads > 0:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                "KERNELRPC_NUM_THREADS"):
+        os.environ[var] = str(OPTIONS.threads)
+
+import numpy as np  # noqa: E402
+from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
+
+import kernelrpc  # noqa: E402
+from kernelrpc import nd  # noqa: E402
+from kernelrpc.compiler import recipes  # noqa: E402
+
+ROUND_SECONDS = 0.25
+
+
+def im2col_conv(data, kernel):
+    """NCHW, stride 1, padding 1: im2col (a copy) and one matmul."""
+    n, c, h, w = data.shape
+    f = kernel.shape[0]
+    padded = np.pad(data[0], ((0, 0), (1, 1), (1, 1)))
+    cols = sliding_window_view(padded, (3, 3), axis=(1, 2))          # c, h, w, 3, 3
+    cols = cols.transpose(0, 3, 4, 1, 2).reshape(c * 9, h * w)       # copies
+    return (kernel.reshape(f, c * 9) @ cols).reshape(1, f, h, w)
+
+
+def timed(fn, number):
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
+def main(opts) -> int:
+    c = f = opts.channels
+    h = w = opts.size
+    flop = 2.0 * f * h * w * c * 9
+    rng = np.random.default_rng(0)
+    data = rng.random((1, c, h, w), dtype=np.float32)
+    kernel = rng.random((f, c, 3, 3), dtype=np.float32)
+    expect = im2col_conv(data, kernel)
+    dev = kernelrpc.cpu(0)
+    layouts = {
+        "nchw": (recipes.conv2d_nchw, data, kernel, lambda o: o),
+        "nchwc": (recipes.conv2d_nchwc,
+                  data.reshape(1, c // 16, 16, h, w).transpose(0, 1, 3, 4, 2).copy(),
+                  kernel.reshape(f // 16, 16, c // 16, 16, 3, 3).transpose(0, 2, 4, 5, 3, 1).copy(),
+                  lambda o: o.transpose(0, 1, 4, 2, 3).reshape(1, f, h, w)),
+    }
+    runs = {}
+    for name, (recipe, d, k, to_nchw) in layouts.items():
+        start = time.perf_counter()
+        s, args = recipe(1, c, h, w, f)
+        module = kernelrpc.build(s, args, name="conv")
+        compile_s = time.perf_counter() - start
+        out_shape = tuple(int(x.value) for x in args[2].shape)
+        td, tk, to = nd.array(d, dev), nd.array(k, dev), nd.empty(out_shape, "float32", dev)
+        module(td, tk, to)
+        np.testing.assert_allclose(to_nchw(to.numpy()), expect, rtol=1e-4, atol=1e-3)
+        start = time.perf_counter()
+        module(td, tk, to)
+        number = max(1, int(ROUND_SECONDS / max(time.perf_counter() - start, 1e-6)))
+        runs[name] = (module.time_evaluator("conv", dev, number=number, repeat=1), td, tk, to)
+        print(f"built {name:<6} in {compile_s:5.2f} s, checked against numpy", flush=True)
+    np_number = max(1, int(ROUND_SECONDS / timed(lambda: im2col_conv(data, kernel), 1)))
+    rates = {name: [] for name in runs}
+    ratios = {name: [] for name in runs}
+    reference = []
+    for _ in range(opts.rounds):
+        ref = flop / timed(lambda: im2col_conv(data, kernel), np_number) / 1e9
+        reference.append(ref)
+        for name, (evaluate, td, tk, to) in runs.items():
+            rate = flop / evaluate(td, tk, to).median / 1e9
+            rates[name].append(rate)
+            ratios[name].append(rate / ref)
+    print()
+    print(f"conv2d 3x3, {c}->{f} channels, {h}x{w}, stride 1, pad 1, float32, "
+          f"{opts.rounds} interleaved rounds, threads: {opts.threads or 'all cores'}")
+    print(f"{'kernel':<26}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}")
+    print(f"{'numpy im2col + matmul':<26}{statistics.median(reference):>10.1f}"
+          f"{min(reference):>9.1f}{max(reference):>9.1f}{1.0:>10.2f}")
+    for name, values in rates.items():
+        print(f"{'recipes.conv2d_' + name:<26}{statistics.median(values):>10.1f}"
+              f"{min(values):>9.1f}{max(values):>9.1f}{statistics.median(ratios[name]):>10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(OPTIONS))

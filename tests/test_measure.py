@@ -34,8 +34,10 @@ def broken():
 
 
 def segfaults():
+    """Reads far outside A at an index computed from A's data: no build-time check can refuse
+    it, so it crashes on the device."""
     A = te.placeholder((N,), name="A")
-    B = te.compute((N,), lambda i: A[i * 100_000_000 + 10_000_000_000], name="B")
+    B = te.compute((N,), lambda i: A[(A[i] * 1e9).astype("int64") + (1 << 40)], name="B")
     return te.create_schedule(B.op), [A, B]
 
 

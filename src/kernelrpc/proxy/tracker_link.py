@@ -1,4 +1,4 @@
-"""The proxy's link to a tracker: offers every waiting device as a slot (TVM section 4.4).
+"""The proxy's link to a tracker: offers every waiting device as a slot (``docs/tvm-wire-formats.md`` section 4.4).
 
 Per connection: magic, then UPDATE_INFO ``{"key": "server:proxy[K1,K2]", "addr": [null,
 proxy_port]}`` whenever the set of device keys changes (sent before any PUT, so the

@@ -1,6 +1,6 @@
 """Sans-IO codec for the connection handshake shared with Apache TVM.
 
-The handshake is TVM's data-plane preamble (``tvm-rpc-protocol.md`` section 3):
+The handshake is TVM's data-plane preamble (``docs/tvm-wire-formats.md`` section 3):
 the connecting side sends ``i32 RPC_MAGIC, i32 len, key`` where the key is
 ``"client:<matchkey> [-timeout=N]"`` (or ``"server:<key>"`` towards a proxy), and
 the accepting side answers ``i32 code`` followed, on success, by

@@ -55,7 +55,7 @@ _HEADER = struct.Struct("<IB")
 HEADER_SIZE = _HEADER.size
 _U64 = struct.Struct("<Q")
 
-# TVM packet pieces used only by the hello (tvm-rpc-protocol.md sections 5.1-5.5).
+# TVM packet pieces used only by the hello (docs/tvm-wire-formats.md section 5).
 _TVM_HEAD = struct.Struct("<Qi")
 _TVM_INIT_SERVER, _TVM_RETURN, _TVM_EXCEPTION = 2, 4, 5
 _TVM_RAWSTR = 8

@@ -402,7 +402,7 @@ def count_servers(info: dict) -> dict[str, int]:
 
 
 def format_summary(info: dict) -> str:
-    """Render a SUMMARY payload exactly like TVM's ``text_summary`` (``tvm-rpc-protocol.md`` 2.8)."""
+    """Render a SUMMARY payload exactly like TVM's ``text_summary`` (``docs/tvm-wire-formats.md`` section 2.8)."""
     lines = ["Server List", "-" * 30, "server-address           key", "-" * 30]
     for item in sorted(info.get("server_info", []), key=lambda x: str(x.get("key", ""))):
         address = printable(":".join(map(str, item.get("addr", []))))

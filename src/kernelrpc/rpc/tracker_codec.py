@@ -1,4 +1,4 @@
-"""Sans-IO codec for Apache TVM's tracker protocol (``tvm-rpc-protocol.md`` section 2).
+"""Sans-IO codec for Apache TVM's tracker protocol (``docs/tvm-wire-formats.md`` section 2).
 
 A connection opens with the 4-byte magic (sent alone, echoed back), then carries
 frames of ``i32 length`` + UTF-8 JSON in both directions.

@@ -1,7 +1,7 @@
 """The time_evaluator algorithm of TVM's ``runtime.RPCTimeEvaluator`` (src/runtime/timer.cc),
 as a pure function over callables so tests can drive it with a counting fake clock.
 
-Reference: ``tvm-rpc-protocol.md`` section 6.2. Only ``run_batch`` touches the kernel's timing
+Reference: ``docs/tvm-wire-formats.md`` section 6.2. Only ``run_batch`` touches the kernel's timing
 clock; the warm-up call, ``f_preproc`` and the cooldown sleeps are never timed.
 """
 from __future__ import annotations

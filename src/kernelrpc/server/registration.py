@@ -3,7 +3,7 @@
 The loop calls :meth:`TrackerRegistration.tick` whenever ``time.monotonic()``
 reaches :meth:`next_deadline`; every socket operation here is non-blocking, so a
 slow or dead tracker never holds up the server.  The sequence follows TVM's
-``rpc_server --tracker`` (``tvm-rpc-protocol.md`` 2.6), so it works with TVM's
+``rpc_server --tracker`` (``docs/tvm-wire-formats.md`` section 2.6), so it works with TVM's
 tracker as well as ours:
 
 1. connect, send the magic alone and wait for its echo;

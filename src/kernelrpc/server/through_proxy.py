@@ -1,7 +1,7 @@
 """The device server's outbound mode: connect out to a proxy and serve the clients it pairs.
 
 ``python -m kernelrpc.server --through-proxy --host PROXY --port PORT --key KEY`` (TVM's
-flags).  The loop (TVM section 4.3):
+flags).  The loop (TVM's, ``docs/tvm-wire-formats.md`` section 4.3):
 
 1. connect to the proxy and send the preamble with ``server:KEY -protocol=kernelrpc/1``
    (TVM's proxy takes the first word; ours tells its tracker which clients may have us);

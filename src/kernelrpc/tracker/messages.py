@@ -1,6 +1,6 @@
 """Validation of decoded tracker messages into typed commands (sans-IO).
 
-Accepts what TVM's peers send (``tvm-rpc-protocol.md`` 2.3), including the
+Accepts what TVM's peers send (``docs/tvm-wire-formats.md`` section 2.3), including the
 3-element PUT and the C++ server's port-as-string, and bounds every field.
 
 kernelrpc's peers name their session protocol in fields TVM already carries and

@@ -8,7 +8,7 @@ the matches it made; the service layer turns them into replies.
 Peers are opaque hashable handles (the service uses its connection objects): one
 connection may both offer slots (a server) and wait for them (a client).
 
-What this adds to TVM's ``PriorityScheduler`` (``tvm-rpc-protocol.md`` 2.5):
+What this adds to TVM's ``PriorityScheduler`` (``docs/tvm-wire-formats.md`` section 2.5):
 
 * a client that goes away leaves its queue at once (TVM keeps counting it in
   ``pending`` until a slot is offered to it);

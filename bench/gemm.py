@@ -49,8 +49,7 @@ import kernelrpc  # noqa: E402
 from kernelrpc import nd  # noqa: E402
 from kernelrpc.compiler import recipes  # noqa: E402
 
-# The recipes are the tutorial's schedules with padded packing, so odd shapes are right too
-# (examples/gemm_tutorial.py packs N // bn blocks, as the tutorial does: odd N fails to build).
+# The recipes are the tutorial's schedules with padded packing, so odd shapes are right too.
 STEPS = (*recipes.TUTORIAL_STEPS, "register")
 
 

@@ -1,7 +1,6 @@
 """The tracker under attack by local processes: each test is one attack from issue 14, on a real
 tracker process, and checks that honest peers are still served."""
 import json
-import os
 import secrets
 import socket
 import struct

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import modulefinder
 import os
-import sys
 import tempfile
 import zipapp
 from pathlib import Path

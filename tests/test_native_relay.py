@@ -27,12 +27,13 @@ STOPPED = 1  # kernelrpc_relay's return value when told to stop (native_loop.STO
 
 
 def test_the_relay_compiles_here_and_its_abi_is_declared_once():
+    from kernelrpc.native.llvm import host_cpu
     from kernelrpc.proxy import native_loop
 
     function = native_relay.relay_function()  # raises, never skips, on a supported platform
     assert native_loop.STOPPED == STOPPED
-    assert function.function.argtypes == tuple(p.c_type for p in native_loop.PARAMS)
-    ir_params = native_loop.relay_module("x86_64").get_global(native_loop.NAME).args
+    assert function.jit.function.argtypes == tuple(p.c_type for p in native_loop.PARAMS)
+    ir_params = native_loop.relay_module(host_cpu().arch).get_global(native_loop.NAME).args
     assert [a.name for a in ir_params] == [p.name for p in native_loop.PARAMS]
     with pytest.raises(TypeError, match="takes"):
         native_loop.arguments(a=1, b=2)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import select
 import socket
 import time
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ..native.jit import spin_hint
+from ..native.jit import JitFunction, jit_function, spin_hint
+from ..native.llvm import host_cpu
 
 I16, I32, I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
 I8 = ir.IntType(8)
@@ -141,8 +143,7 @@ class _Module:
     def _return_unless_retry(self, b, value) -> None:
         """errno says try again later: return ``value``; else return -errno."""
         err = self._errno(b)
-        retry = b.or_(b.or_(*(b.icmp_signed("==", err, I32(e)) for e in _RETRY[:2])),
-                      b.icmp_signed("==", err, I32(_RETRY[2])))
+        retry = functools.reduce(b.or_, [b.icmp_signed("==", err, I32(e)) for e in _RETRY])
         with b.if_then(b.not_(retry)):
             b.ret(b.neg(err))
         b.ret(value)
@@ -276,3 +277,18 @@ class _Module:
 def relay_module(arch: str) -> ir.Module:
     """The IR module defining :data:`NAME` for a CPU of architecture ``arch``."""
     return _Module(arch).module
+
+
+@dataclass(frozen=True)
+class RelayLoop:
+    """The compiled loop, called with :data:`PARAMS` by name; returns :data:`RESULT`."""
+
+    jit: JitFunction
+
+    def __call__(self, **values) -> int:
+        return self.jit(*arguments(**values))
+
+
+def compile_relay() -> RelayLoop:
+    """JIT-compile the loop for this host (LLVM's errors propagate)."""
+    return RelayLoop(jit_function(relay_module(host_cpu().arch), NAME, PROTOTYPE))

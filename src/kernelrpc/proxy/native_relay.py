@@ -58,12 +58,9 @@ def relay_function():
         import llvmlite.ir  # noqa: F401
     except ImportError as exc:
         raise NativeRelayUnavailable(f"the native relay needs llvmlite: {exc}") from None
-    from ..native.jit import jit_function
-    from ..native.llvm import host_cpu
-    from . import native_loop
+    from .native_loop import compile_relay
 
-    module = native_loop.relay_module(host_cpu().arch)
-    return jit_function(module, native_loop.NAME, native_loop.PROTOTYPE)
+    return compile_relay()
 
 
 class NativeRelay:
@@ -79,9 +76,6 @@ class NativeRelay:
         if max(len(to_a), len(to_b)) > BUFFER_BYTES:
             raise ValueError("pairing replies larger than the relay buffer")
         self._function = relay_function()
-        from .native_loop import arguments  # importable: relay_function() has compiled it
-
-        self._arguments = arguments
         self._loop = loop
         self._socks = (a, b)
         self._queued = (len(to_b), len(to_a))
@@ -119,12 +113,12 @@ class NativeRelay:
     def _run(self) -> None:
         moved = (ctypes.c_int64 * 2)()
         a, b = self._socks
-        rc = self._function(*self._arguments(
+        rc = self._function(
             a=a.fileno(), b=b.fileno(), buf_ab=ctypes.addressof(self._buffers[0]),
             buf_ba=ctypes.addressof(self._buffers[1]), cap=BUFFER_BYTES,
             pend_ab=self._queued[0], pend_ba=self._queued[1], stop_fd=self._stop_r,
             stop_flag=ctypes.addressof(self._stop_flag), spin_ns=self._spin_ns,
-            moved=ctypes.addressof(moved)))
+            moved=ctypes.addressof(moved))
         self.result = (rc, moved[0], moved[1])
         try:
             self._loop.call_soon_threadsafe(self._finish)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import select
 import socket
 import struct
@@ -54,6 +55,8 @@ def _without_llvmlite(tmp_path) -> dict:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
 
 
+@pytest.mark.skipif(not (sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")),
+                    reason="the native relay runs on 64-bit Linux")
 def test_the_default_relay_is_native_here(proxy):
     p = proxy()
     wait_for_matches(p, r"relaying with native \(")

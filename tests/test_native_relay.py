@@ -168,3 +168,25 @@ def test_a_reset_ends_the_relay_with_the_error():
         assert b.recv(1) == b""
     finally:
         stop(loop)
+
+
+def test_a_broken_relay_is_an_error_even_for_auto(monkeypatch):
+    """Only "not supported here" may fall back; a module LLVM rejects must fail loudly."""
+    from llvmlite import ir
+
+    from kernelrpc.proxy import native_loop, service
+
+    def with_a_typo(arch):
+        module = native_loop.relay_module(arch)
+        ir.Function(module, ir.FunctionType(ir.IntType(32), []), "typo").append_basic_block()
+        return module  # a block without a terminator: the IR does not parse
+
+    monkeypatch.setattr(native_loop, "relay_module", with_a_typo)
+    native_relay.relay_function.cache_clear()
+    try:
+        for requested in ("auto", "native"):
+            with pytest.raises(RuntimeError) as info:
+                service.choose_relay(requested)
+            assert not isinstance(info.value, native_relay.NativeRelayUnavailable), info.value
+    finally:
+        native_relay.relay_function.cache_clear()

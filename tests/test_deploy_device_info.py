@@ -121,7 +121,7 @@ def test_this_host_describes_itself():
 LLVM_CHECK = textwrap.dedent("""
     import sys
     from kernelrpc.compiler import Target
-    from kernelrpc.compiler.codegen.llvm_init import ensure_llvm
+    from kernelrpc.native.llvm import ensure_llvm
     llvm = ensure_llvm()
     for text in sys.argv[1:]:
         t = Target(text)

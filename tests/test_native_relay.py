@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib.util
 import os
+import platform
 import select
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -13,10 +17,42 @@ import pytest
 from kernelrpc.proxy import native_relay
 from proxy_peers import recv_exactly
 
-try:
-    native_relay.relay_function()
-except native_relay.NativeRelayUnavailable as exc:  # pragma: no cover - 32-bit or non-Linux
-    pytest.skip(str(exc), allow_module_level=True)
+#: Where the relay must run: decided here, not by the code under test, so that a
+#: broken relay fails these tests instead of skipping them.
+SUPPORTED = (sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
+             and importlib.util.find_spec("llvmlite") is not None)
+if not SUPPORTED:  # pragma: no cover - other platforms
+    pytest.skip(f"no native relay on {sys.platform}/{platform.machine()}", allow_module_level=True)
+STOPPED = 1  # kernelrpc_relay's return value when told to stop (native_loop.STOPPED)
+
+
+def test_the_relay_compiles_here_and_its_abi_is_declared_once():
+    from kernelrpc.native.llvm import host_cpu
+    from kernelrpc.proxy import native_loop
+
+    function = native_relay.relay_function()  # raises, never skips, on a supported platform
+    assert native_loop.STOPPED == STOPPED
+    assert function.jit.function.argtypes == tuple(p.c_type for p in native_loop.PARAMS)
+    ir_params = native_loop.relay_module(host_cpu().arch).get_global(native_loop.NAME).args
+    assert [a.name for a in ir_params] == [p.name for p in native_loop.PARAMS]
+    with pytest.raises(TypeError, match="takes"):
+        native_loop.arguments(a=1, b=2)
+
+
+def test_starting_a_proxy_with_the_native_relay_loads_neither_compiler_nor_numpy():
+    script = (
+        "import asyncio, sys\n"
+        "from kernelrpc.proxy.service import ProxyConfig, ProxyService\n"
+        "async def main():\n"
+        "    service = ProxyService(ProxyConfig(port=0, relay='native'))\n"
+        "    await service.start()\n"
+        "    print(service.relay_mode)\n"
+        "    await service.close()\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('kernelrpc.compiler')))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split("\n")
+    assert out[:2] == ["native", "[]"], out
 
 
 def relay_between(spin_ns: int = 0, to_a: bytes = b"", to_b: bytes = b""):
@@ -81,7 +117,7 @@ def test_close_stops_the_loop_and_closes_both_sockets():
         assert recv_exactly(b, 1) == b"x"
         loop.call_soon_threadsafe(relay.close)
         assert closed.wait(10)
-        assert relay.result[0] == native_relay.STOPPED
+        assert relay.result[0] == STOPPED
         assert a.recv(1) == b"" and b.recv(1) == b""
     finally:
         stop(loop)
@@ -114,7 +150,7 @@ def test_close_stops_a_loop_that_never_goes_quiet():
         assert talking.wait(10)
         loop.call_soon_threadsafe(relay.close)
         assert closed.wait(10), "the relay went on while messages kept flowing"
-        assert relay.result[0] == native_relay.STOPPED
+        assert relay.result[0] == STOPPED
     finally:
         stop(loop)
         a.close()
@@ -132,3 +168,25 @@ def test_a_reset_ends_the_relay_with_the_error():
         assert b.recv(1) == b""
     finally:
         stop(loop)
+
+
+def test_a_broken_relay_is_an_error_even_for_auto(monkeypatch):
+    """Only "not supported here" may fall back; a module LLVM rejects must fail loudly."""
+    from llvmlite import ir
+
+    from kernelrpc.proxy import native_loop, service
+
+    def with_a_typo(arch):
+        module = native_loop.relay_module(arch)
+        ir.Function(module, ir.FunctionType(ir.IntType(32), []), "typo").append_basic_block()
+        return module  # a block without a terminator: the IR does not parse
+
+    monkeypatch.setattr(native_loop, "relay_module", with_a_typo)
+    native_relay.relay_function.cache_clear()
+    try:
+        for requested in ("auto", "native"):
+            with pytest.raises(RuntimeError) as info:
+                service.choose_relay(requested)
+            assert not isinstance(info.value, native_relay.NativeRelayUnavailable), info.value
+    finally:
+        native_relay.relay_function.cache_clear()

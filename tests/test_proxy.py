@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import os
+import platform
 import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -36,6 +39,47 @@ def check_relay(a: socket.socket, b: socket.socket, nbytes: int = 1 << 20) -> No
     assert recv_exactly(a, 4) == b"pong"
 
 
+def relaying_proxy(proxy, relay: str, *args: str):
+    """A proxy started with ``--relay relay``; its log proves that relay is the one running."""
+    p = proxy("--relay", relay, *args)
+    wait_for_matches(p, rf"relaying with {relay} \(")
+    return p
+
+
+def _without_llvmlite(tmp_path) -> dict:
+    """Environment for a child in which ``import llvmlite`` fails, as where it is not installed."""
+    (tmp_path / "llvmlite").mkdir()
+    (tmp_path / "llvmlite" / "__init__.py").write_text(
+        "raise ImportError('llvmlite is not installed (hidden by the test)')\n")
+    from kernelrpc.launch import SRC
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
+
+
+@pytest.mark.skipif(not (sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")),
+                    reason="the native relay runs on 64-bit Linux")
+def test_the_default_relay_is_native_here(proxy):
+    p = proxy()
+    wait_for_matches(p, r"relaying with native \(")
+
+
+def test_without_llvmlite_auto_falls_back_with_a_warning(start_service, tmp_path):
+    p = start_service("kernelrpc.proxy", ["--port", "0"], env=_without_llvmlite(tmp_path))
+    wait_for_matches(p, r"WARNING.*the native relay needs llvmlite.*relaying with splice instead")
+    wait_for_matches(p, r"relaying with splice \(")
+    device, client = pair(p.address)
+    check_relay(client, device, 4096)
+
+
+def test_without_llvmlite_an_explicit_native_relay_fails_start_up(tmp_path):
+    from kernelrpc.launch import child_env
+    done = subprocess.run([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--relay",
+                           "native"], env=child_env(_without_llvmlite(tmp_path)),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "--relay native: the native relay needs llvmlite" in done.stderr
+    assert "listening" not in done.stdout
+
+
 def test_ready_line_and_port_range(start_service):
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
@@ -51,7 +95,7 @@ def test_ready_line_and_port_range(start_service):
 
 @pytest.mark.parametrize("relay", ["native", "splice", "copy"])
 def test_device_first_then_client_relays_both_ways_and_closes_together(proxy, relay):
-    p = proxy("--relay", relay)
+    p = relaying_proxy(proxy, relay)
     device, client = pair(p.address)
     check_relay(client, device)
     check_relay(device, client)
@@ -62,7 +106,7 @@ def test_device_first_then_client_relays_both_ways_and_closes_together(proxy, re
 
 @pytest.mark.parametrize("relay", ["native", "splice", "copy"])
 def test_everything_a_side_sent_before_closing_is_delivered(proxy, relay):
-    device, client = pair(proxy("--relay", relay).address)
+    device, client = pair(relaying_proxy(proxy, relay).address)
     payload = os.urandom(8 << 20)
     sender = threading.Thread(target=lambda: (client.sendall(payload), client.close()))
     sender.start()
@@ -73,7 +117,7 @@ def test_everything_a_side_sent_before_closing_is_delivered(proxy, relay):
 
 @pytest.mark.parametrize("relay", ["native", "splice"])
 def test_stopping_the_proxy_closes_active_sessions(proxy, relay):
-    p = proxy("--relay", relay, "--relay-spin-us", "1000000")
+    p = relaying_proxy(proxy, relay, "--relay-spin-us", "1000000")
     device, client = pair(p.address)
     check_relay(client, device, 4096)  # the native loop now polls for a second
     assert p.stop() == 0
@@ -216,7 +260,7 @@ def test_silent_and_half_sent_peers_are_closed_without_stalling_others(proxy):
 
 @pytest.mark.parametrize("relay", ["native", "splice", "copy"])
 def test_slow_reader_applies_backpressure_without_memory_growth(proxy, relay):
-    p = proxy("--relay", relay)
+    p = relaying_proxy(proxy, relay)
     device, client = pair(p.address, "slow")
     rss_before = _proc_status(p.proc.pid, "VmRSS")
     client.setblocking(False)

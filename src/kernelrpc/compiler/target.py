@@ -20,6 +20,8 @@ import shlex
 import warnings
 from dataclasses import dataclass
 
+from ..native.llvm import ensure_llvm, host_cpu
+
 __all__ = ["Target", "TargetError", "TargetOptionIgnored"]
 
 _CODE_OPTIONS = ("mtriple", "mcpu", "mattr", "mabi", "mfloat-abi", "opt-level")
@@ -45,14 +47,9 @@ class TargetOptionIgnored(UserWarning):
     """A TVM target option was accepted and recorded but has no effect on kernelrpc's code."""
 
 
-@functools.lru_cache(maxsize=1)
 def _host() -> tuple[str, str, str]:
-    from .codegen.llvm_init import ensure_llvm
-
-    llvm = ensure_llvm()
-    features = llvm.get_host_cpu_features()
-    enabled = ",".join(f"+{name}" for name, on in sorted(features.items()) if on)
-    return llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled
+    host = host_cpu()
+    return host.triple, host.cpu, host.features
 
 
 @dataclass(frozen=True)
@@ -312,8 +309,6 @@ def _check_features(features: str, text: str) -> None:
 
 
 def _check_llvm_knows(triple: str, text: str) -> None:
-    from .codegen.llvm_init import ensure_llvm
-
     llvm = ensure_llvm()
     try:
         llvm.Target.from_triple(triple)
@@ -323,8 +318,6 @@ def _check_llvm_knows(triple: str, text: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _normalized(triple: str) -> str:
-    from .codegen.llvm_init import ensure_llvm
-
     parts = ensure_llvm().get_triple_parts(triple)
     fields = [triple.split("-", 1)[0], parts.Vendor, parts.OS] + ([parts.Env] if parts.Env
                                                                   else [])
@@ -334,8 +327,6 @@ def _normalized(triple: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _pointer_bits(triple: str) -> int:
     """Pointer width from LLVM's data layout for the triple (``p:32:32`` on 32-bit targets)."""
-    from .codegen.llvm_init import ensure_llvm
-
     llvm = ensure_llvm()
     layout = str(llvm.Target.from_triple(_normalized(triple)).create_target_machine().target_data)
     match = re.search(r"(?:^|-)p(?:0)?:(\d+)", layout)

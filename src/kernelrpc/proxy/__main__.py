@@ -12,6 +12,7 @@ import signal
 import sys
 
 from .. import cli
+from .native_relay import NativeRelayUnavailable
 from .service import ProxyConfig, ProxyService
 
 
@@ -58,10 +59,11 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
     p.add_argument("--example-rpc", default=None, metavar="BOOL",
                    help="accepted for TVM's command lines: TVM serves its web runtime's example "
                         "page with it; kernelrpc has no such page (see the warning)")
-    p.add_argument("--relay", choices=["native", "splice", "copy"], default="native",
-                   help="native (default): a JIT-compiled loop, one thread per session (64-bit "
-                        "Linux; else splice); splice: Python moves bytes kernel-side with "
-                        "splice(2); copy: Python recv_into/send through a 1 MiB buffer")
+    p.add_argument("--relay", choices=["auto", "native", "splice", "copy"], default="auto",
+                   help="native: a JIT-compiled loop, one thread per session (64-bit Linux with "
+                        "llvmlite; start-up fails elsewhere); splice: Python moves bytes "
+                        "kernel-side with splice(2); copy: Python recv_into/send through a 1 MiB "
+                        "buffer; auto (default): native where it runs, else splice with a warning")
     p.add_argument("--relay-spin-us", type=float, default=50.0,
                    help="native relay: keep polling this many microseconds after traffic before "
                         "sleeping; saves two wake-ups per round trip, costs CPU while a session "
@@ -109,6 +111,9 @@ def main(argv=None) -> int:
                                           "kernelrpc does not ship; WebSocket peers still connect at --web-port")
     try:
         asyncio.run(_serve(config))
+    except NativeRelayUnavailable as exc:
+        logging.getLogger("kernelrpc.proxy").error("--relay native: %s", exc)
+        return 1
     except OSError as exc:
         logging.getLogger("kernelrpc.proxy").error("%s", cli.bind_failure(exc, args))
         return 1

@@ -33,8 +33,32 @@ class ProxyConfig:
     max_connections: int = 4096
     max_waiting_per_key: int = 256
     web_port: int | None = None  # WebSocket endpoint ws://host:web_port/ws (0: OS chooses)
-    relay: str = "native"  # or "splice" / "copy": the Python relays (relay.py)
+    relay: str = "auto"  # native where it runs, else splice; or "native" / "splice" / "copy"
     relay_spin_us: float = 50.0  # native relay: poll this long after traffic before sleeping
+
+
+def choose_relay(requested: str) -> str:
+    """The relay to use for ``requested``: ``native``, ``splice`` or ``copy``.
+
+    Raises:
+        NativeRelayUnavailable: ``native`` was asked for and cannot run here.
+    """
+    if requested not in ("auto", "native", "splice", "copy"):
+        raise ValueError(f"unknown relay {requested!r}")
+    if requested in ("auto", "native"):
+        try:
+            relay_function()
+            return "native"
+        except NativeRelayUnavailable as exc:
+            if requested == "native":
+                raise
+            fallback = "splice" if SPLICE_AVAILABLE else "copy"
+            logger.warning("%s; relaying with %s instead", exc, fallback)
+            return fallback
+    if requested == "splice" and not SPLICE_AVAILABLE:
+        logger.warning("os.splice is not available; relaying with copy instead")
+        return "copy"
+    return requested
 
 
 def _valid_matchkey(text: str) -> bool:
@@ -52,16 +76,12 @@ class ProxyService:
         self._web_listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.address: tuple[str, int] | None = None
+        self.relay_mode: str | None = None  # the relay in use, chosen by start()
         self.web_address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
-        if self.config.relay == "native":
-            try:
-                relay_function()
-            except NativeRelayUnavailable as exc:
-                logger.warning("%s; relaying with Python instead", exc)
-                self.config.relay = "splice"
+        self.relay_mode = choose_relay(self.config.relay)
         self._listener = self._bind()
         self.address = self._listener.getsockname()[:2]
         self._loop.add_reader(self._listener.fileno(), self._accept, self._listener,
@@ -81,12 +101,12 @@ class ProxyService:
         return self.address
 
     def describe_relay(self) -> str:
-        if self.config.relay == "native":
-            return (f"a native loop, recv/send through {BUFFER_BYTES >> 20} MiB buffers, "
-                    f"polling {self.config.relay_spin_us:g} us after traffic")
-        if self.config.relay == "splice" and SPLICE_AVAILABLE:
-            return "splice(2) through 1 MiB pipes"
-        return "recv_into/send through 1 MiB buffers"
+        """The relay in use, named first: ``native (...)``, ``splice (...)``, ``copy (...)``."""
+        how = {"native": f"a JIT-compiled loop, recv/send through {BUFFER_BYTES >> 20} MiB "
+                         f"buffers, polling {self.config.relay_spin_us:g} us after short messages",
+               "splice": f"splice(2) through {BUFFER_BYTES >> 20} MiB pipes",
+               "copy": f"recv_into/send through {BUFFER_BYTES >> 20} MiB buffers"}
+        return f"{self.relay_mode} ({how[self.relay_mode]})"
 
     def _bind(self) -> socket.socket:
         cfg = self.config
@@ -211,8 +231,8 @@ class ProxyService:
         if a.decoder is not None or b.decoder is not None:
             buffers = websocket_buffers(a.decoder, b.decoder)
             return Relay(self._loop, a.sock, b.sock, buffers=buffers, **kwargs)
-        if self.config.relay != "native":
-            return Relay(self._loop, a.sock, b.sock, mode=self.config.relay, **kwargs)
+        if self.relay_mode != "native":
+            return Relay(self._loop, a.sock, b.sock, mode=self.relay_mode, **kwargs)
         # Polling holds a core while a session is busy: only while cores are left for it.
         spinning = len(self.relays) < usable_cores()
         spin_ns = int(self.config.relay_spin_us * 1000) if spinning else 0

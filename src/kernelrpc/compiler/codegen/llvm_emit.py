@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..target import Target
 from .emitter import CodegenError
-from .llvm_init import ensure_llvm
+from ...native.llvm import ensure_llvm
 
 __all__ = ["CodegenError", "CompileOptions", "CompiledObject", "compile_ir"]
 

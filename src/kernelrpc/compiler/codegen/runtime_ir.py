@@ -21,17 +21,6 @@ METADATA_SECTION = "kernelrpc_metadata"
 RUNTIME_SOURCE = Path(__file__).with_name("module_runtime.c")
 
 
-def pause_ir(arch: str) -> tuple[str, str]:
-    """(declaration, call) of the spin-wait hint for ``arch`` (used by the proxy's relay)."""
-    if arch in ("x86_64", "i386", "i686"):
-        return "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"
-    if arch.startswith("aarch64"):
-        return "declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)"
-    if arch.startswith("arm") or arch.startswith("thumb"):
-        return "declare void @llvm.arm.hint(i32)", "call void @llvm.arm.hint(i32 1)"
-    return "", ""
-
-
 def _string_constant(name: str, text: str, section: str) -> str:
     data = text.encode("utf-8") + b"\0"
     body = "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:02X}" for b in data)

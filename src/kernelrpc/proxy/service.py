@@ -14,6 +14,7 @@ from ..runtime.threads import usable_cores
 from .connection import PeerConnection, WebSocketConnection
 from .native_relay import NativeRelay, NativeRelayUnavailable, relay_function
 from .pairing import Matchmaker, Waiter
+from . import websocket as ws
 from .relay import BUFFER_BYTES, SPLICE_AVAILABLE, Relay
 from .ws_relay import websocket_buffers
 
@@ -67,6 +68,7 @@ class ProxyService:
         self._loop.add_reader(self._listener.fileno(), self._accept, self._listener,
                               PeerConnection)
         if self.config.web_port is not None:
+            ws.load_numpy()  # now, not in the middle of the first browser peer's upload
             port = self.config.web_port
             self._web_listener = bind_first_free(self.config.host, port, port + 1, backlog=512)
             self._web_listener.setblocking(False)

@@ -322,8 +322,16 @@ def pair(proc: Proc) -> tuple[WsPeer, socket.socket]:
     return device, client
 
 
-def round_trip_us(proc: Proc, count: int) -> float:
+def cpu_s(proc: Proc) -> float:
+    """User + system CPU seconds the proxy process has used so far."""
+    fields = Path(f"/proc/{proc.p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def round_trip_us(proc: Proc, count: int) -> tuple[float, float]:
+    """Median round trip of a 64-byte message, and the proxy's CPU per round trip (us)."""
     device, client = pair(proc)
+    cpu = cpu_s(proc)
     msg = b"x" * 64
     samples = []
     for i in range(count):
@@ -333,21 +341,25 @@ def round_trip_us(proc: Proc, count: int) -> float:
         client.sendall(msg)
         device.read(len(msg))
         samples.append(time.perf_counter() - t)
+    cpu = cpu_s(proc) - cpu
     device.sock.close()
     client.close()
-    return statistics.median(samples[count // 10:]) * 1e6
+    return statistics.median(samples[count // 10:]) * 1e6, cpu / count * 1e6
 
 
-def throughput(proc: Proc, total: int, chunk: int) -> tuple[float, float]:
-    """MiB/s of ``total`` bytes TCP -> WebSocket, then WebSocket -> TCP (``chunk`` a message)."""
+def throughput(proc: Proc, total: int, chunk: int) -> tuple[float, float, float, float]:
+    """MiB/s of ``total`` bytes TCP -> WebSocket, then WebSocket -> TCP (``chunk`` a message),
+    and the proxy's CPU seconds for each."""
     device, client = pair(proc)
     block = os.urandom(chunk)
+    cpu = cpu_s(proc)
     t = time.perf_counter()
     sender = threading.Thread(target=lambda: [client.sendall(block) for _ in range(total // chunk)])
     sender.start()
     device.read(total)
     sender.join()
     down = total / MIB / (time.perf_counter() - t)
+    down_cpu, cpu = cpu_s(proc) - cpu, cpu_s(proc)
     frame = ws.encode_frame(ws.BINARY, block, mask=b"\x00\x00\x00\x00")  # zero mask: client cost out
     t = time.perf_counter()
     sender = threading.Thread(target=lambda: [device.sock.sendall(frame) for _ in range(total // chunk)])
@@ -355,9 +367,10 @@ def throughput(proc: Proc, total: int, chunk: int) -> tuple[float, float]:
     recv_exactly(client, total)
     sender.join()
     up = total / MIB / (time.perf_counter() - t)
+    up_cpu = cpu_s(proc) - cpu
     device.sock.close()
     client.close()
-    return down, up
+    return down, up, down_cpu, up_cpu
 
 
 def import_ms(code: str, runs: int) -> float:
@@ -378,35 +391,43 @@ def main() -> None:
     if a.serve:
         asyncio.run(serve(a.serve))
         return
-    runs, rtts, total = (2, 300, 16 * MIB) if a.quick else (3, 2000, 64 * MIB)
-    rows = {mode: {"rtt": [], "down": [], "up": [], "down64k": [], "start": []}
-            for mode in ("codec", "tornado")}
+    runs, rtts, total = (2, 300, 16 * MIB) if a.quick else (5, 2000, 64 * MIB)
+    keys = ("start", "rtt", "rtt_cpu", "down", "down_cpu", "up", "up_cpu", "up64k", "up64k_cpu")
+    rows = {mode: {k: [] for k in keys} for mode in ("codec", "tornado")}
     for _ in range(runs):
-        for mode in rows:  # interleaved: both see the same machine load
+        for mode, r in rows.items():  # interleaved: both see the same machine load
             proc = start_proxy(mode)
             try:
-                rows[mode]["start"].append(proc.ready_s * 1e3)
-                rows[mode]["rtt"].append(round_trip_us(proc, rtts))
-                down, up = throughput(proc, total, MIB)
-                rows[mode]["down"].append(down)
-                rows[mode]["up"].append(up)
-                rows[mode]["down64k"].append(throughput(proc, total, 64 << 10)[1])
+                r["start"].append(proc.ready_s * 1e3)
+                for k, v in zip(("rtt", "rtt_cpu"), round_trip_us(proc, rtts)):
+                    r[k].append(v)
+                down, up, down_cpu, up_cpu = throughput(proc, total, MIB)
+                _, up64k, _, up64k_cpu = throughput(proc, total, 64 << 10)
+                for k, v in zip(keys[3:], (down, down_cpu, up, up_cpu, up64k, up64k_cpu)):
+                    r[k].append(v)
             finally:
                 proc.stop()
-    print(f"WebSocket peer <-> TCP peer through the proxy ({runs} runs, best of each; "
-          f"{total // MIB} MiB transfers; cores: {os.cpu_count()})")
-    print(f"{'endpoint':<10}{'start ms':>10}{'rtt us':>9}{'TCP->WS MiB/s':>15}"
-          f"{'WS->TCP 1M msgs':>17}{'WS->TCP 64K msgs':>18}")
+    med = statistics.median
+    print(f"WebSocket peer <-> TCP peer through the proxy: median of {runs} interleaved runs "
+          f"({total // MIB} MiB transfers, {os.cpu_count()} cores); MiB/s with the proxy's "
+          f"CPU seconds in ()")
+    print(f"{'endpoint':<9}{'start ms':>9}{'rtt us (cpu)':>14}{'TCP->WS, 1M sends':>20}"
+          f"{'WS->TCP, 1M msgs':>19}{'WS->TCP, 64K msgs':>19}")
     for mode, r in rows.items():
-        print(f"{mode:<10}{min(r['start']):>10.0f}{min(r['rtt']):>9.0f}{max(r['down']):>15.0f}"
-              f"{max(r['up']):>17.0f}{max(r['down64k']):>18.0f}")
+        cells = [f"{med(r[k]):.0f} ({med(r[k + '_cpu']):.2f})" for k in ("down", "up", "up64k")]
+        print(f"{mode:<9}{med(r['start']):>9.0f}{med(r['rtt']):>8.0f} ({med(r['rtt_cpu']):.0f})"
+              f"{cells[0]:>20}{cells[1]:>19}{cells[2]:>19}")
     base = "import kernelrpc.proxy.__main__"
-    print("\nimport cost (fresh interpreter, best of 5):")
-    for label, code in [("python -c pass", "pass"), ("the proxy", base),
-                        ("the proxy + tornado.websocket/web/httpserver",
-                         base + "; import tornado.websocket, tornado.web, tornado.httpserver")]:
-        print(f"  {label:<46}{import_ms(code, 5):>7.0f} ms")
-
+    codes = {"python -c pass": "pass", "the proxy (as started without --web-port)": base,
+             "the proxy + tornado.web/websocket/httpserver":
+                 base + "; import tornado.websocket, tornado.web, tornado.httpserver"}
+    best = {label: float("inf") for label in codes}
+    for _ in range(10):  # interleaved, best of 10
+        for label, code in codes.items():
+            best[label] = min(best[label], import_ms(code, 1))
+    print("\nimport cost (a fresh interpreter, best of 10):")
+    for label, ms in best.items():
+        print(f"  {label:<46}{ms:>7.0f} ms")
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,9 @@ through the same matchmaker:
   the socket handed to the proxy's Python relay, frames cut and joined on the way);
 * "tornado": a prototype (below, :class:`TornadoPeer` / :class:`TornadoRelay`) serving ``/ws``
   with ``tornado.websocket.WebSocketHandler`` on the same loop; the TCP side is read with
-  ``loop.sock_recv`` and written with ``loop.sock_sendall``, backpressure through the futures of
-  ``write_message`` and of a coroutine ``on_message``.
+  ``add_reader`` + ``recv`` and written with ``send`` / ``loop.sock_sendall``, backpressure through the futures of
+  ``write_message`` and a future returned by ``on_message``. Figures and the decision they led
+  to (the endpoint stays on the codec): docs/proxy.md.
 
 A WebSocket peer (device, key ``server:wsbench``) pairs with a TCP peer (client) that echoes
 (round trip) or sinks / sources (throughput) 64 MiB. Also: the proxy's start-up time (launch to
@@ -34,8 +35,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from kernelrpc.proxy import websocket as ws  # noqa: E402
-from kernelrpc.rpc import handshake as hs  # noqa: E402
+from kernelrpc.proxy import websocket as ws
+from kernelrpc.rpc import handshake as hs
 
 MIB = 1 << 20
 KEY = "wsbench"
@@ -263,10 +264,10 @@ class WsPeer:
     def __init__(self, address):
         self.sock = socket.create_connection(address, timeout=30)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.sendall((
-            "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        ).encode())
+        self.sock.sendall(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
         head = b""
         while b"\r\n\r\n" not in head:
             head += self.sock.recv(1)

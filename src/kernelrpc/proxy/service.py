@@ -11,10 +11,10 @@ from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from ..runtime.threads import usable_cores
+from . import websocket as ws
 from .connection import PeerConnection, WebSocketConnection
 from .native_relay import NativeRelay, NativeRelayUnavailable, relay_function
 from .pairing import Matchmaker, Waiter
-from . import websocket as ws
 from .relay import BUFFER_BYTES, SPLICE_AVAILABLE, Relay
 from .ws_relay import websocket_buffers
 

@@ -137,3 +137,13 @@ def test_arbitrary_bytes_raise_only_protocol_error(data):
         ws.UpgradeRequestParser().feed(data)
     except ProtocolError:
         pass
+
+
+@pytest.mark.parametrize("n", [4095, 4096, 4097, 70001])
+@pytest.mark.parametrize("offset", range(4))
+def test_large_chunks_unmask_as_byte_by_byte(n, offset):
+    data = bytes(range(256)) * (n // 256) + bytes(n % 256)
+    mask = b"\x9a\x01\xfe\x37"
+    expected = bytes(b ^ mask[(offset + i) % 4] for i, b in enumerate(data))
+    assert ws._unmask(data, mask, offset) == expected
+    assert ws._unmask(memoryview(data), mask, offset) == expected

@@ -11,6 +11,7 @@ from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from ..runtime.threads import usable_cores
+from . import websocket as ws
 from .connection import PeerConnection, WebSocketConnection
 from .native_relay import NativeRelay, NativeRelayUnavailable, relay_function
 from .pairing import Matchmaker, Waiter
@@ -87,6 +88,7 @@ class ProxyService:
         self._loop.add_reader(self._listener.fileno(), self._accept, self._listener,
                               PeerConnection)
         if self.config.web_port is not None:
+            ws.load_numpy()  # now, not in the middle of the first browser peer's upload
             port = self.config.web_port
             self._web_listener = bind_first_free(self.config.host, port, port + 1, backlog=512)
             self._web_listener.setblocking(False)

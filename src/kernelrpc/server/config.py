@@ -30,6 +30,7 @@ class ServerConfig:
     custom_addr: str | None = None
     through_proxy: bool = False           # --host/--port name a proxy to connect out to
     cpus: tuple[int, ...] | None = None   # --cpus: the cores the server and its sessions run on
+    auth_token: bytes | None = dataclasses.field(default=None, repr=False)  # --auth-token-file
 
     def confine(self) -> None:
         """Pin this process (and so every session it forks) to ``cpus``."""

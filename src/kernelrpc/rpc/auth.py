@@ -41,6 +41,8 @@ ENV_TOKEN_FILE = "KERNELRPC_AUTH_TOKEN_FILE"
 _I32 = struct.Struct("<i")
 _LABEL = b"kernelrpc-auth-v1"
 CHALLENGE_HEAD = _I32.pack(AUTH_CHALLENGE)
+AUTH_CONTEXT = b"kernelrpc-tracker"
+"""What a tracker peer's proof is bound to (an RPC peer's is bound to the handshake key it sent)."""
 
 
 def check_secret(secret: bytes | str) -> bytes:

@@ -146,7 +146,8 @@ def main(argv=None) -> int:
     registration = None
     if config.tracker_addr is not None:
         from .registration import TrackerRegistration
-        registration = TrackerRegistration(config.tracker_addr, config.key, sock.getsockname()[1], config.custom_addr)
+        registration = TrackerRegistration(config.tracker_addr, config.key, sock.getsockname()[1], config.custom_addr,
+                                           auth_token=config.auth_token)
     server = Server(config, sock, registration)
     server.install_signal_handlers()
     host, port = server.address

@@ -118,11 +118,6 @@ def main(argv=None) -> int:
     cli.setup_logging(args)
     config.auth_token = cli.auth_token(args, "kernelrpc.server",
                                        "127.0.0.1" if config.through_proxy else config.host, EXPOSES)
-    if config.through_proxy and config.auth_token is not None:
-        print("kernelrpc.server: authentication at the proxy (--through-proxy with an auth token) is "
-              "not supported yet; run the server without a token behind a proxy on a trusted network",
-              file=sys.stderr)
-        return 2
     try:
         config.confine()
     except OSError as exc:

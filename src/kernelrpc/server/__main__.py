@@ -12,6 +12,7 @@ from .. import cli
 from .config import ServerConfig, parse_cpus
 from ..netutil import bind_first_free
 from .listener import Server
+from .privileges import session_user
 
 log = logging.getLogger("kernelrpc.server")
 
@@ -64,6 +65,9 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
     parser.add_argument("--load-library", default=None, metavar="LIB[:LIB...]",
                         help="shared libraries to load (RTLD_GLOBAL) before serving, so that "
                              "uploaded modules can use their symbols (TVM's flag)")
+    parser.add_argument("--run-as", default=None, metavar="USER",
+                        help="when started as root, run sessions as this user (default: nobody); "
+                             "--run-as root keeps them root")
     parser.add_argument("--no-fork", action="store_true",
                         help="accepted for TVM's command lines; sessions are always forked (see the warning)")
     cli.add_auth_flags(parser)
@@ -128,6 +132,14 @@ def main(argv=None) -> int:
                                       "device driver or thread (the problems TVM's spawn mode avoids)")
     if args.load_library:
         load_libraries(args.load_library)
+    try:
+        import tempfile
+        config.session_user = session_user(args.run_as, config.workspace_root or tempfile.gettempdir())
+    except ValueError as exc:
+        print(f"kernelrpc.server: {exc}", file=sys.stderr)
+        return 2
+    if config.session_user is not None:
+        log.info("sessions run as user %s (uid %d)", config.session_user.name, config.session_user.uid)
     if config.through_proxy:
         from .through_proxy import NotAProxy, serve_through_proxy
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -16,7 +16,8 @@ nonce per connection, so a recorded exchange replayed to the service fails, and
 a service that does not know the secret cannot pass itself off to the peer.
 Every message has a fixed size, so the parsers need no length field to bound.
 The standard library's ``hmac`` and ``secrets`` do the cryptography (the device
-server stays standard-library only).
+server stays standard-library only). The classes are sans-IO; :func:`authenticate`
+is the thin blocking layer the clients use.
 """
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ import hashlib
 import hmac
 import os
 import secrets
+import socket
 import struct
 
-from ..errors import AuthenticationError, ProtocolError
+from ..errors import AuthenticationError, ConnectionLost, ProtocolError
 
 AUTH_CHALLENGE = 0xFF2A1
 AUTH_OK = 0xFF2A2
@@ -180,3 +182,28 @@ def refusal_for_unauthenticated(where: str) -> AuthenticationError:
     return AuthenticationError(
         f"{where} requires authentication: pass auth_token=... (or set {ENV_TOKEN}, or "
         f"{ENV_TOKEN_FILE} to a file holding the token)")
+
+
+def authenticate(sock: socket.socket, token: bytes, context: bytes, where: str) -> bytes:
+    """The blocking peer side over ``sock``, after the opening was sent: answer the challenge,
+    check the service's proof; returns the bytes that followed the verdict. The socket's own
+    timeout bounds each read (``socket.timeout`` is raised as it is)."""
+    peer = PeerAuth(token, context, where)
+    sock.sendall(_read_step(sock, peer, where))
+    _read_step(sock, peer, where)
+    return peer.unused
+
+
+def _read_step(sock: socket.socket, peer: PeerAuth, where: str):
+    while True:
+        try:
+            data = sock.recv(4096)
+        except socket.timeout:
+            raise
+        except OSError as exc:
+            raise ConnectionLost(f"{where}: connection lost during authentication: {exc}") from exc
+        if not data:
+            raise ConnectionLost(f"{where} closed the connection during authentication")
+        result = peer.feed(data)
+        if result is not None:
+            return result

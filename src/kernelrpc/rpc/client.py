@@ -20,7 +20,7 @@ from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError
 from ..runtime.device import Device
 from ..runtime.threads import check_num_threads
 from . import handshake as H
-from .auth import PeerAuth, resolve_token
+from .auth import authenticate, resolve_token
 from . import protocol as P
 from .transport import FramedSocket
 from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
@@ -70,9 +70,12 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     try:
         sock.sendall(H.encode_preamble(handshake_key))
         reply_parser = H.ReplyParser()
-        after_auth = b"" if auth_token is None else authenticate(sock, auth_token, handshake_key.encode(), where)
-        reply = (after_auth and reply_parser.feed(after_auth)) or _read_until(sock, reply_parser, where,
-                                                                               "handshake")
+        reply = None
+        if auth_token is not None:
+            after_auth = authenticate(sock, auth_token, handshake_key.encode(), where)
+            reply = reply_parser.feed(after_auth) if after_auth else None
+        if reply is None:
+            reply = _read_until(sock, reply_parser, where, "handshake")
         reply.raise_for_code(where)
         sock.sendall(P.encode_hello())
         hello_parser = P.HelloReplyParser()
@@ -82,14 +85,6 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
                              "another session, or not a kernelrpc server?)") from None
     sock.settimeout(None)
     return RPCSession(sock, hello.info, where, hello_parser.unused)
-
-
-def authenticate(sock: socket.socket, token: bytes, context: bytes, where: str) -> bytes:
-    """Answer the service's challenge and check its proof; returns the bytes that followed it."""
-    peer = PeerAuth(token, context, where)
-    sock.sendall(_read_until(sock, peer, where, "authentication"))
-    _read_until(sock, peer, where, "authentication")
-    return peer.unused
 
 
 def _read_until(sock: socket.socket, parser, where: str, stage: str):

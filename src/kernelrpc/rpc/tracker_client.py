@@ -19,7 +19,7 @@ import time
 from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
 from . import handshake as H
-from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, refusal_for_unauthenticated, resolve_token
+from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
 from .protocol import VERSION_STRING
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
@@ -81,7 +81,6 @@ class TrackerSession:
             sock.sendall(MAGIC_BYTES)
             echo = b""
             if self._auth_token is not None:
-                from .client import authenticate
                 echo = authenticate(sock, self._auth_token, AUTH_CONTEXT, f"tracker {self.where}")
             while len(echo) < 4:
                 chunk = sock.recv(4 - len(echo))

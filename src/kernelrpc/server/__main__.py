@@ -134,15 +134,21 @@ def main(argv=None) -> int:
         load_libraries(args.load_library)
     try:
         import tempfile
-        config.session_user = session_user(args.run_as, config.workspace_root or tempfile.gettempdir())
+        config.session_user, run_as_warning = session_user(args.run_as,
+                                                           config.workspace_root or tempfile.gettempdir())
     except ValueError as exc:
         print(f"kernelrpc.server: {exc}", file=sys.stderr)
         return 2
-    if config.session_user is not None:
-        log.info("sessions run as user %s (uid %d)", config.session_user.name, config.session_user.uid)
+
+    def report_session_user() -> None:      # after the ready line, which tests and scripts wait for
+        if run_as_warning:
+            log.warning("%s", run_as_warning)
+        elif config.session_user is not None:
+            log.info("sessions run as user %s (uid %d)", config.session_user.name, config.session_user.uid)
     if config.through_proxy:
         from .through_proxy import NotAProxy, serve_through_proxy
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        report_session_user()
         try:
             serve_through_proxy(config)
         except NotAProxy as exc:
@@ -159,6 +165,7 @@ def main(argv=None) -> int:
     server.install_signal_handlers()
     host, port = server.address
     print(f"kernelrpc.server listening on {host}:{port}", flush=True)
+    report_session_user()
     server.serve_forever()
     return 0
 

@@ -183,8 +183,9 @@ class Server:
         verdict = pending.auth.feed(data)
         if verdict is None:
             return
-        if not self._reply(pending, verdict) or not pending.auth.ok:
+        if not pending.auth.ok:
             log.warning("refusing %s: it does not know the auth token", pending.peer)
+        if not self._reply(pending, verdict) or not pending.auth.ok:
             self._drop(pending)
             return
         self._admit(pending, pending.offered, pending.auth.unused)

@@ -8,13 +8,12 @@ a byte from the client; the parent stays root to reap, kill and clean up.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import pwd
 import stat
+import sys
+import sysconfig
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 DEFAULT_USER = "nobody"
 
@@ -50,31 +49,46 @@ class SessionUser:
         os.setuid(self.uid)
 
 
-def session_user(run_as: str | None, workspace_parent: str) -> SessionUser | None:
-    """The user sessions run as, or None to keep the server's own (not root, or ``--run-as root``).
+def session_user(run_as: str | None, workspace_parent: str) -> tuple[SessionUser | None, str | None]:
+    """The user sessions run as, or None to keep the server's own (not root, or ``--run-as root``),
+    and a warning for the log when the default user had to be given up.
 
-    Raises ValueError for an unknown user, or a ``--run-as`` user that could not reach the
-    workspaces; the default user that could not is a logged warning, and sessions stay root.
+    Raises ValueError for an unknown user, or a ``--run-as`` user that cannot reach what a
+    session needs; when the default user cannot, sessions stay root and the warning says why.
     """
     if os.geteuid() != 0:
         if run_as not in (None, "", pwd.getpwuid(os.geteuid()).pw_name):
             raise ValueError(f"--run-as {run_as} needs a server started as root")
-        return None
+        return None, None
     name = run_as or DEFAULT_USER
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
         raise ValueError(f"--run-as: no user {name!r} on this system") from None
     if entry.pw_uid == 0:
-        return None
+        return None, None
     user = SessionUser(name, entry.pw_uid, entry.pw_gid)
-    if not user.can_search(workspace_parent):
-        if run_as is None:
-            log.warning("sessions run as root: the default session user %r cannot reach the workspace "
-                        "directory %s. Choose a --workspace-root it can search, or pass --run-as USER "
-                        "(or --run-as root to say you mean it)", name, workspace_parent)
-            return None
-        raise ValueError(f"sessions run as {name!r}, who cannot reach the workspace directory "
-                         f"{workspace_parent}: choose a --workspace-root that {name!r} can search, "
-                         f"or pass --run-as root to keep sessions as root")
-    return user
+    problem = unreachable(user, workspace_parent)
+    if problem is None:
+        return user, None
+    if run_as is None:
+        return None, (f"sessions run as root: the default session user {name!r} cannot reach {problem}. "
+                      "Pass --run-as USER for a user who can (or --run-as root to say you mean it)")
+    raise ValueError(f"sessions run as {name!r}, who cannot reach {problem}: choose a user who "
+                     f"can, or pass --run-as root to keep sessions as root")
+
+
+def unreachable(user: SessionUser, workspace_parent: str) -> str | None:
+    """What a session needs that ``user`` cannot reach: the workspaces, the interpreter and its
+    standard library (a session imports modules lazily), kernelrpc itself; None if nothing."""
+    needs = {
+        f"the workspace directory {workspace_parent} (choose another --workspace-root)": workspace_parent,
+        f"the Python interpreter in {Path(sys.executable).resolve().parent}":
+            Path(sys.executable).resolve().parent,
+        f"Python's standard library in {sysconfig.get_path('stdlib')}": sysconfig.get_path("stdlib"),
+        f"kernelrpc in {Path(__file__).resolve().parents[1]}": Path(__file__).resolve().parents[1],
+    }
+    for what, directory in needs.items():
+        if not user.can_search(directory):
+            return what
+    return None

@@ -183,7 +183,7 @@ class TrackerRegistration:
             if step is not True:
                 return
             data = self._auth.unused
-        elif self._echo + data and (self._echo + data)[:4] == CHALLENGE_HEAD:
+        elif (self._echo + data)[:4] == CHALLENGE_HEAD:
             raise refusal_for_unauthenticated(f"tracker {self.where}")
         self._echo += data
         if len(self._echo) < 4:

@@ -27,6 +27,7 @@ import time
 
 from ..errors import AuthenticationError, HandshakeError, ProtocolError, RPCError
 from ..rpc import handshake as H
+from ..rpc.auth import authenticate
 from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from .session import start_session
@@ -92,7 +93,6 @@ class ProxyLink:
             sock.sendall(H.encode_preamble(key))
             after_auth = b""
             if self.config.auth_token is not None:   # bounded by the connect timeout still set
-                from ..rpc.client import authenticate
                 after_auth = authenticate(sock, self.config.auth_token, key.encode(), f"proxy {where}")
             sock.settimeout(None)
             log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import (ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
+from .errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                      RemoteError, RPCError, ServerCrashed, SessionTimeout, TrackerError,
                      VersionMismatch)
 
@@ -42,6 +42,6 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["ConnectionLost", "ConnectTimeout", "HandshakeError", "ProtocolError", "QueueTimeout",
+__all__ = ["AuthenticationError", "ConnectionLost", "ConnectTimeout", "HandshakeError", "ProtocolError", "QueueTimeout",
            "RemoteError", "RPCError", "ServerCrashed", "SessionTimeout", "TrackerError",
            "VersionMismatch", "__version__", *sorted(_LAZY)]

@@ -100,3 +100,49 @@ def bind_failure(exc: OSError, args: argparse.Namespace) -> str:
         return (f"cannot listen on {args.host}:{args.port}: {os.strerror(exc.errno)}. Choose another "
                 f"--port, or pass --port-end to take the first free port in a range")
     return str(exc)
+
+
+def add_auth_flags(p: argparse.ArgumentParser) -> None:
+    """``--auth-token-file`` and ``--require-auth``, the same on every service."""
+    p.add_argument("--auth-token-file", default=None, metavar="PATH",
+                   help="require every peer to prove it knows the token in this file (HMAC "
+                        "challenge-response; the token never crosses the wire). Also read from "
+                        "$KERNELRPC_AUTH_TOKEN or $KERNELRPC_AUTH_TOKEN_FILE")
+    p.add_argument("--require-auth", action="store_true",
+                   help="refuse to start without an auth token (instead of warning when the "
+                        "address is reachable from other hosts)")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (as given to --host) is reachable from this machine only."""
+    import ipaddress
+
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def auth_token(args: argparse.Namespace, service: str, host: str, exposes: str) -> bytes | None:
+    """The service's auth token from its flags or the environment, after the start-up checks.
+
+    Without a token, ``--require-auth`` is an error and a non-loopback ``host`` a warning that
+    says what is exposed (``exposes``) and how to turn authentication on.
+    """
+    from .rpc.auth import ENV_TOKEN, resolve_token
+
+    try:
+        token = resolve_token(None, args.auth_token_file)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{service}: --auth-token-file: {exc}") from None
+    if token is None:
+        how = (f"pass --auth-token-file PATH (or set {ENV_TOKEN}) here and give clients the same "
+               "token")
+        if args.require_auth:
+            raise SystemExit(f"{service}: --require-auth but no auth token: {how}")
+        if not is_loopback(host):
+            log.warning("%s listens on %s without authentication: anyone who can reach it %s. To "
+                        "turn authentication on, %s", service, host, exposes, how)
+    return token

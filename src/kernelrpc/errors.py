@@ -28,6 +28,10 @@ class HandshakeError(RPCError):
     """The connection handshake failed (key mismatch, duplicate key, not an RPC peer)."""
 
 
+class AuthenticationError(RPCError):
+    """The peer or the service could not prove it knows the shared auth token (or has none)."""
+
+
 class ConnectionLost(RPCError):
     """The connection closed or broke in the middle of an exchange."""
 

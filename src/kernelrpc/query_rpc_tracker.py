@@ -18,7 +18,8 @@ import os
 import sys
 
 from . import cli
-from .errors import ConnectionLost, TrackerError
+from .errors import AuthenticationError, ConnectionLost, TrackerError
+from .rpc.auth import resolve_token
 from .rpc.tracker_client import TrackerUnreachable, connect_tracker, count_servers, format_summary, printable
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_NO_SERVERS, EXIT_ALL_BUSY = 0, 3, 4, 5
@@ -49,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=None, help="tracker port (default $TVM_TRACKER_PORT or 9190)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON for scripts")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the tracker")
+    parser.add_argument("--auth-token-file", default=None, metavar="PATH",
+                        help="the token of a tracker started with --auth-token-file (default "
+                             "$KERNELRPC_AUTH_TOKEN or the file $KERNELRPC_AUTH_TOKEN_FILE)")
     args = parser.parse_args(argv)
     cli.setup_logging(args)
     args.host = args.host or os.environ.get("TVM_TRACKER_HOST", "127.0.0.1")
@@ -60,8 +64,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     where = f"{args.host}:{args.port}"
     try:
-        with connect_tracker(args.host, args.port, connect_timeout=args.timeout) as session:
+        token = resolve_token(None, args.auth_token_file)
+    except (OSError, ValueError) as exc:
+        print(f"--auth-token-file: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with connect_tracker(args.host, args.port, connect_timeout=args.timeout, auth_token=token) as session:
             info = session.summary()
+    except AuthenticationError as exc:
+        print(f"tracker refused us: {printable(exc)}", file=sys.stderr)
+        return 1
     except (TrackerUnreachable, ConnectionLost) as exc:
         if args.json:
             print(json.dumps({"tracker": where, "status": "unreachable", "error": str(exc)}))

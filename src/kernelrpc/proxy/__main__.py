@@ -68,6 +68,7 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
                    help="native relay: keep polling this many microseconds after traffic before "
                         "sleeping; saves two wake-ups per round trip, costs CPU while a session "
                         "is busy (default 50; 0 never polls)")
+    cli.add_auth_flags(p)
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
@@ -103,9 +104,14 @@ async def _serve(config: ProxyConfig) -> None:
     await service.close()
 
 
+EXPOSES = ("can hold every device behind it and connect fake devices ('server:KEY') that receive the "
+           "next client's handshake and match key")
+
+
 def main(argv=None) -> int:
     config, args = parse_args(argv)
     cli.setup_logging(args)
+    config.auth_token = cli.auth_token(args, "kernelrpc.proxy", config.host, EXPOSES)
     if args.example_rpc is not None and args.example_rpc.strip().lower() not in ("", "0", "false", "no"):
         cli.warn_ignored("--example-rpc", "it serves the example page of TVM's web runtime, which "
                                           "kernelrpc does not ship; WebSocket peers still connect at --web-port")

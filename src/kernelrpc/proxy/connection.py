@@ -12,6 +12,7 @@ import logging
 import socket
 
 from ..errors import ProtocolError
+from ..rpc.auth import ServiceAuth
 from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
 from . import websocket as ws
 
@@ -39,6 +40,8 @@ class PeerConnection:
         self.sock = sock
         self.name = f"{addr[0]}:{addr[1]}" if addr else "?"
         self._parser: PreambleParser | None = PreambleParser()
+        self._auth: ServiceAuth | None = None
+        self._auth_key = ""
         self.waiter = None
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
@@ -62,7 +65,11 @@ class PeerConnection:
         self._received(data)
 
     def _received(self, data: bytes) -> None:
-        """Stream bytes from the peer: the preamble, then nothing until it is paired."""
+        """Stream bytes from the peer: the preamble (and, with a token, the answer to our
+        challenge), then nothing until it is paired."""
+        if self._auth is not None:
+            self._read_auth(data)
+            return
         if self._parser is None:
             self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
             return
@@ -74,10 +81,38 @@ class PeerConnection:
         if key is None:
             return
         unused, self._parser = self._parser.unused, None
+        token = self._service.config.auth_token
+        if token is not None:
+            self._auth_key = key
+            self._auth = ServiceAuth(token, key.encode())
+            self.send_stream(self._auth.challenge())
+            if unused:
+                self._read_auth(unused)
+            return
         if unused:
             self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
             return
         self._service.handshake_done(self, key)
+
+    def _read_auth(self, data: bytes) -> None:
+        """The peer's answer to our challenge: only a peer that knows the token reaches pairing."""
+        verdict = self._auth.feed(data)
+        if verdict is None:
+            return
+        if not self._auth.ok:
+            logger.warning("refusing %s: it does not know the auth token", self.name)
+            self.refuse(verdict)
+            return
+        self.send_stream(verdict)
+        auth, self._auth = self._auth, None
+        if auth.unused:
+            self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
+            return
+        self._service.handshake_done(self, self._auth_key)
+
+    def send_stream(self, data: bytes) -> None:
+        """Bytes of the RPC stream before pairing (framed by a WebSocket peer)."""
+        self._send_quietly(data)
 
     def hand_over(self) -> socket.socket:
         """Stop watching the socket and give it to the relay."""
@@ -167,3 +202,6 @@ class WebSocketConnection(PeerConnection):
 
     def refuse(self, reply: bytes) -> None:
         super().refuse(ws.encode_frame(ws.BINARY, reply) + ws.close_frame())
+
+    def send_stream(self, data: bytes) -> None:
+        self._send_quietly(ws.encode_frame(ws.BINARY, data))

@@ -36,6 +36,7 @@ class ProxyConfig:
     web_port: int | None = None  # WebSocket endpoint ws://host:web_port/ws (0: OS chooses)
     relay: str = "auto"  # native where it runs, else splice; or "native" / "splice" / "copy"
     relay_spin_us: float = 50.0  # native relay: poll this long after traffic before sleeping
+    auth_token: bytes | None = dataclasses.field(default=None, repr=False)  # --auth-token-file
 
 
 def choose_relay(requested: str) -> str:
@@ -98,7 +99,8 @@ class ProxyService:
         if self.config.tracker:
             from .tracker_link import TrackerLink
             self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker,
-                                            custom_addr=self.config.custom_addr)
+                                            custom_addr=self.config.custom_addr,
+                                            auth_token=self.config.auth_token)
             self.tracker_link.start()
         return self.address
 

@@ -23,8 +23,10 @@ import asyncio
 import logging
 import time
 
-from ..errors import ProtocolError, TrackerError
+from ..errors import AuthenticationError, ProtocolError, TrackerError
 from ..rpc.handshake import parse_key
+from ..rpc.auth import (AUTH_CONTEXT, CHALLENGE_HEAD, MAC_BYTES, NONCE_BYTES, PeerAuth,
+                        refusal_for_unauthenticated)
 from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 from ..tracker.messages import MAX_PROTOCOL_CHARS
 from .pairing import Matchmaker
@@ -37,8 +39,9 @@ MAX_PENDING_KEYS = 100_000
 class TrackerLink:
     def __init__(self, addr: tuple[str, int], proxy_port: int, matchmaker: Matchmaker, *,
                  custom_addr: str | None = None, period: float = 2.0, timeout_alloc: float = 5.0, reply_timeout: float = 10.0,
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0, auth_token: bytes | None = None) -> None:
         self.addr = addr
+        self.auth_token = auth_token
         self.proxy_port = proxy_port
         self.custom_addr = custom_addr
         self.matchmaker = matchmaker
@@ -83,7 +86,8 @@ class TrackerLink:
                 backoff = 0.5
                 await self._serve()
                 continue  # a deliberate reconnect to retract stale slots
-            except (OSError, EOFError, ProtocolError, TrackerError, asyncio.TimeoutError) as exc:
+            except (OSError, EOFError, ProtocolError, TrackerError, AuthenticationError,
+                    asyncio.TimeoutError) as exc:
                 logger.warning("tracker %s:%d: %s; reconnecting in %.1fs", *self.addr,
                                exc or type(exc).__name__, backoff)
             finally:
@@ -96,13 +100,24 @@ class TrackerLink:
             asyncio.open_connection(*self.addr), self.reply_timeout)
         self._decoder = FrameDecoder()
         self._writer.write(MAGIC_BYTES)
-        check_magic(await asyncio.wait_for(self._reader.readexactly(4), self.reply_timeout))
+        if self.auth_token is not None:
+            await asyncio.wait_for(self._authenticate(), self.reply_timeout)
+        echo = await asyncio.wait_for(self._reader.readexactly(4), self.reply_timeout)
+        if echo == CHALLENGE_HEAD:
+            raise refusal_for_unauthenticated(f"tracker {self.addr[0]}:{self.addr[1]}")
+        check_magic(echo)
         self._stale = False
         for device in self.matchmaker.devices():
             if device.offered and device.claimed_at is None:
                 self.matchmaker.rename(device)
         self._reported_keys = self._reported_protocol = None
         logger.info("registered with tracker %s:%d", *self.addr)
+
+    async def _authenticate(self) -> None:
+        auth = PeerAuth(self.auth_token, AUTH_CONTEXT, f"tracker {self.addr[0]}:{self.addr[1]}")
+        self._writer.write(auth.feed(await self._reader.readexactly(4 + NONCE_BYTES)))
+        auth.feed(await self._reader.readexactly(4))       # a refusal raises here
+        auth.feed(await self._reader.readexactly(MAC_BYTES))
 
     def _disconnect(self) -> None:
         if self._writer is not None:

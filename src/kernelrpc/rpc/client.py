@@ -20,6 +20,7 @@ from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError
 from ..runtime.device import Device
 from ..runtime.threads import check_num_threads
 from . import handshake as H
+from .auth import authenticate, resolve_token
 from . import protocol as P
 from .transport import FramedSocket
 from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
@@ -33,13 +34,17 @@ _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is 
 
 
 def connect(host: str, port: int, key: str = "", session_timeout: float = 0, *,
-            connect_timeout: float | None = 60.0) -> "RPCSession":
+            connect_timeout: float | None = 60.0, auth_token: bytes | str | None = None) -> "RPCSession":
     """Open a session with the device server at ``host:port``.
 
     ``key`` is the server's key; ``session_timeout`` (seconds, 0 = none) asks the server to end the
     session after that long. ``connect_timeout`` bounds the TCP connect, the handshake and the
     version exchange (a server busy with another session makes the handshake wait).
+    ``auth_token`` (default: ``$KERNELRPC_AUTH_TOKEN``, or the file ``$KERNELRPC_AUTH_TOKEN_FILE``
+    names) is the shared secret of a server started with ``--auth-token-file``; with a token,
+    a server that does not prove it knows the same token is refused.
     """
+    token = resolve_token(auth_token)
     try:
         sock = socket.create_connection((host, port), timeout=connect_timeout)
     except socket.timeout:
@@ -48,19 +53,29 @@ def connect(host: str, port: int, key: str = "", session_timeout: float = 0, *,
         raise ConnectionLost(f"cannot connect to kernelrpc server at {host}:{port}: {exc}") from exc
     try:
         return open_session(sock, H.make_key("client", key, session_timeout or None),
-                            f"{host}:{port}", session_timeout)
+                            f"{host}:{port}", session_timeout, auth_token=token)
     except BaseException:
         sock.close()
         raise
 
 
 def open_session(sock: socket.socket, handshake_key: str, where: str,
-                 session_timeout: float = 0) -> "RPCSession":
-    """Run the handshake and the version exchange on a connected socket (direct, tracker or proxy)."""
+                 session_timeout: float = 0, auth_token: bytes | None = None) -> "RPCSession":
+    """Run the handshake and the version exchange on a connected socket (direct, tracker or proxy).
+
+    With ``auth_token`` (checked bytes, see ``auth.resolve_token``), the challenge-response runs
+    between the handshake key and the server's reply.
+    """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.sendall(H.encode_preamble(handshake_key))
-        reply = _read_until(sock, H.ReplyParser(), where, "handshake")
+        reply_parser = H.ReplyParser()
+        reply = None
+        if auth_token is not None:
+            after_auth = authenticate(sock, auth_token, handshake_key.encode(), where)
+            reply = reply_parser.feed(after_auth) if after_auth else None
+        if reply is None:
+            reply = _read_until(sock, reply_parser, where, "handshake")
         reply.raise_for_code(where)
         sock.sendall(P.encode_hello())
         hello_parser = P.HelloReplyParser()

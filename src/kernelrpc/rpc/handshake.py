@@ -13,6 +13,7 @@ import dataclasses
 import struct
 
 from ..errors import HandshakeError, ProtocolError
+from .auth import AUTH_CHALLENGE, refusal_for_unauthenticated
 
 RPC_MAGIC = 0xFF271
 RPC_CODE_SUCCESS = RPC_MAGIC
@@ -180,6 +181,8 @@ class ReplyParser(_Parser):
         if head is None:
             return None
         code = _I32.unpack(head)[0]
+        if code == AUTH_CHALLENGE:
+            raise refusal_for_unauthenticated("the server")
         if code != RPC_CODE_SUCCESS:
             if code not in (RPC_CODE_MISMATCH, RPC_CODE_DUPLICATE):
                 raise ProtocolError(f"bad handshake reply: peer is {_describe_foreign_magic(bytes(self._buf))}")

@@ -16,9 +16,10 @@ import random
 import socket
 import time
 
-from ..errors import (ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
+from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
 from . import handshake as H
+from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
 from .protocol import VERSION_STRING
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
@@ -33,16 +34,23 @@ class TrackerUnreachable(TrackerError):
     """No tracker answers at the address (refused, timed out, or the peer is not a tracker)."""
 
 
-def connect_tracker(host: str, port: int, connect_timeout: float = 10.0) -> TrackerSession:
-    """Open a session with the tracker at ``host:port``."""
-    return TrackerSession((host, int(port)), connect_timeout=connect_timeout)
+def connect_tracker(host: str, port: int, connect_timeout: float = 10.0, *,
+                    auth_token: bytes | str | None = None) -> TrackerSession:
+    """Open a session with the tracker at ``host:port``.
+
+    ``auth_token`` (default: ``$KERNELRPC_AUTH_TOKEN`` or the file ``$KERNELRPC_AUTH_TOKEN_FILE``)
+    authenticates to a tracker started with ``--auth-token-file``, and to the servers it hands out.
+    """
+    return TrackerSession((host, int(port)), connect_timeout=connect_timeout, auth_token=auth_token)
 
 
 class TrackerSession:
     """A connection to a tracker: ``request`` a device, ``summary`` / ``text_summary`` its state."""
 
-    def __init__(self, addr: tuple[str, int], connect_timeout: float = 10.0) -> None:
+    def __init__(self, addr: tuple[str, int], connect_timeout: float = 10.0, *,
+                 auth_token: bytes | str | None = None) -> None:
         self.addr = addr
+        self._auth_token = resolve_token(auth_token)
         self.connect_timeout = connect_timeout
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
@@ -72,12 +80,19 @@ class TrackerSession:
         try:
             sock.sendall(MAGIC_BYTES)
             echo = b""
+            if self._auth_token is not None:
+                echo = authenticate(sock, self._auth_token, AUTH_CONTEXT, f"tracker {self.where}")
             while len(echo) < 4:
                 chunk = sock.recv(4 - len(echo))
                 if not chunk:
                     break
                 echo += chunk
-            check_magic(echo)
+            if echo[:4] == CHALLENGE_HEAD:
+                raise refusal_for_unauthenticated(f"tracker {self.where}")
+            check_magic(echo[:4])
+        except AuthenticationError:
+            sock.close()
+            raise
         except (OSError, ProtocolError) as exc:
             sock.close()
             detail = "it did not answer" if isinstance(exc, socket.timeout) else str(exc)
@@ -179,7 +194,8 @@ class TrackerSession:
         for attempt in range(1, max_retry + 1):
             host, port, matchkey = self._wait_for_match(key, priority, deadline, timeout, reconnect_timeout)
             try:
-                return _open_session(host, port, matchkey, session_timeout, connect_timeout, handshake_timeout)
+                return _open_session(host, port, matchkey, session_timeout, connect_timeout, handshake_timeout,
+                                     self._auth_token)
             except (HandshakeError, ConnectionLost, ConnectTimeout, OSError) as exc:
                 log.info("server %s:%s for key %r did not accept the session (attempt %d of %d): %s",
                          host, port, key, attempt, max_retry, exc)
@@ -342,7 +358,7 @@ class TrackerSession:
 
 
 def _open_session(host: str, port: int, matchkey: str, session_timeout: float, connect_timeout: float,
-                  handshake_timeout: float):
+                  handshake_timeout: float, auth_token: bytes | None = None):
     """``client.connect``, with the TCP connect and the handshake bounded separately."""
     from .client import open_session
 
@@ -355,7 +371,7 @@ def _open_session(host: str, port: int, matchkey: str, session_timeout: float, c
     try:
         sock.settimeout(handshake_timeout)
         return open_session(sock, H.make_key("client", matchkey, session_timeout or None),
-                            f"{host}:{port}", session_timeout)
+                            f"{host}:{port}", session_timeout, auth_token=auth_token)
     except BaseException:
         sock.close()
         raise

@@ -12,6 +12,7 @@ from .. import cli
 from .config import ServerConfig, parse_cpus
 from ..netutil import bind_first_free
 from .listener import Server
+from .privileges import session_user
 
 log = logging.getLogger("kernelrpc.server")
 
@@ -64,8 +65,12 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
     parser.add_argument("--load-library", default=None, metavar="LIB[:LIB...]",
                         help="shared libraries to load (RTLD_GLOBAL) before serving, so that "
                              "uploaded modules can use their symbols (TVM's flag)")
+    parser.add_argument("--run-as", default=None, metavar="USER",
+                        help="when started as root, run sessions as this user (default: nobody); "
+                             "--run-as root keeps them root")
     parser.add_argument("--no-fork", action="store_true",
                         help="accepted for TVM's command lines; sessions are always forked (see the warning)")
+    cli.add_auth_flags(parser)
     args = parser.parse_args(argv)
     try:
         cpus = parse_cpus(args.cpus) if args.cpus is not None else None
@@ -98,6 +103,10 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
         custom_addr=args.custom_addr, through_proxy=args.through_proxy, cpus=cpus), args
 
 
+EXPOSES = ("can run any code as this server's user (uploading a module runs its constructors) "
+           "and hold its device")
+
+
 def load_libraries(spec: str) -> None:
     """TVM's ``--load-library a.so:b.so``: load each into this process, symbols global."""
     for path in filter(None, spec.split(":")):
@@ -111,6 +120,8 @@ def load_libraries(spec: str) -> None:
 def main(argv=None) -> int:
     config, args = parse_args(argv)
     cli.setup_logging(args)
+    config.auth_token = cli.auth_token(args, "kernelrpc.server",
+                                       "127.0.0.1" if config.through_proxy else config.host, EXPOSES)
     try:
         config.confine()
     except OSError as exc:
@@ -121,9 +132,23 @@ def main(argv=None) -> int:
                                       "device driver or thread (the problems TVM's spawn mode avoids)")
     if args.load_library:
         load_libraries(args.load_library)
+    try:
+        import tempfile
+        config.session_user, run_as_warning = session_user(args.run_as,
+                                                           config.workspace_root or tempfile.gettempdir())
+    except ValueError as exc:
+        print(f"kernelrpc.server: {exc}", file=sys.stderr)
+        return 2
+
+    def report_session_user() -> None:      # after the ready line, which tests and scripts wait for
+        if run_as_warning:
+            log.warning("%s", run_as_warning)
+        elif config.session_user is not None:
+            log.info("sessions run as user %s (uid %d)", config.session_user.name, config.session_user.uid)
     if config.through_proxy:
         from .through_proxy import NotAProxy, serve_through_proxy
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        report_session_user()
         try:
             serve_through_proxy(config)
         except NotAProxy as exc:
@@ -134,11 +159,13 @@ def main(argv=None) -> int:
     registration = None
     if config.tracker_addr is not None:
         from .registration import TrackerRegistration
-        registration = TrackerRegistration(config.tracker_addr, config.key, sock.getsockname()[1], config.custom_addr)
+        registration = TrackerRegistration(config.tracker_addr, config.key, sock.getsockname()[1], config.custom_addr,
+                                           auth_token=config.auth_token)
     server = Server(config, sock, registration)
     server.install_signal_handlers()
     host, port = server.address
     print(f"kernelrpc.server listening on {host}:{port}", flush=True)
+    report_session_user()
     server.serve_forever()
     return 0
 

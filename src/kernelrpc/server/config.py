@@ -5,6 +5,7 @@ import dataclasses
 import os
 
 from ..rpc.protocol import DEFAULT_MAX_FRAME_BYTES
+from .privileges import SessionUser
 
 
 @dataclasses.dataclass
@@ -30,6 +31,8 @@ class ServerConfig:
     custom_addr: str | None = None
     through_proxy: bool = False           # --host/--port name a proxy to connect out to
     cpus: tuple[int, ...] | None = None   # --cpus: the cores the server and its sessions run on
+    session_user: SessionUser | None = None  # --run-as: who session children run as (None: us)
+    auth_token: bytes | None = dataclasses.field(default=None, repr=False)  # --auth-token-file
 
     def confine(self) -> None:
         """Pin this process (and so every session it forks) to ``cpus``."""

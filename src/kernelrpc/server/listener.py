@@ -17,6 +17,7 @@ import time
 
 from ..errors import ProtocolError
 from ..rpc import handshake as H
+from ..rpc.auth import ServiceAuth
 from .config import ServerConfig
 from .session import SessionProcess, start_session
 from .workspace import remove_stale
@@ -34,6 +35,8 @@ class _Pending:
         self.parser = H.PreambleParser()
         self.key: H.ParsedKey | None = None
         self.extra = b""
+        self.auth: ServiceAuth | None = None   # set while the peer answers our challenge
+        self.offered: H.ParsedKey | None = None  # the key it sent, admitted once authenticated
 
 
 class Server:
@@ -152,6 +155,9 @@ class Server:
             if len(pending.extra) > 1 << 16:
                 self._drop(pending)
             return
+        if pending.auth is not None:
+            self._read_auth(pending, data)
+            return
         try:
             key = pending.parser.feed(data)
             if key is None:
@@ -162,8 +168,31 @@ class Server:
             log.info("refusing %s: %s", pending.peer, exc)
             self._drop(pending)
             return
+        if self.config.auth_token is None:
+            self._admit(pending, parsed, pending.parser.unused)
+            return
+        pending.offered = parsed
+        pending.auth = ServiceAuth(self.config.auth_token, key.encode())
+        if not self._reply(pending, pending.auth.challenge()):
+            self._drop(pending)
+        elif pending.parser.unused:
+            self._read_auth(pending, pending.parser.unused)
+
+    def _read_auth(self, pending: _Pending, data: bytes) -> None:
+        """The peer's answer to our challenge; only a peer that knows the token is admitted."""
+        verdict = pending.auth.feed(data)
+        if verdict is None:
+            return
+        if not pending.auth.ok:
+            log.warning("refusing %s: it does not know the auth token", pending.peer)
+        if not self._reply(pending, verdict) or not pending.auth.ok:
+            self._drop(pending)
+            return
+        self._admit(pending, pending.offered, pending.auth.unused)
+
+    def _admit(self, pending: _Pending, parsed: H.ParsedKey, extra: bytes) -> None:
         pending.key = parsed
-        pending.extra = pending.parser.unused
+        pending.extra = extra
         if not self._key_matches(parsed):
             log.info("key mismatch from %s (role %r)", pending.peer, parsed.role)
             self._reply(pending, H.encode_reply(H.RPC_CODE_MISMATCH))

@@ -34,9 +34,10 @@ import select
 import socket
 import time
 
-from ..errors import ProtocolError
+from ..errors import AuthenticationError, ProtocolError
 from ..runtime import device_info
 from ..rpc.protocol import VERSION_STRING
+from ..rpc.auth import AUTH_CONTEXT, CHALLENGE_HEAD, PeerAuth, refusal_for_unauthenticated
 from ..rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,10 @@ class TrackerRegistration:
     IO_POLL = 0.005
 
     def __init__(self, tracker_addr: tuple[str, int], key: str, port: int,
-                 custom_addr: str | None = None, *, poll_interval: float = 2.0) -> None:
+                 custom_addr: str | None = None, *, poll_interval: float = 2.0,
+                 auth_token: bytes | None = None) -> None:
+        self._auth_token = auth_token
+        self._auth: PeerAuth | None = None
         self.tracker_addr = (tracker_addr[0], int(tracker_addr[1]))
         self.key = key
         self.port = int(port)
@@ -112,7 +116,7 @@ class TrackerRegistration:
                 self._read_replies(now)
                 if not self._expect and now >= self._next_poll:
                     self._send([TrackerCode.GET_PENDING_MATCHKEYS], "pending", now)
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, AuthenticationError) as exc:
             self._fail(str(exc) or type(exc).__name__, now)
 
     def session_started(self) -> None:
@@ -162,6 +166,8 @@ class TrackerRegistration:
         self._sock.send(MAGIC_BYTES)            # alone: TVM's tracker wants it in its own segment
         self._state = "opening"
         self._echo = b""
+        if self._auth_token is not None:
+            self._auth = PeerAuth(self._auth_token, AUTH_CONTEXT, f"tracker {self.where}")
         self._state_deadline = now + self.REPLY_TIMEOUT
 
     def _read_echo(self, now: float) -> None:
@@ -170,6 +176,15 @@ class TrackerRegistration:
             if now > self._state_deadline:
                 raise OSError(errno.ETIMEDOUT, "the tracker did not answer the magic")
             return
+        if self._auth is not None and not self._auth.done:
+            step = self._auth.feed(data)
+            if isinstance(step, bytes):
+                self._sock.sendall(step)    # 64 bytes into an empty send buffer
+            if step is not True:
+                return
+            data = self._auth.unused
+        elif (self._echo + data)[:4] == CHALLENGE_HEAD:
+            raise refusal_for_unauthenticated(f"tracker {self.where}")
         self._echo += data
         if len(self._echo) < 4:
             return

@@ -168,6 +168,8 @@ def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConf
                   initial: bytes = b"") -> SessionProcess:
     """Fork the session's child; returns at once with the parent's view of it."""
     workspace = Workspace.create(config.workspace_root)
+    if config.session_user is not None:
+        os.chown(workspace.root, config.session_user.uid, config.session_user.gid)
     timeout = config.effective_timeout(client_key.timeout)
     try:
         peer = "%s:%s" % sock.getpeername()[:2]
@@ -217,6 +219,8 @@ def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, confi
                 timeout: float | None, initial: bytes, server_pid: int) -> None:
     code = EXIT_INTERNAL
     try:
+        if config.session_user is not None:
+            config.session_user.drop()  # first: a change of user clears the parent-death signal
         _die_with_parent(server_pid)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGTERM, signal.SIGCHLD):

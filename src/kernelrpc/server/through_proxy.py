@@ -25,8 +25,9 @@ import socket
 import threading
 import time
 
-from ..errors import HandshakeError, ProtocolError, RPCError
+from ..errors import AuthenticationError, HandshakeError, ProtocolError, RPCError
 from ..rpc import handshake as H
+from ..rpc.auth import authenticate
 from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from .session import start_session
@@ -56,9 +57,12 @@ def _enable_keepalive(sock: socket.socket, idle: int = 30, interval: int = 10, c
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
-def wait_for_pairing(sock: socket.socket) -> tuple[H.Reply, bytes]:
+def wait_for_pairing(sock: socket.socket, initial: bytes = b"") -> tuple[H.Reply, bytes]:
     """Block until the proxy answers; returns the reply and any session bytes after it."""
     parser = H.ReplyParser()
+    reply = parser.feed(initial) if initial else None
+    if reply is not None:
+        return reply, parser.unused
     while True:
         data = sock.recv(65536)
         if not data:
@@ -85,7 +89,11 @@ class ProxyLink:
         try:
             _enable_keepalive(sock)
             waiting_since = time.monotonic()      # before the proxy can start its timeout
-            sock.sendall(H.encode_preamble(f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"))
+            key = f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"
+            sock.sendall(H.encode_preamble(key))
+            after_auth = b""
+            if self.config.auth_token is not None:   # bounded by the connect timeout still set
+                after_auth = authenticate(sock, self.config.auth_token, key.encode(), f"proxy {where}")
             sock.settimeout(None)
             log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)
             if not self._announced:
@@ -93,7 +101,7 @@ class ProxyLink:
                                f"{self.config.key}", flush=True)
                 self._announced = True
             try:
-                reply, initial = wait_for_pairing(sock)
+                reply, initial = wait_for_pairing(sock, after_auth)
             except ProtocolError as exc:
                 raise NotAProxy(f"{where} is not a proxy: {exc}") from None
             except ConnectionError:
@@ -146,7 +154,7 @@ def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = Non
         except NotAProxy:
             raise
         except (OSError, RPCError) as exc:
-            if isinstance(exc, (HandshakeError, ProtocolError)):
+            if isinstance(exc, (HandshakeError, ProtocolError, AuthenticationError)):
                 log.error("proxy %s:%d refused us: %s", *link.proxy, exc)
             else:
                 log.warning("proxy %s:%d unreachable or gone: %s", *link.proxy, exc)

@@ -32,7 +32,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="serve the status page, /api/status and /metrics on this port "
                              "(0: the OS chooses; needs the web extra)")
     parser.add_argument("--web-host", default=None, help="address of the status page (default: --host)")
+    cli.add_auth_flags(parser)
     return parser.parse_args(argv)
+
+
+EXPOSES = ("can hold every device, register fake servers that receive clients' match keys, and "
+           "see every key")
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -62,7 +67,7 @@ async def _main(args: argparse.Namespace) -> None:
         limits = Limits(frame_timeout=args.frame_timeout, idle_timeout=args.idle_timeout,
                         max_connections_per_host=args.max_connections_per_host)
         await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready, limits=limits, backlog=1024,
-                    on_service=attach_web if args.web_port is not None else None)
+                    on_service=attach_web if args.web_port is not None else None, auth_token=args.auth_token)
     except asyncio.CancelledError:
         pass
 
@@ -77,6 +82,7 @@ def main(argv=None) -> int:
             print(f"kernelrpc.tracker: {exc}", file=sys.stderr)
             return 2
     cli.setup_logging(args)
+    args.auth_token = cli.auth_token(args, "kernelrpc.tracker", args.host, EXPOSES)
     try:
         asyncio.run(_main(args))
     except OSError as exc:

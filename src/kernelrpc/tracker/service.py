@@ -18,6 +18,7 @@ import socket
 import time
 
 from ..errors import ProtocolError
+from ..rpc.auth import AUTH_CONTEXT, ServiceAuth
 from ..rpc.tracker_codec import (
     MAGIC_BYTES,
     FrameDecoder,
@@ -80,6 +81,7 @@ class TrackerConnection(asyncio.BufferedProtocol):
         self.info: dict = {}
         self._opening = bytearray()
         self._opened = False
+        self._auth: ServiceAuth | None = None   # while the peer answers our challenge
         self._decoder = FrameDecoder()
         self._held: list[bytes] | None = None
         self._held_bytes = 0
@@ -110,7 +112,7 @@ class TrackerConnection(asyncio.BufferedProtocol):
         self.data_received(self.service.read_buffer[:nbytes])
 
     def data_received(self, data) -> None:
-        if not self._opened:
+        if not self._opened and self._auth is None:
             self._opening += data
             if len(self._opening) < 4:
                 return
@@ -119,10 +121,25 @@ class TrackerConnection(asyncio.BufferedProtocol):
                             self.name, bytes(self._opening[:4]).hex(" "))
                 self.transport.close()
                 return
-            self._opened = True
-            self.transport.write(MAGIC_BYTES)
             data = bytes(self._opening[4:])
             self._opening.clear()
+            token = self.service.auth_token
+            if token is None:
+                self._open()
+            else:
+                self._auth = ServiceAuth(token, AUTH_CONTEXT)
+                self.transport.write(self._auth.challenge())
+        if self._auth is not None and not self._opened:
+            verdict = self._auth.feed(data)
+            if verdict is None:
+                return
+            self.transport.write(verdict)
+            if not self._auth.ok:
+                log.warning("%s does not know the auth token; closing", self.name)
+                self.transport.close()
+                return
+            self._open()
+            data = self._auth.unused
         had_partial = self._decoder.buffered
         try:
             batch = self._decoder.feed(data)
@@ -143,6 +160,10 @@ class TrackerConnection(asyncio.BufferedProtocol):
             return
         self._inbox.extend(batch)
         self._run_inbox()
+
+    def _open(self) -> None:
+        self._opened = True
+        self.transport.write(MAGIC_BYTES)
 
     def _run_inbox(self) -> None:
         """Handle waiting messages until none is left or the peer stops taking its replies;
@@ -221,7 +242,9 @@ class TrackerConnection(asyncio.BufferedProtocol):
 class TrackerService:
     """State shared by all connections: the scheduler and the set of live peers."""
 
-    def __init__(self, lease_timeout: float = 5.0, clock=time.monotonic, limits: Limits | None = None) -> None:
+    def __init__(self, lease_timeout: float = 5.0, clock=time.monotonic, limits: Limits | None = None,
+                 auth_token: bytes | None = None) -> None:
+        self.auth_token = auth_token
         self.scheduler = Scheduler(lease_timeout=lease_timeout)
         self.limits = limits or Limits()
         self.connections: set[TrackerConnection] = set()
@@ -473,11 +496,12 @@ def raise_open_file_limit(want: int = 65536) -> int:
 
 
 async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None, *,
-                limits: Limits | None = None, backlog: int = 1024, on_service=None) -> None:
+                limits: Limits | None = None, backlog: int = 1024, on_service=None,
+                auth_token: bytes | None = None) -> None:
     """Serve tracker connections on the bound ``sock`` until STOP or cancellation;
     ``on_service(service)`` runs first (the status page attaches there)."""
     raise_open_file_limit()
-    service = TrackerService(lease_timeout=lease_timeout, limits=limits)
+    service = TrackerService(lease_timeout=lease_timeout, limits=limits, auth_token=auth_token)
     if on_service is not None:
         on_service(service)
     loop = asyncio.get_running_loop()

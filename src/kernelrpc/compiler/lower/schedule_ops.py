@@ -423,7 +423,11 @@ class ScheduleLowering:
         by_level: dict = {}
         for cond in checks:
             by_level.setdefault(_level(cond, positions), []).append(cond)
-        for pos in range(len(leaves) - 1, -2, -1):
+        innermost = len(leaves) - 1
+        if stage.tensorized is not None:
+            innermost, stmt = self._tensorized(info, values, out_index, by_level)
+            init = None
+        for pos in range(innermost, -2, -1):
             if pos + 1 == first_reduce and init is not None:
                 stmt = seq(init, stmt)
             for child in reversed(info.children.get(pos, [])):
@@ -440,6 +444,21 @@ class ScheduleLowering:
                 if pragmas.get("unroll_explicit", True) and "auto_unroll_max_step" in pragmas:
                     stmt = _auto_unroll(stmt, pragmas["auto_unroll_max_step"])
         return stmt
+
+    def _tensorized(self, info, values, out_index, by_level) -> tuple:
+        """(position, statement) of the tensor intrinsic replacing the innermost loops."""
+        from ..tensorize import tensorize_stmt
+
+        pos, stmt = tensorize_stmt(self, info, values, out_index, LowerError)
+        name = f"tensorize {info.stage.op.name} at {info.leaves[pos].var.name}"
+        if any(level >= pos for level in by_level):
+            raise LowerError(f"{name}: a split inside does not divide its loop evenly, so the "
+                             "intrinsic would run on a partial region")
+        if any(p >= pos for p, children in info.children.items() if children):
+            raise LowerError(f"{name}: a stage is attached (compute_at) inside it")
+        if any(var in info.leaves[pos:] for _, var, _ in info.stage.prefetches):
+            raise LowerError(f"{name}: a prefetch is on a loop inside it")
+        return pos - 1, stmt
 
     def _prefetches(self, info, pos, values) -> list:
         """Prefetch hints for loop ``leaves[pos]``: the lines iteration ``+ offset`` reads."""

@@ -126,8 +126,6 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
         if fcompile is None:
             raise
         toolchain = None
-    if relocatable and toolchain is None:
-        raise ToolchainError(f"no toolchain for {target.triple} to write an object file")
     metadata = copy.deepcopy(metadata)
     record = metadata.setdefault("target", target.to_dict())
     record.pop("libc", None)

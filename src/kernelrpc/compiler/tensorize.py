@@ -18,7 +18,7 @@ accumulates on the others (``reset`` is accepted and unused, as ``body`` include
 from __future__ import annotations
 
 from .expr import FloatImm, IntImm, PrimExpr, Var, all_of
-from .ir import IfThenElse, Stmt, vars_in
+from .ir import IfThenElse, Stmt, substitute, vars_in
 from .ir_builder import BufferView
 from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 
@@ -122,7 +122,7 @@ def tensorize_stmt(lowering, info, values, out_index, error):
                 len(set(dims)) != len(dims):
             raise error(f"{where}: the intrinsic must index {declared.tensor.name} by its own "
                         "axes, one per dimension")
-        load = lowering._to_load(_substitute_load(real, values))
+        load = lowering._to_load(substitute(real, values))
         v = view(declared.tensor.name, declared.tensor.shape, declared.tensor.dtype,
                  load.buffer, load.index, dims, f"{real.tensor.name}")
         seen = ins.setdefault(declared.tensor, v)
@@ -150,11 +150,6 @@ def tensorize_stmt(lowering, info, values, out_index, error):
         first = all_of(*[leaf.var == 0 for leaf in outer_reduce])
         stmt = IfThenElse(first, stmt, update)
     return pos, stmt
-
-
-def _substitute_load(load: TensorLoad, values: dict) -> TensorLoad:
-    from .ir import substitute
-    return substitute(load, values)
 
 
 def _same(a, b, pairs: list) -> bool:

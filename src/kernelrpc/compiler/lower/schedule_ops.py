@@ -129,7 +129,8 @@ class ScheduleLowering:
                 for out in stage.op.outputs:
                     if out.value_index in info.buffers:
                         continue
-                    buf = self._new_buffer(out.name, shape, out.dtype, stage.scope,
+                    own = out.shape if isinstance(stage.op, (ExternOp, ScanOp)) else shape
+                    buf = self._new_buffer(out.name, own, out.dtype, stage.scope,
                                            stage.storage_aligns)
                     info.buffers[out.value_index] = buf
                     if stage.attach_type != "scope":
@@ -369,26 +370,34 @@ class ScheduleLowering:
         return _Rebind().visit(op.body)
 
     def _build_scan(self, info):
-        """``out[:k] = init``, then ``for t in [k, T)``: ``out[t] = update[t]`` (state = out)."""
+        """``out_k[:r] = init_k``, then ``for t in [r, T)``: ``out_k[t] = update_k[t]`` for
+        every state k (state_j reads out_j)."""
         op = info.stage.op
-        out_tensor = op.output(0)
         lowering = self
 
-        def nest(part, start):
+        def nest(part, k, start, time=None):
             axis = part.op.axis
-            body = replace_tensor(part.op.body, op.state, out_tensor)
+            body = part.op.body
+            for j, state in enumerate(op.states):
+                body = replace_tensor(body, state, op.output(j))
             values = {iv.var: iv.var for iv in axis}
-            values[axis[0].var] = axis[0].var + start
-            index = lowering._flat(info.buffer, info.offsets, [values[iv.var] for iv in axis])
-            stmt = Store(info.buffer, lowering._to_load(substitute(body, values)), index)
-            for k in range(len(axis) - 1, -1, -1):
-                extent = out_tensor.shape[0] - start if k == 0 and start else axis[k].extent
-                stmt = For(axis[k].var, convert(0), simplify(convert(extent)), "serial", stmt)
+            if time is not None:
+                values[axis[0].var] = time + start
+            buf = info.buffers[k]
+            index = lowering._flat(buf, info.offsets, [values[iv.var] for iv in axis])
+            stmt = Store(buf, lowering._to_load(substitute(body, values)), index)
+            for d in range(len(axis) - 1, 0 if time is not None else -1, -1):
+                stmt = For(axis[d].var, convert(0), simplify(convert(axis[d].extent)),
+                           "serial", stmt)
             return stmt
-        steps = const_int(op.init.shape[0])
+        steps = const_int(op.inits[0].shape[0])
         if steps is None:
             raise LowerError(f"scan {op.name}: init needs a constant number of rows")
-        return seq(nest(op.init, 0), nest(op.update, steps))
+        time = Var(f"{op.name}.t")
+        updates = seq(*[nest(u, k, steps, time) for k, u in enumerate(op.updates)])
+        loop = For(time, convert(0), simplify(convert(op.outputs[0].shape[0] - steps)),
+                   "serial", updates)
+        return seq(*[nest(i, k, 0) for k, i in enumerate(op.inits)], loop)
 
     def _build(self, info) -> object:
         stage = info.stage

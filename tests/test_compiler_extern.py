@@ -85,3 +85,37 @@ def test_scan_cumulative_sum():
                 ref = np.zeros((rows, n), "float32")
                 interp.run(te.lower(s, [X, s_scan]), x, ref)
                 np.testing.assert_allclose(ref, np.cumsum(x, axis=0), rtol=1e-5)
+
+
+def test_scan_with_two_states_advancing_together():
+    """A coupled recurrence: a[t] = b[t-1] + X[t], b[t] = a[t-1] * 0.5 + b[t-1]."""
+    m, n = te.var("m"), 5
+    X = te.placeholder((m, n), name="X")
+    a_state = te.placeholder((m, n), name="a_state")
+    b_state = te.placeholder((m, n), name="b_state")
+    a_init = te.compute((1, n), lambda _, i: X[0, i], name="a_init")
+    b_init = te.compute((1, n), lambda _, i: X[0, i] * 2.0, name="b_init")
+    a_update = te.compute((m, n), lambda t, i: b_state[t - 1, i] + X[t, i], name="a_update")
+    b_update = te.compute((m, n), lambda t, i: a_state[t - 1, i] * 0.5 + b_state[t - 1, i],
+                          name="b_update")
+    a_out, b_out = te.scan([a_init, b_init], [a_update, b_update], [a_state, b_state],
+                           inputs=[X], name="pair")
+    s = te.create_schedule(a_out.op)
+    module = kernelrpc.build(s, [X, a_out, b_out], name="pair")
+    dev = kernelrpc.cpu(0)
+    for rows in (1, 2, 9):
+        x = np.random.default_rng(rows).random((rows, n), dtype=np.float32)
+        a_ref, b_ref = np.empty_like(x), np.empty_like(x)
+        a_ref[0], b_ref[0] = x[0], x[0] * 2
+        for t in range(1, rows):
+            a_ref[t] = b_ref[t - 1] + x[t]
+            b_ref[t] = a_ref[t - 1] * 0.5 + b_ref[t - 1]
+        a, b = nd.empty((rows, n), "float32", dev), nd.empty((rows, n), "float32", dev)
+        module(nd.array(x, dev), a, b)
+        np.testing.assert_allclose(a.numpy(), a_ref, rtol=1e-5)
+        np.testing.assert_allclose(b.numpy(), b_ref, rtol=1e-5)
+    with pytest.raises(te.TensorError, match="one init and one update per state"):
+        te.scan([a_init, b_init], [a_update], [a_state, b_state])
+    short = te.compute((4, n), lambda t, i: b_state[t - 1, i], name="short")
+    with pytest.raises(te.TensorError, match="same time extent"):
+        te.scan([a_init, b_init], [a_update, short], [a_state, b_state])

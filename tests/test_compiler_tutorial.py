@@ -1,5 +1,6 @@
-"""TVM's "Getting started with tensor expressions" tutorial, its TE part ported line by line
-(``tvm`` -> ``kernelrpc``; the target is ``kernelrpc.Target("llvm")``)."""
+"""The flow of TVM's "Getting started with TE" tutorial, in kernelrpc's own code, written the
+way TVM users write it (``import kernelrpc as tvm``): a vector add over a symbolic length,
+scheduled parallel and vectorized, timed, saved and loaded again."""
 from __future__ import annotations
 
 import numpy as np

@@ -107,13 +107,15 @@ def module_metadata(funcs: list, target: Target) -> dict:
 
 
 def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
-                fcompile=None) -> dict:
+                fcompile=None, relocatable: bool = False) -> dict:
     """Link compiled kernels, their metadata and the runtime into the shared library ``path``.
 
     The toolchain (:func:`kernelrpc.deploy.toolchain.find_toolchain`) compiles the C
     runtime for the target and links; ``fcompile(output, objects)`` links instead when
-    given. Returns the metadata as written: the target record gains the toolchain and the
-    C library floor the link was pinned to.
+    given. ``relocatable`` writes one relocatable object (``ld -r``) instead, which any
+    C linker (TVM's ``cc.create_shared``) turns into the same shared library later.
+    Returns the metadata as written: the target record gains the toolchain and the C
+    library floor the link was pinned to.
     """
     from ..deploy.toolchain import ToolchainError, find_toolchain, runtime_object
 
@@ -138,13 +140,33 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
         runtime = (runtime_object(toolchain, RUNTIME_SOURCE) if toolchain is not None
                    else RUNTIME_SOURCE)
         objects = [kernels, meta, runtime]
-        if fcompile is not None:
+        if relocatable:
+            tmp_out = Path(tmp) / path.name
+            _partial_link(toolchain, tmp_out, objects)
+            shutil.move(str(tmp_out), path)
+        elif fcompile is not None:
             fcompile(str(path), [str(p) for p in objects])
         else:
             tmp_out = Path(tmp) / path.name
             toolchain.link_shared(tmp_out, objects)
             shutil.move(str(tmp_out), path)  # the file appears complete or not at all
     return metadata
+
+
+def _partial_link(toolchain, output: Path, objects: list) -> None:
+    """``cc -r``: the objects as one relocatable object, nothing of the C library added."""
+    import subprocess
+
+    from ..deploy.toolchain import ToolchainError
+
+    cmd = [*toolchain.argv, "-r", "-nostdlib", "-o", str(output), *map(str, objects)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ToolchainError(f"writing {output.name} failed: {exc}") from None
+    if done.returncode != 0:
+        raise ToolchainError(f"writing {output.name} failed ({' '.join(cmd)}):\n"
+                             f"{done.stderr.strip()}")
 
 
 class BuiltModule:
@@ -184,6 +206,23 @@ class BuiltModule:
         """Write the relocatable object (``.o``)."""
         path = Path(path)
         path.write_bytes(self._compiled.object_code)
+        return path
+
+    def save(self, path: str | os.PathLike, fmt: str = "") -> Path:
+        """TVM's ``Module.save``: by ``fmt`` or the file's extension, ``"o"`` writes one
+        relocatable object holding the kernels, the metadata and the runtime (link it
+        with ``kernelrpc.contrib.cc.create_shared`` into a loadable module), ``"ll"``
+        the LLVM IR and ``"s"`` the assembly."""
+        path = Path(path)
+        fmt = fmt or path.suffix.lstrip(".")
+        if fmt == "o":
+            self.metadata = link_module(path, self._compiled.object_code, self.metadata,
+                                        self.target, relocatable=True)
+        elif fmt in ("ll", "s"):
+            path.write_text(self.get_source(fmt))
+        else:
+            raise ValueError(f"cannot save a module as {fmt!r}: use 'o', 'll' or 's' "
+                             "(export_library writes the shared library)")
         return path
 
     def export_library(self, path: str | os.PathLike, fcompile=None) -> Path:

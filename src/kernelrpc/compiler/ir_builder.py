@@ -20,13 +20,40 @@ _KINDS = {"serial": "serial", "parallel": "parallel", "vectorize": "vectorized",
           "unroll": "unrolled"}
 
 
+class BufferView:
+    """A region of a real buffer seen as a compact ``shape`` tensor: element ``[i, j, ...]``
+    is ``data[elem_offset + i * strides[0] + j * strides[1] + ...]``. Tensorize hands these
+    to a tensor intrinsic's body (``te.decl_tensor_intrin``)."""
+
+    def __init__(self, name: str, shape, dtype: str, data, elem_offset, strides):
+        self.name, self.shape, self.dtype = name, tuple(shape), dtype
+        self.data = data
+        self.elem_offset = convert(elem_offset)
+        self.strides = tuple(convert(s) for s in strides)
+
+    def flat_index(self, parts) -> PrimExpr:
+        if len(parts) != len(self.shape):
+            raise IndexError(f"{self.name} has {len(self.shape)} dimensions, "
+                             f"indexed with {len(parts)}")
+        flat = self.elem_offset
+        for part, stride in zip(parts, self.strides):
+            flat = flat + convert(part) * stride
+        return flat
+
+    def __repr__(self):
+        return f"BufferView({self.name} of {self.data.name}, shape={list(self.shape)})"
+
+
 class BufferPtr:
     def __init__(self, builder: "IRBuilder", buffer):
         self._builder = builder
         self.buffer = buffer
+        self._target = buffer.data if isinstance(buffer, BufferView) else buffer
 
     def _index(self, index) -> PrimExpr:
         parts = index if isinstance(index, tuple) else (index,)
+        if isinstance(self.buffer, BufferView):
+            return self.buffer.flat_index(parts)
         if len(parts) == 1:
             return convert(parts[0])
         if len(parts) != len(self.buffer.shape):
@@ -38,13 +65,13 @@ class BufferPtr:
         return flat
 
     def __getitem__(self, index) -> Load:
-        return Load(self.buffer, self._index(index))
+        return Load(self._target, self._index(index))
 
     def __setitem__(self, index, value) -> None:
         value = convert(value)
         if value.dtype != self.buffer.dtype:
             value = value.astype(self.buffer.dtype)
-        self._builder.emit(Store(self.buffer, value, self._index(index)))
+        self._builder.emit(Store(self._target, value, self._index(index)))
 
 
 class IRBuilder:

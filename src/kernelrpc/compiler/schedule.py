@@ -57,6 +57,7 @@ class Stage:
         self.iter_var_attrs: dict = {}
         self.pragmas: dict = {}             # leaf IterVar -> {pragma name: value}
         self.prefetches: list = []          # (tensor, leaf IterVar, offset)
+        self.tensorized = None              # (leaf IterVar, TensorIntrin)
 
     def __repr__(self):
         return f"stage({self.op.name})"
@@ -158,6 +159,18 @@ class Stage:
                                 f"{sorted(PRAGMAS)}")
         value = PRAGMAS[pragma_type](pragma_value)
         self.pragmas.setdefault(iv, {})[pragma_type] = value
+
+    def tensorize(self, var: IterVar, intrin) -> None:
+        """Replace the loops from ``var`` inward with ``intrin``'s body (TVM's tensorize); the
+        match of the computation and of the loop extents is checked when lowering."""
+        from .tensorize import TensorIntrin
+
+        self._compute_only("tensorize")
+        self._check_leaf(var)
+        if not isinstance(intrin, TensorIntrin):
+            raise ScheduleError(f"tensorize: expected a te.decl_tensor_intrin result, "
+                                f"got {type(intrin).__name__}")
+        self.tensorized = (var, intrin)
 
     def prefetch(self, tensor: Tensor, var: IterVar, offset) -> None:
         """At the start of every iteration of loop ``var``, prefetch the part of ``tensor``

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..native.llvm import ensure_llvm, host_cpu
 
-__all__ = ["Target", "TargetError", "TargetOptionIgnored"]
+__all__ = ["Target", "TargetError", "TargetKind", "TargetOptionIgnored"]
 
 _CODE_OPTIONS = ("mtriple", "mcpu", "mattr", "mabi", "mfloat-abi", "opt-level")
 _LABELS = ("device", "keys", "model", "tag", "libs", "num-cores")
@@ -37,6 +37,14 @@ _IGNORED = {
 #: riscv64 with no -mattr: the RV64GC profile every Linux distribution targets, so the
 #: float ABI (lp64d) matches the device's C library.
 _RISCV64_DEFAULT = ("generic-rv64", "+m,+a,+f,+d,+c")
+
+
+class TargetKind(str):
+    """The target's kind: a string (``target.kind == "llvm"``) with TVM's ``.name``."""
+
+    @property
+    def name(self) -> str:
+        return str(self)
 
 
 class TargetError(ValueError):
@@ -62,7 +70,7 @@ class Target:
     kernel and its caller run on the same CPU.
 
     Attributes:
-        kind: always ``"llvm"`` (CPU code through LLVM).
+        kind: always ``"llvm"`` (CPU code through LLVM); ``kind.name`` as in TVM.
         triple: the LLVM target triple, e.g. ``x86_64-unknown-linux-gnu``.
         cpu: the LLVM cpu name (``znver4``, ``generic``...).
         features: comma-separated ``+feat,-feat`` list; empty means the cpu's defaults.
@@ -95,7 +103,7 @@ class Target:
                 host = target.get("host")
         if host is not None:
             values["host_string"] = str(host if isinstance(host, Target) else Target(host))
-        values["kind"] = "llvm"
+        values["kind"] = TargetKind("llvm")
         for name, value in values.items():
             object.__setattr__(self, name, value)
 

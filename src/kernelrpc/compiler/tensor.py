@@ -246,37 +246,50 @@ class ExternOp(Operation):
 
 
 class ScanOp(Operation):
-    """``te.scan``: ``out[:k] = init`` (``k = init.shape[0]``), then for ``t >= k``
-    ``out[t] = update[t]``, where ``update`` reads ``state[t - 1, ...]`` (the output so far).
+    """``te.scan``: for every state ``k``, ``out_k[:r] = init_k`` (``r = init.shape[0]``),
+    then for ``t >= r`` ``out_k[t] = update_k[t]``, where the updates read
+    ``state_j[t - 1, ...]`` (the outputs so far; all states advance in one time loop).
 
     ``init`` and ``update`` are computes owned by the scan: lowering runs them inside its
     time loop, so their stages take no schedule of their own.
     """
 
-    def __init__(self, name: str, init: "Tensor", update: "Tensor", state: "Tensor", inputs,
-                 tag: str = "", attrs=None):
-        for what, t in (("init", init), ("update", update)):
-            if not isinstance(t.op, ComputeOp) or len(t.op.outputs) != 1 \
-                    or isinstance(t.op.body, Reduce):
-                raise TensorError(f"scan {name}: {what} must be a single-output, non-reduction "
-                                  "te.compute")
-        if not isinstance(state.op, PlaceholderOp):
-            raise TensorError(f"scan {name}: state must be a te.placeholder")
-        if len(update.shape) != len(state.shape) or len(init.shape) != len(state.shape):
-            raise TensorError(f"scan {name}: init, update and state need the same rank")
+    def __init__(self, name: str, inits, updates, states, inputs, tag: str = "",
+                 attrs=None):
+        if not (len(inits) == len(updates) == len(states)) or not inits:
+            raise TensorError(f"scan {name}: give one init and one update per state, got "
+                              f"{len(inits)} inits, {len(updates)} updates, {len(states)} "
+                              "states")
+        for init, update, state in zip(inits, updates, states):
+            for what, t in (("init", init), ("update", update)):
+                if not isinstance(t.op, ComputeOp) or len(t.op.outputs) != 1 \
+                        or isinstance(t.op.body, Reduce):
+                    raise TensorError(f"scan {name}: {what} must be a single-output, "
+                                      "non-reduction te.compute")
+            if not isinstance(state.op, PlaceholderOp):
+                raise TensorError(f"scan {name}: state must be a te.placeholder")
+            if len(update.shape) != len(state.shape) or len(init.shape) != len(state.shape):
+                raise TensorError(f"scan {name}: init, update and state need the same rank")
+        if len(states) > 1 and (
+                len({str(t.shape[0]) for t in updates}) != 1
+                or len({str(t.shape[0]) for t in inits}) != 1):
+            raise TensorError(f"scan {name}: every state needs the same time extent and the "
+                              "same number of init rows")
         self.name = name
         self.tag = tag
         self.attrs = dict(attrs or {})
-        self.init, self.update, self.state = init, update, state
+        self.inits, self.updates, self.states = list(inits), list(updates), list(states)
         self.inputs = list(inputs or [])
-        self.outputs = [Tensor(update.shape, update.dtype, self, name)]
+        self.outputs = [Tensor(u.shape, u.dtype, self, name if len(updates) == 1
+                               else f"{name}.v{k}", k) for k, u in enumerate(updates)]
 
     @property
     def input_tensors(self) -> list:
         found = list(self.inputs)
-        for op in (self.init.op, self.update.op):
-            for t in op.input_tensors:
-                if t.op is not self.state.op and all(t is not f for f in found):
+        states = {st.op for st in self.states}
+        for part in (*self.inits, *self.updates):
+            for t in part.op.input_tensors:
+                if t.op not in states and all(t is not f for f in found):
                     found.append(t)
         return found
 
@@ -285,15 +298,14 @@ class ScanOp(Operation):
 
 
 def scan(init, update, state_placeholder, inputs=None, name: str = "scan", tag: str = "",
-         attrs=None) -> "Tensor":
-    """TVM's ``te.scan`` for one state: returns the scan's output tensor."""
+         attrs=None):
+    """TVM's ``te.scan``: the output tensor, or a list of them when lists of inits, updates
+    and states are given (several states advancing together)."""
     many = isinstance(init, (list, tuple))
     if many:
-        if len(init) != 1:
-            raise TensorError("te.scan: only one state is supported")
-        init, update, state_placeholder = init[0], update[0], state_placeholder[0]
-    out = ScanOp(name, init, update, state_placeholder, inputs, tag, attrs).output(0)
-    return [out] if many else out
+        op = ScanOp(name, init, update, state_placeholder, inputs, tag, attrs)
+        return list(op.outputs)
+    return ScanOp(name, [init], [update], [state_placeholder], inputs, tag, attrs).output(0)
 
 
 def extern(shape, inputs, fcompute, name: str = "extern", dtype=None, tag: str = "",

@@ -198,6 +198,10 @@ class Module:
             raise AttributeError(f"module {self.path} has no entry function")
         return self._functions[self._meta.entry]
 
+    def __call__(self, *args) -> None:
+        """Call the entry function (TVM: ``mod(a, b, c)``)."""
+        return self.entry_func(*args)
+
     def implements_function(self, name: str) -> bool:
         return name in self._functions
 

@@ -15,6 +15,7 @@ from ..compiler.tensor import (CommReducer, IterVar, Range, Tensor, TensorError,
                                 compute, extern, max, min, placeholder, reduce_axis, scan, sum,
                                 var)
 from ..compiler import ir_builder
+from ..compiler.tensorize import TensorIntrin, decl_tensor_intrin
 from ..compiler.build import BuiltModule, build  # the backend (LLVM via llvmlite)
 from ..compiler.target import Target
 

@@ -129,7 +129,8 @@ class ScheduleLowering:
                 for out in stage.op.outputs:
                     if out.value_index in info.buffers:
                         continue
-                    buf = self._new_buffer(out.name, shape, out.dtype, stage.scope,
+                    own = out.shape if isinstance(stage.op, (ExternOp, ScanOp)) else shape
+                    buf = self._new_buffer(out.name, own, out.dtype, stage.scope,
                                            stage.storage_aligns)
                     info.buffers[out.value_index] = buf
                     if stage.attach_type != "scope":
@@ -369,26 +370,34 @@ class ScheduleLowering:
         return _Rebind().visit(op.body)
 
     def _build_scan(self, info):
-        """``out[:k] = init``, then ``for t in [k, T)``: ``out[t] = update[t]`` (state = out)."""
+        """``out_k[:r] = init_k``, then ``for t in [r, T)``: ``out_k[t] = update_k[t]`` for
+        every state k (state_j reads out_j)."""
         op = info.stage.op
-        out_tensor = op.output(0)
         lowering = self
 
-        def nest(part, start):
+        def nest(part, k, start, time=None):
             axis = part.op.axis
-            body = replace_tensor(part.op.body, op.state, out_tensor)
+            body = part.op.body
+            for j, state in enumerate(op.states):
+                body = replace_tensor(body, state, op.output(j))
             values = {iv.var: iv.var for iv in axis}
-            values[axis[0].var] = axis[0].var + start
-            index = lowering._flat(info.buffer, info.offsets, [values[iv.var] for iv in axis])
-            stmt = Store(info.buffer, lowering._to_load(substitute(body, values)), index)
-            for k in range(len(axis) - 1, -1, -1):
-                extent = out_tensor.shape[0] - start if k == 0 and start else axis[k].extent
-                stmt = For(axis[k].var, convert(0), simplify(convert(extent)), "serial", stmt)
+            if time is not None:
+                values[axis[0].var] = time + start
+            buf = info.buffers[k]
+            index = lowering._flat(buf, info.offsets, [values[iv.var] for iv in axis])
+            stmt = Store(buf, lowering._to_load(substitute(body, values)), index)
+            for d in range(len(axis) - 1, 0 if time is not None else -1, -1):
+                stmt = For(axis[d].var, convert(0), simplify(convert(axis[d].extent)),
+                           "serial", stmt)
             return stmt
-        steps = const_int(op.init.shape[0])
+        steps = const_int(op.inits[0].shape[0])
         if steps is None:
             raise LowerError(f"scan {op.name}: init needs a constant number of rows")
-        return seq(nest(op.init, 0), nest(op.update, steps))
+        time = Var(f"{op.name}.t")
+        updates = seq(*[nest(u, k, steps, time) for k, u in enumerate(op.updates)])
+        loop = For(time, convert(0), simplify(convert(op.outputs[0].shape[0] - steps)),
+                   "serial", updates)
+        return seq(*[nest(i, k, 0) for k, i in enumerate(op.inits)], loop)
 
     def _build(self, info) -> object:
         stage = info.stage
@@ -423,7 +432,11 @@ class ScheduleLowering:
         by_level: dict = {}
         for cond in checks:
             by_level.setdefault(_level(cond, positions), []).append(cond)
-        for pos in range(len(leaves) - 1, -2, -1):
+        innermost = len(leaves) - 1
+        if stage.tensorized is not None:
+            innermost, stmt = self._tensorized(info, values, out_index, by_level)
+            init = None
+        for pos in range(innermost, -2, -1):
             if pos + 1 == first_reduce and init is not None:
                 stmt = seq(init, stmt)
             for child in reversed(info.children.get(pos, [])):
@@ -440,6 +453,21 @@ class ScheduleLowering:
                 if pragmas.get("unroll_explicit", True) and "auto_unroll_max_step" in pragmas:
                     stmt = _auto_unroll(stmt, pragmas["auto_unroll_max_step"])
         return stmt
+
+    def _tensorized(self, info, values, out_index, by_level) -> tuple:
+        """(position, statement) of the tensor intrinsic replacing the innermost loops."""
+        from ..tensorize import tensorize_stmt
+
+        pos, stmt = tensorize_stmt(self, info, values, out_index, LowerError)
+        name = f"tensorize {info.stage.op.name} at {info.leaves[pos].var.name}"
+        if any(level >= pos for level in by_level):
+            raise LowerError(f"{name}: a split inside does not divide its loop evenly, so the "
+                             "intrinsic would run on a partial region")
+        if any(p >= pos for p, children in info.children.items() if children):
+            raise LowerError(f"{name}: a stage is attached (compute_at) inside it")
+        if any(var in info.leaves[pos:] for _, var, _ in info.stage.prefetches):
+            raise LowerError(f"{name}: a prefetch is on a loop inside it")
+        return pos - 1, stmt
 
     def _prefetches(self, info, pos, values) -> list:
         """Prefetch hints for loop ``leaves[pos]``: the lines iteration ``+ offset`` reads."""

@@ -1,5 +1,6 @@
 """TrackerRegistration (the device server's tracker link) against our tracker process."""
 import logging
+import os
 import socket
 import time
 
@@ -24,7 +25,9 @@ def drive(regs, until, timeout=15.0):
                 reg.tick()
         return False
 
-    wait_until(lambda: until() or tick_due(), timeout=timeout, what="registration state")
+    wait_until(lambda: until() or tick_due(), timeout=timeout,
+               what=f"the registration condition at {os.path.basename(until.__code__.co_filename)}:"
+                    f"{until.__code__.co_firstlineno}")
 
 
 @pytest.fixture

@@ -5,12 +5,15 @@
 A kernel with an (almost) empty parallel loop is timed with the module's native loop
 (``time_evaluator``), with the pool at 1 thread (no launch: runs inline) and at all
 cores; the difference is the launch + join overhead per region. A second figure is
-the first call after the pool has gone to sleep (wake-up latency, ctypes call included).
+the first call after the pool has gone to sleep (wake-up latency, ctypes call included), and a
+third the CPU time the process uses in the 0.3 s after a launch (the workers spin briefly, then
+sleep: an idle pool should cost next to nothing).
 Reference: the same kernel dispatched to 2 Python threads (ThreadPoolExecutor; ctypes
 drops the GIL), the alternative the module pool replaces.
 """
 from __future__ import annotations
 
+import resource
 import statistics
 import sys
 import threading
@@ -55,11 +58,19 @@ def main() -> int:
                 future.result()
             python_pool.append((time.perf_counter() - start) * 1e6)
     runtime_module.set_num_threads(0)
+    idle = []
+    for _ in range(5):
+        module(a, b)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        threading.Event().wait(0.3)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        idle.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1e3)
     print(f"{'case':<30}{'median us':>12}{'min us':>10}")
     for name, median, low in rows:
         print(f"{name + ' (per call, native loop)':<30}{median:>12.3f}{low:>10.3f}")
     print(f"{'launch overhead (all - 1)':<30}{rows[1][1] - rows[0][1]:>12.3f}")
     print(f"{'call after idle (ctypes+wake)':<30}{statistics.median(wake):>12.1f}{min(wake):>10.1f}")
+    print(f"{'CPU in 0.3 s after (ms)':<30}{statistics.median(idle):>12.1f}{min(idle):>10.1f}")
     print(f"{'reference: 2 Python threads':<30}{statistics.median(python_pool):>12.1f}"
           f"{min(python_pool):>10.1f}")
     return 0

@@ -1,7 +1,34 @@
+from __future__ import annotations
+
+import os
+import time
+
 import pytest
 
 from fixtures.build import build_fixture_module
-from servicectl import Service
+from kernelrpc import rpc
+from servicectl import Service, queue, start_server, start_tracker
+from tracker_peers import Raw
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str | None = None, interval: float = 0.02):
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    For state that no log line announces (a tracker's queue, a process's threads); services'
+    own announcements are awaited with ``Service.wait_for_line``. Past the deadline it raises an
+    AssertionError naming ``what`` (by default where the predicate is written) and the last
+    value seen, so a broken behaviour fails the test instead of hanging it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            code = predicate.__code__
+            what = what or f"the condition at {os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+            raise AssertionError(f"{what} not reached within {timeout} s (last value: {value!r})")
+        time.sleep(interval)
 
 
 @pytest.fixture
@@ -17,6 +44,48 @@ def start_service():
     yield start
     for svc in reversed(started):
         svc.stop()
+
+
+@pytest.fixture
+def tracker(start_service):
+    """A tracker process on a port the OS chose (files that need other flags define their own)."""
+    return start_tracker(start_service)
+
+
+@pytest.fixture
+def fleet(start_service, tracker):
+    """``(tracker, servers)``: two device servers with key "board", both registered at the tracker."""
+    servers = [start_server(start_service, tracker) for _ in range(2)]
+    wait_until(lambda: queue(tracker)["free"] == 2, what="both servers registered")
+    return tracker, servers
+
+
+@pytest.fixture
+def server(start_service):
+    """A device server with key "dev" (files that need other flags define their own)."""
+    return start_service("kernelrpc.server", ["--port", "0", "--key", "dev"])
+
+
+@pytest.fixture
+def session(server):
+    """A session with ``server``, closed after the test."""
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        yield sess
+
+
+@pytest.fixture
+def peers(tracker):
+    """Factory fixture: ``peers()`` opens a :class:`tracker_peers.Raw` peer on ``tracker``; all closed after."""
+    made = []
+
+    def make(**kw):
+        peer = Raw(tracker.address, **kw)
+        made.append(peer)
+        return peer
+
+    yield make
+    for peer in made:
+        peer.close()
 
 
 @pytest.fixture(scope="session")

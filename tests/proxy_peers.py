@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 import socket
-import threading
 import time
 
 import pytest
@@ -120,9 +119,3 @@ def tracker_free_slots(address, key: str) -> int:
     return summary["queue_info"].get(key, {}).get("free", 0)
 
 
-def wait_until(predicate, timeout: float = 20.0) -> None:
-    """Poll state that no log line announces (a tracker's queue), up to ``timeout``."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "condition not reached in time"
-        threading.Event().wait(0.1)

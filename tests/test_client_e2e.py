@@ -9,17 +9,6 @@ from kernelrpc import nd, rpc
 from kernelrpc.runtime import ProfileResult
 
 
-@pytest.fixture
-def server(start_service):
-    return start_service("kernelrpc.server", ["--port", "0", "--key", "dev"])
-
-
-@pytest.fixture
-def session(server):
-    with rpc.connect(server.host, server.port, key="dev") as sess:
-        yield sess
-
-
 def test_echo_round_trips_every_argument_type(session):
     echo = session.get_function("testing.echo")
     for value in (0, -(1 << 63), 2.5, "text ü", b"\x00bytes", None, True, [1, [2.0, "x"]]):

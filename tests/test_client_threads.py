@@ -15,17 +15,6 @@ from kernelrpc.runtime.threads import MAX_NUM_THREADS, default_num_threads
 POOL_CAP = SLOTS  # the generated pool's largest size
 
 
-@pytest.fixture
-def server(start_service):
-    return start_service("kernelrpc.server", ["--port", "0", "--key", "dev"])
-
-
-@pytest.fixture
-def session(server):
-    with rpc.connect(server.host, server.port, key="dev") as sess:
-        yield sess
-
-
 def load_probe(session, path, name="probe.so"):
     session.upload(path, name)
     return session.load_module(name)

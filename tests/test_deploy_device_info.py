@@ -4,11 +4,11 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
 from kernelrpc.runtime import device_info
 
 RPI4_64 = """\
@@ -178,11 +178,9 @@ def test_server_reports_its_device_to_the_tracker_and_the_session(start_service)
         assert remote.target() == device_info.describe()["target"]
         assert remote.device_info()["machine"] == entry["device"]["machine"]
     server.wait_for_line("session from .* finished")
-    deadline = time.monotonic() + 30
-    while _server_info(tracker.port).get("session") != "idle" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    after = _server_info(tracker.port)       # later UPDATE_INFOs carry no "device": it stays
-    assert after["session"] == "idle" and after["device"] == entry["device"]
+    after = wait_until(lambda: (info := _server_info(tracker.port)).get("session") == "idle" and info,
+                       timeout=30, what="the server reported idle again")
+    assert after["device"] == entry["device"]       # later UPDATE_INFOs carry no "device": it stays
 
 
 def _server_info(port: int) -> dict:

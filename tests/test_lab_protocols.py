@@ -4,18 +4,13 @@ import re
 
 import pytest
 
-from test_tracker_e2e import until
-from test_tracker_registration import free_port
+from conftest import wait_until
+from servicectl import free_port
 from kernelrpc.errors import QueueTimeout
 from kernelrpc.rpc.protocol import VERSION_STRING
 from kernelrpc.rpc.tracker_client import connect_tracker
 
 TVM_READY = re.compile(r"bind to (\S+):(\d+)")
-
-
-@pytest.fixture
-def tracker(start_service):
-    return start_service("kernelrpc.tracker", ["--port", "0"])
 
 
 def free_slots(tracker, key):
@@ -36,8 +31,8 @@ def test_tvm_and_kernelrpc_share_a_tracker_and_a_key(start_service, tracker):
     theirs = tvm_server(start_service, tracker.port, "shared")
     ours = start_service("kernelrpc.server", ["--port", "0", "--key", "shared",
                                               "--tracker", f"127.0.0.1:{tracker.port}"])
-    until(lambda: free_slots(tracker, "shared") == {"tvm": {"free": 1, "pending": 0},
-                                                    VERSION_STRING: {"free": 1, "pending": 0}}, timeout=60)
+    wait_until(lambda: free_slots(tracker, "shared") == {"tvm": {"free": 1, "pending": 0},
+                                                         VERSION_STRING: {"free": 1, "pending": 0}}, timeout=60)
     with connect_tracker(*tracker.address) as session:
         info = session.summary()
         assert sorted(str(s.get("protocol")) for s in info["server_info"]) == ["None", VERSION_STRING]
@@ -48,7 +43,7 @@ def test_tvm_and_kernelrpc_share_a_tracker_and_a_key(start_service, tracker):
         remote.upload(bytearray(b"tvm %d" % round_), "probe.bin")
         assert bytes(remote.download("probe.bin")) == b"tvm %d" % round_
         del remote
-        until(lambda: free_slots(tracker, "shared").get("tvm", {}).get("free") == 1, timeout=30)
+        wait_until(lambda: free_slots(tracker, "shared").get("tvm", {}).get("free") == 1, timeout=30)
     with connect_tracker(*tracker.address) as session:
         for round_ in range(2):
             with session.request("shared", session_timeout=20, timeout=20, max_retry=1) as sess:
@@ -61,7 +56,7 @@ def test_tvm_and_kernelrpc_share_a_tracker_and_a_key(start_service, tracker):
 def test_key_with_a_colon_is_not_reported_missing(start_service, tracker, caplog):
     key = "127.0.0.1:5555"           # TVM's own tests use such keys
     start_service("kernelrpc.server", ["--port", "0", "--key", key, "--tracker", f"127.0.0.1:{tracker.port}"])
-    until(lambda: free_slots(tracker, key).get(VERSION_STRING, {}).get("free") == 1)
+    wait_until(lambda: free_slots(tracker, key).get(VERSION_STRING, {}).get("free") == 1)
     with connect_tracker(*tracker.address) as session, session.request(key, session_timeout=20, timeout=20):
         with caplog.at_level(logging.WARNING, "kernelrpc.rpc.tracker_client"), pytest.raises(QueueTimeout):
             session.request(key, timeout=0.3)            # the one server is busy: a wait, not a missing key
@@ -74,7 +69,7 @@ def test_missing_key_warning_names_keys_behind_a_proxy(start_service, tracker, c
     proxy = start_service("kernelrpc.proxy", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}"])
     start_service("kernelrpc.server", ["--through-proxy", "--port", str(proxy.port), "--key", "rpi4"],
                   ready=re.compile("connected to proxy"))
-    until(lambda: free_slots(tracker, "rpi4").get(VERSION_STRING, {}).get("free") == 1)
+    wait_until(lambda: free_slots(tracker, "rpi4").get(VERSION_STRING, {}).get("free") == 1)
     with connect_tracker(*tracker.address) as session:
         with caplog.at_level(logging.WARNING, "kernelrpc.rpc.tracker_client"), pytest.raises(QueueTimeout):
             session.request("rpi5", timeout=0.3)
@@ -95,7 +90,7 @@ def test_kernelrpc_client_warns_when_only_tvm_servers_have_the_key(start_service
                                                  "--port-end", str(port + 1)], ready=TVM_READY, timeout=60)
     tvm_server(start_service, port, "tvmonly")
     with connect_tracker("127.0.0.1", port) as session:
-        until(lambda: session.summary()["queue_info"].get("tvmonly", {}).get("free") == 1, timeout=60)
+        wait_until(lambda: session.summary()["queue_info"].get("tvmonly", {}).get("free") == 1, timeout=60)
         with caplog.at_level(logging.WARNING, "kernelrpc.rpc.tracker_client"):
             if tracker_module == "kernelrpc.tracker":
                 with pytest.raises(QueueTimeout):       # never handed a server it cannot talk to
@@ -108,9 +103,9 @@ def test_kernelrpc_client_warns_when_only_tvm_servers_have_the_key(start_service
 
 
 def test_tracker_says_why_a_tvm_request_waits(start_service, tracker):
-    from test_tracker_service import Raw
+    from tracker_peers import Raw
     start_service("kernelrpc.server", ["--port", "0", "--key", "onlyours", "--tracker", f"127.0.0.1:{tracker.port}"])
-    until(lambda: free_slots(tracker, "onlyours").get(VERSION_STRING, {}).get("free") == 1)
+    wait_until(lambda: free_slots(tracker, "onlyours").get(VERSION_STRING, {}).get("free") == 1)
     tvm_client = Raw(tracker.address)
     tvm_client.send([4, "onlyours", "", 1])            # what TVM's TrackerSession.request sends
     tracker.wait_for_line("waits for a tvm server with key 'onlyours'; free ones speak kernelrpc/1 only")

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from servicectl import child_env
-from test_tracker_e2e import until
-from test_tracker_registration import free_port
+from conftest import wait_until
+from servicectl import child_env, free_port
 from kernelrpc.rpc.tracker_client import connect_tracker
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -49,7 +48,7 @@ def test_readme_recipe_works_on_one_host(start_service):
     behind = start_service(through_cmd[0], through_cmd[1:], ready=re.compile("connected to proxy"))
     assert len({tracker.port, proxy.port, *(b.port for b in boards)}) == 4
     with connect_tracker(*tracker.address) as session:
-        until(lambda: session.summary()["queue_info"].get("rpi4", {}).get("free") == 3)
+        wait_until(lambda: session.summary()["queue_info"].get("rpi4", {}).get("free") == 3)
     query = subprocess.run([sys.executable, "-m", *query_cmd], capture_output=True, text=True,
                            env=child_env(), timeout=60)
     assert query.returncode == 0, query.stderr

@@ -8,7 +8,8 @@ import kernelrpc
 from kernelrpc import te
 from kernelrpc.rpc import connect_tracker
 from kernelrpc.measure import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, WRONG_RESULT, MeasureResult
-from test_tracker_e2e import queue, start_server, start_tracker, until
+from conftest import wait_until
+from servicectl import queue, start_tracker
 
 N = 64
 
@@ -48,14 +49,6 @@ def endless():
     k = te.reduce_axis((0, 1 << 30), "k")
     B = te.compute((N,), lambda i: te.sum(A[i] + te.indexmod(k, 2).astype("float32"), axis=k), name="B")
     return te.create_schedule(B.op), [A, B]
-
-
-@pytest.fixture
-def fleet(start_service):
-    tracker = start_tracker(start_service)
-    servers = [start_server(start_service, tracker) for _ in range(2)]
-    until(lambda: queue(tracker)["free"] == 2)
-    return tracker, servers
 
 
 def run(tracker, candidates, **options):
@@ -125,7 +118,7 @@ def test_session_reports_its_cores(start_service, capsys):
     tracker = start_tracker(start_service)
     start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}",
                                        "--key", "board", "--cpus", "0"])
-    until(lambda: queue(tracker)["free"] == 1)
+    wait_until(lambda: queue(tracker)["free"] == 1)
     (res,) = run(tracker, [addone(8)], progress=True).wait()
     assert res.status == OK and res.cpus == [0]
     bar = capsys.readouterr().err
@@ -153,7 +146,7 @@ def test_a_device_held_by_someone_else_is_waited_for_not_required(fleet):
         assert [r.status for r in results] == [OK, OK, OK]
         assert len({r.device for r in results}) == 1
         with connect_tracker(*tracker.address) as probe:
-            until(lambda: not probe.summary()["waiting"])     # the batch left the queue
+            wait_until(lambda: not probe.summary()["waiting"])     # the batch left the queue
 
 
 def test_leaving_the_loop_early_releases_the_devices(fleet):

@@ -1,12 +1,12 @@
 """What a notebook user meets: dir() and reprs, LocalSession, the tracker's tables, queue-wait
 progress, request_and_run and progress bars for large transfers, against real services."""
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import kernelrpc
+from conftest import wait_until
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import client as rpc_client
 from kernelrpc.rpc.tracker_summary import TrackerSummary
@@ -55,16 +55,6 @@ def fleet(start_service):
     return tracker, server
 
 
-def _wait_until(predicate, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError("condition not reached")
-
-
 def test_tracker_summary_table_and_reprs(fleet, fixture_module):
     tracker, server = fleet
     with rpc.connect_tracker(tracker.host, tracker.port) as trk:
@@ -78,7 +68,8 @@ def test_tracker_summary_table_and_reprs(fleet, fixture_module):
             assert repr(module).startswith("<remote Module [") and "addone" in repr(module)
             assert f"on 127.0.0.1:{server.port}" in repr(module)
             client = "{}:{}".format(*trk._sock.getsockname()[:2])
-            table = _wait_until(lambda: (t := trk.summary_table()) and client in str(t) and t)
+            table = wait_until(lambda: (t := trk.summary_table()) and client in str(t) and t, timeout=30,
+                               what="this client in the summary table")
             assert isinstance(table, TrackerSummary)
             text = str(table)
             assert f"127.0.0.1:{server.port}" in text and "held by" in text

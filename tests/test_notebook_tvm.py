@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from kernelrpc import rpc
-from test_tracker_registration import free_port
+from servicectl import free_port
 
 pytestmark = pytest.mark.tvm
 pytest.importorskip("tvm.rpc", reason="apache-tvm is not installed", exc_type=ImportError)

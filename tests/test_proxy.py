@@ -9,10 +9,10 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
+from conftest import wait_until
 from kernelrpc.rpc import handshake as hs
 from proxy_peers import (connect, is_closed, offered_matchkey, proxy, read_reply,  # noqa: F401
                          recv_exactly, wait_for_matches)
@@ -200,10 +200,8 @@ def test_many_concurrent_sessions_each_get_their_own_bytes_and_leave_no_threads(
     for device, client in pairs:
         client.close()
         assert is_closed(device)
-    deadline = time.monotonic() + 10
-    while _proc_status(p.proc.pid, "Threads") > baseline and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _proc_status(p.proc.pid, "Threads") <= baseline
+    wait_until(lambda: _proc_status(p.proc.pid, "Threads") <= baseline, timeout=10,
+               what=f"the proxy back to its {baseline} threads")
 
 
 def test_exact_matchkey_picks_that_device_and_a_gone_key_is_refused_at_once(proxy):

@@ -31,7 +31,10 @@ sock.sendall(hs.encode_preamble("server:nsdev"))
 print("raw device connected", flush=True)
 parser, reply = hs.ReplyParser(), None
 while reply is None:
-    reply = parser.feed(sock.recv(4096))
+    chunk = sock.recv(4096)
+    if not chunk:
+        sys.exit("the proxy closed before its reply")
+    reply = parser.feed(chunk)
 reply.raise_for_code("proxy")
 data = parser.unused
 while True:
@@ -49,13 +52,19 @@ sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
 sock.sendall(hs.encode_preamble("client:nsdev"))
 parser, reply = hs.ReplyParser(), None
 while reply is None:
-    reply = parser.feed(sock.recv(4096))
+    chunk = sock.recv(4096)
+    if not chunk:
+        sys.exit("the proxy closed before its reply")
+    reply = parser.feed(chunk)
 reply.raise_for_code("proxy")
 msg = os.urandom(1000)
 sock.sendall(msg)
 got = parser.unused
 while len(got) < len(msg):
-    got += sock.recv(65536)
+    chunk = sock.recv(65536)
+    if not chunk:
+        sys.exit(f"closed after {len(got)} of {len(msg)} bytes")
+    got += chunk
 assert got == msg[::-1]
 print("echo through the proxy ok", reply.key)
 """

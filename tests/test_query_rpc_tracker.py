@@ -4,10 +4,9 @@ import socket
 import subprocess
 import sys
 
-import pytest
-
+from conftest import wait_until
 from servicectl import child_env
-from test_tracker_service import Raw
+from tracker_peers import Raw
 
 CAPTURED = """Tracker address 127.0.0.1:{port}
 
@@ -34,11 +33,6 @@ def query(port, *extra):
                           timeout=30)
 
 
-@pytest.fixture
-def tracker(start_service):
-    return start_service("kernelrpc.tracker", ["--port", "0"])
-
-
 def test_free_server_prints_tvm_text(tracker):
     srv = Raw(tracker.address)
     srv.register("testkey", 19090, "testkey:0.5")
@@ -55,8 +49,7 @@ def test_all_busy(tracker):
     assert client.call([4, "testkey", "", 1])[0] == 0
     client.send([4, "testkey", "", 1])
     observer = Raw(tracker.address)
-    while observer.call([6])[1]["queue_info"]["testkey"]["pending"] != 1:
-        pass
+    wait_until(lambda: observer.call([6])[1]["queue_info"]["testkey"]["pending"] == 1, what="the request queued")
     observer.close()
     out = query(tracker.port)
     assert out.returncode == 5

@@ -2,26 +2,17 @@
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import kernelrpc
+from conftest import wait_until
 from kernelrpc import nd, rpc
 
 
 def start_server(start_service, *extra):
     return start_service("kernelrpc.server", ["--port", "0", "--key", "dev", *extra])
-
-
-def until(predicate, timeout=20.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        threading.Event().wait(0.02)
-    raise TimeoutError(f"{what} not reached within {timeout} s")
 
 
 def gone(pid):
@@ -75,11 +66,11 @@ def test_a_killed_server_leaves_no_session_child_and_the_next_cleans_its_workspa
     server = start_server(start_service, "--workspace-root", str(root))
     sess = rpc.connect(server.host, server.port, key="dev")
     child = sess.info["pid"]
-    until(lambda: any(root.iterdir()), what="session workspace")
+    wait_until(lambda: any(root.iterdir()), what="session workspace")
     os.kill(server.proc.pid, signal.SIGKILL)           # the server only, not its process group
     server.proc.wait(10)
     try:
-        until(lambda: gone(child), what="session child gone after kill -9 of its server")
+        wait_until(lambda: gone(child), what="session child gone after kill -9 of its server")
     finally:
         sess.close()
         if not gone(child):
@@ -88,7 +79,7 @@ def test_a_killed_server_leaves_no_session_child_and_the_next_cleans_its_workspa
     foreign = root / "someone-else"
     foreign.mkdir()
     start_server(start_service, "--workspace-root", str(root))
-    until(lambda: [p.name for p in root.iterdir()] == ["someone-else"], what="stale workspace removed")
+    wait_until(lambda: [p.name for p in root.iterdir()] == ["someone-else"], what="stale workspace removed")
 
 
 def test_a_numpy_argument_beyond_the_frame_limit_is_refused_locally(start_service):
@@ -139,7 +130,7 @@ def test_processes_a_kernel_starts_end_with_the_session(start_service, tmp_path)
         grandchild = int(out.numpy()[0])
         assert grandchild > 0 and not gone(grandchild)
     try:
-        until(lambda: gone(grandchild), what="the kernel's process gone with its session")
+        wait_until(lambda: gone(grandchild), what="the kernel's process gone with its session")
     finally:
         if not gone(grandchild):
             os.kill(grandchild, signal.SIGKILL)

@@ -9,26 +9,15 @@ import sys
 import threading
 import time
 
-import pytest
-
+from conftest import wait_until
 from kernelrpc.rpc.tracker_client import connect_tracker
-from servicectl import child_env
-from test_tracker_registration import free_port
-from test_tracker_service import MAGIC, Raw
+from servicectl import child_env, free_port
+from tracker_peers import MAGIC, Raw
 
 
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
-def until(predicate, timeout=20.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        threading.Event().wait(0.02)
-    raise TimeoutError(f"{what} not reached within {timeout} s")
 
 
 def closed_by_tracker(sock):
@@ -55,25 +44,6 @@ def query(port):
                            "--port", str(port)], capture_output=True, text=True, env=child_env(), timeout=30)
 
 
-@pytest.fixture
-def tracker(start_service):
-    return start_service("kernelrpc.tracker", ["--port", "0"])
-
-
-@pytest.fixture
-def peers(tracker):
-    made = []
-
-    def make(**kw):
-        peer = Raw(tracker.address, **kw)
-        made.append(peer)
-        return peer
-
-    yield make
-    for peer in made:
-        peer.close()
-
-
 def test_requests_for_made_up_keys_do_not_pile_up_and_requests_go_on(tracker, peers):
     flooders = [peers() for _ in range(4)]
     for flooder in flooders:
@@ -90,7 +60,7 @@ def test_requests_for_made_up_keys_do_not_pile_up_and_requests_go_on(tracker, pe
         assert session.request_address("board", timeout=10) == ("127.0.0.1", 9000, "board:1")
     for flooder in flooders:
         flooder.close()
-    until(lambda: len(summary(tracker.address)["queue_info"]) == 1, what="junk queues gone")
+    wait_until(lambda: len(summary(tracker.address)["queue_info"]) == 1, what="junk queues gone")
     assert query(tracker.port).returncode == 5          # all busy: the one slot is leased
 
 
@@ -141,8 +111,8 @@ def test_silent_and_slowloris_connections_are_closed(start_service):
     threading.Event().wait(1.0)
     assert waiting.call([1]) == 0                        # still open: it holds a request
     assert server.call([1]) == 0
-    assert any("left a frame unfinished" in line for line in tracker.lines)
-    assert any("sent nothing for 2 s" in line for line in tracker.lines)
+    tracker.wait_for_line("left a frame unfinished")
+    tracker.wait_for_line("sent nothing for 2 s")
 
 
 def test_a_connection_flood_does_not_shut_out_new_clients(start_service, tmp_path):
@@ -205,11 +175,12 @@ def test_a_queued_request_survives_a_tracker_restart(start_service):
     session = connect_tracker("127.0.0.1", port)
     waiter = threading.Thread(target=lambda: got.append(session.request_address("board", timeout=30)))
     waiter.start()
-    until(lambda: summary(("127.0.0.1", port))["queue_info"].get("board", {}).get("pending"), what="request queued")
+    wait_until(lambda: summary(("127.0.0.1", port))["queue_info"].get("board", {}).get("pending"),
+               what="request queued")
     tracker.stop()
     tracker = start_service("kernelrpc.tracker", args)
-    until(lambda: summary(("127.0.0.1", port))["queue_info"].get("board", {}).get("pending"),
-          what="request queued again")
+    wait_until(lambda: summary(("127.0.0.1", port))["queue_info"].get("board", {}).get("pending"),
+               what="request queued again")
     server = Raw(("127.0.0.1", port))
     server.register("board", 9000, "board:9", protocol="kernelrpc/1")
     waiter.join(30)
@@ -231,7 +202,7 @@ def test_clients_skip_and_report_servers_they_cannot_reach(tracker, peers, start
                           "protocol": "kernelrpc/1"}]) == 0
     assert slow.call([3, "board", [tarpit.getsockname()[1], "board:tarpit"], None]) == 0
     start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}", "--key", "board"])
-    until(lambda: summary(tracker.address)["queue_info"]["board"]["free"] == 22, what="real server registered")
+    wait_until(lambda: summary(tracker.address)["queue_info"]["board"]["free"] == 22, what="real server registered")
     try:
         with connect_tracker(*tracker.address) as session:
             with session.request("board", max_retry=3, timeout=20, connect_timeout=2,
@@ -241,4 +212,4 @@ def test_clients_skip_and_report_servers_they_cannot_reach(tracker, peers, start
             assert bogus.call([7]) != []                 # still listed as pending to their server
     finally:
         tarpit.close()
-    assert any("could not reach" in line and "held back" in line for line in tracker.lines)
+    tracker.wait_for_line("could not reach.*held back")

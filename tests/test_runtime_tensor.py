@@ -53,7 +53,9 @@ def test_recv_into_streams_straight_into_the_tensor():
         sender.start()
         view, got = tensor.buffer, 0
         while got < tensor.nbytes:
-            got += right.recv_into(view[got:])
+            n = right.recv_into(view[got:])
+            assert n, f"closed after {got} of {tensor.nbytes} bytes"
+            got += n
         sender.join()
     np.testing.assert_array_equal(tensor.numpy(), payload)
 

@@ -23,12 +23,6 @@ def server(start_service, workspace_root):
                                               str(workspace_root), "--max-upload-bytes", "100000"])
 
 
-@pytest.fixture
-def session(server):
-    with rpc.connect(server.host, server.port, key="dev") as sess:
-        yield sess
-
-
 def test_upload_download_listdir_remove(session, tmp_path):
     session.upload(b"hello", "a.txt")
     session.upload(b"nested", "sub/dir/b.bin")

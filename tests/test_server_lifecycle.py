@@ -63,7 +63,7 @@ def test_client_session_timeout_kills_the_session(start_service, fixture_module)
         started = time.monotonic()
         with pytest.raises(kernelrpc.SessionTimeout, match="1s session has expired"):
             module["sleep_ms"](60_000)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 60          # ended by the timeout, not by the kernel
     assert_serves(server)
 
 
@@ -83,15 +83,22 @@ def test_wrong_key_is_refused(start_service):
     assert_serves(server)
 
 
+def still_open(sock):
+    """The server has not closed ``sock`` (reads nothing and does not wait)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+
+
 def test_silent_and_half_open_peers_do_not_hold_up_others(start_service):
     server = start_server(start_service, "--handshake-timeout", "30")
     silent = socket.create_connection(server.address)
     half = socket.create_connection(server.address)
     half.sendall(H.encode_preamble("client:dev")[:6])
     try:
-        started = time.monotonic()
         assert_serves(server)
-        assert time.monotonic() - started < 5
+        assert still_open(silent) and still_open(half)  # served while those two still wait
     finally:
         silent.close()
         half.close()
@@ -136,7 +143,9 @@ def _raw_session(server, hello: bytes) -> bytes:
         parser = H.ReplyParser()
         reply = None
         while reply is None:
-            reply = parser.feed(sock.recv(4096))
+            chunk = sock.recv(4096)
+            assert chunk, "the server closed before its handshake reply"
+            reply = parser.feed(chunk)
         assert reply.ok
         sock.sendall(hello)
         chunks = [parser.unused]

@@ -11,8 +11,8 @@ import pytest
 
 from kernelrpc.rpc import connect_tracker
 from kernelrpc.rpc.tracker_codec import MAGIC_BYTES, TrackerCode, encode_frame
-from servicectl import SRC
-from test_tracker_e2e import queue, start_server, until
+from conftest import wait_until
+from servicectl import SRC, queue, start_server
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = "/usr/bin/chromium"
@@ -66,15 +66,15 @@ def test_status_json_and_metrics_follow_the_fleet(start_service):
     tracker, page = start_tracker_with_page(start_service)
     assert status(page)["servers"] == []
     server = start_server(start_service, tracker)
-    until(lambda: queue(tracker)["free"] == 1)
+    wait_until(lambda: queue(tracker)["free"] == 1)
     (row,) = status(page)["servers"]
     assert row["key"] == "board" and row["state"] == "free" and row["address"].endswith(f":{server.port}")
 
     with connect_tracker(*tracker.address) as t, t.request("board", session_timeout=30, timeout=30):
-        until(lambda: status(page)["servers"][0]["state"] != "free")
+        wait_until(lambda: status(page)["servers"][0]["state"] != "free")
         waiter = Waiter(tracker)
         waiter.start()
-        until(lambda: status(page)["waiting"])
+        wait_until(lambda: status(page)["waiting"])
         st = status(page)
         assert st["waiting"][0]["key"] == "board" and st["waiting"][0]["waited"] >= 0
         assert st["queues"][0]["waiting"] == 1 and st["servers"][0]["held_by"]

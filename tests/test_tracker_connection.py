@@ -32,7 +32,9 @@ async def exchange(chunks, reply_bytes):
             await loop.sock_sendall(theirs, chunk)
             got = b""
             while len(got) < expected:
-                got += await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
+                chunk = await asyncio.wait_for(loop.sock_recv(theirs, 65536), 5)
+                assert chunk, f"closed after {len(got)} of {expected} bytes"
+                got += chunk
             replies.append(got)
     finally:
         theirs.close()

@@ -6,31 +6,11 @@ import pytest
 
 from kernelrpc.errors import QueueTimeout, RPCError
 from kernelrpc.rpc import connect_tracker
-from test_tracker_registration import free_port
+from conftest import wait_until
+from servicectl import free_port, queue, start_server, start_tracker
+from tracker_peers import Raw
 
-
-def until(predicate, timeout=20.0):
-    done = threading.Event()
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        done.wait(0.02)
-    raise TimeoutError("condition not reached")
-
-
-def start_tracker(start_service, port=None):
-    args = ["--port", "0"] if port is None else ["--port", str(port), "--port-end", str(port + 1)]
-    return start_service("kernelrpc.tracker", args)
-
-
-def start_server(start_service, tracker, key="board"):
-    return start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}",
-                                              "--key", key])
-
-
-def queue(tracker, key="board"):
-    with connect_tracker(*tracker.address) as session:
-        return session.summary()["queue_info"].get(key, {"free": 0, "pending": 0})
+until = wait_until  # kept importable from here, with start_server, start_tracker and queue
 
 
 def roundtrip(sess, payload: bytes) -> bytes:
@@ -38,14 +18,9 @@ def roundtrip(sess, payload: bytes) -> bytes:
     return sess.download("probe.bin")
 
 
-@pytest.fixture
-def tracker(start_service):
-    return start_tracker(start_service)
-
-
 def test_two_servers_serve_concurrent_clients(start_service, tracker):
     servers = [start_server(start_service, tracker) for _ in range(2)]
-    until(lambda: queue(tracker)["free"] == 2)
+    wait_until(lambda: queue(tracker)["free"] == 2)
     assert servers[0].wait_for_line(f"registered key board at tracker 127.0.0.1:{tracker.port}, "
                                     f"advertised 127.0.0.1:{servers[0].port}")
     errors, used = [], []
@@ -67,7 +42,7 @@ def test_two_servers_serve_concurrent_clients(start_service, tracker):
         t.join(60)
     assert not errors
     assert len(used) == 12 and len(set(used)) == 2
-    until(lambda: queue(tracker)["free"] == 2)
+    wait_until(lambda: queue(tracker)["free"] == 2)
     with connect_tracker(*tracker.address) as t:
         stats = t.summary()["stats"]["board"]
     assert stats["matches"] == 12 and stats["expired_leases"] == 0
@@ -75,7 +50,7 @@ def test_two_servers_serve_concurrent_clients(start_service, tracker):
 
 def test_priority_order_and_client_leaving_the_queue(start_service, tracker):
     start_server(start_service, tracker)
-    until(lambda: queue(tracker)["free"] == 1)
+    wait_until(lambda: queue(tracker)["free"] == 1)
     holder = connect_tracker(*tracker.address).request("board", timeout=10)
     order = []
 
@@ -91,10 +66,10 @@ def test_priority_order_and_client_leaving_the_queue(start_service, tracker):
 
     low = threading.Thread(target=wait_for_turn, args=("low", 1))
     low.start()
-    until(lambda: queue(tracker)["pending"] == 1)
+    wait_until(lambda: queue(tracker)["pending"] == 1)
     high = threading.Thread(target=wait_for_turn, args=("high", 5))
     high.start()
-    until(lambda: queue(tracker)["pending"] == 2)
+    wait_until(lambda: queue(tracker)["pending"] == 2)
     holder.close()
     low.join(30)
     high.join(30)
@@ -103,7 +78,7 @@ def test_priority_order_and_client_leaving_the_queue(start_service, tracker):
 
 def test_server_killed_while_leased(start_service, tracker):
     servers = [start_server(start_service, tracker) for _ in range(2)]
-    until(lambda: queue(tracker)["free"] == 2)
+    wait_until(lambda: queue(tracker)["free"] == 2)
     t = connect_tracker(*tracker.address)
     sess = t.request("board", session_timeout=30, timeout=10)
     victim = next(s for s in servers if sess.address.endswith(f":{s.port}"))
@@ -111,7 +86,7 @@ def test_server_killed_while_leased(start_service, tracker):
     with pytest.raises(RPCError):
         roundtrip(sess, b"x")
     with connect_tracker(*tracker.address) as probe:
-        until(lambda: len(probe.summary()["server_info"]) == 1)
+        wait_until(lambda: len(probe.summary()["server_info"]) == 1)
     survivor = next(s for s in servers if s is not victim)
     with t.request("board", timeout=10) as again:
         assert again.address.endswith(f":{survivor.port}")
@@ -122,12 +97,12 @@ def test_servers_re_register_after_tracker_restart(start_service):
     port = free_port()
     tracker = start_tracker(start_service, port)
     servers = [start_server(start_service, tracker) for _ in range(2)]
-    until(lambda: queue(tracker)["free"] == 2)
+    wait_until(lambda: queue(tracker)["free"] == 2)
     tracker.stop()
     for server in servers:
         server.wait_for_line("lost the connection to tracker")
     tracker = start_tracker(start_service, port)
-    until(lambda: queue(tracker)["free"] == 2)
+    wait_until(lambda: queue(tracker)["free"] == 2)
     with connect_tracker(*tracker.address) as t, t.request("board", timeout=10) as sess:
         assert roundtrip(sess, b"back") == b"back"
 
@@ -141,7 +116,7 @@ def test_server_logs_when_tracker_is_unreachable(start_service):
 def test_lease_returns_when_client_never_arrives(start_service):
     tracker = start_service("kernelrpc.tracker", ["--port", "0", "--lease-timeout", "1"])
     start_server(start_service, tracker)
-    until(lambda: queue(tracker)["free"] == 1)
+    wait_until(lambda: queue(tracker)["free"] == 1)
     with connect_tracker(*tracker.address) as t:
         ghost = t.request_address("board", timeout=10)        # and never connects
         with t.request("board", timeout=10) as sess:         # served once the 1 s lease expires
@@ -152,13 +127,12 @@ def test_lease_returns_when_client_never_arrives(start_service):
 
 
 def test_request_retries_past_a_stale_slot(start_service, tracker, caplog):
-    from test_tracker_service import Raw
     server = start_service("kernelrpc.server", ["--port", "0", "--key", "board", "--tracker",
                                                 f"127.0.0.1:{free_port()}"])    # not registered: no tracker there
     stale = Raw(tracker.address)
     stale.register("board", server.port, "board:stale", protocol="kernelrpc/1")   # a slot the server does not know
     real = start_server(start_service, tracker)
-    until(lambda: queue(tracker)["free"] == 2)
+    wait_until(lambda: queue(tracker)["free"] == 2)
     with caplog.at_level("INFO", "kernelrpc.rpc.tracker_client"), connect_tracker(*tracker.address) as t:
         with t.request("board", timeout=10) as sess:
             assert sess.address.endswith(f":{real.port}")
@@ -170,11 +144,11 @@ def test_tracker_session_survives_tracker_restart(start_service):
     port = free_port()
     tracker = start_tracker(start_service, port)
     start_server(start_service, tracker)
-    until(lambda: queue(tracker)["free"] == 1)
+    wait_until(lambda: queue(tracker)["free"] == 1)
     with connect_tracker(*tracker.address) as t:
         assert t.summary()["queue_info"]["board"]["free"] == 1
         tracker.stop()
         tracker = start_tracker(start_service, port)
-        until(lambda: queue(tracker)["free"] == 1)
+        wait_until(lambda: queue(tracker)["free"] == 1)
         with t.request("board", timeout=10) as sess:           # the old link is reopened
             assert roundtrip(sess, b"same session object") == b"same session object"

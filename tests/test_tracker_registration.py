@@ -1,40 +1,33 @@
 """TrackerRegistration (the device server's tracker link) against our tracker process."""
 import logging
-import select
+import os
 import socket
 import time
 
 import pytest
 
+from conftest import wait_until
 from kernelrpc.rpc.tracker_client import connect_tracker
 from kernelrpc.runtime import device_info
 from kernelrpc.server.registration import TrackerRegistration
+from servicectl import free_port
 
 
 def drive(regs, until, timeout=15.0):
-    """Run the registrations like the server's selectors loop does, until ``until()`` holds."""
+    """Run the registrations like the server's selectors loop does (each tick at its deadline)
+    until ``until()`` holds."""
     regs = regs if isinstance(regs, list) else [regs]
-    end = time.monotonic() + timeout
-    while not until():
+
+    def tick_due():
         now = time.monotonic()
-        if now > end:
-            raise TimeoutError("condition not reached")
         for reg in regs:
             if now >= reg.next_deadline():
                 reg.tick()
-        wait = min(reg.next_deadline() for reg in regs) - time.monotonic()
-        select.select([], [], [], min(max(wait, 0), 0.05))
+        return False
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def tracker(start_service):
-    return start_service("kernelrpc.tracker", ["--port", "0"])
+    wait_until(lambda: until() or tick_due(), timeout=timeout,
+               what=f"the registration condition at {os.path.basename(until.__code__.co_filename)}:"
+                    f"{until.__code__.co_firstlineno}")
 
 
 @pytest.fixture

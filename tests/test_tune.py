@@ -7,7 +7,6 @@ import pytest
 import kernelrpc
 from kernelrpc import autotvm, nd, te
 from kernelrpc.autotvm.space import ConfigSpace, split_choices
-from test_tracker_e2e import queue, start_server, start_tracker, until
 
 N = 32
 
@@ -84,15 +83,6 @@ def test_get_config_outside_a_template_says_how_to_call_it():
         autotvm.get_config()
 
 
-@pytest.fixture
-def fleet(start_service):
-    tracker = start_tracker(start_service)
-    for _ in range(2):
-        start_server(start_service, tracker)
-    until(lambda: queue(tracker)["free"] == 2)
-    return tracker
-
-
 def option(tracker):
     return autotvm.measure_option(runner=autotvm.RPCRunner("board", "127.0.0.1", tracker.port,
                                                            number=2, repeat=2, rtol=1e-4, atol=1e-3))
@@ -104,7 +94,7 @@ def test_tuning_logs_every_trial_resumes_and_applies_the_best(fleet, tmp_path, t
     log = tmp_path / "matmul.log"
     task = autotvm.task.create("test/matmul", args=(N,), reference=lambda a, b: a @ b, flop=2 * N ** 3)
     tuner = tuner_class(task, seed=1)
-    best = tuner.tune(12, option(fleet), callbacks=[autotvm.callback.log_to_file(log)], batch_size=6)
+    best = tuner.tune(12, option(fleet[0]), callbacks=[autotvm.callback.log_to_file(log)], batch_size=6)
     records = autotvm.load_from_file(log)
     assert len(records) == 12
     assert all(r["result"]["status"] == "ok" for r in records)
@@ -113,7 +103,7 @@ def test_tuning_logs_every_trial_resumes_and_applies_the_best(fleet, tmp_path, t
 
     resumed = tuner_class(task, seed=1)
     assert resumed.load_history(records) == 12
-    resumed.tune(6, option(fleet), callbacks=[autotvm.callback.log_to_file(log)], batch_size=6)
+    resumed.tune(6, option(fleet[0]), callbacks=[autotvm.callback.log_to_file(log)], batch_size=6)
     again = autotvm.load_from_file(log)
     assert len(again) == 18 and len({r["config"]["index"] for r in again}) == 18
 
@@ -143,7 +133,7 @@ def test_failed_trials_are_logged_with_their_status(fleet, tmp_path):
 
     log = tmp_path / "fails.log"
     task = autotvm.task.create("test/fails_on_a_bad_split", args=(16,), reference=lambda a: a * 2)
-    autotvm.tuner.GridSearchTuner(task).tune(4, option(fleet), callbacks=[autotvm.callback.log_to_file(log)])
+    autotvm.tuner.GridSearchTuner(task).tune(4, option(fleet[0]), callbacks=[autotvm.callback.log_to_file(log)])
     statuses = {r["config"]["knobs"]["factor"]: r["result"]["status"] for r in autotvm.load_from_file(log)}
     assert statuses == {0: "compile_error", 4: "ok"}
 

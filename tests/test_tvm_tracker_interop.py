@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from servicectl import child_env
-from test_tracker_registration import drive, free_port
+from conftest import wait_until
+from servicectl import child_env, free_port
+from test_tracker_registration import drive
 from kernelrpc.rpc.tracker_client import connect_tracker, format_summary
 from kernelrpc.server.registration import TrackerRegistration
 
@@ -22,19 +23,14 @@ def tool(module, port):
 
 
 @pytest.fixture
-def tracker(start_service):
-    return start_service("kernelrpc.tracker", ["--port", "0"])
-
-
-@pytest.fixture
 def tvm_server(tracker, start_service):
     port = free_port()
     server = start_service("tvm.exec.rpc_server", [
         "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1),
         "--tracker", f"127.0.0.1:{tracker.port}", "--key", "tvmkey"], ready=TVM_READY, timeout=60)
     with connect_tracker(*tracker.address) as session:
-        while session.summary()["queue_info"].get("tvmkey", {}).get("free") != 1:
-            pass
+        wait_until(lambda: session.summary()["queue_info"].get("tvmkey", {}).get("free") == 1,
+                   timeout=60, what="TVM's server registered")
     return server
 
 
@@ -51,8 +47,7 @@ def test_tvm_server_and_client_through_our_tracker(tracker, tvm_server):
         assert bytes(remote.download("probe.bin")) == b"kernelrpc"
         del remote
     with connect_tracker(*tracker.address) as session:
-        while session.summary()["queue_info"]["tvmkey"]["free"] != 1:
-            pass
+        wait_until(lambda: session.summary()["queue_info"]["tvmkey"]["free"] == 1, what="TVM's server free again")
         assert session.summary()["stats"]["tvmkey"]["matches"] == 2
 
 
@@ -103,8 +98,8 @@ def test_tvm_proxy_fleet_through_our_tracker(tracker, start_service):
         start_service("tvm.exec.rpc_server", ["--host", "127.0.0.1", "--port", str(port), "--through-proxy",
                                               "--key", "viaproxy"], ready=re.compile(""), timeout=60)
     with connect_tracker(*tracker.address) as session:
-        while session.summary()["queue_info"].get("viaproxy", {}).get("free") != 2:
-            pass
+        wait_until(lambda: session.summary()["queue_info"].get("viaproxy", {}).get("free") == 2,
+                   timeout=60, what="both TVM servers registered through TVM's proxy")
     theirs = tool("tvm.exec.query_rpc_tracker", tracker.port)
     ours = tool("kernelrpc.query_rpc_tracker", tracker.port).stdout
     proxied = "viaproxy   1      2     0      \n"     # TVM counts the proxy under "proxy[viaproxy]"

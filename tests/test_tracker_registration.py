@@ -9,20 +9,18 @@ import pytest
 from conftest import wait_until
 from kernelrpc.rpc.tracker_client import connect_tracker
 from kernelrpc.runtime import device_info
+from kernelrpc.rpc.registration import State
 from kernelrpc.server.registration import TrackerRegistration
 from servicectl import free_port
 
 
 def drive(regs, until, timeout=15.0):
-    """Run the registrations like the server's selectors loop does (each tick at its deadline)
-    until ``until()`` holds."""
+    """Run the registrations on their own selectors until ``until()`` holds."""
     regs = regs if isinstance(regs, list) else [regs]
 
     def tick_due():
-        now = time.monotonic()
         for reg in regs:
-            if now >= reg.next_deadline():
-                reg.tick()
+            reg.tick()
         return False
 
     wait_until(lambda: until() or tick_due(), timeout=timeout,
@@ -104,7 +102,7 @@ def test_not_a_tracker_is_reported(registration, caplog):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     reg = registration(listener.getsockname(), "k", 1)
-    drive(reg, lambda: reg._state == "opening")
+    drive(reg, lambda: reg.state is State.OPENING)
     conn, _ = listener.accept()
     assert conn.recv(4) == bytes.fromhex("71f20200")
     conn.sendall(b"HTTP/1.0 400\r\n")

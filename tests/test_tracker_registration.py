@@ -1,6 +1,7 @@
 """TrackerRegistration (the device server's tracker link) against our tracker process."""
 import logging
 import os
+import selectors
 import socket
 import time
 
@@ -109,3 +110,25 @@ def test_not_a_tracker_is_reported(registration, caplog):
     drive(reg, lambda: "is not a tracker" in caplog.text)
     conn.close()
     listener.close()
+
+
+def test_attached_selector_wakes_the_loop_instead_of_polling(tracker, registration):
+    selector = selectors.DefaultSelector()
+    reg = registration(tracker.address, "sel", 9999, poll_interval=60)
+    reg.attach(selector)
+
+    def turn():
+        timeout = max(0.0, reg.next_deadline() - time.monotonic())
+        for key, _ in selector.select(min(timeout, 0.05)):
+            key.data(key.fileobj)
+        reg.tick()
+        return reg.registered
+
+    wait_until(turn, timeout=15, what="registration through the attached selector")
+    assert len(selector.get_map()) == 1                    # the tracker socket, in the caller's selector
+    assert reg.next_deadline() - time.monotonic() > 50     # the next wake-up is the poll, not a 5 ms tick
+    with connect_tracker(*tracker.address) as session:
+        assert session.summary()["queue_info"]["sel"] == {"free": 1, "pending": 0}
+    reg.close()
+    assert len(selector.get_map()) == 0
+    selector.close()

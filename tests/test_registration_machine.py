@@ -1,7 +1,5 @@
 """The tracker-registration state machine (kernelrpc.rpc.registration) without sockets."""
-import json
 import random
-import struct
 
 from hypothesis import given, settings, strategies as st
 

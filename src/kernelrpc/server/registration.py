@@ -22,8 +22,6 @@ from ..runtime import device_info
 
 log = logging.getLogger(__name__)
 
-MISSES_BEFORE_ROTATE = R.MISSES_BEFORE_ROTATE
-
 
 class TrackerRegistration:
     """Keeps one server registered at a tracker under ``key``; see :mod:`kernelrpc.rpc.registration`."""

@@ -14,9 +14,9 @@ A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server`
 reconnect at once.  Refused or lost connections (the proxy restarts) are retried with
 jittered exponential backoff (:class:`kernelrpc.rpc.backoff.Backoff`), forever; TVM's
 server gives up after five failures.  A peer that is not a proxy is not retried:
-:class:`NotAProxy` says what answered instead (a device server answers MISMATCH to a ``server:`` key at once; other services send no RPC magic).  TCP
-keepalive notices a proxy that vanished without closing and keeps NAT mappings open
-while the device waits.
+:class:`NotAProxy` says what answered instead (a device server answers MISMATCH to a
+``server:`` key at once; other services send no RPC magic).  TCP keepalive notices a
+proxy that vanished without closing and keeps NAT mappings open while the device waits.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """TrackerRegistration (the device server's tracker link) against our tracker process."""
 import logging
 import os
+import selectors
 import socket
 import time
 
@@ -9,20 +10,18 @@ import pytest
 from conftest import wait_until
 from kernelrpc.rpc.tracker_client import connect_tracker
 from kernelrpc.runtime import device_info
+from kernelrpc.rpc.registration import State
 from kernelrpc.server.registration import TrackerRegistration
 from servicectl import free_port
 
 
 def drive(regs, until, timeout=15.0):
-    """Run the registrations like the server's selectors loop does (each tick at its deadline)
-    until ``until()`` holds."""
+    """Run the registrations on their own selectors until ``until()`` holds."""
     regs = regs if isinstance(regs, list) else [regs]
 
     def tick_due():
-        now = time.monotonic()
         for reg in regs:
-            if now >= reg.next_deadline():
-                reg.tick()
+            reg.tick()
         return False
 
     wait_until(lambda: until() or tick_due(), timeout=timeout,
@@ -104,10 +103,32 @@ def test_not_a_tracker_is_reported(registration, caplog):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     reg = registration(listener.getsockname(), "k", 1)
-    drive(reg, lambda: reg._state == "opening")
+    drive(reg, lambda: reg.state is State.OPENING)
     conn, _ = listener.accept()
     assert conn.recv(4) == bytes.fromhex("71f20200")
     conn.sendall(b"HTTP/1.0 400\r\n")
     drive(reg, lambda: "is not a tracker" in caplog.text)
     conn.close()
     listener.close()
+
+
+def test_attached_selector_wakes_the_loop_instead_of_polling(tracker, registration):
+    selector = selectors.DefaultSelector()
+    reg = registration(tracker.address, "sel", 9999, poll_interval=60)
+    reg.attach(selector)
+
+    def turn():
+        timeout = max(0.0, reg.next_deadline() - time.monotonic())
+        for key, _ in selector.select(min(timeout, 0.05)):
+            key.data(key.fileobj)
+        reg.tick()
+        return reg.registered
+
+    wait_until(turn, timeout=15, what="registration through the attached selector")
+    assert len(selector.get_map()) == 1                    # the tracker socket, in the caller's selector
+    assert reg.next_deadline() - time.monotonic() > 50     # the next wake-up is the poll, not a 5 ms tick
+    with connect_tracker(*tracker.address) as session:
+        assert session.summary()["queue_info"]["sel"] == {"free": 1, "pending": 0}
+    reg.close()
+    assert len(selector.get_map()) == 0
+    selector.close()

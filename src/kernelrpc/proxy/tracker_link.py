@@ -24,6 +24,7 @@ import logging
 import time
 
 from ..errors import AuthenticationError, ProtocolError, TrackerError
+from ..rpc.backoff import Backoff
 from ..rpc.handshake import parse_key
 from ..rpc.auth import (AUTH_CONTEXT, CHALLENGE_HEAD, MAC_BYTES, NONCE_BYTES, PeerAuth,
                         refusal_for_unauthenticated)
@@ -79,21 +80,21 @@ class TrackerLink:
 
     # -- connection lifecycle ------------------------------------------------
     async def _run(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(0.5, self.max_backoff)
         while True:
             try:
                 await self._connect()
-                backoff = 0.5
+                backoff.reset()
                 await self._serve()
                 continue  # a deliberate reconnect to retract stale slots
             except (OSError, EOFError, ProtocolError, TrackerError, AuthenticationError,
                     asyncio.TimeoutError) as exc:
+                delay = backoff.next()
                 logger.warning("tracker %s:%d: %s; reconnecting in %.1fs", *self.addr,
-                               exc or type(exc).__name__, backoff)
+                               exc or type(exc).__name__, delay)
             finally:
                 self._disconnect()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.max_backoff)
+            await asyncio.sleep(delay)
 
     async def _connect(self) -> None:
         self._reader, self._writer = await asyncio.wait_for(

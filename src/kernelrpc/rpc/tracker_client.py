@@ -12,7 +12,6 @@ registered with the same protocol, never one of TVM's.
 from __future__ import annotations
 
 import logging
-import random
 import socket
 import time
 
@@ -20,6 +19,7 @@ from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, Hands
                       ServerCrashed, SessionTimeout, TrackerError)
 from . import handshake as H
 from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
+from .backoff import Backoff
 from .protocol import VERSION_STRING
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
@@ -248,7 +248,7 @@ class TrackerSession:
     def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None,
                         reconnect_timeout: float):
         lost_at = None
-        pause = 0.05
+        backoff = Backoff(0.05, 1.0, jitter=0.5)
         while True:
             try:
                 self._send([TrackerCode.REQUEST, key, VERSION_STRING, priority])
@@ -268,8 +268,7 @@ class TrackerSession:
                 if now >= give_up:
                     raise TrackerUnreachable(f"lost tracker {self.where} while waiting for key {key!r} and "
                                              f"could not queue again within {give_up - lost_at:.3g} s: {exc}") from None
-                time.sleep(min(pause * (0.5 + random.random()), give_up - now))
-                pause = min(pause * 2, 1.0)
+                time.sleep(min(backoff.next(), give_up - now))
         _raise_for_failure(reply, self.where)
         try:
             code, (host, port, matchkey) = reply

@@ -52,6 +52,8 @@ class Server:
         self._stopping = False
         listen_sock.setblocking(False)
         self.selector.register(listen_sock, selectors.EVENT_READ, self._accept)
+        if registration is not None:
+            registration.attach(self.selector)   # tracker replies wake the loop; no polling
         remove_stale(config.workspace_root)
 
     @property

@@ -12,11 +12,11 @@ flags).  The loop (TVM's, ``docs/tvm-wire-formats.md`` section 4.3):
 
 A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server``):
 reconnect at once.  Refused or lost connections (the proxy restarts) are retried with
-exponential backoff, forever; TVM's server gives up after five failures.  A peer that
-is not a proxy is not retried: :class:`NotAProxy` says what answered instead (a device
-server answers MISMATCH to a ``server:`` key at once; other services send no RPC magic).  TCP
-keepalive notices a proxy that vanished without closing and keeps NAT mappings open
-while the device waits.
+jittered exponential backoff (:class:`kernelrpc.rpc.backoff.Backoff`), forever; TVM's
+server gives up after five failures.  A peer that is not a proxy is not retried:
+:class:`NotAProxy` says what answered instead (a device server answers MISMATCH to a
+``server:`` key at once; other services send no RPC magic).  TCP keepalive notices a
+proxy that vanished without closing and keeps NAT mappings open while the device waits.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import time
 from ..errors import AuthenticationError, HandshakeError, ProtocolError, RPCError
 from ..rpc import handshake as H
 from ..rpc.auth import authenticate
+from ..rpc.backoff import Backoff
 from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from .session import start_session
@@ -145,11 +146,11 @@ def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = Non
         raise HandshakeError("--through-proxy needs --key: the proxy pairs clients by key")
     stop = stop or threading.Event()
     link = ProxyLink(config)
-    backoff = MIN_BACKOFF
+    backoff = Backoff(MIN_BACKOFF, MAX_BACKOFF)
     while not stop.is_set():
         try:
             link.serve_one()
-            backoff = MIN_BACKOFF
+            backoff.reset()
             continue
         except NotAProxy:
             raise
@@ -158,6 +159,6 @@ def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = Non
                 log.error("proxy %s:%d refused us: %s", *link.proxy, exc)
             else:
                 log.warning("proxy %s:%d unreachable or gone: %s", *link.proxy, exc)
-        log.info("reconnecting to the proxy in %.1fs", backoff)
-        stop.wait(backoff)
-        backoff = min(backoff * 2, MAX_BACKOFF)
+        delay = backoff.next()
+        log.info("reconnecting to the proxy in %.1fs", delay)
+        stop.wait(delay)

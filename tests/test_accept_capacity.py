@@ -16,7 +16,6 @@ import pytest
 
 from kernelrpc import rpc
 from kernelrpc.acceptor import RETRY_AFTER
-from kernelrpc.rpc import handshake as hs
 from proxy_peers import connect, read_reply
 from servicectl import queue
 

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError, RPCError,
                       ServerCrashed, SessionTimeout)
+from ..netutil import receive_until
 from ..runtime.device import Device
 from ..runtime.threads import check_num_threads
 from . import handshake as H
@@ -69,13 +70,10 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.sendall(H.encode_preamble(handshake_key))
-        reply_parser = H.ReplyParser()
-        reply = None
+        after_auth = b""
         if auth_token is not None:
             after_auth = authenticate(sock, auth_token, handshake_key.encode(), where)
-            reply = reply_parser.feed(after_auth) if after_auth else None
-        if reply is None:
-            reply = _read_until(sock, reply_parser, where, "handshake")
+        reply = _read_until(sock, H.ReplyParser(), where, "handshake", after_auth)
         reply.raise_for_code(where)
         sock.sendall(P.encode_hello())
         hello_parser = P.HelloReplyParser()
@@ -87,20 +85,9 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     return RPCSession(sock, hello.info, where, hello_parser.unused)
 
 
-def _read_until(sock: socket.socket, parser, where: str, stage: str):
-    while True:
-        try:
-            data = sock.recv(65536)
-        except OSError as exc:
-            if isinstance(exc, socket.timeout):
-                raise
-            raise ConnectionLost(f"{where}: connection lost during the {stage}: {exc}") from exc
-        if not data:
-            raise ConnectionLost(f"{where} closed the connection during the {stage} (wrong key for a "
-                                 "proxy, or a server that speaks another protocol)")
-        result = parser.feed(data)
-        if result is not None:
-            return result
+def _read_until(sock: socket.socket, parser, where: str, stage: str, initial: bytes = b""):
+    return receive_until(sock, parser, where, f"the {stage}", initial,
+                         closed_hint=" (wrong key for a proxy, or a server that speaks another protocol)")
 
 
 class RPCSession:

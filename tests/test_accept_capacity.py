@@ -15,12 +15,13 @@ import time
 import pytest
 
 from kernelrpc import rpc
-from kernelrpc.acceptor import RETRY_AFTER
 from proxy_peers import connect, read_reply
 from servicectl import queue
 
 FD_LIMIT = 64
 FLOOD = 120
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads CPU time from /proc")
+
 SHORTAGE = "failed: [Errno 24] Too many open files; retrying every"
 
 
@@ -47,50 +48,35 @@ def _flood(address):
             sock.close()
 
 
-def _check_short_without_spinning(service) -> None:
-    """While descriptors are short: one log line, little CPU, and still alive."""
-    service.wait_for_line(re.escape(SHORTAGE))
-    pid = service.proc.pid
-    before = _cpu_seconds(pid)
-    time.sleep(1.0)  # a spinning accept loop burns the whole second; retrying every 0.1 s, next to none
-    used = _cpu_seconds(pid) - before
-    assert service.proc.poll() is None
-    assert used < 0.5, f"{used:.2f} s of CPU in 1 s of EMFILE: the accept loop spins"
-    assert sum(SHORTAGE in line for line in service.lines) == 1, "\n".join(service.lines)
+def _exhaust_and_recover(start_service, module: str, args: list[str]):
+    """Start ``module`` with few descriptors and use them all up: while they are short it logs
+    one line, uses little CPU and stays alive; once the flood closes it accepts again."""
+    service = start_service(module, ["--port", "0", *args], preexec_fn=_low_fd_limit)
+    with _flood(service.address):
+        service.wait_for_line(re.escape(SHORTAGE))
+        before = _cpu_seconds(service.proc.pid)
+        time.sleep(1.0)  # a spinning accept loop burns the whole second; retrying every 0.1 s, next to none
+        used = _cpu_seconds(service.proc.pid) - before
+        assert service.proc.poll() is None
+        assert used < 0.5, f"{used:.2f} s of CPU in 1 s of EMFILE: the accept loop spins"
+        assert sum(SHORTAGE in line for line in service.lines) == 1, "\n".join(service.lines)
+    service.wait_for_line("accepting on .* again after")
+    return service
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc for CPU time")
 def test_server_rides_out_emfile(start_service):
-    server = start_service("kernelrpc.server", ["--port", "0", "--key", "dev"], preexec_fn=_low_fd_limit)
-    with _flood(server.address):
-        _check_short_without_spinning(server)
-    server.wait_for_line("accepting on .* again after")
+    server = _exhaust_and_recover(start_service, "kernelrpc.server", ["--key", "dev"])
     with rpc.connect(*server.address, key="dev", session_timeout=20) as remote:
         assert remote.array([1.0, 2.0]).numpy().tolist() == [1.0, 2.0]
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc for CPU time")
 def test_proxy_rides_out_emfile(start_service):
-    proxy = start_service("kernelrpc.proxy", ["--port", "0"], preexec_fn=_low_fd_limit)
-    with _flood(proxy.address):
-        _check_short_without_spinning(proxy)
-    proxy.wait_for_line("accepting on .* again after")
-    device = connect(proxy.address, "server:again")
-    client = connect(proxy.address, "client:again")
-    assert read_reply(client)[0].key == "server:again"
-    assert read_reply(device)[0].key == "client:again"
-    device.close()
-    client.close()
+    proxy = _exhaust_and_recover(start_service, "kernelrpc.proxy", [])
+    with connect(proxy.address, "server:again") as device, connect(proxy.address, "client:again") as client:
+        assert read_reply(client)[0].key == "server:again"
+        assert read_reply(device)[0].key == "client:again"
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc for CPU time")
 def test_tracker_rides_out_emfile(start_service):
-    tracker = start_service("kernelrpc.tracker", ["--port", "0"], preexec_fn=_low_fd_limit)
-    with _flood(tracker.address):
-        _check_short_without_spinning(tracker)
-    tracker.wait_for_line("accepting on .* again after")
+    tracker = _exhaust_and_recover(start_service, "kernelrpc.tracker", [])
     assert queue(tracker) == {"free": 0, "pending": 0}
-
-
-def test_retry_interval_is_short():
-    assert 0 < RETRY_AFTER <= 0.5

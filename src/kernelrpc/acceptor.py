@@ -6,7 +6,8 @@ once: retrying straight away is a busy loop, and logging each failure floods the
 trio does, :class:`Acceptor` stops watching the listener for :data:`RETRY_AFTER` seconds on
 those errors (the queued peers wait in the kernel's backlog) and logs the shortage once, and
 once more when accepting works again. Errors that mean one peer left before it was taken
-(ECONNABORTED and friends) skip that peer. asyncio's own ``create_server`` pauses a whole
+(ECONNABORTED and friends) skip that peer; any other error pauses the listener the same
+way rather than ending the service. asyncio's own ``create_server`` pauses a whole
 second and logs every failure with a traceback, so the tracker and the proxy use
 :func:`watch` instead; the device server's selector loop drives an :class:`Acceptor` itself.
 
@@ -49,7 +50,7 @@ class Acceptor:
 
     def accept(self) -> tuple[socket.socket, object] | None:
         """The next queued connection as ``(sock, addr)``; None when none is queued, or when
-        the process is short of descriptors or memory (then :attr:`paused_until` is set)."""
+        accept failed, mostly for want of descriptors or memory (then :attr:`paused_until` is set)."""
         while True:
             try:
                 conn = self.listener.accept()
@@ -58,9 +59,7 @@ class Acceptor:
             except OSError as exc:
                 if exc.errno in PEER_GONE_ERRNOS:
                     continue
-                if exc.errno not in CAPACITY_ERRNOS:
-                    raise
-                self._pause(exc)
+                self._pause(exc)  # CAPACITY_ERRNOS, or an error no retry at once could cure either
                 return None
             if self._short_since is not None:
                 log.warning("accepting on %s again after %.1f s (%d retries)", self.name,

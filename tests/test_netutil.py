@@ -35,3 +35,40 @@ def test_ipv6_host_gets_an_ipv6_socket():
         pytest.skip(f"IPv6 loopback unavailable: {exc}")
     with sock:
         assert sock.family == socket.AF_INET6
+
+
+def test_receive_until_feeds_initial_bytes_then_reads_until_a_whole_message():
+    from kernelrpc.netutil import receive_until
+    from kernelrpc.rpc import handshake as hs
+
+    reply = hs.encode_reply(hs.RPC_CODE_SUCCESS, "server:dev") + b"after"
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(reply[3:7])
+        b.sendall(reply[7:])
+        parser = hs.ReplyParser()
+        got = receive_until(a, parser, "peer", "the handshake", initial=reply[:3])
+        assert (got.code, got.key, parser.unused) == (hs.RPC_CODE_SUCCESS, "server:dev", b"after")
+
+
+def test_receive_until_names_the_stage_when_the_peer_closes():
+    from kernelrpc.errors import ConnectionLost
+    from kernelrpc.netutil import receive_until
+    from kernelrpc.rpc import handshake as hs
+
+    a, b = socket.socketpair()
+    with a:
+        b.sendall(hs.encode_reply(hs.RPC_CODE_SUCCESS, "x")[:5])
+        b.close()
+        with pytest.raises(ConnectionLost, match=r"^peer closed the connection during the handshake \(hint\)$"):
+            receive_until(a, hs.ReplyParser(), "peer", "the handshake", closed_hint=" (hint)")
+
+
+def test_keepalive_is_enabled():
+    from kernelrpc.netutil import enable_keepalive
+
+    with socket.socket() as sock:
+        enable_keepalive(sock)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30

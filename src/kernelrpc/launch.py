@@ -52,7 +52,8 @@ class Service:
     """A running ``python -m`` service; its output is collected in ``lines``."""
 
     def __init__(self, module: str, args: list[str], *, env: dict | None = None,
-                 ready: re.Pattern = READY, timeout: float = 30.0, python: str | None = None):
+                 ready: re.Pattern = READY, timeout: float = 30.0, python: str | None = None,
+                 preexec_fn=None):
         self.module = module
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -60,7 +61,8 @@ class Service:
         self.match: re.Match | None = None
         self.proc = subprocess.Popen(
             [python or sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, env=child_env(env), start_new_session=True)
+            stderr=subprocess.STDOUT, text=True, env=child_env(env), start_new_session=True,
+            preexec_fn=preexec_fn)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         end = time.monotonic() + timeout

@@ -12,6 +12,7 @@ import logging
 import socket
 
 from ..errors import ProtocolError
+from ..netutil import enable_keepalive
 from ..rpc.auth import ServiceAuth
 from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
 from . import websocket as ws
@@ -19,15 +20,6 @@ from . import websocket as ws
 logger = logging.getLogger(__name__)
 
 _READ_BYTES = MAX_KEY_BYTES + 16
-_KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
-
-
-def enable_keepalive(sock: socket.socket) -> None:
-    """Notice peers that vanish without closing (a NAT box rebooted) within about a minute."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in _KEEPALIVE:
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 class PeerConnection:

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import socket
 
+from ..acceptor import Acceptor, watch
 from ..errors import HandshakeError
 from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
@@ -76,6 +77,7 @@ class ProxyService:
         self.tracker_link = None
         self._listener: socket.socket | None = None
         self._web_listener: socket.socket | None = None
+        self._stop_watching: list = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.address: tuple[str, int] | None = None
         self.relay_mode: str | None = None  # the relay in use, chosen by start()
@@ -86,16 +88,14 @@ class ProxyService:
         self.relay_mode = choose_relay(self.config.relay)
         self._listener = self._bind()
         self.address = self._listener.getsockname()[:2]
-        self._loop.add_reader(self._listener.fileno(), self._accept, self._listener,
-                              PeerConnection)
+        self._watch(self._listener, PeerConnection)
         if self.config.web_port is not None:
             ws.load_numpy()  # now, not in the middle of the first browser peer's upload
             port = self.config.web_port
             self._web_listener = bind_first_free(self.config.host, port, port + 1, backlog=512)
             self._web_listener.setblocking(False)
             self.web_address = self._web_listener.getsockname()[:2]
-            self._loop.add_reader(self._web_listener.fileno(), self._accept, self._web_listener,
-                                  WebSocketConnection)
+            self._watch(self._web_listener, WebSocketConnection)
         if self.config.tracker:
             from .tracker_link import TrackerLink
             self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker,
@@ -121,9 +121,10 @@ class ProxyService:
     async def close(self) -> None:
         if self.tracker_link is not None:
             await self.tracker_link.close()
+        for stop in self._stop_watching:
+            stop()
         for listener in (self._listener, self._web_listener):
             if listener is not None:
-                self._loop.remove_reader(listener.fileno())
                 listener.close()
         for conn in list(self.connections):
             conn.close()
@@ -133,30 +134,21 @@ class ProxyService:
         for relay in relays:
             await relay.wait_closed()
 
-    def _accept(self, listener: socket.socket, connection_type) -> None:
-        while True:
-            try:
-                sock, addr = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # e.g. EMFILE: leave it queued and look again in a moment
-                logger.warning("accept failed: %s; pausing accepts for 1 s", exc)
-                self._loop.remove_reader(listener.fileno())
-                self._loop.call_later(1.0, self._resume_accepting, listener, connection_type)
-                return
-            if len(self.connections) + 2 * len(self.relays) >= self.config.max_connections:
-                logger.warning("refusing %s:%s: %d connections is the limit", *addr[:2],
-                               self.config.max_connections)
-                sock.close()
-                continue
-            conn = connection_type(self, sock, addr)
-            self.connections.add(conn)
-            conn.timer = self._loop.call_later(self.config.handshake_timeout,
-                                               self._handshake_expired, conn)
+    def _watch(self, listener: socket.socket, connection_type) -> None:
+        def accepted(sock: socket.socket, addr) -> None:
+            self._accepted(sock, addr, connection_type)
+        self._stop_watching.append(watch(self._loop, Acceptor(listener), accepted))
 
-    def _resume_accepting(self, listener: socket.socket, connection_type) -> None:
-        if listener.fileno() >= 0:
-            self._loop.add_reader(listener.fileno(), self._accept, listener, connection_type)
+    def _accepted(self, sock: socket.socket, addr, connection_type) -> None:
+        if len(self.connections) + 2 * len(self.relays) >= self.config.max_connections:
+            logger.warning("refusing %s:%s: %d connections is the limit", *addr[:2],
+                           self.config.max_connections)
+            sock.close()
+            return
+        conn = connection_type(self, sock, addr)
+        self.connections.add(conn)
+        conn.timer = self._loop.call_later(self.config.handshake_timeout,
+                                           self._handshake_expired, conn)
 
     # -- called by PeerConnection -------------------------------------------
     def _handshake_expired(self, conn: PeerConnection) -> None:

@@ -28,7 +28,8 @@ import secrets
 import socket
 import struct
 
-from ..errors import AuthenticationError, ConnectionLost, ProtocolError
+from ..errors import AuthenticationError, ProtocolError
+from ..netutil import receive_until
 
 AUTH_CHALLENGE = 0xFF2A1
 AUTH_OK = 0xFF2A2
@@ -195,15 +196,4 @@ def authenticate(sock: socket.socket, token: bytes, context: bytes, where: str) 
 
 
 def _read_step(sock: socket.socket, peer: PeerAuth, where: str):
-    while True:
-        try:
-            data = sock.recv(4096)
-        except socket.timeout:
-            raise
-        except OSError as exc:
-            raise ConnectionLost(f"{where}: connection lost during authentication: {exc}") from exc
-        if not data:
-            raise ConnectionLost(f"{where} closed the connection during authentication")
-        result = peer.feed(data)
-        if result is not None:
-            return result
+    return receive_until(sock, peer, where, "authentication", bufsize=4096)

@@ -8,7 +8,6 @@ remotely.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import threading
@@ -17,7 +16,9 @@ from typing import NoReturn
 
 from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError, RPCError,
                       ServerCrashed, SessionTimeout)
+from ..netutil import receive_until
 from ..runtime.device import Device
+from ..runtime.tensor import TensorLayout
 from ..runtime.threads import check_num_threads
 from . import handshake as H
 from .auth import authenticate, resolve_token
@@ -69,13 +70,10 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.sendall(H.encode_preamble(handshake_key))
-        reply_parser = H.ReplyParser()
-        reply = None
+        after_auth = b""
         if auth_token is not None:
             after_auth = authenticate(sock, auth_token, handshake_key.encode(), where)
-            reply = reply_parser.feed(after_auth) if after_auth else None
-        if reply is None:
-            reply = _read_until(sock, reply_parser, where, "handshake")
+        reply = _read_until(sock, H.ReplyParser(), where, "handshake", after_auth)
         reply.raise_for_code(where)
         sock.sendall(P.encode_hello())
         hello_parser = P.HelloReplyParser()
@@ -87,20 +85,9 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     return RPCSession(sock, hello.info, where, hello_parser.unused)
 
 
-def _read_until(sock: socket.socket, parser, where: str, stage: str):
-    while True:
-        try:
-            data = sock.recv(65536)
-        except OSError as exc:
-            if isinstance(exc, socket.timeout):
-                raise
-            raise ConnectionLost(f"{where}: connection lost during the {stage}: {exc}") from exc
-        if not data:
-            raise ConnectionLost(f"{where} closed the connection during the {stage} (wrong key for a "
-                                 "proxy, or a server that speaks another protocol)")
-        result = parser.feed(data)
-        if result is not None:
-            return result
+def _read_until(sock: socket.socket, parser, where: str, stage: str, initial: bytes = b""):
+    return receive_until(sock, parser, where, f"the {stage}", initial,
+                         closed_hint=" (wrong key for a proxy, or a server that speaks another protocol)")
 
 
 class RPCSession:
@@ -604,7 +591,7 @@ class Module(_Remote):
                 f"{' for ' + target if target else ''} on {self._session.address}>")
 
 
-class Tensor(_Remote):
+class Tensor(_Remote, TensorLayout):
     """A tensor in the device's memory. ``numpy()`` and ``copyfrom()`` stream its bytes."""
 
     __slots__ = ("shape", "dtype", "device")
@@ -635,28 +622,12 @@ class Tensor(_Remote):
         if session is not None and not session.closed:
             session._request(P.FREE, [self._handle])
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
     def copyfrom(self, source) -> "Tensor":
         """Fill from an ndarray (same shape; converted to this dtype), a local Tensor or a buffer."""
         if hasattr(source, "__array_interface__") or isinstance(source, (list, tuple)):
-            import numpy as np
-
-            array = np.asarray(source)
-            if array.shape != self.shape:
-                raise ValueError(f"copyfrom: array shape {array.shape} does not match tensor shape "
-                                 f"{self.shape}")
-            view = _byte_view(np.ascontiguousarray(array, dtype=self.dtype))
+            view = _byte_view(self._contiguous_array(source))
         elif hasattr(source, "buffer") and hasattr(source, "shape"):
-            if tuple(source.shape) != self.shape or source.dtype != self.dtype:
-                raise ValueError(f"copyfrom: source is {source.dtype}{list(source.shape)}, this tensor "
-                                 f"is {self.dtype}{list(self.shape)}")
+            self._check_same_layout(source)
             view = source.buffer
         else:
             view = memoryview(source).cast("B")
@@ -687,8 +658,6 @@ class Tensor(_Remote):
         array = np.empty(self.shape, dtype=self.dtype)
         self.copyto_buffer(_byte_view(array))
         return array
-
-    asnumpy = numpy
 
     def copyto(self, target):
         """Copy into a local runtime Tensor or ndarray of the same layout, or onto a Device."""

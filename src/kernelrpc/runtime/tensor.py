@@ -16,7 +16,43 @@ def _is_ndarray(value) -> bool:
     return np is not None and isinstance(value, np.ndarray)
 
 
-class Tensor:
+class TensorLayout:
+    """What a local and a remote tensor share: the layout properties and ``copyfrom``'s checks.
+
+    A subclass has ``shape`` (a tuple), ``dtype`` (its name) and ``numpy()``.
+    """
+
+    __slots__ = ()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def asnumpy(self):
+        return self.numpy()
+
+    def _check_same_layout(self, source) -> None:
+        """``source`` (a tensor) has this tensor's shape and dtype."""
+        if tuple(source.shape) != self.shape or source.dtype != self.dtype:
+            raise ValueError(f"copyfrom: source is {source.dtype}{list(source.shape)}, "
+                             f"this tensor is {self.dtype}{list(self.shape)}")
+
+    def _contiguous_array(self, source):
+        """``source`` (an ndarray or nested lists of this shape) as a C-contiguous ndarray of this dtype."""
+        import numpy as np
+
+        array = np.asarray(source)
+        if array.shape != self.shape:
+            raise ValueError(f"copyfrom: array shape {array.shape} does not match "
+                             f"tensor shape {self.shape}")
+        return np.ascontiguousarray(array, dtype=self.dtype)
+
+
+class Tensor(TensorLayout):
     """A local tensor; ``Tensor(shape, dtype)`` allocates zeroed memory on the local CPU."""
 
     def __init__(self, shape, dtype="float32", device: Device | None = None):
@@ -32,14 +68,6 @@ class Tensor:
     @property
     def dtype(self) -> str:
         return self._dtype.name
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
 
     @property
     def data(self) -> int:
@@ -63,9 +91,7 @@ class Tensor:
         """Fill this tensor from an ndarray (same shape; converted to this dtype if needed), a
         list, another Tensor of the same shape and dtype, or any buffer of exactly ``nbytes``."""
         if isinstance(source, Tensor):
-            if source.shape != self.shape or source.dtype != self.dtype:
-                raise ValueError(f"copyfrom: source is {source.dtype}{list(source.shape)}, "
-                                 f"this tensor is {self.dtype}{list(self.shape)}")
+            self._check_same_layout(source)
             self.buffer[:] = source.buffer
             return self
         if isinstance(source, (list, tuple)) or _is_ndarray(source):
@@ -96,13 +122,7 @@ class Tensor:
         self.buffer[:] = flat
 
     def _copy_from_array(self, source) -> None:
-        import numpy as np
-
-        array = np.asarray(source)
-        if array.shape != self.shape:
-            raise ValueError(f"copyfrom: array shape {array.shape} does not match "
-                             f"tensor shape {self.shape}")
-        array = np.ascontiguousarray(array, dtype=self.dtype)
+        array = self._contiguous_array(source)
         if self.nbytes:
             ctypes.memmove(self.data, array.ctypes.data, self.nbytes)
 
@@ -114,9 +134,6 @@ class Tensor:
         if self.nbytes:
             ctypes.memmove(array.ctypes.data, self.data, self.nbytes)
         return array
-
-    def asnumpy(self):
-        return self.numpy()
 
     def __array__(self, dtype=None, copy=None):
         array = self.numpy()

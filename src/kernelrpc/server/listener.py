@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 
+from ..acceptor import Acceptor
 from ..errors import ProtocolError
 from ..rpc import handshake as H
 from ..rpc.auth import ServiceAuth
@@ -51,6 +52,7 @@ class Server:
         self._watched: dict[SessionProcess, int] = {}  # session -> its registered pidfd
         self._stopping = False
         listen_sock.setblocking(False)
+        self.acceptor = Acceptor(listen_sock)
         self.selector.register(listen_sock, selectors.EVENT_READ, self._accept)
         if registration is not None:
             registration.attach(self.selector)   # tracker replies wake the loop; no polling
@@ -108,6 +110,8 @@ class Server:
             deadlines.append(time.monotonic() + 0.05)
         if self.registration is not None:
             deadlines.append(self.registration.next_deadline())
+        if self.acceptor.paused_until is not None:
+            deadlines.append(self.acceptor.paused_until)
         if not deadlines:
             return 1.0
         return max(0.0, min(deadlines) - time.monotonic())
@@ -122,16 +126,18 @@ class Server:
                 self._session_over(session)
         if self.registration is not None:
             self.registration.tick()
+        if self.acceptor.paused_until is not None and now >= self.acceptor.paused_until:
+            self.acceptor.resume()
+            self.selector.register(self.listen_sock, selectors.EVENT_READ, self._accept)
         self._start_waiting()
 
     def _accept(self, listen_sock: socket.socket) -> None:
-        try:
-            sock, addr = listen_sock.accept()
-        except (BlockingIOError, InterruptedError):
+        conn = self.acceptor.accept()
+        if conn is None:
+            if self.acceptor.paused_until is not None:  # out of descriptors: serve the sessions we have
+                self.selector.unregister(listen_sock)
             return
-        except OSError as exc:  # EMFILE and friends: keep serving the sessions we have
-            log.warning("accept failed: %s", exc)
-            return
+        sock, addr = conn
         if len(self.pending) >= self.config.max_pending and not self._evict_unfinished_handshake():
             log.warning("refusing %s: %d connections already wait for a session", addr, len(self.pending))
             sock.close()

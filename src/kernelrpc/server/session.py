@@ -17,6 +17,7 @@ import struct
 import time
 
 from ..errors import ConnectionLost, ProtocolError, VersionMismatch
+from ..netutil import receive_until
 from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.transport import FramedSocket
@@ -266,12 +267,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
     sock.settimeout(config.handshake_timeout)
     parser = P.HelloParser()
     try:
-        version = parser.feed(initial) if initial else None
-        while version is None:
-            data = sock.recv(4096)
-            if not data:
-                return
-            version = parser.feed(data)
+        version = receive_until(sock, parser, "the client", "the version exchange", initial, 4096)
         P.check_client_version(version)
     except (VersionMismatch, ProtocolError) as exc:
         log.warning("refusing session: %s", exc)
@@ -280,7 +276,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
         except OSError:
             pass
         return
-    except OSError as exc:  # includes the hello deadline
+    except (OSError, ConnectionLost) as exc:  # includes the hello deadline
         log.warning("session hello failed: %s", exc)
         return
     sock.settimeout(None)

@@ -25,7 +25,8 @@ import socket
 import threading
 import time
 
-from ..errors import AuthenticationError, HandshakeError, ProtocolError, RPCError
+from ..errors import AuthenticationError, ConnectionLost, HandshakeError, ProtocolError, RPCError
+from ..netutil import enable_keepalive, receive_until
 from ..rpc import handshake as H
 from ..rpc.auth import authenticate
 from ..rpc.backoff import Backoff
@@ -51,26 +52,10 @@ class NotAProxy(HandshakeError):
     """The address given as the proxy's answers as something else; retrying cannot help."""
 
 
-def _enable_keepalive(sock: socket.socket, idle: int = 30, interval: int = 10, count: int = 3) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-
-
 def wait_for_pairing(sock: socket.socket, initial: bytes = b"") -> tuple[H.Reply, bytes]:
     """Block until the proxy answers; returns the reply and any session bytes after it."""
     parser = H.ReplyParser()
-    reply = parser.feed(initial) if initial else None
-    if reply is not None:
-        return reply, parser.unused
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            raise ConnectionError("the proxy closed the connection")
-        reply = parser.feed(data)
-        if reply is not None:
-            return reply, parser.unused
+    return receive_until(sock, parser, "the proxy", "the wait for a client", initial), parser.unused
 
 
 class ProxyLink:
@@ -88,7 +73,7 @@ class ProxyLink:
         where = "%s:%d" % self.proxy
         sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
         try:
-            _enable_keepalive(sock)
+            enable_keepalive(sock)
             waiting_since = time.monotonic()      # before the proxy can start its timeout
             key = f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"
             sock.sendall(H.encode_preamble(key))
@@ -105,7 +90,7 @@ class ProxyLink:
                 reply, initial = wait_for_pairing(sock, after_auth)
             except ProtocolError as exc:
                 raise NotAProxy(f"{where} is not a proxy: {exc}") from None
-            except ConnectionError:
+            except ConnectionLost:
                 quick = time.monotonic() - waiting_since < QUICK_REFUSAL
                 self._silent_closes = self._silent_closes + 1 if quick else 0
                 if self._silent_closes >= SILENT_CLOSES:

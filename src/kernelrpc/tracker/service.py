@@ -17,6 +17,7 @@ import secrets
 import socket
 import time
 
+from ..acceptor import Acceptor, watch
 from ..errors import ProtocolError
 from ..rpc.auth import AUTH_CONTEXT, ServiceAuth
 from ..rpc.tracker_codec import (
@@ -505,13 +506,34 @@ async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None, 
     if on_service is not None:
         on_service(service)
     loop = asyncio.get_running_loop()
-    # create_server listens again on a given socket, with its own backlog (100 by default)
-    server = await loop.create_server(lambda: TrackerConnection(service), sock=sock, backlog=backlog)
+    sock.setblocking(False)
+    sock.listen(backlog)
+    starting: set[asyncio.Task] = set()
+
+    def accepted(conn: socket.socket, addr) -> None:
+        task = loop.create_task(loop.connect_accepted_socket(lambda: TrackerConnection(service), conn))
+        starting.add(task)
+        task.add_done_callback(lambda t: _connection_started(t, conn, starting))
+
+    # not loop.create_server: on EMFILE it pauses 1 s and logs a traceback at every retry
+    stop_watching = watch(loop, Acceptor(sock), accepted)
     service.start_timers()
     if on_ready is not None:
         on_ready(sock.getsockname())
     try:
         await service.stopped.wait()
     finally:
-        server.close()
+        stop_watching()
+        sock.close()
+        for task in list(starting):
+            task.cancel()
         service.stop()
+
+
+def _connection_started(task: asyncio.Task, conn: socket.socket, starting: set) -> None:
+    starting.discard(task)
+    if task.cancelled():
+        conn.close()
+    elif task.exception() is not None:
+        log.warning("cannot serve a new connection: %s", task.exception())
+        conn.close()

@@ -16,7 +16,33 @@ ALIGNMENT = 64
 MMAP_THRESHOLD = 4 << 20
 
 
-class AlignedBuffer:
+class BufferView:
+    """What every buffer kind offers: its address, its byte view, and whether it was freed.
+    Subclasses set ``_view`` (None once freed) and ``_address``."""
+
+    __slots__ = ()
+
+    @property
+    def freed(self) -> bool:
+        return self._view is None
+
+    @property
+    def address(self) -> int:
+        self._check()
+        return self._address
+
+    @property
+    def view(self) -> memoryview:
+        """A writable, byte-format memoryview of exactly ``nbytes`` bytes (no copy)."""
+        self._check()
+        return self._view
+
+    def _check(self) -> None:
+        if self._view is None:
+            raise ValueError("the buffer has been freed")
+
+
+class AlignedBuffer(BufferView):
     __slots__ = ("nbytes", "_raw", "_pin", "_view", "_address")
 
     def __init__(self, nbytes: int, alignment: int = ALIGNMENT):
@@ -36,25 +62,6 @@ class AlignedBuffer:
         self._address = base + offset
         self._view = memoryview(self._raw)[offset:offset + nbytes]
 
-    @property
-    def freed(self) -> bool:
-        return self._view is None
-
-    @property
-    def address(self) -> int:
-        self._check()
-        return self._address
-
-    @property
-    def view(self) -> memoryview:
-        """A writable, byte-format memoryview of exactly ``nbytes`` bytes (no copy)."""
-        self._check()
-        return self._view
-
     def free(self) -> None:
         self._view = self._pin = self._raw = None
         self._address = 0
-
-    def _check(self) -> None:
-        if self._view is None:
-            raise ValueError("the buffer has been freed")

@@ -9,7 +9,7 @@ then restored, so the session goes on). Writes that reach beyond a pad are not c
 """
 from __future__ import annotations
 
-from ..runtime.buffer import AlignedBuffer
+from ..runtime.buffer import AlignedBuffer, BufferView
 
 PAD = 4096                                 # a multiple of the 64-byte alignment
 _PATTERN = bytes([0xA5, 0x5A, 0xC3, 0x3C]) * (PAD // 4)
@@ -19,7 +19,7 @@ class TensorOverrun(MemoryError):
     """A kernel wrote outside a tensor argument (seen in checked mode)."""
 
 
-class CanaryBuffer:
+class CanaryBuffer(BufferView):
     """:class:`~kernelrpc.runtime.buffer.AlignedBuffer`'s interface, with a pad on each side."""
 
     __slots__ = ("nbytes", "_outer", "_view", "_before", "_after", "_address")
@@ -34,28 +34,10 @@ class CanaryBuffer:
         self._address = self._outer.address + PAD
         self._before[:] = self._after[:] = _PATTERN
 
-    @property
-    def freed(self) -> bool:
-        return self._view is None
-
-    @property
-    def address(self) -> int:
-        self._check()
-        return self._address
-
-    @property
-    def view(self) -> memoryview:
-        self._check()
-        return self._view
-
     def free(self) -> None:
         self._view = self._before = self._after = None
         self._outer.free()
         self._address = 0
-
-    def _check(self) -> None:
-        if self._view is None:
-            raise ValueError("the buffer has been freed")
 
     def overrun(self) -> tuple[int, int] | None:
         """``(bytes changed before the start, bytes changed after the end)``, pads restored;

@@ -140,6 +140,16 @@ class Tuner:
                 log.info("no better configuration in %d trials: stopping", since_best)
                 break
 
+    def _fill_random(self, batch: list, chosen: set, size: int) -> list[ConfigEntity]:
+        """``batch`` topped up to ``size`` with random unvisited configurations not in ``chosen``."""
+        while len(batch) < size:
+            config = self._random_unvisited(chosen)
+            if config is None:
+                break
+            chosen.add(config.index)
+            batch.append(config)
+        return batch
+
     def _random_unvisited(self, exclude: set) -> ConfigEntity | None:
         total = len(self.space)
         for _ in range(64):
@@ -156,14 +166,7 @@ class RandomTuner(Tuner):
     """Configurations drawn uniformly, without repeats."""
 
     def next_batch(self, size: int) -> list[ConfigEntity]:
-        batch, chosen = [], set()
-        while len(batch) < size:
-            config = self._random_unvisited(chosen)
-            if config is None:
-                break
-            chosen.add(config.index)
-            batch.append(config)
-        return batch
+        return self._fill_random([], set(), size)
 
 
 class GridSearchTuner(Tuner):
@@ -217,13 +220,7 @@ class GATuner(Tuner):
                 if index not in self.visited and index not in chosen:
                     chosen.add(index)
                     batch.append(self.space.get(index))
-        while len(batch) < size:
-            config = self._random_unvisited(chosen)
-            if config is None:
-                break
-            chosen.add(config.index)
-            batch.append(config)
-        return batch
+        return self._fill_random(batch, chosen, size)
 
 
 class ModelTuner(Tuner):
@@ -293,10 +290,4 @@ class ModelTuner(Tuner):
         greedy = ranked[:max(1, int(round(size * (1 - self.epsilon))))]
         batch = [self.space.get(i) for i in greedy]
         chosen = set(greedy)
-        while len(batch) < size:
-            config = self._random_unvisited(chosen)
-            if config is None:
-                break
-            chosen.add(config.index)
-            batch.append(config)
-        return batch
+        return self._fill_random(batch, chosen, size)

@@ -101,3 +101,37 @@ def thread_probe_module(tmp_path_factory):
     from fixtures.thread_probe import build_thread_probe
 
     return build_thread_probe(tmp_path_factory.mktemp("thread_probe"))
+
+
+class TLSFiles:
+    """A throw-away CA, a service certificate for 127.0.0.1/localhost and a client certificate."""
+
+    def __init__(self, directory) -> None:
+        import trustme
+
+        ca = trustme.CA()
+        self.ca = str(directory / "ca.pem")
+        self.cert = str(directory / "service.pem")
+        self.client_cert = str(directory / "client.pem")
+        ca.cert_pem.write_to_path(self.ca)
+        ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(self.cert)
+        ca.issue_cert("kernelrpc-client@lab").private_key_and_cert_chain_pem.write_to_path(self.client_cert)
+        other = trustme.CA()
+        self.untrusted_cert = str(directory / "untrusted.pem")
+        other.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(
+            self.untrusted_cert)
+
+    def flags(self, *, client_cert: bool = False) -> list[str]:
+        """The command-line flags of a service that accepts (and makes) TLS connections."""
+        flags = ["--tls-ca", self.ca, "--tls-cert", self.cert]
+        return flags + (["--tls-require-client-cert"] if client_cert else [])
+
+    def client(self, *, with_cert: bool = False):
+        from kernelrpc.rpc.tls import TLSConfig
+
+        return TLSConfig(cafile=self.ca, certfile=self.client_cert if with_cert else None)
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory):
+    return TLSFiles(tmp_path_factory.mktemp("tls"))

@@ -113,6 +113,38 @@ def add_auth_flags(p: argparse.ArgumentParser) -> None:
                         "address is reachable from other hosts)")
 
 
+def add_tls_flags(p: argparse.ArgumentParser, *, accepts: bool = True) -> None:
+    """``--tls-ca``, ``--tls-cert``, ``--tls-key`` (and ``--tls-require-client-cert`` for a
+    service that ``accepts`` connections), the same on every entry point."""
+    p.add_argument("--tls-ca", default=None, metavar="PATH",
+                   help="CA bundle peers' certificates must chain to; turns TLS on for every "
+                        "connection this process makes (also $KERNELRPC_TLS_CA)")
+    p.add_argument("--tls-cert", default=None, metavar="PATH",
+                   help="this process's certificate chain (PEM): presented to connecting peers, "
+                        "and as the client certificate of mutual TLS (also $KERNELRPC_TLS_CERT)")
+    p.add_argument("--tls-key", default=None, metavar="PATH",
+                   help="the private key of --tls-cert, when not in the same file (also $KERNELRPC_TLS_KEY)")
+    if accepts:
+        p.add_argument("--tls-require-client-cert", action="store_true",
+                       help="mutual TLS: refuse peers without a certificate signed by --tls-ca")
+
+
+def tls_config(args: argparse.Namespace, service: str):
+    """The process's :class:`~kernelrpc.rpc.tls.TLSConfig` from its flags or the environment
+    (None: TLS off); a configuration that cannot work stops start-up with a message."""
+    from .rpc.tls import TLSConfig, TLSConfigError
+
+    try:
+        if args.tls_ca or args.tls_cert or args.tls_key:
+            return TLSConfig(cafile=args.tls_ca, certfile=args.tls_cert, keyfile=args.tls_key,
+                             require_client_cert=getattr(args, "tls_require_client_cert", False))
+        if getattr(args, "tls_require_client_cert", False):
+            raise TLSConfigError("--tls-require-client-cert needs --tls-ca and --tls-cert")
+        return TLSConfig.from_env()
+    except TLSConfigError as exc:
+        raise SystemExit(f"{service}: {exc}") from None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (as given to --host) is reachable from this machine only."""
     import ipaddress

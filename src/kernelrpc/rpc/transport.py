@@ -7,6 +7,7 @@ caller's buffer: ``sendmsg`` of the frame header together with a memoryview,
 from __future__ import annotations
 
 import socket
+import ssl
 
 from ..errors import ConnectionLost
 from .protocol import DEFAULT_MAX_FRAME_BYTES, FrameReader
@@ -26,6 +27,7 @@ class FramedSocket:
         self.sock = sock
         self.reader = FrameReader(max_frame_bytes)
         self._scratch = bytearray(_RECV_CHUNK)
+        self._gather = not isinstance(sock, ssl.SSLSocket)  # TLS sockets have no sendmsg
         if initial:
             self.reader.feed(initial)
 
@@ -41,6 +43,10 @@ class FramedSocket:
         try:
             if len(raw) <= _RECV_CHUNK:
                 self.sock.sendall(head + raw)
+                return
+            if not self._gather:
+                self.sock.sendall(head)
+                self.sock.sendall(raw)
                 return
             sent = self.sock.sendmsg([head, raw])
             if sent < len(head):

@@ -209,3 +209,51 @@ def test_a_trickling_upload_does_not_hold_the_device(start_service):
         stop.set()
         sender.join(10)
         slow.close()
+
+
+def session_children(server_pid):
+    try:
+        with open(f"/proc/{server_pid}/task/{server_pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_service):
+    """The parent's crash notice arrives where the client waits for the hello reply."""
+    import socket
+
+    from kernelrpc.netutil import receive_until
+    from kernelrpc.rpc import handshake as H
+    from kernelrpc.rpc import protocol as P
+
+    server = start_server(start_service)
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(H.encode_preamble(H.make_key("client", "dev")))
+        receive_until(sock, H.ReplyParser(), "server", "the handshake").raise_for_code()
+        (child,) = wait_until(lambda: session_children(server.proc.pid), what="the session child")
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: not session_children(server.proc.pid), what="the session child reaped")
+        try:
+            sock.sendall(P.encode_hello())
+        except OSError:
+            pass                                       # the notice was sent before the hello
+        with pytest.raises(kernelrpc.ServerCrashed, match="signal 9") as info:
+            receive_until(sock, P.HelloReplyParser(), "server", "the version exchange")
+        assert info.value.signal == signal.SIGKILL
+    with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as sess:
+        assert sess.get_function("testing.echo")(1) == 1
+
+
+@pytest.mark.parametrize("kind, error", [("ServerCrashed", kernelrpc.ServerCrashed),
+                                         ("SessionTimeout", kernelrpc.SessionTimeout),
+                                         ("ServerShutdown", kernelrpc.ConnectionLost)])
+def test_the_hello_reply_parser_turns_a_notice_into_its_error_byte_by_byte(kind, error):
+    from kernelrpc.rpc import protocol as P
+
+    notice = P.encode_notice(kind, "gone", signal=9 if kind == "ServerCrashed" else None)
+    parser = P.HelloReplyParser()
+    for i in range(len(notice) - 1):
+        assert parser.feed(notice[i:i + 1]) is None
+    with pytest.raises(error, match="gone"):
+        parser.feed(notice[-1:])

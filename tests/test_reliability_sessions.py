@@ -94,6 +94,7 @@ def test_a_numpy_argument_beyond_the_frame_limit_is_refused_locally(start_servic
 FORKING_MODULE = r"""
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #define EXPORT __attribute__((visibility("default")))
@@ -101,6 +102,8 @@ static const char METADATA[] =
     "{\"format\": \"kernelrpc.module\", \"version\": 1, \"producer\": \"tests\","
     "\"target\": {\"string\": \"c\", \"triple\": \"" KRPC_TRIPLE "\", \"cpu\": \"generic\", \"features\": \"\"},"
     "\"entry\": \"spawn\", \"functions\": [{\"name\": \"spawn\", \"symbol\": \"__kernelrpc_fn_spawn\", \"args\": ["
+    "{\"name\": \"pid\", \"kind\": \"tensor\", \"dtype\": \"int64\", \"shape\": [1]}]},"
+    "{\"name\": \"spawn_detached\", \"symbol\": \"__kernelrpc_fn_spawn_detached\", \"args\": ["
     "{\"name\": \"pid\", \"kind\": \"tensor\", \"dtype\": \"int64\", \"shape\": [1]}]}]}";
 EXPORT const char *__kernelrpc_metadata(void) { return METADATA; }
 /* Start a process that outlives the call (and would outlive the session without its group). */
@@ -109,6 +112,26 @@ EXPORT int32_t __kernelrpc_fn_spawn(void **args) {
     if (pid == 0) { sleep(600); _exit(0); }
     *(int64_t *)args[0] = pid;
     return pid < 0;
+}
+/* A daemon the way daemons are made: a grandchild in a session of its own (setsid), whose
+   parent exits at once, so it is an orphan outside the session's process group. */
+EXPORT int32_t __kernelrpc_fn_spawn_detached(void **args) {
+    int fds[2];
+    if (pipe(fds) != 0) return 1;
+    pid_t child = fork();
+    if (child == 0) {
+        pid_t grandchild = fork();
+        if (grandchild == 0) { close(fds[0]); close(fds[1]); setsid(); sleep(600); _exit(0); }
+        if (write(fds[1], &grandchild, sizeof grandchild) != sizeof grandchild) _exit(1);
+        _exit(0);
+    }
+    pid_t grandchild = -1;
+    if (child < 0 || read(fds[0], &grandchild, sizeof grandchild) != sizeof grandchild) grandchild = -1;
+    close(fds[0]);
+    close(fds[1]);
+    if (child > 0) waitpid(child, NULL, 0);
+    *(int64_t *)args[0] = grandchild;
+    return grandchild <= 0;
 }
 EXPORT int64_t __kernelrpc_time(int32_t (*fn)(void **), void **args, int64_t number) {
     for (int64_t i = 0; i < number; ++i) fn(args);
@@ -134,6 +157,48 @@ def test_processes_a_kernel_starts_end_with_the_session(start_service, tmp_path)
     finally:
         if not gone(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def session_id(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[3])
+
+
+def spawn_detached(server, library):
+    """A session whose kernel left a daemon behind (its own session, orphaned); returns both."""
+    sess = rpc.connect(server.host, server.port, key="dev")
+    sess.upload(library.read_bytes(), "forking.so")
+    out = nd.empty((1,), "int64", sess.cpu(0))
+    sess.load_module("forking.so")["spawn_detached"](out)
+    daemon = int(out.numpy()[0])
+    assert daemon > 0
+    wait_until(lambda: session_id(daemon) == daemon, what="the daemon in a session of its own")
+    return sess, daemon
+
+
+@pytest.mark.parametrize("end", ["session closed", "session child killed with -9", "server killed with -9"])
+def test_a_daemon_a_kernel_starts_ends_with_the_session(start_service, tmp_path, end):
+    from fixtures.build import compile_module
+
+    library = compile_module(FORKING_MODULE, tmp_path, "forking")
+    server = start_server(start_service)
+    sess, daemon = spawn_detached(server, library)
+    try:
+        if end == "session closed":
+            sess.close()
+        elif end == "session child killed with -9":
+            os.kill(sess.info["pid"], signal.SIGKILL)
+        else:
+            os.kill(server.proc.pid, signal.SIGKILL)   # the server only, not its process group
+            server.proc.wait(10)
+        wait_until(lambda: gone(daemon), what=f"the kernel's daemon gone ({end})")
+    finally:
+        sess.close()
+        if not gone(daemon):
+            os.kill(daemon, signal.SIGKILL)
+    if end != "server killed with -9":                 # the server goes on serving
+        with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as other:
+            assert other.get_function("testing.echo")(1) == 1
 
 
 OVERRUN_MODULE = r"""

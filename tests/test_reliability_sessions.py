@@ -2,6 +2,7 @@
 import os
 import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,53 +92,7 @@ def test_a_numpy_argument_beyond_the_frame_limit_is_refused_locally(start_servic
         assert echo(1) == 1                            # the session goes on
 
 
-FORKING_MODULE = r"""
-#define _POSIX_C_SOURCE 200809L
-#include <stdint.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-#define EXPORT __attribute__((visibility("default")))
-static const char METADATA[] =
-    "{\"format\": \"kernelrpc.module\", \"version\": 1, \"producer\": \"tests\","
-    "\"target\": {\"string\": \"c\", \"triple\": \"" KRPC_TRIPLE "\", \"cpu\": \"generic\", \"features\": \"\"},"
-    "\"entry\": \"spawn\", \"functions\": [{\"name\": \"spawn\", \"symbol\": \"__kernelrpc_fn_spawn\", \"args\": ["
-    "{\"name\": \"pid\", \"kind\": \"tensor\", \"dtype\": \"int64\", \"shape\": [1]}]},"
-    "{\"name\": \"spawn_detached\", \"symbol\": \"__kernelrpc_fn_spawn_detached\", \"args\": ["
-    "{\"name\": \"pid\", \"kind\": \"tensor\", \"dtype\": \"int64\", \"shape\": [1]}]}]}";
-EXPORT const char *__kernelrpc_metadata(void) { return METADATA; }
-/* Start a process that outlives the call (and would outlive the session without its group). */
-EXPORT int32_t __kernelrpc_fn_spawn(void **args) {
-    pid_t pid = fork();
-    if (pid == 0) { sleep(600); _exit(0); }
-    *(int64_t *)args[0] = pid;
-    return pid < 0;
-}
-/* A daemon the way daemons are made: a grandchild in a session of its own (setsid), whose
-   parent exits at once, so it is an orphan outside the session's process group. */
-EXPORT int32_t __kernelrpc_fn_spawn_detached(void **args) {
-    int fds[2];
-    if (pipe(fds) != 0) return 1;
-    pid_t child = fork();
-    if (child == 0) {
-        pid_t grandchild = fork();
-        if (grandchild == 0) { close(fds[0]); close(fds[1]); setsid(); sleep(600); _exit(0); }
-        if (write(fds[1], &grandchild, sizeof grandchild) != sizeof grandchild) _exit(1);
-        _exit(0);
-    }
-    pid_t grandchild = -1;
-    if (child < 0 || read(fds[0], &grandchild, sizeof grandchild) != sizeof grandchild) grandchild = -1;
-    close(fds[0]);
-    close(fds[1]);
-    if (child > 0) waitpid(child, NULL, 0);
-    *(int64_t *)args[0] = grandchild;
-    return grandchild <= 0;
-}
-EXPORT int64_t __kernelrpc_time(int32_t (*fn)(void **), void **args, int64_t number) {
-    for (int64_t i = 0; i < number; ++i) fn(args);
-    return 0;
-}
-"""
+FORKING_MODULE = (Path(__file__).parent / "fixtures" / "forking.c").read_text()
 
 
 def test_processes_a_kernel_starts_end_with_the_session(start_service, tmp_path):

@@ -121,7 +121,7 @@ def _reap(pids: set[int]) -> None:
 
 
 def end_tree(deadline: float = 2.0) -> bool:
-    """Kill every descendant of this process and reap them (a session's guardian, at its end).
+    """Kill every descendant of this process and reap them (a session child whose server died).
 
     Processes forked while the tree is being killed are adopted by this process (it is their
     subreaper) and caught in the next round. True when none is left within ``deadline`` s.
@@ -143,10 +143,10 @@ def end_orphans(keep) -> list[int]:
     """Kill the trees of this process's children that are not in ``keep`` (the live sessions),
     and reap them; returns their pids.
 
-    A server is the subreaper of its sessions: when a session's guardian dies abruptly (kill
-    -9, or the server killed its group), what the session started outside its process group
-    is adopted by the server. The server starts no other processes, so every such child is
-    an orphan of a session that ended. Children not dead yet are reaped on a later call.
+    A server is the subreaper of its session children: when one ends (or is killed), what its
+    session started and left running is adopted by the server. The server starts no other
+    processes, so every such child is an orphan of a session that ended. Children that are
+    not dead within 0.1 s are reaped on a later call.
     """
     me = os.getpid()
     orphans = [pid for pid in children(me) if pid not in keep and pid not in _unreaped]
@@ -154,6 +154,10 @@ def end_orphans(keep) -> list[int]:
         _kill([pid for orphan in orphans for pid in descendants(orphan)] + orphans)
         log.info("killed %d process(es) left behind by ended sessions: %s", len(orphans), orphans[:10])
         _unreaped.update(orphans)
-    if _unreaped:
+    end = time.monotonic() + 0.1
+    while _unreaped:
         _reap(_unreaped)
+        if not _unreaped or time.monotonic() > end:
+            break
+        time.sleep(0.001)
     return orphans

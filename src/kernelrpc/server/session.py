@@ -9,8 +9,8 @@ A session's whole process tree ends with it (``process_tree``): whatever a kerne
 starts stays below the session child, its subreaper, even outside the session's
 process group (``setsid``); the server is the subreaper of its session children,
 so when one ends, what it leaves is adopted by the server, which kills it. When
-the server dies (even of kill -9), the child's parent-death signal (SIGTERM,
-taken by a thread that waits for nothing else) kills the tree, then the child.
+the server dies (even of kill -9), the child's parent-death signal (a real-time
+signal, taken by a thread that waits for nothing else) kills the tree, then the child.
 """
 from __future__ import annotations
 

@@ -325,9 +325,11 @@ def main(argv=None) -> int:
             continue
         gone = sorted(t for t in outlived if t is not None)
         daemons_left += len(outlived) - len(gone)
-        figure = f", gone after median {statistics.median(gone) * 1000:.0f} ms, max {gone[-1] * 1000:.0f} ms" if gone else ""
+        figure = (f", gone after median {statistics.median(gone) * 1000:.0f} ms, max {gone[-1] * 1000:.0f} ms"
+                  if gone else "")
         print(f"kernel daemons, {how}: {len(outlived)}, still running after 5 s: {len(outlived) - len(gone)}{figure}")
-    print(f"{'service':<12} {'restarts':>8} {'RSS start MiB':>14} {'RSS end MiB':>12}   (start: first process, end: last)")
+    print(f"{'service':<12} {'restarts':>8} {'RSS start MiB':>14} {'RSS end MiB':>12}"
+          "   (start: the first process, end: the last)")
     restarts = [tracker_restarts] + fleet.restarts
     for i, name in enumerate(["tracker"] + [f"server {n}" for n in range(len(fleet.servers))]):
         print(f"{name:<12} {restarts[i]:>8} {rss_start[i]:>14.1f} {rss_end[i]:>12.1f}")

@@ -40,6 +40,8 @@ EXIT_INTERNAL = 70     # unexpected exception in the child; reported to the clie
 _CLEAN_END = b"e"      # written by the child to the status pipe when it ends the session itself
 _live: set[int] = set()                  # this server's session children not reaped yet
 _server_subreaper = False
+_TREE_SIGNAL = signal.SIGRTMIN + 1 if hasattr(signal, "SIGRTMIN") and hasattr(signal, "sigwait") else None
+"""The session child's parent-death signal: nothing else sends it."""
 
 
 class SessionProcess:
@@ -234,9 +236,6 @@ def _end_with_the_server(server_pid: int) -> None:
     process_tree.set_parent_death_signal(_TREE_SIGNAL)
     if os.getppid() != server_pid:      # the server died before the signal was armed
         os.kill(os.getpid(), _TREE_SIGNAL)
-
-
-_TREE_SIGNAL = signal.SIGRTMIN + 1 if hasattr(signal, "SIGRTMIN") and hasattr(signal, "sigwait") else None
 
 
 def _end_tree_on_signal() -> None:

@@ -7,10 +7,11 @@ the session timeout and was killed), and it removes the session's workspace.
 
 A session's whole process tree ends with it (``process_tree``): whatever a kernel
 starts stays below the session child, its subreaper, even outside the session's
-process group (``setsid``); the server is the subreaper of its session children,
-so when one ends, what it leaves is adopted by the server, which kills it. When
-the server dies (even of kill -9), the child's parent-death signal (a real-time
-signal, taken by a thread that waits for nothing else) kills the tree, then the child.
+process group (``setsid``), and the child kills it before it exits. The server is
+the subreaper of its session children, so what a child killed outright leaves is
+adopted by the server, which kills it. When the server dies (even of kill -9), the
+child's parent-death signal (a real-time signal, taken by a thread that waits for
+nothing else) kills the tree, then the child.
 """
 from __future__ import annotations
 
@@ -266,7 +267,10 @@ def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, confi
     except BaseException:
         log.exception("session child failed")
     finally:
-        os._exit(code)
+        try:
+            process_tree.end_tree()     # the server may be gone already, its signal not yet taken
+        finally:
+            os._exit(code)
 
 
 def _set_socket_timeouts(sock: socket.socket, seconds: float) -> None:

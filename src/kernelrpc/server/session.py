@@ -20,8 +20,8 @@ import os
 import select
 import signal
 import socket
+import _thread
 import struct
-import threading
 import time
 
 from ..errors import ConnectionLost, ProtocolError, VersionMismatch
@@ -233,7 +233,7 @@ def _end_with_the_server(server_pid: int) -> None:
     if _TREE_SIGNAL is None:            # not Linux: the server's kill of the group must do
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, {_TREE_SIGNAL})    # threads started later inherit it
-    threading.Thread(target=_end_tree_on_signal, name="session-tree-guard", daemon=True).start()
+    _thread.start_new_thread(_end_tree_on_signal, ())    # threading's start() would wait for it to run
     process_tree.set_parent_death_signal(_TREE_SIGNAL)
     if os.getppid() != server_pid:      # the server died before the signal was armed
         os.kill(os.getpid(), _TREE_SIGNAL)

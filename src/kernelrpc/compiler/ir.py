@@ -6,8 +6,8 @@ buffer with a declared (row-major) shape and a scalar dtype.  A vector access ha
 """
 from __future__ import annotations
 
-from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, PrimExpr, Var, dtype_lanes,
-                   with_lanes)
+from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, node, PrimExpr, Var,
+                   dtype_lanes, with_lanes)
 
 FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 #: What a kernel returns when a run-time bound check (``tir.instrument_bound_checkers``) fails.
@@ -54,10 +54,10 @@ class Buffer:
 
 # --------------------------------------------------------------------------- vector exprs
 
+@node
 class Ramp(PrimExpr):
     """The int vector ``[base, base+stride, ..., base+(lanes-1)*stride]``."""
 
-    __slots__ = ("base", "stride", "lanes")
     _fields = ("base", "stride", "lanes")
 
     def __init__(self, base: PrimExpr, stride: PrimExpr, lanes: int):
@@ -67,10 +67,10 @@ class Ramp(PrimExpr):
         self.dtype = with_lanes(base.dtype, self.lanes)
 
 
+@node
 class Broadcast(PrimExpr):
     """A scalar repeated in every lane."""
 
-    __slots__ = ("value", "lanes")
     _fields = ("value", "lanes")
 
     def __init__(self, value: PrimExpr, lanes: int):
@@ -79,10 +79,10 @@ class Broadcast(PrimExpr):
         self.dtype = with_lanes(value.dtype, self.lanes)
 
 
+@node
 class Load(PrimExpr):
     """``buffer[index]``; dtype is the buffer's element type with the index's lanes."""
 
-    __slots__ = ("buffer", "index")
     _fields = ("buffer", "index")
 
     def __init__(self, buffer: Buffer, index: PrimExpr):
@@ -94,6 +94,8 @@ class Load(PrimExpr):
 # --------------------------------------------------------------------------- statements
 
 class Stmt:
+    """Base of every statement; a statement class is declared with ``@node``."""
+
     __slots__ = ()
     _fields: tuple[str, ...] = ()
 
@@ -101,18 +103,14 @@ class Stmt:
         return stmt_to_str(self)
 
 
+@node
 class Store(Stmt):
     """``buffer[index] = value``; a vector index stores every lane."""
 
-    __slots__ = ("buffer", "value", "index")
     _fields = ("buffer", "value", "index")
 
-    def __init__(self, buffer: Buffer, value: PrimExpr, index: PrimExpr):
-        self.buffer = buffer
-        self.value = value
-        self.index = index
 
-
+@node
 class For(Stmt):
     """``for (var = min; var < min + extent; ++var) body`` with a loop kind.
 
@@ -121,7 +119,6 @@ class For(Stmt):
     run as serial loops.
     """
 
-    __slots__ = ("var", "min", "extent", "kind", "body")
     _fields = ("var", "min", "extent", "kind", "body")
 
     def __init__(self, var: Var, min: PrimExpr, extent: PrimExpr, kind: str, body: Stmt):
@@ -134,45 +131,31 @@ class For(Stmt):
         self.body = body
 
 
+@node
 class Allocate(Stmt):
     """Storage for ``buffer`` (all of ``buffer.size`` elements) while ``body`` runs."""
 
-    __slots__ = ("buffer", "body")
     _fields = ("buffer", "body")
 
-    def __init__(self, buffer: Buffer, body: Stmt):
-        self.buffer = buffer
-        self.body = body
 
-
+@node
 class IfThenElse(Stmt):
-    __slots__ = ("condition", "then_case", "else_case")
     _fields = ("condition", "then_case", "else_case")
-
-    def __init__(self, condition: PrimExpr, then_case: Stmt, else_case: Stmt | None = None):
-        self.condition = condition
-        self.then_case = then_case
-        self.else_case = else_case
+    _defaults = {"else_case": None}
 
 
+@node
 class LetStmt(Stmt):
-    __slots__ = ("var", "value", "body")
     _fields = ("var", "value", "body")
 
-    def __init__(self, var: Var, value: PrimExpr, body: Stmt):
-        self.var = var
-        self.value = value
-        self.body = body
 
-
+@node
 class SeqStmt(Stmt):
-    __slots__ = ("seq",)
     _fields = ("seq",)
-
-    def __init__(self, seq):
-        self.seq = tuple(seq)
+    _tuples = ("seq",)
 
 
+@node
 class AssertStmt(Stmt):
     """Run ``body`` if ``condition`` holds, else stop the function with an error.
 
@@ -181,36 +164,22 @@ class AssertStmt(Stmt):
     loop the condition is ``Call("bool", "all_lanes", [vector condition])``.
     """
 
-    __slots__ = ("condition", "message", "code", "body")
     _fields = ("condition", "message", "code", "body")
 
-    def __init__(self, condition: PrimExpr, message: str, code: int, body: Stmt):
-        self.condition = condition
-        self.message = message
-        self.code = code
-        self.body = body
 
-
+@node
 class Prefetch(Stmt):
     """A hint: bring the cache line holding ``buffer[index]`` closer (TVM's prefetch).
 
     Never faults, even past the end of the buffer; the interpreter ignores it.
     """
 
-    __slots__ = ("buffer", "index")
     _fields = ("buffer", "index")
 
-    def __init__(self, buffer: Buffer, index: PrimExpr):
-        self.buffer = buffer
-        self.index = index
 
-
+@node
 class Evaluate(Stmt):
-    __slots__ = ("value",)
     _fields = ("value",)
-
-    def __init__(self, value: PrimExpr):
-        self.value = value
 
 
 def seq(*stmts) -> Stmt | None:

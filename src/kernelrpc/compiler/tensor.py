@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import inspect
 
-from .expr import DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value, min_value
+from .expr import (DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value, min_value,
+                   node)
 
 
 class TensorError(ValueError):
@@ -67,16 +68,13 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(IterVar, _name, _delegate(_name))
 
 
+@node
 class TensorLoad(PrimExpr):
     """``tensor[indices]`` inside a tensor expression (TVM's ProducerLoad)."""
 
-    __slots__ = ("tensor", "indices")
     _fields = ("tensor", "indices")
-
-    def __init__(self, tensor: "Tensor", indices):
-        self.tensor = tensor
-        self.indices = tuple(indices)
-        self.dtype = tensor.dtype
+    _tuples = ("indices",)
+    _dtype_of = "tensor"
 
     def to_str(self, printer) -> str:
         return f"{self.tensor.name}[{', '.join(printer.expr(i) for i in self.indices)}]"
@@ -122,6 +120,7 @@ def comm_reducer(fcombine, fidentity, name: str = "reduce") -> CommReducer:
     return CommReducer(fcombine, fidentity, name)
 
 
+@node
 class Reduce(PrimExpr):
     """Element ``value_index`` of a commutative reduction of ``source`` (a tuple) over ``axis``.
 
@@ -129,7 +128,6 @@ class Reduce(PrimExpr):
     axes, condition and init.
     """
 
-    __slots__ = ("combiner", "source", "axis", "condition", "value_index", "init")
     _fields = ("combiner", "source", "axis", "condition", "value_index", "init")
 
     def __init__(self, combiner: CommReducer, source, axis, condition: PrimExpr | None = None,

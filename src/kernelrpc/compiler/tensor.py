@@ -220,7 +220,7 @@ class ExternOp(Operation):
     builds (with :mod:`kernelrpc.compiler.ir_builder`) over flat, row-major buffers."""
 
     def __init__(self, name: str, shapes, dtypes, inputs, fcompute, tag: str = "", attrs=None):
-        from .ir import Buffer, Stmt
+        from .ir import Buffer, Evaluate, Stmt
         self.name = name
         self.tag = tag
         self.attrs = dict(attrs or {})
@@ -229,6 +229,8 @@ class ExternOp(Operation):
         names = [name] if len(shapes) == 1 else [f"{name}.v{k}" for k in range(len(shapes))]
         self.output_buffers = [Buffer(n, s, d) for n, s, d in zip(names, shapes, dtypes)]
         self.body = fcompute(self.input_buffers, self.output_buffers)
+        if isinstance(self.body, PrimExpr):     # lambda ins, outs: tir.call_extern(...)
+            self.body = Evaluate(self.body)
         if not isinstance(self.body, Stmt):
             raise TensorError(f"extern {name}: fcompute must return a statement (ib.get()), "
                               f"got {type(self.body).__name__}")

@@ -13,7 +13,7 @@ import numpy as np
 from ..expr import (EQ, GE, GT, LE, LT, NE, Add, And, Cast, CmpOp, Div, FloatImm, FloorDiv,
                     FloorMod, IntImm, Max, Min, Mod, Mul, Not, Or, PrimExpr, Select, Sub, Var,
                     dtype_lanes, int_range, is_bool, is_float, is_int)
-from ..ir import Broadcast, Mutator
+from ..ir import Broadcast, BufferPointer, ExternCall, Mutator
 
 INF = math.inf
 
@@ -24,6 +24,8 @@ def skey(e):
         return ("Var", id(e))
     if isinstance(e, (IntImm, FloatImm)):
         return (type(e).__name__, e.value, e.dtype)
+    if isinstance(e, ExternCall):       # not pure: two calls are two values
+        return ("ExternCall", id(e))
     parts = [type(e).__name__, e.dtype]
     for name in e._fields:
         v = getattr(e, name)
@@ -420,6 +422,8 @@ class Simplifier(Mutator):
         if isinstance(node, PrimExpr):
             if isinstance(node, (Var, IntImm, FloatImm)):
                 return node
+            if isinstance(node, (ExternCall, BufferPointer)):
+                return self.generic_visit(node)     # only their arguments simplify
             return rewrite(self.generic_visit(node), self.ranges)
         return super().visit(node)
 

@@ -9,7 +9,7 @@ attached stages (and their buffers) placed inside their parent's loops.
 from __future__ import annotations
 
 from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
-from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
+from ..ir import (Allocate, Buffer, BufferPointer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
                   Store, post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split, replace_tensor
 from ..tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
@@ -367,6 +367,9 @@ class ScheduleLowering:
             def visit_Store(self, node):
                 return Store(mapping.get(node.buffer, node.buffer), self.visit(node.value),
                              self.visit(node.index))
+
+            def visit_BufferPointer(self, node):
+                return BufferPointer(mapping.get(node.buffer, node.buffer), self.visit(node.offset))
         return _Rebind().visit(op.body)
 
     def _build_scan(self, info):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
                     PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
-from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
+from ..ir import (Broadcast, ExternCall, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
                   post_order_visit, substitute, uses_var, vars_in)
 from .arith import and_all, conjuncts, is_index, linear, simplify
 
@@ -88,6 +88,9 @@ class Vectorizer(Mutator):
         args = [self.visit(a) for a in e.args]
         n = max(_lanes(a) for a in args)
         return Call(with_lanes(e.dtype, n), e.op, [_bcast(a, n) for a in args])
+
+    def visit_ExternCall(self, e):
+        raise _Scalarize(f"call_extern {e.name} runs once per iteration")
 
     def visit_Let(self, e):
         value = self.visit(e.value)

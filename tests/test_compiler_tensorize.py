@@ -131,3 +131,51 @@ def test_tensorize_takes_only_an_intrinsic_on_a_leaf():
         s[C].tensorize(C.op.axis[1], "gemv")
     with pytest.raises(TypeError, match="single-output te.compute"):
         te.decl_tensor_intrin(A.op, lambda ins, outs: None)
+
+
+def _cached_gemv_schedule(block):
+    """C = A @ B.T with a cache_write stage computed at C's column blocks of ``block``, its
+    inner loops tensorized (the shape of TVM's tensorize tutorial with a local tile)."""
+    A, B, C = matmul(n=8, mm=64, k=256)
+    s = te.create_schedule(C.op)
+    CC = s.cache_write(C, "global")
+    jo, _ = s[C].split(C.op.axis[1], factor=block)
+    s[CC].compute_at(s[C], jo)
+    ci, cj = s[CC].op.axis
+    cjo, cji = s[CC].split(cj, factor=M)
+    ro, ri = s[CC].split(s[CC].op.reduce_axis[0], factor=L)
+    s[CC].reorder(ci, cjo, ro, cji, ri)
+    s[CC].tensorize(cji, gemv())
+    return s, (A, B, C)
+
+
+def test_a_compute_at_stage_is_tensorized_when_its_region_is_whole():
+    s, (A, B, C) = _cached_gemv_schedule(32)
+    lowered = str(tvm.lower(s, [A, B, C], simple_mode=True))
+    assert "gemv_k" in lowered and "< 64" not in lowered     # the region's guards are proven
+    run(s, A, B, C)
+
+
+def test_a_partial_compute_at_region_is_refused_naming_it():
+    s, (A, B, C) = _cached_gemv_schedule(48)      # 64 = 48 + 16: the last block is partial
+    with pytest.raises(te.LowerError, match=r"the region compute_at gives C.global inside C's "
+                       r"loop j.outer is not always whole .* split the loops of C by factors"):
+        tvm.lower(s, [A, B, C])
+
+
+def test_a_stage_attached_inside_the_tensorized_loops_is_refused_with_what_to_do():
+    A = te.placeholder((8, 256), name="A")
+    B = te.placeholder((64, 256), name="B")
+    A2 = te.compute(A.shape, lambda i, k: A[i, k] * 1.0, name="A2")
+    r = te.reduce_axis((0, 256), name="r")
+    C = te.compute((8, 64), lambda i, j: te.sum(A2[i, r] * B[j, r], axis=r), name="C")
+    s = te.create_schedule(C.op)
+    jo, ji = s[C].split(C.op.axis[1], factor=M)
+    ro, ri = s[C].split(C.op.reduce_axis[0], factor=L)
+    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
+    s[A2].compute_at(s[C], ji)
+    s[C].tensorize(ji, gemv())
+    with pytest.raises(te.LowerError, match="A2 is attached .* attach it at r.outer or further out"):
+        tvm.lower(s, [A, B, C])
+    s[A2].compute_at(s[C], ro)
+    run(s, A, B, C)

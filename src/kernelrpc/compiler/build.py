@@ -26,6 +26,7 @@ from .codegen import CompileOptions, compile_ir, emit_primfunc, metadata_ir
 from .codegen.runtime_ir import RUNTIME_SOURCE
 from .codegen.emitter import CodegenError, ModuleBuilder
 from .expr import Var, dtype_element
+from .libc_floor import glibc_floor
 from .target import Target
 from ..deploy.toolchain import ToolchainError
 
@@ -176,6 +177,8 @@ class LinkInputs:
         return UndefinedSymbolError(f"{message}\n{error}", missing)
 
 
+#: toolchain identity -> the glibc floor its last link needed (the next link's first guess)
+_floors: dict = {}
 #: a module must not leave symbols for the device's loader to find (or not) at run time
 _NO_UNDEFINED = ("-Wl,-z,defs",)
 
@@ -193,7 +196,9 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
     A full link refuses undefined symbols (:class:`UndefinedSymbolError`), so a missing C
     function fails here, not when a device loads the module.
     Returns the metadata as written: the target record gains the toolchain and the C
-    library floor the link was pinned to.
+    library floor: the one a pinned toolchain (zig) links against, else the newest glibc
+    symbol version the linked file needs (:func:`~kernelrpc.compiler.libc_floor.glibc_floor`),
+    so a device with an older glibc refuses the module before ``dlopen``.
     """
     from ..deploy.toolchain import ToolchainError, find_toolchain, runtime_object
 
@@ -208,13 +213,20 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
     record = metadata.setdefault("target", target.to_dict())
     record.pop("libc", None)
     record["toolchain"] = "fcompile" if fcompile is not None else toolchain.name
+    measured = fcompile is None and not relocatable and toolchain.libc == "glibc"
     if fcompile is None:
-        record["libc"] = toolchain.libc
+        # an unpinned toolchain's floor is what the link needs: guess the last one it needed,
+        # measure the linked file and link again when the guess was wrong
+        guess = _floors.get(toolchain.identity()) if measured else None
+        record["libc"] = toolchain.libc if guess is None else f"glibc>={guess}"
     with tempfile.TemporaryDirectory(prefix="kernelrpc-export-") as tmp:
         kernels = Path(tmp) / "lib0.o"
         kernels.write_bytes(kernel_object)
         meta = Path(tmp) / "metadata.o"
-        meta.write_bytes(compile_ir([metadata_ir(json.dumps(metadata))], target).object_code)
+
+        def write_metadata():
+            meta.write_bytes(compile_ir([metadata_ir(json.dumps(metadata))], target).object_code)
+        write_metadata()
         runtime = (runtime_object(toolchain, RUNTIME_SOURCE) if toolchain is not None
                    else RUNTIME_SOURCE)
         inputs = inputs or LinkInputs()
@@ -229,6 +241,12 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
             tmp_out = Path(tmp) / path.name
             try:
                 toolchain.link_shared(tmp_out, objects, _NO_UNDEFINED)
+                floor = glibc_floor(tmp_out) if measured else None
+                if floor is not None and record["libc"] != f"glibc>={floor}":
+                    _floors[toolchain.identity()] = floor
+                    record["libc"] = f"glibc>={floor}"
+                    write_metadata()
+                    toolchain.link_shared(tmp_out, objects, _NO_UNDEFINED)
             except ToolchainError as exc:
                 raise inputs.explain(exc) from None
             shutil.move(str(tmp_out), path)  # the file appears complete or not at all

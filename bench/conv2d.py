@@ -13,16 +13,14 @@ import argparse
 import sys
 import time
 
-from kernel_timing import Rounds, calls_per_round, limit_threads, seconds_per_call
+from kernel_timing import Rounds, add_arguments, calls_per_round, limit_threads, seconds_per_call
 
 
 def _parse(argv=None):
     parser = argparse.ArgumentParser(description="conv2d 3x3 recipes vs numpy im2col + matmul")
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--size", type=int, default=56)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=0, help="0: as configured / all cores")
-    return parser.parse_args(argv)
+    return add_arguments(parser).parse_args(argv)
 
 
 OPTIONS = _parse() if __name__ == "__main__" else None

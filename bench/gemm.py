@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from kernel_timing import Rounds, calls_per_round, limit_threads, seconds_per_call
+from kernel_timing import Rounds, add_arguments, calls_per_round, limit_threads, seconds_per_call
 
 
 def _parse(argv=None):
@@ -31,11 +31,9 @@ def _parse(argv=None):
     parser.add_argument("--size", type=int, default=None, help="one square size (old form)")
     parser.add_argument("--shapes", default="1024",
                         help="comma-separated S or MxKxN, e.g. 1024,2048,1000x999x1001")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", default=None, help="comma-separated (default: all)")
     parser.add_argument("--slow-seconds", type=float, default=0.5)
-    parser.add_argument("--threads", type=int, default=0, help="0: as configured / all cores")
-    return parser.parse_args(argv)
+    return add_arguments(parser).parse_args(argv)
 
 
 OPTIONS = _parse() if __name__ == "__main__" else None

@@ -17,6 +17,13 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
                     "KERNELRPC_NUM_THREADS")
 
 
+def add_arguments(parser):
+    """``--rounds`` and ``--threads``, the options every kernel benchmark takes."""
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--threads", type=int, default=0, help="0: as configured / all cores")
+    return parser
+
+
 def limit_threads(threads: int) -> None:
     """Limit numpy's BLAS and the kernels' pool to ``threads`` (0: leave as configured).
 

@@ -78,33 +78,31 @@ def test_gemv_covering_the_whole_reduction_needs_only_a_body():
     run(s, A, B, C)
 
 
-def test_a_mismatch_is_refused_when_lowering():
+def _blocked(jfactor=M, lfactor=L):
+    """C = A @ B.T with its column and reduction loops blocked for the intrinsic."""
     A, B, C = matmul()
     s = te.create_schedule(C.op)
-    i, j = C.op.axis
-    (r,) = C.op.reduce_axis
-    jo, ji = s[C].split(j, factor=8)                # the intrinsic has 16 rows
-    ro, ri = s[C].split(r, factor=L)
-    s[C].reorder(i, jo, ro, ji, ri)
-    s[C].tensorize(ji, gemv())
+    jo, ji = s[C].split(C.op.axis[1], factor=jfactor)
+    ro, ri = s[C].split(C.op.reduce_axis[0], factor=lfactor)
+    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
+    return s, ji, (A, B, C)
+
+
+def test_a_mismatch_is_refused_when_lowering():
+    s, ji, args = _blocked(jfactor=8)                # the intrinsic has 16 rows
+    s[args[2]].tensorize(ji, gemv())
     with pytest.raises(te.LowerError, match="extent 8, the intrinsic's axis i has 16"):
-        tvm.lower(s, [A, B, C])
+        tvm.lower(s, list(args))
 
-    s = te.create_schedule(C.op)
-    jo, ji = s[C].split(C.op.axis[1], factor=M)
-    ro, ri = s[C].split(C.op.reduce_axis[0], factor=L)
-    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
-    s[C].tensorize(ji, gemv(combine=lambda x, y: x + y))   # declares a sum of a + b
+    s, ji, args = _blocked()
+    s[args[2]].tensorize(ji, gemv(combine=lambda x, y: x + y))   # declares a sum of a + b
     with pytest.raises(te.LowerError, match="does not compute what c declares"):
-        tvm.lower(s, [A, B, C])
+        tvm.lower(s, list(args))
 
-    s = te.create_schedule(C.op)
-    jo, ji = s[C].split(C.op.axis[1], factor=M)
-    ro, ri = s[C].split(C.op.reduce_axis[0], factor=L)
-    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
-    s[C].tensorize(ji, gemv(with_update=False))
+    s, ji, args = _blocked()
+    s[args[2]].tensorize(ji, gemv(with_update=False))
     with pytest.raises(te.LowerError, match="must return"):
-        tvm.lower(s, [A, B, C])
+        tvm.lower(s, list(args))
 
 
 def test_the_real_buffers_strides_reach_the_intrinsic():
@@ -164,18 +162,13 @@ def test_a_partial_compute_at_region_is_refused_naming_it():
 
 
 def test_a_stage_attached_inside_the_tensorized_loops_is_refused_with_what_to_do():
-    A = te.placeholder((8, 256), name="A")
-    B = te.placeholder((64, 256), name="B")
-    A2 = te.compute(A.shape, lambda i, k: A[i, k] * 1.0, name="A2")
-    r = te.reduce_axis((0, 256), name="r")
-    C = te.compute((8, 64), lambda i, j: te.sum(A2[i, r] * B[j, r], axis=r), name="C")
-    s = te.create_schedule(C.op)
-    jo, ji = s[C].split(C.op.axis[1], factor=M)
-    ro, ri = s[C].split(C.op.reduce_axis[0], factor=L)
-    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
+    s, ji, (A, B, C) = _blocked()
+    A2 = s.cache_read(A, "global", [C])              # a stage of its own, attached below
+    ro = s[C].leaf_iter_vars[2]
     s[A2].compute_at(s[C], ji)
     s[C].tensorize(ji, gemv())
-    with pytest.raises(te.LowerError, match="A2 is attached .* attach it at r.outer or further out"):
+    with pytest.raises(te.LowerError,
+                       match="A.global is attached .* attach it at r.outer or further out"):
         tvm.lower(s, [A, B, C])
     s[A2].compute_at(s[C], ro)
     run(s, A, B, C)

@@ -117,19 +117,6 @@ def test_softmax_inline_exp():
     np.testing.assert_allclose(o, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
-def _conv_ref(d, k, pad, stride):
-    n, c, h, w = d.shape
-    f, _, kh, kw = k.shape
-    dp = np.pad(d, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1
-    out = np.zeros((n, f, oh, ow), "float64")
-    for y in range(kh):
-        for x in range(kw):
-            patch = dp[:, :, y:y + stride * oh:stride, x:x + stride * ow:stride]
-            out += np.einsum("nchw,fc->nfhw", patch, k[:, :, y, x])
-    return out
-
-
 @pytest.mark.parametrize("pad,stride", [(1, 1), (0, 2)])
 def test_conv2d_nchw(pad, stride):
     data, kernel, padded, out = W.conv2d_nchw(1, 3, 7, 6, 4, 3, 3, pad, stride)
@@ -142,7 +129,7 @@ def test_conv2d_nchw(pad, stride):
     d, k = rand(1, 3, 7, 6), rand(4, 3, 3, 3)
     o = np.zeros(out.shape and tuple(int(e.value) for e in out.shape), "float32")
     run(s, [data, kernel, out], d, k, o)
-    np.testing.assert_allclose(o, _conv_ref(d, k, pad, stride), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(o, W.conv2d_reference(d, k, stride, pad), rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_padding_stage_computed_at_output_rows():
@@ -154,7 +141,7 @@ def test_conv2d_padding_stage_computed_at_output_rows():
     o = np.zeros((1, 2, 5, 5), "float32")
     f = te.lower(s, [data, kernel, out])
     interp.run(f, d, k, o)
-    np.testing.assert_allclose(o, _conv_ref(d, k, 1, 1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(o, W.conv2d_reference(d, k, 1, 1), rtol=1e-4, atol=1e-4)
     assert "allocate(pad: Pointer(global float32), float32, [1, 2, 3, 7])" in str(f)
 
 

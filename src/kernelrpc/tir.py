@@ -1,4 +1,5 @@
-"""TVM's ``tvm.tir`` expression helpers (``tvm.tir.indexmod(y, bn)``...) over kernelrpc's IR."""
+"""TVM's ``tvm.tir`` expression helpers (``tvm.tir.indexmod(y, bn)``...) over kernelrpc's IR, and
+``call_extern`` of C functions linked into the module."""
 from __future__ import annotations
 
 from .compiler.ir import call_extern, call_packed
@@ -6,6 +7,6 @@ from .compiler.expr import (Cast, FloatImm, IntImm, PrimExpr, Select, Var, all_o
                             any_of as any, const, floordiv, floormod, if_then_else, indexdiv,
                             indexmod, max_value, min_value, truncdiv, truncmod)
 
-__all__ = ["call_extern", "call_packed", "Cast", "FloatImm", "IntImm", "PrimExpr", "Select", "Var", "all", "any", "const",
-           "floordiv", "floormod", "if_then_else", "indexdiv", "indexmod", "max_value",
-           "min_value", "truncdiv", "truncmod"]
+__all__ = ["Cast", "FloatImm", "IntImm", "PrimExpr", "Select", "Var", "all", "any", "call_extern",
+           "call_packed", "const", "floordiv", "floormod", "if_then_else", "indexdiv", "indexmod",
+           "max_value", "min_value", "truncdiv", "truncmod"]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import inspect
 
-from .expr import (DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value, min_value,
-                   node)
+from .expr import (DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value,
+                   min_value, node)
 
 
 class TensorError(ValueError):

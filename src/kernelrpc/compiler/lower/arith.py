@@ -337,17 +337,13 @@ def rewrite(e: PrimExpr, ranges: dict) -> PrimExpr:
         if lo >= 0:
             return b if isinstance(e, Min) else a
         return e
-    if isinstance(e, And):
-        if _is_const(e.a):
-            return e.b if e.a.value else e.a
-        if _is_const(e.b):
-            return e.a if e.b.value else e.b
-        return e
-    if isinstance(e, Or):
-        if _is_const(e.a):
-            return e.a if e.a.value else e.b
-        if _is_const(e.b):
-            return e.b if e.b.value else e.a
+    if isinstance(e, (And, Or)):
+        # a constant operand decides: the identity (True for &&) leaves the other operand,
+        # the absorbing value (False for &&) is the result
+        identity = isinstance(e, And)
+        for const, other in ((e.a, e.b), (e.b, e.a)):
+            if _is_const(const):
+                return other if bool(const.value) == identity else const
         return e
     if isinstance(e, Not) and _is_const(e.a):
         return _true(not e.a.value)

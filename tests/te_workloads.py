@@ -93,3 +93,11 @@ def conv2d_reference(d, w, stride, pad):
             patch = dp[:, :, ry:ry + stride * oh:stride, rx:rx + stride * ow:stride]
             out += np.einsum("nchw,fc->nfhw", patch, w[:, :, ry, rx])
     return out
+
+
+def softmax_reference(x):
+    """numpy softmax over the last axis, the reference of ``softmax``."""
+    import numpy as np
+
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

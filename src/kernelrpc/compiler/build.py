@@ -150,12 +150,10 @@ class LinkInputs:
     def files(self, toolchain, directory: Path) -> list:
         """The objects to link: ``sources`` compiled by ``toolchain`` (or, without one, the C
         files themselves, for an ``fcompile`` that compiles), then ``objects``."""
-        compiled = []
-        for k, source in enumerate(self.sources):
-            if toolchain is None:
-                compiled.append(source)
-            else:
-                compiled.append(toolchain.compile_c(source, directory / f"src{k}.{source.stem}.o"))
+        if toolchain is None:
+            return [*self.sources, *self.objects]
+        compiled = [toolchain.compile_c(source, directory / f"src{k}.{source.stem}.o")
+                    for k, source in enumerate(self.sources)]
         return [*compiled, *self.objects]
 
     def explain(self, error: ToolchainError) -> ToolchainError:

@@ -1,0 +1,232 @@
+"""Start-up and first-use costs, each next to Apache TVM (when installed) in the same run.
+
+    PYTHONPATH=src python bench/startup.py [--compare OTHER/src] [--samples N] [--no-tvm]
+
+Rows (medians over ``--samples`` fresh processes or sessions):
+
+* ``import kernelrpc.rpc`` (``import tvm.rpc``) in a fresh interpreter, and which heavy
+  packages (numpy, llvmlite, tqdm) it loaded;
+* the first ``connect_tracker()`` in that process, after the import (what the issue's row
+  measures: TVM's import is seconds, its first connect is not), and import + connect together;
+* the first ``get_function("testing.echo")`` + call on a new session (what the session's child
+  does on its first requests), and the same pair again on that session (warm);
+* a whole remote ``time_evaluator(number=100, repeat=20)`` call for a 1-element kernel: the first
+  on a session, then the steady state.
+
+``--compare`` names another tree's ``src`` directory (e.g. the main branch's): its client and
+its server are measured too, sample by sample alternating with this tree's, so load from other
+processes falls on both alike. One tracker (this tree's) serves every row, TVM's included.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Run in a fresh interpreter per sample: argv = mode, JSON arguments; prints one JSON line.
+CLIENT = r'''
+import json, sys, time
+mode, opts = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+if mode == "connect":
+    t0 = time.perf_counter()
+    if opts["tvm"]:
+        from tvm import rpc
+    else:
+        from kernelrpc import rpc
+    t1 = time.perf_counter()
+    session = rpc.connect_tracker(*opts["tracker"])
+    t2 = time.perf_counter()
+    out = {"import": t1 - t0, "connect": t2 - t1,
+           "heavy": sorted(m for m in ("numpy", "llvmlite", "tqdm") if m in sys.modules)}
+elif mode == "session":
+    if opts["tvm"]:
+        from tvm import rpc
+    else:
+        from kernelrpc import rpc
+    rpc.connect(*opts["server"]).get_function("testing.echo")(1)  # the process's own first use
+    first, warm = [], []
+    for _ in range(opts["n"]):
+        sess = rpc.connect(*opts["server"])
+        for into in (first, warm):
+            t0 = time.perf_counter()
+            sess.get_function("testing.echo")(1)
+            into.append(time.perf_counter() - t0)
+        del sess
+        time.sleep(0.02)   # the server reaps the session child and takes the next
+    out = {"first": first, "warm": warm}
+elif mode == "evaluator":
+    import numpy as np
+    if opts["tvm"]:
+        import tvm
+        from tvm import rpc
+        array = lambda a, dev: tvm.runtime.tensor(a, dev)
+    else:
+        from kernelrpc import nd, rpc
+        array = nd.array
+    first, steady = [], []
+    for _ in range(opts["n"]):
+        sess = rpc.connect(*opts["server"])
+        sess.upload(opts["lib"])
+        mod = sess.load_module(opts["lib"].rsplit("/", 1)[1])
+        dev = sess.cpu(0)
+        a = array(np.zeros(1, "float32"), dev)
+        b = array(np.zeros(1, "float32"), dev)
+        timer = mod.time_evaluator("addone", dev, number=100, repeat=20)
+        for i in range(opts["calls"] + 1):
+            t0 = time.perf_counter()
+            timer(a, b)
+            (first if i == 0 else steady).append(time.perf_counter() - t0)
+        del timer, a, b, mod, sess
+        time.sleep(0.02)
+    out = {"first": first, "steady": steady}
+print(json.dumps(out), flush=True)
+'''
+
+
+def env_for(src: str | None) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)
+    if src is not None:
+        env["PYTHONPATH"] = src
+    return env
+
+
+def start(cmd: list[str], pattern: str, env: dict) -> tuple[subprocess.Popen, tuple[str, int]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    for line in proc.stdout:
+        m = re.search(pattern, line)
+        if m:
+            return proc, (m.group(1), int(m.group(2)))
+    raise RuntimeError(f"{cmd} did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def client(mode: str, env: dict, **opts) -> dict:
+    out = subprocess.run([sys.executable, "-c", CLIENT, mode, json.dumps(opts)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"{mode} client failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def build_kernels(tmp: str, tvm_too: bool) -> dict[str, str]:
+    """B[0] = A[0] + 1 over float32[1], built by kernelrpc (and by TVM for its server)."""
+    from kernelrpc import te
+    import kernelrpc
+    a = te.placeholder((1,), name="A")
+    b = te.compute((1,), lambda i: a[i] + 1.0, name="B")
+    libs = {"kernelrpc": os.path.join(tmp, "addone1.so")}
+    kernelrpc.build(te.create_schedule(b.op), [a, b], name="addone").export_library(libs["kernelrpc"])
+    if tvm_too:
+        import tvm
+        from tvm import te as tvm_te
+        ta = tvm_te.placeholder((1,), "float32", "A")
+        tb = tvm_te.compute((1,), lambda i: ta[i] + 1.0, name="B")
+        func = tvm_te.create_prim_func([ta, tb]).with_attr("global_symbol", "addone")
+        libs["tvm"] = os.path.join(tmp, "addone1_tvm.so")
+        tvm.compile(func, target="llvm").export_library(libs["tvm"])
+    return libs
+
+
+def ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1e3:9.3f} ms" if samples else f"{'-':>12}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare", metavar="SRC", help="another tree's src directory, measured alternately")
+    parser.add_argument("--samples", type=int, default=15, help="fresh processes per connect row")
+    parser.add_argument("--sessions", type=int, default=30, help="sessions per session row")
+    parser.add_argument("--evaluator-sessions", type=int, default=8)
+    parser.add_argument("--no-tvm", action="store_true")
+    args = parser.parse_args()
+    tvm_ok = not args.no_tvm and subprocess.run([sys.executable, "-c", "import tvm"],
+                                               capture_output=True).returncode == 0
+    trees = {"kernelrpc (this tree)": str(SRC)}
+    if args.compare:
+        trees["kernelrpc (--compare)"] = str(Path(args.compare).resolve())
+    contenders = {name: (env_for(src), False) for name, src in trees.items()}
+    if tvm_ok:
+        contenders["apache-tvm"] = (env_for(None), True)
+
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            tproc, tracker = start([sys.executable, "-m", "kernelrpc.tracker", "--port", "0"],
+                                   r"listening on (\S+):(\d+)", env_for(str(SRC)))
+            procs.append(tproc)
+            servers = {}
+            for name, (env, is_tvm) in contenders.items():
+                if is_tvm:
+                    cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
+                           "--port", "9400", "--port-end", "9500"]
+                    proc, addr = start(cmd, r"bind to (\S+):(\d+)", env)
+                    time.sleep(1.0)  # TVM prints its "bind to" line before it listens
+                else:
+                    proc, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0"],
+                                       r"listening on (\S+):(\d+)", env)
+                procs.append(proc)
+                servers[name] = list(addr)
+            libs = build_kernels(tmp, tvm_ok)
+
+            rows: dict[str, dict[str, list[float]]] = {}
+            heavy: dict[str, list[str]] = {}
+
+            def add(row: str, name: str, values) -> None:
+                rows.setdefault(row, {}).setdefault(name, []).extend(
+                    values if isinstance(values, list) else [values])
+
+            for i in range(args.samples):
+                order = list(contenders)[i % len(contenders):] + list(contenders)[:i % len(contenders)]
+                for name in order:
+                    env, is_tvm = contenders[name]
+                    out = client("connect", env, tvm=is_tvm, tracker=list(tracker))
+                    add("import the rpc package", name, out["import"])
+                    add("first connect_tracker() in a process", name, out["connect"])
+                    add("import + first connect_tracker()", name, out["import"] + out["connect"])
+                    heavy[name] = out["heavy"]
+            for round_ in range(2):
+                for name, (env, is_tvm) in contenders.items():
+                    out = client("session", env, tvm=is_tvm, server=servers[name], n=args.sessions // 2)
+                    add("first get_function + call on a new session", name, out["first"])
+                    add("the same again on that session (warm)", name, out["warm"])
+            for round_ in range(2):
+                for name, (env, is_tvm) in contenders.items():
+                    lib = libs["tvm" if is_tvm else "kernelrpc"]
+                    out = client("evaluator", env, tvm=is_tvm, server=servers[name], lib=lib,
+                                 n=max(1, args.evaluator_sessions // 2), calls=20)
+                    add("time_evaluator(100, 20), first on a session", name, out["first"])
+                    add("time_evaluator(100, 20), steady", name, out["steady"])
+        finally:
+            for proc in procs:
+                stop(proc)
+
+    names = list(contenders)
+    width = max(len(r) for r in rows) + 2
+    print(f"\n{'median of fresh processes / sessions':<{width}}" + "".join(f"{n:>24}" for n in names))
+    for row, by_name in rows.items():
+        print(f"{row:<{width}}" + "".join(f"{ms(by_name.get(n, [])):>24}" for n in names))
+    print("\nheavy packages loaded by the import + connect: "
+          + "; ".join(f"{n}: {', '.join(heavy[n]) or 'none'}" for n in names))
+
+
+if __name__ == "__main__":
+    main()

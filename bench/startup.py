@@ -39,6 +39,15 @@ CLIENT = r'''
 import json, sys, time
 mode, opts = sys.argv[1], json.loads(sys.argv[2])
 out = {}
+
+sessions = []
+
+def close():
+    """Our sessions close explicitly (a reference cycle may keep one until the next collection);
+    TVM's close when the last reference goes."""
+    getattr(sessions.pop(), "close", lambda: None)()
+    time.sleep(0.02)   # the server reaps the session child before it takes the next
+
 if mode == "connect":
     t0 = time.perf_counter()
     if opts["tvm"]:
@@ -55,16 +64,19 @@ elif mode == "session":
         from tvm import rpc
     else:
         from kernelrpc import rpc
-    rpc.connect(*opts["server"]).get_function("testing.echo")(1)  # the process's own first use
+    sessions.append(rpc.connect(*opts["server"]))
+    sessions[-1].get_function("testing.echo")(1)  # the process's own first use
+    close()
     first, warm = [], []
     for _ in range(opts["n"]):
         sess = rpc.connect(*opts["server"])
+        sessions.append(sess)
         for into in (first, warm):
             t0 = time.perf_counter()
             sess.get_function("testing.echo")(1)
             into.append(time.perf_counter() - t0)
-        del sess
-        time.sleep(0.02)   # the server reaps the session child and takes the next
+        del sess    # before the next connect: TVM's server serves one session at a time
+        close()
     out = {"first": first, "warm": warm}
 elif mode == "evaluator":
     import numpy as np
@@ -78,6 +90,7 @@ elif mode == "evaluator":
     first, steady = [], []
     for _ in range(opts["n"]):
         sess = rpc.connect(*opts["server"])
+        sessions.append(sess)
         sess.upload(opts["lib"])
         mod = sess.load_module(opts["lib"].rsplit("/", 1)[1])
         dev = sess.cpu(0)
@@ -88,16 +101,22 @@ elif mode == "evaluator":
             t0 = time.perf_counter()
             timer(a, b)
             (first if i == 0 else steady).append(time.perf_counter() - t0)
-        del timer, a, b, mod, sess
-        time.sleep(0.02)
+        del timer, a, b, dev, mod, sess
+        close()
     out = {"first": first, "steady": steady}
 print(json.dumps(out), flush=True)
 '''
 
 
+PYCACHE = os.path.join(tempfile.gettempdir(), "kernelrpc-bench-startup-pyc")
+
+
 def env_for(src: str | None) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("PYTHONPATH", None)
+    """Children compile to bytecode once, into PYCACHE (not the trees), as an installed package
+    would: ``PYTHONDONTWRITEBYTECODE`` would have them compile every module on every import."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPYCACHEPREFIX=PYCACHE)
+    for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE"):
+        env.pop(name, None)
     if src is not None:
         env["PYTHONPATH"] = src
     return env
@@ -194,6 +213,8 @@ def main() -> None:
                 rows.setdefault(row, {}).setdefault(name, []).extend(
                     values if isinstance(values, list) else [values])
 
+            for name, (env, is_tvm) in contenders.items():     # writes the bytecode caches
+                client("connect", env, tvm=is_tvm, tracker=list(tracker))
             for i in range(args.samples):
                 order = list(contenders)[i % len(contenders):] + list(contenders)[:i % len(contenders)]
                 for name in order:

@@ -15,6 +15,7 @@ import kernelrpc
 from kernelrpc import nd, rpc
 from kernelrpc.compiler import recipes
 from kernelrpc.runtime import ProfileResult, cpu, load_module
+from kernelrpc.runtime import conditions
 from kernelrpc.runtime.conditions import ConditionsProbe
 from servicectl import SRC
 
@@ -71,6 +72,84 @@ def test_without_procfs_or_cpufreq_the_fields_are_none(tmp_path):
     assert cond["freq_mhz"] is None and cond["threads"] == []
     result = ProfileResult([1e-3], number=1, conditions=cond)
     assert not result.disturbed and "frequency not exposed" in str(result)
+
+
+def test_a_cpufreq_file_that_appears_later_is_found(tmp_path, monkeypatch):
+    """A missing cpufreq file is remembered for a while (reading absent files costs time on
+    every call), then looked for again."""
+    probe = ConditionsProbe(sys_cpu=str(tmp_path))
+
+    def freq():
+        measurement = probe.measurement()
+        measurement.batch_started()
+        return measurement.report()["freq_mhz"]
+
+    assert freq() is None
+    for c in _affinity():
+        (tmp_path / f"cpu{c}" / "cpufreq").mkdir(parents=True)
+        (tmp_path / f"cpu{c}" / "cpufreq" / "scaling_cur_freq").write_text("1800000\n")
+    assert freq() is None                               # still believed absent
+    monkeypatch.setattr(conditions, "REDISCOVER_S", 0.0)
+    assert freq() == [1800.0, 1800.0]
+
+
+def _spin(seconds):
+    end = time.thread_time() + seconds
+    deadline = time.monotonic() + 30
+    while time.thread_time() < end and time.monotonic() < deadline:
+        pass
+
+
+def test_files_kept_open_are_read_afresh_by_every_measurement():
+    probe = ConditionsProbe()
+    me = threading.get_native_id()
+    for _ in range(3):
+        measurement = probe.measurement()
+        measurement.batch_started()
+        _spin(0.02)
+        ran = {t["tid"]: t["cpu_s"] for t in measurement.report()["threads"]}
+        assert ran.get(me, 0) >= 0.015
+
+
+def test_a_forked_child_reports_its_own_threads_not_the_parents():
+    probe = conditions.default_probe()
+    measurement = probe.measurement()
+    measurement.batch_started()
+    measurement.report()                                # the parent's files are open now
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            measurement = probe.measurement()
+            measurement.batch_started()
+            _spin(0.02)
+            tids = [t["tid"] for t in measurement.report()["threads"]]
+            os.write(write_end, json.dumps([threading.get_native_id(), tids]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        child, tids = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert child in tids and threading.get_native_id() not in tids
+
+
+def test_threads_that_ended_leave_no_open_files():
+    probe = ConditionsProbe()
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    for _ in range(20):
+        worker = threading.Thread(target=_spin, args=(0.005,))
+        worker.start()
+        measurement = probe.measurement()
+        measurement.batch_started()
+        worker.join()
+        measurement.report()
+    probe.measurement().report()
+    assert open_fds() - before <= 4                     # /proc/stat and this thread's two files
 
 
 DISTURBED_CHILD = textwrap.dedent("""

@@ -11,7 +11,9 @@ Rows (medians over ``--samples`` fresh processes or sessions):
 * the first ``get_function("testing.echo")`` + call on a new session (what the session's child
   does on its first requests), and the same pair again on that session (warm);
 * a whole remote ``time_evaluator(number=100, repeat=20)`` call for a 1-element kernel: the first
-  on a session, then the steady state.
+  in a client process (which loads the client's code for it), the first on each later session
+  (what the session's child does the first time), then the steady state; and the same call on the module loaded in the client's
+  own process (no RPC: the timing loop, the device conditions and the result).
 
 ``--compare`` names another tree's ``src`` directory (e.g. the main branch's): its client and
 its server are measured too, sample by sample alternating with this tree's, so load from other
@@ -103,7 +105,22 @@ elif mode == "evaluator":
             (first if i == 0 else steady).append(time.perf_counter() - t0)
         del timer, a, b, dev, mod, sess
         close()
-    out = {"first": first, "steady": steady}
+    if opts["tvm"]:
+        local = tvm.runtime.load_module(opts["lib"])
+        dev = tvm.cpu(0)
+    else:
+        from kernelrpc import runtime
+        local = runtime.load_module(opts["lib"])
+        dev = runtime.cpu(0)
+    a, b = array(np.zeros(1, "float32"), dev), array(np.zeros(1, "float32"), dev)
+    timer = local.time_evaluator("addone", dev, number=100, repeat=20)
+    timer(a, b)
+    in_process = []
+    for i in range(opts["calls"] * 5):
+        t0 = time.perf_counter()
+        timer(a, b)
+        in_process.append(time.perf_counter() - t0)
+    out = {"process_first": first[0], "first": first[1:], "steady": steady, "local": in_process}
 print(json.dumps(out), flush=True)
 '''
 
@@ -175,6 +192,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=15, help="fresh processes per connect row")
     parser.add_argument("--sessions", type=int, default=30, help="sessions per session row")
     parser.add_argument("--evaluator-sessions", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="client processes per contender for the session rows")
     parser.add_argument("--no-tvm", action="store_true")
     args = parser.parse_args()
     tvm_ok = not args.no_tvm and subprocess.run([sys.executable, "-c", "import tvm"],
@@ -224,18 +243,20 @@ def main() -> None:
                     add("first connect_tracker() in a process", name, out["connect"])
                     add("import + first connect_tracker()", name, out["import"] + out["connect"])
                     heavy[name] = out["heavy"]
-            for round_ in range(2):
+            for round_ in range(args.rounds):
                 for name, (env, is_tvm) in contenders.items():
-                    out = client("session", env, tvm=is_tvm, server=servers[name], n=args.sessions // 2)
+                    out = client("session", env, tvm=is_tvm, server=servers[name], n=max(1, args.sessions // args.rounds))
                     add("first get_function + call on a new session", name, out["first"])
                     add("the same again on that session (warm)", name, out["warm"])
-            for round_ in range(2):
+            for round_ in range(args.rounds):
                 for name, (env, is_tvm) in contenders.items():
                     lib = libs["tvm" if is_tvm else "kernelrpc"]
                     out = client("evaluator", env, tvm=is_tvm, server=servers[name], lib=lib,
-                                 n=max(1, args.evaluator_sessions // 2), calls=20)
-                    add("time_evaluator(100, 20), first on a session", name, out["first"])
+                                 n=max(2, args.evaluator_sessions // args.rounds), calls=20)
+                    add("time_evaluator(100, 20), first in a process", name, out["process_first"])
+                    add("time_evaluator(100, 20), first on a later session", name, out["first"])
                     add("time_evaluator(100, 20), steady", name, out["steady"])
+                    add("time_evaluator(100, 20), in-process module", name, out["local"])
         finally:
             for proc in procs:
                 stop(proc)

@@ -42,7 +42,7 @@ def test_a_server_has_loaded_the_whole_runtime_before_it_forks_a_session():
     runtime = {"buffer", "cacheflush", "compat", "conditions", "device", "device_info", "dtype",
                "evaluator", "metadata", "module", "profile", "tensor", "threads", "timing"}
     assert {f"kernelrpc.runtime.{name}" for name in runtime} <= loaded
-    assert not loaded & set(HEAVY)
+    assert not loaded & {*HEAVY, "statistics", "html"}   # what encoding a result does not need
 
 
 def test_the_public_names_still_import():

@@ -143,8 +143,10 @@ class ConditionsProbe:
         busy = 0
         found = False
         for line in data.split(b"\n"):
+            if not line.startswith(b"cpu"):     # past the cpu lines ("intr" and the rest)
+                break
             fields = line.split()
-            if fields and fields[0] in wanted:
+            if fields[0] in wanted:
                 # user nice system idle iowait irq softirq steal [guest guest_nice: in user]
                 values = [int(v) for v in fields[1:9]]
                 values += [0] * (8 - len(values))

@@ -6,18 +6,21 @@ Rows (medians over ``--samples`` fresh processes or sessions):
 
 * ``import kernelrpc.rpc`` (``import tvm.rpc``) in a fresh interpreter, and which heavy
   packages (numpy, llvmlite, tqdm) it loaded;
-* the first ``connect_tracker()`` in that process, after the import (what the issue's row
-  measures: TVM's import is seconds, its first connect is not), and import + connect together;
+* the first ``connect_tracker()`` in that process, after the import (TVM's import takes
+  seconds and loads what its connect needs; kernelrpc's connect loads its own code), and
+  import + connect together;
 * the first ``get_function("testing.echo")`` + call on a new session (what the session's child
   does on its first requests), and the same pair again on that session (warm);
 * a whole remote ``time_evaluator(number=100, repeat=20)`` call for a 1-element kernel: the first
   in a client process (which loads the client's code for it), the first on each later session
-  (what the session's child does the first time), then the steady state; and the same call on the module loaded in the client's
-  own process (no RPC: the timing loop, the device conditions and the result).
+  (what the session's child does the first time), then the steady state; and the same call on
+  the module loaded in the client's own process (no RPC: the timing loop, the device conditions
+  and the result).
 
 ``--compare`` names another tree's ``src`` directory (e.g. the main branch's): its client and
-its server are measured too, sample by sample alternating with this tree's, so load from other
-processes falls on both alike. One tracker (this tree's) serves every row, TVM's included.
+its server are measured too, one fresh client process at a time alternating with this tree's
+(and TVM's), the order rotating, so load from other processes falls on all alike. One tracker
+(this tree's) serves every row, TVM's included.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))   # this process builds the kernels with this tree's compiler
 
 # Run in a fresh interpreter per sample: argv = mode, JSON arguments; prints one JSON line.
 CLIENT = r'''
@@ -165,8 +169,8 @@ def client(mode: str, env: dict, **opts) -> dict:
 
 def build_kernels(tmp: str, tvm_too: bool) -> dict[str, str]:
     """B[0] = A[0] + 1 over float32[1], built by kernelrpc (and by TVM for its server)."""
-    from kernelrpc import te
     import kernelrpc
+    from kernelrpc import te
     a = te.placeholder((1,), name="A")
     b = te.compute((1,), lambda i: a[i] + 1.0, name="B")
     libs = {"kernelrpc": os.path.join(tmp, "addone1.so")}
@@ -234,9 +238,13 @@ def main() -> None:
 
             for name, (env, is_tvm) in contenders.items():     # writes the bytecode caches
                 client("connect", env, tvm=is_tvm, tracker=list(tracker))
+            def rotated(i: int) -> list[str]:
+                """The contenders, starting with a different one each time."""
+                names = list(contenders)
+                return names[i % len(names):] + names[:i % len(names)]
+
             for i in range(args.samples):
-                order = list(contenders)[i % len(contenders):] + list(contenders)[:i % len(contenders)]
-                for name in order:
+                for name in rotated(i):
                     env, is_tvm = contenders[name]
                     out = client("connect", env, tvm=is_tvm, tracker=list(tracker))
                     add("import the rpc package", name, out["import"])
@@ -244,12 +252,15 @@ def main() -> None:
                     add("import + first connect_tracker()", name, out["import"] + out["connect"])
                     heavy[name] = out["heavy"]
             for round_ in range(args.rounds):
-                for name, (env, is_tvm) in contenders.items():
-                    out = client("session", env, tvm=is_tvm, server=servers[name], n=max(1, args.sessions // args.rounds))
+                for name in rotated(round_):
+                    env, is_tvm = contenders[name]
+                    out = client("session", env, tvm=is_tvm, server=servers[name],
+                                 n=max(1, args.sessions // args.rounds))
                     add("first get_function + call on a new session", name, out["first"])
                     add("the same again on that session (warm)", name, out["warm"])
             for round_ in range(args.rounds):
-                for name, (env, is_tvm) in contenders.items():
+                for name in rotated(round_):
+                    env, is_tvm = contenders[name]
                     lib = libs["tvm" if is_tvm else "kernelrpc"]
                     out = client("evaluator", env, tvm=is_tvm, server=servers[name], lib=lib,
                                  n=max(2, args.evaluator_sessions // args.rounds), calls=20)

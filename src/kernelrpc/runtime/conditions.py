@@ -47,6 +47,9 @@ FIELDS = {"wall_s": float, "cpus": list, "own_cpu_s": float, "other_cpu_s": floa
 
 #: How long the absence of a CPU's cpufreq file is believed before it is looked for again.
 REDISCOVER_S = 10.0
+#: Files a probe keeps open at most (a process with many threads must not run out of descriptors
+#: because of it); the others are opened for each read.
+MAX_KEPT_FILES = 64
 _STAT_LINE_BYTES = 256  # longest ``cpuN`` line of /proc/stat (ten 20-digit counters)
 
 
@@ -73,6 +76,13 @@ class _Files:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return None
+        if len(self._fds) >= MAX_KEPT_FILES:
+            try:
+                return os.pread(fd, size, 0)
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
         kept = self._fds.setdefault(path, fd)
         if kept != fd:              # another thread opened it meanwhile
             os.close(fd)
@@ -298,7 +308,8 @@ class Measurement:
         }
 
 
-def _threads_that_ran(probe: ConditionsProbe, start: dict[int, float], end: dict[int, float]) -> list[dict]:
+def _threads_that_ran(probe: ConditionsProbe, start: dict[int, float],
+                      end: dict[int, float]) -> list[dict]:
     ran = []
     for tid, seconds in sorted(end.items()):
         used = seconds - start.get(tid, 0.0)

@@ -16,9 +16,9 @@ nonce per connection, so a recorded exchange replayed to the service fails, and
 a service that does not know the secret cannot pass itself off to the peer.
 Every message has a fixed size, so the parsers need no length field to bound.
 The standard library's ``hmac`` and ``os.urandom`` do the cryptography (the device
-server stays standard-library only); ``hashlib`` loads OpenSSL, so it is imported with the first
-token, not by every client that talks to a tracker without one. The classes are sans-IO; :func:`authenticate`
-is the thin blocking layer the clients use.
+server stays standard-library only); ``hmac`` loads OpenSSL, so it is imported with the first
+token, not by every client that talks to a tracker without one. The classes are sans-IO;
+:func:`authenticate` is the thin blocking layer the clients use.
 """
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ class PeerAuth:
         self._buf.clear()
         self.done = True
         if not _same(mac, _mac(self._secret, b"service", self._context, self._service_nonce,
-                                             self.nonce)):
+                               self.nonce)):
             raise AuthenticationError(f"{self._where} accepted us but could not prove it knows the token: "
                                       "it is not the service you meant to reach")
         return True

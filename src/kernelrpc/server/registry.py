@@ -11,6 +11,7 @@ from .. import runtime
 from ..runtime import device_info, threads
 
 runtime.preload()  # sessions are forked children: each inherits the loaded runtime
+
 _REGISTRY: dict[str, Callable] = {}
 
 

@@ -17,10 +17,8 @@ import time
 
 from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
-from . import handshake as H
 from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
 from .backoff import Backoff
-from .protocol import VERSION_STRING
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -247,6 +245,8 @@ class TrackerSession:
 
     def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None,
                         reconnect_timeout: float):
+        from .protocol import VERSION_STRING  # the session's codec, loaded once a session is wanted
+
         lost_at = None
         backoff = Backoff(0.05, 1.0, jitter=0.5)
         while True:
@@ -333,6 +333,8 @@ class TrackerSession:
 
     def _warn_if_unknown(self, key: str) -> None:
         """Best effort: a request never depends on the summary (a tracker may refuse it)."""
+        from .protocol import VERSION_STRING
+
         try:
             info = self.summary()
         except (TrackerError, ConnectionLost, OSError) as exc:
@@ -360,6 +362,7 @@ def _open_session(host: str, port: int, matchkey: str, session_timeout: float, c
                   handshake_timeout: float, auth_token: bytes | None = None):
     """``client.connect``, with the TCP connect and the handshake bounded separately."""
     from .client import open_session
+    from .handshake import make_key
 
     try:
         sock = socket.create_connection((host, port), timeout=connect_timeout)
@@ -369,7 +372,7 @@ def _open_session(host: str, port: int, matchkey: str, session_timeout: float, c
         raise ConnectionLost(f"cannot connect to kernelrpc server at {host}:{port}: {exc}") from exc
     try:
         sock.settimeout(handshake_timeout)
-        return open_session(sock, H.make_key("client", matchkey, session_timeout or None),
+        return open_session(sock, make_key("client", matchkey, session_timeout or None),
                             f"{host}:{port}", session_timeout, auth_token=auth_token)
     except BaseException:
         sock.close()

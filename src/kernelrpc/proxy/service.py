@@ -11,6 +11,7 @@ from ..errors import HandshakeError
 from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
+from ..rpc.registration import OfferState
 from ..runtime.threads import usable_cores
 from . import websocket as ws
 from .connection import PeerConnection, WebSocketConnection
@@ -71,7 +72,7 @@ def _valid_matchkey(text: str) -> bool:
 class ProxyService:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.matchmaker = Matchmaker(config.max_waiting_per_key)
+        self.matchmaker = Matchmaker(config.max_waiting_per_key, promised=self._promised)
         self.connections: set[PeerConnection] = set()
         self.relays: set[Relay] = set()
         self.tracker_link = None
@@ -186,7 +187,7 @@ class ProxyService:
                         f" (offered as {waiter.matchkey})" if waiter.is_device else "")
             conn.timer = self._loop.call_later(timeout, self._wait_expired, conn)
             if waiter.is_device and self.tracker_link is not None:
-                self.tracker_link.wake()
+                self.tracker_link.device_waiting(waiter)
         elif outcome.action == "mismatch":
             logger.info("client %s asked for %r, a key that is gone: MISMATCH", conn.name,
                         parsed.matchkey)
@@ -215,12 +216,14 @@ class ProxyService:
             self._forget(conn.waiter)
 
     # -- internals ------------------------------------------------------------
+    def _promised(self, device: Waiter) -> bool:
+        return self.tracker_link is not None and self.tracker_link.offer_state(device) is OfferState.CLAIMED
+
     def _forget(self, waiter: Waiter) -> bool:
         """Take a waiter out of the pools; True if it was still waiting."""
-        offered = waiter.is_device and waiter.offered and waiter.claimed_at is None
         removed = self.matchmaker.remove(waiter)
-        if removed and offered and self.tracker_link is not None:
-            self.tracker_link.slot_went_stale()
+        if removed and waiter.is_device and self.tracker_link is not None:
+            self.tracker_link.device_gone(waiter)
         return removed
 
     def _make_relay(self, a: PeerConnection, b: PeerConnection, **kwargs):
@@ -236,9 +239,8 @@ class ProxyService:
 
     def _pair(self, waiting: Waiter, newcomer: Waiter) -> None:
         a, b = waiting.handle, newcomer.handle
-        if waiting.is_device and waiting.matchkey != newcomer.wanted and waiting.offered \
-                and waiting.claimed_at is None and self.tracker_link is not None:
-            self.tracker_link.slot_went_stale()
+        if waiting.is_device and self.tracker_link is not None:
+            self.tracker_link.device_gone(waiting, handed_out=waiting.matchkey == newcomer.wanted)
         try:
             relay = self._make_relay(a, b,
                                      to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),

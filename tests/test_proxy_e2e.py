@@ -10,8 +10,8 @@ import pytest
 
 from kernelrpc import nd, rpc
 from kernelrpc.errors import SessionTimeout
-from proxy_peers import (offered_matchkey, proxy, start_tvm_proxy, start_tvm_tracker,  # noqa: F401
-                         tracker_request, wait_for_matches)
+from proxy_peers import (offered_matchkey, start_tvm_proxy, start_tvm_tracker, tracker_request,
+                         wait_for_matches)
 
 DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
 

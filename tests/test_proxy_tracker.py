@@ -6,7 +6,7 @@ import signal
 
 from conftest import wait_until
 from kernelrpc.rpc import handshake as hs
-from proxy_peers import connect, proxy, read_reply, tracker_request, wait_for_matches  # noqa: F401
+from proxy_peers import connect, read_reply, tracker_request, wait_for_matches
 from servicectl import free_port, queue, start_tracker
 
 

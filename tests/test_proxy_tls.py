@@ -1,0 +1,190 @@
+"""The proxy with TLS on (``--tls-ca``/``--tls-cert``): it terminates TLS on both sides and relays
+plaintext between them; raw TLS peers speak the TVM handshake (``python -m kernelrpc.proxy``)."""
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import wait_until
+from kernelrpc.launch import child_env
+from kernelrpc.rpc import handshake as hs
+from proxy_peers import connect, is_closed, read_reply, recv_exactly, wait_for_matches
+from servicectl import queue, start_tracker
+
+
+def tls_connect(address, key: str, tls_files, timeout: float = 15.0) -> ssl.SSLSocket:
+    """A peer that speaks TLS, then TVM's handshake with ``key``."""
+    context = tls_files.client().client_context()
+    sock = context.wrap_socket(socket.create_connection(address, timeout=timeout),
+                               server_hostname=address[0])
+    sock.sendall(hs.encode_preamble(key))
+    return sock
+
+
+@pytest.fixture
+def tls_proxy(proxy, tls_files):
+    def start(*args: str):
+        p = proxy(*tls_files.flags(), *args)
+        wait_for_matches(p, r"relaying with copy \(TLS\) \(")
+        return p
+    return start
+
+
+def tls_pair(p, tls_files, key="k"):
+    device = tls_connect(p.address, f"server:{key}", tls_files)
+    client = tls_connect(p.address, f"client:{key}", tls_files)
+    reply, extra = read_reply(client)
+    assert reply.ok and reply.key == f"server:{key}" and not extra
+    reply, extra = read_reply(device)
+    assert reply.ok and reply.key == f"client:{key}" and not extra
+    return device, client
+
+
+def exchange(a, b, nbytes: int) -> None:
+    """``nbytes`` a -> b and b -> a at the same time."""
+    there, back = os.urandom(nbytes), os.urandom(nbytes)
+    senders = [threading.Thread(target=a.sendall, args=(there,)),
+               threading.Thread(target=b.sendall, args=(back,))]
+    for t in senders:
+        t.start()
+    got = {}
+    reader = threading.Thread(target=lambda: got.setdefault("a", recv_exactly(a, nbytes)))
+    reader.start()
+    assert recv_exactly(b, nbytes) == there
+    reader.join(60)
+    assert got["a"] == back
+    for t in senders:
+        t.join(60)
+
+
+def test_tls_pairs_relay_both_ways_large_transfers_and_close_from_either_side(tls_proxy, tls_files):
+    p = tls_proxy()
+    assert "(TLS)" in wait_for_matches(p, r"listening on \S+")[0].string
+    device, client = tls_pair(p, tls_files)
+    for i in range(50):                      # request/reply, as a session does
+        client.sendall(i.to_bytes(4, "little") * 8)
+        assert recv_exactly(device, 32) == i.to_bytes(4, "little") * 8
+        device.sendall(b"r" * 100)
+        assert recv_exactly(client, 100) == b"r" * 100
+    exchange(client, device, 16 << 20)       # beyond every buffer on the way: backpressure works
+    client.close()                           # the client ends: the device is closed
+    assert is_closed(device)
+    device.close()
+    device, client = tls_pair(p, tls_files, "k2")
+    device.sendall(b"last words")
+    device.close()                           # the device ends: what it sent arrives, then the close
+    assert recv_exactly(client, 10) == b"last words"
+    assert is_closed(client)
+    client.close()
+
+
+def test_a_peer_that_never_completes_the_tls_handshake_does_not_keep_its_slot(tls_proxy, tls_files):
+    p = tls_proxy("--timeout-handshake", "1")
+    silent = socket.create_connection(p.address, timeout=15)
+    half = socket.create_connection(p.address, timeout=15)
+    hello = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO())
+    with pytest.raises(ssl.SSLWantReadError):
+        hello.do_handshake()
+    half.sendall(outgoing.read()[:50])       # half a ClientHello, then nothing
+    device, client = tls_pair(p, tls_files)  # others are served meanwhile
+    assert is_closed(silent) and is_closed(half)
+    wait_for_matches(p, r"closing 127\.0\.0\.1:\d+: no complete handshake within 1s", 2)
+    exchange(client, device, 1 << 16)
+    for sock in (silent, half, device, client):
+        sock.close()
+
+
+def test_a_plain_peer_at_a_tls_proxy_is_refused_and_the_proxy_goes_on(tls_proxy, tls_files):
+    p = tls_proxy()
+    plain = connect(p.address, "server:k")
+    assert is_closed(plain)
+    wait_for_matches(p, r"TLS handshake failed .*this proxy takes TLS peers only")
+    device, client = tls_pair(p, tls_files)
+    exchange(client, device, 4096)
+
+
+def test_a_tls_peer_at_a_plain_proxy_is_told_what_is_wrong(proxy, tls_files):
+    p = proxy()
+    with pytest.raises((ssl.SSLError, OSError)):
+        tls_connect(p.address, "server:k", tls_files)
+    wait_for_matches(p, r"it speaks TLS, and this proxy has TLS off")
+
+
+@pytest.mark.parametrize("relay", ["native", "splice"])
+def test_an_explicit_raw_relay_with_tls_fails_start_up(tls_files, relay):
+    done = subprocess.run([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--relay", relay,
+                           *tls_files.flags()], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "listening" not in done.stdout
+    assert f"--relay {relay} moves raw bytes and cannot re-encrypt TLS records" in done.stderr
+
+
+def test_tls_with_the_websocket_port_is_refused_at_start_up(tls_files):
+    done = subprocess.run([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--web-port", "0",
+                           *tls_files.flags()], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "the WebSocket port speaks ws:// only" in done.stderr
+
+
+class TLSTerminator:
+    """A TLS listener in front of a plaintext tracker: only a TLS peer gets through."""
+
+    def __init__(self, target, tls_files) -> None:
+        self.target = target
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(tls_files.cert)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                raw, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                peer = self.context.wrap_socket(raw, server_side=True)
+            except (ssl.SSLError, OSError):
+                raw.close()
+                continue
+            self.accepted += 1
+            upstream = socket.create_connection(self.target)
+            for src, dst in ((peer, upstream), (upstream, peer)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_the_tracker_link_speaks_tls(start_service, tls_proxy, tls_files):
+    tracker = start_tracker(start_service)
+    terminator = TLSTerminator(tracker.address, tls_files)
+    try:
+        p = tls_proxy("--tracker", "{}:{}".format(*terminator.address))
+        wait_for_matches(p, "registered with tracker")
+        device = tls_connect(p.address, "server:tlsdev", tls_files)
+        wait_for_matches(p, r"offered tlsdev:\S+ to the tracker")
+        wait_until(lambda: queue(tracker, "tlsdev")["free"] == 1)
+        assert terminator.accepted == 1
+        device.close()
+    finally:
+        terminator.close()

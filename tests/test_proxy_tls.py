@@ -12,7 +12,9 @@ import threading
 import pytest
 
 from conftest import wait_until
+from kernelrpc.errors import AuthenticationError
 from kernelrpc.launch import child_env
+from kernelrpc.rpc import auth as A
 from kernelrpc.rpc import handshake as hs
 from proxy_peers import connect, is_closed, read_reply, recv_exactly, wait_for_matches
 from servicectl import queue, start_tracker
@@ -188,3 +190,30 @@ def test_the_tracker_link_speaks_tls(start_service, tls_proxy, tls_files):
         device.close()
     finally:
         terminator.close()
+
+
+def authenticated(sock, key: str, token: bytes):
+    """Answer the proxy's challenge inside the TLS stream, as an authenticating peer does."""
+    auth = A.PeerAuth(token, key.encode(), "proxy")
+    step = None
+    while step is not True:
+        data = sock.recv(4096)
+        assert data, "the proxy closed the connection during authentication"
+        step = auth.feed(data)
+        if isinstance(step, bytes):
+            sock.sendall(step)
+    return sock
+
+
+def test_authentication_runs_inside_tls(tls_proxy, tls_files, tmp_path):
+    token = "lab-token-0123456789abcdef"
+    (tmp_path / "token").write_text(token + "\n")
+    p = tls_proxy("--auth-token-file", str(tmp_path / "token"))
+    device = authenticated(tls_connect(p.address, "server:k", tls_files), "server:k", token.encode())
+    client = authenticated(tls_connect(p.address, "client:k", tls_files), "client:k", token.encode())
+    assert read_reply(client)[0].ok and read_reply(device)[0].ok
+    exchange(client, device, 1 << 20)
+    intruder = tls_connect(p.address, "server:k", tls_files)
+    with pytest.raises(AuthenticationError, match="refused our auth token"):
+        authenticated(intruder, "server:k", b"a guessed token of some length")
+    wait_for_matches(p, "does not know the auth token")

@@ -29,7 +29,8 @@ def choose_relay(requested: str, *, tls: bool = False) -> str:
 
     Raises:
         NativeRelayUnavailable: ``native`` was asked for and cannot run here.
-        RelayUnavailable: ``native`` or ``splice`` was asked for with TLS on.
+        RelayUnavailable: ``splice`` was asked for and cannot run here, or ``native`` or
+            ``splice`` with TLS on.
     """
     if requested not in RELAYS:
         raise ValueError(f"unknown relay {requested!r}")
@@ -50,8 +51,8 @@ def choose_relay(requested: str, *, tls: bool = False) -> str:
             logger.warning("%s; relaying with %s instead", exc, fallback)
             return fallback
     if requested == "splice" and not SPLICE_AVAILABLE:
-        logger.warning("os.splice is not available; relaying with copy instead")
-        return "copy"
+        raise RelayUnavailable("--relay splice: os.splice is not available here (Linux only); "
+                               "use --relay auto or copy")
     return requested
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from kernelrpc.rpc import handshake as hs  # noqa: E402
+from kernelrpc.rpc import handshake as hs
 
 MIB = 1 << 20
 HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device answers

@@ -14,7 +14,7 @@ import sys
 
 from .. import cli
 from .native_relay import NativeRelayUnavailable
-from .relays import RelayUnavailable
+from .relays import RELAYS, RelayUnavailable
 from .service import ProxyConfig, ProxyService
 
 
@@ -61,7 +61,7 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
     p.add_argument("--example-rpc", default=None, metavar="BOOL",
                    help="accepted for TVM's command lines: TVM serves its web runtime's example "
                         "page with it; kernelrpc has no such page (see the warning)")
-    p.add_argument("--relay", choices=["auto", "native", "splice", "copy"], default="auto",
+    p.add_argument("--relay", choices=RELAYS, default="auto",
                    help="native: a JIT-compiled loop, one thread per session (64-bit Linux with "
                         "llvmlite; start-up fails elsewhere); splice: Python moves bytes "
                         "kernel-side with splice(2); copy: Python recv_into/send through a 1 MiB "

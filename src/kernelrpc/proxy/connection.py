@@ -94,9 +94,10 @@ class PeerConnection:
         try:
             key = self._parser.feed(data)
         except ProtocolError as exc:
+            reason = str(exc)
             if self.tls is None and data[:2] == b"\x16\x03":     # a TLS ClientHello
-                exc = "it speaks TLS, and this proxy has TLS off (--tls-cert turns it on)"
-            self.fail(str(exc))
+                reason = "it speaks TLS, and this proxy has TLS off (--tls-cert turns it on)"
+            self.fail(reason)
             return
         if key is None:
             return

@@ -72,6 +72,8 @@ class NativeRelay:
     while native code may still use it.
     """
 
+    kind = "native"
+
     def __init__(self, loop, a: socket.socket, b: socket.socket, to_a: bytes, to_b: bytes,
                  spin_ns: int = 0, on_close=None) -> None:
         if max(len(to_a), len(to_b)) > BUFFER_BYTES:
@@ -93,8 +95,6 @@ class NativeRelay:
         self._closed = loop.create_future()
         self._thread = threading.Thread(target=self._run, name="relay", daemon=True)
         self.result: tuple[int, int, int] | None = None  # return code, bytes from a, from b
-
-    kind = "native"
 
     @property
     def bytes_moved(self) -> tuple[int, int]:

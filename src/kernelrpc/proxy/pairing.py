@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import secrets
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_MAX_WAITING_PER_KEY = 256
 RETIRED_MEMORY = 4096

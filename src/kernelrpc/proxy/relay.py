@@ -59,7 +59,7 @@ class SessionRelay(Protocol):
 
 
 class RelayBuffer:
-    """What :class:`Relay` asks of a direction's buffer besides ``fill``/``drain``/``put``."""
+    """What :class:`PumpRelay` asks of a direction's buffer besides ``fill``/``drain``/``put``."""
 
     src_closed = False  # set by buffers that see the end inside the stream (a close frame)
 

@@ -13,8 +13,8 @@ from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from ..rpc.registration import OfferState
-from ..runtime.threads import usable_cores
 from ..rpc.tls import TLSConfig
+from ..runtime.threads import usable_cores
 from . import relays
 from . import websocket as ws
 from .connection import PeerConnection, WebSocketConnection

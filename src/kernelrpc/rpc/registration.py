@@ -36,7 +36,8 @@ import dataclasses
 import enum
 import logging
 import secrets
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import ClassVar
 
 from ..errors import AuthenticationError, ProtocolError
 from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, PeerAuth, refusal_for_unauthenticated
@@ -157,8 +158,12 @@ class RegistrationMachine:
     """What server and proxy registrations share: the connection, the polls, the offers.
 
     Feed it with :meth:`handle` and honour the actions it returns.  Subclasses say what the
-    registration is (:meth:`_info`) and how an offer gets a fresh match key (:meth:`_rekey`).
+    registration is (:meth:`_info`), how an offer gets a fresh match key (:meth:`_rekey`),
+    and which events change their offers (``_OFFER_EVENTS``: they apply in every state but
+    CLOSED, and shape what the link offers next).
     """
+
+    _OFFER_EVENTS: ClassVar[dict] = {}
 
     def __init__(self, port: int, custom_addr: str | None = None, *, where: str = "tracker",
                  poll_interval: float = 2.0, auth_token: bytes | None = None,
@@ -196,7 +201,7 @@ class RegistrationMachine:
         """Apply ``event`` at monotonic time ``now``; returns the actions to perform, in order."""
         self._out = []
         if self.state is not State.CLOSED:
-            handler = _TABLE.get((self.state, type(event))) or _ANY_STATE.get(type(event))
+            handler = _TABLE.get((self.state, type(event))) or self._OFFER_EVENTS.get(type(event))
             if handler is not None:
                 try:
                     handler(self, event, now)
@@ -453,6 +458,8 @@ class Registration(RegistrationMachine):
         self._replace_key(self.key, self._offer)
         self.offers[self.key] = self._offer
 
+    _OFFER_EVENTS: ClassVar[dict] = {SessionStarted: _session_started, SessionFinished: _session_finished}
+
 
 class ProxyRegistration(RegistrationMachine):
     """Every device waiting at a proxy, one offer each.
@@ -489,6 +496,8 @@ class ProxyRegistration(RegistrationMachine):
                 and self.state is State.READY:
             self._reconnect_now(f"withdrawing slots ({entry.matchkey} stopped waiting)", now)
 
+    _OFFER_EVENTS: ClassVar[dict] = {OfferAdded: _offer_added, OfferWithdrawn: _offer_withdrawn}
+
 
 _R = RegistrationMachine
 _TABLE = {
@@ -504,20 +513,3 @@ _TABLE = {
     (State.READY, ConnectionClosed): _R._closed_by_peer,
 }
 """(state, event) -> transition.  Pairs not listed are ignored (e.g. late bytes after a failure)."""
-
-
-def _only(cls, method):
-    """``method`` for machines of type ``cls``; other machines ignore the event."""
-    def apply(machine, event, now):
-        if isinstance(machine, cls):
-            method(machine, event, now)
-    return apply
-
-
-_ANY_STATE = {
-    SessionStarted: _only(Registration, Registration._session_started),
-    SessionFinished: _only(Registration, Registration._session_finished),
-    OfferAdded: _only(ProxyRegistration, ProxyRegistration._offer_added),
-    OfferWithdrawn: _only(ProxyRegistration, ProxyRegistration._offer_withdrawn),
-}
-"""Offer changes apply in every state except CLOSED: they shape what the link offers next."""

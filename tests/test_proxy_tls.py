@@ -126,10 +126,15 @@ def test_an_explicit_raw_relay_with_tls_fails_start_up(tls_files, relay):
     assert f"--relay {relay} moves raw bytes and cannot re-encrypt TLS records" in done.stderr
 
 
-def test_tls_with_the_websocket_port_is_refused_at_start_up(tls_files):
-    done = subprocess.run([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--web-port", "0",
-                           *tls_files.flags()], env=child_env(), capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2 and "the WebSocket port speaks ws:// only" in done.stderr
+@pytest.mark.parametrize("flags, error", [
+    (["--web-port", "0", "--tls-ca", "{ca}", "--tls-cert", "{cert}"], "the WebSocket port speaks ws:// only"),
+    (["--tls-ca", "{ca}"], "TLS needs --tls-cert"),
+])
+def test_tls_configurations_that_cannot_work_are_refused_at_start_up(tls_files, flags, error):
+    flags = [f.format(ca=tls_files.ca, cert=tls_files.cert) for f in flags]
+    done = subprocess.run([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", *flags], env=child_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and error in done.stderr and "listening" not in done.stdout
 
 
 class TLSTerminator:
@@ -217,3 +222,27 @@ def test_authentication_runs_inside_tls(tls_proxy, tls_files, tmp_path):
     with pytest.raises(AuthenticationError, match="refused our auth token"):
         authenticated(intruder, "server:k", b"a guessed token of some length")
     wait_for_matches(p, "does not know the auth token")
+
+
+def refused(sock) -> bool:
+    """The proxy ended the TLS session instead of answering (an alert, a reset or EOF)."""
+    try:
+        return sock.recv(100) == b""
+    except (ssl.SSLError, ConnectionResetError):
+        return True
+
+
+def test_mutual_tls_refuses_peers_without_a_client_certificate(proxy, tls_files):
+    p = proxy(*tls_files.flags(client_cert=True))
+    anonymous = tls_connect(p.address, "server:k", tls_files)     # TLS 1.3: refused after its Finished
+    assert refused(anonymous)
+    wait_for_matches(p, r"TLS handshake failed .*CERTIFICATE")
+    context = tls_files.client(with_cert=True).client_context()
+    pair = []
+    for key in ("server:k", "client:k"):
+        sock = context.wrap_socket(socket.create_connection(p.address, timeout=15), server_hostname="127.0.0.1")
+        sock.sendall(hs.encode_preamble(key))
+        pair.append(sock)
+    device, client = pair
+    assert read_reply(client)[0].ok and read_reply(device)[0].ok
+    exchange(client, device, 4096)

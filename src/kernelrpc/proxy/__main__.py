@@ -94,6 +94,9 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
                              relay_spin_us=a.relay_spin_us, tls=cli.tls_config(a, "kernelrpc.proxy"))
     except ValueError as exc:
         p.error(str(exc))
+    if config.tls is not None and not config.tls.certfile:
+        p.error("TLS needs --tls-cert (and --tls-key if the key is a separate file): the proxy "
+                "terminates TLS for its peers")
     return config, a
 
 

@@ -14,12 +14,14 @@ import pytest
 
 from kernelrpc.proxy import relays
 from kernelrpc.proxy.relay import SessionRelay
+from kernelrpc.proxy.tls import TLSLayer
+from kernelrpc.rpc.tls import TLSConfig
 from proxy_peers import recv_exactly
 
 NATIVE = (sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
           and importlib.util.find_spec("llvmlite") is not None)
 MODES = [pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="no native relay here")),
-         "splice", "copy"]
+         "splice", "copy", "copy (TLS)"]
 
 
 @pytest.fixture
@@ -39,12 +41,35 @@ def on_loop(loop, function, *args):
     return asyncio.run_coroutine_threadsafe(call(), loop).result(10)
 
 
-def open_pair(loop, mode: str):
+def tls_handshake(outer: socket.socket, inner: socket.socket, tls_files):
+    """(client side, the proxy's TLSLayer) after a TLS handshake over the socket pair."""
+    result = {}
+
+    def client():
+        context = tls_files.client().client_context()
+        result["sock"] = context.wrap_socket(outer, server_hostname="127.0.0.1")
+    peer = threading.Thread(target=client)
+    peer.start()
+    layer = TLSLayer(TLSConfig(certfile=tls_files.cert).server_context())
+    while not layer.handshake_done:
+        layer.receive(inner.recv(65536))
+        inner.sendall(layer.take())
+    peer.join(10)
+    inner.setblocking(False)
+    return result["sock"], layer
+
+
+def open_pair(loop, mode: str, tls_files):
     """(outer_a, outer_b, relay, closed): the relay joins inner_a and inner_b."""
     outer_a, inner_a = socket.socketpair()
     outer_b, inner_b = socket.socketpair()
+    layers = (None, None)
+    if mode == "copy (TLS)":
+        (outer_a, layer_a), (outer_b, layer_b) = (tls_handshake(o, i, tls_files) for o, i in
+                                                  ((outer_a, inner_a), (outer_b, inner_b)))
+        layers = (layer_a, layer_b)
     closed = threading.Event()
-    a, b = (SimpleNamespace(sock=s, decoder=None, tls=None) for s in (inner_a, inner_b))
+    a, b = (SimpleNamespace(sock=s, decoder=None, tls=t) for s, t in zip((inner_a, inner_b), layers))
     relay = on_loop(loop, lambda: relays.open_relay(mode, loop, a, b, to_a=b"to a", to_b=b"to b",
                                                      on_close=closed.set))
     on_loop(loop, relay.start)
@@ -56,8 +81,8 @@ def wait_closed(loop, relay) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_relay_moves_bytes_both_ways_counts_them_and_ends_with_either_side(loop, mode):
-    a, b, relay, closed, inner = open_pair(loop, mode)
+def test_a_relay_moves_bytes_both_ways_counts_them_and_ends_with_either_side(loop, mode, tls_files):
+    a, b, relay, closed, inner = open_pair(loop, mode, tls_files)
     assert isinstance(relay, SessionRelay) and relay.kind == mode
     assert recv_exactly(a, 4) == b"to a" and recv_exactly(b, 4) == b"to b"
     payload = os.urandom(2 << 20)
@@ -71,14 +96,17 @@ def test_a_relay_moves_bytes_both_ways_counts_them_and_ends_with_either_side(loo
     assert a.recv(1) == b""
     assert closed.wait(10)
     wait_closed(loop, relay)
-    assert relay.bytes_moved == (len(payload), 4)
+    if mode == "copy (TLS)":                  # raw bytes read: records, larger than the payload
+        assert relay.bytes_moved[0] > len(payload) and relay.bytes_moved[1] > 4
+    else:
+        assert relay.bytes_moved == (len(payload), 4)
     assert all(s.fileno() == -1 for s in inner)
     a.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_close_ends_a_busy_relay_and_wait_closed_returns_after_the_sockets_closed(loop, mode):
-    a, b, relay, closed, inner = open_pair(loop, mode)
+def test_close_ends_a_busy_relay_and_wait_closed_returns_after_the_sockets_closed(loop, mode, tls_files):
+    a, b, relay, closed, inner = open_pair(loop, mode, tls_files)
     recv_exactly(a, 4)
     recv_exactly(b, 4)
     a.sendall(b"x")

@@ -5,7 +5,8 @@ tree's proxy (``--before SRC``, e.g. the main branch) for before/after figures.
 
 Each path is a byte-echo device that connects out to a proxy and one client through it
 (raw TVM handshake, no RPC), with TLS on both legs for the TLS path: round trip of an
-8-byte message and the bandwidth of a copy there and back.  Paths are measured round by
+8-byte message, the bandwidth of a copy there and back, and the proxy's CPU time per GiB
+of those copies (less noisy than the bandwidth on a shared machine).  Paths are measured round by
 round, interleaved, so load from other processes hits all alike.  The TLS path uses a
 throw-away CA (trustme, a test dependency).
 """
@@ -114,6 +115,11 @@ class Path_:
             self.sock.sendall(memoryview(self.payload)[:n_in])
         recv_exactly(self.sock, n_out, self.buf)
 
+    def proxy_cpu(self) -> float:
+        """CPU seconds the proxy process has used (user + system, all threads)."""
+        fields = Path(f"/proc/{self.proxy.p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
         self.sock.close()
         self.device.stop()
@@ -138,15 +144,19 @@ def main() -> None:
     tls = (str(tmp / "ca.pem"), str(tmp / "cert.pem"))
     specs = [("native", "native", SRC, None), ("splice", "splice", SRC, None), ("copy", "copy", SRC, None),
              ("copy (TLS)", "auto", SRC, tls)]
-    if args.before:
-        specs = [(f"before {r}", r, args.before, None) for r in ("native", "copy")] + specs
+    if args.before:     # rows for a tree whose proxy has no TLS are left out, with a note
+        specs = [(f"before {name}", relay, args.before, t) for name, relay, _, t in specs] + specs
     rtt_count, rounds, size = (200, 2, 16 * MIB) if args.quick else (500, 5, 64 * MIB)
     paths = {}
     try:
         for name, relay, src, tls_files in specs:
-            paths[name] = Path_(relay, src, tls_files)
+            try:
+                paths[name] = Path_(relay, src, tls_files)
+            except RuntimeError as exc:
+                print(f"{name}: not measured ({exc})")
         rtts = {n: [] for n in paths}
         copies = {n: [] for n in paths}
+        cpu = {n: 0.0 for n in paths}
         for _ in range(rounds):
             for name, path in paths.items():
                 for _ in range(20):
@@ -157,18 +167,21 @@ def main() -> None:
                     path.exchange(8, 8)
                     times.append(time.perf_counter() - t)
                 rtts[name].append(statistics.median(times))
-                t = time.perf_counter()
+                t, c = time.perf_counter(), path.proxy_cpu()
                 path.exchange(size, 1)
                 path.exchange(0, size)
                 copies[name].append(2 * size / (time.perf_counter() - t))
+                cpu[name] += path.proxy_cpu() - c
     finally:
         for path in paths.values():
             path.close()
     print(f"\nproxy relays, raw echo through the proxy (round trip: best round's median of {rtt_count}; "
           f"copy {size // MIB} MiB there and back: median of {rounds} rounds)")
-    print(f"{'path':<20}{'round trip (us)':>18}{'copy (MB/s)':>14}")
+    print(f"{'path':<20}{'round trip (us)':>18}{'copy (MB/s)':>14}{'proxy CPU (ms/GiB)':>20}")
     for name in paths:
-        print(f"{name:<20}{min(rtts[name]) * 1e6:>18.1f}{statistics.median(copies[name]) / 1e6:>14.0f}")
+        per_gib = 1e3 * cpu[name] / (2 * size * rounds / (1 << 30))
+        print(f"{name:<20}{min(rtts[name]) * 1e6:>18.1f}{statistics.median(copies[name]) / 1e6:>14.0f}"
+              f"{per_gib:>20.0f}")
 
 
 if __name__ == "__main__":

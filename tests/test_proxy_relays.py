@@ -125,3 +125,31 @@ def test_tls_refuses_the_relays_that_move_raw_bytes():
         with pytest.raises(relays.RelayUnavailable, match="cannot re-encrypt TLS"):
             relays.choose_relay(mode, tls=True)
     assert relays.choose_relay("auto", tls=True) == relays.choose_relay("copy", tls=True) == "copy (TLS)"
+
+
+@pytest.mark.parametrize("chunk", [777, 16 * 1024 + 5, 300_000, 4 << 20])
+def test_the_tls_layer_returns_every_byte_however_records_are_cut(tls_files, chunk):
+    """Sans-IO: a TLS client over memory BIOs, its records fed to the proxy's layer in pieces."""
+    import ssl
+
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = tls_files.client().client_context().wrap_bio(to_client, to_server, server_hostname="127.0.0.1")
+    layer = TLSLayer(TLSConfig(certfile=tls_files.cert).server_context())
+    while not layer.handshake_done:
+        try:
+            client.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        layer.receive(to_server.read())
+        to_client.write(layer.take())
+    client.do_handshake()
+    payload = os.urandom(1 << 20)
+    client.write(payload)
+    records = to_server.read()
+    got = bytearray()
+    for i in range(0, len(records), chunk):
+        got += layer.receive(records[i:i + chunk])
+    assert bytes(got) == payload
+    layer.send(b"answer")
+    to_client.write(layer.take())
+    assert client.read(100) == b"answer"

@@ -80,7 +80,7 @@ class PeerConnection:
         if self.tls.closed:
             self._lost()
             return b""
-        return data
+        return bytes(data)
 
     def _received(self, data: bytes) -> None:
         """Stream bytes from the peer: the preamble (and, with a token, the answer to our

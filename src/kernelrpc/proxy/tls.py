@@ -17,7 +17,8 @@ import ssl
 
 from .relay import BUFFER_BYTES, RelayBuffer
 
-_READ_CHUNK = 256 << 10
+_READ_CHUNK = 256 << 10   # raw bytes read at most at once in the relay
+_MAX_RECORD = 16384 + 2048   # a TLS record's plaintext, and then some
 
 
 class TLSLayer:
@@ -27,11 +28,13 @@ class TLSLayer:
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
         self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._plain = bytearray(0)   # decrypted bytes, reused from read to read
         self.handshake_done = False
         self.closed = False   # the peer ended TLS (close_notify)
 
-    def receive(self, raw: bytes) -> bytes:
-        """Feed bytes read from the peer; returns the plaintext they complete.
+    def receive(self, raw: bytes) -> memoryview:
+        """Feed bytes read from the peer; returns the plaintext they complete (a view valid
+        until the next call).
 
         Raises:
             ssl.SSLError: not TLS, a certificate the context refuses, a broken record.
@@ -41,21 +44,33 @@ class TLSLayer:
             try:
                 self._tls.do_handshake()
             except ssl.SSLWantReadError:
-                return b""
+                return memoryview(b"")
             self.handshake_done = True
-        chunks = []
+        # Plaintext is never longer than the records it comes from: those in the BIO, the one
+        # being decrypted, and at most one partial record OpenSSL holds back.
+        need = self._incoming.pending + self._tls.pending() + _MAX_RECORD
+        if need > len(self._plain):
+            self._plain = bytearray(need)
+        view = memoryview(self._plain)
+        n = 0
+        more = []          # only if the bound above were wrong: plaintext must never stay behind
         while True:
             try:
-                chunk = self._tls.read(_READ_CHUNK)
+                if n < len(view):
+                    got = self._tls.read(len(view) - n, view[n:])
+                else:
+                    got = len(chunk := self._tls.read(_MAX_RECORD))
+                    more.append(chunk)
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLZeroReturnError:
                 self.closed = True
                 break
-            if not chunk:
+            if not got:
                 break
-            chunks.append(chunk)
-        return b"".join(chunks)
+            if not more:
+                n += got
+        return view[:n] if not more else memoryview(bytes(view[:n]) + b"".join(more))
 
     def send(self, plaintext: bytes) -> None:
         """Queue ``plaintext`` as records (see :meth:`take`)."""
@@ -135,7 +150,15 @@ class TLSBuffer(RelayBuffer):
 
     def drain(self, dst: socket.socket) -> None:
         if self._dst_tls is not None and self._dst_tls.pending:
-            self._out += self._dst_tls.take()
+            records = self._dst_tls.take()
+            if self._out:
+                self._out += records
+            else:                     # the usual case: straight to the socket, keep the rest
+                try:
+                    sent = dst.send(records)
+                except BlockingIOError:
+                    sent = 0
+                self._out += memoryview(records)[sent:]
         while self._sent < len(self._out):
             try:
                 self._sent += dst.send(memoryview(self._out)[self._sent:])

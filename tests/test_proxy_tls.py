@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import selectors
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -48,21 +50,40 @@ def tls_pair(p, tls_files, key="k"):
     return device, client
 
 
-def exchange(a, b, nbytes: int) -> None:
-    """``nbytes`` a -> b and b -> a at the same time."""
-    there, back = os.urandom(nbytes), os.urandom(nbytes)
-    senders = [threading.Thread(target=a.sendall, args=(there,)),
-               threading.Thread(target=b.sendall, args=(back,))]
-    for t in senders:
-        t.start()
-    got = {}
-    reader = threading.Thread(target=lambda: got.setdefault("a", recv_exactly(a, nbytes)))
-    reader.start()
-    assert recv_exactly(b, nbytes) == there
-    reader.join(60)
-    assert got["a"] == back
-    for t in senders:
-        t.join(60)
+def exchange(a: ssl.SSLSocket, b: ssl.SSLSocket, nbytes: int, timeout: float = 60.0) -> None:
+    """``nbytes`` a -> b and b -> a at the same time, from one thread: an SSL socket must not be
+    read and written by two threads at once."""
+    sent = {a: os.urandom(nbytes), b: os.urandom(nbytes)}
+    got = {a: bytearray(), b: bytearray()}
+    offset = {a: 0, b: 0}
+    for sock in (a, b):
+        sock.setblocking(False)
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for sock in (a, b):
+            selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        while any(len(got[s]) < nbytes for s in (a, b)):
+            assert time.monotonic() < deadline, f"stalled: {len(got[a])} and {len(got[b])} of {nbytes} bytes"
+            for key, _ in selector.select(1.0):
+                sock = key.fileobj
+                while True:                           # what TLS has decrypted is not on the socket any more
+                    try:
+                        data = sock.recv(1 << 20)
+                    except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                        break
+                    assert data, "the proxy closed the connection"
+                    got[sock] += data
+                try:
+                    offset[sock] += sock.send(memoryview(sent[sock])[offset[sock]:offset[sock] + (256 << 10)]) \
+                        if offset[sock] < nbytes else 0
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    pass
+                if offset[sock] >= nbytes:
+                    selector.modify(sock, selectors.EVENT_READ)
+    for sock in (a, b):
+        sock.setblocking(True)
+        sock.settimeout(15)
+    assert bytes(got[b]) == sent[a] and bytes(got[a]) == sent[b]
 
 
 def test_tls_pairs_relay_both_ways_large_transfers_and_close_from_either_side(tls_proxy, tls_files):
@@ -140,10 +161,10 @@ def test_tls_configurations_that_cannot_work_are_refused_at_start_up(tls_files, 
 class TLSTerminator:
     """A TLS listener in front of a plaintext tracker: only a TLS peer gets through."""
 
-    def __init__(self, target, tls_files) -> None:
+    def __init__(self, target, certfile: str) -> None:
         self.target = target
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.load_cert_chain(tls_files.cert)
+        self.context.load_cert_chain(certfile)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()
         self.accepted = 0
@@ -184,7 +205,7 @@ class TLSTerminator:
 
 def test_the_tracker_link_speaks_tls(start_service, tls_proxy, tls_files):
     tracker = start_tracker(start_service)
-    terminator = TLSTerminator(tracker.address, tls_files)
+    terminator = TLSTerminator(tracker.address, tls_files.cert)
     try:
         p = tls_proxy("--tracker", "{}:{}".format(*terminator.address))
         wait_for_matches(p, "registered with tracker")
@@ -246,3 +267,15 @@ def test_mutual_tls_refuses_peers_without_a_client_certificate(proxy, tls_files)
     device, client = pair
     assert read_reply(client)[0].ok and read_reply(device)[0].ok
     exchange(client, device, 4096)
+
+
+def test_a_tracker_whose_certificate_is_not_trusted_is_not_registered_with(start_service, tls_proxy, tls_files):
+    tracker = start_tracker(start_service)
+    terminator = TLSTerminator(tracker.address, tls_files.untrusted_cert)
+    try:
+        p = tls_proxy("--tracker", "{}:{}".format(*terminator.address))
+        wait_for_matches(p, r"cannot reach tracker .*CERTIFICATE_VERIFY_FAILED")
+        tls_connect(p.address, "server:nope", tls_files).close()
+        assert terminator.accepted == 0 and queue(tracker, "nope")["free"] == 0
+    finally:
+        terminator.close()

@@ -18,6 +18,7 @@ from kernelrpc.errors import AuthenticationError
 from kernelrpc.launch import child_env
 from kernelrpc.rpc import auth as A
 from kernelrpc.rpc import handshake as hs
+from kernelrpc.proxy.tls import PLAINTEXT_REFUSAL
 from proxy_peers import connect, is_closed, read_reply, recv_exactly, wait_for_matches
 from servicectl import queue, start_tracker
 
@@ -126,8 +127,13 @@ def test_a_peer_that_never_completes_the_tls_handshake_does_not_keep_its_slot(tl
 def test_a_plain_peer_at_a_tls_proxy_is_refused_and_the_proxy_goes_on(tls_proxy, tls_files):
     p = tls_proxy()
     plain = connect(p.address, "server:k")
+    assert recv_exactly(plain, 4) == PLAINTEXT_REFUSAL      # in plain TCP: "this service requires TLS"
     assert is_closed(plain)
-    wait_for_matches(p, r"TLS handshake failed .*this proxy takes TLS peers only")
+    wait_for_matches(p, r"it speaks plain TCP, and this proxy takes TLS peers only")
+    garbage = socket.create_connection(p.address, timeout=15)
+    garbage.sendall(b"\x16\x03\x01\x00\x05hello")                 # a TLS record that is not a hello
+    assert is_closed(garbage)
+    wait_for_matches(p, r"TLS handshake failed")
     device, client = tls_pair(p, tls_files)
     exchange(client, device, 4096)
 

@@ -19,7 +19,7 @@ from ..netutil import enable_keepalive
 from ..rpc.auth import ServiceAuth
 from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
 from . import websocket as ws
-from .tls import TLSLayer
+from .tls import PLAINTEXT_REFUSAL, PlaintextPeer, TLSLayer
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +69,16 @@ class PeerConnection:
         """Plaintext from a TLS peer's bytes; sends what TLS answers (the handshake)."""
         try:
             data = self.tls.receive(raw)
+        except PlaintextPeer:
+            self._send_raw(PLAINTEXT_REFUSAL)
+            self.fail("it speaks plain TCP, and this proxy takes TLS peers only", gently=True)
+            return b""
         except ssl.SSLError as exc:
             self._send_raw(self.tls.take())       # the alert that tells the peer why
             if self.tls.handshake_done:
                 self.fail(f"broken TLS stream: {exc}")
             else:
-                self.fail(f"TLS handshake failed ({exc.reason or exc}); this proxy takes TLS peers only")
+                self.fail(f"TLS handshake failed ({exc.reason or exc})", gently=True)
             return b""
         self._send_raw(self.tls.take())
         if self.tls.closed:
@@ -161,16 +165,26 @@ class PeerConnection:
         except OSError:
             pass
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, gently: bool = False) -> None:
         logger.warning("closing %s: %s", self.name, reason)
-        self.close()
+        self.close(gently)
 
-    def close(self) -> None:
+    def close(self, gently: bool = False) -> None:
+        """``gently``: end our side first and take what the peer sent, so that our last
+        bytes (a refusal, a TLS alert) are not lost to the reset a close with unread bytes sends."""
         if self.closed or self.handed_over:
             return
         self.closed = True
         self._cancel_timer()
         self._loop.remove_reader(self.sock.fileno())
+        if gently:
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+                for _ in range(16):          # what has arrived, not what a flood keeps sending
+                    if not self.sock.recv(65536):
+                        break
+            except OSError:          # nothing more to read now (or the peer is gone)
+                pass
         self.sock.close()
         self._service.connection_closed(self)
 

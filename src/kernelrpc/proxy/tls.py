@@ -14,11 +14,23 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 
 from .relay import BUFFER_BYTES, RelayBuffer
 
+TLS_REQUIRED = 0xFF2B1
+PLAINTEXT_REFUSAL = struct.pack("<i", TLS_REQUIRED)
+"""What a kernelrpc TLS service answers, in plain TCP, to a peer whose first byte does not start
+a TLS handshake (record type 0x16; no kernelrpc or TVM opening does): an ``i32`` like the
+handshake's reply codes, which kernelrpc's peers report as "requires TLS"."""
+_TLS_HANDSHAKE_RECORD = b"\x16"
+
 _READ_CHUNK = 256 << 10   # raw bytes read at most at once in the relay
 _MAX_RECORD = 16384 + 2048   # a TLS record's plaintext, and then some
+
+
+class PlaintextPeer(Exception):
+    """The peer's first bytes are not a TLS handshake: it speaks plain TCP."""
 
 
 class TLSLayer:
@@ -29,6 +41,7 @@ class TLSLayer:
         self._outgoing = ssl.MemoryBIO()
         self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
         self._plain = bytearray(0)   # decrypted bytes, reused from read to read
+        self._started = False        # the first bytes were a TLS handshake record
         self.handshake_done = False
         self.closed = False   # the peer ended TLS (close_notify)
 
@@ -37,8 +50,13 @@ class TLSLayer:
         until the next call).
 
         Raises:
-            ssl.SSLError: not TLS, a certificate the context refuses, a broken record.
+            PlaintextPeer: the first bytes are not a TLS handshake.
+            ssl.SSLError: a certificate the context refuses, a broken record.
         """
+        if not self._started:
+            if raw[:1] != _TLS_HANDSHAKE_RECORD:
+                raise PlaintextPeer()
+            self._started = True
         self._incoming.write(raw)
         if not self.handshake_done:
             try:

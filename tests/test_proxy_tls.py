@@ -3,9 +3,9 @@ plaintext between them; raw TLS peers speak the TVM handshake (``python -m kerne
 from __future__ import annotations
 
 import os
+import selectors
 import socket
 import ssl
-import selectors
 import subprocess
 import sys
 import threading
@@ -17,8 +17,8 @@ from conftest import wait_until
 from kernelrpc.errors import AuthenticationError
 from kernelrpc.launch import child_env
 from kernelrpc.rpc import auth as A
-from kernelrpc.rpc import handshake as hs
 from kernelrpc.proxy.tls import PLAINTEXT_REFUSAL
+from kernelrpc.rpc import handshake as hs
 from proxy_peers import connect, is_closed, read_reply, recv_exactly, wait_for_matches
 from servicectl import queue, start_tracker
 

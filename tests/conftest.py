@@ -67,6 +67,14 @@ def server(start_service):
 
 
 @pytest.fixture
+def proxy(start_service):
+    """Factory: ``proxy("--timeout-client", "1")`` starts ``python -m kernelrpc.proxy --port 0``."""
+    def start(*args: str):
+        return start_service("kernelrpc.proxy", ["--port", "0", *args])
+    return start
+
+
+@pytest.fixture
 def session(server):
     """A session with ``server``, closed after the test."""
     with rpc.connect(server.host, server.port, key="dev") as sess:

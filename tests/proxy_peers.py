@@ -1,11 +1,11 @@
-"""Helpers for the proxy tests: raw handshake peers, tracker probes, service starters."""
+"""Helpers for the proxy tests: raw handshake peers, tracker probes, service starters.
+
+The ``proxy`` fixture itself is in conftest.py, shared by every test file."""
 from __future__ import annotations
 
 import re
 import socket
 import time
-
-import pytest
 
 from kernelrpc.rpc import handshake as hs
 from kernelrpc.rpc import tracker_codec as tc
@@ -62,14 +62,6 @@ def offered_matchkey(service, device_key: str, nth: int = 1) -> str:
     """The match key the proxy logged for the nth device that waited with ``device_key``."""
     pattern = rf"waits for key '{re.escape(device_key)}' \(offered as (\S+)\)"
     return wait_for_matches(service, pattern, nth)[nth - 1].group(1)
-
-
-@pytest.fixture
-def proxy(start_service):
-    """Factory: ``proxy("--timeout-client", "1")`` starts ``python -m kernelrpc.proxy --port 0``."""
-    def start(*args: str):
-        return start_service("kernelrpc.proxy", ["--port", "0", *args])
-    return start
 
 
 def free_port_range(width: int = 40) -> tuple[int, int]:

@@ -174,7 +174,7 @@ def test_a_broken_relay_is_an_error_even_for_auto(monkeypatch):
     """Only "not supported here" may fall back; a module LLVM rejects must fail loudly."""
     from llvmlite import ir
 
-    from kernelrpc.proxy import native_loop, service
+    from kernelrpc.proxy import native_loop, relays
 
     def with_a_typo(arch):
         module = native_loop.relay_module(arch)
@@ -186,7 +186,7 @@ def test_a_broken_relay_is_an_error_even_for_auto(monkeypatch):
     try:
         for requested in ("auto", "native"):
             with pytest.raises(RuntimeError) as info:
-                service.choose_relay(requested)
+                relays.choose_relay(requested)
             assert not isinstance(info.value, native_relay.NativeRelayUnavailable), info.value
     finally:
         native_relay.relay_function.cache_clear()

@@ -14,8 +14,7 @@ import pytest
 
 from conftest import wait_until
 from kernelrpc.rpc import handshake as hs
-from proxy_peers import (connect, is_closed, offered_matchkey, proxy, read_reply,  # noqa: F401
-                         recv_exactly, wait_for_matches)
+from proxy_peers import connect, is_closed, offered_matchkey, read_reply, recv_exactly, wait_for_matches
 
 
 def pair(address, key="k", client_key=None):

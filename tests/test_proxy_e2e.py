@@ -10,8 +10,8 @@ import pytest
 
 from kernelrpc import nd, rpc
 from kernelrpc.errors import SessionTimeout
-from proxy_peers import (offered_matchkey, proxy, start_tvm_proxy, start_tvm_tracker,  # noqa: F401
-                         tracker_request, wait_for_matches)
+from proxy_peers import (offered_matchkey, start_tvm_proxy, start_tvm_tracker, tracker_request,
+                         wait_for_matches)
 
 DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
 
@@ -150,7 +150,7 @@ def test_proxy_re_registers_its_devices_when_the_tracker_restarts(start_service,
     device(p.host, p.port, "again")
     wait_for_matches(p, r"offered again:\S+ to the tracker")
     first.stop(signal.SIGKILL)
-    wait_for_matches(p, r"tracker 127\.0\.0\.1:\d+: .*reconnecting")
+    wait_for_matches(p, r"lost the connection to tracker 127\.0\.0\.1:\d+ .*reconnecting")
     second = start_service("kernelrpc.tracker", args)
     wait_for_matches(p, r"offered again:\S+ to the tracker", 2)
     with connect_tracker(second.host, second.port).request("again") as sess:

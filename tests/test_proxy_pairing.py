@@ -16,10 +16,11 @@ def test_devices_with_one_key_queue_oldest_first():
 
 
 def test_a_device_promised_to_a_tracker_client_is_picked_last():
-    mm = Matchmaker()
+    promised = set()
+    mm = Matchmaker(promised=lambda device: device in promised)
     d1, _ = mm.add_device("d1", "server:k", "k")
     d2, _ = mm.add_device("d2", "server:k", "k")
-    d1.claimed_at = 1.0
+    promised.add(d1)
     assert mm.add_client("c", "client:k", "k")[1].partner is d2
     assert mm.add_client("t", f"client:{d1.matchkey}", d1.matchkey)[1].partner is d1
 

@@ -9,9 +9,8 @@ import pytest
 
 from conftest import wait_until
 from kernelrpc.rpc import handshake as hs
-from proxy_peers import (connect, offered_matchkey, proxy, read_reply, recv_exactly,  # noqa: F401
-                         start_tvm_proxy, start_tvm_tracker, tracker_free_slots,
-                         tracker_request, wait_for_matches)
+from proxy_peers import (connect, offered_matchkey, read_reply, recv_exactly, start_tvm_proxy,
+                         start_tvm_tracker, tracker_free_slots, tracker_request, wait_for_matches)
 from servicectl import child_env
 
 pytestmark = pytest.mark.tvm

@@ -9,7 +9,7 @@ import sys
 import threading
 
 import pytest
-from proxy_peers import connect, is_closed, proxy, read_reply, recv_exactly  # noqa: F401
+from proxy_peers import connect, is_closed, read_reply, recv_exactly
 from servicectl import child_env
 
 from kernelrpc.proxy import websocket as ws

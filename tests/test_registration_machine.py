@@ -204,3 +204,113 @@ def test_replies_split_anywhere_register_the_same(noise, chunk):
         m.handle(R.DataReceived(stream[i:i + chunk]), 0)
     assert m.registered
     m.handle(R.DataReceived(noise), 0)              # whatever follows: a clean disconnect at worst
+
+
+# -- the proxy's flavour: many offers ---------------------------------------------------------
+class Keys:
+    """The proxy's side of rekeying: a fresh key per call, remembered per offer."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, offer):
+        self.count += 1
+        return f"{offer}:{self.count}"
+
+
+def proxy_machine(**kwargs):
+    kwargs.setdefault("backoff", Backoff(0.25, 10.0, rng=random.Random(1)))
+    return R.ProxyRegistration(9090, None, where="t:1", rekey=Keys(), **kwargs)
+
+
+def open_link(m, now=0.0):
+    m.handle(R.TimerFired(), now)
+    m.handle(R.Connected("127.0.0.1"), now)
+    return m.handle(R.DataReceived(MAGIC_BYTES), now)
+
+
+def test_proxy_offers_every_waiting_device_with_its_protocol():
+    m = proxy_machine()
+    m.handle(R.OfferAdded("d1", "a", "a:0.1", "kernelrpc/1"), 0)
+    m.handle(R.OfferAdded("d2", "b", "b:0.2", ""), 0)
+    assert m.offer_state("d1") is m.offer_state("d2") is R.OfferState.WAITING
+    messages = sent(open_link(m))
+    info = {"key": "server:proxy[a,b]", "addr": [None, 9090]}
+    key1, key2 = m.offers["d1"].matchkey, m.offers["d2"].matchkey
+    assert key1 == "d1:1" and key2 == "d2:2"          # a new connection: fresh keys from the proxy
+    assert messages == [[TrackerCode.UPDATE_INFO, info],
+                        [TrackerCode.UPDATE_INFO, {**info, "protocol": "kernelrpc/1"}],
+                        [TrackerCode.PUT, "a", [9090, key1], None],
+                        [TrackerCode.UPDATE_INFO, {**info, "protocol": ""}],
+                        [TrackerCode.PUT, "b", [9090, key2], None]]
+    assert m.offer_state("d1") is R.OfferState.OFFERED
+    m.handle(R.DataReceived(SUCCESS * 5), 0)
+    assert m.registered
+    (put,) = sent(m.handle(R.OfferAdded("d3", "b", "b:0.3", ""), 1))
+    info3 = {"key": "server:proxy[a,b]", "addr": [None, 9090]}
+    assert put == [TrackerCode.PUT, "b", [9090, "b:0.3"], None] and info3 == info
+
+
+def test_proxy_rotates_a_handed_out_key_after_the_shared_number_of_polls():
+    m = proxy_machine()
+    m.handle(R.OfferAdded("d", "a", "a:0.1"), 0)
+    open_link(m)
+    m.handle(R.DataReceived(SUCCESS * 3), 0)
+    taken = m.offers["d"].matchkey
+    now = m.deadline
+    m.handle(R.TimerFired(), now)
+    assert sent(m.handle(R.DataReceived(encode_frame([taken])), now)) == []
+    assert m.offer_state("d") is R.OfferState.OFFERED
+    for _ in range(R.MISSES_BEFORE_ROTATE - 1):
+        now = m.deadline
+        m.handle(R.TimerFired(), now)
+        assert sent(m.handle(R.DataReceived(encode_frame([])), now)) == []
+        assert m.offer_state("d") is R.OfferState.CLAIMED
+    now = m.deadline
+    m.handle(R.TimerFired(), now)
+    (put,) = sent(m.handle(R.DataReceived(encode_frame([])), now))
+    assert put[2][1] == m.offers["d"].matchkey != taken
+    assert m.offer_state("d") is R.OfferState.OFFERED
+
+
+def test_proxy_withdraws_an_offered_slot_by_reconnecting_at_once():
+    m = proxy_machine()
+    for d in ("d1", "d2"):
+        m.handle(R.OfferAdded(d, "a", d), 0)
+    open_link(m)
+    m.handle(R.DataReceived(SUCCESS * 4), 0)
+    assert m.handle(R.OfferWithdrawn("d2", handed_out=True), 1) == []   # its client took it from the tracker
+    (gone,) = m.handle(R.OfferWithdrawn("d1"), 1)
+    assert isinstance(gone, R.Disconnect) and gone.retry_in == 0 and "withdrawing slots" in gone.reason
+    assert m.deadline == 1 and m.offers == {}
+    m.handle(R.OfferAdded("d3", "a", "x"), 1)
+    assert m.handle(R.TimerFired(), 1) == [R.Connect()]             # no backoff for a deliberate reconnect
+
+
+def test_proxy_offers_wait_while_the_tracker_is_away():
+    m = proxy_machine()
+    m.handle(R.OfferAdded("d", "a", "a:0.1"), 0)
+    open_link(m)
+    m.handle(R.ConnectionClosed(), 1)
+    assert m.offer_state("d") is R.OfferState.WAITING
+    assert m.handle(R.OfferWithdrawn("d"), 1) == [] and m.offer_state("d") is None
+
+
+proxy_events = st.one_of(
+    events,
+    st.builds(R.OfferAdded, st.sampled_from("abc"), st.sampled_from(["k", "j"]), st.text(max_size=4)),
+    st.builds(R.OfferWithdrawn, st.sampled_from("abc"), st.booleans()),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(proxy_events, st.floats(0, 30)), max_size=40))
+def test_proxy_arbitrary_input_never_crashes(steps):
+    m = proxy_machine()
+    now = 0.0
+    for event, dt in steps:
+        now += dt
+        actions = m.handle(event, now)
+        assert all(isinstance(a, (R.Connect, R.Send, R.Disconnect)) for a in actions)
+        if m.state is not R.State.READY:
+            assert all(o.state is R.OfferState.WAITING for o in m.offers.values())

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
 
 from .. import cli
 from .native_relay import NativeRelayUnavailable
+from .relays import RELAYS, RelayUnavailable
 from .service import ProxyConfig, ProxyService
 
 
@@ -59,16 +61,19 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
     p.add_argument("--example-rpc", default=None, metavar="BOOL",
                    help="accepted for TVM's command lines: TVM serves its web runtime's example "
                         "page with it; kernelrpc has no such page (see the warning)")
-    p.add_argument("--relay", choices=["auto", "native", "splice", "copy"], default="auto",
+    p.add_argument("--relay", choices=RELAYS, default="auto",
                    help="native: a JIT-compiled loop, one thread per session (64-bit Linux with "
                         "llvmlite; start-up fails elsewhere); splice: Python moves bytes "
                         "kernel-side with splice(2); copy: Python recv_into/send through a 1 MiB "
-                        "buffer; auto (default): native where it runs, else splice with a warning")
+                        "buffer; auto (default): native where it runs, else splice with a warning. "
+                        "With TLS every pair is relayed by copy through the TLS layer (native "
+                        "and splice are refused)")
     p.add_argument("--relay-spin-us", type=float, default=50.0,
                    help="native relay: keep polling this many microseconds after traffic before "
                         "sleeping; saves two wake-ups per round trip, costs CPU while a session "
                         "is busy (default 50; 0 never polls)")
     cli.add_auth_flags(p)
+    cli.add_tls_flags(p)
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")
@@ -81,11 +86,18 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
     if a.timeout_server < 1:
         p.error("the devices' wait (--timeout-server, --timeout) must be at least 1 s: a device "
                 "server takes a quicker MISMATCH for a sign that it did not reach a proxy")
-    return ProxyConfig(host=a.host, port=a.port, port_end=cli.port_end(a), tracker=a.tracker,
-                       custom_addr=a.custom_addr, web_port=a.web_port,
-                       timeout_client=a.timeout_client, timeout_server=a.timeout_server,
-                       handshake_timeout=a.timeout_handshake, relay=a.relay,
-                       relay_spin_us=a.relay_spin_us), a
+    try:
+        config = ProxyConfig(host=a.host, port=a.port, port_end=cli.port_end(a), tracker=a.tracker,
+                             custom_addr=a.custom_addr, web_port=a.web_port,
+                             timeout_client=a.timeout_client, timeout_server=a.timeout_server,
+                             handshake_timeout=a.timeout_handshake, relay=a.relay,
+                             relay_spin_us=a.relay_spin_us, tls=cli.tls_config(a, "kernelrpc.proxy"))
+    except ValueError as exc:
+        p.error(str(exc))
+    if config.tls is not None and not config.tls.certfile:
+        p.error("TLS needs --tls-cert (and --tls-key if the key is a separate file): the proxy "
+                "terminates TLS for its peers")
+    return config, a
 
 
 async def _serve(config: ProxyConfig) -> None:
@@ -94,7 +106,8 @@ async def _serve(config: ProxyConfig) -> None:
     web = ""
     if service.web_address is not None:
         web = " (websocket ws://{}:{}/ws)".format(*service.web_address)
-    print(f"kernelrpc.proxy listening on {host}:{port}{web}", flush=True)
+    tls = " (TLS)" if config.tls is not None else ""
+    print(f"kernelrpc.proxy listening on {host}:{port}{tls}{web}", flush=True)
     logging.getLogger("kernelrpc.proxy").info("relaying with %s", service.describe_relay())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -111,7 +124,7 @@ EXPOSES = ("can hold every device behind it and connect fake devices ('server:KE
 def main(argv=None) -> int:
     config, args = parse_args(argv)
     cli.setup_logging(args)
-    config.auth_token = cli.auth_token(args, "kernelrpc.proxy", config.host, EXPOSES)
+    config = dataclasses.replace(config, auth_token=cli.auth_token(args, "kernelrpc.proxy", config.host, EXPOSES))
     if args.example_rpc is not None and args.example_rpc.strip().lower() not in ("", "0", "false", "no"):
         cli.warn_ignored("--example-rpc", "it serves the example page of TVM's web runtime, which "
                                           "kernelrpc does not ship; WebSocket peers still connect at --web-port")
@@ -119,6 +132,9 @@ def main(argv=None) -> int:
         asyncio.run(_serve(config))
     except NativeRelayUnavailable as exc:
         logging.getLogger("kernelrpc.proxy").error("--relay native: %s", exc)
+        return 1
+    except RelayUnavailable as exc:
+        logging.getLogger("kernelrpc.proxy").error("%s", exc)
         return 1
     except OSError as exc:
         logging.getLogger("kernelrpc.proxy").error("%s", cli.bind_failure(exc, args))

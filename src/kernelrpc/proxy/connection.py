@@ -1,7 +1,9 @@
 """One TCP peer of the proxy until it is paired: reads the handshake preamble, then waits.
 
 The socket is driven directly with the event loop's ``add_reader`` (no asyncio
-transport), so that on pairing it can be handed to :class:`~.relay.Relay` as is.
+transport), so that on pairing it can be handed to a relay as is.  At a TLS proxy
+the bytes read go through the peer's :class:`~.tls.TLSLayer` first (the TLS
+handshake, then the key), and the layer goes to the relay with the socket.
 While waiting, a peer is still read: EOF means it left, and any byte means it
 broke the protocol (TVM peers send nothing before the pairing reply).
 """
@@ -10,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 
 from ..errors import ProtocolError
 from ..netutil import enable_keepalive
 from ..rpc.auth import ServiceAuth
 from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
 from . import websocket as ws
+from .tls import PLAINTEXT_REFUSAL, PlaintextPeer, TLSLayer
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ class PeerConnection:
     decoder = None  # a WebSocket peer's frame decoder (WebSocketConnection)
     read_bytes = _READ_BYTES
 
-    def __init__(self, service, sock: socket.socket, addr) -> None:
+    def __init__(self, service, sock: socket.socket, addr, tls: ssl.SSLContext | None = None) -> None:
         self._service = service
         self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         self.sock = sock
@@ -38,6 +42,7 @@ class PeerConnection:
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.handed_over = False
+        self.tls = TLSLayer(tls) if tls is not None else None
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         enable_keepalive(sock)
@@ -54,7 +59,32 @@ class PeerConnection:
         if not data:
             self._lost()
             return
+        if self.tls is not None:
+            data = self._decrypt(data)
+            if not data:
+                return
         self._received(data)
+
+    def _decrypt(self, raw: bytes) -> bytes:
+        """Plaintext from a TLS peer's bytes; sends what TLS answers (the handshake)."""
+        try:
+            data = self.tls.receive(raw)
+        except PlaintextPeer:
+            self._send_raw(PLAINTEXT_REFUSAL)
+            self.fail("it speaks plain TCP, and this proxy takes TLS peers only", gently=True)
+            return b""
+        except ssl.SSLError as exc:
+            self._send_raw(self.tls.take())       # the alert that tells the peer why
+            if self.tls.handshake_done:
+                self.fail(f"broken TLS stream: {exc}")
+            else:
+                self.fail(f"TLS handshake failed ({exc.reason or exc})", gently=True)
+            return b""
+        self._send_raw(self.tls.take())
+        if self.tls.closed:
+            self._lost()
+            return b""
+        return bytes(data)
 
     def _received(self, data: bytes) -> None:
         """Stream bytes from the peer: the preamble (and, with a token, the answer to our
@@ -68,7 +98,10 @@ class PeerConnection:
         try:
             key = self._parser.feed(data)
         except ProtocolError as exc:
-            self.fail(str(exc))
+            reason = str(exc)
+            if self.tls is None and data[:2] == b"\x16\x03":     # a TLS ClientHello
+                reason = "it speaks TLS, and this proxy has TLS off (--tls-cert turns it on)"
+            self.fail(reason)
             return
         if key is None:
             return
@@ -119,21 +152,39 @@ class PeerConnection:
 
     def _send_quietly(self, data: bytes) -> None:
         """Small replies into an idle socket always fit; a peer that vanished is noticed on read."""
+        if self.tls is not None:
+            self.tls.send(data)
+            data = self.tls.take()
+        self._send_raw(data)
+
+    def _send_raw(self, data: bytes) -> None:
+        if not data:
+            return
         try:
             self.sock.send(data)
         except OSError:
             pass
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, gently: bool = False) -> None:
         logger.warning("closing %s: %s", self.name, reason)
-        self.close()
+        self.close(gently)
 
-    def close(self) -> None:
+    def close(self, gently: bool = False) -> None:
+        """``gently``: end our side first and take what the peer sent, so that our last
+        bytes (a refusal, a TLS alert) are not lost to the reset a close with unread bytes sends."""
         if self.closed or self.handed_over:
             return
         self.closed = True
         self._cancel_timer()
         self._loop.remove_reader(self.sock.fileno())
+        if gently:
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+                for _ in range(16):          # what has arrived, not what a flood keeps sending
+                    if not self.sock.recv(65536):
+                        break
+            except OSError:          # nothing more to read now (or the peer is gone)
+                pass
         self.sock.close()
         self._service.connection_closed(self)
 

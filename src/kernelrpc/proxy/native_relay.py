@@ -64,12 +64,15 @@ def relay_function():
 
 
 class NativeRelay:
-    """One paired session relayed by :func:`relay_function` in a thread of its own.
+    """One paired session relayed by :func:`relay_function` in a thread of its own
+    (a :class:`~.relay.SessionRelay`).
 
     :meth:`close` only asks the loop to stop; the sockets are closed on the event
     loop once the thread has returned, so no descriptor is closed (and reused)
     while native code may still use it.
     """
+
+    kind = "native"
 
     def __init__(self, loop, a: socket.socket, b: socket.socket, to_a: bytes, to_b: bytes,
                  spin_ns: int = 0, on_close=None) -> None:
@@ -92,6 +95,11 @@ class NativeRelay:
         self._closed = loop.create_future()
         self._thread = threading.Thread(target=self._run, name="relay", daemon=True)
         self.result: tuple[int, int, int] | None = None  # return code, bytes from a, from b
+
+    @property
+    def bytes_moved(self) -> tuple[int, int]:
+        """Known once the loop has returned (it writes its counts at exit); (0, 0) before."""
+        return (0, 0) if self.result is None else self.result[1:]
 
     def start(self) -> None:
         try:

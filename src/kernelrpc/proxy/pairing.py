@@ -14,12 +14,16 @@ A client's match key (``client:M``) is looked up in this order:
 3. ``M`` was the match key of a device that has since gone or been renamed: the
    client is told MISMATCH at once, so a TVM tracker client retries right away.
 4. Otherwise the client waits (FIFO per key) for a device to arrive.
+
+Whether a device is offered at a tracker is not kept here: the tracker link's
+registration machine owns that (``promised`` asks it).
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import secrets
+from collections.abc import Callable
 
 DEFAULT_MAX_WAITING_PER_KEY = 256
 RETIRED_MEMORY = 4096
@@ -38,10 +42,6 @@ class Waiter:
     is_device: bool
     matchkey: str = ""
     """Devices only: the unique key under which the device is offered."""
-    offered: bool = False
-    """Devices only: the current match key has been PUT to the tracker."""
-    claimed_at: float | None = None
-    """Devices only: when the tracker was first seen to have handed the key out."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +59,11 @@ def new_matchkey(rpc_key: str, taken) -> str:
 
 
 class Matchmaker:
-    def __init__(self, max_waiting_per_key: int = DEFAULT_MAX_WAITING_PER_KEY) -> None:
+    def __init__(self, max_waiting_per_key: int = DEFAULT_MAX_WAITING_PER_KEY,
+                 promised: Callable[[Waiter], bool] = lambda device: False) -> None:
+        """``promised(device)``: the tracker handed the device's key to a client on its way."""
         self.max_waiting_per_key = max_waiting_per_key
+        self.promised = promised
         self._devices: dict[str, dict[Waiter, None]] = {}  # KEY -> ordered set
         self._by_matchkey: dict[str, Waiter] = {}
         self._clients: dict[str, dict[Waiter, None]] = {}
@@ -88,7 +91,7 @@ class Matchmaker:
         device = self._by_matchkey.get(matchkey)
         if device is None and self._devices.get(matchkey):
             devices = self._devices[matchkey]
-            device = next((d for d in devices if d.claimed_at is None), next(iter(devices)))
+            device = next((d for d in devices if not self.promised(d)), next(iter(devices)))
         if device is not None:
             self.remove(device)
             return waiter, Outcome("pair", device)
@@ -118,8 +121,6 @@ class Matchmaker:
         del self._by_matchkey[device.matchkey]
         self._retire(device.matchkey)
         device.matchkey = new_matchkey(device.wanted, self._by_matchkey)
-        device.offered = False
-        device.claimed_at = None
         self._by_matchkey[device.matchkey] = device
         return device.matchkey
 

@@ -1,5 +1,9 @@
 """Moving bytes between two paired sockets, with bounded buffers and no per-message work.
 
+Every relay the proxy runs is a :class:`SessionRelay`: the native loop
+(``native_relay.py``) and the Python :class:`PumpRelay` here, whose buffers make it
+a splice, copy, WebSocket or TLS relay.  ``relays.py`` chooses among them.
+
 Each direction is a :class:`Pump` from one socket to the other through a bounded
 buffer.  On Linux the buffer is a pipe and the bytes move with ``splice(2)``: the
 kernel hands socket pages to the pipe and on to the other socket, and they never
@@ -15,6 +19,7 @@ import fcntl
 import logging
 import os
 import socket
+from typing import Protocol, runtime_checkable
 
 from ..errors import ProtocolError
 
@@ -28,8 +33,33 @@ _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK
 SPLICE_AVAILABLE = hasattr(os, "splice")
 
 
+@runtime_checkable
+class SessionRelay(Protocol):
+    """One paired session's relay, whatever moves the bytes.
+
+    Built with the pairing replies already queued (``to_a``, ``to_b``) and an ``on_close``
+    callback; owns both sockets from then on.
+    """
+
+    kind: str
+    """What moves the bytes: ``native``, ``splice``, ``copy``, ``copy (WebSocket)``, ``copy (TLS)``."""
+
+    def start(self) -> None:
+        """Begin relaying (the queued pairing replies go first)."""
+
+    def close(self) -> None:
+        """End the session: stop relaying and close both sockets (at once, or by ``wait_closed``)."""
+
+    async def wait_closed(self) -> None:
+        """Return once both sockets are closed and ``on_close`` has run."""
+
+    @property
+    def bytes_moved(self) -> tuple[int, int]:
+        """Bytes read from a and from b (the native relay knows them once it has ended)."""
+
+
 class RelayBuffer:
-    """What :class:`Relay` asks of a direction's buffer besides ``fill``/``drain``/``put``."""
+    """What :class:`PumpRelay` asks of a direction's buffer besides ``fill``/``drain``/``put``."""
 
     src_closed = False  # set by buffers that see the end inside the stream (a close frame)
 
@@ -135,6 +165,7 @@ class Pump:
     def __init__(self, src: socket.socket, dst: socket.socket, buffer) -> None:
         self.src, self.dst, self.buffer = src, dst, buffer
         self.eof = False
+        self.moved = 0
 
     @property
     def wants_read(self) -> bool:
@@ -145,25 +176,30 @@ class Pump:
         return self.buffer.pending > 0
 
 
-class Relay:
-    """Two pumps over one pair of sockets, driven by the event loop's reader/writer callbacks."""
+def buffer_pair(make) -> tuple:
+    """Two buffers from ``make()``; none left open if the second cannot be made."""
+    first = make()
+    try:
+        return first, make()
+    except OSError:
+        first.close()
+        raise
 
-    def __init__(self, loop, a: socket.socket, b: socket.socket, to_a: bytes, to_b: bytes,
-                 mode: str = "splice", on_close=None, buffers: tuple | None = None) -> None:
-        """``buffers``: the (a -> b, b -> a) buffers to use instead of ``mode``'s."""
+
+class PumpRelay:
+    """Two pumps over one pair of sockets, driven by the event loop's reader/writer callbacks.
+
+    ``buffers`` (a -> b, b -> a) decide how bytes move: :class:`PipeBuffer` (splice),
+    :class:`CopyBuffer`, or the WebSocket and TLS buffers; ``kind`` names them.
+    """
+
+    def __init__(self, loop, a: socket.socket, b: socket.socket, to_a: bytes, to_b: bytes, *,
+                 buffers: tuple, kind: str, on_close=None) -> None:
+        self.kind = kind
         self._loop = loop
         self._on_close = on_close
         self._closed = False
-        if buffers is not None:
-            first, second = buffers
-        else:
-            make = PipeBuffer if mode == "splice" and SPLICE_AVAILABLE else CopyBuffer
-            first = make()
-            try:
-                second = make()
-            except OSError:
-                first.close()
-                raise
+        first, second = buffers
         self._pumps = [Pump(a, b, first), Pump(b, a, second)]
         self._pumps[0].buffer.put(to_b)
         self._pumps[1].buffer.put(to_a)
@@ -173,8 +209,12 @@ class Relay:
         for pump in self._pumps:
             self._flush(pump)
 
+    @property
+    def bytes_moved(self) -> tuple[int, int]:
+        return self._pumps[0].moved, self._pumps[1].moved
+
     async def wait_closed(self) -> None:
-        """Sockets are closed by :meth:`close` itself (kept alike with the native relay)."""
+        """Sockets are closed by :meth:`close` itself."""
 
     def close(self) -> None:
         if self._closed:
@@ -199,6 +239,8 @@ class Relay:
             logger.debug("relay read failed: %s", exc)
             self.close()
             return
+        if n:
+            pump.moved += n
         if n == 0 or pump.buffer.src_closed:
             pump.eof = True
         self._flush(pump)

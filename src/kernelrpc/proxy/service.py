@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import socket
 
@@ -11,18 +12,19 @@ from ..errors import HandshakeError
 from ..netutil import bind_first_free
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
+from ..rpc.registration import OfferState
+from ..rpc.tls import TLSConfig
 from ..runtime.threads import usable_cores
+from . import relays
 from . import websocket as ws
 from .connection import PeerConnection, WebSocketConnection
-from .native_relay import NativeRelay, NativeRelayUnavailable, relay_function
 from .pairing import Matchmaker, Waiter
-from .relay import BUFFER_BYTES, SPLICE_AVAILABLE, Relay
-from .ws_relay import websocket_buffers
+from .relay import SessionRelay
 
 logger = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 9090
@@ -38,30 +40,12 @@ class ProxyConfig:
     relay: str = "auto"  # native where it runs, else splice; or "native" / "splice" / "copy"
     relay_spin_us: float = 50.0  # native relay: poll this long after traffic before sleeping
     auth_token: bytes | None = dataclasses.field(default=None, repr=False)  # --auth-token-file
+    tls: TLSConfig | None = None  # TLS for peers (terminated here) and for the tracker link
 
-
-def choose_relay(requested: str) -> str:
-    """The relay to use for ``requested``: ``native``, ``splice`` or ``copy``.
-
-    Raises:
-        NativeRelayUnavailable: ``native`` was asked for and cannot run here.
-    """
-    if requested not in ("auto", "native", "splice", "copy"):
-        raise ValueError(f"unknown relay {requested!r}")
-    if requested in ("auto", "native"):
-        try:
-            relay_function()
-            return "native"
-        except NativeRelayUnavailable as exc:
-            if requested == "native":
-                raise
-            fallback = "splice" if SPLICE_AVAILABLE else "copy"
-            logger.warning("%s; relaying with %s instead", exc, fallback)
-            return fallback
-    if requested == "splice" and not SPLICE_AVAILABLE:
-        logger.warning("os.splice is not available; relaying with copy instead")
-        return "copy"
-    return requested
+    def __post_init__(self) -> None:
+        if self.tls is not None and self.web_port is not None:
+            raise ValueError("TLS and --web-port together are not supported: the WebSocket port "
+                             "speaks ws:// only (put a TLS-terminating web server in front for wss://)")
 
 
 def _valid_matchkey(text: str) -> bool:
@@ -71,24 +55,27 @@ def _valid_matchkey(text: str) -> bool:
 class ProxyService:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.matchmaker = Matchmaker(config.max_waiting_per_key)
+        self.matchmaker = Matchmaker(config.max_waiting_per_key, promised=self._promised)
         self.connections: set[PeerConnection] = set()
-        self.relays: set[Relay] = set()
+        self.relays: set[SessionRelay] = set()
         self.tracker_link = None
         self._listener: socket.socket | None = None
         self._web_listener: socket.socket | None = None
         self._stop_watching: list = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tls_context = None  # for accepting TLS peers, when the config has TLS
         self.address: tuple[str, int] | None = None
         self.relay_mode: str | None = None  # the relay in use, chosen by start()
         self.web_address: tuple[str, int] | None = None
 
     async def start(self) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
-        self.relay_mode = choose_relay(self.config.relay)
+        tls = self.config.tls
+        self.relay_mode = relays.choose_relay(self.config.relay, tls=tls is not None)
+        self._tls_context = tls.server_context() if tls is not None else None
         self._listener = self._bind()
         self.address = self._listener.getsockname()[:2]
-        self._watch(self._listener, PeerConnection)
+        self._watch(self._listener, functools.partial(PeerConnection, tls=self._tls_context))
         if self.config.web_port is not None:
             ws.load_numpy()  # now, not in the middle of the first browser peer's upload
             port = self.config.web_port
@@ -100,17 +87,14 @@ class ProxyService:
             from .tracker_link import TrackerLink
             self.tracker_link = TrackerLink(self.config.tracker, self.address[1], self.matchmaker,
                                             custom_addr=self.config.custom_addr,
-                                            auth_token=self.config.auth_token)
+                                            auth_token=self.config.auth_token,
+                                            ssl_context=tls.client_context() if tls is not None else None)
             self.tracker_link.start()
         return self.address
 
     def describe_relay(self) -> str:
-        """The relay in use, named first: ``native (...)``, ``splice (...)``, ``copy (...)``."""
-        how = {"native": f"a JIT-compiled loop, recv/send through {BUFFER_BYTES >> 20} MiB "
-                         f"buffers, polling {self.config.relay_spin_us:g} us after short messages",
-               "splice": f"splice(2) through {BUFFER_BYTES >> 20} MiB pipes",
-               "copy": f"recv_into/send through {BUFFER_BYTES >> 20} MiB buffers"}
-        return f"{self.relay_mode} ({how[self.relay_mode]})"
+        """The relay in use, named first: ``native (...)``, ``splice (...)``, ``copy (TLS) (...)``..."""
+        return relays.describe(self.relay_mode, self.config.relay_spin_us)
 
     def _bind(self) -> socket.socket:
         cfg = self.config
@@ -186,7 +170,7 @@ class ProxyService:
                         f" (offered as {waiter.matchkey})" if waiter.is_device else "")
             conn.timer = self._loop.call_later(timeout, self._wait_expired, conn)
             if waiter.is_device and self.tracker_link is not None:
-                self.tracker_link.wake()
+                self.tracker_link.device_waiting(waiter)
         elif outcome.action == "mismatch":
             logger.info("client %s asked for %r, a key that is gone: MISMATCH", conn.name,
                         parsed.matchkey)
@@ -215,30 +199,28 @@ class ProxyService:
             self._forget(conn.waiter)
 
     # -- internals ------------------------------------------------------------
+    def _promised(self, device: Waiter) -> bool:
+        return self.tracker_link is not None and self.tracker_link.offer_state(device) is OfferState.CLAIMED
+
     def _forget(self, waiter: Waiter) -> bool:
         """Take a waiter out of the pools; True if it was still waiting."""
-        offered = waiter.is_device and waiter.offered and waiter.claimed_at is None
         removed = self.matchmaker.remove(waiter)
-        if removed and offered and self.tracker_link is not None:
-            self.tracker_link.slot_went_stale()
+        if removed and waiter.is_device and self.tracker_link is not None:
+            self.tracker_link.device_gone(waiter)
         return removed
 
-    def _make_relay(self, a: PeerConnection, b: PeerConnection, **kwargs):
-        if a.decoder is not None or b.decoder is not None:
-            buffers = websocket_buffers(a.decoder, b.decoder)
-            return Relay(self._loop, a.sock, b.sock, buffers=buffers, **kwargs)
-        if self.relay_mode != "native":
-            return Relay(self._loop, a.sock, b.sock, mode=self.relay_mode, **kwargs)
+    def _make_relay(self, a: PeerConnection, b: PeerConnection, *, to_a: bytes, to_b: bytes,
+                    on_close) -> SessionRelay:
         # Polling holds a core while a session is busy: only while cores are left for it.
         spinning = len(self.relays) < usable_cores()
         spin_ns = int(self.config.relay_spin_us * 1000) if spinning else 0
-        return NativeRelay(self._loop, a.sock, b.sock, spin_ns=spin_ns, **kwargs)
+        return relays.open_relay(self.relay_mode, self._loop, a, b, to_a=to_a, to_b=to_b,
+                                 on_close=on_close, spin_ns=spin_ns)
 
     def _pair(self, waiting: Waiter, newcomer: Waiter) -> None:
         a, b = waiting.handle, newcomer.handle
-        if waiting.is_device and waiting.matchkey != newcomer.wanted and waiting.offered \
-                and waiting.claimed_at is None and self.tracker_link is not None:
-            self.tracker_link.slot_went_stale()
+        if waiting.is_device and self.tracker_link is not None:
+            self.tracker_link.device_gone(waiting, handed_out=waiting.matchkey == newcomer.wanted)
         try:
             relay = self._make_relay(a, b,
                                      to_a=encode_reply(RPC_CODE_SUCCESS, newcomer.key),

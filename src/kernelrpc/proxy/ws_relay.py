@@ -1,6 +1,6 @@
 """A relay buffer for pairs with a WebSocket side: frames come off and go on on the way.
 
-Same interface as :class:`~.relay.CopyBuffer`, so :class:`~.relay.Relay` drives it
+Same interface as :class:`~.relay.CopyBuffer`, so :class:`~.relay.PumpRelay` drives it
 with the same backpressure: a direction reads at most as much as its buffer has
 room for (a frame's payload is never larger than its bytes on the wire, and
 framing adds at most ``_MAX_HEADER`` bytes per read).

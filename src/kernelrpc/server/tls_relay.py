@@ -1,0 +1,270 @@
+"""TLS sessions: a small relay process holds the TLS stream, the session child speaks plain.
+
+The parent of a session keeps its copy of the client's connection so that it can tell
+the client, in a typed notice, that the session child crashed or ran out of time
+(:mod:`.session`). Over TLS it cannot: the TLS state (keys, sequence numbers) lives
+in whichever process holds the stream, and a crashed child takes it along. So a TLS
+session is three processes:
+
+    client ==TLS== relay --plain socketpair-- session child
+                             ^
+                             parent (its copy of the socketpair end: notices)
+
+The relay, forked from the server right after the TLS and RPC handshakes, moves
+bytes both ways and nothing else: it never parses them, runs no uploaded code and
+keeps the server's user (not ``--run-as``), so a session cannot reach into it. The
+session child is the unchanged one of a plain connection, on its end of the
+socketpair; the parent's notice goes into the socketpair and reaches the client
+through the relay like any reply. The relay ends when both directions are done (the
+client hung up, or the session side closed), drains the client's last bytes for a
+moment so that its final notice is not lost to a reset, and dies with the server
+(``PR_SET_PDEATHSIG``). Its cost is measured in ``bench/tls.py``.
+
+Standard library only, like the rest of the device server.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+import ssl
+import time
+
+from ..rpc.handshake import ParsedKey
+from .config import ServerConfig
+from .session import SessionProcess, _die_with_parent, _max_fd, start_session
+
+log = logging.getLogger(__name__)
+
+CHUNK = 256 << 10
+"""Bytes read at a time, and buffered at most per direction."""
+LINGER = 2.0
+"""Seconds the relay reads (and drops) what the client still sends after the session ended."""
+STALL = 30.0
+"""Seconds without progress after which a relay with bytes to deliver gives up (no --io-timeout)."""
+
+
+class Relay:
+    """The parent's view of a relay process: reap it once it has ended."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.done = False
+
+    def reap(self, wait: float = 0.0) -> bool:
+        """True once the relay has exited and is reaped; waits up to ``wait`` seconds, then kills it."""
+        deadline = time.monotonic() + wait
+        while not self.done:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid = self.pid
+            if pid:
+                self.done = True
+                break
+            if time.monotonic() >= deadline:
+                if wait:
+                    self.kill()
+                    continue
+                return False
+            time.sleep(0.01)
+        return True
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        self.done = True
+
+
+def start_tls_session(tls_sock: ssl.SSLSocket, client_key: ParsedKey, config: ServerConfig,
+                      initial: bytes, peer: str) -> tuple[SessionProcess, Relay]:
+    """Fork the relay for the handshaken ``tls_sock``, then the session child on the plain side."""
+    session_end, relay_end = socket.socketpair()
+    server_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            session_end.close()
+            _relay_main(tls_sock, relay_end, config, server_pid)
+            code = 0
+        except BaseException:
+            log.exception("TLS relay for %s failed", peer)
+        finally:
+            os._exit(code)
+    relay_end.close()
+    tls_sock.close()        # only our descriptor: closing sends nothing, the relay goes on
+    try:
+        session = start_session(session_end, client_key, config, initial, peer=peer)
+    except BaseException:
+        session_end.close()
+        Relay(pid).reap(1.0)
+        raise
+    return session, Relay(pid)
+
+
+def _relay_main(tls_sock: ssl.SSLSocket, plain: socket.socket, config: ServerConfig, server_pid: int) -> None:
+    _die_with_parent(server_pid)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep = sorted((tls_sock.fileno(), plain.fileno()))
+    os.closerange(3, keep[0])
+    os.closerange(keep[0] + 1, keep[1])
+    os.closerange(keep[1] + 1, _max_fd())
+    relay(tls_sock, plain, config.io_timeout or STALL)
+
+
+def relay(tls_sock: ssl.SSLSocket, plain: socket.socket, stall: float) -> None:
+    """Move bytes between ``tls_sock`` and ``plain`` until both directions have ended."""
+    tls_sock.setblocking(False)
+    plain.setblocking(False)
+    up = _Direction(tls_sock, plain)      # client -> session
+    down = _Direction(plain, tls_sock)    # session -> client
+    sel = selectors.DefaultSelector()
+    progress = time.monotonic()
+    while not down.finished:
+        moved = False
+        for direction in (up, down):    # TLS bytes decrypted ahead sit in the SSL object, not the socket
+            while direction.readable_now():
+                moved |= direction.step(tls_sock, selectors.EVENT_READ)
+        if up.finished and not up.shut:
+            up.shut = True
+            _shutdown(plain)          # the session child sees the client's hang-up
+        events = {}
+        for direction in (up, down):
+            for sock, mask in direction.wants():
+                events[sock] = events.get(sock, 0) | mask
+        _reselect(sel, events)
+        for key, mask in sel.select(0 if moved else 1.0):
+            for direction in (up, down):
+                moved |= direction.step(key.fileobj, mask)
+        now = time.monotonic()
+        if moved:
+            progress = now
+        elif (up.buffer or down.buffer) and now - progress > stall:
+            log.warning("TLS relay: no progress for %g s with bytes to deliver; giving up", stall)
+            break
+    if down.target_open:
+        _linger(tls_sock)
+    sel.close()
+
+
+class _Direction:
+    """Bytes from ``source`` to ``target``, at most :data:`CHUNK` buffered."""
+
+    def __init__(self, source: socket.socket, target: socket.socket) -> None:
+        self.source = source
+        self.target = target
+        self.buffer = bytearray()
+        self.source_open = True
+        self.target_open = True
+        self.shut = False
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will come and everything has been delivered (or cannot be)."""
+        return not self.source_open and (not self.buffer or not self.target_open)
+
+    def wants(self):
+        if self.source_open and len(self.buffer) < CHUNK:
+            yield self.source, selectors.EVENT_READ
+        if self.buffer and self.target_open:
+            yield self.target, selectors.EVENT_WRITE
+
+    def readable_now(self) -> bool:
+        return (self.source_open and len(self.buffer) < CHUNK and isinstance(self.source, ssl.SSLSocket)
+                and self.source.pending() > 0)
+
+    def step(self, sock, mask: int) -> bool:
+        """Read when ``sock`` is our readable source, then write what we hold at once (the
+        target is usually writable: waiting for the selector to say so costs a wake-up)."""
+        moved = False
+        if sock is self.source and mask & selectors.EVENT_READ:
+            moved = self._read()
+            if self.buffer:
+                moved |= self._write()
+        elif sock is self.target and mask & selectors.EVENT_WRITE:
+            moved = self._write()
+        return moved
+
+    def _read(self) -> bool:
+        if not self.source_open or len(self.buffer) >= CHUNK:
+            return False
+        try:
+            data = self.source.recv(CHUNK - len(self.buffer))
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.source_open = False
+        self.buffer += data
+        return True
+
+    def _write(self) -> bool:
+        if not self.buffer or not self.target_open:
+            return False
+        try:
+            sent = self.target.send(self.buffer)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        except OSError:
+            self.target_open = False
+            self.buffer.clear()
+            return True
+        del self.buffer[:sent]
+        return sent > 0
+
+
+def _reselect(sel: selectors.BaseSelector, events: dict) -> None:
+    for key in list(sel.get_map().values()):
+        if key.fileobj not in events:
+            sel.unregister(key.fileobj)
+    for sock, mask in events.items():
+        try:
+            if sel.get_key(sock).events != mask:
+                sel.modify(sock, mask)
+        except KeyError:
+            sel.register(sock, mask)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _linger(tls_sock: ssl.SSLSocket) -> None:
+    """End the TLS stream, then read what the client still sends for a moment: closing with
+    unread bytes would reset the connection and could lose the last notice on the way."""
+    try:
+        tls_sock.setblocking(True)
+        tls_sock.settimeout(LINGER)
+        tls_sock.unwrap()       # close_notify; returns once the client answers with its own
+    except (OSError, ValueError):
+        pass
+    raw = socket.socket(fileno=os.dup(tls_sock.fileno())) if tls_sock.fileno() >= 0 else None
+    if raw is None:
+        return
+    try:
+        raw.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + LINGER
+        while time.monotonic() < deadline:
+            raw.settimeout(max(0.01, deadline - time.monotonic()))
+            if not raw.recv(65536):
+                break
+    except OSError:
+        pass
+    finally:
+        raw.close()

@@ -162,6 +162,15 @@ _NOT_TLS = ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF", "RECORD_LAYER_FAILURE", "P
             "HTTP_REQUEST", "UNKNOWN_PROTOCOL")
 
 
+def refused_after_handshake(where: str) -> TLSError:
+    """A service that closes right after a TLS handshake that seemed to succeed refused us
+    (TLS 1.3 checks the client's certificate after the client is done, and an asyncio service
+    may close without the alert that would say why)."""
+    return TLSError(f"{where} closed the connection right after the TLS handshake: it requires a "
+                    f"client certificate (mutual TLS) or refused ours; pass tls=TLSConfig(cafile=..., "
+                    f"certfile=...) with a certificate its --tls-ca signed, or set ${ENV_CERT}")
+
+
 def describe_failure(exc: BaseException, where: str) -> TLSError:
     """The :class:`TLSError` for what went wrong when a client set up or used TLS, with what to do."""
     if isinstance(exc, TLSError):

@@ -21,7 +21,8 @@ from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, Hands
 from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
 from .backoff import Backoff
 from .protocol import VERSION_STRING
-from .tls import TLSConfig, TLSError, check_plaintext_answer, client_context, describe_failure, wrap_client
+from .tls import (TLSConfig, TLSError, check_plaintext_answer, client_context, describe_failure,
+                  refused_after_handshake, wrap_client)
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class TrackerSession:
                 if not chunk:
                     break
                 echo += chunk
+            if not echo and self._tls is not None:
+                raise refused_after_handshake(where)
             if echo[:4] == CHALLENGE_HEAD:
                 raise refusal_for_unauthenticated(f"tracker {self.where}")
             check_magic(echo[:4])

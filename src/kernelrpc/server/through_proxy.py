@@ -109,7 +109,9 @@ class ProxyLink:
                 self._silent_closes = self._silent_closes + 1 if quick else 0
                 if self._silent_closes >= SILENT_CLOSES:
                     raise NotAProxy(f"{where} closed {SILENT_CLOSES} connections in a row without answering "
-                                    f"'server:{self.config.key}': it is not a proxy (a tracker?)") from None
+                                    f"'server:{self.config.key}': it is not a proxy (a tracker?)"
+                                    + ("" if self._tls else ", or a proxy that takes TLS peers only "
+                                       "(give this server --tls-ca)")) from None
                 raise
             self._silent_closes = 0
             if reply.code == H.RPC_CODE_MISMATCH:

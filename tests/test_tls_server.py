@@ -31,7 +31,7 @@ def load_fixture(session, fixture_module):
 
 
 def test_session_over_tls_runs_a_kernel(tls_server, tls_files, fixture_module):
-    assert tls_server.lines[0].endswith("(TLS)")
+    assert tls_server.match.string.rstrip().endswith("(TLS)")
     with rpc.connect(tls_server.host, tls_server.port, key="dev", tls=tls_files.client()) as sess:
         assert sess.get_function("testing.echo")("over TLS") == "over TLS"
         module = load_fixture(sess, fixture_module)

@@ -33,7 +33,7 @@ def start_tls_server(start_service, tracker, tls_files, *extra, key="board"):
 
 
 def test_tracker_server_and_client_all_over_tls(start_service, tls_tracker, tls_files, fixture_module):
-    assert tls_tracker.lines[0].endswith("(TLS)")
+    assert tls_tracker.match.string.rstrip().endswith("(TLS)")
     start_tls_server(start_service, tls_tracker, tls_files)
     wait_until(lambda: tls_queue(tls_tracker, tls_files.client())["free"] == 1, what="the server registered")
     with connect_tracker(*tls_tracker.address, tls=tls_files.client()) as tracker:

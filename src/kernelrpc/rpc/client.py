@@ -24,7 +24,8 @@ from ..runtime.threads import check_num_threads
 from . import handshake as H
 from .auth import authenticate, resolve_token
 from . import protocol as P
-from .tls import TLSConfig, check_plaintext_answer, client_context, describe_failure, wrap_client
+from .tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, refused_after_handshake,
+                  wrap_client)
 from .transport import FramedSocket
 from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                      decode_values, nbytes_of)
@@ -107,6 +108,8 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
         cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
         if over_tls and isinstance(cause, ssl.SSLError):   # mutual TLS refusals arrive on the first read
             raise describe_failure(cause, where) from None
+        if over_tls and isinstance(cause, ConnectionResetError):
+            raise refused_after_handshake(where) from None
         raise
     sock.settimeout(None)
     return RPCSession(sock, hello.info, where, hello_parser.unused)

@@ -120,8 +120,22 @@ def refuse_plaintext(sock: socket.socket) -> None:
     try:
         sock.setblocking(False)
         sock.send(PLAINTEXT_REFUSAL)
-        sock.shutdown(socket.SHUT_WR)
     except OSError:
+        pass
+    close_gently(sock)
+
+
+def close_gently(sock: socket.socket) -> None:
+    """Close without a reset: a socket closed with unread bytes sends RST, and the peer's
+    kernel may then drop what we sent last (the refusal, a TLS alert) before it is read. So
+    end our side, take what has arrived (without waiting for more), then close."""
+    try:
+        sock.setblocking(False)
+        sock.shutdown(socket.SHUT_WR)
+        for _ in range(16):
+            if not sock.recv(65536):
+                break
+    except (OSError, ValueError):
         pass
     sock.close()
 
@@ -189,8 +203,8 @@ def describe_failure(exc: BaseException, where: str) -> TLSError:
     if (isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError, EOFError))
             or any(word in reason for word in _NOT_TLS)):
         return TLSError(f"{where} closed the connection or answered in plain TCP during the TLS handshake: "
-                        "it does not speak TLS (started without --tls-cert?), or it is not a kernelrpc "
-                        "service; connect without TLS, or turn TLS on there")
+                        "it does not speak TLS (started without --tls-cert?; then connect without TLS or "
+                        "turn TLS on there), or it refused our client certificate")
     return TLSError(f"{where}: TLS failed: {exc}")
 
 

@@ -26,7 +26,7 @@ from ..acceptor import Acceptor
 from ..errors import ProtocolError
 from ..rpc import handshake as H
 from ..rpc.auth import ServiceAuth
-from ..rpc.tls import is_tls_hello, refuse_plaintext
+from ..rpc.tls import close_gently, is_tls_hello, refuse_plaintext
 from .config import ServerConfig
 from .session import SessionProcess, start_session
 from .tls_relay import Relay, start_tls_session
@@ -219,7 +219,9 @@ class Server:
             return False
         except OSError as exc:      # ssl.SSLError included: no or a wrong client certificate, not TLS
             log.warning("refusing %s: the TLS handshake failed: %s", pending.peer, exc)
-            self._drop(pending)
+            del self.pending[sock]
+            self.selector.unregister(sock)
+            close_gently(sock)      # the alert that says why must not be lost to a reset
             return False
         pending.tls_opening = False
         self.selector.modify(sock, selectors.EVENT_READ, self._read_pending)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-import selectors
+import select
 import signal
 import socket
 import ssl
@@ -124,30 +124,43 @@ def _relay_main(tls_sock: ssl.SSLSocket, plain: socket.socket, config: ServerCon
     relay(tls_sock, plain, config.io_timeout or STALL)
 
 
+_IN = select.POLLIN | select.POLLHUP | select.POLLERR   # an error or hang-up shows on the next recv
+_OUT = select.POLLOUT | select.POLLHUP | select.POLLERR
+
+
 def relay(tls_sock: ssl.SSLSocket, plain: socket.socket, stall: float) -> None:
-    """Move bytes between ``tls_sock`` and ``plain`` until both directions have ended."""
+    """Move bytes between ``tls_sock`` and ``plain`` until both directions have ended.
+
+    Each read is followed by a write attempt at once (the target is usually writable, and
+    waiting for ``poll`` to say so costs a wake-up); ``poll`` on the two descriptors (not
+    ``selectors``, whose bookkeeping cost as much as the copying) waits for the rest.
+    """
+    tls_sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # what run_session does for plain TCP
     tls_sock.setblocking(False)
     plain.setblocking(False)
     up = _Direction(tls_sock, plain)      # client -> session
     down = _Direction(plain, tls_sock)    # session -> client
-    sel = selectors.DefaultSelector()
+    tls_fd, plain_fd = tls_sock.fileno(), plain.fileno()
+    poller = select.poll()
+    masks = {tls_fd: 0, plain_fd: 0}
+    for fd in masks:
+        poller.register(fd, 0)
     progress = time.monotonic()
     while not down.finished:
-        moved = False
-        for direction in (up, down):    # TLS bytes decrypted ahead sit in the SSL object, not the socket
-            while direction.readable_now():
-                moved |= direction.step(tls_sock, selectors.EVENT_READ)
+        moved = up.drain_tls() | down.drain_tls()   # decrypted bytes wait in the SSL object, unseen by poll
         if up.finished and not up.shut:
             up.shut = True
             _shutdown(plain)          # the session child sees the client's hang-up
-        events = {}
-        for direction in (up, down):
-            for sock, mask in direction.wants():
-                events[sock] = events.get(sock, 0) | mask
-        _reselect(sel, events)
-        for key, mask in sel.select(0 if moved else 1.0):
-            for direction in (up, down):
-                moved |= direction.step(key.fileobj, mask)
+        for fd, mask in ((tls_fd, up.read_mask | down.write_mask), (plain_fd, down.read_mask | up.write_mask)):
+            if masks[fd] != mask:
+                poller.modify(fd, mask)
+                masks[fd] = mask
+        for fd, events in poller.poll(1000):
+            source, sink = (up, down) if fd == tls_fd else (down, up)
+            if events & _IN and source.read_mask:
+                moved |= source.pump()
+            if events & _OUT and sink.write_mask:
+                moved |= sink.write()
         now = time.monotonic()
         if moved:
             progress = now
@@ -156,7 +169,6 @@ def relay(tls_sock: ssl.SSLSocket, plain: socket.socket, stall: float) -> None:
             break
     if down.target_open:
         _linger(tls_sock)
-    sel.close()
 
 
 class _Direction:
@@ -175,45 +187,48 @@ class _Direction:
         """Nothing more will come and everything has been delivered (or cannot be)."""
         return not self.source_open and (not self.buffer or not self.target_open)
 
-    def wants(self):
-        if self.source_open and len(self.buffer) < CHUNK:
-            yield self.source, selectors.EVENT_READ
-        if self.buffer and self.target_open:
-            yield self.target, selectors.EVENT_WRITE
+    @property
+    def read_mask(self) -> int:
+        return _IN if self.source_open and len(self.buffer) < CHUNK else 0
 
-    def readable_now(self) -> bool:
-        return (self.source_open and len(self.buffer) < CHUNK and isinstance(self.source, ssl.SSLSocket)
-                and self.source.pending() > 0)
+    @property
+    def write_mask(self) -> int:
+        return _OUT if self.buffer and self.target_open else 0
 
-    def step(self, sock, mask: int) -> bool:
-        """Read when ``sock`` is our readable source, then write what we hold at once (the
-        target is usually writable: waiting for the selector to say so costs a wake-up)."""
+    def drain_tls(self) -> bool:
         moved = False
-        if sock is self.source and mask & selectors.EVENT_READ:
-            moved = self._read()
-            if self.buffer:
-                moved |= self._write()
-        elif sock is self.target and mask & selectors.EVENT_WRITE:
-            moved = self._write()
+        while (isinstance(self.source, ssl.SSLSocket) and self.read_mask and self.source.pending() > 0
+               and self.pump()):
+            moved = True
         return moved
 
-    def _read(self) -> bool:
-        if not self.source_open or len(self.buffer) >= CHUNK:
-            return False
-        try:
-            data = self.source.recv(CHUNK - len(self.buffer))
-        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self.source_open = False
-        self.buffer += data
-        return True
+    def pump(self) -> bool:
+        """Read what the source has, then try to write it on at once."""
+        moved = self.read()
+        if self.buffer:
+            moved |= self.write()
+        return moved
 
-    def _write(self) -> bool:
-        if not self.buffer or not self.target_open:
-            return False
+    def read(self) -> bool:
+        """Take what the source has, up to :data:`CHUNK` (a TLS socket hands out one record,
+        at most 16 KiB, per call: several are gathered so that the write after is one call)."""
+        moved = False
+        while self.source_open and len(self.buffer) < CHUNK:
+            try:
+                data = self.source.recv(CHUNK - len(self.buffer))
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                break
+            except OSError:
+                data = b""
+            moved = True
+            if not data:
+                self.source_open = False
+            self.buffer += data
+            if not isinstance(self.source, ssl.SSLSocket):
+                break
+        return moved
+
+    def write(self) -> bool:
         try:
             sent = self.target.send(self.buffer)
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -224,18 +239,6 @@ class _Direction:
             return True
         del self.buffer[:sent]
         return sent > 0
-
-
-def _reselect(sel: selectors.BaseSelector, events: dict) -> None:
-    for key in list(sel.get_map().values()):
-        if key.fileobj not in events:
-            sel.unregister(key.fileobj)
-    for sock, mask in events.items():
-        try:
-            if sel.get_key(sock).events != mask:
-                sel.modify(sock, mask)
-        except KeyError:
-            sel.register(sock, mask)
 
 
 def _shutdown(sock: socket.socket) -> None:

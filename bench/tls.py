@@ -6,8 +6,9 @@ Starts two device servers (``python -m kernelrpc.server``), one plain and one wi
 ``--tls-cert`` (a throw-away CA from ``trustme``), and measures against both:
 
 * the round trip of ``testing.echo(1)``, call by call in small interleaved blocks
-  (rotating which goes first, so load from other processes hits both alike): median,
-  p99 and the ratio of the medians;
+  (rotating which goes first, so load from other processes hits all rows alike): median,
+  p99 and the ratio of the medians; next to a raw 32-byte ping-pong over plain TCP and
+  over TLS (``ssl`` on both ends, no relay), the floor of each;
 * tensor copies host -> device (``nd.array``) and device -> host (``.numpy()``) of
   each size, best of ``--repeat``, in MiB/s.
 
@@ -45,13 +46,63 @@ def make_certificates(directory: str) -> tuple[str, str]:
     return ca_path, cert_path
 
 
-def round_trips(sessions: dict, calls: int, block: int) -> dict[str, list[float]]:
+def raw_echo_servers(cert: str) -> tuple[int, int, int]:
+    """Fork a process that echoes on one plain and one TLS port; returns (pid, plain, tls)."""
+    import socket
+    import ssl
+
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    pid = os.fork()
+    if pid == 0:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert)
+        conns = []
+        for n, listener in enumerate(listeners):
+            conn = listener.accept()[0]
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conns.append(ctx.wrap_socket(conn, server_side=True) if n else conn)
+        import selectors
+        sel = selectors.DefaultSelector()
+        for conn in conns:
+            sel.register(conn, selectors.EVENT_READ)
+        while True:
+            for key, _ in sel.select():
+                data = key.fileobj.recv(65536)
+                if not data:
+                    os._exit(0)
+                key.fileobj.sendall(data)
+    ports = [listener.getsockname()[1] for listener in listeners]
+    for listener in listeners:
+        listener.close()
+    return pid, ports[0], ports[1]
+
+
+def raw_pinger(port: int, ca: str | None):
+    import socket
+    import ssl
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if ca:
+        sock = ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname="127.0.0.1")
+    message = b"x" * 32
+
+    def ping(_):
+        sock.sendall(message)
+        got = 0
+        while got < len(message):
+            got += len(sock.recv(64))
+    return ping
+
+
+def round_trips(sessions: dict, calls: int, block: int, extra: dict) -> dict[str, list[float]]:
     echoes = {name: sess.get_function("testing.echo") for name, sess in sessions.items()}
+    echoes.update(extra)
     for echo in echoes.values():
         for _ in range(200):
             echo(1)
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    order = list(sessions)
+    times: dict[str, list[float]] = {name: [] for name in echoes}
+    order = list(echoes)
     for start in range(0, calls, block):
         order = order[1:] + order[:1]
         for name in order:
@@ -96,15 +147,19 @@ def main() -> None:
         try:
             sessions = {"plain": rpc.connect(*servers["plain"].address, key="b"),
                         "TLS": rpc.connect(*servers["TLS"].address, key="b", tls=TLSConfig(cafile=ca))}
-            times = round_trips(sessions, args.calls, args.block)
+            pid, plain_port, tls_port = raw_echo_servers(cert)
+            raw = {"raw TCP": raw_pinger(plain_port, None), "raw TLS": raw_pinger(tls_port, ca)}
+            times = round_trips(sessions, args.calls, args.block, raw)
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
             print(f"round trip of testing.echo(1), {args.calls} calls each, interleaved blocks of {args.block}, "
                   f"pin {args.pin}")
-            print(f"{'':8}{'median us':>12}{'p99 us':>10}{'x plain':>9}")
+            print(f"{'':9}{'median us':>12}{'p99 us':>10}{'x plain':>9}")
             base = statistics.median(times["plain"])
             for name, row in times.items():
                 row.sort()
                 med = statistics.median(row)
-                print(f"{name:8}{med * 1e6:12.1f}{row[int(len(row) * 0.99)] * 1e6:10.1f}{med / base:9.2f}")
+                print(f"{name:9}{med * 1e6:12.1f}{row[int(len(row) * 0.99)] * 1e6:10.1f}{med / base:9.2f}")
             print("\ntensor copies (best of %d), MiB/s" % args.repeat)
             print(f"{'MiB':>5}{'plain up':>11}{'TLS up':>10}{'ratio':>7}{'plain down':>12}{'TLS down':>10}{'ratio':>7}")
             for mib in (int(s) for s in args.sizes.split(",")):

@@ -99,8 +99,8 @@ def test_plain_server_cannot_register_at_a_tls_tracker(start_service, tls_tracke
     server = start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tls_tracker.port}",
                                                 "--key", "board"])
     tls_tracker.wait_for_line("spoke plain TCP to this TLS tracker", timeout=20)
+    server.wait_for_line("requires TLS .*start this server with --tls-ca", timeout=20)
     assert tls_queue(tls_tracker, tls_files.client())["free"] == 0
-    assert server.port
 
 
 def test_tls_and_auth_together_at_the_tracker(start_service, tls_files, tmp_path):

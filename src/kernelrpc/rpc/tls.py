@@ -140,8 +140,8 @@ def close_gently(sock: socket.socket) -> None:
     sock.close()
 
 
-def requires_tls(where: str) -> TLSError:
-    return TLSError(f"{where} requires TLS and we connected in plain TCP: {HOW_TO_TURN_ON}")
+def requires_tls(where: str, how: str = HOW_TO_TURN_ON) -> TLSError:
+    return TLSError(f"{where} requires TLS and we connected in plain TCP: {how}")
 
 
 def check_plaintext_answer(sock: socket.socket, where: str) -> None:

@@ -21,7 +21,7 @@ import time
 
 from ..rpc import registration as R
 from ..rpc.backoff import Backoff
-from ..rpc.tls import describe_failure
+from ..rpc.tls import PLAINTEXT_REFUSAL, describe_failure, requires_tls
 from ..runtime import device_info
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,10 @@ class TrackerRegistration:
                 if isinstance(exc, ssl.SSLError):
                     exc = describe_failure(exc, f"tracker {self.where}")
                 self._handle(R.ConnectionClosed(str(exc) or type(exc).__name__))
+                return
+            if data[:len(PLAINTEXT_REFUSAL)] == PLAINTEXT_REFUSAL and not isinstance(sock, ssl.SSLSocket):
+                self._handle(R.ConnectionClosed(str(requires_tls(
+                    f"tracker {self.where}", "start this server with --tls-ca (and --tls-cert)"))))
                 return
             self._handle(R.DataReceived(data) if data else R.ConnectionClosed())
             # TLS may hold more decrypted bytes than the socket shows the selector

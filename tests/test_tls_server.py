@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kernelrpc
+from conftest import wait_until
 from kernelrpc import rpc
 from kernelrpc.rpc import handshake as H
 from kernelrpc.rpc import tls as T
@@ -164,3 +165,50 @@ def test_raw_plaintext_peer_reads_the_refusal_code(tls_server):
     with socket.create_connection(tls_server.address, timeout=10) as sock:
         sock.sendall(H.encode_preamble(H.make_key("client", "dev")))
         assert sock.recv(16) == T.PLAINTEXT_REFUSAL
+
+
+def test_server_shutdown_mid_tls_session_says_so(tls_server, tls_files):
+    """SIGTERM: the shutdown notice goes through the relay before the server exits."""
+    import os
+
+    sess = rpc.connect(tls_server.host, tls_server.port, key="dev", tls=tls_files.client())
+    os.kill(tls_server.proc.pid, signal.SIGTERM)
+    tls_server.proc.wait(10)
+    with pytest.raises(kernelrpc.ConnectionLost, match="shutting down"):
+        sess.get_function("testing.echo")(1)
+
+
+def test_server_killed_mid_tls_session_takes_its_relay_along(tls_server, tls_files):
+    sess = rpc.connect(tls_server.host, tls_server.port, key="dev", tls=tls_files.client())
+    assert sess.get_function("testing.echo")(1) == 1
+    children = _children(tls_server.proc.pid)
+    assert len(children) == 2                            # the relay and the session child
+    tls_server.stop(signal.SIGKILL)
+    wait_until(lambda: all(_gone(pid) for pid in children), timeout=10, what="relay and session gone")
+    with pytest.raises(kernelrpc.ConnectionLost):
+        sess.get_function("testing.echo")(1)
+
+
+def _children(pid: int) -> list[int]:
+    import glob
+
+    found = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        with open(path) as f:
+            found += [int(child) for child in f.read().split()]
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def test_relays_are_reaped_after_their_sessions(tls_server, tls_files):
+    for n in range(3):
+        with rpc.connect(tls_server.host, tls_server.port, key="dev", tls=tls_files.client()) as sess:
+            assert sess.get_function("testing.echo")(n) == n
+    wait_until(lambda: not _children(tls_server.proc.pid), timeout=10, what="no relay or session child left")

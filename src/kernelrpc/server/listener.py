@@ -206,7 +206,12 @@ class Server:
                 return False
             del self.pending[sock]
             self.selector.unregister(sock)
-            sock = pending.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            try:
+                sock = pending.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except OSError as exc:
+                log.info("dropping %s: %s", pending.peer, exc)
+                sock.close()
+                return False
             self.pending[sock] = pending
             self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
         try:

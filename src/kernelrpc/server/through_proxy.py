@@ -76,6 +76,11 @@ class ProxyLink:
         self._silent_closes = 0
         self._tls = config.tls.client_context() if config.tls is not None else None
 
+    def _check_not_refused(self, sock: socket.socket, where: str) -> None:
+        """A TLS proxy answers a plain device with TLS_REQUIRED (see :mod:`kernelrpc.rpc.tls`)."""
+        if self._tls is None:
+            check_plaintext_answer(sock, f"proxy {where}")
+
     def serve_one(self) -> bool:
         """Wait for one client and serve it. False when the proxy ended the wait (MISMATCH)."""
         where = "%s:%d" % self.proxy
@@ -87,10 +92,9 @@ class ProxyLink:
             waiting_since = time.monotonic()      # before the proxy can start its timeout
             key = f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"
             sock.sendall(H.encode_preamble(key))
-            if self._tls is None:
-                check_plaintext_answer(sock, f"proxy {where}")
             after_auth = b""
             if self.config.auth_token is not None:   # bounded by the connect timeout still set
+                self._check_not_refused(sock, where)
                 after_auth = authenticate(sock, self.config.auth_token, key.encode(), f"proxy {where}")
             sock.settimeout(None)
             log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)
@@ -99,6 +103,8 @@ class ProxyLink:
                                f"{self.config.key}", flush=True)
                 self._announced = True
             try:
+                if self.config.auth_token is None:
+                    self._check_not_refused(sock, where)  # the proxy's first bytes: the pairing reply
                 reply, initial = wait_for_pairing(sock, after_auth)
             except ProtocolError as exc:
                 raise NotAProxy(f"{where} is not a proxy: {exc}") from None

@@ -249,20 +249,21 @@ def _shutdown(sock: socket.socket) -> None:
 
 
 def _linger(tls_sock: ssl.SSLSocket) -> None:
-    """End the TLS stream, then read what the client still sends for a moment: closing with
-    unread bytes would reset the connection and could lose the last notice on the way."""
+    """End the TLS stream, then read what the client still sends, for :data:`LINGER` seconds
+    in all: closing with unread bytes would reset the connection and could lose the last
+    notice on the way."""
+    deadline = time.monotonic() + LINGER
     try:
         tls_sock.setblocking(True)
         tls_sock.settimeout(LINGER)
         tls_sock.unwrap()       # close_notify; returns once the client answers with its own
     except (OSError, ValueError):
         pass
-    raw = socket.socket(fileno=os.dup(tls_sock.fileno())) if tls_sock.fileno() >= 0 else None
-    if raw is None:
+    if tls_sock.fileno() < 0:
         return
+    raw = socket.socket(fileno=os.dup(tls_sock.fileno()))    # past TLS: the bytes are only drained
     try:
         raw.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + LINGER
         while time.monotonic() < deadline:
             raw.settimeout(max(0.01, deadline - time.monotonic()))
             if not raw.recv(65536):

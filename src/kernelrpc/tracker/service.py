@@ -608,6 +608,7 @@ class TLSOpenings:
         deadline = loop.time() + timeout
         first = await _first_byte(loop, conn, timeout)
         if not first:
+            log.info("%s: closed or sent nothing within %g s; closing", name, timeout)
             conn.close()
             return
         if not is_tls_hello(first):

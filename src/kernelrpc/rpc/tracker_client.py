@@ -110,13 +110,10 @@ class TrackerSession:
         except ssl.SSLError as exc:     # a mutual-TLS refusal arrives on the first read
             sock.close()
             raise describe_failure(exc, where) from None
-        except ConnectionResetError:
-            sock.close()
-            if self._tls is None:
-                raise TrackerUnreachable(f"{self.where} is not a tracker: it reset the connection") from None
-            raise refused_after_handshake(where) from None
         except (OSError, ProtocolError) as exc:
             sock.close()
+            if self._tls is not None and isinstance(exc, ConnectionResetError):
+                raise refused_after_handshake(where) from None
             detail = "it did not answer" if isinstance(exc, socket.timeout) else str(exc)
             raise TrackerUnreachable(f"{self.where} is not a tracker: {detail}") from None
         sock.settimeout(None)

@@ -127,7 +127,11 @@ class TrackerRegistration:
                     self._handle(R.ConnectionClosed(os.strerror(err)))
                     return
                 if self._tls is not None:
-                    sock = self._start_tls(sock)
+                    try:
+                        sock = self._start_tls(sock)
+                    except OSError as exc:     # the tracker went away between connect and wrap
+                        self._handle(R.ConnectionClosed(str(exc) or type(exc).__name__))
+                        return
             if isinstance(sock, ssl.SSLSocket) and not self._tls_handshake(sock):
                 return
             self._selector.modify(sock, selectors.EVENT_READ, self._on_ready)
@@ -154,7 +158,12 @@ class TrackerRegistration:
 
     def _start_tls(self, sock: socket.socket) -> ssl.SSLSocket:
         self._selector.unregister(sock)
-        tls = self._tls.wrap_socket(sock, server_hostname=self.tracker_addr[0], do_handshake_on_connect=False)
+        try:
+            tls = self._tls.wrap_socket(sock, server_hostname=self.tracker_addr[0], do_handshake_on_connect=False)
+        except OSError:
+            self._sock = None
+            sock.close()
+            raise
         self._sock = tls
         self._selector.register(tls, selectors.EVENT_READ, self._on_ready)
         return tls

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import kernelrpc
+from conftest import wait_until
 from kernelrpc import rpc
+from kernelrpc.rpc.tracker_client import connect_tracker
 from servicectl import child_env
 
 DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
@@ -71,3 +73,20 @@ def test_plain_device_to_a_tls_proxy_is_refused(start_service, tls_files):
     proxy = start_service("kernelrpc.proxy", ["--port", "0", *tls_files.flags()])
     start_service("kernelrpc.server", ["--through-proxy", "--host", proxy.host, "--port", str(proxy.port),
                                        "--key", "dev"], ready=re.compile(r"TLS peers only|requires TLS"))
+
+
+@needs_tls_proxy
+def test_tracker_hands_out_a_tls_proxy_and_the_client_reaches_the_device(start_service, tls_files):
+    tracker = start_service("kernelrpc.tracker", ["--port", "0", *tls_files.flags()])
+    proxy = start_service("kernelrpc.proxy", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}",
+                                              *tls_files.flags()])
+    start_device(start_service, proxy, tls_files)
+
+    def free():
+        with connect_tracker(*tracker.address, tls=tls_files.client()) as session:
+            return session.summary()["queue_info"].get("dev", {}).get("free", 0)
+
+    wait_until(free, what="the device offered at the tracker through the proxy")
+    with connect_tracker(*tracker.address, tls=tls_files.client()) as session:
+        with session.request("dev", timeout=20) as sess:
+            assert sess.get_function("testing.echo")("tracker, proxy, device") == "tracker, proxy, device"

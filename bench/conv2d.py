@@ -10,26 +10,22 @@ round by round; every kernel's result is checked against the reference before it
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import time
+
+from kernel_timing import Rounds, add_arguments, calls_per_round, limit_threads, seconds_per_call
 
 
 def _parse(argv=None):
     parser = argparse.ArgumentParser(description="conv2d 3x3 recipes vs numpy im2col + matmul")
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--size", type=int, default=56)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=0, help="0: as configured / all cores")
-    return parser.parse_args(argv)
+    return add_arguments(parser).parse_args(argv)
 
 
 OPTIONS = _parse() if __name__ == "__main__" else None
-if OPTIONS is not None and OPTIONS.threads > 0:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                "KERNELRPC_NUM_THREADS"):
-        os.environ[var] = str(OPTIONS.threads)
+if OPTIONS is not None:
+    limit_threads(OPTIONS.threads)
 
 import numpy as np  # noqa: E402
 from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
@@ -37,8 +33,6 @@ from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 import kernelrpc  # noqa: E402
 from kernelrpc import nd  # noqa: E402
 from kernelrpc.compiler import recipes  # noqa: E402
-
-ROUND_SECONDS = 0.25
 
 
 def im2col_conv(data, kernel):
@@ -49,13 +43,6 @@ def im2col_conv(data, kernel):
     cols = sliding_window_view(padded, (3, 3), axis=(1, 2))          # c, h, w, 3, 3
     cols = cols.transpose(0, 3, 4, 1, 2).reshape(c * 9, h * w)       # copies
     return (kernel.reshape(f, c * 9) @ cols).reshape(1, f, h, w)
-
-
-def timed(fn, number):
-    start = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - start) / number
 
 
 def main(opts) -> int:
@@ -86,29 +73,18 @@ def main(opts) -> int:
         np.testing.assert_allclose(to_nchw(to.numpy()), expect, rtol=1e-4, atol=1e-3)
         start = time.perf_counter()
         module(td, tk, to)
-        number = max(1, int(ROUND_SECONDS / max(time.perf_counter() - start, 1e-6)))
-        runs[name] = (module.time_evaluator("conv", dev, number=number, repeat=1), td, tk, to)
+        number = calls_per_round(time.perf_counter() - start)
+        evaluate = module.time_evaluator("conv", dev, number=number, repeat=1)
+        runs[name] = lambda evaluate=evaluate, args=(td, tk, to): evaluate(*args).median
         print(f"built {name:<6} in {compile_s:5.2f} s, checked against numpy", flush=True)
-    np_number = max(1, int(ROUND_SECONDS / timed(lambda: im2col_conv(data, kernel), 1)))
-    rates = {name: [] for name in runs}
-    ratios = {name: [] for name in runs}
-    reference = []
-    for _ in range(opts.rounds):
-        ref = flop / timed(lambda: im2col_conv(data, kernel), np_number) / 1e9
-        reference.append(ref)
-        for name, (evaluate, td, tk, to) in runs.items():
-            rate = flop / evaluate(td, tk, to).median / 1e9
-            rates[name].append(rate)
-            ratios[name].append(rate / ref)
+    np_number = calls_per_round(seconds_per_call(lambda: im2col_conv(data, kernel), 1))
+    rounds = Rounds(lambda: seconds_per_call(lambda: im2col_conv(data, kernel), np_number),
+                    runs).run(opts.rounds, flop)
     print()
     print(f"conv2d 3x3, {c}->{f} channels, {h}x{w}, stride 1, pad 1, float32, "
           f"{opts.rounds} interleaved rounds, threads: {opts.threads or 'all cores'}")
-    print(f"{'kernel':<26}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}")
-    print(f"{'numpy im2col + matmul':<26}{statistics.median(reference):>10.1f}"
-          f"{min(reference):>9.1f}{max(reference):>9.1f}{1.0:>10.2f}")
-    for name, values in rates.items():
-        print(f"{'recipes.conv2d_' + name:<26}{statistics.median(values):>10.1f}"
-              f"{min(values):>9.1f}{max(values):>9.1f}{statistics.median(ratios[name]):>10.2f}")
+    rounds.print_table("numpy im2col + matmul", label=lambda name: "recipes.conv2d_" + name,
+                       width=26)
     return 0
 
 

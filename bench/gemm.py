@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
+
+from kernel_timing import Rounds, add_arguments, calls_per_round, limit_threads, seconds_per_call
 
 
 def _parse(argv=None):
@@ -30,18 +31,14 @@ def _parse(argv=None):
     parser.add_argument("--size", type=int, default=None, help="one square size (old form)")
     parser.add_argument("--shapes", default="1024",
                         help="comma-separated S or MxKxN, e.g. 1024,2048,1000x999x1001")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", default=None, help="comma-separated (default: all)")
     parser.add_argument("--slow-seconds", type=float, default=0.5)
-    parser.add_argument("--threads", type=int, default=0, help="0: as configured / all cores")
-    return parser.parse_args(argv)
+    return add_arguments(parser).parse_args(argv)
 
 
 OPTIONS = _parse() if __name__ == "__main__" else None
-if OPTIONS is not None and OPTIONS.threads > 0:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                "KERNELRPC_NUM_THREADS"):
-        os.environ[var] = str(OPTIONS.threads)
+if OPTIONS is not None:
+    limit_threads(OPTIONS.threads)
 
 import numpy as np  # noqa: E402
 
@@ -59,16 +56,6 @@ def build_step(step: str, M: int, K: int, N: int):
     else:
         s, args = recipes.tutorial_schedule(step, M, N, K)
     return kernelrpc.build(s, args, target="llvm", name="gemm"), (s, args)
-
-ROUND_SECONDS = 0.25  # target time per measurement and round
-
-
-def numpy_seconds(a, b, number: int) -> float:
-    np.dot(a, b)
-    start = time.perf_counter()
-    for _ in range(number):
-        np.dot(a, b)
-    return (time.perf_counter() - start) / number
 
 
 def _shapes(opts) -> list:
@@ -97,7 +84,7 @@ def run_shape(opts, M: int, K: int, N: int) -> None:
     expect = a @ b
     ta, tb = nd.array(a, dev), nd.array(b, dev)
 
-    evaluators, numbers, slow = {}, {}, set()
+    evaluators, modules, slow = {}, {}, set()
     for step in steps:
         start = time.perf_counter()
         module, _ = build_step(step, M, K, N)
@@ -108,43 +95,25 @@ def run_shape(opts, M: int, K: int, N: int) -> None:
         start = time.perf_counter()
         module(ta, tb, tc)
         call_s = time.perf_counter() - start
-        numbers[step] = max(1, int(ROUND_SECONDS / max(call_s, 1e-6)))
         if call_s > opts.slow_seconds:
             slow.add(step)
-        evaluators[step] = (module.time_evaluator("gemm", dev, number=numbers[step], repeat=1),
-                            tc, module)
+        evaluate = module.time_evaluator("gemm", dev, number=calls_per_round(call_s), repeat=1)
+        evaluators[step] = lambda evaluate=evaluate, tc=tc: evaluate(ta, tb, tc).median
+        modules[step] = module
         print(f"built {step:<18} in {compile_s:5.2f} s, checked against numpy, "
               f"one call {call_s * 1e3:8.1f} ms", flush=True)
-    np_number = max(1, int(ROUND_SECONDS / numpy_seconds(a, b, 1)))
+    np.dot(a, b)
+    np_number = calls_per_round(seconds_per_call(lambda: np.dot(a, b), 1))
+    rounds = Rounds(lambda: seconds_per_call(lambda: np.dot(a, b), np_number),
+                    evaluators, once=slow).run(opts.rounds, flop)
 
-    gflops = {step: [] for step in steps}
-    ratios = {step: [] for step in steps}
-    numpy_gflops = []
-    for round_ in range(opts.rounds):
-        np_rate = flop / numpy_seconds(a, b, np_number) / 1e9
-        numpy_gflops.append(np_rate)
-        for step in steps:
-            if step in slow and round_ > 0:
-                continue
-            evaluate, tc, _ = evaluators[step]
-            rate = flop / evaluate(ta, tb, tc).median / 1e9
-            gflops[step].append(rate)
-            ratios[step].append(rate / np_rate)
-
-    target = evaluators[steps[0]][2].target if steps else kernelrpc.Target("llvm")
+    target = modules[steps[0]].target if steps else kernelrpc.Target("llvm")
     print()
     print(f"GEMM {M}x{K}x{N} float32, target {target}, {opts.rounds} interleaved rounds")
     threads = opts.threads or "all cores"
     print(f"threads: {threads} (kernels: module pool; numpy: "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
-    print(f"{'step':<20}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}")
-    print(f"{'numpy.dot':<20}{statistics.median(numpy_gflops):>10.1f}{min(numpy_gflops):>9.1f}"
-          f"{max(numpy_gflops):>9.1f}{1.0:>10.2f}")
-    for step in steps:
-        values = gflops[step]
-        note = "  (1 round: slow)" if step in slow else ""
-        print(f"{step:<20}{statistics.median(values):>10.1f}{min(values):>9.1f}"
-              f"{max(values):>9.1f}{statistics.median(ratios[step]):>10.2f}{note}")
+    rounds.print_table("numpy.dot", heading="step")
     print(flush=True)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import os
 import sys
 import tempfile
@@ -68,30 +67,6 @@ import tune_gemm  # noqa: E402
 cloudpickle.register_pickle_by_value(tune_gemm)   # the template travels to build workers by value
 
 
-@contextlib.contextmanager
-def fleet(devices: int):
-    from kernelrpc.launch import Service
-
-    services = [Service("kernelrpc.tracker", ["--port", "0"])]
-    try:
-        port = services[0].port
-        for i in range(devices):
-            args = ["--port", "0", "--key", "bench", "--tracker", f"127.0.0.1:{port}"]
-            if DEVICE_CORES:
-                args += ["--cpus", str(DEVICE_CORES[i])]
-            services.append(Service("kernelrpc.server", args))
-        with kernelrpc.rpc.connect_tracker("127.0.0.1", port) as tracker:
-            end = time.monotonic() + 30
-            while tracker.summary()["queue_info"].get("bench", {}).get("free", 0) < devices:
-                if time.monotonic() > end:
-                    raise RuntimeError("device servers did not register")
-                time.sleep(0.05)
-        yield port
-    finally:
-        for svc in reversed(services):
-            svc.stop()
-
-
 TUNERS = {"ga": autotvm.tuner.GATuner, "model": autotvm.tuner.ModelTuner,
           "random": autotvm.tuner.RandomTuner}
 
@@ -127,7 +102,8 @@ def main(opts) -> int:
           f"{len(built) / build_wall:.2f} built/s ({failed} failed); "
           f"mean {np.mean([o.seconds for o in built]):.2f} s per build in a worker")
 
-    with fleet(opts.devices) as port:
+    cores = (lambda i: ["--cpus", str(DEVICE_CORES[i])]) if DEVICE_CORES else (lambda i: [])
+    with tune_gemm.local_fleet(opts.devices, key="bench", server_args=cores) as (_, port, _):
         common = dict(key="bench", tracker=("127.0.0.1", port), inputs=[a, b], reference=[expect],
                       number=opts.number, repeat=opts.repeat, timeout=300, flops=flop, **tolerance)
         # 2. builds and runs overlapping

@@ -78,23 +78,27 @@ def gemm(M, N, K):
 
 
 @contextlib.contextmanager
-def local_fleet(devices: int):
-    """A tracker and ``devices`` device servers on loopback, stopped afterwards."""
+def local_fleet(devices: int, key: str = "local", server_args=lambda index: []):
+    """A tracker and ``devices`` device servers on loopback, stopped afterwards.
+
+    ``server_args(index)`` are extra options of each server (``["--cpus", "1"]``).
+    """
     from kernelrpc.launch import Service
 
     services = [Service("kernelrpc.tracker", ["--port", "0"])]
     try:
         port = services[0].port
-        for _ in range(devices):
-            services.append(Service("kernelrpc.server", ["--port", "0", "--key", "local",
-                                                         "--tracker", f"127.0.0.1:{port}"]))
+        for index in range(devices):
+            services.append(Service("kernelrpc.server", ["--port", "0", "--key", key,
+                                                         "--tracker", f"127.0.0.1:{port}",
+                                                         *server_args(index)]))
         with kernelrpc.rpc.connect_tracker("127.0.0.1", port) as tracker:
             end = time.monotonic() + 30
-            while tracker.summary()["queue_info"].get("local", {}).get("free", 0) < devices:
+            while tracker.summary()["queue_info"].get(key, {}).get("free", 0) < devices:
                 if time.monotonic() > end:
                     raise RuntimeError("the local device servers did not register")
                 time.sleep(0.05)
-        yield "127.0.0.1", port, "local"
+        yield "127.0.0.1", port, key
     finally:
         for svc in reversed(services):
             svc.stop()

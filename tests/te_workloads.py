@@ -69,3 +69,35 @@ def conv2d_nchw(n, c, h, w, f, kh, kw, pad, stride):
             axis=[rc, ry, rx]),
         name="conv")
     return data, kernel, padded, out
+
+
+def chain(n=8):
+    """A -> T = A + 1 -> C = T * 2, the smallest pipeline a compute_at can attach in."""
+    A = te.placeholder((n,), name="A")
+    T = te.compute((n,), lambda i: A[i] + 1.0, name="T")
+    C = te.compute((n,), lambda i: T[i] * 2.0, name="C")
+    return A, T, C
+
+
+def conv2d_reference(d, w, stride, pad):
+    """numpy NCHW convolution (float64), the reference of the conv2d workloads."""
+    import numpy as np
+
+    n, _, h, wd = d.shape
+    f, _, kh, kw = w.shape
+    dp = np.pad(d.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((n, f, oh, ow))
+    for ry in range(kh):
+        for rx in range(kw):
+            patch = dp[:, :, ry:ry + stride * oh:stride, rx:rx + stride * ow:stride]
+            out += np.einsum("nchw,fc->nfhw", patch, w[:, :, ry, rx])
+    return out
+
+
+def softmax_reference(x):
+    """numpy softmax over the last axis, the reference of ``softmax``."""
+    import numpy as np
+
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -11,9 +13,11 @@ import numpy as np
 import pytest
 
 import kernelrpc
-from kernelrpc import nd, te
+from kernelrpc import nd, te, tir
 from kernelrpc.te import Target
 from kernelrpc.compiler.codegen import CodegenError
+from kernelrpc.compiler.libc_floor import glibc_floor
+from kernelrpc.runtime import compat
 from kernelrpc.compiler.target import TargetError
 
 
@@ -154,3 +158,57 @@ def test_target_parsing():
     assert Target(str(explicit)) == explicit and Target(explicit) == explicit
     cross = Target("llvm -mtriple=aarch64-linux-gnu")
     assert cross.cpu == "generic" and not cross.is_host and cross.features == ""
+
+
+def _needed_glibc_versions(path) -> list:
+    """The GLIBC_x.y versions the file needs, as binutils' readelf lists them."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("needs readelf (binutils) to check the file independently")
+    out = subprocess.run([readelf, "-V", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return sorted({tuple(int(p) for p in v.split(".")) for v in
+                   re.findall(r"Name: GLIBC_(\d+(?:\.\d+)+)", out)})
+
+
+def test_a_host_module_records_the_glibc_it_really_needs(scaled_add, tmp_path, monkeypatch):
+    """The host cc links against the host's glibc: the record is the newest symbol version
+    the file needs, and a device with an older glibc refuses the file before dlopen."""
+    path = scaled_add.export_library(tmp_path / "m.so")
+    needed = _needed_glibc_versions(path)
+    floor = ".".join(map(str, needed[-1]))
+    record = scaled_add.metadata["target"]
+    assert record["libc"] == f"glibc>={floor}"
+    assert glibc_floor(path) == floor
+    with open(path, "rb") as f:     # what the file itself says, as the device reads it
+        info = compat.read_elf(f, with_sections=True)
+        assert compat._target_record(compat._section_bytes(f, info, b"kernelrpc_metadata"))[
+            "libc"] == f"glibc>={floor}"
+    older = ".".join(map(str, (*needed[-1][:-1], needed[-1][-1] - 1)))
+    monkeypatch.setattr(compat, "glibc_version", lambda: older)
+    with pytest.raises(compat.LibcTooOldError, match=rf"needs glibc>={floor}; this device has "
+                                                      rf"glibc {older}"):
+        kernelrpc.runtime.load_module(str(path))
+
+
+def test_the_floor_follows_what_the_module_calls(tmp_path):
+    """A C source that calls arc4random (glibc 2.36) raises the floor of that module only."""
+    have = compat.glibc_version()
+    if have is None or tuple(map(int, have.split("."))) < (2, 36):
+        pytest.skip("needs a host glibc >= 2.36 (arc4random)")
+    source = tmp_path / "rand.c"
+    source.write_text("#include <stdlib.h>\n#include <stdint.h>\n"
+                      "int32_t coin(void) { return (int32_t)(arc4random() & 1u); }\n")
+    X = te.placeholder((4,), name="X", dtype="int32")
+    Y = te.compute((4,), lambda i: X[i] * 0 + tir.call_extern("int32", "coin"), name="Y")
+    module = kernelrpc.build(te.create_schedule(Y.op), [X, Y], name="coin", sources=[source])
+    path = module.export_library(tmp_path / "coin.so")
+    assert module.metadata["target"]["libc"] == "glibc>=2.36" == f"glibc>={glibc_floor(path)}"
+    y = nd.empty((4,), "int32")
+    module(nd.array(np.zeros(4, "int32")), y)
+    assert set(y.numpy()) <= {0, 1}
+    plain = te.compute((4,), lambda i: X[i] + 1, name="P")
+    other = kernelrpc.build(te.create_schedule(plain.op), [X, plain], name="plain")
+    other.export_library(tmp_path / "plain.so")
+    assert other.metadata["target"]["libc"] == f"glibc>={glibc_floor(tmp_path / 'plain.so')}"
+    assert other.metadata["target"]["libc"] != "glibc>=2.36"

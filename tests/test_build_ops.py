@@ -8,6 +8,8 @@ import pytest
 import kernelrpc
 from kernelrpc import nd, te
 
+import te_workloads as W
+
 RNG = np.random.default_rng(1234)
 
 
@@ -24,17 +26,9 @@ def rand(*shape, dtype="float32"):
     return RNG.random(shape, dtype=np.float64).astype(dtype)
 
 
-def matmul(M, K, N, dtype="float32"):
-    A = te.placeholder((M, K), name="A", dtype=dtype)
-    B = te.placeholder((K, N), name="B", dtype=dtype)
-    k = te.reduce_axis((0, K), "k")
-    C = te.compute((M, N), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    return A, B, C
-
-
 @pytest.mark.parametrize("M,K,N", [(64, 64, 64), (37, 29, 53)])
 def test_gemm_tiled_vectorized_parallel_with_tails(M, K, N):
-    A, B, C = matmul(M, K, N)
+    A, B, C = W.gemm(M, N, K)
     s = te.create_schedule(C.op)
     mo, no, mi, ni = s[C].tile(C.op.axis[0], C.op.axis[1], 8, 16)
     (k,) = s[C].op.reduce_axis
@@ -49,29 +43,9 @@ def test_gemm_tiled_vectorized_parallel_with_tails(M, K, N):
 
 
 def test_gemm_register_blocked_with_packing_odd_shape():
-    """The register-blocked schedule of the tutorial on a shape that leaves tails everywhere."""
-    M, K, N, MR, NR = 23, 19, 40, 4, 16
-    A = te.placeholder((M, K), name="A")
-    B = te.placeholder((K, N), name="B")
-    k = te.reduce_axis((0, K), "k")
-    packedB = te.compute((-(-N // NR), K, NR), lambda x, y, z: te.if_then_else(
-        x * NR + z < N, B[y, x * NR + z], 0.0), name="packedB")
-    C = te.compute((M, N), lambda i, j: te.sum(A[i, k] * packedB[j // NR, k, te.indexmod(j, NR)],
-                                               axis=k), name="C")
-    s = te.create_schedule(C.op)
-    CC = s.cache_write(C, "global")
-    mo, no, mi, ni = s[C].tile(C.op.axis[0], C.op.axis[1], MR, NR)
-    s[CC].compute_at(s[C], no)
-    mc, nc = s[CC].op.axis
-    (kk,) = s[CC].op.reduce_axis
-    s[CC].reorder(kk, mc, nc)
-    s[CC].unroll(mc)
-    s[CC].vectorize(nc)
-    s[C].vectorize(ni)
-    s[C].parallel(mo)
-    x, _, z = s[packedB].op.axis
-    s[packedB].vectorize(z)
-    s[packedB].parallel(x)
+    """The register-blocked recipe on a shape that leaves tails everywhere."""
+    M, K, N = 23, 19, 40
+    s, (A, B, C) = W.microkernel(M, N, K, mr=4, nr=16)
     module = kernelrpc.build(s, [A, B, C], name="gemm")
     a, b = rand(M, K), rand(K, N)
     (c,) = run(module, a, b, out_shapes=[(M, N)])
@@ -137,44 +111,12 @@ def test_softmax():
     module = kernelrpc.build(s, [X, Y], name="softmax")
     x = (rand(n, m) - 0.5) * 20
     (y,) = run(module, x, out_shapes=[(n, m)])
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
-
-
-def conv2d_nchw(N, C, H, W, F, KH, KW, stride, pad):
-    data = te.placeholder((N, C, H, W), name="data")
-    kernel = te.placeholder((F, C, KH, KW), name="kernel")
-    OH, OW = (H + 2 * pad - KH) // stride + 1, (W + 2 * pad - KW) // stride + 1
-    padded = te.compute(
-        (N, C, H + 2 * pad, W + 2 * pad),
-        lambda n, c, y, x: te.if_then_else(
-            te.all(y >= pad, y < H + pad, x >= pad, x < W + pad),
-            data[n, c, y - pad, x - pad], 0.0), name="padded")
-    rc, ry, rx = te.reduce_axis((0, C), "rc"), te.reduce_axis((0, KH), "ry"), \
-        te.reduce_axis((0, KW), "rx")
-    out = te.compute((N, F, OH, OW), lambda n, f, y, x: te.sum(
-        padded[n, rc, y * stride + ry, x * stride + rx] * kernel[f, rc, ry, rx],
-        axis=[rc, ry, rx]), name="out")
-    return data, kernel, padded, out
-
-
-def conv2d_reference(d, w, stride, pad):
-    N, C, H, W = d.shape
-    F, _, KH, KW = w.shape
-    dp = np.pad(d.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    OH, OW = (H + 2 * pad - KH) // stride + 1, (W + 2 * pad - KW) // stride + 1
-    out = np.zeros((N, F, OH, OW))
-    for ry in range(KH):
-        for rx in range(KW):
-            patch = dp[:, :, ry:ry + stride * OH:stride, rx:rx + stride * OW:stride]
-            out += np.einsum("nchw,fc->nfhw", patch, w[:, :, ry, rx])
-    return out
+    np.testing.assert_allclose(y, W.softmax_reference(x), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("stride,pad", [(1, 1), (2, 0)])
 def test_conv2d_nchw_direct(stride, pad):
-    shape = dict(N=1, C=3, H=11, W=13, F=4, KH=3, KW=3)
-    data, kernel, padded, out = conv2d_nchw(**shape, stride=stride, pad=pad)
+    data, kernel, padded, out = W.conv2d_nchw(1, 3, 11, 13, 4, 3, 3, pad, stride)
     s = te.create_schedule(out.op)
     s[padded].compute_inline()
     n, f, y, x = s[out].op.axis
@@ -183,7 +125,7 @@ def test_conv2d_nchw_direct(stride, pad):
     s[out].vectorize(xi)
     module = kernelrpc.build(s, [data, kernel, out], name="conv")
     d, w = rand(1, 3, 11, 13), rand(4, 3, 3, 3)
-    expect = conv2d_reference(d, w, stride, pad)
+    expect = W.conv2d_reference(d, w, stride, pad)
     (o,) = run(module, d, w, out_shapes=[expect.shape])
     np.testing.assert_allclose(o, expect, rtol=1e-5, atol=1e-5)
 

@@ -13,6 +13,8 @@ from kernelrpc import nd, te
 from kernelrpc.compiler import interp
 from kernelrpc.errors import KernelError
 
+import te_workloads as W
+
 INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 
 
@@ -177,9 +179,7 @@ def test_bound_checks_on_vector_and_parallel_code():
 # --------------------------------------------------------------------------- schedules, shapes
 
 def test_mutual_compute_at_is_a_schedule_error():
-    A = te.placeholder((8,), name="A")
-    B = te.compute((8,), lambda i: A[i] + 1, name="B")
-    C = te.compute((8,), lambda j: B[j] * 2, name="C")
+    _, B, C = W.chain()
     s = te.create_schedule(C.op)
     s[B].compute_at(s[C], C.op.axis[0])
     with pytest.raises(te.ScheduleError, match="cycle"):
@@ -237,7 +237,6 @@ def test_bound_checks_never_fire_on_correct_schedules():
 
 def test_bound_checks_respect_if_then_else_padding():
     """An inlined padding stage reads out of range only where if_then_else rules it out."""
-    import te_workloads as W
     data, kernel, padded, out = W.conv2d_nchw(1, 3, 6, 7, 4, 3, 3, 1, 1)
     s = te.create_schedule(out.op)
     s[padded].compute_inline()

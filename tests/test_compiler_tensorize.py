@@ -78,33 +78,31 @@ def test_gemv_covering_the_whole_reduction_needs_only_a_body():
     run(s, A, B, C)
 
 
-def test_a_mismatch_is_refused_when_lowering():
+def _blocked(jfactor=M, lfactor=L):
+    """C = A @ B.T with its column and reduction loops blocked for the intrinsic."""
     A, B, C = matmul()
     s = te.create_schedule(C.op)
-    i, j = C.op.axis
-    (r,) = C.op.reduce_axis
-    jo, ji = s[C].split(j, factor=8)                # the intrinsic has 16 rows
-    ro, ri = s[C].split(r, factor=L)
-    s[C].reorder(i, jo, ro, ji, ri)
-    s[C].tensorize(ji, gemv())
+    jo, ji = s[C].split(C.op.axis[1], factor=jfactor)
+    ro, ri = s[C].split(C.op.reduce_axis[0], factor=lfactor)
+    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
+    return s, ji, (A, B, C)
+
+
+def test_a_mismatch_is_refused_when_lowering():
+    s, ji, args = _blocked(jfactor=8)                # the intrinsic has 16 rows
+    s[args[2]].tensorize(ji, gemv())
     with pytest.raises(te.LowerError, match="extent 8, the intrinsic's axis i has 16"):
-        tvm.lower(s, [A, B, C])
+        tvm.lower(s, list(args))
 
-    s = te.create_schedule(C.op)
-    jo, ji = s[C].split(C.op.axis[1], factor=M)
-    ro, ri = s[C].split(C.op.reduce_axis[0], factor=L)
-    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
-    s[C].tensorize(ji, gemv(combine=lambda x, y: x + y))   # declares a sum of a + b
+    s, ji, args = _blocked()
+    s[args[2]].tensorize(ji, gemv(combine=lambda x, y: x + y))   # declares a sum of a + b
     with pytest.raises(te.LowerError, match="does not compute what c declares"):
-        tvm.lower(s, [A, B, C])
+        tvm.lower(s, list(args))
 
-    s = te.create_schedule(C.op)
-    jo, ji = s[C].split(C.op.axis[1], factor=M)
-    ro, ri = s[C].split(C.op.reduce_axis[0], factor=L)
-    s[C].reorder(C.op.axis[0], jo, ro, ji, ri)
-    s[C].tensorize(ji, gemv(with_update=False))
+    s, ji, args = _blocked()
+    s[args[2]].tensorize(ji, gemv(with_update=False))
     with pytest.raises(te.LowerError, match="must return"):
-        tvm.lower(s, [A, B, C])
+        tvm.lower(s, list(args))
 
 
 def test_the_real_buffers_strides_reach_the_intrinsic():
@@ -131,3 +129,46 @@ def test_tensorize_takes_only_an_intrinsic_on_a_leaf():
         s[C].tensorize(C.op.axis[1], "gemv")
     with pytest.raises(TypeError, match="single-output te.compute"):
         te.decl_tensor_intrin(A.op, lambda ins, outs: None)
+
+
+def _cached_gemv_schedule(block):
+    """C = A @ B.T with a cache_write stage computed at C's column blocks of ``block``, its
+    inner loops tensorized (the shape of TVM's tensorize tutorial with a local tile)."""
+    A, B, C = matmul(n=8, mm=64, k=256)
+    s = te.create_schedule(C.op)
+    CC = s.cache_write(C, "global")
+    jo, _ = s[C].split(C.op.axis[1], factor=block)
+    s[CC].compute_at(s[C], jo)
+    ci, cj = s[CC].op.axis
+    cjo, cji = s[CC].split(cj, factor=M)
+    ro, ri = s[CC].split(s[CC].op.reduce_axis[0], factor=L)
+    s[CC].reorder(ci, cjo, ro, cji, ri)
+    s[CC].tensorize(cji, gemv())
+    return s, (A, B, C)
+
+
+def test_a_compute_at_stage_is_tensorized_when_its_region_is_whole():
+    s, (A, B, C) = _cached_gemv_schedule(32)
+    lowered = str(tvm.lower(s, [A, B, C], simple_mode=True))
+    assert "gemv_k" in lowered and "< 64" not in lowered     # the region's guards are proven
+    run(s, A, B, C)
+
+
+def test_a_partial_compute_at_region_is_refused_naming_it():
+    s, (A, B, C) = _cached_gemv_schedule(48)      # 64 = 48 + 16: the last block is partial
+    with pytest.raises(te.LowerError, match=r"the region compute_at gives C.global inside C's "
+                       r"loop j.outer is not always whole .* split the loops of C by factors"):
+        tvm.lower(s, [A, B, C])
+
+
+def test_a_stage_attached_inside_the_tensorized_loops_is_refused_with_what_to_do():
+    s, ji, (A, B, C) = _blocked()
+    A2 = s.cache_read(A, "global", [C])              # a stage of its own, attached below
+    ro = s[C].leaf_iter_vars[2]
+    s[A2].compute_at(s[C], ji)
+    s[C].tensorize(ji, gemv())
+    with pytest.raises(te.LowerError,
+                       match="A.global is attached .* attach it at r.outer or further out"):
+        tvm.lower(s, [A, B, C])
+    s[A2].compute_at(s[C], ro)
+    run(s, A, B, C)

@@ -22,52 +22,35 @@ CASES = {
 }
 
 
-class _Ours:
-    def __init__(self, dtype):
-        self.dtype = dtype
+class _Ops:
+    """The operations CASES use, from one library, with constants of ``dtype``."""
 
-    def select(self, c, a, b):
-        return te.if_then_else(c, a, b)
-
-    def const(self, v):
-        return te.const(v, self.dtype)
-
-    floordiv, floormod = staticmethod(te.floordiv), staticmethod(te.floormod)
-    min, max = staticmethod(te.min), staticmethod(te.max)
-
-
-class _Tvm:
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def select(self, c, a, b):
-        return tvm.tirx.Select(c, a, b)
+    def __init__(self, dtype, select, const, floordiv, floormod, min, max):
+        self.dtype, self.select, self._const = dtype, select, const
+        self.floordiv, self.floormod, self.min, self.max = floordiv, floormod, min, max
 
     def const(self, v):
-        return tvm.tirx.const(v, self.dtype)
-
-    floordiv, floormod = staticmethod(tvm.tirx.floordiv), staticmethod(tvm.tirx.floormod)
-    min, max = staticmethod(tvm.tirx.min), staticmethod(tvm.tirx.max)
+        return self._const(v, self.dtype)
 
 
-class _Numpy:
-    def __init__(self, dtype):
-        self.dtype = dtype
+def _ours(dtype):
+    return _Ops(dtype, te.if_then_else, te.const, te.floordiv, te.floormod, te.min, te.max)
 
-    def select(self, c, a, b):
-        return np.where(c, a, b)
 
-    def const(self, v):
-        return np.asarray(v, self.dtype)
+def _tvm(dtype):
+    return _Ops(dtype, tvm.tirx.Select, tvm.tirx.const, tvm.tirx.floordiv, tvm.tirx.floormod,
+                tvm.tirx.min, tvm.tirx.max)
 
-    floordiv, floormod = staticmethod(np.floor_divide), staticmethod(np.mod)
-    min, max = staticmethod(np.minimum), staticmethod(np.maximum)
+
+def _numpy(dtype):
+    return _Ops(dtype, np.where, lambda v, d: np.asarray(v, d), np.floor_divide, np.mod,
+                np.minimum, np.maximum)
 
 
 def _tvm_run(case, dtype, x, z):
     X = tvm.te.placeholder((N,), name="X", dtype=dtype)
     Z = tvm.te.placeholder((N,), name="Z", dtype=dtype)
-    Y = tvm.te.compute((N,), lambda i: CASES[case](_Tvm(dtype), X[i], Z[i]), name="Y")
+    Y = tvm.te.compute((N,), lambda i: CASES[case](_tvm(dtype), X[i], Z[i]), name="Y")
     mod = tvm.compile(tvm.te.create_prim_func([X, Z, Y]), target="llvm")
     dev = tvm.cpu(0)
     out = tvm.runtime.tensor(np.zeros(N, dtype), dev)
@@ -78,7 +61,7 @@ def _tvm_run(case, dtype, x, z):
 def _our_run(case, dtype, x, z):
     X = te.placeholder((N,), name="X", dtype=dtype)
     Z = te.placeholder((N,), name="Z", dtype=dtype)
-    Y = te.compute((N,), lambda i: CASES[case](_Ours(dtype), X[i], Z[i]), name="Y")
+    Y = te.compute((N,), lambda i: CASES[case](_ours(dtype), X[i], Z[i]), name="Y")
     module = kernelrpc.build(te.create_schedule(Y.op), [X, Z, Y], name="f")
     out = nd.empty((N,), dtype)
     module(nd.array(x), nd.array(z), out)
@@ -97,4 +80,4 @@ def test_same_answers_as_tvm(case, dtype):
     ours = _our_run(case, dtype, x, z)
     np.testing.assert_array_equal(ours, _tvm_run(case, dtype, x, z))
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(ours, CASES[case](_Numpy(dtype), x, z).astype(dtype))
+        np.testing.assert_array_equal(ours, CASES[case](_numpy(dtype), x, z).astype(dtype))

@@ -1,7 +1,5 @@
 """What a notebook user meets: dir() and reprs, LocalSession, the tracker's tables, queue-wait
 progress, request_and_run and progress bars for large transfers, against real services."""
-import threading
-
 import numpy as np
 import pytest
 
@@ -10,6 +8,7 @@ from conftest import wait_until
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import client as rpc_client
 from kernelrpc.rpc.tracker_summary import TrackerSummary
+from notebook_helpers import request_behind
 
 
 def test_dir_lists_the_lazily_loaded_names():
@@ -86,18 +85,9 @@ def test_queue_wait_reports_position_and_holder(fleet, capsys):
     holder_client = "{}:{}".format(*holder_trk._sock.getsockname()[:2])
     waiter = rpc.connect_tracker(tracker.host, tracker.port)
     waiter.progress = True
-    states, seen = [], threading.Event()
-    waiter.on_queue_wait = lambda state: (states.append(state), seen.set())
-    got = {}
-    thread = threading.Thread(target=lambda: got.setdefault("session", waiter.request("k")))
-    thread.start()
-    try:
-        assert seen.wait(30)
-    finally:
-        holder.close()
-        thread.join(30)
-    assert not thread.is_alive() and got["session"].get_function("testing.echo")(1) == 1
-    got["session"].close()
+    states, session = request_behind(holder, waiter, "k")
+    assert session.get_function("testing.echo")(1) == 1
+    session.close()
     state = states[0]
     assert (state.key, state.position, state.waiting, state.servers, state.free) == ("k", 1, 1, 1, 0)
     assert [h["client"] for h in state.holders] == [holder_client]

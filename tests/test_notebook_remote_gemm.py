@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
 from kernelrpc.compiler import recipes  # noqa: E402
+from notebook_helpers import run_notebook  # noqa: E402
 from servicectl import SRC  # noqa: E402
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "remote_gemm.ipynb"
@@ -42,11 +43,7 @@ def executed(start_service, monkeypatch, tmp_path):
     monkeypatch.setenv("KERNELRPC_TRACKER", f"{tracker.host}:{tracker.port}")
     monkeypatch.setenv("KERNELRPC_KEY", "nb")
     monkeypatch.setenv("KERNELRPC_GEMM_SIZE", str(SIZE))
-    monkeypatch.setenv("PYTHONPATH", SRC)
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    nb = run_notebook(nbformat.read(NOTEBOOK, as_version=4), tmp_path)
     nbformat.write(nb, tmp_path / "remote_gemm.executed.ipynb")  # to look at after a failure
     return nb, server
 
@@ -96,8 +93,7 @@ def test_progress_is_the_notebook_widget_in_jupyter(tmp_path):
         "print(display.in_notebook(), display.progress_enabled())\n"
         "bar = display.byte_progress(8 << 20, 'upload gemm.so')\n"
         "bar.update(8 << 20); bar.close()" % SRC)]
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    run_notebook(nb, tmp_path, timeout=120)
     outputs = nb.cells[0].outputs
     assert any(o.get("text", "").strip() == "True True" for o in outputs)
     widgets = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]

@@ -1,11 +1,11 @@
 """The tracker's tables, queue-wait reports and request_and_run against Apache TVM's tracker,
 which lists neither leases nor waiting requests."""
 import re
-import threading
 
 import pytest
 
 from kernelrpc import rpc
+from notebook_helpers import request_behind
 from servicectl import free_port
 
 pytestmark = pytest.mark.tvm
@@ -36,18 +36,9 @@ def test_tables_queue_state_and_request_and_run_with_tvm_tracker(tvm_fleet):
 
         holder = trk.request("ours", session_timeout=60)
         waiter = rpc.connect_tracker(*tracker.address)
-        states, seen = [], threading.Event()
-        waiter.on_queue_wait = lambda state: (states.append(state), seen.set())
-        got = {}
-        thread = threading.Thread(target=lambda: got.setdefault("s", waiter.request("ours")))
-        thread.start()
-        try:
-            assert seen.wait(30)
-        finally:
-            holder.close()
-            thread.join(60)
-        assert got["s"].get_function("testing.echo")("next") == "next"
-        got["s"].close()
+        states, session = request_behind(holder, waiter, "ours")
+        assert session.get_function("testing.echo")("next") == "next"
+        session.close()
         waiter.close()
     state = states[0]
     assert (state.position, state.waiting, state.servers, state.free, state.holders) == (None, 1, 1, 0, [])

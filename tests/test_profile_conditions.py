@@ -15,6 +15,7 @@ import kernelrpc
 from kernelrpc import nd, rpc
 from kernelrpc.compiler import recipes
 from kernelrpc.runtime import ProfileResult, cpu, load_module
+from kernelrpc.runtime import conditions
 from kernelrpc.runtime.conditions import ConditionsProbe
 from servicectl import SRC
 
@@ -24,12 +25,13 @@ def _affinity():
 
 
 def test_local_measurement_reports_cpus_threads_and_other_processes():
-    s, args = recipes.tutorial_schedule("parallel", 64, 64, 64)
+    # 256 rows: 8 parallel tiles, so the pool's thread gets some even when it wakes up late
+    s, args = recipes.tutorial_schedule("parallel", 256, 256, 256)
     module = kernelrpc.build(s, args, target="llvm", name="gemm").runtime_module
     threads = min(2, len(_affinity()))
     module.set_num_threads(threads)
-    a, b = nd.array(np.ones((64, 64), "float32")), nd.array(np.ones((64, 64), "float32"))
-    c = nd.empty((64, 64), "float32")
+    a, b = nd.array(np.ones((256, 256), "float32")), nd.array(np.ones((256, 256), "float32"))
+    c = nd.empty((256, 256), "float32")
     result = module.time_evaluator("gemm", cpu(0), number=5, repeat=3)(a, b, c)
     cond = result.conditions
     assert cond["cpus"] == _affinity()
@@ -71,6 +73,120 @@ def test_without_procfs_or_cpufreq_the_fields_are_none(tmp_path):
     assert cond["freq_mhz"] is None and cond["threads"] == []
     result = ProfileResult([1e-3], number=1, conditions=cond)
     assert not result.disturbed and "frequency not exposed" in str(result)
+
+
+def test_a_cpufreq_file_that_appears_later_is_found(tmp_path, monkeypatch):
+    """A missing cpufreq file is remembered for a while (reading absent files costs time on
+    every call), then looked for again."""
+    probe = ConditionsProbe(sys_cpu=str(tmp_path))
+
+    def freq():
+        measurement = probe.measurement()
+        measurement.batch_started()
+        return measurement.report()["freq_mhz"]
+
+    assert freq() is None
+    for c in _affinity():
+        (tmp_path / f"cpu{c}" / "cpufreq").mkdir(parents=True)
+        (tmp_path / f"cpu{c}" / "cpufreq" / "scaling_cur_freq").write_text("1800000\n")
+    assert freq() is None                               # still believed absent
+    monkeypatch.setattr(conditions, "REDISCOVER_S", 0.0)
+    assert freq() == [1800.0, 1800.0]
+
+
+def _spin(seconds):
+    end = time.thread_time() + seconds
+    deadline = time.monotonic() + 30
+    while time.thread_time() < end and time.monotonic() < deadline:
+        pass
+
+
+def test_files_kept_open_are_read_afresh_by_every_measurement():
+    probe = ConditionsProbe()
+    me = threading.get_native_id()
+    for _ in range(3):
+        measurement = probe.measurement()
+        measurement.batch_started()
+        _spin(0.02)
+        ran = {t["tid"]: t["cpu_s"] for t in measurement.report()["threads"]}
+        assert ran.get(me, 0) >= 0.015
+
+
+def test_a_forked_child_reports_its_own_threads_not_the_parents():
+    probe = conditions.default_probe()
+    measurement = probe.measurement()
+    measurement.batch_started()
+    measurement.report()                                # the parent's files are open now
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            measurement = probe.measurement()
+            measurement.batch_started()
+            _spin(0.02)
+            tids = [t["tid"] for t in measurement.report()["threads"]]
+            os.write(write_end, json.dumps([threading.get_native_id(), tids]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        child, tids = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert child in tids and threading.get_native_id() not in tids
+
+
+ENDED_THREADS_CHILD = textwrap.dedent("""
+    import os, threading, time
+    from kernelrpc.runtime.conditions import MAX_KEPT_FILES, ConditionsProbe
+
+    def spin():
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+
+    probe = ConditionsProbe()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(MAX_KEPT_FILES):
+        worker = threading.Thread(target=spin)
+        worker.start()
+        measurement = probe.measurement()
+        measurement.batch_started()
+        worker.join()
+        measurement.report()
+    probe.measurement().report()
+    print(len(os.listdir("/proc/self/fd")) - before)
+""")
+
+
+def test_threads_that_ended_leave_no_open_files():
+    """In a fresh interpreter (one thread): what stays open is /proc/stat, the main thread's two
+    files and at most the last worker's (its exit may trail ``join``; the next look closes it),
+    however many threads came and went."""
+    proc = subprocess.run([sys.executable, "-c", ENDED_THREADS_CHILD], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": SRC})
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.split()[-1]) <= 4
+
+
+def test_a_process_with_many_threads_keeps_a_bounded_number_of_files_open(monkeypatch):
+    monkeypatch.setattr(conditions, "MAX_KEPT_FILES", 4)
+    probe = ConditionsProbe()
+    stop = threading.Event()
+    workers = [threading.Thread(target=stop.wait) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        measurement = probe.measurement()
+        measurement.batch_started()
+        _spin(0.01)
+        cond = measurement.report()
+        assert len(os.listdir("/proc/self/fd")) - before <= 4
+        assert threading.get_native_id() in {t["tid"] for t in cond["threads"]}
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
 
 
 DISTURBED_CHILD = textwrap.dedent("""

@@ -2,6 +2,7 @@
 import os
 import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,30 +92,7 @@ def test_a_numpy_argument_beyond_the_frame_limit_is_refused_locally(start_servic
         assert echo(1) == 1                            # the session goes on
 
 
-FORKING_MODULE = r"""
-#define _POSIX_C_SOURCE 200809L
-#include <stdint.h>
-#include <time.h>
-#include <unistd.h>
-#define EXPORT __attribute__((visibility("default")))
-static const char METADATA[] =
-    "{\"format\": \"kernelrpc.module\", \"version\": 1, \"producer\": \"tests\","
-    "\"target\": {\"string\": \"c\", \"triple\": \"" KRPC_TRIPLE "\", \"cpu\": \"generic\", \"features\": \"\"},"
-    "\"entry\": \"spawn\", \"functions\": [{\"name\": \"spawn\", \"symbol\": \"__kernelrpc_fn_spawn\", \"args\": ["
-    "{\"name\": \"pid\", \"kind\": \"tensor\", \"dtype\": \"int64\", \"shape\": [1]}]}]}";
-EXPORT const char *__kernelrpc_metadata(void) { return METADATA; }
-/* Start a process that outlives the call (and would outlive the session without its group). */
-EXPORT int32_t __kernelrpc_fn_spawn(void **args) {
-    pid_t pid = fork();
-    if (pid == 0) { sleep(600); _exit(0); }
-    *(int64_t *)args[0] = pid;
-    return pid < 0;
-}
-EXPORT int64_t __kernelrpc_time(int32_t (*fn)(void **), void **args, int64_t number) {
-    for (int64_t i = 0; i < number; ++i) fn(args);
-    return 0;
-}
-"""
+FORKING_MODULE = (Path(__file__).parent / "fixtures" / "forking.c").read_text()
 
 
 def test_processes_a_kernel_starts_end_with_the_session(start_service, tmp_path):
@@ -134,6 +112,51 @@ def test_processes_a_kernel_starts_end_with_the_session(start_service, tmp_path)
     finally:
         if not gone(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def session_id(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[3])
+
+
+def spawn_detached(server, library):
+    """A session whose kernel left a daemon behind (its own session, orphaned); returns both."""
+    sess = rpc.connect(server.host, server.port, key="dev")
+    sess.upload(library.read_bytes(), "forking.so")
+    out = nd.empty((1,), "int64", sess.cpu(0))
+    sess.load_module("forking.so")["spawn_detached"](out)
+    daemon = int(out.numpy()[0])
+    assert daemon > 0
+    wait_until(lambda: session_id(daemon) == daemon, what="the daemon in a session of its own")
+    return sess, daemon
+
+
+@pytest.mark.parametrize("end", ["session closed", "session child killed with -9", "server killed with -9",
+                                 "server killed with -9, session closed at once"])
+def test_a_daemon_a_kernel_starts_ends_with_the_session(start_service, tmp_path, end):
+    from fixtures.build import compile_module
+
+    library = compile_module(FORKING_MODULE, tmp_path, "forking")
+    server = start_server(start_service)
+    sess, daemon = spawn_detached(server, library)
+    try:
+        if end == "session closed":
+            sess.close()
+        elif end == "session child killed with -9":
+            os.kill(sess.info["pid"], signal.SIGKILL)
+        else:
+            os.kill(server.proc.pid, signal.SIGKILL)   # the server only, not its process group
+            if end.endswith("at once"):                # the child ends the session: a race with the
+                sess.close()                           # server's parent-death signal
+            server.proc.wait(10)
+        wait_until(lambda: gone(daemon), what=f"the kernel's daemon gone ({end})")
+    finally:
+        sess.close()
+        if not gone(daemon):
+            os.kill(daemon, signal.SIGKILL)
+    if not end.startswith("server killed"):            # the server goes on serving
+        with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as other:
+            assert other.get_function("testing.echo")(1) == 1
 
 
 OVERRUN_MODULE = r"""
@@ -209,3 +232,51 @@ def test_a_trickling_upload_does_not_hold_the_device(start_service):
         stop.set()
         sender.join(10)
         slow.close()
+
+
+def session_children(server_pid):
+    try:
+        with open(f"/proc/{server_pid}/task/{server_pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_service):
+    """The parent's crash notice arrives where the client waits for the hello reply."""
+    import socket
+
+    from kernelrpc.netutil import receive_until
+    from kernelrpc.rpc import handshake as H
+    from kernelrpc.rpc import protocol as P
+
+    server = start_server(start_service)
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(H.encode_preamble(H.make_key("client", "dev")))
+        receive_until(sock, H.ReplyParser(), "server", "the handshake").raise_for_code()
+        (child,) = wait_until(lambda: session_children(server.proc.pid), what="the session child")
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: not session_children(server.proc.pid), what="the session child reaped")
+        try:
+            sock.sendall(P.encode_hello())
+        except OSError:
+            pass                                       # the notice was sent before the hello
+        with pytest.raises(kernelrpc.ServerCrashed, match="signal 9") as info:
+            receive_until(sock, P.HelloReplyParser(), "server", "the version exchange")
+        assert info.value.signal == signal.SIGKILL
+    with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as sess:
+        assert sess.get_function("testing.echo")(1) == 1
+
+
+@pytest.mark.parametrize("kind, error", [("ServerCrashed", kernelrpc.ServerCrashed),
+                                         ("SessionTimeout", kernelrpc.SessionTimeout),
+                                         ("ServerShutdown", kernelrpc.ConnectionLost)])
+def test_the_hello_reply_parser_turns_a_notice_into_its_error_byte_by_byte(kind, error):
+    from kernelrpc.rpc import protocol as P
+
+    notice = P.encode_notice(kind, "gone", signal=9 if kind == "ServerCrashed" else None)
+    parser = P.HelloReplyParser()
+    for i in range(len(notice) - 1):
+        assert parser.feed(notice[i:i + 1]) is None
+    with pytest.raises(error, match="gone"):
+        parser.feed(notice[-1:])

@@ -213,3 +213,67 @@ def test_clients_skip_and_report_servers_they_cannot_reach(tracker, peers, start
     finally:
         tarpit.close()
     tracker.wait_for_line("could not reach.*held back")
+
+
+def flood_requests(peer, key, count):
+    frames = (json.dumps([4, key, "kernelrpc/1", 1]).encode() for _ in range(count))
+    peer.sock.sendall(b"".join(struct.pack("<i", len(d)) + d for d in frames))
+
+
+def pending(tracker, key="board"):
+    return summary(tracker.address)["queue_info"].get(key, {}).get("pending", 0)
+
+
+class Honest(threading.Thread):
+    """A client on a connection of its own that waits for a board."""
+
+    def __init__(self, tracker):
+        super().__init__(daemon=True)
+        self.tracker, self.address, self.error = tracker, None, None
+
+    def run(self):
+        try:
+            with connect_tracker(*self.tracker.address) as session:
+                self.address = session.request_address("board", timeout=15)
+        except Exception as exc:  # reported by the test
+            self.error = exc
+
+
+def test_one_connection_holding_many_requests_does_not_shut_out_another_client(tracker, peers):
+    server = peers()
+    server.register("board", 9000, "board:1", protocol="kernelrpc/1")
+    greedy = peers()
+    flood_requests(greedy, "board", 1024)             # the most one connection may hold
+    assert greedy.recv()[0] == 0                      # the free board: it never connects to it
+    wait_until(lambda: pending(tracker) == 1023)
+    honest = Honest(tracker)
+    honest.start()
+    wait_until(lambda: pending(tracker) == 1024)
+    for port in (2, 3):                               # the next boards come free: one turn each
+        assert server.call([3, "board", [9000, f"board:{port}"], None]) == 0
+    honest.join(30)
+    assert honest.error is None and honest.address == ("127.0.0.1", 9000, "board:3")
+
+
+def test_connections_of_one_host_share_its_request_limit(tracker, peers):
+    server = peers()
+    server.register("board", 9000, "board:1", protocol="kernelrpc/1")
+    greedy = [peers() for _ in range(4)]
+    for peer in greedy:
+        flood_requests(peer, "board", 1024)
+    assert greedy[0].recv()[0] == 0                   # the free board
+    wait_until(lambda: pending(tracker) == 4095)
+    flood_requests(greedy[1], "board", 1)
+    assert "more than 1024 waiting requests on one connection" in greedy[1].recv()[1]
+    honest = Honest(tracker)
+    honest.start()
+    wait_until(lambda: pending(tracker) == 4096)      # the host's limit
+    late = peers()
+    flood_requests(late, "board", 1)                  # the heaviest connection makes room for it
+    reply = greedy[1].recv()
+    assert reply[0] == -1 and "limit per host" in reply[1] and "held the most (1024)" in reply[1]
+    assert pending(tracker) == 4096
+    for port in range(2, 6):                          # one turn per connection: greedy 0, 2, 3, honest
+        assert server.call([3, "board", [9000, f"board:{port}"], None]) == 0
+    honest.join(30)
+    assert honest.error is None and honest.address == ("127.0.0.1", 9000, "board:5")

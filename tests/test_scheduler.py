@@ -1,6 +1,9 @@
 """The tracker's pure matching logic, driven with explicit times."""
 from hypothesis import given, settings, strategies as st
 
+import pytest
+
+from kernelrpc.errors import ProtocolError
 from kernelrpc.tracker.scheduler import Scheduler
 
 
@@ -163,10 +166,11 @@ events = st.lists(st.tuples(st.sampled_from(["put", "req", "drop", "start", "exp
 @settings(max_examples=200, deadline=None)
 @given(events)
 def test_invariants(evs):
-    """Matches follow priority then FIFO; a key of a dropped or busy server is never handed
-    out; a key is handed out twice only when its server reports sessions (lease expiry)."""
+    """Matches follow priority, then the request's rank among its connection's waiting ones,
+    then arrival; a key of a dropped or busy server is never handed out; a key is handed out
+    twice only when its server reports sessions (lease expiry)."""
     s = Scheduler(lease_timeout=3)
-    waiting = []                                   # (-priority, seq, client) of live requests
+    waiting = []                                   # (-priority, rank, seq, client) of live requests
     keys_of: dict[str, list[str]] = {}
     dead: set[str] = set()
     handed: set[str] = set()
@@ -178,12 +182,12 @@ def test_invariants(evs):
             keys_of.setdefault(server, []).append(key)
             matches = s.put(server, "k", "h", who, key, now=t)
         elif kind == "req":
-            waiting.append((-prio, t, client))
-            matches = s.request(client, "k", prio, now=t)
+            waiting.append((-prio, sum(w[-1] == client for w in waiting), t, client))
+            matches = s.request(client, "k", prio, now=t, host="h")
         elif kind == "drop":
             s.drop(client, now=t)
             s.drop(server, now=t)
-            waiting = [w for w in waiting if w[2] != client]
+            waiting = [w for w in waiting if w[-1] != client]
             dead.update(keys_of.pop(server, []))
             reporting.discard(server)
             matches = []
@@ -196,14 +200,14 @@ def test_invariants(evs):
             matches = s.expire(now=t)
         for m in matches:
             best = min(waiting)
-            assert m.client == best[2]
+            assert m.client == best[-1]
             waiting.remove(best)
             assert m.slot.matchkey not in dead
             if m.slot.matchkey in handed:
                 assert m.slot.server in reporting
             handed.add(m.slot.matchkey)
         info = s.queue_info().get("k", {"free": 0, "pending": 0})
-        assert info["pending"] == len(waiting)
+        assert info["pending"] == len(waiting) == s.host_waiting_count("h")
         assert info["free"] == 0 or info["pending"] == 0
 
 
@@ -228,3 +232,45 @@ def test_request_served_at_once_past_cancelled_waiters_and_counted():
     assert s.queue_info()["k"] == {"free": 0, "pending": 0}
     assert s.key_stats()["k"]["matches"] == 1
     assert [x["client"] for x in s.lease_info(6, describe=str)] == ["cl"]
+
+
+def test_connections_take_turns_within_a_priority():
+    s = Scheduler()
+    for _ in range(3):
+        s.request("greedy", "k", 1, now=0)
+    s.request("other", "k", 1, now=1)
+    s.request("urgent", "k", 2, now=2)
+    order = [m.client for t in range(5) for m in s.put("srv", "k", "h", 9000, f"k:{t}", now=3 + t)]
+    assert order == ["urgent", "greedy", "other", "greedy", "greedy"]
+
+
+def test_a_hosts_waiting_requests_are_bounded_and_shared_fairly():
+    s = Scheduler(max_requests_per_host=4)
+    for t in range(4):
+        s.request("greedy", "k", 1, now=t, host="127.0.0.1")
+    with pytest.raises(ProtocolError, match="limit per host.*as many as any other"):
+        s.request("greedy", "k", 1, now=5, host="127.0.0.1")
+    assert s.pop_evictions() == [] and s.host_waiting_count("127.0.0.1") == 4
+    s.request("remote", "k", 1, now=6, host="10.0.0.2")     # another host is not concerned
+    assert s.pop_evictions() == []
+    s.request("honest", "k", 1, now=7, host="127.0.0.1")    # takes the greedy one's oldest place
+    (eviction,) = s.pop_evictions()
+    assert eviction.client == "greedy" and "held the most (4)" in eviction.message
+    assert s.waiting_count("greedy") == 3 and s.host_waiting_count("127.0.0.1") == 4
+    with pytest.raises(ProtocolError):                       # as many as the greedy one: no more
+        for t in range(3):
+            s.request("honest", "k", 1, now=8 + t, host="127.0.0.1")
+    assert s.waiting_count("honest") == 2 and s.waiting_count("greedy") == 2
+    order = [m.client for t in range(5) for m in s.put("srv", "k", "h", 9000, f"k:{t}", now=20 + t)]
+    assert order == ["remote", "honest", "honest", "greedy", "greedy"]
+    assert s.host_waiting_count("127.0.0.1") == 0 and not s.holds("greedy")
+
+
+def test_a_refused_request_for_a_new_key_leaves_no_queue():
+    s = Scheduler(max_requests_per_host=1)
+    s.request("a", "k", 1, now=0, host="h")
+    with pytest.raises(ProtocolError):
+        s.request("a", "made-up", 1, now=1, host="h")
+    assert not s.has_queue("made-up") and s.unserved_keys() == 1
+    s.drop_client("a")
+    assert s.host_waiting_count("h") == 0 and s.unserved_keys() == 0

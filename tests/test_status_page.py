@@ -5,6 +5,7 @@ import platform
 import shutil
 import socket
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -153,3 +154,118 @@ def test_page_shows_servers_and_queued_requests_live(start_service, tmp_path):
         wait.until(lambda _: text("sessions").count("board") >= 2)
     finally:
         browser.quit()
+
+
+TOKEN = "page-token-0123456789abcdef"
+
+
+def start_tracker_with_token(start_service, tmp_path, *extra):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    tracker = start_service("kernelrpc.tracker", ["--port", "0", "--web-port", "0", "--auth-token-file",
+                                                  str(token_file), *extra])
+    line = tracker.wait_for_line(r"status page on http://")
+    return tracker, line.split("status page on ", 1)[1].strip()
+
+
+def fetch(url: str, authorization: str | None = None):
+    """``(status, headers, body)`` of a GET, with an ``Authorization`` header when given."""
+    request = urllib.request.Request(url, headers={"Authorization": authorization} if authorization else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def basic(user: str, password: str) -> str:
+    import base64
+
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_with_an_auth_token_every_path_requires_it(start_service, tmp_path):
+    tracker, page = start_tracker_with_token(start_service, tmp_path)
+    for path in ("", "api/status", "metrics"):
+        code, headers, body = fetch(page + path)
+        assert code == 401 and "auth token" in body
+        challenges = headers.get_all("WWW-Authenticate")
+        assert any(c.startswith('Basic realm="kernelrpc tracker"') for c in challenges)
+        assert any(c.startswith("Bearer") for c in challenges)
+        for wrong in (basic("lab", "not-the-token"), "Bearer not-the-token", "Bearer ", basic("lab", ""),
+                      "Basic !!!", "Digest " + TOKEN, basic(TOKEN, "")):
+            assert fetch(page + path, wrong)[0] == 401, wrong
+        for right in (basic("anyone", TOKEN), basic("", TOKEN), "Bearer " + TOKEN, "bearer  " + TOKEN):
+            code, headers, body = fetch(page + path, right)
+            assert code == 200, right
+    assert json.loads(fetch(page + "api/status", "Bearer " + TOKEN)[2])["servers"] == []
+    assert "# TYPE kernelrpc_tracker_servers gauge" in fetch(page + "metrics", "Bearer " + TOKEN)[2]
+    assert not any("status page" in line and "clear text" in line for line in tracker.lines)
+
+
+def test_a_plain_http_page_beyond_loopback_warns_that_the_token_crosses_the_wire(start_service, tmp_path):
+    tracker, _ = start_tracker_with_token(start_service, tmp_path, "--web-host", "0.0.0.0")
+    assert tracker.wait_for_line(r"plain HTTP on an address other than loopback.*clear text")
+
+
+def test_a_browser_is_asked_for_the_token_and_shows_the_page_with_it(start_service, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    tracker, page = start_tracker_with_token(start_service, tmp_path)
+    browser = chromium(tmp_path)
+    try:
+        browser.get(page)                              # headless: the prompt stays unanswered
+        assert browser.find_elements(By.ID, "updated") == [] and "Servers" not in browser.page_source
+        host_port = page.split("//", 1)[1]
+        browser.get(f"http://lab:{TOKEN}@{host_port}")  # what the prompt's answer sends
+        wait = WebDriverWait(browser, 30, poll_frequency=0.1)
+        wait.until(lambda _: "tracker up" in browser.find_element(By.ID, "updated").text)
+        server = start_service("kernelrpc.server", ["--port", "0", "--tracker", f"127.0.0.1:{tracker.port}",
+                                                    "--key", "board", "--auth-token-file", str(tmp_path / "token")])
+        wait.until(lambda _: f":{server.port}" in browser.find_element(By.ID, "servers").text)
+    finally:
+        browser.quit()
+
+
+def test_the_page_is_served_over_https_with_the_trackers_certificate(tls_files):
+    import asyncio
+    import http.client
+    import ssl
+
+    from kernelrpc.rpc.tls import TLSConfig
+    from kernelrpc.tracker import web
+    from kernelrpc.tracker.service import TrackerService
+
+    ready, stop = threading.Event(), threading.Event()
+    found = {}
+
+    def serve():
+        async def main():
+            service = TrackerService(auth_token=TOKEN.encode())
+            tls = TLSConfig(cafile=tls_files.ca, certfile=tls_files.cert)
+            server, found["address"] = web.start(service, "127.0.0.1", 0, tls=tls)
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            server.stop()
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30)
+        host, port = found["address"]
+        context = ssl.create_default_context(cafile=tls_files.ca)
+        request = urllib.request.Request(f"https://{host}:{port}/api/status",
+                                         headers={"Authorization": "Bearer " + TOKEN})
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            assert response.status == 200 and json.loads(response.read())["servers"] == []
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED|wrong version|EOF"):
+            urllib.request.urlopen(f"https://{host}:{port}/", timeout=10,
+                                   context=ssl.create_default_context())   # a CA that did not sign it
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.RemoteDisconnected)):
+            urllib.request.urlopen(f"http://{host}:{port}/", timeout=10)    # plain HTTP gets nothing
+    finally:
+        stop.set()
+        thread.join(30)

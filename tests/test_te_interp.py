@@ -100,8 +100,7 @@ def test_softmax_multi_stage_with_compute_at():
     a = rand(6, 10)
     o = np.zeros((6, 10), "float32")
     interp.run(f, a, o)
-    e = np.exp(a - a.max(axis=1, keepdims=True))
-    np.testing.assert_allclose(o, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(o, W.softmax_reference(a), rtol=1e-5, atol=1e-6)
     text = str(f)
     assert "allocate(maxelem" in text and "[1]" in text
 
@@ -113,21 +112,7 @@ def test_softmax_inline_exp():
     a = rand(4, 9)
     o = np.zeros((4, 9), "float32")
     run(s, [A, out], a, o)
-    e = np.exp(a - a.max(axis=1, keepdims=True))
-    np.testing.assert_allclose(o, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
-
-
-def _conv_ref(d, k, pad, stride):
-    n, c, h, w = d.shape
-    f, _, kh, kw = k.shape
-    dp = np.pad(d, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1
-    out = np.zeros((n, f, oh, ow), "float64")
-    for y in range(kh):
-        for x in range(kw):
-            patch = dp[:, :, y:y + stride * oh:stride, x:x + stride * ow:stride]
-            out += np.einsum("nchw,fc->nfhw", patch, k[:, :, y, x])
-    return out
+    np.testing.assert_allclose(o, W.softmax_reference(a), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("pad,stride", [(1, 1), (0, 2)])
@@ -142,7 +127,7 @@ def test_conv2d_nchw(pad, stride):
     d, k = rand(1, 3, 7, 6), rand(4, 3, 3, 3)
     o = np.zeros(out.shape and tuple(int(e.value) for e in out.shape), "float32")
     run(s, [data, kernel, out], d, k, o)
-    np.testing.assert_allclose(o, _conv_ref(d, k, pad, stride), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(o, W.conv2d_reference(d, k, stride, pad), rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_padding_stage_computed_at_output_rows():
@@ -154,7 +139,7 @@ def test_conv2d_padding_stage_computed_at_output_rows():
     o = np.zeros((1, 2, 5, 5), "float32")
     f = te.lower(s, [data, kernel, out])
     interp.run(f, d, k, o)
-    np.testing.assert_allclose(o, _conv_ref(d, k, 1, 1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(o, W.conv2d_reference(d, k, 1, 1), rtol=1e-4, atol=1e-4)
     assert "allocate(pad: Pointer(global float32), float32, [1, 2, 3, 7])" in str(f)
 
 

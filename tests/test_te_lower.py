@@ -256,9 +256,7 @@ def test_lowering_errors_are_typed():
 
 
 def test_compute_at_on_a_split_axis_is_reported():
-    A = te.placeholder((8,), name="A")
-    T = te.compute((8,), lambda i: A[i] + 1.0, name="T")
-    C = te.compute((8,), lambda i: T[i] * 2.0, name="C")
+    A, T, C = W.chain()
     s = te.create_schedule(C.op)
     s[T].compute_at(s[C], C.op.axis[0])
     s[C].split(C.op.axis[0], factor=2)
@@ -304,9 +302,7 @@ def test_reduce_axis_outside_its_reduction_is_reported():
 
 
 def test_compute_root_undoes_compute_at():
-    A = te.placeholder((8,), name="A")
-    T = te.compute((8,), lambda i: A[i] + 1.0, name="T")
-    C = te.compute((8,), lambda i: T[i] * 2.0, name="C")
+    A, T, C = W.chain()
     s = te.create_schedule(C.op)
     s[T].compute_at(s[C], C.op.axis[0])
     s[T].compute_root()

@@ -177,3 +177,12 @@ def test_raw_plaintext_peer_reads_the_refusal_code(tls_tracker):
     with socket.create_connection(tls_tracker.address, timeout=10) as sock:
         sock.sendall(MAGIC_BYTES)
         assert sock.recv(16) == T.PLAINTEXT_REFUSAL
+
+
+def test_a_plain_tracker_query_does_not_load_openssl(tracker):
+    """TLS costs start-up only where it is used: ``ssl`` is some 15 ms of imports."""
+    script = (f"import sys\nfrom kernelrpc import rpc\nwith rpc.connect_tracker('127.0.0.1', {tracker.port}) as t:\n"
+              "    t.ping()\nprint('ssl' in sys.modules, '_ssl' in sys.modules)")
+    env = {k: v for k, v in child_env().items() if not k.startswith("KERNELRPC_TLS_")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

@@ -1,13 +1,12 @@
 """How results look: times in a unit that fits their magnitude, tables that render as text in a
 terminal and as HTML in Jupyter, and progress bars that appear only where someone watches.
 
-Standard library only at import time (ProfileResult uses it on devices too); tqdm is imported
-when a progress bar is wanted, matplotlib when a plot is.
+Standard library only at import time (ProfileResult uses it on devices too), and little of it:
+tqdm is imported when a progress bar is wanted, matplotlib when a plot is, ``html`` when Jupyter
+renders a table.
 """
 from __future__ import annotations
 
-import html
-import importlib.util
 import math
 import os
 import sys
@@ -80,7 +79,8 @@ class Table:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        esc = html.escape
+        from html import escape as esc  # Jupyter only; ``html`` loads all its entities
+
         parts = ["<div class='kernelrpc-table'>"]
         if self.title:
             parts.append(f"<p><b>{esc(self.title)}</b></p>")
@@ -182,6 +182,8 @@ def progress(total: float | None = None, desc: str = "", *, unit: str = "it",
     there is no bar either."""
     if not progress_enabled(enabled):
         return _NoProgress()
+    import importlib.util
+
     try:
         if in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
             from tqdm.notebook import tqdm

@@ -5,8 +5,6 @@
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .runtime import DTYPES, Device, Tensor, cpu, parse_dtype
 from .runtime.dtype import normalize_shape
 
@@ -26,6 +24,8 @@ def empty(shape, dtype="float32", device: Device | None = None):
 def array(source, device: Device | None = None):
     """A new tensor on ``device`` holding a copy of ``source`` (an ndarray, or anything
     ``numpy.asarray`` accepts)."""
+    import numpy as np  # here, not at import: ``nd.empty`` and a remote session need no numpy
+
     if isinstance(source, Tensor):
         source = source.numpy()
     array_ = np.asarray(source)

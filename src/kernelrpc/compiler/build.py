@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -25,15 +26,17 @@ from .codegen import CompileOptions, compile_ir, emit_primfunc, metadata_ir
 from .codegen.runtime_ir import RUNTIME_SOURCE
 from .codegen.emitter import CodegenError, ModuleBuilder
 from .expr import Var, dtype_element
+from .libc_floor import glibc_floor
 from .target import Target
+from ..deploy.toolchain import ToolchainError
 
-__all__ = ["BuiltModule", "build", "module_metadata"]
+__all__ = ["BuiltModule", "UndefinedSymbolError", "build", "module_metadata"]
 
 FORMAT_VERSION = 1
 
 
 def build(s, args=None, target=None, name: str = "main",
-          options: CompileOptions | None = None) -> "BuiltModule":
+          options: CompileOptions | None = None, sources=(), objects=()) -> "BuiltModule":
     """Compile a schedule (or lowered PrimFuncs) for ``target`` (default: this host).
 
     Args:
@@ -44,6 +47,11 @@ def build(s, args=None, target=None, name: str = "main",
         name: the function name (a C identifier).
         options: LLVM pipeline options (opt level, SLP vectorizer); the target's
             ``-opt-level`` applies when they are not given.
+        sources: C files that define the functions the kernels call with
+            ``tir.call_extern``; every link of the module compiles them for the target with
+            the module's toolchain and links them in.
+        objects: object files (``.o``, compiled for the target with ``-fPIC``) linked in
+            the same way. Functions of the target's libc, libm and libpthread need neither.
 
     Raises:
         CodegenError: the IR cannot be translated or LLVM rejects it.
@@ -58,7 +66,8 @@ def build(s, args=None, target=None, name: str = "main",
         options = CompileOptions() if target.opt_level is None else CompileOptions(
             opt_level=target.opt_level)
     compiled = compile_ir([module.text()], target, options)
-    return BuiltModule(compiled, module_metadata(funcs, target), funcs)
+    return BuiltModule(compiled, module_metadata(funcs, target), funcs,
+                       LinkInputs.of(sources, objects, funcs))
 
 
 def _as_primfuncs(s, args, name: str) -> list:
@@ -106,16 +115,88 @@ def module_metadata(funcs: list, target: Target) -> dict:
     }
 
 
+class UndefinedSymbolError(ToolchainError):
+    """The link found no definition of functions the module calls (``tir.call_extern``)."""
+
+    def __init__(self, message: str, symbols: list):
+        super().__init__(message)
+        self.symbols = symbols
+
+
+_UNDEFINED = re.compile(r"undefined (?:reference to [`'\"]|symbol: )([A-Za-z_][A-Za-z0-9_.$]*)")
+
+
+class LinkInputs:
+    """What a module links besides its kernels: the user's C ``sources`` and ``objects``, and
+    the names of the C functions the kernels call (``externs``), for the link's error."""
+
+    def __init__(self, sources=(), objects=(), externs=()):
+        self.sources = tuple(Path(p) for p in sources)
+        self.objects = tuple(Path(p) for p in objects)
+        self.externs = tuple(externs)
+        for path in (*self.sources, *self.objects):
+            if not path.is_file():
+                raise FileNotFoundError(f"build: {path} (sources=/objects=) is not a file")
+
+    @classmethod
+    def of(cls, sources, objects, funcs) -> "LinkInputs":
+        if isinstance(sources, (str, os.PathLike)) or isinstance(objects, (str, os.PathLike)):
+            raise TypeError("build: sources= and objects= take lists of paths")
+        externs: dict = {}
+        for func in funcs:
+            externs.update(dict.fromkeys(ir.extern_calls(func.body)))
+        return cls(sources, objects, externs)
+
+    def files(self, toolchain, directory: Path) -> list:
+        """The objects to link: ``sources`` compiled by ``toolchain`` (or, without one, the C
+        files themselves, for an ``fcompile`` that compiles), then ``objects``."""
+        if toolchain is None:
+            return [*self.sources, *self.objects]
+        compiled = [toolchain.compile_c(source, directory / f"src{k}.{source.stem}.o")
+                    for k, source in enumerate(self.sources)]
+        return [*compiled, *self.objects]
+
+    def explain(self, error: ToolchainError) -> ToolchainError:
+        """The link's error, or an :class:`UndefinedSymbolError` naming the missing functions."""
+        missing = list(dict.fromkeys(_UNDEFINED.findall(str(error))))
+        if not missing:
+            return error
+        ours = [name for name in missing if name in self.externs]
+        given = ", ".join(str(p) for p in (*self.sources, *self.objects)) or "none"
+        if ours:
+            message = (f"the module calls C function(s) {', '.join(ours)} (tir.call_extern), "
+                       "which neither the module's sources=/objects= (" + given + ") nor the "
+                       "target's C library (libc, libm, libpthread) define: pass the C file or "
+                       "object that defines them to kernelrpc.build(..., sources=[...] or "
+                       "objects=[...]), or check the name")
+        else:
+            message = (f"undefined symbol(s) {', '.join(missing)}, used by the module's "
+                       f"sources=/objects= ({given}): link what defines them too")
+        return UndefinedSymbolError(f"{message}\n{error}", missing)
+
+
+#: toolchain identity -> the glibc floor its last link needed (the next link's first guess)
+_floors: dict = {}
+#: a module must not leave symbols for the device's loader to find (or not) at run time
+_NO_UNDEFINED = ("-Wl,-z,defs",)
+
+
 def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
-                fcompile=None, relocatable: bool = False) -> dict:
+                fcompile=None, relocatable: bool = False,
+                inputs: "LinkInputs | None" = None) -> dict:
     """Link compiled kernels, their metadata and the runtime into the shared library ``path``.
 
     The toolchain (:func:`kernelrpc.deploy.toolchain.find_toolchain`) compiles the C
     runtime for the target and links; ``fcompile(output, objects)`` links instead when
     given. ``relocatable`` writes one relocatable object (``ld -r``) instead, which any
     C linker (TVM's ``cc.create_shared``) turns into the same shared library later.
+    ``inputs`` are the user's C sources and objects (``build(..., sources=, objects=)``).
+    A full link refuses undefined symbols (:class:`UndefinedSymbolError`), so a missing C
+    function fails here, not when a device loads the module.
     Returns the metadata as written: the target record gains the toolchain and the C
-    library floor the link was pinned to.
+    library floor: the one a pinned toolchain (zig) links against, else the newest glibc
+    symbol version the linked file needs (:func:`~kernelrpc.compiler.libc_floor.glibc_floor`),
+    so a device with an older glibc refuses the module before ``dlopen``.
     """
     from ..deploy.toolchain import ToolchainError, find_toolchain, runtime_object
 
@@ -130,16 +211,24 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
     record = metadata.setdefault("target", target.to_dict())
     record.pop("libc", None)
     record["toolchain"] = "fcompile" if fcompile is not None else toolchain.name
+    measured = fcompile is None and not relocatable and toolchain.libc == "glibc"
     if fcompile is None:
-        record["libc"] = toolchain.libc
+        # an unpinned toolchain's floor is what the link needs: guess the last one it needed,
+        # measure the linked file and link again when the guess was wrong
+        guess = _floors.get(toolchain.identity()) if measured else None
+        record["libc"] = toolchain.libc if guess is None else f"glibc>={guess}"
     with tempfile.TemporaryDirectory(prefix="kernelrpc-export-") as tmp:
         kernels = Path(tmp) / "lib0.o"
         kernels.write_bytes(kernel_object)
         meta = Path(tmp) / "metadata.o"
-        meta.write_bytes(compile_ir([metadata_ir(json.dumps(metadata))], target).object_code)
+
+        def write_metadata():
+            meta.write_bytes(compile_ir([metadata_ir(json.dumps(metadata))], target).object_code)
+        write_metadata()
         runtime = (runtime_object(toolchain, RUNTIME_SOURCE) if toolchain is not None
                    else RUNTIME_SOURCE)
-        objects = [kernels, meta, runtime]
+        inputs = inputs or LinkInputs()
+        objects = [kernels, meta, runtime, *inputs.files(toolchain, Path(tmp))]
         if relocatable:
             tmp_out = Path(tmp) / path.name
             _partial_link(toolchain, tmp_out, objects)
@@ -148,7 +237,16 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
             fcompile(str(path), [str(p) for p in objects])
         else:
             tmp_out = Path(tmp) / path.name
-            toolchain.link_shared(tmp_out, objects)
+            try:
+                toolchain.link_shared(tmp_out, objects, _NO_UNDEFINED)
+                floor = glibc_floor(tmp_out) if measured else None
+                if floor is not None and record["libc"] != f"glibc>={floor}":
+                    _floors[toolchain.identity()] = floor
+                    record["libc"] = f"glibc>={floor}"
+                    write_metadata()
+                    toolchain.link_shared(tmp_out, objects, _NO_UNDEFINED)
+            except ToolchainError as exc:
+                raise inputs.explain(exc) from None
             shutil.move(str(tmp_out), path)  # the file appears complete or not at all
     return metadata
 
@@ -177,8 +275,9 @@ class BuiltModule:
     ``mod.entry_name``; arguments are ``kernelrpc.nd`` tensors.
     """
 
-    def __init__(self, compiled, metadata: dict, funcs: list):
+    def __init__(self, compiled, metadata: dict, funcs: list, inputs: "LinkInputs | None" = None):
         self._compiled = compiled
+        self.link_inputs = inputs or LinkInputs()
         self.metadata = metadata
         self.target = compiled.target
         self.funcs = funcs
@@ -217,7 +316,7 @@ class BuiltModule:
         fmt = fmt or path.suffix.lstrip(".")
         if fmt == "o":
             self.metadata = link_module(path, self._compiled.object_code, self.metadata,
-                                        self.target, relocatable=True)
+                                        self.target, relocatable=True, inputs=self.link_inputs)
         elif fmt in ("ll", "s"):
             path.write_text(self.get_source(fmt))
         else:
@@ -240,7 +339,7 @@ class BuiltModule:
                 or compiling or linking failed.
         """
         self.metadata = link_module(path, self._compiled.object_code, self.metadata,
-                                    self.target, fcompile)
+                                    self.target, fcompile, inputs=self.link_inputs)
         return Path(path)
 
     # ------------------------------------------------------------------ local execution

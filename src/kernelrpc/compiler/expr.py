@@ -97,79 +97,56 @@ def wrap_int(value: int, dtype: str) -> int:
 
 # --------------------------------------------------------------------------- nodes
 
+def node(cls):
+    """The one way to declare an expression or statement class: by its ``_fields``.
+
+    ``_fields`` are the constructor's parameters, in order (the traversals rebuild a node
+    from them). The decorator gives the class its ``__slots__`` and, unless it writes its
+    own, an ``__init__`` that stores the fields, compiled once per class so that it costs
+    what a hand-written one does. Optional class attributes shape that ``__init__``:
+    ``_defaults`` (values of trailing parameters), ``_tuples`` (fields stored as tuples)
+    and ``_dtype_of`` (the field whose dtype is the node's). A class that computes more
+    than that (a result dtype, a check) writes its ``__init__``.
+
+    A decorator rather than a metaclass: ``isinstance`` against a class whose metaclass is
+    not ``type`` takes CPython's slow path, and the passes call it on every node.
+    """
+    fields = cls.__dict__.get("_fields", ())
+    inherited = {slot for klass in cls.__mro__[1:] for slot in getattr(klass, "__slots__", ())}
+    namespace = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    namespace["__slots__"] = tuple(f for f in fields if f not in inherited)
+    new = type(cls.__name__, cls.__bases__, namespace)
+    new.__qualname__ = cls.__qualname__
+    if fields and "__init__" not in namespace:
+        new.__init__ = _storing_init(new)
+    return new
+
+
+def _storing_init(cls):
+    defaults = getattr(cls, "_defaults", {})
+    tuples = getattr(cls, "_tuples", ())
+    params = [f"{f}=_defaults[{f!r}]" if f in defaults else f for f in cls._fields]
+    body = [f"self.{f} = tuple({f})" if f in tuples else f"self.{f} = {f}" for f in cls._fields]
+    dtype_of = getattr(cls, "_dtype_of", None)
+    if dtype_of is not None:
+        body.append(f"self.dtype = {dtype_of}.dtype")
+    source = f"def __init__(self, {', '.join(params)}):\n    " + "\n    ".join(body)
+    scope: dict = {"_defaults": defaults}
+    exec(source, scope)
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
 class PrimExpr:
-    """Base of every expression; ``dtype`` is always set."""
+    """Base of every expression; ``dtype`` is always set.
+
+    Python operators build nodes (their tables are ``_ARITHMETIC`` and ``_COMPARISONS``).
+    """
 
     __slots__ = ("dtype",)
     _fields: tuple[str, ...] = ()
     __hash__ = object.__hash__
-
-    # arithmetic -----------------------------------------------------------
-    def __add__(self, o):
-        return _binary(Add, self, o)
-
-    def __radd__(self, o):
-        return _binary(Add, o, self)
-
-    def __sub__(self, o):
-        return _binary(Sub, self, o)
-
-    def __rsub__(self, o):
-        return _binary(Sub, o, self)
-
-    def __mul__(self, o):
-        return _binary(Mul, self, o)
-
-    def __rmul__(self, o):
-        return _binary(Mul, o, self)
-
-    def __truediv__(self, o):
-        return _binary(Div, self, o)
-
-    def __rtruediv__(self, o):
-        return _binary(Div, o, self)
-
-    def __floordiv__(self, o):
-        return floordiv(self, o)
-
-    def __rfloordiv__(self, o):
-        return floordiv(o, self)
-
-    def __mod__(self, o):
-        return floormod(self, o)
-
-    def __rmod__(self, o):
-        return floormod(o, self)
-
-    def __neg__(self):
-        return _binary(Sub, const(0, self.dtype), self)
-
-    def __lt__(self, o):
-        return _binary(LT, self, o)
-
-    def __le__(self, o):
-        return _binary(LE, self, o)
-
-    def __gt__(self, o):
-        return _binary(GT, self, o)
-
-    def __ge__(self, o):
-        return _binary(GE, self, o)
-
-    def __eq__(self, o):
-        return _binary(EQ, self, o)
-
-    def __ne__(self, o):
-        return _binary(NE, self, o)
-
-    def __and__(self, o):
-        return logical_and(self, o)
-
-    def __or__(self, o):
-        return logical_or(self, o)
-
-    def __invert__(self):
-        return logical_not(self)
 
     def __bool__(self):
         raise TypeError("a symbolic expression has no truth value; use te.if_then_else / te.all")
@@ -182,10 +159,10 @@ class PrimExpr:
         return expr_to_str(self)
 
 
+@node
 class Var(PrimExpr):
     """A scalar variable (loop variable, symbolic shape, scalar parameter)."""
 
-    __slots__ = ("name",)
     _fields = ("name", "dtype")
 
     def __init__(self, name: str, dtype: str = "int32"):
@@ -194,8 +171,8 @@ class Var(PrimExpr):
         self.dtype = dtype
 
 
+@node
 class IntImm(PrimExpr):
-    __slots__ = ("value",)
     _fields = ("value", "dtype")
 
     def __init__(self, value: int, dtype: str = "int32"):
@@ -203,8 +180,8 @@ class IntImm(PrimExpr):
         self.dtype = dtype
 
 
+@node
 class FloatImm(PrimExpr):
-    __slots__ = ("value",)
     _fields = ("value", "dtype")
 
     def __init__(self, value: float, dtype: str = "float32"):
@@ -212,8 +189,8 @@ class FloatImm(PrimExpr):
         self.dtype = dtype
 
 
+@node
 class BinaryOp(PrimExpr):
-    __slots__ = ("a", "b")
     _fields = ("a", "b")
     symbol = "?"
 
@@ -311,15 +288,13 @@ class Or(BinaryOp):
     symbol = "||"
 
 
+@node
 class Not(PrimExpr):
-    __slots__ = ("a",)
     _fields = ("a",)
-
-    def __init__(self, a: PrimExpr):
-        self.a = a
-        self.dtype = a.dtype
+    _dtype_of = "a"
 
 
+@node
 class Select(PrimExpr):
     """``condition ? true_value : false_value`` (TVM's if_then_else).
 
@@ -327,18 +302,12 @@ class Select(PrimExpr):
     where the condition rules it out (padding, tails).
     """
 
-    __slots__ = ("condition", "true_value", "false_value")
     _fields = ("condition", "true_value", "false_value")
-
-    def __init__(self, condition: PrimExpr, true_value: PrimExpr, false_value: PrimExpr):
-        self.condition = condition
-        self.true_value = true_value
-        self.false_value = false_value
-        self.dtype = true_value.dtype
+    _dtype_of = "true_value"
 
 
+@node
 class Cast(PrimExpr):
-    __slots__ = ("value",)
     _fields = ("dtype", "value")
 
     def __init__(self, dtype: str, value: PrimExpr):
@@ -347,27 +316,39 @@ class Cast(PrimExpr):
         self.value = value
 
 
+@node
 class Call(PrimExpr):
     """A pure math intrinsic by name (see ``MATH_INTRINSICS``), elementwise on vectors."""
 
-    __slots__ = ("op", "args")
     _fields = ("dtype", "op", "args")
-
-    def __init__(self, dtype: str, op: str, args):
-        self.dtype = dtype
-        self.op = op
-        self.args = tuple(args)
+    _tuples = ("args",)
 
 
+@node
 class Let(PrimExpr):
-    __slots__ = ("var", "value", "body")
     _fields = ("var", "value", "body")
+    _dtype_of = "body"
 
-    def __init__(self, var: Var, value: PrimExpr, body: PrimExpr):
-        self.var = var
-        self.value = value
-        self.body = body
-        self.dtype = body.dtype
+
+#: Python operator -> the node it builds; the reflected form (``__radd__``) swaps the operands.
+_ARITHMETIC = {"add": Add, "sub": Sub, "mul": Mul, "truediv": Div, "floordiv": FloorDiv,
+               "mod": FloorMod}
+_COMPARISONS = {"lt": LT, "le": LE, "gt": GT, "ge": GE, "eq": EQ, "ne": NE}
+
+
+def _install_operators():
+    for name, cls in _ARITHMETIC.items():
+        setattr(PrimExpr, f"__{name}__", lambda self, o, cls=cls: _binary(cls, self, o))
+        setattr(PrimExpr, f"__r{name}__", lambda self, o, cls=cls: _binary(cls, o, self))
+    for name, cls in _COMPARISONS.items():
+        setattr(PrimExpr, f"__{name}__", lambda self, o, cls=cls: _binary(cls, self, o))
+    PrimExpr.__neg__ = lambda self: _binary(Sub, const(0, self.dtype), self)
+    PrimExpr.__and__ = lambda self, o: logical_and(self, o)
+    PrimExpr.__or__ = lambda self, o: logical_or(self, o)
+    PrimExpr.__invert__ = lambda self: logical_not(self)
+
+
+_install_operators()
 
 
 #: name -> number of arguments; float -> float elementwise unless listed below.

@@ -14,8 +14,8 @@ import numpy as np
 from .expr import (EQ, GE, GT, LE, LT, NE, Add, And, Call, Cast, Div, FloatImm, FloorDiv, FloorMod,
                    IntImm, Let, Max, Min, Mod, Mul, Not, Or, Select, Sub, Var, dtype_element,
                    dtype_lanes, is_bool, is_float, is_int, wrap_int)
-from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load,
-                 Prefetch, PrimFunc, Ramp, SeqStmt, Store, substitute)
+from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, ExternCall, For, IfThenElse,
+                 LetStmt, Load, Prefetch, PrimFunc, Ramp, SeqStmt, Store, substitute)
 from .lower.arith import exact_bound, fits, simplify
 
 
@@ -181,6 +181,9 @@ class _PyGen:
             if is_float(e.dtype) or is_bool(e.dtype):
                 return f"{t}({v})"
             return f"_icast({v}, {e.dtype!r})"
+        if isinstance(e, ExternCall):
+            raise InterpError(f"the interpreter cannot call the C function {e.name} "
+                              "(call_extern): build the module and run it")
         if isinstance(e, Call):
             args = [self.expr(a) for a in e.args]
             if e.op == "all_lanes":

@@ -6,8 +6,10 @@ buffer with a declared (row-major) shape and a scalar dtype.  A vector access ha
 """
 from __future__ import annotations
 
-from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, PrimExpr, Var, dtype_lanes,
-                   with_lanes)
+import re
+
+from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, PrimExpr, Var, convert, dtype_lanes,
+                   node, parse_dtype, with_lanes)
 
 FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 #: What a kernel returns when a run-time bound check (``tir.instrument_bound_checkers``) fails.
@@ -51,13 +53,17 @@ class Buffer:
     def __repr__(self):
         return f"Buffer({self.name}, {self.dtype}, {list(self.shape)}, scope={self.scope})"
 
+    def access_ptr(self, access_mask="rw", offset=0) -> "BufferPointer":
+        """TVM's ``Buffer.access_ptr``: the address of element ``offset``, for ``call_extern``."""
+        return BufferPointer(self, convert(offset))
+
 
 # --------------------------------------------------------------------------- vector exprs
 
+@node
 class Ramp(PrimExpr):
     """The int vector ``[base, base+stride, ..., base+(lanes-1)*stride]``."""
 
-    __slots__ = ("base", "stride", "lanes")
     _fields = ("base", "stride", "lanes")
 
     def __init__(self, base: PrimExpr, stride: PrimExpr, lanes: int):
@@ -67,10 +73,10 @@ class Ramp(PrimExpr):
         self.dtype = with_lanes(base.dtype, self.lanes)
 
 
+@node
 class Broadcast(PrimExpr):
     """A scalar repeated in every lane."""
 
-    __slots__ = ("value", "lanes")
     _fields = ("value", "lanes")
 
     def __init__(self, value: PrimExpr, lanes: int):
@@ -79,10 +85,10 @@ class Broadcast(PrimExpr):
         self.dtype = with_lanes(value.dtype, self.lanes)
 
 
+@node
 class Load(PrimExpr):
     """``buffer[index]``; dtype is the buffer's element type with the index's lanes."""
 
-    __slots__ = ("buffer", "index")
     _fields = ("buffer", "index")
 
     def __init__(self, buffer: Buffer, index: PrimExpr):
@@ -91,9 +97,94 @@ class Load(PrimExpr):
         self.dtype = with_lanes(buffer.dtype, dtype_lanes(index.dtype))
 
 
+# --------------------------------------------------------------------------- C calls
+
+@node
+class BufferPointer(PrimExpr):
+    """The address of ``buffer[offset]``: an argument of ``call_extern`` (dtype ``handle``)."""
+
+    _fields = ("buffer", "offset")
+
+    def __init__(self, buffer: Buffer, offset: PrimExpr):
+        self.buffer = buffer
+        self.offset = offset
+        self.dtype = "handle"
+
+
+@node
+class ExternCall(PrimExpr):
+    """A call of the C function ``name`` (TVM's ``tir.call_extern``).
+
+    Not pure: passes never merge, reorder or vectorize it (a loop that calls one stays scalar).
+    The function is linked into the module (``build(..., sources=, objects=)``, or the target's
+    C library); ``dtype`` is its return type, ``"void"`` for none.
+    """
+
+    _fields = ("dtype", "name", "args")
+    _tuples = ("args",)
+
+
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: argument dtypes a C function can take from a kernel (unsigned 32-bit values are extended
+#: differently by different C ABIs: pass them as int32 or int64)
+EXTERN_ARG_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint64", "float32",
+                     "float64")
+
+
+def call_extern(dtype: str, name: str, *args) -> ExternCall:
+    """TVM's ``tir.call_extern(dtype, "c_function", *args)``.
+
+    ``args`` are scalar expressions (Python numbers become int32/float32) and buffers (a
+    ``Buffer`` or a tensorize ``BufferView`` is the address of its first element;
+    ``buf.access_ptr("r", offset)`` the address of another). ``dtype`` is what the function
+    returns, ``"void"`` when nothing; a void call is a statement (``ib.emit(...)``).
+    """
+    from .ir_builder import BufferView
+
+    if not isinstance(name, str) or not _C_IDENTIFIER.match(name) or name.startswith("__kernelrpc"):
+        raise TypeError(f"call_extern: {name!r} is not the name of a C function")
+    if dtype != "void":
+        parse_dtype(dtype)
+        if dtype not in EXTERN_ARG_DTYPES:
+            raise TypeError(f"call_extern {name}: return type {dtype} is not one of "
+                            f"{', '.join(EXTERN_ARG_DTYPES)} or void")
+    converted = []
+    for k, arg in enumerate(args):
+        if isinstance(arg, Buffer):
+            arg = BufferPointer(arg, IntImm(0))
+        elif isinstance(arg, BufferView):
+            arg = BufferPointer(arg.data, arg.elem_offset)
+        else:
+            arg = convert(arg)
+        if not isinstance(arg, BufferPointer) and arg.dtype not in EXTERN_ARG_DTYPES:
+            raise TypeError(f"call_extern {name}: argument {k} is {arg.dtype}; C functions take "
+                            f"{', '.join(EXTERN_ARG_DTYPES)} or buffers")
+        converted.append(arg)
+    return ExternCall(dtype, name, converted)
+
+
+def call_packed(*args, **kwargs):
+    """TVM's ``tir.call_packed`` needs TVM's packed-function registry, which a kernelrpc module
+    does not have: it calls C functions directly."""
+    raise NotImplementedError(
+        "tir.call_packed calls a function of TVM's packed-function registry, which kernelrpc "
+        "modules do not have; call the C function with tir.call_extern(dtype, 'name', *args) "
+        "and link it with kernelrpc.build(..., sources=[...]) or objects=[...]")
+
+
+def extern_calls(node) -> list:
+    """The names of the C functions ``call_extern`` calls below ``node``, in first-call order."""
+    names: dict = {}
+    post_order_visit(node, lambda n: names.setdefault(n.name, None)
+                     if isinstance(n, ExternCall) else None)
+    return list(names)
+
+
 # --------------------------------------------------------------------------- statements
 
 class Stmt:
+    """Base of every statement; a statement class is declared with ``@node``."""
+
     __slots__ = ()
     _fields: tuple[str, ...] = ()
 
@@ -101,18 +192,14 @@ class Stmt:
         return stmt_to_str(self)
 
 
+@node
 class Store(Stmt):
     """``buffer[index] = value``; a vector index stores every lane."""
 
-    __slots__ = ("buffer", "value", "index")
     _fields = ("buffer", "value", "index")
 
-    def __init__(self, buffer: Buffer, value: PrimExpr, index: PrimExpr):
-        self.buffer = buffer
-        self.value = value
-        self.index = index
 
-
+@node
 class For(Stmt):
     """``for (var = min; var < min + extent; ++var) body`` with a loop kind.
 
@@ -121,7 +208,6 @@ class For(Stmt):
     run as serial loops.
     """
 
-    __slots__ = ("var", "min", "extent", "kind", "body")
     _fields = ("var", "min", "extent", "kind", "body")
 
     def __init__(self, var: Var, min: PrimExpr, extent: PrimExpr, kind: str, body: Stmt):
@@ -134,45 +220,31 @@ class For(Stmt):
         self.body = body
 
 
+@node
 class Allocate(Stmt):
     """Storage for ``buffer`` (all of ``buffer.size`` elements) while ``body`` runs."""
 
-    __slots__ = ("buffer", "body")
     _fields = ("buffer", "body")
 
-    def __init__(self, buffer: Buffer, body: Stmt):
-        self.buffer = buffer
-        self.body = body
 
-
+@node
 class IfThenElse(Stmt):
-    __slots__ = ("condition", "then_case", "else_case")
     _fields = ("condition", "then_case", "else_case")
-
-    def __init__(self, condition: PrimExpr, then_case: Stmt, else_case: Stmt | None = None):
-        self.condition = condition
-        self.then_case = then_case
-        self.else_case = else_case
+    _defaults = {"else_case": None}
 
 
+@node
 class LetStmt(Stmt):
-    __slots__ = ("var", "value", "body")
     _fields = ("var", "value", "body")
 
-    def __init__(self, var: Var, value: PrimExpr, body: Stmt):
-        self.var = var
-        self.value = value
-        self.body = body
 
-
+@node
 class SeqStmt(Stmt):
-    __slots__ = ("seq",)
     _fields = ("seq",)
-
-    def __init__(self, seq):
-        self.seq = tuple(seq)
+    _tuples = ("seq",)
 
 
+@node
 class AssertStmt(Stmt):
     """Run ``body`` if ``condition`` holds, else stop the function with an error.
 
@@ -181,36 +253,22 @@ class AssertStmt(Stmt):
     loop the condition is ``Call("bool", "all_lanes", [vector condition])``.
     """
 
-    __slots__ = ("condition", "message", "code", "body")
     _fields = ("condition", "message", "code", "body")
 
-    def __init__(self, condition: PrimExpr, message: str, code: int, body: Stmt):
-        self.condition = condition
-        self.message = message
-        self.code = code
-        self.body = body
 
-
+@node
 class Prefetch(Stmt):
     """A hint: bring the cache line holding ``buffer[index]`` closer (TVM's prefetch).
 
     Never faults, even past the end of the buffer; the interpreter ignores it.
     """
 
-    __slots__ = ("buffer", "index")
     _fields = ("buffer", "index")
 
-    def __init__(self, buffer: Buffer, index: PrimExpr):
-        self.buffer = buffer
-        self.index = index
 
-
+@node
 class Evaluate(Stmt):
-    __slots__ = ("value",)
     _fields = ("value",)
-
-    def __init__(self, value: PrimExpr):
-        self.value = value
 
 
 def seq(*stmts) -> Stmt | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .expr import PrimExpr, Var, convert
-from .ir import For, IfThenElse, LetStmt, Load, Store, seq, substitute
+from .ir import BufferPointer, Evaluate, For, IfThenElse, LetStmt, Load, Store, seq, substitute
 
 _KINDS = {"serial": "serial", "parallel": "parallel", "vectorize": "vectorized",
           "unroll": "unrolled"}
@@ -42,6 +42,10 @@ class BufferView:
 
     def __repr__(self):
         return f"BufferView({self.name} of {self.data.name}, shape={list(self.shape)})"
+
+    def access_ptr(self, access_mask="rw", offset=0) -> BufferPointer:
+        """The address of the view's element ``offset`` (flat, in elements), for ``call_extern``."""
+        return BufferPointer(self.data, self.elem_offset + convert(offset))
 
 
 class BufferPtr:
@@ -79,7 +83,8 @@ class IRBuilder:
         self._scopes: list[list] = [[]]
 
     def emit(self, stmt) -> None:
-        self._scopes[-1].append(stmt)
+        """Append a statement; an expression (a ``call_extern``) is evaluated for its effect."""
+        self._scopes[-1].append(Evaluate(stmt) if isinstance(stmt, PrimExpr) else stmt)
 
     def _pop(self):
         return _build(self._scopes.pop())

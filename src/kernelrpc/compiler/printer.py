@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from .expr import (BinaryOp, Call, Cast, FloatImm, FloorDiv, FloorMod, IntImm, Let, Max, Min, Not,
                    PrimExpr, Select, Var, dtype_element, dtype_lanes, is_bool)
-from .ir import (Allocate, AssertStmt, Broadcast, Buffer, Evaluate, For, IfThenElse, LetStmt, Load,
-                 Prefetch, PrimFunc, Ramp, SeqStmt, Store)
+from .ir import (Allocate, AssertStmt, Broadcast, Buffer, BufferPointer, Evaluate, ExternCall,
+                 For, IfThenElse, LetStmt, Load, Prefetch, PrimFunc, Ramp, SeqStmt, Store)
 
 _SUFFIX = {"float32": "f32", "float64": "f64", "float16": "f16", "int64": "i64", "int8": "i8",
            "int16": "i16", "uint8": "u8"}
@@ -83,6 +83,11 @@ class Printer:
             return f"broadcast({self.expr(e.value)}, {e.lanes})"
         if isinstance(e, Load):
             return f"{e.buffer.name}[{self.expr(e.index)}]"
+        if isinstance(e, BufferPointer):
+            return f"&{e.buffer.name}[{self.expr(e.offset)}]"
+        if isinstance(e, ExternCall):
+            return (f"call_extern({e.dtype}, {e.name!r}"
+                    + "".join(f", {self.expr(a)}" for a in e.args) + ")")
         to_str = getattr(e, "to_str", None)     # tensor-language nodes
         if to_str is not None:
             return to_str(self)

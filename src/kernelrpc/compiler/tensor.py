@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import inspect
 
-from .expr import DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value, min_value
+from .expr import (DTypeError, IntImm, PrimExpr, Var, _as_bool, const, convert, max_value,
+                   min_value, node)
 
 
 class TensorError(ValueError):
@@ -67,16 +68,13 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(IterVar, _name, _delegate(_name))
 
 
+@node
 class TensorLoad(PrimExpr):
     """``tensor[indices]`` inside a tensor expression (TVM's ProducerLoad)."""
 
-    __slots__ = ("tensor", "indices")
     _fields = ("tensor", "indices")
-
-    def __init__(self, tensor: "Tensor", indices):
-        self.tensor = tensor
-        self.indices = tuple(indices)
-        self.dtype = tensor.dtype
+    _tuples = ("indices",)
+    _dtype_of = "tensor"
 
     def to_str(self, printer) -> str:
         return f"{self.tensor.name}[{', '.join(printer.expr(i) for i in self.indices)}]"
@@ -122,6 +120,7 @@ def comm_reducer(fcombine, fidentity, name: str = "reduce") -> CommReducer:
     return CommReducer(fcombine, fidentity, name)
 
 
+@node
 class Reduce(PrimExpr):
     """Element ``value_index`` of a commutative reduction of ``source`` (a tuple) over ``axis``.
 
@@ -129,7 +128,6 @@ class Reduce(PrimExpr):
     axes, condition and init.
     """
 
-    __slots__ = ("combiner", "source", "axis", "condition", "value_index", "init")
     _fields = ("combiner", "source", "axis", "condition", "value_index", "init")
 
     def __init__(self, combiner: CommReducer, source, axis, condition: PrimExpr | None = None,
@@ -222,7 +220,7 @@ class ExternOp(Operation):
     builds (with :mod:`kernelrpc.compiler.ir_builder`) over flat, row-major buffers."""
 
     def __init__(self, name: str, shapes, dtypes, inputs, fcompute, tag: str = "", attrs=None):
-        from .ir import Buffer, Stmt
+        from .ir import Buffer, Evaluate, Stmt
         self.name = name
         self.tag = tag
         self.attrs = dict(attrs or {})
@@ -231,6 +229,8 @@ class ExternOp(Operation):
         names = [name] if len(shapes) == 1 else [f"{name}.v{k}" for k in range(len(shapes))]
         self.output_buffers = [Buffer(n, s, d) for n, s, d in zip(names, shapes, dtypes)]
         self.body = fcompute(self.input_buffers, self.output_buffers)
+        if isinstance(self.body, PrimExpr):     # lambda ins, outs: tir.call_extern(...)
+            self.body = Evaluate(self.body)
         if not isinstance(self.body, Stmt):
             raise TensorError(f"extern {name}: fcompute must return a statement (ib.get()), "
                               f"got {type(self.body).__name__}")

@@ -18,7 +18,7 @@ accumulates on the others (``reset`` is accepted and unused, as ``body`` include
 from __future__ import annotations
 
 from .expr import FloatImm, IntImm, PrimExpr, Var, all_of
-from .ir import IfThenElse, Stmt, substitute, vars_in
+from .ir import Evaluate, IfThenElse, Stmt, substitute, vars_in
 from .ir_builder import BufferView
 from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 
@@ -138,6 +138,8 @@ def tensorize_stmt(lowering, info, values, out_index, error):
                [a.var for a in iop.axis], f"the output {stage.op.name}")
     result = intrin.fcompute([ins[t] for t in iop.input_tensors], [out])
     parts = tuple(result) if isinstance(result, (tuple, list)) else (result, None, None)
+    # a part may be one call of a C function (tir.call_extern): a statement of its own
+    parts = tuple(Evaluate(p) if isinstance(p, PrimExpr) else p for p in parts)
     if len(parts) != 3 or not isinstance(parts[0], Stmt):
         raise error(f"{where}: fcompute must return a statement or (body, reset, update)")
     stmt, _, update = parts

@@ -15,16 +15,14 @@ moved to another key. The secret never crosses the wire; each side makes a fresh
 nonce per connection, so a recorded exchange replayed to the service fails, and
 a service that does not know the secret cannot pass itself off to the peer.
 Every message has a fixed size, so the parsers need no length field to bound.
-The standard library's ``hmac`` and ``secrets`` do the cryptography (the device
-server stays standard-library only). The classes are sans-IO; :func:`authenticate`
-is the thin blocking layer the clients use.
+The standard library's ``hmac`` and ``os.urandom`` do the cryptography (the device
+server stays standard-library only); ``hmac`` loads OpenSSL, so it is imported with the first
+token, not by every client that talks to a tracker without one. The classes are sans-IO;
+:func:`authenticate` is the thin blocking layer the clients use.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
-import secrets
 import socket
 import struct
 
@@ -78,8 +76,17 @@ def resolve_token(auth_token: bytes | str | None = None, token_file: str | None 
 
 
 def _mac(secret: bytes, who: bytes, context: bytes, service_nonce: bytes, peer_nonce: bytes) -> bytes:
+    import hashlib
+    import hmac
+
     message = b"|".join((_LABEL, who, hashlib.sha256(context).digest(), service_nonce, peer_nonce))
     return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a, b)
 
 
 class ServiceAuth:
@@ -93,7 +100,7 @@ class ServiceAuth:
     def __init__(self, secret: bytes, context: bytes) -> None:
         self._secret = secret
         self._context = context
-        self.nonce = secrets.token_bytes(NONCE_BYTES)
+        self.nonce = os.urandom(NONCE_BYTES)
         self._buf = bytearray()
         self.ok: bool | None = None
         self.unused = b""
@@ -112,7 +119,7 @@ class ServiceAuth:
         self.unused = bytes(self._buf[need:])
         self._buf.clear()
         expected = _mac(self._secret, b"peer", self._context, self.nonce, peer_nonce)
-        self.ok = hmac.compare_digest(mac, expected) and peer_nonce != self.nonce
+        self.ok = _same(mac, expected) and peer_nonce != self.nonce
         if not self.ok:
             return _I32.pack(AUTH_REFUSED)
         return _I32.pack(AUTH_OK) + _mac(self._secret, b"service", self._context, self.nonce, peer_nonce)
@@ -130,7 +137,7 @@ class PeerAuth:
         self._secret = secret
         self._context = context
         self._where = where
-        self.nonce = secrets.token_bytes(NONCE_BYTES)
+        self.nonce = os.urandom(NONCE_BYTES)
         self._service_nonce: bytes | None = None
         self._buf = bytearray()
         self.done = False
@@ -165,8 +172,8 @@ class PeerAuth:
         self.unused = bytes(self._buf[4 + MAC_BYTES:])
         self._buf.clear()
         self.done = True
-        if not hmac.compare_digest(mac, _mac(self._secret, b"service", self._context, self._service_nonce,
-                                             self.nonce)):
+        if not _same(mac, _mac(self._secret, b"service", self._context, self._service_nonce,
+                               self.nonce)):
             raise AuthenticationError(f"{self._where} accepted us but could not prove it knows the token: "
                                       "it is not the service you meant to reach")
         return True

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import os
 import socket
-import ssl
 import threading
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError, RPCError,
                       ServerCrashed, SessionTimeout)
@@ -24,11 +23,14 @@ from ..runtime.threads import check_num_threads
 from . import handshake as H
 from .auth import authenticate, resolve_token
 from . import protocol as P
-from .tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, refused_after_handshake,
-                  wrap_client)
+from .tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
+                  is_tls_socket, refused_after_handshake, wrap_client)
 from .transport import FramedSocket
 from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                      decode_values, nbytes_of)
+
+if TYPE_CHECKING:
+    import ssl
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 #: Transfers at least this large show a progress bar (where bars are shown: display.progress).
@@ -88,7 +90,7 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     between the handshake key and the server's reply.
     """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    over_tls = isinstance(sock, ssl.SSLSocket)
+    over_tls = is_tls_socket(sock)
     try:
         sock.sendall(H.encode_preamble(handshake_key))
         if not over_tls:
@@ -104,9 +106,9 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     except socket.timeout:
         raise ConnectTimeout(f"{where} did not complete the handshake in time (is it busy with "
                              "another session, or not a kernelrpc server?)") from None
-    except (ssl.SSLError, ConnectionLost) as exc:
-        cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
-        if over_tls and isinstance(cause, ssl.SSLError):   # mutual TLS refusals arrive on the first read
+    except (OSError, ConnectionLost) as exc:
+        cause = exc if isinstance(exc, OSError) else exc.__cause__
+        if over_tls and is_ssl_error(cause):   # mutual TLS refusals arrive on the first read
             raise describe_failure(cause, where) from None
         if over_tls and isinstance(cause, ConnectionResetError):
             raise refused_after_handshake(where) from None

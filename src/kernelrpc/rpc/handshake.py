@@ -14,12 +14,12 @@ import struct
 
 from ..errors import HandshakeError, ProtocolError
 from .auth import AUTH_CHALLENGE, refusal_for_unauthenticated
+from .tracker_codec import RPC_TRACKER_MAGIC
 
 RPC_MAGIC = 0xFF271
 RPC_CODE_SUCCESS = RPC_MAGIC
 RPC_CODE_DUPLICATE = 0xFF272
 RPC_CODE_MISMATCH = 0xFF273
-RPC_TRACKER_MAGIC = 0x2F271
 
 MAX_KEY_BYTES = 4096
 """Upper bound on a handshake key; TVM's keys are a few dozen bytes."""

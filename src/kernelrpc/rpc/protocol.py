@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..errors import ProtocolError, VersionMismatch
+from ..errors import ConnectionLost, ProtocolError, RPCError, ServerCrashed, SessionTimeout, VersionMismatch
 from .values import (T_FLOAT, T_FUNCTION, T_INT, decode_items, decode_single, decode_values, encode_items,
                      encode_values)
 
@@ -331,6 +331,15 @@ def decode_notice(body) -> tuple[str, str, int | None, int | None]:
     return values[0], values[1], values[2], values[3]
 
 
+def notice_error(kind: str, message: str, signal: int | None = None, exit_code: int | None = None) -> RPCError:
+    """The typed error a NOTICE (``decode_notice``'s fields) stands for."""
+    if kind == NOTICE_TIMEOUT:
+        return SessionTimeout(message)
+    if kind == NOTICE_CRASHED:
+        return ServerCrashed(message, signal=signal, exit_code=exit_code)
+    return ConnectionLost(f"the server ended the session: {kind}: {message}")
+
+
 # ---------------------------------------------------------------- hello (version exchange)
 
 def _tvm_packet(code: int, body: bytes) -> bytes:
@@ -481,7 +490,11 @@ class HelloReplyParser(_TVMPacketParser):
         super().__init__(MAX_HELLO_REPLY_BYTES, "session hello reply")
 
     def feed(self, data) -> HelloReply | None:
-        packet = self._packet(data)
+        self._buf += data
+        if len(self._buf) > 4 and self._buf[4] == NOTICE:
+            self._raise_notice()
+            return None
+        packet = self._packet(b"")
         if packet is None:
             return None
         code, body = packet
@@ -508,6 +521,16 @@ class HelloReplyParser(_TVMPacketParser):
         if not isinstance(info, dict):
             raise ProtocolError("session hello reply: server info is not an object")
         return HelloReply(version, _checked_info(info))
+
+    def _raise_notice(self) -> None:
+        """The server's parent ended the session before the child answered (it crashed, was
+        killed, or the server shuts down): a NOTICE frame where the reply would be.  A TVM
+        reply's fifth byte is 0 (its u64 length is below 4 GiB), a NOTICE header's is 5."""
+        (length,) = struct.unpack_from("<I", self._buf)
+        if length > MAX_HELLO_BYTES:
+            raise ProtocolError(f"session hello reply: a NOTICE frame of {length} bytes")
+        if len(self._buf) >= HEADER_SIZE + length:
+            raise notice_error(*decode_notice(bytes(self._buf[HEADER_SIZE:HEADER_SIZE + length])))
 
     @staticmethod
     def _refusal(message: str) -> VersionMismatch:

@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import os
 import socket
-import ssl
 import struct
+import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import HandshakeError
+
+if TYPE_CHECKING:
+    import ssl
 
 ENV_CA = "KERNELRPC_TLS_CA"
 ENV_CERT = "KERNELRPC_TLS_CERT"
@@ -83,6 +87,8 @@ class TLSConfig:
 
     def server_context(self) -> ssl.SSLContext:
         """The context for accepting connections (needs ``certfile``)."""
+        import ssl      # here, not at the top: OpenSSL loads only where TLS is used
+
         if not self.certfile:
             raise TLSConfigError("a service needs a certificate (certfile) to accept TLS connections")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -95,6 +101,8 @@ class TLSConfig:
 
     def client_context(self) -> ssl.SSLContext:
         """The context for connecting (the system's CAs when ``cafile`` is not given)."""
+        import ssl
+
         ctx = ssl.create_default_context(cafile=self.cafile)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.check_hostname = self.check_hostname
@@ -103,6 +111,8 @@ class TLSConfig:
         return ctx
 
     def _load_identity(self, ctx: ssl.SSLContext) -> None:
+        import ssl
+
         try:
             ctx.load_cert_chain(self.certfile, self.keyfile)
         except (ssl.SSLError, OSError) as exc:
@@ -187,6 +197,8 @@ def refused_after_handshake(where: str) -> TLSError:
 
 def describe_failure(exc: BaseException, where: str) -> TLSError:
     """The :class:`TLSError` for what went wrong when a client set up or used TLS, with what to do."""
+    import ssl
+
     if isinstance(exc, TLSError):
         return exc
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -213,6 +225,16 @@ def client_context(tls: TLSConfig | ssl.SSLContext | None = None) -> ssl.SSLCont
     else from ``$KERNELRPC_TLS_*``; None means plain TCP."""
     if tls is None:
         tls = TLSConfig.from_env()
-    if tls is None or isinstance(tls, ssl.SSLContext):
-        return tls
-    return tls.client_context()
+    return tls.client_context() if isinstance(tls, TLSConfig) else tls
+
+
+def is_tls_socket(sock) -> bool:
+    """Whether ``sock`` is an ``ssl.SSLSocket`` (without loading ``ssl`` to find out)."""
+    ssl = sys.modules.get("ssl")
+    return ssl is not None and isinstance(sock, ssl.SSLSocket)
+
+
+def is_ssl_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is an ``ssl.SSLError`` (none can exist where ``ssl`` was never loaded)."""
+    ssl = sys.modules.get("ssl")
+    return ssl is not None and isinstance(exc, ssl.SSLError)

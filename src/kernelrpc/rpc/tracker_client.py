@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import logging
 import socket
-import ssl
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
 from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
 from .backoff import Backoff
-from .protocol import VERSION_STRING
-from .tls import (TLSConfig, TLSError, check_plaintext_answer, client_context, describe_failure,
+from .tls import (TLSConfig, TLSError, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
                   refused_after_handshake, wrap_client)
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +109,10 @@ class TrackerSession:
         except (AuthenticationError, TLSError):
             sock.close()
             raise
-        except ssl.SSLError as exc:     # a mutual-TLS refusal arrives on the first read
-            sock.close()
-            raise describe_failure(exc, where) from None
         except (OSError, ProtocolError) as exc:
             sock.close()
+            if is_ssl_error(exc):        # a mutual-TLS refusal arrives on the first read
+                raise describe_failure(exc, where) from None
             if self._tls is not None and isinstance(exc, ConnectionResetError):
                 raise refused_after_handshake(where) from None
             detail = "it did not answer" if isinstance(exc, socket.timeout) else str(exc)
@@ -268,6 +269,8 @@ class TrackerSession:
 
     def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None,
                         reconnect_timeout: float):
+        from .protocol import VERSION_STRING  # the session's codec, loaded once a session is wanted
+
         lost_at = None
         backoff = Backoff(0.05, 1.0, jitter=0.5)
         while True:
@@ -354,6 +357,8 @@ class TrackerSession:
 
     def _warn_if_unknown(self, key: str) -> None:
         """Best effort: a request never depends on the summary (a tracker may refuse it)."""
+        from .protocol import VERSION_STRING
+
         try:
             info = self.summary()
         except (TrackerError, ConnectionLost, OSError) as exc:

@@ -11,11 +11,11 @@ import json.scanner
 import struct
 
 from ..errors import ProtocolError
-from .handshake import RPC_TRACKER_MAGIC
 
 MAX_FRAME_BYTES = 1 << 20
 """TVM's tracker limit (``MAX_TRACKER_MSG_BYTES``); also ours."""
 
+RPC_TRACKER_MAGIC = 0x2F271
 MAGIC_BYTES = struct.pack("<i", RPC_TRACKER_MAGIC)
 _I32 = struct.Struct("<i")
 _JSON_DECODER = json.JSONDecoder()

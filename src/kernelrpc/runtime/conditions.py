@@ -45,17 +45,78 @@ FIELDS = {"wall_s": float, "cpus": list, "own_cpu_s": float, "other_cpu_s": floa
           "clock_tick_s": float}
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
+#: How long the absence of a CPU's cpufreq file is believed before it is looked for again.
+REDISCOVER_S = 10.0
+#: Files a probe keeps open at most (a process with many threads must not run out of descriptors
+#: because of it); the others are opened for each read.
+MAX_KEPT_FILES = 64
+_STAT_LINE_BYTES = 256  # longest ``cpuN`` line of /proc/stat (ten 20-digit counters)
+
+
+class _Files:
+    """procfs and sysfs files kept open and re-read with ``pread`` at offset 0, which makes the
+    kernel produce the current contents again: opening a file costs several times the read.
+    A forked child drops what it inherited (``/proc/self`` then still names the parent)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._pid = os.getpid()
+
+    def read(self, path: str, size: int = 4096) -> bytes | None:
+        if self._pid != os.getpid():
+            self.close()
+            self._pid = os.getpid()
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                return os.pread(fd, size, 0)
+            except OSError:   # the thread behind /proc/self/task/N ended (its number may be reused)
+                self.forget(path)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        if len(self._fds) >= MAX_KEPT_FILES:
+            try:
+                return os.pread(fd, size, 0)
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+        kept = self._fds.setdefault(path, fd)
+        if kept != fd:              # another thread opened it meanwhile
+            os.close(fd)
+        try:
+            return os.pread(kept, size, 0)
+        except OSError:
+            self.forget(path)
+            return None
+
+    def forget(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self.forget(path)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:   # interpreter shutdown
+            pass
 
 
 class ConditionsProbe:
     """Reads the state of the CPUs this process may use; ``proc`` and ``sys_cpu`` name the
-    roots of procfs and of ``/sys/devices/system/cpu`` (other roots serve tests and containers)."""
+    roots of procfs and of ``/sys/devices/system/cpu`` (other roots serve tests and containers).
+
+    The files it reads stay open between measurements (:class:`_Files`), so one probe per
+    process (:func:`default_probe`) serves every time_evaluator. Every value is still read at
+    every snapshot: only the absence of a cpufreq file (most VMs) is remembered, for
+    :data:`REDISCOVER_S` seconds.
+    """
 
     def __init__(self, proc: str = "/proc", sys_cpu: str = "/sys/devices/system/cpu") -> None:
         self.proc = proc
@@ -64,6 +125,12 @@ class ConditionsProbe:
             self.tick = 1.0 / os.sysconf("SC_CLK_TCK")
         except (AttributeError, ValueError, OSError):
             self.tick = 0.01
+        self._files = _Files()
+        self._stat_path = os.path.join(proc, "stat")
+        self._task_dir = os.path.join(proc, "self", "task")
+        self._task_paths: dict[int, tuple[str, str]] = {}   # tid -> its schedstat and stat
+        self._freq_paths: dict[int, str] = {}
+        self._no_cpufreq: dict[int, float] = {}     # cpu -> when its cpufreq file was missing
 
     def measurement(self) -> Measurement:
         """Start following one measurement (call it before the warm-up)."""
@@ -77,16 +144,19 @@ class ConditionsProbe:
             return list(range(os.cpu_count() or 1))
 
     def _busy_ticks(self, cpus: list[int]) -> int | None:
-        """Non-idle ticks of ``cpus``, from the ``cpuN`` lines of /proc/stat."""
-        text = _read(os.path.join(self.proc, "stat"))
-        if text is None:
+        """Non-idle ticks of ``cpus``, from the ``cpuN`` lines of /proc/stat (they come first:
+        only that much of the file is read)."""
+        data = self._files.read(self._stat_path, _STAT_LINE_BYTES * (max(cpus) + 2))
+        if data is None:
             return None
-        wanted = {f"cpu{c}" for c in cpus}
+        wanted = {b"cpu%d" % c for c in cpus}
         busy = 0
         found = False
-        for line in text.splitlines():
+        for line in data.split(b"\n"):
+            if not line.startswith(b"cpu"):     # past the cpu lines ("intr" and the rest)
+                break
             fields = line.split()
-            if fields and fields[0] in wanted:
+            if fields[0] in wanted:
                 # user nice system idle iowait irq softirq steal [guest guest_nice: in user]
                 values = [int(v) for v in fields[1:9]]
                 values += [0] * (8 - len(values))
@@ -96,39 +166,65 @@ class ConditionsProbe:
 
     def _frequencies(self, cpus: list[int]) -> list[int]:
         freqs = []
+        now = time.monotonic()
         for cpu in cpus:
-            text = _read(os.path.join(self.sys_cpu, f"cpu{cpu}", "cpufreq", "scaling_cur_freq"))
-            if text is not None and text.strip().isdigit():
-                freqs.append(int(text))
+            missing_since = self._no_cpufreq.get(cpu)
+            if missing_since is not None and now - missing_since < REDISCOVER_S:
+                continue
+            path = self._freq_paths.get(cpu)
+            if path is None:
+                path = self._freq_paths[cpu] = os.path.join(self.sys_cpu, f"cpu{cpu}", "cpufreq",
+                                                            "scaling_cur_freq")
+            data = self._files.read(path)
+            if data is None:
+                self._no_cpufreq[cpu] = now
+            elif data.strip().isdigit():
+                self._no_cpufreq.pop(cpu, None)
+                freqs.append(int(data))
         return freqs
 
-    def _threads(self) -> dict[int, tuple[float, int | None]]:
-        """tid -> (CPU seconds so far, CPU it last ran on) for every thread of this process."""
-        task_dir = os.path.join(self.proc, "self", "task")
+    def _thread_times(self) -> dict[int, float]:
+        """tid -> CPU seconds so far, for every thread of this process."""
         try:
-            tids = os.listdir(task_dir)
+            names = os.listdir(self._task_dir)
         except OSError:
             return {}
-        threads = {}
-        for name in tids[:MAX_THREADS]:
-            if not name.isdigit():
+        tids = {int(name) for name in names[:MAX_THREADS] if name.isdigit()}
+        for gone in self._task_paths.keys() - tids:
+            for path in self._task_paths.pop(gone):
+                self._files.forget(path)
+        times = {}
+        for tid in tids:
+            schedstat = self._files.read(self._paths_of(tid)[0])
+            if schedstat and schedstat.split()[0].isdigit():
+                times[tid] = int(schedstat.split()[0]) / 1e9   # exact run time where available
                 continue
-            stat = _read(os.path.join(task_dir, name, "stat"))
-            if stat is None:
-                continue
-            # the fields after the parenthesised command name, which may hold spaces
-            fields = stat[stat.rfind(")") + 2:].split()
+            fields = self._stat_fields(tid)
             try:
-                cpu = int(fields[36])                      # field 39, "processor"
-                seconds = (int(fields[11]) + int(fields[12])) * self.tick  # utime + stime
+                times[tid] = (int(fields[11]) + int(fields[12])) * self.tick  # utime + stime
             except (IndexError, ValueError):
                 continue
-            schedstat = _read(os.path.join(task_dir, name, "schedstat"))
-            if schedstat and schedstat.split()[0].isdigit():
-                seconds = int(schedstat.split()[0]) / 1e9   # exact run time where available
-            threads[int(name)] = (seconds, cpu)
-        return threads
+        return times
 
+    def _last_cpu(self, tid: int) -> int | None:
+        """The CPU thread ``tid`` ran on last (field 39 of its stat, "processor")."""
+        try:
+            return int(self._stat_fields(tid)[36])
+        except (IndexError, ValueError):
+            return None
+
+    def _stat_fields(self, tid: int) -> list[bytes]:
+        """The fields of /proc/self/task/TID/stat after the parenthesised command name, which
+        may hold spaces."""
+        stat = self._files.read(self._paths_of(tid)[1])
+        return [] if stat is None else stat[stat.rfind(b")") + 2:].split()
+
+    def _paths_of(self, tid: int) -> tuple[str, str]:
+        paths = self._task_paths.get(tid)
+        if paths is None:
+            task = os.path.join(self._task_dir, str(tid))
+            paths = self._task_paths[tid] = (os.path.join(task, "schedstat"), os.path.join(task, "stat"))
+        return paths
 
     def _usage(self) -> tuple[float, int | None]:
         """This process's CPU seconds (all threads) and involuntary context switches."""
@@ -136,6 +232,17 @@ class ConditionsProbe:
             return time.process_time(), None
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime, usage.ru_nivcsw
+
+
+_DEFAULT: ConditionsProbe | None = None
+
+
+def default_probe() -> ConditionsProbe:
+    """The probe of the real /proc and sysfs that this process's time_evaluators share."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = ConditionsProbe()
+    return _DEFAULT
 
 
 class Measurement:
@@ -148,7 +255,7 @@ class Measurement:
     def __init__(self, probe: ConditionsProbe) -> None:
         self.probe = probe
         self.cpus = probe._cpus()
-        self._threads = probe._threads()
+        self._threads = probe._thread_times()
         self._freqs = probe._frequencies(self.cpus)
         self.wall = self.own = 0.0
         self.busy: int | None = 0
@@ -196,17 +303,18 @@ class Measurement:
             "other_load": load,
             "preempted": self.preempted,
             "freq_mhz": [min(freqs) / 1e3, max(freqs) / 1e3] if freqs else None,
-            "threads": _threads_that_ran(self._threads, probe._threads()),
+            "threads": _threads_that_ran(probe, self._threads, probe._thread_times()),
             "clock_tick_s": probe.tick,
         }
 
 
-def _threads_that_ran(start: dict, end: dict) -> list[dict]:
+def _threads_that_ran(probe: ConditionsProbe, start: dict[int, float],
+                      end: dict[int, float]) -> list[dict]:
     ran = []
-    for tid, (seconds, cpu) in sorted(end.items()):
-        used = seconds - start.get(tid, (0.0, None))[0]
+    for tid, seconds in sorted(end.items()):
+        used = seconds - start.get(tid, 0.0)
         if used > 0:
-            ran.append({"tid": tid, "cpu": cpu, "cpu_s": used})
+            ran.append({"tid": tid, "cpu": probe._last_cpu(tid), "cpu_s": used})
     return ran
 
 

@@ -10,7 +10,7 @@ import time
 
 from .buffer import AlignedBuffer
 from .cacheflush import ScratchFlusher
-from .conditions import ConditionsProbe
+from .conditions import default_probe
 from .device import Device
 from .profile import MAX_RESULTS, ProfileResult
 from .timing import TimerState, TimingConfig, measure
@@ -72,7 +72,7 @@ class TimeEvaluator:
                                               MAX_CACHE_FLUSH_BYTES)
         self._flush_buffers: tuple[AlignedBuffer, AlignedBuffer] | None = None
         self._scratch = ScratchFlusher()
-        self._probe = ConditionsProbe()
+        self._probe = default_probe()
 
     @property
     def number(self) -> int:

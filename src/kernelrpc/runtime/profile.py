@@ -3,7 +3,6 @@ the statistics and device conditions that say how far to trust it."""
 from __future__ import annotations
 
 import math
-import statistics
 
 from ..display import format_percent, format_rate, format_time, time_unit
 from .conditions import check_conditions
@@ -44,11 +43,11 @@ class ProfileResult:
 
     @property
     def mean(self) -> float:
-        return statistics.fmean(self.results)
+        return _statistics().fmean(self.results)
 
     @property
     def median(self) -> float:
-        return statistics.median(self.results)
+        return _statistics().median(self.results)
 
     @property
     def min(self) -> float:
@@ -61,7 +60,7 @@ class ProfileResult:
     @property
     def std(self) -> float:
         """Population standard deviation, as numpy.std (and TVM's BenchmarkResult) computes it."""
-        return statistics.pstdev(self.results)
+        return _statistics().pstdev(self.results)
 
     @property
     def cv(self) -> float:
@@ -75,7 +74,7 @@ class ProfileResult:
         quartiles); needs at least 4 repeats, fewer give no verdict (an empty list)."""
         if self.repeat < 4:
             return []
-        q1, _, q3 = statistics.quantiles(self.results, n=4, method="inclusive")
+        q1, _, q3 = _statistics().quantiles(self.results, n=4, method="inclusive")
         reach = OUTLIER_IQR * (q3 - q1)
         return [i for i, r in enumerate(self.results) if r < q1 - reach or r > q3 + reach]
 
@@ -262,6 +261,15 @@ def _cpu_ranges(cpus) -> str:
         first = last = c
     spans.append((first, last))
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _statistics():
+    """The ``statistics`` module, imported with the first statistic asked for: it loads
+    ``fractions`` and ``decimal`` (milliseconds), which a device server encoding results, and a
+    client receiving them, do without."""
+    import statistics
+
+    return statistics
 
 
 def _is_real(value) -> bool:

@@ -10,6 +10,8 @@ from typing import Callable
 from .. import runtime
 from ..runtime import device_info, threads
 
+runtime.preload()  # sessions are forked children: each inherits the loaded runtime
+
 _REGISTRY: dict[str, Callable] = {}
 
 

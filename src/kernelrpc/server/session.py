@@ -4,15 +4,23 @@ The parent forks a child per session. The child owns the connection from the
 version exchange on; the parent keeps its copy of the socket only to tell the
 client how the session ended when the child cannot (it crashed, or it ran past
 the session timeout and was killed), and it removes the session's workspace.
+
+A session's whole process tree ends with it (``process_tree``): whatever a kernel
+starts stays below the session child, its subreaper, even outside the session's
+process group (``setsid``), and the child kills it before it exits. The server is
+the subreaper of its session children, so what a child killed outright leaves is
+adopted by the server, which kills it. When the server dies (even of kill -9), the
+child's parent-death signal (a real-time signal, taken by a thread that waits for
+nothing else) kills the tree, then the child.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import select
 import signal
 import socket
+import _thread
 import struct
 import time
 
@@ -21,6 +29,7 @@ from ..netutil import receive_until
 from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.transport import FramedSocket
+from . import process_tree
 from .config import ServerConfig
 from .handler import SessionHandler, SessionIdle, TransferTooSlow, socket_timed_out
 from .workspace import Workspace
@@ -30,6 +39,10 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_INTERNAL = 70     # unexpected exception in the child; reported to the client as a crash
 _CLEAN_END = b"e"      # written by the child to the status pipe when it ends the session itself
+_live: set[int] = set()                  # this server's session children not reaped yet
+_server_subreaper = False
+_TREE_SIGNAL = signal.SIGRTMIN + 1 if hasattr(signal, "SIGRTMIN") and hasattr(signal, "sigwait") else None
+"""The session child's parent-death signal: nothing else sends it."""
 
 
 class SessionProcess:
@@ -150,6 +163,9 @@ class SessionProcess:
 
     def _cleanup(self) -> None:
         self.done = True
+        _live.discard(self.pid)
+        if _server_subreaper:
+            process_tree.end_orphans(_live)
         self.sock.close()
         os.close(self._status_fd)
         if self._pidfd is not None:
@@ -177,12 +193,16 @@ def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConf
         peer = peer or "%s:%s" % sock.getpeername()[:2]
     except OSError:
         peer = "?"
+    global _server_subreaper
+    if not _server_subreaper:
+        _server_subreaper = process_tree.set_child_subreaper()
     status_r, status_w = os.pipe()
     server_pid = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(status_r)
         _child_main(sock, status_w, workspace, config, timeout, initial, server_pid)
+    _live.add(pid)
     try:
         os.setpgid(pid, pid)            # also done by the child: whichever runs first
     except OSError:
@@ -198,36 +218,45 @@ def serve_connection(sock: socket.socket, client_key: ParsedKey, config: ServerC
     start_session(sock, client_key, config, initial).wait()
 
 
-def _die_with_parent(server_pid: int) -> None:
-    """The session's own process group, and SIGKILL when the server dies (even of kill -9)."""
+def _end_with_the_server(server_pid: int) -> None:
+    """The session's own process group, the subreaper of its tree, and the whole tree killed
+    when the server dies (even of kill -9).
+
+    The parent-death signal is a real-time signal blocked in every thread and taken by one
+    that waits for it: it comes through even while a kernel runs native code (ctypes lets go
+    of the GIL), and processes a kernel starts inherit only a blocked signal nobody sends.
+    """
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
-    except (OSError, AttributeError):    # not Linux: the server's kill of the group must do
-        pass
+    process_tree.set_child_subreaper()
+    if _TREE_SIGNAL is None:            # not Linux: the server's kill of the group must do
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {_TREE_SIGNAL})    # threads started later inherit it
+    _thread.start_new_thread(_end_tree_on_signal, ())    # threading's start() would wait for it to run
+    process_tree.set_parent_death_signal(_TREE_SIGNAL)
     if os.getppid() != server_pid:      # the server died before the signal was armed
-        os._exit(EXIT_INTERNAL)
+        os.kill(os.getpid(), _TREE_SIGNAL)
 
 
-_PR_SET_PDEATHSIG = 1
+def _end_tree_on_signal() -> None:
+    signal.sigwait({_TREE_SIGNAL})
+    process_tree.end_tree()
+    os._exit(EXIT_INTERNAL)
 
 
 def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, config: ServerConfig,
                 timeout: float | None, initial: bytes, server_pid: int) -> None:
     code = EXIT_INTERNAL
     try:
-        if config.session_user is not None:
-            config.session_user.drop()  # first: a change of user clears the parent-death signal
-        _die_with_parent(server_pid)
-        signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(-1)        # the server's: not ours to write to
         for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which ends us
+        if config.session_user is not None:
+            config.session_user.drop()  # first: a change of user clears the parent-death signal
+        _end_with_the_server(server_pid)
         keep = sorted((sock.fileno(), status_fd))
         os.closerange(3, keep[0])
         os.closerange(keep[0] + 1, keep[1])
@@ -239,7 +268,10 @@ def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, confi
     except BaseException:
         log.exception("session child failed")
     finally:
-        os._exit(code)
+        try:
+            process_tree.end_tree()     # the server may be gone already, its signal not yet taken
+        finally:
+            os._exit(code)
 
 
 def _set_socket_timeouts(sock: socket.socket, seconds: float) -> None:

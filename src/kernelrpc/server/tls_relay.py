@@ -34,7 +34,9 @@ import time
 
 from ..rpc.handshake import ParsedKey
 from .config import ServerConfig
-from .session import SessionProcess, _die_with_parent, _max_fd, start_session
+from . import process_tree
+from . import session as _session
+from .session import SessionProcess, _max_fd, start_session
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +49,16 @@ STALL = 30.0
 
 
 class Relay:
-    """The parent's view of a relay process: reap it once it has ended."""
+    """The parent's view of a relay process: reap it once it has ended.
+
+    While it runs, its pid is among the server's live children (``session._live``): the
+    server kills every other child it finds when a session ends (what sessions left behind).
+    """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.done = False
+        _session._live.add(pid)
 
     def reap(self, wait: float = 0.0) -> bool:
         """True once the relay has exited and is reaped; waits up to ``wait`` seconds, then kills it."""
@@ -62,7 +69,7 @@ class Relay:
             except ChildProcessError:
                 pid = self.pid
             if pid:
-                self.done = True
+                self._reaped()
                 break
             if time.monotonic() >= deadline:
                 if wait:
@@ -81,7 +88,11 @@ class Relay:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+        self._reaped()
+
+    def _reaped(self) -> None:
         self.done = True
+        _session._live.discard(self.pid)
 
 
 def start_tls_session(tls_sock: ssl.SSLSocket, client_key: ParsedKey, config: ServerConfig,
@@ -100,19 +111,26 @@ def start_tls_session(tls_sock: ssl.SSLSocket, client_key: ParsedKey, config: Se
             log.exception("TLS relay for %s failed", peer)
         finally:
             os._exit(code)
+    relay = Relay(pid)
     relay_end.close()
     tls_sock.close()        # only our descriptor: closing sends nothing, the relay goes on
     try:
         session = start_session(session_end, client_key, config, initial, peer=peer)
     except BaseException:
         session_end.close()
-        Relay(pid).reap(1.0)
+        relay.reap(1.0)
         raise
-    return session, Relay(pid)
+    return session, relay
 
 
 def _relay_main(tls_sock: ssl.SSLSocket, plain: socket.socket, config: ServerConfig, server_pid: int) -> None:
-    _die_with_parent(server_pid)
+    try:
+        os.setpgid(0, 0)            # not in the terminal's group: Ctrl-C is for the server
+    except OSError:
+        pass
+    process_tree.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != server_pid:  # the server died before the signal was armed
+        os._exit(1)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)

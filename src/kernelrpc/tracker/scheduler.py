@@ -29,6 +29,15 @@ What this adds to TVM's ``PriorityScheduler`` (``docs/tvm-wire-formats.md`` sect
   back for ``quarantine`` seconds, so no other client is sent there meanwhile;
 * a queue for a key that no server ever offered goes away with its last
   waiting request, so made-up keys do not pile up;
+* within a priority, connections take turns: a request's place is its rank among its
+  connection's waiting requests, then arrival, so one connection that queues many requests
+  delays another connection's request by at most one session (TVM serves pure FIFO);
+* the waiting requests of one host (all local processes share 127.0.0.1) are bounded
+  (``max_requests_per_host``) and shared fairly: at the bound, a request from a connection
+  that holds fewer than the host's heaviest connection takes the place of that
+  connection's oldest request, which is told why (``evictions``); the heaviest cannot
+  add more.  The service caps each connection below the host's bound, so no single
+  connection can shut out the others;
 * a request is matched only with a slot of the same session ``protocol`` (kernelrpc's
   peers mark themselves, TVM's send nothing, ``""``), so TVM and kernelrpc clients can
   share a tracker and a key without being handed a server they cannot talk to.  A queue
@@ -42,6 +51,8 @@ import heapq
 import itertools
 import operator
 from typing import Hashable
+
+from ..errors import ProtocolError
 
 Peer = Hashable
 QueueId = tuple  # (key, protocol)
@@ -128,19 +139,28 @@ class KeyStats:
         }
 
 
+@dataclasses.dataclass(slots=True)
+class Eviction:
+    """A waiting request dropped to make room for another connection's, and why."""
+
+    client: Peer
+    key: str
+    message: str
+
+
 class _Queue:
-    """Free slots (FIFO) and waiting requests (heap of ``(-priority, seq)``) for one key."""
+    """Free slots (FIFO) and waiting requests (heap of ``(-priority, rank, seq)``) for one key."""
 
     def __init__(self) -> None:
         self.free: collections.OrderedDict[int, Slot] = collections.OrderedDict()
-        self.waiting: list[tuple[int, int, Request]] = []
+        self.waiting: list[tuple[int, int, int, Request]] = []
         self.live_requests = 0
         self.offered = False             # some server has offered a slot for this key
         self.stats = KeyStats()
 
     def best_request(self) -> Request | None:
         while self.waiting:
-            request = self.waiting[0][2]
+            request = self.waiting[0][-1]
             if not request.cancelled:
                 return request
             heapq.heappop(self.waiting)
@@ -155,8 +175,14 @@ class Scheduler:
     """Matches requests to free slots, per key; see the module docstring for the rules."""
 
     def __init__(self, lease_timeout: float = 5.0, max_keys: int = 10_000,
-                 max_leases_per_server: int = 4096, quarantine: float = 60.0) -> None:
+                 max_leases_per_server: int = 4096, quarantine: float = 60.0,
+                 max_requests_per_host: int = 4096) -> None:
         self.lease_timeout = lease_timeout
+        self.max_requests_per_host = max_requests_per_host
+        self.evictions: list[Eviction] = []                   # for the service to tell their clients
+        self._host_of: dict[Peer, object] = {}                # client with waiting requests -> host
+        self._waiting_on: dict[object, dict[Peer, None]] = {}  # host -> its clients with waiting requests
+        self._waiting_per_host: collections.Counter = collections.Counter()
         self.quarantine = quarantine
         self.max_keys = max_keys
         self.max_leases_per_server = max_leases_per_server
@@ -200,10 +226,7 @@ class Scheduler:
             request = queue.best_request()
             heapq.heappop(queue.waiting)
             queue.live_requests -= 1
-            waiting = self._requests_of[request.client]
-            waiting.remove(request)
-            if not waiting:
-                del self._requests_of[request.client]
+            self._forget_request(request)
             _, slot = queue.free.popitem(last=False)
             matches.append(self._grant(queue, slot, request, now))
         return matches
@@ -266,16 +289,91 @@ class Scheduler:
             self._protocols[protocol] = None
         return self._schedule(self._offer(slot), now)
 
-    def request(self, client: Peer, key: str, priority: int, now: float, protocol: str = "") -> list[Match]:
+    def request(self, client: Peer, key: str, priority: int, now: float, protocol: str = "",
+                host=None) -> list[Match]:
+        """Queue a request (``host``: where ``client`` connects from, for the per-host bound).
+
+        Raises ProtocolError when ``host``'s waiting requests are at their bound and ``client``
+        holds as many as any other connection of that host."""
         queue = self._queue(key, protocol)
         request = Request(client, key, priority, next(self._seq), now, False, protocol)
         if queue.free and not queue.live_requests:     # nobody waits ahead of it: served at once
             _, slot = queue.free.popitem(last=False)
             return [self._grant(queue, slot, request, now)]
-        heapq.heappush(queue.waiting, (-priority, request.seq, request))
+        mine = self._requests_of.setdefault(client, [])
+        if host is not None:
+            if self._waiting_per_host[host] >= self.max_requests_per_host:
+                try:
+                    self._make_room(client, host, key)
+                except ProtocolError:
+                    if queue.idle and not queue.offered:
+                        self._delete_queue((key, protocol))
+                    raise
+            self._host_of[client] = host
+            self._waiting_on.setdefault(host, {})[client] = None
+            self._waiting_per_host[host] += 1
+        heapq.heappush(queue.waiting, (-priority, len(mine), request.seq, request))
         queue.live_requests += 1
-        self._requests_of.setdefault(client, []).append(request)
+        mine.append(request)
         return self._schedule(queue, now)
+
+    def _make_room(self, client: Peer, host, key: str) -> None:
+        """``host`` is at its bound: evict the oldest request of its heaviest connection, unless
+        that is ``client`` itself (or one that holds no more than it)."""
+        heaviest = max(self._waiting_on[host], key=lambda c: len(self._requests_of[c]))
+        held = len(self._requests_of[heaviest])
+        if heaviest is client or held <= len(self._requests_of.get(client, ())):
+            if not self._requests_of.get(client):
+                del self._requests_of[client]
+            raise ProtocolError(
+                f"connections from {host} hold {self._waiting_per_host[host]} waiting requests, the "
+                f"tracker's limit per host, and this one holds {held} of them, as many as any other: "
+                "wait for some to be served before adding more")
+        oldest = self._requests_of[heaviest][0]
+        self._cancel_request(oldest)
+        self.evictions.append(Eviction(heaviest, oldest.key, (
+            f"request for key {oldest.key!r} dropped: connections from {host} hold "
+            f"{self.max_requests_per_host} waiting requests, the tracker's limit per host, and this "
+            f"connection held the most ({held}); its oldest request made room for another connection's "
+            f"request for key {key!r}")))
+
+    def pop_evictions(self) -> list[Eviction]:
+        evictions, self.evictions = self.evictions, []
+        return evictions
+
+    def _forget_request(self, request: Request) -> None:
+        """Take ``request`` (served or cancelled) off its client's list and its host's count."""
+        client = request.client
+        waiting = self._requests_of[client]
+        waiting.remove(request)
+        host = self._host_of.get(client)
+        if host is not None:
+            self._waiting_per_host[host] -= 1
+        if not waiting:
+            del self._requests_of[client]
+            if host is not None:
+                self._forget_host(client, host)
+
+    def _forget_host(self, client: Peer, host) -> None:
+        del self._host_of[client]
+        clients = self._waiting_on[host]
+        del clients[client]
+        if not clients:
+            del self._waiting_on[host]
+            del self._waiting_per_host[host]
+
+    def _cancel_request(self, request: Request) -> None:
+        """A waiting request leaves its queue (its client went away, or it was evicted)."""
+        request.cancelled = True
+        qid = (request.key, request.protocol)
+        queue = self._queues[qid]
+        queue.live_requests -= 1
+        if queue.idle and not queue.offered:
+            self._delete_queue(qid)
+        elif len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
+            queue.waiting = [item for item in queue.waiting if not item[-1].cancelled]
+            heapq.heapify(queue.waiting)
+        self._forget_request(request)
 
     def cancel(self, match: Match, now: float) -> list[Match]:
         """The client could not be told about ``match``: the slot goes back to the front of its queue."""
@@ -366,6 +464,10 @@ class Scheduler:
         """The client's waiting requests for keys that no server has offered."""
         return sum(1 for r in self._requests_of.get(client, ()) if (r.key, r.protocol) in self._unserved)
 
+    def host_waiting_count(self, host) -> int:
+        """Waiting requests of ``host``'s connections (those queued with ``host=``)."""
+        return self._waiting_per_host.get(host, 0)
+
     def waiting_count(self, client: Peer) -> int:
         return len(self._requests_of.get(client, ()))
 
@@ -397,16 +499,8 @@ class Scheduler:
 
     def drop_client(self, client: Peer) -> None:
         """The client's connection closed: its waiting requests leave their queues now."""
-        for request in self._requests_of.pop(client, ()):
-            request.cancelled = True
-            qid = (request.key, request.protocol)
-            queue = self._queues[qid]
-            queue.live_requests -= 1
-            if queue.idle and not queue.offered:
-                self._delete_queue(qid)
-            elif len(queue.waiting) > 2 * queue.live_requests + 64:   # keep cancelled entries bounded
-                queue.waiting = [item for item in queue.waiting if not item[2].cancelled]
-                heapq.heapify(queue.waiting)
+        for request in list(self._requests_of.get(client, ())):
+            self._cancel_request(request)
 
     def drop_server(self, server: Peer, now: float) -> None:
         """The server's connection closed: its free slots and leases are gone."""
@@ -503,10 +597,10 @@ class Scheduler:
             total += queue.live_requests
             if limit is not None and len(out) >= limit:
                 continue
-            live = [item for item in queue.waiting if not item[2].cancelled]
+            live = [item for item in queue.waiting if not item[-1].cancelled]
             live = sorted(live) if limit is None else heapq.nsmallest(limit - len(out), live)
             out += [{"key": key, "protocol": protocol or UNMARKED, "client": describe(r.client),
-                     "priority": r.priority, "waited": round(now - r.requested_at, 6)} for _, _, r in live]
+                     "priority": r.priority, "waited": round(now - r.requested_at, 6)} for *_, r in live]
         return out if limit is None else (out, total)
 
     def key_stats(self, limit: int | None = None) -> dict:

@@ -349,7 +349,9 @@ class TrackerService:
             if scheduler.unserved_keys() >= MAX_UNSERVED_KEYS and not scheduler.has_queue(cmd.key, cmd.user):
                 raise ProtocolError(f"{MAX_UNSERVED_KEYS} keys that no server has offered are waited for "
                                     f"already; no server has offered key {cmd.key!r}")
-        matches = scheduler.request(conn, cmd.key, cmd.priority, self._clock(), protocol=cmd.user)
+        matches = scheduler.request(conn, cmd.key, cmd.priority, self._clock(), protocol=cmd.user, host=conn.host)
+        for eviction in scheduler.pop_evictions():
+            eviction.client.send([TrackerCode.FAIL, eviction.message])
         if not matches and (others := scheduler.free_elsewhere(cmd.key, cmd.user)):
             log.info("%s waits for a %s server with key %r; free ones speak %s only (use separate keys)",
                      conn.name, cmd.user or UNMARKED, cmd.key, ", ".join(others))

@@ -8,6 +8,10 @@ HELP lines) that is easy to get subtly wrong by hand.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
+import ipaddress
 import json
 import logging
 import time
@@ -31,6 +35,27 @@ def require_web_extra() -> None:
             missing.append(module)
     if missing:
         raise ImportError(f"--web-port needs {' and '.join(missing)}: pip install 'kernelrpc[{EXTRA}]'")
+
+
+REALM = "kernelrpc tracker"
+
+
+def authorized(header: str | None, token: bytes) -> bool:
+    """Whether an ``Authorization`` header carries ``token``: HTTP Basic with the token as the
+    password (any user name; a browser asks for it), or ``Bearer TOKEN`` (scripts, Prometheus'
+    ``authorization`` or ``basic_auth``). Compared in constant time."""
+    scheme, _, credentials = (header or "").strip().partition(" ")
+    credentials = credentials.strip()
+    if scheme.lower() == "bearer":
+        given = credentials.encode("utf-8", "replace")
+    elif scheme.lower() == "basic":
+        try:
+            given = base64.b64decode(credentials, validate=True).partition(b":")[2]
+        except (binascii.Error, ValueError):
+            return False
+    else:
+        return False
+    return hmac.compare_digest(given, token)
 
 
 def _server_key(info: dict) -> str:
@@ -152,7 +177,19 @@ def make_app(service):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(service))
 
-    class PageHandler(tornado.web.RequestHandler):
+    token = service.auth_token
+
+    class Handler(tornado.web.RequestHandler):
+        def prepare(self):
+            if token is not None and not authorized(self.request.headers.get("Authorization"), token):
+                self.set_status(401)
+                self.add_header("WWW-Authenticate", f'Basic realm="{REALM}", charset="UTF-8"')
+                self.add_header("WWW-Authenticate", f'Bearer realm="{REALM}"')
+                self.set_header("Content-Type", "text/plain; charset=utf-8")
+                self.finish("this tracker requires its auth token: HTTP Basic with the token as the "
+                            "password (any user name), or 'Authorization: Bearer TOKEN'\n")
+
+    class PageHandler(Handler):
         def get(self):
             self.set_header("Content-Type", "text/html; charset=utf-8")
             self.set_header("Content-Security-Policy",
@@ -160,13 +197,13 @@ def make_app(service):
                             "connect-src 'self'")
             self.write(PAGE)
 
-    class StatusHandler(tornado.web.RequestHandler):
+    class StatusHandler(Handler):
         def get(self):
             self.set_header("Content-Type", "application/json")
             self.set_header("Cache-Control", "no-store")
             self.write(json.dumps(status(service)))
 
-    class MetricsHandler(tornado.web.RequestHandler):
+    class MetricsHandler(Handler):
         def get(self):
             self.set_header("Content-Type", CONTENT_TYPE_LATEST)
             self.write(generate_latest(registry))
@@ -175,9 +212,10 @@ def make_app(service):
                                     (r"/metrics", MetricsHandler)])
 
 
-def start(service, host: str, port: int):
-    """Serve the status page on ``host:port`` (0: the OS chooses) on the running loop; returns
-    ``(http_server, (host, port))``."""
+def start(service, host: str, port: int, tls=None):
+    """Serve the status page on ``host:port`` (0: the OS chooses) on the running loop, over
+    HTTPS when ``tls`` (a ``kernelrpc.rpc.tls.TLSConfig``, the tracker's own) is given; with the
+    tracker's auth token, every path requires it. Returns ``(http_server, (host, port))``."""
     require_web_extra()
     import tornado.httpserver
     import tornado.netutil
@@ -187,10 +225,32 @@ def start(service, host: str, port: int):
     except OSError as exc:
         raise OSError(exc.errno, f"--web-port {port} on {host}: {exc.strerror or exc}") from None
     server = tornado.httpserver.HTTPServer(make_app(service), max_header_size=16 * 1024,
-                                           max_body_size=1024, idle_connection_timeout=60)
+                                           max_body_size=1024, idle_connection_timeout=60,
+                                           ssl_options=tls.server_context() if tls is not None else None)
     server.add_sockets(sockets)
     bound = sockets[0].getsockname()
+    if tls is None and not all(_loopback(s.getsockname()[0]) for s in sockets):
+        _warn_exposed(bound[0], bound[1], service.auth_token is not None)
     return server, (bound[0], bound[1])
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _warn_exposed(host: str, port: int, with_token: bool) -> None:
+    if with_token:
+        log.warning("the status page on %s:%s is plain HTTP on an address other than loopback: "
+                    "browsers and scrapers send the tracker's auth token in clear text, so anyone on "
+                    "the path can read it and then use the tracker; give the tracker TLS, or bind "
+                    "--web-host 127.0.0.1 and reach it through an SSH tunnel", host, port)
+    else:
+        log.warning("the status page on %s:%s has no authentication and is reachable beyond this "
+                    "machine: anyone who can reach it sees every key, server and client; start the "
+                    "tracker with --auth-token-file, or bind --web-host 127.0.0.1", host, port)
 
 
 PAGE = """<!doctype html>
@@ -248,7 +308,10 @@ function fill(id, rows, cells) {
 async function refresh() {
   const updated = document.getElementById("updated");
   try {
-    const response = await fetch("api/status", {cache: "no-store"});
+    const url = new URL("api/status", location.href);
+    url.username = url.password = "";    // fetch refuses URLs with credentials; the browser adds them
+    const response = await fetch(url, {cache: "no-store", credentials: "same-origin"});
+    if (!response.ok) throw new Error("HTTP " + response.status);
     const st = await response.json();
     fill("servers", st.servers, s => [[s.key], [s.address], [s.arch || "-"],
          [s.state, s.state.replace(" ", "-")], [s.held_by || "-"]]);

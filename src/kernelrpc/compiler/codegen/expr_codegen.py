@@ -45,6 +45,20 @@ def _loads_memory(node) -> bool:
     return bool(found)
 
 
+def _extension(dtype: str) -> str:
+    """How the C ABIs pass an integer narrower than a register: extended by its signedness."""
+    if dtype in ("int8", "int16", "int32"):
+        return "signext"
+    if dtype in ("uint8", "uint16"):
+        return "zeroext"
+    return ""
+
+
+def _c_param(type_: str, dtype: str) -> str:
+    extension = _extension(dtype)
+    return f"{type_} {extension}" if extension else type_
+
+
 def _trunc_div(a: int, b: int) -> int:
     q = abs(a) // abs(b)
     return q if (a < 0) == (b < 0) else -q
@@ -415,6 +429,27 @@ class ExprCodegen(MemoryCodegen):
             pred = "oeq" if op == "isinf" else "one"
             return self.fn.assign(bool_ty, f"fcmp {pred} {magnitude}, {inf.ref}")
         raise CodegenError(f"unknown intrinsic {op!r}")
+
+    def visit_BufferPointer(self, node):
+        return self.address(node.buffer, self(node.offset))
+
+    def visit_ExternCall(self, node):
+        """A C function linked into the module; small integers are extended as C does."""
+        args = [self(a) for a in node.args]
+        params = ", ".join(_c_param(a.type, arg.dtype) for a, arg in zip(args, node.args))
+        ret = "void" if node.dtype == "void" else llvm_type(node.dtype)
+        extension = _extension(node.dtype)
+        declaration = f"declare {extension}{' ' if extension else ''}{ret} @{node.name}({params})"
+        known = self.module.declarations.get(node.name)
+        if known is not None and known != declaration:
+            raise CodegenError(f"call_extern {node.name} is called with two signatures: "
+                               f"{known!r} and {declaration!r}")
+        self.module.declare(node.name, declaration)
+        call = f"call {ret} @{node.name}({', '.join(map(str, args))})"
+        if node.dtype == "void":
+            self.fn.emit(call)
+            return Value("void", "")
+        return self.fn.assign(llvm_type(node.dtype), call)
 
     def _call_libm(self, names, dtype: str, args):
         """A C math function, lane by lane for vectors; float16 computes in float."""

@@ -213,7 +213,7 @@ def _captures(body, env: dict) -> list:
     def visit(n):
         if isinstance(n, Var) and n in env:
             seen.setdefault(n, None)
-        elif isinstance(n, (ir.Load, ir.Store)) and n.buffer in env:
+        elif isinstance(n, (ir.Load, ir.Store, ir.BufferPointer)) and n.buffer in env:
             seen.setdefault(n.buffer, None)
     ir.post_order_visit(body, visit)
     return list(seen)

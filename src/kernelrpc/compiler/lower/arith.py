@@ -13,7 +13,7 @@ import numpy as np
 from ..expr import (EQ, GE, GT, LE, LT, NE, Add, And, Cast, CmpOp, Div, FloatImm, FloorDiv,
                     FloorMod, IntImm, Max, Min, Mod, Mul, Not, Or, PrimExpr, Select, Sub, Var,
                     dtype_lanes, int_range, is_bool, is_float, is_int)
-from ..ir import Broadcast, Mutator
+from ..ir import Broadcast, BufferPointer, ExternCall, Mutator
 
 INF = math.inf
 
@@ -24,6 +24,8 @@ def skey(e):
         return ("Var", id(e))
     if isinstance(e, (IntImm, FloatImm)):
         return (type(e).__name__, e.value, e.dtype)
+    if isinstance(e, ExternCall):       # not pure: two calls are two values
+        return ("ExternCall", id(e))
     parts = [type(e).__name__, e.dtype]
     for name in e._fields:
         v = getattr(e, name)
@@ -335,17 +337,13 @@ def rewrite(e: PrimExpr, ranges: dict) -> PrimExpr:
         if lo >= 0:
             return b if isinstance(e, Min) else a
         return e
-    if isinstance(e, And):
-        if _is_const(e.a):
-            return e.b if e.a.value else e.a
-        if _is_const(e.b):
-            return e.a if e.b.value else e.b
-        return e
-    if isinstance(e, Or):
-        if _is_const(e.a):
-            return e.a if e.a.value else e.b
-        if _is_const(e.b):
-            return e.b if e.b.value else e.a
+    if isinstance(e, (And, Or)):
+        # a constant operand decides: the identity (True for &&) leaves the other operand,
+        # the absorbing value (False for &&) is the result
+        identity = isinstance(e, And)
+        for const, other in ((e.a, e.b), (e.b, e.a)):
+            if _is_const(const):
+                return other if bool(const.value) == identity else const
         return e
     if isinstance(e, Not) and _is_const(e.a):
         return _true(not e.a.value)
@@ -420,6 +418,8 @@ class Simplifier(Mutator):
         if isinstance(node, PrimExpr):
             if isinstance(node, (Var, IntImm, FloatImm)):
                 return node
+            if isinstance(node, (ExternCall, BufferPointer)):
+                return self.generic_visit(node)     # only their arguments simplify
             return rewrite(self.generic_visit(node), self.ranges)
         return super().visit(node)
 

@@ -9,7 +9,8 @@ attached stages (and their buffers) placed inside their parent's loops.
 from __future__ import annotations
 
 from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
-from ..ir import (Allocate, Buffer, For, IfThenElse, LetStmt, Load, Mutator, Prefetch, PrimFunc,
+from ..ir import (Allocate, Buffer, BufferPointer, For, IfThenElse, LetStmt, Load, Mutator,
+                  Prefetch, PrimFunc,
                   Store, post_order_visit, seq, substitute, vars_in)
 from ..schedule import Fuse, Schedule, Split, replace_tensor
 from ..tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
@@ -367,6 +368,9 @@ class ScheduleLowering:
             def visit_Store(self, node):
                 return Store(mapping.get(node.buffer, node.buffer), self.visit(node.value),
                              self.visit(node.index))
+
+            def visit_BufferPointer(self, node):
+                return BufferPointer(mapping.get(node.buffer, node.buffer), self.visit(node.offset))
         return _Rebind().visit(op.body)
 
     def _build_scan(self, info):
@@ -459,15 +463,48 @@ class ScheduleLowering:
         from ..tensorize import tensorize_stmt
 
         pos, stmt = tensorize_stmt(self, info, values, out_index, LowerError)
-        name = f"tensorize {info.stage.op.name} at {info.leaves[pos].var.name}"
-        if any(level >= pos for level in by_level):
-            raise LowerError(f"{name}: a split inside does not divide its loop evenly, so the "
-                             "intrinsic would run on a partial region")
-        if any(p >= pos for p, children in info.children.items() if children):
-            raise LowerError(f"{name}: a stage is attached (compute_at) inside it")
+        stage = info.stage
+        name = f"tensorize {stage.op.name} at {info.leaves[pos].var.name}"
+        # Guards inside the intrinsic: a compute_at region's bounds often hold for every
+        # iteration of the loops around it (proven here and dropped); what stays would make
+        # the intrinsic run on a partial region.
+        ranges = self._loop_ranges()
+        own = {leaf.var for leaf in info.leaves}
+        for level in [level for level in by_level if level >= pos]:
+            kept = [c for c in by_level.pop(level) if const_int(simplify(c, ranges)) != 1]
+            if not kept:
+                continue
+            if stage.attach_type == "scope" and any(vars_in(c) - own for c in kept):
+                raise LowerError(
+                    f"{name}: the region compute_at gives {stage.op.name} inside "
+                    f"{stage.attach_stage.op.name}'s loop {stage.attach_ivar.var.name} is not "
+                    f"always whole ({', '.join(map(str, kept))} does not hold for every "
+                    "iteration), so the intrinsic would run on a partial region: split the "
+                    f"loops of {stage.attach_stage.op.name} by factors that divide the extents")
+            raise LowerError(f"{name}: a split inside does not divide its loop evenly "
+                             f"({', '.join(map(str, kept))}), so the intrinsic would run on a "
+                             "partial region")
+        inside = [child.stage.op.name for p, children in sorted(info.children.items())
+                  if p >= pos for child in children]
+        if inside:
+            outer = (f"at {info.leaves[pos - 1].var.name} or further out" if pos > 0
+                     else "at a loop of another stage, or at root")
+            raise LowerError(f"{name}: {', '.join(inside)} is attached (compute_at) to a loop "
+                             "the intrinsic replaces, and the intrinsic's body cannot compute "
+                             f"it: attach it {outer}")
         if any(var in info.leaves[pos:] for _, var, _ in info.stage.prefetches):
             raise LowerError(f"{name}: a prefetch is on a loop inside it")
         return pos - 1, stmt
+
+    def _loop_ranges(self) -> dict:
+        """Loop variable -> (0, extent - 1) for the constant-extent loops of every stage."""
+        ranges = {}
+        for info in self.infos.values():
+            for leaf in getattr(info, "leaves", ()):
+                extent = const_int(info.ext[leaf]) if leaf in info.ext else None
+                if extent is not None and extent > 0:
+                    ranges[leaf.var] = (0, extent - 1)
+        return ranges
 
     def _prefetches(self, info, pos, values) -> list:
         """Prefetch hints for loop ``leaves[pos]``: the lines iteration ``+ offset`` reads."""

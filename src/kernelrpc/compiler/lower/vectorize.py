@@ -7,7 +7,7 @@ lane-invariant address, an allocation, a nested vector) stays a serial loop.
 """
 from __future__ import annotations
 
-from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, IntImm, Let, Mul, Not,
+from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, IntImm, Mul, Not,
                     PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
 from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
                   post_order_visit, substitute, uses_var, vars_in)
@@ -89,12 +89,18 @@ class Vectorizer(Mutator):
         n = max(_lanes(a) for a in args)
         return Call(with_lanes(e.dtype, n), e.op, [_bcast(a, n) for a in args])
 
-    def visit_Let(self, e):
-        value = self.visit(e.value)
+    def visit_ExternCall(self, e):
+        raise _Scalarize(f"call_extern {e.name} runs once per iteration")
+
+    def _rebind(self, node):
+        """A Let or LetStmt whose value became a vector binds a vector variable of its own."""
+        value = self.visit(node.value)
         if _lanes(value) == 1:
-            return Let(e.var, value, self.visit(e.body))
-        var = Var(e.var.name, value.dtype)
-        return Let(var, value, self.visit(substitute(e.body, {e.var: var})))
+            return type(node)(node.var, value, self.visit(node.body))
+        var = Var(node.var.name, value.dtype)
+        return type(node)(var, value, self.visit(substitute(node.body, {node.var: var})))
+
+    visit_Let = _rebind
 
     def visit_Load(self, e):
         return Load(e.buffer, self.visit(e.index))
@@ -124,12 +130,7 @@ class Vectorizer(Mutator):
             cond = Call("bool", "all_lanes", [cond])
         return type(s)(cond, s.message, s.code, self.visit(s.body))
 
-    def visit_LetStmt(self, s):
-        value = self.visit(s.value)
-        if _lanes(value) == 1:
-            return LetStmt(s.var, value, self.visit(s.body))
-        var = Var(s.var.name, value.dtype)
-        return LetStmt(var, value, self.visit(substitute(s.body, {s.var: var})))
+    visit_LetStmt = _rebind
 
     def visit_Allocate(self, s):
         raise _Scalarize("allocation inside a vectorized loop")

@@ -212,3 +212,20 @@ def test_relays_are_reaped_after_their_sessions(tls_server, tls_files):
         with rpc.connect(tls_server.host, tls_server.port, key="dev", tls=tls_files.client()) as sess:
             assert sess.get_function("testing.echo")(n) == n
     wait_until(lambda: not _children(tls_server.proc.pid), timeout=10, what="no relay or session child left")
+
+
+def test_a_session_ending_leaves_the_other_tls_sessions_alone(start_service, tls_files, fixture_module):
+    """The server kills the children that ended sessions leave behind; the relays of the
+    sessions still running are not among them."""
+    server = start_service("kernelrpc.server", ["--port", "0", "--key", "dev", "--max-sessions", "2",
+                                                *tls_files.flags()])
+    with rpc.connect(server.host, server.port, key="dev", tls=tls_files.client()) as staying:
+        assert staying.get_function("testing.echo")(1) == 1
+        with rpc.connect(server.host, server.port, key="dev", tls=tls_files.client()) as leaving:
+            module = load_fixture(leaving, fixture_module)
+            with pytest.raises(kernelrpc.ServerCrashed):
+                module["crash_segv"]()
+        with rpc.connect(server.host, server.port, key="dev", tls=tls_files.client()) as other:
+            assert other.get_function("testing.echo")(2) == 2
+        server.wait_for_line("session from .* finished", timeout=10)
+        assert staying.get_function("testing.echo")("still here") == "still here"

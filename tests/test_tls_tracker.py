@@ -186,3 +186,14 @@ def test_a_plain_tracker_query_does_not_load_openssl(tracker):
     env = {k: v for k, v in child_env().items() if not k.startswith("KERNELRPC_TLS_")}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_status_page_of_a_tls_tracker_is_https(start_service, tls_files):
+    import ssl
+    import urllib.request
+
+    tracker = start_service("kernelrpc.tracker", ["--port", "0", "--web-port", "0", *tls_files.flags()])
+    page = tracker.wait_for_line(r"status page on https://").split("status page on ", 1)[1].strip()
+    ctx = ssl.create_default_context(cafile=tls_files.ca)
+    with urllib.request.urlopen(page + "api/status", timeout=10, context=ctx) as response:
+        assert "queues" in json.loads(response.read())

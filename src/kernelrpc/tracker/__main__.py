@@ -54,8 +54,8 @@ async def _main(args: argparse.Namespace) -> None:
         print(f"kernelrpc.tracker listening on {addr[0]}:{addr[1]}{' (TLS)' if args.tls else ''}", flush=True)
 
     def attach_web(service) -> None:
-        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port)
-        print(f"kernelrpc.tracker status page on http://{host}:{port}/", flush=True)
+        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port, tls=args.tls)
+        print(f"kernelrpc.tracker status page on http{'s' if args.tls else ''}://{host}:{port}/", flush=True)
 
     if args.web_port is not None:
         from . import web

@@ -74,19 +74,37 @@ def warn_ignored(flag: str, why: str) -> None:
     log.warning("%s has no effect: %s", flag, why)
 
 
-def add_port_range(p: argparse.ArgumentParser, port: int, role: str) -> None:
+def add_host(p: argparse.ArgumentParser, default: str = "127.0.0.1") -> None:
+    """``--host``, the address a service binds."""
+    p.add_argument("--host", default=default, help="address to bind; 0.0.0.0 for every interface")
+
+
+def add_port_range(p: argparse.ArgumentParser, port: int, role: str, end: int | None = None) -> None:
     """``--port`` and TVM's ``--port-end`` for a service whose address others type in.
 
     TVM's services silently take the next free port when ``--port`` is taken, so the next
     command in a recipe reaches whatever holds the port.  Here ``--port`` is exact unless
-    ``--port-end`` asks for a range; :func:`port_end` turns the pair into a range.
+    ``--port-end`` asks for a range; :func:`port_end` turns the pair into a range.  A service
+    that others find through a tracker or proxy (the device server) may default to a range
+    (``end``), as TVM's does.
     """
-    p.add_argument("--port", type=int, default=port,
-                   help=f"port to listen on; 0 lets the OS choose. A taken port is an error, so {role} "
-                        "never silently moves")
-    p.add_argument("--port-end", type=int, default=None,
-                   help="take the first free port in [--port, --port-end) instead, as TVM's tools "
-                        "do (the ready line says which)")
+    if end is None:
+        p.add_argument("--port", type=int, default=port,
+                       help=f"port to listen on; 0 lets the OS choose. A taken port is an error, so {role} "
+                            "never silently moves")
+        p.add_argument("--port-end", type=int, default=None,
+                       help="take the first free port in [--port, --port-end) instead, as TVM's tools "
+                            "do (the ready line says which)")
+    else:
+        p.add_argument("--port", type=int, default=port, help="first port to try; 0 lets the OS choose")
+        p.add_argument("--port-end", type=int, default=end, help="end of the port range (exclusive)")
+
+
+def add_numbers(p: argparse.ArgumentParser, rows) -> None:
+    """Flags that take one number each, from ``(flag, type, default, help)`` rows (limits and
+    timeouts: a service has a dozen, and a table reads better than a dozen calls)."""
+    for flag, kind, default, text in rows:
+        p.add_argument(flag, type=kind, default=default, help=text)
 
 
 def port_end(args: argparse.Namespace) -> int:
@@ -111,6 +129,28 @@ def add_auth_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-auth", action="store_true",
                    help="refuse to start without an auth token (instead of warning when the "
                         "address is reachable from other hosts)")
+
+
+def add_security_flags(p: argparse.ArgumentParser) -> None:
+    """The authentication and TLS flags of a service (:func:`add_auth_flags`, :func:`add_tls_flags`)."""
+    add_auth_flags(p)
+    add_tls_flags(p)
+
+
+def security(args: argparse.Namespace, service: str, host: str, exposes: str, *, accepts: bool = True):
+    """``(auth_token, tls_config)`` of a service from :func:`add_security_flags`'s flags (see
+    :func:`auth_token` and :func:`tls_config`); a service that ``accepts`` TLS connections
+    must be able to load its certificate, or it does not start."""
+    from .rpc.tls import TLSConfigError
+
+    tls = tls_config(args, service)
+    if tls is not None and accepts:
+        try:
+            tls.server_context()
+        except TLSConfigError as exc:
+            raise SystemExit(f"{service}: {exc} (--tls-cert)") from None
+    mutual = tls is not None and tls.require_client_cert
+    return auth_token(args, service, host, exposes, warn=not mutual), tls
 
 
 def add_tls_flags(p: argparse.ArgumentParser, *, accepts: bool = True) -> None:
@@ -157,11 +197,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def auth_token(args: argparse.Namespace, service: str, host: str, exposes: str) -> bytes | None:
+def auth_token(args: argparse.Namespace, service: str, host: str, exposes: str, *,
+               warn: bool = True) -> bytes | None:
     """The service's auth token from its flags or the environment, after the start-up checks.
 
     Without a token, ``--require-auth`` is an error and a non-loopback ``host`` a warning that
-    says what is exposed (``exposes``) and how to turn authentication on.
+    says what is exposed (``exposes``) and how to turn authentication on (unless ``warn`` is
+    False: mutual TLS already admits only peers with a certificate from the lab's CA).
     """
     from .rpc.auth import ENV_TOKEN, resolve_token
 
@@ -174,7 +216,7 @@ def auth_token(args: argparse.Namespace, service: str, host: str, exposes: str) 
                "token")
         if args.require_auth:
             raise SystemExit(f"{service}: --require-auth but no auth token: {how}")
-        if not is_loopback(host):
+        if warn and not is_loopback(host):
             log.warning("%s listens on %s without authentication: anyone who can reach it %s. To "
                         "turn authentication on, %s", service, host, exposes, how)
     return token

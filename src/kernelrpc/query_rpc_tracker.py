@@ -20,6 +20,7 @@ import sys
 from . import cli
 from .errors import AuthenticationError, ConnectionLost, TrackerError
 from .rpc.auth import resolve_token
+from .rpc.tls import TLSError
 from .rpc.tracker_client import TrackerUnreachable, connect_tracker, count_servers, format_summary, printable
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_NO_SERVERS, EXIT_ALL_BUSY = 0, 3, 4, 5
@@ -53,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--auth-token-file", default=None, metavar="PATH",
                         help="the token of a tracker started with --auth-token-file (default "
                              "$KERNELRPC_AUTH_TOKEN or the file $KERNELRPC_AUTH_TOKEN_FILE)")
+    cli.add_tls_flags(parser, accepts=False)
     args = parser.parse_args(argv)
     cli.setup_logging(args)
     args.host = args.host or os.environ.get("TVM_TRACKER_HOST", "127.0.0.1")
@@ -68,11 +70,16 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         print(f"--auth-token-file: {exc}", file=sys.stderr)
         return 2
+    tls = cli.tls_config(args, "kernelrpc.query_rpc_tracker")
     try:
-        with connect_tracker(args.host, args.port, connect_timeout=args.timeout, auth_token=token) as session:
+        with connect_tracker(args.host, args.port, connect_timeout=args.timeout, auth_token=token,
+                             tls=tls) as session:
             info = session.summary()
     except AuthenticationError as exc:
         print(f"tracker refused us: {printable(exc)}", file=sys.stderr)
+        return 1
+    except TLSError as exc:
+        print(f"TLS with the tracker failed: {printable(exc)}", file=sys.stderr)
         return 1
     except (TrackerUnreachable, ConnectionLost) as exc:
         if args.json:

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import (ConnectionLost, ConnectTimeout, ProtocolError, RemoteError, RPCError,
                       ServerCrashed, SessionTimeout)
@@ -23,9 +23,14 @@ from ..runtime.threads import check_num_threads
 from . import handshake as H
 from .auth import authenticate, resolve_token
 from . import protocol as P
+from .tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
+                  is_tls_socket, refused_after_handshake, wrap_client)
 from .transport import FramedSocket
 from .values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                      decode_values, nbytes_of)
+
+if TYPE_CHECKING:
+    import ssl
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 #: Transfers at least this large show a progress bar (where bars are shown: display.progress).
@@ -35,26 +40,42 @@ _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is 
 
 
 def connect(host: str, port: int, key: str = "", session_timeout: float = 0, *,
-            connect_timeout: float | None = 60.0, auth_token: bytes | str | None = None) -> "RPCSession":
+            connect_timeout: float | None = 60.0, auth_token: bytes | str | None = None,
+            tls: TLSConfig | ssl.SSLContext | None = None,
+            handshake_timeout: float | None = None) -> "RPCSession":
     """Open a session with the device server at ``host:port``.
 
     ``key`` is the server's key; ``session_timeout`` (seconds, 0 = none) asks the server to end the
-    session after that long. ``connect_timeout`` bounds the TCP connect, the handshake and the
-    version exchange (a server busy with another session makes the handshake wait).
+    session after that long. ``connect_timeout`` bounds the TCP connect, and (unless
+    ``handshake_timeout`` is given) the TLS and RPC handshakes and the version exchange (a
+    server busy with another session makes the handshake wait).
     ``auth_token`` (default: ``$KERNELRPC_AUTH_TOKEN``, or the file ``$KERNELRPC_AUTH_TOKEN_FILE``
     names) is the shared secret of a server started with ``--auth-token-file``; with a token,
     a server that does not prove it knows the same token is refused.
+    ``tls`` (a :class:`~kernelrpc.rpc.tls.TLSConfig` or an ``ssl.SSLContext``; default: from
+    ``$KERNELRPC_TLS_CA``/``_CERT``/``_KEY``, else plain TCP) connects over TLS, checking the
+    server's certificate against ``host``.
     """
     token = resolve_token(auth_token)
+    ctx = client_context(tls)
+    where = f"{host}:{port}"
     try:
         sock = socket.create_connection((host, port), timeout=connect_timeout)
     except socket.timeout:
-        raise ConnectTimeout(f"connecting to {host}:{port} took more than {connect_timeout}s") from None
+        raise ConnectTimeout(f"connecting to {where} took more than {connect_timeout:g} s") from None
     except OSError as exc:
-        raise ConnectionLost(f"cannot connect to kernelrpc server at {host}:{port}: {exc}") from exc
+        raise ConnectionLost(f"cannot connect to kernelrpc server at {where}: {exc}") from exc
     try:
+        if handshake_timeout is not None:
+            sock.settimeout(handshake_timeout)
+        if ctx is not None:
+            try:
+                sock = wrap_client(sock, ctx, host, where)
+            except socket.timeout:
+                raise ConnectTimeout(f"{where} did not complete the TLS handshake in time (does it "
+                                     "speak TLS?)") from None
         return open_session(sock, H.make_key("client", key, session_timeout or None),
-                            f"{host}:{port}", session_timeout, auth_token=token)
+                            where, session_timeout, auth_token=token)
     except BaseException:
         sock.close()
         raise
@@ -62,14 +83,18 @@ def connect(host: str, port: int, key: str = "", session_timeout: float = 0, *,
 
 def open_session(sock: socket.socket, handshake_key: str, where: str,
                  session_timeout: float = 0, auth_token: bytes | None = None) -> "RPCSession":
-    """Run the handshake and the version exchange on a connected socket (direct, tracker or proxy).
+    """Run the handshake and the version exchange on a connected socket (direct, tracker or proxy),
+    plain or TLS (an ``ssl.SSLSocket`` whose TLS handshake is done).
 
     With ``auth_token`` (checked bytes, see ``auth.resolve_token``), the challenge-response runs
     between the handshake key and the server's reply.
     """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    over_tls = is_tls_socket(sock)
     try:
         sock.sendall(H.encode_preamble(handshake_key))
+        if not over_tls:
+            check_plaintext_answer(sock, where)
         after_auth = b""
         if auth_token is not None:
             after_auth = authenticate(sock, auth_token, handshake_key.encode(), where)
@@ -81,6 +106,13 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
     except socket.timeout:
         raise ConnectTimeout(f"{where} did not complete the handshake in time (is it busy with "
                              "another session, or not a kernelrpc server?)") from None
+    except (OSError, ConnectionLost) as exc:
+        cause = exc if isinstance(exc, OSError) else exc.__cause__
+        if over_tls and is_ssl_error(cause):   # mutual TLS refusals arrive on the first read
+            raise describe_failure(cause, where) from None
+        if over_tls and isinstance(cause, ConnectionResetError):
+            raise refused_after_handshake(where) from None
+        raise
     sock.settimeout(None)
     return RPCSession(sock, hello.info, where, hello_parser.unused)
 

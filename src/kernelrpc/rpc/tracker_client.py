@@ -14,12 +14,18 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
 from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
 from .backoff import Backoff
+from .tls import (TLSConfig, TLSError, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
+                  refused_after_handshake, wrap_client)
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +39,27 @@ class TrackerUnreachable(TrackerError):
 
 
 def connect_tracker(host: str, port: int, connect_timeout: float = 10.0, *,
-                    auth_token: bytes | str | None = None) -> TrackerSession:
+                    auth_token: bytes | str | None = None,
+                    tls: TLSConfig | ssl.SSLContext | None = None) -> TrackerSession:
     """Open a session with the tracker at ``host:port``.
 
     ``auth_token`` (default: ``$KERNELRPC_AUTH_TOKEN`` or the file ``$KERNELRPC_AUTH_TOKEN_FILE``)
     authenticates to a tracker started with ``--auth-token-file``, and to the servers it hands out.
+    ``tls`` (a :class:`~kernelrpc.rpc.tls.TLSConfig` or an ``ssl.SSLContext``; default: from
+    ``$KERNELRPC_TLS_*``, else plain TCP) is used for the tracker and for the servers it hands out.
     """
-    return TrackerSession((host, int(port)), connect_timeout=connect_timeout, auth_token=auth_token)
+    return TrackerSession((host, int(port)), connect_timeout=connect_timeout, auth_token=auth_token, tls=tls)
 
 
 class TrackerSession:
     """A connection to a tracker: ``request`` a device, ``summary`` / ``text_summary`` its state."""
 
     def __init__(self, addr: tuple[str, int], connect_timeout: float = 10.0, *,
-                 auth_token: bytes | str | None = None) -> None:
+                 auth_token: bytes | str | None = None,
+                 tls: TLSConfig | ssl.SSLContext | None = None) -> None:
         self.addr = addr
         self._auth_token = resolve_token(auth_token)
+        self._tls = client_context(tls)
         self.connect_timeout = connect_timeout
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
@@ -75,8 +86,13 @@ class TrackerSession:
         except OSError as exc:
             raise TrackerUnreachable(f"cannot reach tracker at {self.where}: {exc.strerror or exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        where = f"tracker {self.where}"
         try:
+            if self._tls is not None:
+                sock = wrap_client(sock, self._tls, self.addr[0], where)
             sock.sendall(MAGIC_BYTES)
+            if self._tls is None:
+                check_plaintext_answer(sock, where)
             echo = b""
             if self._auth_token is not None:
                 echo = authenticate(sock, self._auth_token, AUTH_CONTEXT, f"tracker {self.where}")
@@ -85,14 +101,20 @@ class TrackerSession:
                 if not chunk:
                     break
                 echo += chunk
+            if not echo and self._tls is not None:
+                raise refused_after_handshake(where)
             if echo[:4] == CHALLENGE_HEAD:
                 raise refusal_for_unauthenticated(f"tracker {self.where}")
             check_magic(echo[:4])
-        except AuthenticationError:
+        except (AuthenticationError, TLSError):
             sock.close()
             raise
         except (OSError, ProtocolError) as exc:
             sock.close()
+            if is_ssl_error(exc):        # a mutual-TLS refusal arrives on the first read
+                raise describe_failure(exc, where) from None
+            if self._tls is not None and isinstance(exc, ConnectionResetError):
+                raise refused_after_handshake(where) from None
             detail = "it did not answer" if isinstance(exc, socket.timeout) else str(exc)
             raise TrackerUnreachable(f"{self.where} is not a tracker: {detail}") from None
         sock.settimeout(None)
@@ -186,14 +208,16 @@ class TrackerSession:
         If the tracker connection breaks while waiting (say, the tracker restarts), the request
         reconnects and queues again, until ``timeout`` or, without one, ``reconnect_timeout``.
         """
+        from .client import connect
+
         deadline = None if timeout is None else time.monotonic() + timeout
         self._warn_if_unknown(key)
         last_error: Exception | None = None
         for attempt in range(1, max_retry + 1):
             host, port, matchkey = self._wait_for_match(key, priority, deadline, timeout, reconnect_timeout)
             try:
-                return _open_session(host, port, matchkey, session_timeout, connect_timeout, handshake_timeout,
-                                     self._auth_token)
+                return connect(host, port, matchkey, session_timeout, connect_timeout=connect_timeout,
+                               handshake_timeout=handshake_timeout, auth_token=self._auth_token, tls=self._tls)
             except (HandshakeError, ConnectionLost, ConnectTimeout, OSError) as exc:
                 log.info("server %s:%s for key %r did not accept the session (attempt %d of %d): %s",
                          host, port, key, attempt, max_retry, exc)
@@ -356,27 +380,6 @@ class TrackerSession:
                         ", ".join(sorted({str(item.get("protocol", "TVM's")) for item in servers})),
                         "the request waits for a kernelrpc server" if "protocols" in info else
                         "this tracker cannot tell them apart and may hand one out")
-
-
-def _open_session(host: str, port: int, matchkey: str, session_timeout: float, connect_timeout: float,
-                  handshake_timeout: float, auth_token: bytes | None = None):
-    """``client.connect``, with the TCP connect and the handshake bounded separately."""
-    from .client import open_session
-    from .handshake import make_key
-
-    try:
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
-    except socket.timeout:
-        raise ConnectTimeout(f"connecting to {host}:{port} took more than {connect_timeout:g} s") from None
-    except OSError as exc:
-        raise ConnectionLost(f"cannot connect to kernelrpc server at {host}:{port}: {exc}") from exc
-    try:
-        sock.settimeout(handshake_timeout)
-        return open_session(sock, make_key("client", matchkey, session_timeout or None),
-                            f"{host}:{port}", session_timeout, auth_token=auth_token)
-    except BaseException:
-        sock.close()
-        raise
 
 
 def printable(text) -> str:

@@ -19,44 +19,43 @@ log = logging.getLogger("kernelrpc.server")
 
 def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
     parser = cli.parser("python -m kernelrpc.server", __doc__)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for every interface")
-    parser.add_argument("--port", type=int, default=9090,
-                        help="first port to try; 0 lets the OS choose")
-    parser.add_argument("--port-end", type=int, default=9199, help="end of the port range (exclusive)")
+    cli.add_host(parser)
+    cli.add_port_range(parser, 9090, "the server", end=9199)
     parser.add_argument("--key", default="",
                         help="the device key: clients ask the tracker or proxy for it, or present it "
                              "directly (client:KEY)")
-    parser.add_argument("--session-timeout", type=float, default=0.0,
-                        help="end every session after this many seconds (0: no limit of our own)")
-    parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes,
-                        help="largest file a client may upload")
-    parser.add_argument("--max-frame-bytes", type=int, default=ServerConfig.max_frame_bytes,
-                        help="largest session packet accepted")
-    parser.add_argument("--max-tensor-bytes", type=int, default=ServerConfig.max_tensor_bytes,
-                        help="largest tensor a client may allocate")
-    parser.add_argument("--handshake-timeout", type=float, default=ServerConfig.handshake_timeout,
-                        help="seconds a new connection has to send its key")
-    parser.add_argument("--idle-timeout", type=float, default=ServerConfig.idle_timeout,
-                        help="end a session that sends no request for this many seconds (0: never)")
-    parser.add_argument("--io-timeout", type=float, default=ServerConfig.io_timeout,
-                        help="end a session whose frame or transfer stalls this many seconds (0: never)")
-    parser.add_argument("--min-transfer-rate", type=int, default=ServerConfig.min_transfer_rate,
-                        help="bytes/s an upload or tensor copy must keep on average (0: any pace)")
+    defaults = ServerConfig
+    cli.add_numbers(parser, [
+        ("--session-timeout", float, 0.0, "end every session after this many seconds (0: no limit of our own)"),
+        ("--max-upload-bytes", int, defaults.max_upload_bytes, "largest file a client may upload"),
+        ("--max-frame-bytes", int, defaults.max_frame_bytes, "largest session packet accepted"),
+        ("--max-tensor-bytes", int, defaults.max_tensor_bytes, "largest tensor a client may allocate"),
+        ("--handshake-timeout", float, defaults.handshake_timeout,
+         "seconds a new connection has to send its key (and finish its TLS handshake)"),
+        ("--idle-timeout", float, defaults.idle_timeout,
+         "end a session that sends no request for this many seconds (0: never)"),
+        ("--io-timeout", float, defaults.io_timeout,
+         "end a session whose frame or transfer stalls this many seconds (0: never)"),
+        ("--min-transfer-rate", int, defaults.min_transfer_rate,
+         "bytes/s an upload or tensor copy must keep on average (0: any pace)"),
+    ])
     parser.add_argument("--checked-tensors", action="store_true",
                         help="check after each call that no kernel wrote outside its tensor arguments")
-    parser.add_argument("--max-session-bytes", type=int, default=None,
-                        help="tensor bytes one session may hold at a time (default: 3/4 of the memory)")
-    parser.add_argument("--max-pending", type=int, default=ServerConfig.max_pending,
-                        help="connections held in the handshake or waiting for a session slot; past it, "
-                             "the oldest unfinished handshake is dropped")
-    parser.add_argument("--max-sessions", type=int, default=1,
-                        help="sessions served at the same time (default 1: measurements never overlap)")
+    cli.add_numbers(parser, [
+        ("--max-session-bytes", int, None,
+         "tensor bytes one session may hold at a time (default: 3/4 of the memory)"),
+        ("--max-pending", int, defaults.max_pending,
+         "connections held in the handshake or waiting for a session slot; past it, the oldest "
+         "unfinished handshake is dropped"),
+        ("--max-sessions", int, 1, "sessions served at the same time (default 1: measurements never overlap)"),
+    ])
     parser.add_argument("--workspace-root", default=None, help="parent directory of session workspaces")
     parser.add_argument("--tracker", default=None, metavar="HOST:PORT",
                         help="register with this tracker under --key (re-registers after every session)")
     parser.add_argument("--custom-addr", default=None,
                         help="address the tracker hands to clients, when the one it sees is not theirs to reach "
-                             "(NAT, or a server on the tracker's host that would advertise 127.0.0.1) "
+                             "(NAT, or a server on the tracker's host that would advertise 127.0.0.1; with "
+                             "TLS, a name or address its certificate covers) "
                              "(default: this host as the tracker sees it)")
     parser.add_argument("--through-proxy", action="store_true",
                         help="connect out to the proxy at --host/--port and serve the clients it pairs")
@@ -70,7 +69,7 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
                              "--run-as root keeps them root")
     parser.add_argument("--no-fork", action="store_true",
                         help="accepted for TVM's command lines; sessions are always forked (see the warning)")
-    cli.add_auth_flags(parser)
+    cli.add_security_flags(parser)
     args = parser.parse_args(argv)
     try:
         cpus = parse_cpus(args.cpus) if args.cpus is not None else None
@@ -120,8 +119,9 @@ def load_libraries(spec: str) -> None:
 def main(argv=None) -> int:
     config, args = parse_args(argv)
     cli.setup_logging(args)
-    config.auth_token = cli.auth_token(args, "kernelrpc.server",
-                                       "127.0.0.1" if config.through_proxy else config.host, EXPOSES)
+    config.auth_token, config.tls = cli.security(args, "kernelrpc.server",
+                                                 "127.0.0.1" if config.through_proxy else config.host, EXPOSES,
+                                                 accepts=not config.through_proxy)
     try:
         config.confine()
     except OSError as exc:
@@ -160,11 +160,12 @@ def main(argv=None) -> int:
     if config.tracker_addr is not None:
         from .registration import TrackerRegistration
         registration = TrackerRegistration(config.tracker_addr, config.key, sock.getsockname()[1], config.custom_addr,
-                                           auth_token=config.auth_token)
+                                           auth_token=config.auth_token,
+                                           tls=config.tls.client_context() if config.tls is not None else None)
     server = Server(config, sock, registration)
     server.install_signal_handlers()
     host, port = server.address
-    print(f"kernelrpc.server listening on {host}:{port}", flush=True)
+    print(f"kernelrpc.server listening on {host}:{port}{' (TLS)' if config.tls else ''}", flush=True)
     report_session_user()
     server.serve_forever()
     return 0

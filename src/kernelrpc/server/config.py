@@ -5,6 +5,7 @@ import dataclasses
 import os
 
 from ..rpc.protocol import DEFAULT_MAX_FRAME_BYTES
+from ..rpc.tls import TLSConfig
 from .privileges import SessionUser
 
 
@@ -33,6 +34,7 @@ class ServerConfig:
     cpus: tuple[int, ...] | None = None   # --cpus: the cores the server and its sessions run on
     session_user: SessionUser | None = None  # --run-as: who session children run as (None: us)
     auth_token: bytes | None = dataclasses.field(default=None, repr=False)  # --auth-token-file
+    tls: TLSConfig | None = None          # --tls-*: clients, the tracker link and the proxy link
 
     def confine(self) -> None:
         """Pin this process (and so every session it forks) to ``cpus``."""

@@ -5,6 +5,12 @@ that stays silent is dropped at its deadline and never holds up others. Clients
 whose key matches wait in arrival order for a free session slot
 (``max_sessions``, default 1, so measurements never overlap), then get the
 success reply and their session child.
+
+With TLS (``config.tls``) the TLS handshake runs here too, non-blocking and within
+the same deadline, before the RPC handshake; a first byte that cannot start a TLS
+hello gets :data:`~kernelrpc.rpc.tls.PLAINTEXT_REFUSAL`. The session then runs
+behind a TLS relay process (:mod:`.tls_relay`), so that crash and timeout notices
+still reach the client.
 """
 from __future__ import annotations
 
@@ -13,14 +19,17 @@ import logging
 import selectors
 import signal
 import socket
+import ssl
 import time
 
 from ..acceptor import Acceptor
 from ..errors import ProtocolError
 from ..rpc import handshake as H
 from ..rpc.auth import ServiceAuth
+from ..rpc.tls import close_gently, is_tls_hello, refuse_plaintext
 from .config import ServerConfig
 from .session import SessionProcess, start_session
+from .tls_relay import Relay, start_tls_session
 from .workspace import remove_stale
 
 log = logging.getLogger(__name__)
@@ -38,6 +47,7 @@ class _Pending:
         self.extra = b""
         self.auth: ServiceAuth | None = None   # set while the peer answers our challenge
         self.offered: H.ParsedKey | None = None  # the key it sent, admitted once authenticated
+        self.tls_opening = False                 # TLS on, and its handshake not finished yet
 
 
 class Server:
@@ -50,6 +60,8 @@ class Server:
         self.waiting: collections.deque[_Pending] = collections.deque()
         self.sessions: list[SessionProcess] = []
         self._watched: dict[SessionProcess, int] = {}  # session -> its registered pidfd
+        self.relays: list[Relay] = []                  # TLS sessions' relay processes
+        self.tls = config.tls.server_context() if config.tls is not None else None
         self._stopping = False
         listen_sock.setblocking(False)
         self.acceptor = Acceptor(listen_sock)
@@ -94,6 +106,10 @@ class Server:
         for session in self.sessions:
             session.kill()
         self.sessions.clear()
+        deadline = time.monotonic() + 2.0      # let relays deliver the shutdown notices
+        for relay in self.relays:
+            relay.reap(max(0.01, deadline - time.monotonic()))
+        self.relays.clear()
         for pending in list(self.pending.values()):
             self._drop(pending)
         if self.registration is not None:
@@ -124,6 +140,8 @@ class Server:
         for session in list(self.sessions):
             if session.expire_if_due(now) or (session not in self._watched and session.poll()):
                 self._session_over(session)
+        if self.relays:
+            self.relays = [relay for relay in self.relays if not relay.reap()]
         if self.registration is not None:
             self.registration.tick()
         if self.acceptor.paused_until is not None and now >= self.acceptor.paused_until:
@@ -144,17 +162,77 @@ class Server:
             return
         sock.setblocking(False)
         pending = _Pending(sock, addr, time.monotonic() + self.config.handshake_timeout)
+        pending.tls_opening = self.tls is not None
         self.pending[sock] = pending
         self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
 
     def _read_pending(self, sock: socket.socket) -> None:
         pending = self.pending[sock]
+        if pending.tls_opening:
+            if not self._open_tls(pending):
+                return
+            sock = pending.sock
+        while True:
+            try:
+                data = sock.recv(4096)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return
+            except OSError:
+                data = b""
+            self._received(pending, data)
+            # bytes TLS decrypted ahead wait in the SSL object, where the selector cannot see them
+            if not (isinstance(sock, ssl.SSLSocket) and sock.pending() and self.pending.get(sock) is pending):
+                return
+
+    def _open_tls(self, pending: _Pending) -> bool:
+        """Advance the TLS handshake by what has arrived; True once it is done."""
+        sock = pending.sock
+        if not isinstance(sock, ssl.SSLSocket):
+            try:
+                first = sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                first = b""
+            if not first:
+                self._drop(pending)
+                return False
+            if not is_tls_hello(first):
+                log.warning("refusing %s: it spoke plain TCP to this TLS server (first byte %s); told it "
+                            "TLS is required", pending.peer, first.hex())
+                del self.pending[sock]
+                self.selector.unregister(sock)
+                refuse_plaintext(sock)
+                return False
+            del self.pending[sock]
+            self.selector.unregister(sock)
+            try:
+                sock = pending.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except OSError as exc:
+                log.info("dropping %s: %s", pending.peer, exc)
+                sock.close()
+                return False
+            self.pending[sock] = pending
+            self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
         try:
-            data = sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.selector.modify(sock, selectors.EVENT_READ, self._read_pending)
+            return False
+        except ssl.SSLWantWriteError:
+            self.selector.modify(sock, selectors.EVENT_WRITE, self._read_pending)
+            return False
+        except OSError as exc:      # ssl.SSLError included: no or a wrong client certificate, not TLS
+            log.warning("refusing %s: the TLS handshake failed: %s", pending.peer, exc)
+            del self.pending[sock]
+            self.selector.unregister(sock)
+            close_gently(sock)      # the alert that says why must not be lost to a reset
+            return False
+        pending.tls_opening = False
+        self.selector.modify(sock, selectors.EVENT_READ, self._read_pending)
+        return True
+
+    def _received(self, pending: _Pending, data: bytes) -> None:
         if not data:
             self._drop(pending)
             return
@@ -173,7 +251,11 @@ class Server:
             parsed = H.parse_key(key)
             parsed.timeout  # validates -timeout= now, while we can still refuse cleanly
         except (ProtocolError, H.HandshakeError) as exc:
-            log.info("refusing %s: %s", pending.peer, exc)
+            if is_tls_hello(data):
+                log.warning("refusing %s: it speaks TLS, and this server runs without TLS (--tls-cert)",
+                            pending.peer)
+            else:
+                log.info("refusing %s: %s", pending.peer, exc)
             self._drop(pending)
             return
         if self.config.auth_token is None:
@@ -226,7 +308,12 @@ class Server:
                 pending.sock.close()
                 continue
             log.info("session for %s starts", pending.peer)
-            session = start_session(pending.sock, pending.key, self.config, pending.extra)
+            if isinstance(pending.sock, ssl.SSLSocket):
+                session, relay = start_tls_session(pending.sock, pending.key, self.config, pending.extra,
+                                                   pending.peer)
+                self.relays.append(relay)
+            else:
+                session = start_session(pending.sock, pending.key, self.config, pending.extra)
             self.sessions.append(session)
             if session.fileno() is not None:
                 self._watched[session] = session.fileno()

@@ -182,14 +182,15 @@ def _wait_readable(fd: int | None, timeout: float) -> None:
 
 
 def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
-                  initial: bytes = b"") -> SessionProcess:
-    """Fork the session's child; returns at once with the parent's view of it."""
+                  initial: bytes = b"", peer: str | None = None) -> SessionProcess:
+    """Fork the session's child; returns at once with the parent's view of it. ``sock`` may
+    also be the plain end of a TLS relay (``tls_relay``), which names the ``peer``."""
     workspace = Workspace.create(config.workspace_root)
     if config.session_user is not None:
         os.chown(workspace.root, config.session_user.uid, config.session_user.gid)
     timeout = config.effective_timeout(client_key.timeout)
     try:
-        peer = "%s:%s" % sock.getpeername()[:2]
+        peer = peer or "%s:%s" % sock.getpeername()[:2]
     except OSError:
         peer = "?"
     global _server_subreaper
@@ -295,7 +296,8 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
                 timeout: float | None, initial: bytes = b"") -> None:
     """The child's whole life: version exchange, then requests, until the session ends."""
     sock.setblocking(True)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock.family != socket.AF_UNIX:   # a TLS relay's socketpair has no Nagle to turn off
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(config.handshake_timeout)
     parser = P.HelloParser()
     try:

@@ -17,11 +17,16 @@ server gives up after five failures.  A peer that is not a proxy is not retried:
 :class:`NotAProxy` says what answered instead (a device server answers MISMATCH to a
 ``server:`` key at once; other services send no RPC magic).  TCP keepalive notices a
 proxy that vanished without closing and keeps NAT mappings open while the device waits.
+
+With ``--tls-ca`` (the server's TLS configuration) the link to the proxy is TLS, the
+proxy's certificate checked against ``--host``; the session then runs behind a TLS
+relay (:mod:`.tls_relay`) as a direct TLS session does.
 """
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 
@@ -32,7 +37,9 @@ from ..rpc.auth import authenticate
 from ..rpc.backoff import Backoff
 from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
+from ..rpc.tls import check_plaintext_answer, describe_failure, wrap_client
 from .session import start_session
+from .tls_relay import LINGER, start_tls_session
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,12 @@ class ProxyLink:
         self._announce = announce
         self._announced = False
         self._silent_closes = 0
+        self._tls = config.tls.client_context() if config.tls is not None else None
+
+    def _check_not_refused(self, sock: socket.socket, where: str) -> None:
+        """A TLS proxy answers a plain device with TLS_REQUIRED (see :mod:`kernelrpc.rpc.tls`)."""
+        if self._tls is None:
+            check_plaintext_answer(sock, f"proxy {where}")
 
     def serve_one(self) -> bool:
         """Wait for one client and serve it. False when the proxy ended the wait (MISMATCH)."""
@@ -74,11 +87,14 @@ class ProxyLink:
         sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
         try:
             enable_keepalive(sock)
+            if self._tls is not None:
+                sock = wrap_client(sock, self._tls, self.proxy[0], f"proxy {where}")
             waiting_since = time.monotonic()      # before the proxy can start its timeout
             key = f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"
             sock.sendall(H.encode_preamble(key))
             after_auth = b""
             if self.config.auth_token is not None:   # bounded by the connect timeout still set
+                self._check_not_refused(sock, where)
                 after_auth = authenticate(sock, self.config.auth_token, key.encode(), f"proxy {where}")
             sock.settimeout(None)
             log.info("connected to proxy %s; waiting for a client with key %r", where, self.config.key)
@@ -87,15 +103,21 @@ class ProxyLink:
                                f"{self.config.key}", flush=True)
                 self._announced = True
             try:
+                if self.config.auth_token is None:
+                    self._check_not_refused(sock, where)  # the proxy's first bytes: the pairing reply
                 reply, initial = wait_for_pairing(sock, after_auth)
             except ProtocolError as exc:
                 raise NotAProxy(f"{where} is not a proxy: {exc}") from None
-            except ConnectionLost:
+            except ConnectionLost as exc:
+                if isinstance(exc.__cause__, ssl.SSLError):   # the proxy refused our certificate
+                    raise describe_failure(exc.__cause__, f"proxy {where}") from None
                 quick = time.monotonic() - waiting_since < QUICK_REFUSAL
                 self._silent_closes = self._silent_closes + 1 if quick else 0
                 if self._silent_closes >= SILENT_CLOSES:
                     raise NotAProxy(f"{where} closed {SILENT_CLOSES} connections in a row without answering "
-                                    f"'server:{self.config.key}': it is not a proxy (a tracker?)") from None
+                                    f"'server:{self.config.key}': it is not a proxy (a tracker?)"
+                                    + ("" if self._tls else ", or a proxy that takes TLS peers only "
+                                       "(give this server --tls-ca)")) from None
                 raise
             self._silent_closes = 0
             if reply.code == H.RPC_CODE_MISMATCH:
@@ -110,7 +132,11 @@ class ProxyLink:
             client_key = H.parse_key(reply.key)
             client_key.timeout  # validates -timeout= before anything is forked
             log.info("proxy %s paired us with %r", where, reply.key)
-            session = start_session(sock, client_key, self.config, initial)
+            relay = None
+            if self._tls is not None:
+                session, relay = start_tls_session(sock, client_key, self.config, initial, f"proxy {where}")
+            else:
+                session = start_session(sock, client_key, self.config, initial)
             sock = None  # the session owns it now
             try:
                 session.wait()
@@ -119,6 +145,8 @@ class ProxyLink:
                     session.kill()  # on SIGTERM (SystemExit) mid-session
                 except ChildProcessError:
                     pass  # already reaped when the session expired
+                if relay is not None:
+                    relay.reap(LINGER + 1.0)    # it delivers the session's last notice first
             return True
         finally:
             if sock is not None:

@@ -17,22 +17,24 @@ from .service import Limits, serve
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = cli.parser("python -m kernelrpc.tracker", __doc__)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for every interface")
+    cli.add_host(parser)
     cli.add_port_range(parser, 9190, "the tracker")
-    parser.add_argument("--lease-timeout", type=float, default=5.0,
-                        help="seconds a server that reports its sessions stays leased to a client "
-                             "that never connects, before it goes back to the pool")
-    parser.add_argument("--frame-timeout", type=float, default=Limits.frame_timeout,
-                        help="seconds a connection may take to finish a frame it started (0: no limit)")
-    parser.add_argument("--idle-timeout", type=float, default=Limits.idle_timeout,
-                        help="seconds a connection that holds no slot, lease or request may stay silent (0: no limit)")
-    parser.add_argument("--max-connections-per-host", type=int, default=Limits.max_connections_per_host,
-                        help="connections from one address; past it the longest-idle one that holds nothing is closed")
+    cli.add_numbers(parser, [
+        ("--lease-timeout", float, 5.0, "seconds a server that reports its sessions stays leased to a client "
+                                        "that never connects, before it goes back to the pool"),
+        ("--frame-timeout", float, Limits.frame_timeout,
+         "seconds a connection may take to finish a frame it started (0: no limit)"),
+        ("--idle-timeout", float, Limits.idle_timeout,
+         "seconds a connection that holds no slot, lease or request may stay silent (0: no limit)"),
+        ("--max-connections-per-host", int, Limits.max_connections_per_host,
+         "connections from one address (TLS handshakes in progress included); past it the longest-idle "
+         "one that holds nothing is closed"),
+    ])
     parser.add_argument("--web-port", type=int, default=None,
                         help="serve the status page, /api/status and /metrics on this port "
                              "(0: the OS chooses; needs the web extra)")
     parser.add_argument("--web-host", default=None, help="address of the status page (default: --host)")
-    cli.add_auth_flags(parser)
+    cli.add_security_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -49,11 +51,11 @@ async def _main(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, task.cancel)
 
     def ready(addr) -> None:
-        print(f"kernelrpc.tracker listening on {addr[0]}:{addr[1]}", flush=True)
+        print(f"kernelrpc.tracker listening on {addr[0]}:{addr[1]}{' (TLS)' if args.tls else ''}", flush=True)
 
     def attach_web(service) -> None:
-        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port)
-        print(f"kernelrpc.tracker status page on http://{host}:{port}/", flush=True)
+        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port, tls=args.tls)
+        print(f"kernelrpc.tracker status page on http{'s' if args.tls else ''}://{host}:{port}/", flush=True)
 
     if args.web_port is not None:
         from . import web
@@ -67,7 +69,8 @@ async def _main(args: argparse.Namespace) -> None:
         limits = Limits(frame_timeout=args.frame_timeout, idle_timeout=args.idle_timeout,
                         max_connections_per_host=args.max_connections_per_host)
         await serve(sock, lease_timeout=args.lease_timeout, on_ready=ready, limits=limits, backlog=1024,
-                    on_service=attach_web if args.web_port is not None else None, auth_token=args.auth_token)
+                    on_service=attach_web if args.web_port is not None else None, auth_token=args.auth_token,
+                    tls=args.tls.server_context() if args.tls is not None else None)
     except asyncio.CancelledError:
         pass
 
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
             print(f"kernelrpc.tracker: {exc}", file=sys.stderr)
             return 2
     cli.setup_logging(args)
-    args.auth_token = cli.auth_token(args, "kernelrpc.tracker", args.host, EXPOSES)
+    args.auth_token, args.tls = cli.security(args, "kernelrpc.tracker", args.host, EXPOSES)
     try:
         asyncio.run(_main(args))
     except OSError as exc:

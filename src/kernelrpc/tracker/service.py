@@ -15,11 +15,13 @@ import logging
 import operator
 import secrets
 import socket
+import ssl
 import time
 
 from ..acceptor import Acceptor, watch
 from ..errors import ProtocolError
 from ..rpc.auth import AUTH_CONTEXT, ServiceAuth
+from ..rpc.tls import is_tls_hello, refuse_plaintext
 from ..rpc.tracker_codec import (
     MAGIC_BYTES,
     FrameDecoder,
@@ -118,8 +120,12 @@ class TrackerConnection(asyncio.BufferedProtocol):
             if len(self._opening) < 4:
                 return
             if bytes(self._opening[:4]) != MAGIC_BYTES:
-                log.warning("%s is not a tracker peer (first bytes %s); closing",
-                            self.name, bytes(self._opening[:4]).hex(" "))
+                if is_tls_hello(self._opening):
+                    log.warning("%s speaks TLS, and this tracker runs without TLS (--tls-cert); closing",
+                                self.name)
+                else:
+                    log.warning("%s is not a tracker peer (first bytes %s); closing",
+                                self.name, bytes(self._opening[:4]).hex(" "))
                 self.transport.close()
                 return
             data = bytes(self._opening[4:])
@@ -298,6 +304,9 @@ class TrackerService:
         for conn in list(self.connections):
             conn.transport.close()
         self.stopped.set()
+
+    def connections_from(self, host: str) -> int:
+        return len(self._by_host.get(host, ()))
 
     def connected(self, conn: TrackerConnection) -> None:
         """Admit a new connection; at its host's cap, the longest-idle connection that holds
@@ -500,9 +509,10 @@ def raise_open_file_limit(want: int = 65536) -> int:
 
 async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None, *,
                 limits: Limits | None = None, backlog: int = 1024, on_service=None,
-                auth_token: bytes | None = None) -> None:
+                auth_token: bytes | None = None, tls: ssl.SSLContext | None = None) -> None:
     """Serve tracker connections on the bound ``sock`` until STOP or cancellation;
-    ``on_service(service)`` runs first (the status page attaches there)."""
+    ``on_service(service)`` runs first (the status page attaches there). With ``tls`` (a
+    server-side context) every connection is TLS (see :class:`TLSOpenings`)."""
     raise_open_file_limit()
     service = TrackerService(lease_timeout=lease_timeout, limits=limits, auth_token=auth_token)
     if on_service is not None:
@@ -511,9 +521,15 @@ async def serve(sock: socket.socket, lease_timeout: float = 5.0, on_ready=None, 
     sock.setblocking(False)
     sock.listen(backlog)
     starting: set[asyncio.Task] = set()
+    openings = TLSOpenings(service, tls) if tls is not None else None
 
     def accepted(conn: socket.socket, addr) -> None:
-        task = loop.create_task(loop.connect_accepted_socket(lambda: TrackerConnection(service), conn))
+        if openings is None:
+            task = loop.create_task(loop.connect_accepted_socket(lambda: TrackerConnection(service), conn))
+        else:
+            task = openings.start(conn, addr)
+            if task is None:
+                return
         starting.add(task)
         task.add_done_callback(lambda t: _connection_started(t, conn, starting))
 
@@ -536,6 +552,91 @@ def _connection_started(task: asyncio.Task, conn: socket.socket, starting: set) 
     starting.discard(task)
     if task.cancelled():
         conn.close()
+    elif isinstance(task.exception(), TLSOpeningFailed):
+        log.warning("%s", task.exception())
+        conn.close()
     elif task.exception() is not None:
         log.warning("cannot serve a new connection: %s", task.exception())
         conn.close()
+
+
+class TLSOpeningFailed(Exception):
+    """A connection that did not become a TLS tracker peer (the message says why)."""
+
+
+class TLSOpenings:
+    """TLS connections between ``accept`` and ``connection_made``, bounded like plain ones.
+
+    A connection has ``opening_timeout`` in all for its first byte and the TLS handshake
+    (asyncio's ``ssl_handshake_timeout`` gets what is left), and counts against its host's
+    ``max_connections_per_host`` meanwhile: at the cap, the host's oldest unfinished opening
+    makes room for the new one, so a flood of peers that never finish the handshake holds
+    neither descriptors nor slots for long.  A first byte that cannot start a TLS hello
+    (a plain-TCP peer) is answered with :data:`~kernelrpc.rpc.tls.PLAINTEXT_REFUSAL`.
+    """
+
+    def __init__(self, service: TrackerService, context: ssl.SSLContext) -> None:
+        self.service = service
+        self.context = context
+        self._by_host: dict[str, collections.OrderedDict[asyncio.Task, None]] = {}
+
+    def start(self, conn: socket.socket, addr) -> asyncio.Task | None:
+        host = str(addr[0])
+        opening = self._by_host.setdefault(host, collections.OrderedDict())
+        if len(opening) + self.service.connections_from(host) >= self.service.limits.max_connections_per_host:
+            if not opening:
+                log.warning("refusing %s:%s: %s has as many connections as it may", host, addr[1], host)
+                conn.close()
+                return None
+            oldest = next(iter(opening))
+            log.info("dropping the oldest unfinished TLS opening from %s: too many connections", host)
+            oldest.cancel()
+            del opening[oldest]
+        task = asyncio.get_running_loop().create_task(self._open(conn, "%s:%s" % (host, addr[1])))
+        opening[task] = None
+        task.add_done_callback(lambda t: self._done(t, host))
+        return task
+
+    def _done(self, task: asyncio.Task, host: str) -> None:
+        opening = self._by_host.get(host)
+        if opening is not None:
+            opening.pop(task, None)
+            if not opening:
+                del self._by_host[host]
+
+    async def _open(self, conn: socket.socket, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self.service.limits.opening_timeout
+        deadline = loop.time() + timeout
+        first = await _first_byte(loop, conn, timeout)
+        if not first:
+            log.info("%s: closed or sent nothing within %g s; closing", name, timeout)
+            conn.close()
+            return
+        if not is_tls_hello(first):
+            log.warning("%s spoke plain TCP to this TLS tracker (first byte %s); told it TLS is required",
+                        name, first.hex())
+            refuse_plaintext(conn)
+            return
+        try:
+            await loop.connect_accepted_socket(lambda: TrackerConnection(self.service), conn, ssl=self.context,
+                                               ssl_handshake_timeout=max(0.01, deadline - loop.time()))
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSOpeningFailed(f"refusing {name}: the TLS handshake failed: {exc}") from None
+
+
+async def _first_byte(loop, sock: socket.socket, timeout: float) -> bytes:
+    """The first byte the peer sent, left in the socket (b"": it closed or sent nothing in time)."""
+    readable = loop.create_future()
+    fd = sock.fileno()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        await asyncio.wait_for(readable, timeout)
+    except asyncio.TimeoutError:
+        return b""
+    finally:
+        loop.remove_reader(fd)
+    try:
+        return sock.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return b""

@@ -18,8 +18,9 @@ from ..errors import ProtocolError
 from ..netutil import enable_keepalive
 from ..rpc.auth import ServiceAuth
 from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
+from ..rpc.tls import PLAINTEXT_REFUSAL
 from . import websocket as ws
-from .tls import PLAINTEXT_REFUSAL, PlaintextPeer, TLSLayer
+from .tls import PlaintextPeer, TLSLayer
 
 logger = logging.getLogger(__name__)
 

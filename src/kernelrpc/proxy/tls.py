@@ -14,16 +14,9 @@ from __future__ import annotations
 
 import socket
 import ssl
-import struct
 
+from ..rpc.tls import is_tls_hello
 from .relay import BUFFER_BYTES, RelayBuffer
-
-TLS_REQUIRED = 0xFF2B1
-PLAINTEXT_REFUSAL = struct.pack("<i", TLS_REQUIRED)
-"""What a kernelrpc TLS service answers, in plain TCP, to a peer whose first byte does not start
-a TLS handshake (record type 0x16; no kernelrpc or TVM opening does): an ``i32`` like the
-handshake's reply codes, which kernelrpc's peers report as "requires TLS"."""
-_TLS_HANDSHAKE_RECORD = b"\x16"
 
 _READ_CHUNK = 256 << 10   # raw bytes read at most at once in the relay
 _MAX_RECORD = 16384 + 2048   # a TLS record's plaintext, and then some
@@ -54,7 +47,7 @@ class TLSLayer:
             ssl.SSLError: a certificate the context refuses, a broken record.
         """
         if not self._started:
-            if raw[:1] != _TLS_HANDSHAKE_RECORD:
+            if not is_tls_hello(raw):
                 raise PlaintextPeer()
             self._started = True
         self._incoming.write(raw)

@@ -38,9 +38,9 @@ def test_values_round_trip(items):
     assert decode_values(encode_values(items)) == items
 
 
-@given(st.sampled_from(sorted(P.OPS)), st.lists(values, max_size=4))
-def test_requests_round_trip_through_the_frame_reader(op, args):
-    data = P.encode_request(op, args) + P.encode_return(args)
+@given(st.lists(values, max_size=4))
+def test_frames_round_trip_through_the_frame_reader_in_any_chunking(args):
+    data = P.encode_call(3, args) + P.encode_return(args)
     reader = P.FrameReader()
     frames = []
     for i in range(0, len(data), 7):  # arbitrary chunking must not matter
@@ -48,7 +48,7 @@ def test_requests_round_trip_through_the_frame_reader(op, args):
         while (frame := reader.next_frame()) is not None:
             frames.append(frame)
     assert [f.type for f in frames] == [P.REQUEST, P.RETURN]
-    assert P.decode_request(frames[0].body) == (op, args)
+    assert P.decode_request(frames[0].body) == (3, args)
     assert decode_values(frames[1].body) == args
 
 

@@ -13,7 +13,7 @@ from ..errors import ConnectionLost
 from .protocol import DEFAULT_MAX_FRAME_BYTES, FrameReader
 
 _RECV_CHUNK = 1 << 16
-# What recv_chunk asks for: room for any scalar CALL or RETURN and a few tensor handles, and
+# The first read of a frame: room for any scalar CALL or RETURN and a few tensor handles, and
 # small enough that CPython takes the bytes object from its small-object allocator (at most 512
 # bytes with the object header) instead of malloc-ing and shrinking 64 KiB on every call.
 _FIRST_READ = 448
@@ -57,6 +57,35 @@ class FramedSocket:
         except OSError as exc:
             raise ConnectionLost(f"connection lost while sending: {exc}") from exc
 
+    def recv_frame(self) -> tuple[int, bytes]:
+        """The next frame as ``(type, body)``.
+
+        With nothing buffered, the first read is small (``_FIRST_READ``): a request or reply of a
+        measurement loop arrives whole in it and is taken as it is (``FrameReader.whole_frame``);
+        anything else goes through the reader, a frame longer than the read at one more read.
+        """
+        reader = self.reader
+        if reader.pending:
+            frame = reader.next_frame()
+            if frame is not None:
+                return frame
+        try:
+            data = self.sock.recv(_RECV_CHUNK if reader.pending else _FIRST_READ)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if not data:
+            raise ConnectionLost("the peer closed the connection")
+        if not reader.pending:
+            frame = reader.whole_frame(data)
+            if frame is not None:
+                return frame
+        reader.feed(data)
+        while True:
+            frame = reader.next_frame()
+            if frame is not None:
+                return frame
+            self._fill()
+
     def _fill(self) -> None:
         try:
             n = self.sock.recv_into(self._scratch)
@@ -65,48 +94,6 @@ class FramedSocket:
         if n == 0:
             raise ConnectionLost("the peer closed the connection")
         self.reader.feed(memoryview(self._scratch)[:n])
-
-    def recv_chunk(self) -> bytes | None:
-        """One small read straight from the socket, or None while frame bytes are buffered.
-
-        The fast path for requests and replies that arrive whole in one read: the caller decodes
-        the chunk itself, or hands it back with ``reader.feed`` and goes on with ``recv_frame``
-        (a frame longer than the read costs one more read there).
-        """
-        if self.reader.pending:
-            return None
-        try:
-            data = self.sock.recv(_FIRST_READ)
-        except OSError as exc:
-            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
-        if not data:
-            raise ConnectionLost("the peer closed the connection")
-        return data
-
-    def recv_frame(self) -> tuple[int, bytes]:
-        """The next frame as ``(type, body)``."""
-        reader = self.reader
-        pending = reader.pending
-        if pending:
-            frame = reader.next_frame()
-            if frame is not None:
-                return frame
-        try:
-            data = self.sock.recv(_RECV_CHUNK)
-        except OSError as exc:
-            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
-        if not pending:
-            frame = reader.whole_frame(data)  # usually the chunk is exactly one frame
-            if frame is not None:
-                return frame
-        if not data:
-            raise ConnectionLost("the peer closed the connection")
-        reader.feed(data)
-        while True:
-            frame = reader.next_frame()
-            if frame is not None:
-                return frame
-            self._fill()
 
     def recv_raw_into(self, target) -> None:
         """Fill ``target`` (a writable buffer) with the next raw bytes of the stream."""

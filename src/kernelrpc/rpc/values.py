@@ -12,14 +12,10 @@ import math
 import struct
 
 from ..errors import ProtocolError
+from ..runtime.dtype import DTYPES, MAX_NDIM
 
-DTYPE_BYTES = {
-    "bool": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
-    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
-    "float16": 2, "float32": 4, "float64": 8,
-}
+DTYPE_BYTES = {name: dtype.itemsize for name, dtype in DTYPES.items()}  # the runtime's table, by name
 DEVICE_TYPES = ("cpu",)
-MAX_NDIM = 32
 MAX_DEPTH = 8
 MAX_SHORT_TEXT = 255
 

@@ -52,4 +52,4 @@ def test_a_frame_in_pieces(pair):
     sender.sendall(frame[:3])
     sender.sendall(frame[3:600])
     sender.sendall(frame[600:])
-    assert P.decode_request(conn.recv_frame()[1]) == (9, ["y" * 1000])
+    assert tuple(P.decode_request(conn.recv_frame()[1])) == (9, ["y" * 1000])

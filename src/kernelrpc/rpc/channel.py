@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from ..errors import ConnectionLost, ProtocolError, RemoteError, RPCError, ServerCrashed, SessionTimeout
 from . import protocol as P
+from .protocol import decode_result, encode_call
 from .requests import OPTIONAL_OPS, Free, Op, Release, Shutdown
 from .transport import FramedSocket
 from .values import decode_values
@@ -27,11 +28,12 @@ from .values import decode_values
 _PROGRESS_CHUNK = 4 << 20
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
 _MAX_OPS_LISTED = 256
+_RETURN = P.RETURN
 
 
 def served_optional_ops(info: dict) -> frozenset:
     """The optional requests the server lists in its hello (none from servers that predate them)."""
-    listed = info.get("ops", ())
+    listed = info.get("ops", [])
     if not isinstance(listed, list) or len(listed) > _MAX_OPS_LISTED:
         raise ProtocolError("session hello reply: ops is not a short list")
     return frozenset(op for op in OPTIONAL_OPS if op.value in listed)
@@ -46,6 +48,7 @@ class Channel:
         self.address = where
         self.max_frame_bytes = int(info["max_frame_bytes"])
         self.ops = served_optional_ops(info)
+        self._release_op = Op.RELEASE in self.ops
         self.conn = FramedSocket(sock, self.max_frame_bytes, initial)
         self.timeout = float(info["session_timeout"])
         self.deadline = time.monotonic() + self.timeout if self.timeout else None
@@ -71,22 +74,34 @@ class Channel:
 
     def call(self, function_id: int, args) -> object:
         """Call a remote function with wire-value ``args``; its result as a wire value."""
-        frame = P.encode_call(function_id, args)
+        frame = encode_call(function_id, args)
         if len(frame) > self.max_frame_bytes:
             raise ValueError(f"the arguments of this call take {len(frame)} bytes, more than the "
                              f"server's frame limit of {self.max_frame_bytes} bytes; pass large "
                              "arrays as remote tensors (sess.empty(...).copyfrom(array))")
-        return P.decode_result(self._exchange(frame))
+        return decode_result(self._exchange(frame))
 
     def _exchange(self, frame: bytes) -> bytes:
         """Send an encoded request; the body of its RETURN reply."""
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
         try:
-            self._send(frame)
-            reply = self.receive()
-            if reply[0] != P.RETURN:
-                self._fail(reply, P.RETURN)
+            if self._released or self._closed:
+                frame = self._with_frees(frame)
+            conn = self.conn
+            try:
+                conn.sock.sendall(frame)
+            except OSError as exc:
+                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+            try:
+                reply = conn.recv_frame()
+            except (ConnectionLost, ProtocolError) as exc:
+                raise self._lost(exc) from None
+            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+                self.mark_closed()
+                raise
+            if reply[0] != _RETURN:
+                self._fail(reply, _RETURN)
         finally:
             lock.release()
         return reply[1]
@@ -206,7 +221,7 @@ class Channel:
         if self._closed:
             raise ConnectionLost(f"the session with {self.address} is closed")
         released, self._released = self._released, []
-        if Op.RELEASE in self.ops:
+        if self._release_op:
             return P.encode(Release(tuple(h.id for h in released))) + frame
         try:  # a server without RELEASE answers the FREE: read that reply before the request's
             self.conn.sock.sendall(P.encode(Free(tuple(released))))

@@ -95,6 +95,7 @@ class RPCSession(Converter):
 
     def __init__(self, sock: socket.socket, info: dict, where: str, initial: bytes = b"") -> None:
         self.channel = Channel(sock, info, where, initial, progress_min_bytes=PROGRESS_MIN_BYTES)
+        self._array_op = self.channel.serves(Op.ARRAY)
         self.info = info
         self.address = where
 
@@ -229,7 +230,7 @@ class RPCSession(Converter):
             shape = (shape,)
         dtype = getattr(dtype, "name", None) or str(dtype)
         device = DeviceValue(dev.device_type, dev.device_id)
-        if self.channel.serves(Op.ARRAY):
+        if self._array_op:
             (handle_id,) = self.channel.request(Array(list(shape), dtype, device, 0))
             return self._new_tensor(handle_id, shape, dtype, device, dev)
         (handle,) = self.channel.request(Empty(list(shape), dtype, device))
@@ -242,7 +243,7 @@ class RPCSession(Converter):
 
         array = np.require(source, requirements="C")
         dev = dev or self.cpu(0)
-        if not self.channel.serves(Op.ARRAY):
+        if not self._array_op:
             return self.empty(array.shape, array.dtype.name, dev).copyfrom(array)
         shape, dtype = tuple(array.shape), array.dtype.name
         nbytes_of(dtype, shape)  # a dtype the protocol carries, else ProtocolError here

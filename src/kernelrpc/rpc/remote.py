@@ -47,7 +47,11 @@ class Function(_Remote):
 
     def __call__(self, *args):
         session = self._session
-        result = self._channel.call(self._id, session.all_to_wire(args))
+        for arg in args:
+            if type(arg) not in PLAIN:
+                args = session.all_to_wire(args)
+                break
+        result = self._channel.call(self._id, args)
         return result if type(result) in PLAIN else session.from_wire(result)
 
     def __repr__(self) -> str:

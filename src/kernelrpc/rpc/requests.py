@@ -85,7 +85,11 @@ class GetFunction(NamedTuple):
 
 
 class Call(NamedTuple):
-    """Call a function; on the wire its handle (tag 11) comes first, then the arguments."""
+    """Call a function; on the wire its handle (tag 11) comes first, then the arguments.
+
+    ``args`` is a list, or a tuple holding one int or float when protocol.decode_call took the
+    one-unpack path (the server then skips converting it).
+    """
 
     function_id: int
     args: Annotated[tuple, Rest((WIRE_VALUE,))]
@@ -239,6 +243,9 @@ def _check(op: Op, field: _Field, value) -> None:
 
 
 _OP_BY_VALUE = {int(op): op for op in Op}
+_CALL = int(Op.CALL)
+_LAYOUT_OPS = frozenset({int(Op.EMPTY), int(Op.ARRAY)})  # ints: reading Op.X costs ~0.3 us a time
+_FIELDS_BY_VALUE = {int(op): fields for op, fields in _FIELDS.items()}
 
 
 def from_values(values_op: int, values: list):
@@ -246,11 +253,11 @@ def from_values(values_op: int, values: list):
     op = _OP_BY_VALUE.get(values_op)
     if op is None:
         raise ProtocolError(f"unknown request operation {values_op}")
-    if op == Op.CALL:
+    if values_op == _CALL:
         if not values or type(values[0]) is not FunctionHandle:
             raise ProtocolError("CALL needs a function handle first")
         return Call(values[0].id, values[1:])
-    fields = _FIELDS[op]
+    fields = _FIELDS_BY_VALUE[values_op]
     if fields and fields[-1].rest:
         fixed = len(fields) - 1
         if len(values) < fixed:
@@ -270,7 +277,7 @@ def from_values(values_op: int, values: list):
         _check(op, field, values[i])
         out.append(values[i])
     request = REQUEST_TYPES[op]._make(out)
-    if op in (Op.EMPTY, Op.ARRAY):
+    if values_op in _LAYOUT_OPS:
         try:
             check_layout(request.dtype, request.shape)
         except ProtocolError as exc:

@@ -18,7 +18,7 @@ import traceback
 from .. import runtime
 from ..errors import ConnectionLost, ProtocolError
 from ..rpc import protocol as P
-from ..rpc.convert import Converter, local_tensor
+from ..rpc.convert import PLAIN, Converter, local_tensor
 from ..rpc.requests import NO_REPLY, WITH_RAW_INPUT, Op
 from ..rpc.transport import FramedSocket
 from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
@@ -106,30 +106,39 @@ class SessionHandler:
         self.config = config
         self.handles = HandleTable()
         self._objects = self.handles.objects
+        self._checked = config.checked_tensors
         self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
         self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY and ARRAY made
-        self._handlers = {
+        self._handlers = {op.value: handler for op, handler in {
             Op.GET_GLOBAL: self._get_global, Op.LIST_GLOBALS: self._list_globals,
             Op.LOAD_MODULE: self._load_module, Op.GET_FUNCTION: self._get_function, Op.CALL: self._call,
             Op.FREE: self._free, Op.RELEASE: self._release, Op.EMPTY: self._empty, Op.ARRAY: self._array,
             Op.COPY_TO: self._copy_to, Op.COPY_FROM: self._copy_from, Op.UPLOAD: self._upload,
             Op.DOWNLOAD: self._download, Op.REMOVE: self._remove, Op.LISTDIR: self._listdir,
             Op.TIME_EVALUATOR: self._time_evaluator,
-        }
+        }.items()}  # keyed by int: an Op key costs a slower lookup per request
 
     def serve(self) -> None:
         """Answer requests until the client shuts the session down or disconnects."""
-        send, handlers, decode_request = self.conn.sock.sendall, self._handlers, P.decode_request
+        recv_frame, send = self.conn.recv_frame, self.conn.sock.sendall
+        handlers, decode_request, shutdown = self._handlers, P.decode_request, P.SHUTDOWN
+        call, decode_call, call_op = self._call, P.decode_call, P.CALL
         while True:
-            frame_type, body = self._next_frame()
+            try:
+                frame_type, body = recv_frame()
+            except ConnectionLost as exc:
+                frame_type, body = self._wait_for_frame(exc)
             if frame_type != P.REQUEST:
                 raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
             op = body[0] if body else 0
-            if op == Op.SHUTDOWN:
+            if op == shutdown:
                 return
             try:
-                request = decode_request(body)
-                reply = handlers[op](request)
+                if op == call_op:  # CALL without the general decoder and the table (docs/performance.md)
+                    reply = call(decode_call(body))
+                else:
+                    request = decode_request(body)  # first: it names an unknown op
+                    reply = handlers[op](request)
             except ConnectionLost:
                 raise
             except Exception as exc:  # reported to the client, the session goes on
@@ -140,20 +149,22 @@ class SessionHandler:
                 except OSError as exc:
                     raise ConnectionLost(f"connection lost while sending: {exc}") from exc
 
-    def _next_frame(self) -> tuple[int, bytes]:
-        """The next frame; waits at most the idle timeout for it, one socket timeout at a time
-        (a frame that stalls once begun ends the session at the first one)."""
-        waiting_since = time.monotonic()
+    def _wait_for_frame(self, exc: ConnectionLost) -> tuple[int, bytes]:
+        """After a receive timed out: wait for the next frame up to the idle timeout, one socket
+        timeout at a time (a frame that stalls once begun ends the session at the first one)."""
+        timeout = self.config.socket_timeout()
+        waiting_since = time.monotonic() - timeout   # the receive that timed out waited that long
         while True:
+            if not socket_timed_out(exc) or self.conn.reader.pending:
+                raise exc
+            idle = time.monotonic() - waiting_since
+            if self.config.idle_timeout and idle >= self.config.idle_timeout:
+                raise SessionIdle(f"no request for {idle:.0f} s; the server ended the session "
+                                  "(its --idle-timeout)") from None
             try:
                 return self.conn.recv_frame()
-            except ConnectionLost as exc:
-                if not socket_timed_out(exc) or self.conn.reader.pending:
-                    raise
-                idle = time.monotonic() - waiting_since
-                if self.config.idle_timeout and idle >= self.config.idle_timeout:
-                    raise SessionIdle(f"no request for {idle:.0f} s; the server ended the session "
-                                      "(its --idle-timeout)") from None
+            except ConnectionLost as again:
+                exc = again
 
     def _error_reply(self, op: int, body: bytes, exc: Exception) -> bytes | None:
         """The ERROR frame for a failed request, after dropping any raw bytes that followed it."""
@@ -182,12 +193,16 @@ class SessionHandler:
     # ------------------------------------------------------------ operations
 
     def _call(self, request):
-        func = self.handles.lookup(request.function_id, object, "function")
-        args = self.handles.all_from_wire(request.args)
+        function_id, args = request
+        func = self._objects.get(function_id)
+        if func is None:
+            raise LookupError(f"no function with handle {function_id} in this session (freed already?)")
+        if type(args) is not tuple:  # a tuple is decode_call's one int or float argument
+            args = self.handles.all_from_wire(args)
         result = func(*args)
-        if self.config.checked_tensors:
+        if self._checked:
             canary.check_arguments(args)
-        return P.encode_result(self.handles.to_wire(result))
+        return P.encode_result(result if type(result) in PLAIN else self.handles.to_wire(result))
 
     def _get_global(self, request):
         func = self._session_functions().get(request.name) or registry.get(request.name)

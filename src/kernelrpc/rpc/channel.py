@@ -109,7 +109,7 @@ class Channel:
     def request_with_raw(self, request, view: memoryview, describe) -> list:
         """Send ``request`` followed by the raw bytes of ``view`` (in pieces under a progress bar
         when the transfer is worth one); the values of the RETURN reply."""
-        bar = self._transfer_bar(view.nbytes, describe)
+        bar = self._transfer_bar(view.nbytes, describe) if view.nbytes >= self.progress_min_bytes else None
         with self._lock:
             if bar is None:
                 self._send(P.encode(request), view)

@@ -57,6 +57,8 @@ class TensorHandle:
     dtype: str
     shape: tuple[int, ...]
     device: DeviceValue
+    #: The handle's encoding, kept by the encoder: a tensor is sent with every copy and kernel call.
+    wire: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 _U8 = struct.Struct("<B")
@@ -210,8 +212,13 @@ def _enc_function(value, parts, depth):
 
 
 def _enc_tensor_handle(value, parts, depth):
-    parts.append(_TAG_U64.pack(T_TENSOR_HANDLE, value.id))
-    _layout(value.dtype, value.shape, value.device, parts)
+    wire = value.wire
+    if wire is None:
+        own = [_TAG_U64.pack(T_TENSOR_HANDLE, value.id)]
+        _layout(value.dtype, value.shape, value.device, own)
+        wire = b"".join(own)
+        object.__setattr__(value, "wire", wire)  # frozen: the cache is the only field set later
+    parts.append(wire)
 
 
 _ENCODERS = {

@@ -107,6 +107,8 @@ class SessionHandler:
         self.handles = HandleTable()
         self._objects = self.handles.objects
         self._checked = config.checked_tensors
+        #: Globals that look at this session (handle leaks show up here during long runs).
+        self._session_globals = {"session.live_handles": lambda: len(self._objects) - 1}  # minus itself
         self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
         self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY and ARRAY made
         self._handlers = {op.value: handler for op, handler in {
@@ -205,15 +207,11 @@ class SessionHandler:
         return P.encode_result(result if type(result) in PLAIN else self.handles.to_wire(result))
 
     def _get_global(self, request):
-        func = self._session_functions().get(request.name) or registry.get(request.name)
+        func = self._session_globals.get(request.name) or registry.get(request.name)
         return P.encode_return([FunctionHandle(self.handles.put(func))])
 
     def _list_globals(self, request):
-        return P.encode_return([sorted([*registry.names(), *self._session_functions()])])
-
-    def _session_functions(self) -> dict:
-        """Globals that look at this session (handle leaks show up here during long runs)."""
-        return {"session.live_handles": lambda: len(self._objects) - 1}  # minus this function
+        return P.encode_return([sorted([*registry.names(), *self._session_globals])])
 
     def _load_module(self, request):
         module = runtime.load_module(str(self.workspace.existing_file(request.name)))

@@ -1,8 +1,9 @@
-"""The CALL codec and the one-read frame path agree with the general codec, on every input.
+"""The fast paths agree with the general codec they mirror, on every input.
 
-``encode_call``/``decode_call``, ``decode_result`` (with its one-int shortcut) and
-``FrameReader.whole_frame`` exist for speed (docs/performance.md); these differential tests
-pin each of them to the general path it mirrors.
+``encode_call``/``decode_call``/``encode_result``/``decode_result`` (with their one-pack scalar
+cases), ``decode_call_frame``/``decode_result_frame`` (a whole frame straight from one read) and
+``FrameReader.whole_frame`` exist for speed (docs/performance.md); these differential tests pin
+each of them to the general path.
 """
 import math
 from enum import IntEnum
@@ -96,11 +97,34 @@ def damaged_frames(draw):
     return bytes(frame)
 
 
+def general_whole_frame(data: bytes):
+    """The one frame the general reader finds in ``data``, or None (partial, several, bad)."""
+    reader = P.FrameReader(MAX_FRAME)
+    try:
+        reader.feed(data)
+        frame = reader.next_frame()
+    except ProtocolError:
+        return None
+    return None if reader.pending else frame
+
+
 def check_agrees(data: bytes) -> None:
     body = data[P.HEADER_SIZE:]
     if body and body[0] == P.CALL:
         assert outcome(P.decode_call, body) == outcome(general_call, body)
     assert outcome(P.decode_result, body) == outcome(decode_single, body)
+    general_frame = general_whole_frame(data)
+    fast_call = outcome(lambda d: P.decode_call_frame(d, MAX_FRAME), data)
+    if fast_call == repr(None):  # left to the general path: then it is not one valid CALL frame
+        assert general_frame is None or general_frame[0] != P.REQUEST or general_frame[1][:1] != bytes([P.CALL]) \
+            or outcome(P.decode_call, general_frame[1]) is ProtocolError
+    else:
+        assert general_frame is not None and fast_call == outcome(P.decode_call, general_frame[1])
+    fast_result = outcome(lambda d: P.decode_result_frame(d, MAX_FRAME), data)
+    if fast_result == repr(P.NOT_ONE_FRAME):
+        assert general_frame is None or general_frame[0] != P.RETURN
+    else:
+        assert general_frame is not None and fast_result == outcome(P.decode_result, general_frame[1])
     reader = P.FrameReader(MAX_FRAME)
     whole = reader.whole_frame(data)
     try:
@@ -125,3 +149,16 @@ def test_whole_frame_leaves_everything_but_one_frame_to_the_reader():
     assert reader.whole_frame(call) == (P.REQUEST, call[P.HEADER_SIZE:])
     for data in (call[:-1], call + call, call + b"\0", b"", call[:4], P.encode_call(3, ["x" * MAX_FRAME])):
         assert reader.whole_frame(data) is None
+
+
+def test_the_one_read_decoders_leave_everything_but_one_frame_to_the_general_path():
+    call, result = P.encode_call(3, [1]), P.encode_result(1)
+    assert P.decode_call_frame(call, MAX_FRAME) == (3, (1,))
+    assert P.decode_result_frame(result, MAX_FRAME) == 1
+    for data in (call[:-1], call + call, call + b"\0", result, b"", call[:4],
+                 P.encode_request(P.FREE, [FunctionHandle(3)])):
+        assert P.decode_call_frame(data, MAX_FRAME) is None
+    for data in (result[:-1], result + result, result + b"\0", call, P.encode_error("E", "m"), b""):
+        assert P.decode_result_frame(data, MAX_FRAME) is P.NOT_ONE_FRAME
+    with pytest.raises(ProtocolError):
+        P.decode_call_frame(P.encode_request(P.CALL, [1, 1]), MAX_FRAME)

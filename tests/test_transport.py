@@ -21,6 +21,21 @@ def test_a_small_frame_arrives_in_one_read(pair):
     frame = conn.recv_frame()
     assert frame.type == P.RETURN and P.decode_result(frame.body) == 7
     assert conn.reader.pending == 0
+    sender.sendall(P.encode_result(8))
+    chunk = conn.recv_chunk()
+    assert P.decode_result_frame(chunk, P.DEFAULT_MAX_FRAME_BYTES) == 8
+
+
+def test_a_chunk_handed_back_goes_through_the_reader(pair):
+    sender, conn = pair
+    reply = P.encode_result("x" * 200_000)
+    sender.sendall(reply + P.encode_result(1))
+    chunk = conn.recv_chunk()
+    assert len(chunk) < len(reply)
+    assert P.decode_result_frame(chunk, P.DEFAULT_MAX_FRAME_BYTES) is P.NOT_ONE_FRAME
+    assert P.decode_result(conn.recv_frame(chunk)[1]) == "x" * 200_000
+    assert conn.recv_chunk() is None  # the next frame is buffered: recv_frame takes it
+    assert P.decode_result(conn.recv_frame()[1]) == 1
 
 
 def test_a_frame_longer_than_the_first_read_and_the_frame_after_it(pair):

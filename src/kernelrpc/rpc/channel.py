@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from ..errors import ConnectionLost, ProtocolError, RemoteError, RPCError, ServerCrashed, SessionTimeout
 from . import protocol as P
-from .protocol import decode_result, encode_call
+from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame, encode_call
 from .requests import OPTIONAL_OPS, Free, Op, Release, Shutdown
 from .transport import FramedSocket
 from .values import decode_values
@@ -73,38 +73,55 @@ class Channel:
         return decode_values(self._exchange(P.encode(request)))
 
     def call(self, function_id: int, args) -> object:
-        """Call a remote function with wire-value ``args``; its result as a wire value."""
+        """Call a remote function with wire-value ``args``; its result as a wire value.
+
+        Fast path (docs/performance.md): a reply that arrives whole in one read is decoded
+        straight from it (protocol.decode_result_frame); anything else goes the general way.
+        """
         frame = encode_call(function_id, args)
         if len(frame) > self.max_frame_bytes:
             raise ValueError(f"the arguments of this call take {len(frame)} bytes, more than the "
                              f"server's frame limit of {self.max_frame_bytes} bytes; pass large "
                              "arrays as remote tensors (sess.empty(...).copyfrom(array))")
-        return decode_result(self._exchange(frame))
-
-    def _exchange(self, frame: bytes) -> bytes:
-        """Send an encoded request; the body of its RETURN reply."""
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
         try:
-            if self._released or self._closed:
-                frame = self._with_frees(frame)
-            conn = self.conn
-            try:
-                conn.sock.sendall(frame)
-            except OSError as exc:
-                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
-            try:
-                reply = conn.recv_frame()
-            except (ConnectionLost, ProtocolError) as exc:
-                raise self._lost(exc) from None
-            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
-                self.mark_closed()
-                raise
+            chunk = self._send_and_read(frame)
+            if chunk is not None:
+                result = decode_result_frame(chunk, self.max_frame_bytes)
+                if result is not NOT_ONE_FRAME:
+                    return result
+            reply = self._receive(chunk)
             if reply[0] != _RETURN:
                 self._fail(reply, _RETURN)
         finally:
             lock.release()
+        return decode_result(reply[1])
+
+    def _exchange(self, frame: bytes) -> bytes:
+        """Send an encoded request; the body of its RETURN reply."""
+        with self._lock:
+            reply = self._receive(self._send_and_read(frame))
+            if reply[0] != _RETURN:
+                self._fail(reply, _RETURN)
         return reply[1]
+
+    def _send_and_read(self, frame: bytes) -> bytes | None:
+        """Send a request frame (the queued frees in front) and make the first read of the reply."""
+        if self._released or self._closed:
+            frame = self._with_frees(frame)
+        conn = self.conn
+        try:
+            conn.sock.sendall(frame)
+        except OSError as exc:
+            raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+        try:
+            return conn.recv_chunk()
+        except ConnectionLost as exc:
+            raise self._lost(exc) from None
+        except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+            self.mark_closed()
+            raise
 
     def request_with_raw(self, request, view: memoryview, describe) -> list:
         """Send ``request`` followed by the raw bytes of ``view`` (in pieces under a progress bar
@@ -242,8 +259,11 @@ class Channel:
 
     def receive(self) -> tuple[int, bytes]:
         """The next reply frame ``(type, body)`` (for callers that sent a frame themselves)."""
+        return self._receive(None)
+
+    def _receive(self, chunk: bytes | None) -> tuple[int, bytes]:
         try:
-            return self.conn.recv_frame()
+            return self.conn.recv_frame(chunk)
         except (ConnectionLost, ProtocolError) as exc:
             raise self._lost(exc) from None
         except KeyboardInterrupt:  # the reply would arrive later and desync the stream

@@ -159,8 +159,6 @@ _CALL_BODY = struct.Struct("<BIBQ")    # op, value count, function handle (tag, 
 _CALL_HEAD = struct.Struct("<IB" + _CALL_BODY.format[1:])  # the same after the frame header
 _CALL_FIXED = _CALL_BODY.size
 _RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
-_INT_RESULT = struct.Struct("<IBq")   # a result body holding one int: count, tag, value
-_INT_RESULT_PREFIX = _INT_RESULT.pack(1, T_INT, 0)[:5]
 
 
 def encode(request) -> bytes:
@@ -191,14 +189,18 @@ def decode_request(body):
 # one for the whole message in the commonest case: no argument or one int or float, an int or
 # float result (the gains are in docs/performance.md).
 _SCALAR_LENGTH = 9  # an int or float value: tag and 8 bytes
-_CALL_INT = struct.Struct(_CALL_HEAD.format + "Bq")
+_CALL_INT = struct.Struct(_CALL_HEAD.format + "Bq")      # a whole CALL with one int argument
 _CALL_FLOAT = struct.Struct(_CALL_HEAD.format + "Bd")
-_CALL_BODY_INT = struct.Struct(_CALL_BODY.format + "Bq")
-_CALL_BODY_FLOAT = struct.Struct(_CALL_BODY.format + "Bd")
-_RESULT_INT = struct.Struct(_RESULT_HEAD.format + "Bq")
+_RESULT_INT = struct.Struct(_RESULT_HEAD.format + "Bq")  # a whole RETURN of one int
 _RESULT_FLOAT = struct.Struct(_RESULT_HEAD.format + "Bd")
+_ONE_INT = struct.Struct("<q")    # unpacks a scalar straight into the one-argument tuple
+_ONE_FLOAT = struct.Struct("<d")
 _SCALAR_CALL_LENGTH = _CALL_FIXED + _SCALAR_LENGTH
 _SCALAR_RESULT_LENGTH = 4 + _SCALAR_LENGTH
+_OP_OFFSET = HEADER_SIZE
+_ONE_VALUE = struct.pack("<I", 1)
+_RESULT_INT_PREFIX = _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, 0)[:HEADER_SIZE + 5]
+_RESULT_INT_PREFIX_SIZE = len(_RESULT_INT_PREFIX)
 
 
 def encode_call(function_id: int, args=()) -> bytes:
@@ -221,13 +223,6 @@ def encode_call(function_id: int, args=()) -> bytes:
 
 def decode_call(body: bytes) -> Call:
     """The Call in a CALL request body."""
-    if len(body) == _SCALAR_CALL_LENGTH:
-        tag = body[_CALL_FIXED]
-        if tag == T_INT or tag == T_FLOAT:
-            _, count, function_tag, function_id, _, value = \
-                (_CALL_BODY_INT if tag == T_INT else _CALL_BODY_FLOAT).unpack(body)
-            if count == 2 and function_tag == T_FUNCTION and body[0] == CALL:
-                return _tuple_new(Call, (function_id, (value,)))
     if len(body) < _CALL_FIXED or body[0] != CALL:
         if body and body[0] == CALL:
             raise ProtocolError("CALL needs a function handle first")
@@ -236,6 +231,30 @@ def decode_call(body: bytes) -> Call:
     if tag != T_FUNCTION or count == 0:
         raise ProtocolError("CALL needs a function handle first")
     return _tuple_new(Call, (function_id, decode_items(body, _CALL_FIXED, count - 1)))
+
+
+def decode_call_frame(data: bytes, max_frame_bytes: int) -> Call | None:
+    """Fast path: the Call in ``data`` if it is exactly one whole CALL frame, else None.
+
+    For the server's read that holds one request (what a measurement loop sends): it decodes
+    straight from the read, without the frame reader's buffer and a copy of the body. None leaves
+    everything else (part of a frame, several, another op, a bad header) to FrameReader and
+    decode_request, which judge it alike (tests/test_protocol_fastpath.py).
+    """
+    if len(data) < _CALL_HEAD.size or data[_OP_OFFSET] != CALL:
+        return None
+    length, frame_type, _, count, tag, function_id = _CALL_HEAD.unpack_from(data)
+    if length + HEADER_SIZE != len(data) or frame_type != REQUEST or length > max_frame_bytes:
+        return None
+    if tag != T_FUNCTION or count == 0:
+        raise ProtocolError("CALL needs a function handle first")
+    if length == _SCALAR_CALL_LENGTH and count == 2:
+        value_tag = data[_CALL_HEAD.size]
+        if value_tag == T_INT:
+            return _tuple_new(Call, (function_id, _ONE_INT.unpack_from(data, _CALL_HEAD.size + 1)))
+        if value_tag == T_FLOAT:
+            return _tuple_new(Call, (function_id, _ONE_FLOAT.unpack_from(data, _CALL_HEAD.size + 1)))
+    return _tuple_new(Call, (function_id, decode_items(data, _CALL_HEAD.size, count - 1)))
 
 
 def encode_result(value) -> bytes:
@@ -254,9 +273,29 @@ def encode_result(value) -> bytes:
 
 def decode_result(body: bytes):
     """The one value of a CALL's RETURN body."""
-    if len(body) == _INT_RESULT.size and body[:5] == _INT_RESULT_PREFIX:
-        return _INT_RESULT.unpack(body)[2]
+    if len(body) == _SCALAR_RESULT_LENGTH and body[4] == T_INT and body[:4] == _ONE_VALUE:
+        return _ONE_INT.unpack_from(body, 5)[0]
     return decode_single(body)
+
+
+NOT_ONE_FRAME = object()
+"""What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
+
+
+def decode_result_frame(data: bytes, max_frame_bytes: int):
+    """Fast path: the result in ``data`` if it is exactly one whole RETURN frame, else NOT_ONE_FRAME.
+
+    The client's counterpart of decode_call_frame: a malformed value in a whole RETURN frame
+    raises ProtocolError, as decode_result does.
+    """
+    if len(data) == _RESULT_INT.size and data[:_RESULT_INT_PREFIX_SIZE] == _RESULT_INT_PREFIX:
+        return _ONE_INT.unpack_from(data, _RESULT_INT_PREFIX_SIZE)[0]
+    if len(data) < HEADER_SIZE:
+        return NOT_ONE_FRAME
+    length, frame_type = _HEADER.unpack_from(data)
+    if length + HEADER_SIZE != len(data) or frame_type != RETURN or length > max_frame_bytes:
+        return NOT_ONE_FRAME
+    return decode_result(data[HEADER_SIZE:])
 
 
 def encode_return(values=()) -> bytes:

@@ -57,29 +57,44 @@ class FramedSocket:
         except OSError as exc:
             raise ConnectionLost(f"connection lost while sending: {exc}") from exc
 
-    def recv_frame(self) -> tuple[int, bytes]:
-        """The next frame as ``(type, body)``.
+    def recv_chunk(self) -> bytes | None:
+        """One small read (``_FIRST_READ``) straight from the socket, or None while frame bytes
+        are buffered (``recv_frame`` must take those first).
 
-        With nothing buffered, the first read is small (``_FIRST_READ``): a request or reply of a
-        measurement loop arrives whole in it and is taken as it is (``FrameReader.whole_frame``);
-        anything else goes through the reader, a frame longer than the read at one more read.
+        The first read of every frame. A request or reply of a measurement loop arrives whole in
+        it; a caller with a fast decoder for that case (protocol.decode_call_frame,
+        decode_result_frame) decodes the chunk itself, and hands anything else back with
+        ``recv_frame(chunk)``.
         """
-        reader = self.reader
-        if reader.pending:
-            frame = reader.next_frame()
-            if frame is not None:
-                return frame
+        if self.reader.pending:
+            return None
         try:
-            data = self.sock.recv(_RECV_CHUNK if reader.pending else _FIRST_READ)
+            data = self.sock.recv(_FIRST_READ)
         except OSError as exc:
             raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
         if not data:
             raise ConnectionLost("the peer closed the connection")
-        if not reader.pending:
-            frame = reader.whole_frame(data)
+        return data
+
+    def recv_frame(self, chunk: bytes | None = None) -> tuple[int, bytes]:
+        """The next frame as ``(type, body)``; ``chunk`` is what recv_chunk returned, if called.
+
+        A frame that arrives whole in the first read is taken as it is
+        (``FrameReader.whole_frame``); anything else goes through the reader, a frame longer
+        than the read at one more read.
+        """
+        reader = self.reader
+        if chunk is None:
+            if reader.pending:
+                frame = reader.next_frame()
+                if frame is not None:
+                    return frame
+            chunk = self.recv_chunk() if not reader.pending else None
+        if chunk is not None:
+            frame = reader.whole_frame(chunk)
             if frame is not None:
                 return frame
-        reader.feed(data)
+            reader.feed(chunk)
         while True:
             frame = reader.next_frame()
             if frame is not None:

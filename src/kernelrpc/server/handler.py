@@ -121,26 +121,44 @@ class SessionHandler:
         }.items()}  # keyed by int: an Op key costs a slower lookup per request
 
     def serve(self) -> None:
-        """Answer requests until the client shuts the session down or disconnects."""
-        recv_frame, send = self.conn.recv_frame, self.conn.sock.sendall
+        """Answer requests until the client shuts the session down or disconnects.
+
+        Fast path (docs/performance.md): a CALL that arrives whole in one read is decoded
+        straight from it (protocol.decode_call_frame) and goes to ``_call`` without the table.
+        """
+        conn = self.conn
+        recv_chunk, recv_frame, send = conn.recv_chunk, conn.recv_frame, conn.sock.sendall
         handlers, decode_request, shutdown = self._handlers, P.decode_request, P.SHUTDOWN
-        call, decode_call, call_op = self._call, P.decode_call, P.CALL
+        call, decode_call_frame, max_frame_bytes = self._call, P.decode_call_frame, self.config.max_frame_bytes
         while True:
             try:
-                frame_type, body = recv_frame()
+                chunk = recv_chunk()
             except ConnectionLost as exc:
+                chunk = None
                 frame_type, body = self._wait_for_frame(exc)
+            else:
+                request = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
+                if request is not None:
+                    try:
+                        reply = call(request)
+                    except ConnectionLost:
+                        raise
+                    except Exception as exc:  # reported to the client, the session goes on
+                        reply = self._error_reply(P.CALL, b"", exc)
+                    try:
+                        send(reply)
+                    except OSError as exc:
+                        raise ConnectionLost(f"connection lost while sending: {exc}") from exc
+                    continue
+                frame_type, body = recv_frame(chunk)
             if frame_type != P.REQUEST:
                 raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
             op = body[0] if body else 0
             if op == shutdown:
                 return
             try:
-                if op == call_op:  # CALL without the general decoder and the table (docs/performance.md)
-                    reply = call(decode_call(body))
-                else:
-                    request = decode_request(body)  # first: it names an unknown op
-                    reply = handlers[op](request)
+                request = decode_request(body)  # first: it names an unknown op
+                reply = handlers[op](request)
             except ConnectionLost:
                 raise
             except Exception as exc:  # reported to the client, the session goes on

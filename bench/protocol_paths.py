@@ -17,15 +17,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernelrpc.rpc import protocol as P  # noqa: E402
-from kernelrpc.rpc.requests import Call, from_values  # noqa: E402
-from kernelrpc.rpc.values import FunctionHandle, decode_single, decode_values  # noqa: E402
+from kernelrpc.rpc.requests import from_values  # noqa: E402
+from kernelrpc.rpc.values import FunctionHandle, decode_values  # noqa: E402
 
 
 def pairs():
     call = P.encode_call(3, (1,))
     body = call[P.HEADER_SIZE:]
     result = P.encode_result(1)
-    result_body = result[P.HEADER_SIZE:]
 
     def reassembled():
         reader = P.FrameReader()
@@ -37,9 +36,13 @@ def pairs():
            lambda: P.encode_request(P.CALL, [FunctionHandle(3), 1]))
     yield ("decode CALL echo(1)", lambda: P.decode_call(body), lambda: from_values(body[0], decode_values(body, 1)))
     yield ("encode RETURN 1", lambda: P.encode_result(1), lambda: P.encode_return([1]))
-    yield ("decode RETURN 1", lambda: P.decode_result(result_body), lambda: decode_single(result_body))
     yield ("frame from one read", lambda: one_read.whole_frame(result), reassembled)
-    yield ("typed CALL (encode(Call))", lambda: P.encode(Call(3, (1,))), lambda: P.encode_call(3, (1,)))
+    yield ("CALL frame from one read", lambda: P.decode_call_frame(call, 1 << 20),
+           lambda: P.decode_call(one_read.whole_frame(call)[1]))
+    yield ("RETURN frame from one read", lambda: P.decode_result_frame(result, 1 << 20),
+           lambda: P.decode_result(one_read.whole_frame(result)[1]))
+    yield ("encode CALL echo('x')", lambda: P.encode_call(3, ("x",)),
+           lambda: P.encode_request(P.CALL, [FunctionHandle(3), "x"]))
 
 
 def main() -> None:

@@ -198,7 +198,6 @@ _ONE_FLOAT = struct.Struct("<d")
 _SCALAR_CALL_LENGTH = _CALL_FIXED + _SCALAR_LENGTH
 _SCALAR_RESULT_LENGTH = 4 + _SCALAR_LENGTH
 _OP_OFFSET = HEADER_SIZE
-_ONE_VALUE = struct.pack("<I", 1)
 _RESULT_INT_PREFIX = _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, 0)[:HEADER_SIZE + 5]
 _RESULT_INT_PREFIX_SIZE = len(_RESULT_INT_PREFIX)
 
@@ -271,11 +270,8 @@ def encode_result(value) -> bytes:
     return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
 
 
-def decode_result(body: bytes):
-    """The one value of a CALL's RETURN body."""
-    if len(body) == _SCALAR_RESULT_LENGTH and body[4] == T_INT and body[:4] == _ONE_VALUE:
-        return _ONE_INT.unpack_from(body, 5)[0]
-    return decode_single(body)
+decode_result = decode_single
+"""The one value of a CALL's RETURN body (a shortcut for one int here gained ~50 ns: folded back)."""
 
 
 NOT_ONE_FRAME = object()

@@ -25,9 +25,7 @@ from ..errors import ProtocolError, VersionMismatch
 from .requests import OP_OF, OPTIONAL_OPS, WITH_RAW_INPUT, Call, Op, from_values, to_values
 from .values import T_FLOAT, T_FUNCTION, T_INT, decode_items, decode_single, decode_values, encode_items, encode_values
 
-PROTOCOL_NAME = "kernelrpc"
-PROTOCOL_VERSION = 1
-VERSION_STRING = f"{PROTOCOL_NAME}/{PROTOCOL_VERSION}"
+from .version import PROTOCOL_NAME, PROTOCOL_VERSION, VERSION_STRING  # noqa: E402,F401 (re-exported)
 
 DEFAULT_MAX_FRAME_BYTES = 64 << 20
 MIN_MAX_FRAME_BYTES = 4096

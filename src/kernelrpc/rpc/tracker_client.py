@@ -20,7 +20,7 @@ from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, Hands
 from . import handshake as H
 from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
 from .backoff import Backoff
-from .protocol import VERSION_STRING
+from .version import VERSION_STRING
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 log = logging.getLogger(__name__)

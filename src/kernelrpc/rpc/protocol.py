@@ -18,7 +18,6 @@ import dataclasses
 import json
 import re
 import struct
-from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..errors import ProtocolError, VersionMismatch

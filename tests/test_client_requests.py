@@ -121,3 +121,11 @@ def test_the_hello_ops_list_is_checked():
         channel_module.served_optional_ops({"ops": "16"})
     with pytest.raises(kernelrpc.ProtocolError, match="ops"):
         channel_module.served_optional_ops({"ops": list(range(1000))})
+
+
+def test_a_whole_call_frame_without_a_function_handle_is_an_error_reply(session):
+    with pytest.raises(kernelrpc.RemoteError, match="CALL needs a function handle"):
+        send_raw_request(session, P.encode_request(P.CALL, [1, 2]))  # one whole frame: the fast path
+    with pytest.raises(kernelrpc.RemoteError, match="no function with handle"):
+        send_raw_request(session, P.encode_call(10**9, [1]))
+    assert_goes_on(session)

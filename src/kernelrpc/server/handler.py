@@ -137,14 +137,14 @@ class SessionHandler:
                 chunk = None
                 frame_type, body = self._wait_for_frame(exc)
             else:
-                request = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
+                try:
+                    request = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
+                    reply = None if request is None else call(request)
+                except ConnectionLost:
+                    raise
+                except Exception as exc:  # reported to the client, the session goes on
+                    request, reply = True, self._error_reply(P.CALL, b"", exc)
                 if request is not None:
-                    try:
-                        reply = call(request)
-                    except ConnectionLost:
-                        raise
-                    except Exception as exc:  # reported to the client, the session goes on
-                        reply = self._error_reply(P.CALL, b"", exc)
                     try:
                         send(reply)
                     except OSError as exc:

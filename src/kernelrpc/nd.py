@@ -37,7 +37,7 @@ def array(source, device: Device | None = None):
     contiguous = np.require(array_, requirements="C")   # ascontiguousarray makes 0-d 1-d
     device = _device(device)
     if device.session is not None:     # allocated and filled in one request where the server can
-        return device.session.array(contiguous.astype(dtype.name, copy=False), device)
+        return device.session.array(contiguous, device)
     tensor = empty(array_.shape, dtype, device)
     tensor.copyfrom(contiguous)
     return tensor

@@ -4,7 +4,10 @@
                                        [--pin same|split|none]
 
 Prints the round trip of a trivial remote call (``testing.echo(1)``) next to a
-raw ping-pong of about the same size, and tensor copy bandwidth in both
+raw ping-pong of about the same size, the small session operations a tuner
+repeats (allocate and fill a tiny tensor, look up and drop a function, the
+first call on a new session, a whole ``time_evaluator`` call, the first
+``connect_tracker()`` of a process), and tensor copy bandwidth in both
 directions (1, 16, 64 MiB) next to raw socket throughput; with the ratios. When
 apache-tvm is importable, TVM's RPC is measured too, for reference.
 
@@ -31,6 +34,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -209,7 +213,7 @@ def start_tvm():
     deadline = time.monotonic() + 20
     while True:  # TVM's server prints its "bind to" line before it listens
         try:
-            return proc, tvm_rpc.connect(*addr)
+            return proc, tvm_rpc.connect(*addr), addr
         except Exception:
             if time.monotonic() > deadline:
                 stop(proc)
@@ -230,6 +234,179 @@ def tvm_copies(sess) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- small session operations
+
+ADDONE_ELEMENTS = 1
+
+
+def build_addone(directory: str) -> str:
+    """A 1-element kernel exported by kernelrpc, for the whole time_evaluator call."""
+    import kernelrpc
+    from kernelrpc import te
+
+    a = te.placeholder((ADDONE_ELEMENTS,), name="A")
+    b = te.compute((ADDONE_ELEMENTS,), lambda i: a[i] + 1.0, name="B")
+    path = os.path.join(directory, "addone.so")
+    kernelrpc.build(te.create_schedule(b.op), [a, b], target="llvm", name="addone").export_library(path)
+    return path
+
+
+def build_tvm_addone(directory: str) -> str | None:
+    """The same kernel exported by TVM, or None (logged) when this TVM cannot build it."""
+    try:
+        import tvm
+        from tvm import te
+
+        a = te.placeholder((ADDONE_ELEMENTS,), "float32", "A")
+        b = te.compute((ADDONE_ELEMENTS,), lambda i: a[i] + 1.0, name="B")
+        mod = tvm.compile(te.create_prim_func([a, b]).with_attr("global_symbol", "addone"), target="llvm")
+        path = os.path.join(directory, "tvm_addone.so")
+        mod.export_library(path)
+        return path
+    except Exception as exc:  # noqa: BLE001 - a reference row, printed as missing
+        print(f"(TVM cannot build the time_evaluator kernel here: {exc})", file=sys.stderr)
+        return None
+
+
+def ours_ops(sess, addr, library: str) -> dict:
+    """The small operations of kernelrpc, each a callable timed on its own."""
+    dev = sess.cpu(0)
+    four_bytes = np.ones(1, dtype="float32")
+    sess.upload(library, "addone.so")
+    mod = sess.load_module("addone.so")
+    a, b = nd.array(np.zeros(ADDONE_ELEMENTS, "float32"), dev), nd.empty((ADDONE_ELEMENTS,), "float32", dev)
+    evaluator = mod.time_evaluator("addone", dev, number=100, repeat=20)
+
+    def first_call():
+        with rpc.connect(*addr) as fresh:
+            t0 = time.perf_counter()
+            fresh.get_function("testing.echo")(1)
+            return time.perf_counter() - t0
+
+    return {
+        "nd.array(4 B) + free": lambda: nd.array(four_bytes, dev),
+        "empty + copyfrom 4 B": lambda: sess.empty((1,), "float32", dev).copyfrom(four_bytes),
+        "get_function + free": lambda: sess.get_function("testing.echo"),
+        "time_evaluator(100, 20)": lambda: evaluator(a, b),
+        "first get_function+call": first_call,
+    }
+
+
+def tvm_ops(sess, addr, library: str | None) -> dict:
+    """The same operations through TVM; ``addr`` is a second TVM server for the fresh sessions."""
+    import tvm
+    from tvm import rpc as tvm_rpc
+
+    dev = sess.cpu(0)
+    four_bytes = np.ones(1, dtype="float32")
+
+    def first_call():
+        fresh = tvm_rpc.connect(*addr)
+        t0 = time.perf_counter()
+        fresh.get_function("testing.echo")(1)
+        elapsed = time.perf_counter() - t0
+        del fresh
+        return elapsed
+
+    ops = {
+        "nd.array(4 B) + free": lambda: tvm.runtime.tensor(four_bytes, dev),
+        "empty + copyfrom 4 B": lambda: tvm.runtime.empty((1,), "float32", dev).copyfrom(four_bytes),
+        "get_function + free": lambda: sess.get_function("testing.echo"),
+        "first get_function+call": first_call,
+    }
+    if library:
+        sess.upload(library, "tvm_addone.so")
+        mod = sess.load_module("tvm_addone.so")
+        a = tvm.runtime.tensor(np.zeros(ADDONE_ELEMENTS, "float32"), dev)
+        b = tvm.runtime.empty((ADDONE_ELEMENTS,), "float32", dev)
+        evaluator = mod.time_evaluator("addone", dev, number=100, repeat=20)
+        ops["time_evaluator(100, 20)"] = lambda: evaluator(a, b)
+    return ops
+
+
+SELF_TIMED = {"first get_function+call"}  # returns its own time (the connect is not part of it)
+
+
+def time_ops(contenders: dict[str, dict], calls: int, block: int) -> dict[str, dict[str, list[float]]]:
+    """Per operation, samples of each contender, in interleaved blocks (rotating who goes first)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    names = list(contenders)
+    for op in contenders[names[0]]:
+        have = [name for name in names if op in contenders[name]]
+        n = max(20, calls // 40) if op in SELF_TIMED else max(100, calls // 10)
+        if op.startswith("time_evaluator"):
+            n = max(20, calls // 200)
+        step = max(1, min(block, n // 4))
+        samples = {name: [] for name in have}
+        for name in have:  # warm-up
+            for _ in range(min(step, 10)):
+                contenders[name][op]()
+        for b in range(max(1, n // step)):
+            for i in range(len(have)):
+                name = have[(b + i) % len(have)]
+                fn = contenders[name][op]
+                for _ in range(step):
+                    if op in SELF_TIMED:
+                        samples[name].append(fn())
+                    else:
+                        t0 = time.perf_counter()
+                        fn()
+                        samples[name].append(time.perf_counter() - t0)
+        out[op] = samples
+    return out
+
+
+FIRST_TRACKER = r"""
+import sys, time
+if sys.argv[1] == "tvm":
+    from tvm import rpc
+else:
+    from kernelrpc import rpc
+t0 = time.perf_counter()
+session = rpc.connect_tracker("127.0.0.1", int(sys.argv[2]))
+print(time.perf_counter() - t0)
+"""
+
+
+def first_connect_tracker(tvm_available: bool, env, rounds: int) -> dict[str, list[float]]:
+    """Seconds of the first ``connect_tracker()`` in a fresh interpreter (after ``from ... import rpc``)."""
+    procs = []
+    try:
+        ours, (_, port) = start([sys.executable, "-m", "kernelrpc.tracker", "--port", "0"],
+                                r"listening on (\S+):(\d+)", env)
+        procs.append(ours)
+        ports = {"kernelrpc": port}
+        if tvm_available:
+            theirs, (_, tport) = start([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                                        "--port", "9190", "--port-end", "9290"], r"bind to (\S+):(\d+)")
+            procs.append(theirs)
+            ports["apache-tvm"] = tport
+            time.sleep(1.0)  # TVM's tracker prints before it listens
+        out = {name: [] for name in ports}
+        for _ in range(rounds):
+            for name, p in ports.items():
+                run = subprocess.run([sys.executable, "-c", FIRST_TRACKER, "tvm" if name == "apache-tvm" else "ours",
+                                      str(p)], capture_output=True, text=True, env=env, timeout=60,
+                                     preexec_fn=_pin_server)
+                if run.returncode == 0:
+                    out[name].append(float(run.stdout.split()[-1]))
+        return out
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def print_ops(samples: dict[str, dict[str, list[float]]]) -> None:
+    print("Small session operations (medians; ratio = kernelrpc / apache-tvm)")
+    print(f"{'':28}{'kernelrpc us':>14}{'apache-tvm us':>15}{'ratio':>8}")
+    for op, per in samples.items():
+        ours = statistics.median(per["kernelrpc"]) * 1e6 if per.get("kernelrpc") else None
+        theirs = statistics.median(per["apache-tvm"]) * 1e6 if per.get("apache-tvm") else None
+        line = f"{op:28}{ours:14.1f}" if ours is not None else f"{op:28}{'-':>14}"
+        line += f"{theirs:15.1f}{ours / theirs:7.2f}x" if theirs and ours else f"{'-':>15}{'':8}"
+        print(line)
+
+
 PLACEMENT = {
     "same": "client and all servers pinned to CPU {client} (no cross-CPU wake-ups; the same for all rows)",
     "split": "client pinned to CPU {client}, all servers to CPU {server} (cross-CPU wake-ups; the same for all rows)",
@@ -243,6 +420,8 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=100, help="calls per interleaved block (default 100)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-tvm", action="store_true")
+    parser.add_argument("--tracker-rounds", type=int, default=5,
+                        help="fresh interpreters timed for the first connect_tracker() row (default 5)")
     parser.add_argument("--pin", choices=("none", "same", "split"), default="same",
                         help="CPU placement of client and servers: as the scheduler likes, all on one "
                              "CPU, or client and servers on different CPUs (cross-CPU wake-ups)")
@@ -258,7 +437,8 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     procs = []
     try:
-        server, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--log-level", "WARNING"],
+        server, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--log-level", "WARNING",
+                              "--max-sessions", "2"],  # the first-call row opens sessions beside the held one
                              r"listening on (\S+):(\d+)", env)
         procs.append(server)
         raw, raw_addr = start([sys.executable, "-c", RAW_SERVER], r"listening on (\S+):(\d+)")
@@ -266,12 +446,21 @@ def main() -> None:
         tvm = None if args.no_tvm else start_tvm()
         if tvm:
             procs.append(tvm[0])
+            fresh_proc, probe, tvm_addr = start_tvm()  # TVM serves one session at a time: the first-call row's
+            procs.append(fresh_proc)
+            del probe  # ends the probe session, so the first-call row finds this server free
         raw_sock, ping = raw_pinger(raw_addr)
         with raw_sock, rpc.connect(*addr) as sess:
             contenders = {"raw Python TCP": ping, "kernelrpc echo(1)": partial(sess.get_function("testing.echo"), 1)}
             if tvm:
                 contenders["apache-tvm echo(1)"] = partial(tvm[1].get_function("testing.echo"), 1)
             rtt, block_ratios = round_trips(contenders, args.calls, args.block)
+        with tempfile.TemporaryDirectory() as tmp, rpc.connect(*addr) as sess:
+            ops = {"kernelrpc": ours_ops(sess, addr, build_addone(tmp))}
+            if tvm:
+                ops["apache-tvm"] = tvm_ops(tvm[1], tvm_addr, build_tvm_addone(tmp))
+            op_samples = time_ops(ops, args.calls, args.block)
+        op_samples["first connect_tracker()"] = first_connect_tracker(bool(tvm), env, args.tracker_rounds)
         raw_copies, ours = copies(raw_addr, addr, args.repeat)
         tvm_copy = tvm_copies(tvm[1]) if tvm else {}
     finally:
@@ -290,6 +479,8 @@ def main() -> None:
         deciles = statistics.quantiles(ratios, n=10)
         spread = f"{deciles[0]:.2f}-{deciles[-1]:.2f}x"
         print(f"{name:24}{med:12.1f}{p99:10.1f}{med / raw_med:13.2f}x{spread:>22}")
+    print()
+    print_ops(op_samples)
     print()
     print(f"Tensor copy bandwidth (best of {args.repeat}, raw and kernelrpc alternating; "
           "raw = loopback TCP into a preallocated buffer)")

@@ -83,7 +83,7 @@ def test_calling_a_freed_function_is_a_remote_error_and_the_session_goes_on(sess
     from kernelrpc.rpc import protocol as P
 
     echo = session.get_function("testing.echo")
-    session._request(P.FREE, [echo._handle])
+    session.channel.free(echo._handle)
     with pytest.raises(kernelrpc.RemoteError, match="freed") as info:
         echo(1)
     assert info.value.type_name == "LookupError"
@@ -138,7 +138,7 @@ def test_refused_copy_keeps_the_stream_in_step(session):
     from kernelrpc.rpc import protocol as P
 
     tensor = nd.empty((1000,), "float32", session.cpu(0))
-    session._request(P.FREE, [tensor._handle])
+    session.channel.free(tensor._handle)
     with pytest.raises(kernelrpc.RemoteError, match="freed"):
         tensor.copyfrom(np.ones(1000, "float32"))  # 4000 raw bytes follow the refused request
     assert session.get_function("testing.echo")("in step") == "in step"

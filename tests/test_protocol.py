@@ -38,9 +38,9 @@ def test_values_round_trip(items):
     assert decode_values(encode_values(items)) == items
 
 
-@given(st.sampled_from(sorted(P.OPS)), st.lists(values, max_size=4))
-def test_requests_round_trip_through_the_frame_reader(op, args):
-    data = P.encode_request(op, args) + P.encode_return(args)
+@given(st.lists(values, max_size=4))
+def test_frames_round_trip_through_the_frame_reader_in_any_chunking(args):
+    data = P.encode_call(3, args) + P.encode_return(args)
     reader = P.FrameReader()
     frames = []
     for i in range(0, len(data), 7):  # arbitrary chunking must not matter
@@ -48,7 +48,8 @@ def test_requests_round_trip_through_the_frame_reader(op, args):
         while (frame := reader.next_frame()) is not None:
             frames.append(frame)
     assert [f.type for f in frames] == [P.REQUEST, P.RETURN]
-    assert P.decode_request(frames[0].body) == (op, args)
+    call = P.decode_request(frames[0].body)
+    assert call.function_id == 3 and list(call.args) == args
     assert decode_values(frames[1].body) == args
 
 
@@ -68,7 +69,8 @@ def test_frame_reader_counts_pending_bytes():
 def test_call_codec_matches_the_general_request_codec(function_id, args, result):
     request = P.encode_call(function_id, args)
     assert request == P.encode_request(P.CALL, [FunctionHandle(function_id), *args])
-    assert P.decode_call(request[P.HEADER_SIZE:]) == (function_id, args)
+    call = P.decode_call(request[P.HEADER_SIZE:])
+    assert call.function_id == function_id and repr(list(call.args)) == repr(args)
     reply = P.encode_result(result)
     assert reply == P.encode_return([result])
     assert P.decode_result(reply[P.HEADER_SIZE:]) == result

@@ -34,8 +34,12 @@ def array(source, device: Device | None = None):
     except TypeError:
         raise TypeError(f"nd.array: numpy dtype {array_.dtype} has no kernelrpc equivalent; "
                         f"supported: {', '.join(DTYPES)}") from None
+    contiguous = np.require(array_, requirements="C")   # ascontiguousarray makes 0-d 1-d
+    device = _device(device)
+    if device.session is not None:     # allocated and filled in one request where the server can
+        return device.session.array(contiguous, device)
     tensor = empty(array_.shape, dtype, device)
-    tensor.copyfrom(np.require(array_, requirements="C"))   # ascontiguousarray makes 0-d 1-d
+    tensor.copyfrom(contiguous)
     return tensor
 
 

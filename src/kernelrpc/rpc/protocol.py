@@ -18,16 +18,12 @@ import dataclasses
 import json
 import re
 import struct
-from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..errors import ConnectionLost, ProtocolError, RPCError, ServerCrashed, SessionTimeout, VersionMismatch
-from .values import (T_FLOAT, T_FUNCTION, T_INT, decode_items, decode_single, decode_values, encode_items,
-                     encode_values)
-
-PROTOCOL_NAME = "kernelrpc"
-PROTOCOL_VERSION = 1
-VERSION_STRING = f"{PROTOCOL_NAME}/{PROTOCOL_VERSION}"
+from .requests import OP_OF, OPTIONAL_OPS, WITH_RAW_INPUT, Call, Op, from_values, to_values
+from .values import T_FLOAT, T_FUNCTION, T_INT, decode_items, decode_single, decode_values, encode_items, encode_values
+from .version import PROTOCOL_NAME, PROTOCOL_VERSION, VERSION_STRING  # noqa: F401 (re-exported)
 
 DEFAULT_MAX_FRAME_BYTES = 64 << 20
 MIN_MAX_FRAME_BYTES = 4096
@@ -38,13 +34,12 @@ MAX_HELLO_REPLY_BYTES = 1 << 20
 REQUEST, RETURN, ERROR, DATA, NOTICE = 1, 2, 3, 4, 5
 FRAME_NAMES = {REQUEST: "REQUEST", RETURN: "RETURN", ERROR: "ERROR", DATA: "DATA", NOTICE: "NOTICE"}
 
-# Request operations (first byte of a REQUEST body).
-(GET_GLOBAL, LOAD_MODULE, GET_FUNCTION, CALL, FREE, EMPTY, COPY_TO, COPY_FROM, UPLOAD, DOWNLOAD,
- REMOVE, LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS) = range(1, 16)
-OPS = dict(enumerate(
-    ("GET_GLOBAL", "LOAD_MODULE", "GET_FUNCTION", "CALL", "FREE", "EMPTY", "COPY_TO", "COPY_FROM",
-     "UPLOAD", "DOWNLOAD", "REMOVE", "LISTDIR", "TIME_EVALUATOR", "SHUTDOWN", "LIST_GLOBALS"), start=1))
-OPS_WITH_RAW_INPUT = frozenset({COPY_TO, UPLOAD})  # raw bytes follow these request frames
+# Request operations (first byte of a REQUEST body): the values of the Op enum, as plain ints for
+# the per-message paths (reading ``Op.CALL`` costs ~0.3 us, comparing with a member twice an int's).
+(GET_GLOBAL, LOAD_MODULE, GET_FUNCTION, CALL, FREE, EMPTY, COPY_TO, COPY_FROM, UPLOAD, DOWNLOAD, REMOVE,
+ LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS, RELEASE, ARRAY) = (int(op) for op in Op)
+OPS = {op.value: op.name for op in Op}
+OPS_WITH_RAW_INPUT = WITH_RAW_INPUT
 
 # NOTICE kinds: the server's parent process ended the session.
 NOTICE_TIMEOUT = "SessionTimeout"
@@ -67,6 +62,9 @@ _TVM_ACCEPTED = _TVM_NARGS.pack(1) + _TVM_NARGS.pack(0)  # kReturn [None]: a TVM
 class Frame(NamedTuple):
     type: int
     body: bytes
+
+
+_tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (per-message paths)
 
 
 # ---------------------------------------------------------------- frames
@@ -118,15 +116,19 @@ class FrameReader:
         self._advance(HEADER_SIZE + length)
         return Frame(frame_type, body)
 
-    def whole_frame(self, chunk: bytes) -> tuple[int, bytes] | None:
-        """Fast path for an empty buffer: ``(type, body)`` if ``chunk`` is exactly one valid frame."""
+    def whole_frame(self, chunk: bytes) -> Frame | None:
+        """The frame that ``chunk`` is, if it is exactly one valid frame (the transport's one-read case).
+
+        Only for a reader with nothing buffered; anything else (part of a frame, several, a bad
+        header) is None, left to ``feed`` and ``next_frame``, which judge it alike.
+        """
         if len(chunk) < HEADER_SIZE:
             return None
         length, frame_type = _HEADER.unpack_from(chunk)
         if length + HEADER_SIZE != len(chunk) or frame_type not in FRAME_NAMES \
                 or length > self.max_frame_bytes:
             return None
-        return frame_type, chunk[HEADER_SIZE:]
+        return _tuple_new(Frame, (frame_type, chunk[HEADER_SIZE:]))
 
     def take(self, n: int) -> bytes:
         """Up to ``n`` already buffered bytes (the start of a raw stream)."""
@@ -149,148 +151,143 @@ class FrameReader:
 # ---------------------------------------------------------------- requests and replies
 
 _REQUEST_HEAD = struct.Struct("<IBB")  # frame header, op
+_CALL_BODY = struct.Struct("<BIBQ")    # op, value count, function handle (tag, id)
+_CALL_HEAD = struct.Struct("<IB" + _CALL_BODY.format[1:])  # the same after the frame header
+_CALL_FIXED = _CALL_BODY.size
+_RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
 
 
-def encode_request(op: int, args=()) -> bytes:
-    payload = encode_values(args)
+def encode(request) -> bytes:
+    """The REQUEST frame of a request (one of the types in requests.py)."""
+    if type(request) is Call:
+        return encode_call(request.function_id, request.args)
+    return encode_request(OP_OF[type(request)], to_values(request))
+
+
+def encode_request(op: int, values=()) -> bytes:
+    """The REQUEST frame of ``op`` with ``values`` as they are (tests use it to send bad requests)."""
+    payload = encode_values(values)
     return _REQUEST_HEAD.pack(len(payload) + 1, REQUEST, op) + payload
 
 
-def decode_request(body) -> tuple[int, list]:
+def decode_request(body):
+    """The request in a REQUEST frame's body, checked (requests.from_values); ProtocolError if not."""
     if not body:
         raise ProtocolError("empty REQUEST frame")
-    op = body[0]
-    if op not in OPS:
-        raise ProtocolError(f"unknown request operation {op}")
-    return op, decode_values(body, 1)
+    if body[0] == CALL:
+        return decode_call(body)
+    return from_values(body[0], decode_values(body, 1))
 
 
-# CALL is the request a measurement loop repeats, so it has its own encoder and decoder. They
-# produce and accept exactly the bytes of encode_request(CALL, [FunctionHandle(id), *args]).
-_CALL_HEAD = struct.Struct("<IBBIBQ")  # frame header, op, value count, function handle (tag, id)
-_CALL_FIXED = _CALL_HEAD.size - HEADER_SIZE
-_CALL_BODY = struct.Struct("<xIBQ")
-_RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
-_RESULT_FIRST = struct.Struct("<IBIB")  # frame header, value count, first tag
+# CALL and its RETURN are what a measurement loop repeats, so they have their own codec functions.
+# They make and accept exactly the bytes of encode(Call(...)) / encode_return([result]) (tests
+# check this on every input), with one struct operation for the head instead of a value each, and
+# one for the whole message in the commonest case: no argument or one int or float, an int or
+# float result (the gains are in docs/performance.md).
 _SCALAR_LENGTH = 9  # an int or float value: tag and 8 bytes
-# Single packs for the commonest calls and results: one int or float argument, an int or float result.
-_ONE_INT_CALL = struct.Struct("<IBBIBQBq")
-_ONE_FLOAT_CALL = struct.Struct("<IBBIBQBd")
-_INT_RESULT = struct.Struct("<IBIBq")
-_FLOAT_RESULT = struct.Struct("<IBIBd")
-_INT_RESULT_PREFIX = _RESULT_FIRST.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT)
-_INT_RESULT_FRAME = struct.Struct(f"<{_RESULT_FIRST.size}sq")
-_INT_ARG = struct.Struct("<q")  # unpacks the one argument of a CALL straight into the args tuple
-_FLOAT_ARG = struct.Struct("<d")
+_CALL_INT = struct.Struct(_CALL_HEAD.format + "Bq")      # a whole CALL with one int argument
+_CALL_FLOAT = struct.Struct(_CALL_HEAD.format + "Bd")
+_RESULT_INT = struct.Struct(_RESULT_HEAD.format + "Bq")  # a whole RETURN of one int
+_RESULT_FLOAT = struct.Struct(_RESULT_HEAD.format + "Bd")
+_ONE_INT = struct.Struct("<q")    # unpacks a scalar straight into the one-argument tuple
+_ONE_FLOAT = struct.Struct("<d")
+_SCALAR_CALL_LENGTH = _CALL_FIXED + _SCALAR_LENGTH
+_SCALAR_RESULT_LENGTH = 4 + _SCALAR_LENGTH
+_OP_OFFSET = HEADER_SIZE
+_RESULT_INT_PREFIX = _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, 0)[:HEADER_SIZE + 5]
+_RESULT_INT_PREFIX_SIZE = len(_RESULT_INT_PREFIX)
 
-NOT_ONE_FRAME = object()
-"""What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
 
-
-def encode_scalar_call(function_id: int, args) -> bytes | None:
-    """The CALL request in one pack when ``args`` is empty or one exact int or float, else None.
-
-    Those are the calls a measurement loop repeats; a caller that gets None converts its
-    arguments to wire values and uses encode_call.
-    """
+def encode_call(function_id: int, args=()) -> bytes:
+    """A CALL request of function ``function_id`` with ``args`` (wire values)."""
     if len(args) == 1:
         kind = type(args[0])
         try:
             if kind is int:
-                return _ONE_INT_CALL.pack(_CALL_FIXED + _SCALAR_LENGTH, REQUEST, CALL, 2, T_FUNCTION,
-                                          function_id, T_INT, args[0])
+                return _CALL_INT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, function_id, T_INT,
+                                      args[0])
             if kind is float:
-                return _ONE_FLOAT_CALL.pack(_CALL_FIXED + _SCALAR_LENGTH, REQUEST, CALL, 2, T_FUNCTION,
-                                            function_id, T_FLOAT, args[0])
+                return _CALL_FLOAT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, function_id,
+                                        T_FLOAT, args[0])
         except struct.error:
-            pass  # out of range: encode_call says which value
-        return None
-    if not args:
-        return _CALL_HEAD.pack(_CALL_FIXED, REQUEST, CALL, 1, T_FUNCTION, function_id)
-    return None
-
-
-def encode_call(function_id: int, args=()) -> bytes:
-    """A CALL request of function ``function_id`` with ``args``."""
+            pass  # out of range: encode_items below names the value
     payload = encode_items(args)
     return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
                            function_id) + payload
 
 
-def decode_call(body: bytes) -> tuple[int, list]:
-    """``(function_id, args)`` of a CALL request body."""
+def decode_call(body: bytes) -> Call:
+    """The Call in a CALL request body."""
     if len(body) < _CALL_FIXED or body[0] != CALL:
+        if body and body[0] == CALL:
+            raise ProtocolError("CALL needs a function handle first")
         raise ProtocolError("malformed CALL request")
-    count, tag, function_id = _CALL_BODY.unpack_from(body)
+    _, count, tag, function_id = _CALL_BODY.unpack_from(body)
     if tag != T_FUNCTION or count == 0:
         raise ProtocolError("CALL needs a function handle first")
-    return function_id, decode_items(body, _CALL_FIXED, count - 1)
+    return _tuple_new(Call, (function_id, decode_items(body, _CALL_FIXED, count - 1)))
 
 
-def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, Sequence] | None:
-    """``(function_id, args)`` if ``data`` is exactly one whole CALL request frame, else None.
+def decode_call_frame(data: bytes, max_frame_bytes: int) -> Call | None:
+    """Fast path: the Call in ``data`` if it is exactly one whole CALL frame, else None.
 
-    ``args`` is a tuple when there is none or one int or float (nothing built per value: the
-    calls that measurement loops repeat), else a list.
-
-    The fast path for a read that holds one request; None leaves every other case (partial or
-    several frames, other frame types and ops, bad headers) to FrameReader and decode_request.
+    For the server's read that holds one request (what a measurement loop sends): it decodes
+    straight from the read, without the frame reader's buffer and a copy of the body. None leaves
+    everything else (part of a frame, several, another op, a bad header) to FrameReader and
+    decode_request, which judge it alike (tests/test_protocol_fastpath.py).
     """
-    if len(data) < _CALL_HEAD.size:
+    if len(data) < _CALL_HEAD.size or data[_OP_OFFSET] != CALL:
         return None
-    length, frame_type, op, count, tag, function_id = _CALL_HEAD.unpack_from(data)
-    if length + HEADER_SIZE != len(data) or frame_type != REQUEST or op != CALL or length > max_frame_bytes:
+    length, frame_type, _, count, tag, function_id = _CALL_HEAD.unpack_from(data)
+    if length + HEADER_SIZE != len(data) or frame_type != REQUEST or length > max_frame_bytes:
         return None
     if tag != T_FUNCTION or count == 0:
         raise ProtocolError("CALL needs a function handle first")
-    if count == 2 and length == _CALL_FIXED + _SCALAR_LENGTH:
-        arg_tag = data[_CALL_HEAD.size]
-        if arg_tag == T_INT:
-            return function_id, _INT_ARG.unpack_from(data, _CALL_HEAD.size + 1)
-        if arg_tag == T_FLOAT:
-            return function_id, _FLOAT_ARG.unpack_from(data, _CALL_HEAD.size + 1)
-    elif count == 1 and length == _CALL_FIXED:
-        return function_id, ()
-    return function_id, decode_items(data, _CALL_HEAD.size, count - 1)
-
-
-def encode_scalar_result(value) -> bytes | None:
-    """The RETURN frame in one pack when ``value`` is an exact int (in range) or float, else None."""
-    kind = type(value)
-    if kind is int:
-        try:
-            return _INT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_INT, value)
-        except struct.error:
-            return None  # out of range: encode_result says so
-    if kind is float:
-        return _FLOAT_RESULT.pack(4 + _SCALAR_LENGTH, RETURN, 1, T_FLOAT, value)
-    return None
+    if length == _SCALAR_CALL_LENGTH and count == 2:
+        value_tag = data[_CALL_HEAD.size]
+        if value_tag == T_INT:
+            return _tuple_new(Call, (function_id, _ONE_INT.unpack_from(data, _CALL_HEAD.size + 1)))
+        if value_tag == T_FLOAT:
+            return _tuple_new(Call, (function_id, _ONE_FLOAT.unpack_from(data, _CALL_HEAD.size + 1)))
+    return _tuple_new(Call, (function_id, decode_items(data, _CALL_HEAD.size, count - 1)))
 
 
 def encode_result(value) -> bytes:
     """A RETURN frame carrying the one value of a CALL's result."""
+    kind = type(value)
+    if kind is int:
+        try:
+            return _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, value)
+        except struct.error:
+            pass  # out of range: encode_items below says so
+    elif kind is float:
+        return _RESULT_FLOAT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_FLOAT, value)
     payload = encode_items((value,))
     return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
 
 
 decode_result = decode_single
+"""The one value of a CALL's RETURN body (a shortcut for one int here gained ~50 ns: folded back)."""
+
+
+NOT_ONE_FRAME = object()
+"""What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
 
 
 def decode_result_frame(data: bytes, max_frame_bytes: int):
-    """The result in ``data`` if it is exactly one whole RETURN frame, else ``NOT_ONE_FRAME``.
+    """Fast path: the result in ``data`` if it is exactly one whole RETURN frame, else NOT_ONE_FRAME.
 
-    A malformed value in a whole RETURN frame raises ProtocolError, as decode_result does.
+    The client's counterpart of decode_call_frame: a malformed value in a whole RETURN frame
+    raises ProtocolError, as decode_result does.
     """
-    if len(data) == _INT_RESULT_FRAME.size:
-        prefix, value = _INT_RESULT_FRAME.unpack(data)
-        if prefix == _INT_RESULT_PREFIX:
-            return value
+    if len(data) == _RESULT_INT.size and data[:_RESULT_INT_PREFIX_SIZE] == _RESULT_INT_PREFIX:
+        return _ONE_INT.unpack_from(data, _RESULT_INT_PREFIX_SIZE)[0]
     if len(data) < HEADER_SIZE:
         return NOT_ONE_FRAME
     length, frame_type = _HEADER.unpack_from(data)
     if length + HEADER_SIZE != len(data) or frame_type != RETURN or length > max_frame_bytes:
         return NOT_ONE_FRAME
-    return decode_single(data[HEADER_SIZE:])
+    return decode_result(data[HEADER_SIZE:])
 
 
 def encode_return(values=()) -> bytes:
@@ -358,7 +355,12 @@ def encode_hello(version: str = VERSION_STRING) -> bytes:
 
 
 def encode_hello_accept(info: dict) -> bytes:
-    """The server's acceptance: TVM kReturn with [version, JSON of the session's limits]."""
+    """The server's acceptance: TVM kReturn with [version, JSON of the session's limits].
+
+    ``ops`` lists the optional requests (requests.OPTIONAL_OPS) this server serves, so that a
+    client uses them only with a server that has them.
+    """
+    info = {**info, "ops": sorted(int(op) for op in OPTIONAL_OPS)}
     body = _TVM_NARGS.pack(2) + _tvm_rawstr(VERSION_STRING) + _tvm_rawstr(json.dumps(info))
     return _tvm_packet(_TVM_RETURN, body)
 

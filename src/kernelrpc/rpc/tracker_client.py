@@ -22,6 +22,7 @@ from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauth
 from .backoff import Backoff
 from .tls import (TLSConfig, TLSError, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
                   refused_after_handshake, wrap_client)
+from .version import VERSION_STRING
 from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
 
 if TYPE_CHECKING:
@@ -269,8 +270,6 @@ class TrackerSession:
 
     def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None,
                         reconnect_timeout: float):
-        from .protocol import VERSION_STRING  # the session's codec, loaded once a session is wanted
-
         lost_at = None
         backoff = Backoff(0.05, 1.0, jitter=0.5)
         while True:
@@ -357,8 +356,6 @@ class TrackerSession:
 
     def _warn_if_unknown(self, key: str) -> None:
         """Best effort: a request never depends on the summary (a tracker may refuse it)."""
-        from .protocol import VERSION_STRING
-
         try:
             info = self.summary()
         except (TrackerError, ConnectionLost, OSError) as exc:

@@ -7,13 +7,13 @@ caller's buffer: ``sendmsg`` of the frame header together with a memoryview,
 from __future__ import annotations
 
 import socket
-import ssl
 
 from ..errors import ConnectionLost
 from .protocol import DEFAULT_MAX_FRAME_BYTES, FrameReader
+from .tls import is_tls_socket
 
 _RECV_CHUNK = 1 << 16
-# What recv_chunk asks for: room for any scalar CALL or RETURN and a few tensor handles, and
+# The first read of a frame: room for any scalar CALL or RETURN and a few tensor handles, and
 # small enough that CPython takes the bytes object from its small-object allocator (at most 512
 # bytes with the object header) instead of malloc-ing and shrinking 64 KiB on every call.
 _FIRST_READ = 448
@@ -27,7 +27,7 @@ class FramedSocket:
         self.sock = sock
         self.reader = FrameReader(max_frame_bytes)
         self._scratch = bytearray(_RECV_CHUNK)
-        self._gather = not isinstance(sock, ssl.SSLSocket)  # TLS sockets have no sendmsg
+        self._gather = not is_tls_socket(sock)  # TLS sockets have no sendmsg
         if initial:
             self.reader.feed(initial)
 
@@ -57,21 +57,14 @@ class FramedSocket:
         except OSError as exc:
             raise ConnectionLost(f"connection lost while sending: {exc}") from exc
 
-    def _fill(self) -> None:
-        try:
-            n = self.sock.recv_into(self._scratch)
-        except OSError as exc:
-            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
-        if n == 0:
-            raise ConnectionLost("the peer closed the connection")
-        self.reader.feed(memoryview(self._scratch)[:n])
-
     def recv_chunk(self) -> bytes | None:
-        """One small read straight from the socket, or None while frame bytes are buffered.
+        """One small read (``_FIRST_READ``) straight from the socket, or None while frame bytes
+        are buffered (``recv_frame`` must take those first).
 
-        The fast path for requests and replies that arrive whole in one read: the caller decodes
-        the chunk itself, or hands it back with ``reader.feed`` and goes on with ``recv_frame``
-        (a frame longer than the read costs one more read there).
+        The first read of every frame. A request or reply of a measurement loop arrives whole in
+        it; a caller with a fast decoder for that case (protocol.decode_call_frame,
+        decode_result_frame) decodes the chunk itself, and hands anything else back with
+        ``recv_frame(chunk)``.
         """
         if self.reader.pending:
             return None
@@ -83,30 +76,39 @@ class FramedSocket:
             raise ConnectionLost("the peer closed the connection")
         return data
 
-    def recv_frame(self) -> tuple[int, bytes]:
-        """The next frame as ``(type, body)``."""
+    def recv_frame(self, chunk: bytes | None = None) -> tuple[int, bytes]:
+        """The next frame as ``(type, body)``; ``chunk`` is what recv_chunk returned, if called.
+
+        A frame that arrives whole in the first read is taken as it is
+        (``FrameReader.whole_frame``); anything else goes through the reader, a frame longer
+        than the read at one more read.
+        """
         reader = self.reader
-        pending = reader.pending
-        if pending:
-            frame = reader.next_frame()
+        if chunk is None:
+            if reader.pending:
+                frame = reader.next_frame()
+                if frame is not None:
+                    return frame
+            chunk = self.recv_chunk() if not reader.pending else None
+        if chunk is not None:
+            frame = reader.whole_frame(chunk)
             if frame is not None:
                 return frame
-        try:
-            data = self.sock.recv(_RECV_CHUNK)
-        except OSError as exc:
-            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
-        if not pending:
-            frame = reader.whole_frame(data)  # usually the chunk is exactly one frame
-            if frame is not None:
-                return frame
-        if not data:
-            raise ConnectionLost("the peer closed the connection")
-        reader.feed(data)
+            reader.feed(chunk)
         while True:
             frame = reader.next_frame()
             if frame is not None:
                 return frame
             self._fill()
+
+    def _fill(self) -> None:
+        try:
+            n = self.sock.recv_into(self._scratch)
+        except OSError as exc:
+            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+        if n == 0:
+            raise ConnectionLost("the peer closed the connection")
+        self.reader.feed(memoryview(self._scratch)[:n])
 
     def recv_raw_into(self, target) -> None:
         """Fill ``target`` (a writable buffer) with the next raw bytes of the stream."""

@@ -12,14 +12,10 @@ import math
 import struct
 
 from ..errors import ProtocolError
+from ..runtime.dtype import DTYPES, MAX_NDIM
 
-DTYPE_BYTES = {
-    "bool": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
-    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
-    "float16": 2, "float32": 4, "float64": 8,
-}
+DTYPE_BYTES = {name: dtype.itemsize for name, dtype in DTYPES.items()}  # the runtime's table, by name
 DEVICE_TYPES = ("cpu",)
-MAX_NDIM = 32
 MAX_DEPTH = 8
 MAX_SHORT_TEXT = 255
 
@@ -61,6 +57,8 @@ class TensorHandle:
     dtype: str
     shape: tuple[int, ...]
     device: DeviceValue
+    #: The handle's encoding, kept by the encoder: a tensor is sent with every copy and kernel call.
+    wire: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 _U8 = struct.Struct("<B")
@@ -214,8 +212,13 @@ def _enc_function(value, parts, depth):
 
 
 def _enc_tensor_handle(value, parts, depth):
-    parts.append(_TAG_U64.pack(T_TENSOR_HANDLE, value.id))
-    _layout(value.dtype, value.shape, value.device, parts)
+    wire = value.wire
+    if wire is None:
+        own = [_TAG_U64.pack(T_TENSOR_HANDLE, value.id)]
+        _layout(value.dtype, value.shape, value.device, own)
+        wire = b"".join(own)
+        object.__setattr__(value, "wire", wire)  # frozen: the cache is the only field set later
+    parts.append(wire)
 
 
 _ENCODERS = {

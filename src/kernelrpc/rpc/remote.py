@@ -1,0 +1,223 @@
+"""The objects a session hands out: remote Function, TimeEvaluator, Module and Tensor.
+
+Each holds its session (for the conversion of values and for ``Device``) and the session's
+:class:`~kernelrpc.rpc.channel.Channel`, and uses only the channel's public methods. They carry
+the local runtime's names, so code runs unchanged locally or remotely. Dropping one frees its
+handle on the server with the session's next request.
+"""
+from __future__ import annotations
+
+import json
+
+from ..runtime.device import Device
+from ..runtime.tensor import TensorLayout
+from ..runtime.threads import check_num_threads
+from .convert import PLAIN
+from .requests import CopyFrom, CopyTo, GetFunction, TimeEvaluator as TimeEvaluatorRequest
+from .values import DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, nbytes_of
+
+
+def byte_view(array) -> memoryview:
+    """A flat byte view of a C-contiguous ndarray (also for zero-sized arrays, which cast refuses)."""
+    import numpy as np
+
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+class _Remote:
+    __slots__ = ("_session", "_channel", "_handle", "__weakref__")
+
+    def __del__(self) -> None:
+        channel = getattr(self, "_channel", None)
+        if channel is not None and getattr(self, "_session", None) is not None:
+            channel.release(self._handle)
+
+
+class Function(_Remote):
+    """A function on the server (a module's kernel or a global function); call it like one."""
+
+    __slots__ = ("name", "_id")
+
+    def __init__(self, session, handle: FunctionHandle, name: str) -> None:
+        self._session = session
+        self._channel = session.channel
+        self._handle = handle
+        self._id = handle.id
+        self.name = name
+
+    def __call__(self, *args):
+        session = self._session
+        for arg in args:
+            if type(arg) not in PLAIN:
+                args = session.all_to_wire(args)
+                break
+        result = self._channel.call(self._id, args)
+        return result if type(result) in PLAIN else session.from_wire(result)
+
+    def __repr__(self) -> str:
+        return f"<remote Function {self.name} on {self._channel.address}>"
+
+
+class TimeEvaluator(Function):
+    """The callable ``Module.time_evaluator`` returns: each call runs the timing on the device."""
+
+    __slots__ = ()
+
+    def __call__(self, *args):
+        from ..runtime import ProfileResult
+
+        return ProfileResult.from_dict(json.loads(super().__call__(*args)))
+
+
+class Module(_Remote):
+    """A module loaded on the server."""
+
+    __slots__ = ("metadata",)
+
+    def __init__(self, session, handle: ModuleHandle, metadata: dict | None) -> None:
+        self._session = session
+        self._channel = session.channel
+        self._handle = handle
+        self.metadata = metadata
+
+    @property
+    def entry_name(self) -> str | None:
+        return (self.metadata or {}).get("entry")
+
+    def get_function(self, name: str) -> Function:
+        (handle,) = self._channel.request(GetFunction(self._handle, name))
+        return Function(self._session, handle, name)
+
+    def __getitem__(self, name: str) -> Function:
+        return self.get_function(name)
+
+    def time_evaluator(self, name: str, dev: Device, number: int = 10, repeat: int = 1,
+                       min_repeat_ms: float = 0, cooldown_interval_ms: float = 0,
+                       repeats_to_cooldown: int = 1, f_preproc: str = "", *,
+                       limit_zero_time_iterations: int = 100, cache_flush_bytes: int = 0) -> TimeEvaluator:
+        """A callable that times ``name`` on the device (TVM semantics); returns a ProfileResult."""
+        request = TimeEvaluatorRequest(
+            self._handle, name, DeviceValue(dev.device_type, dev.device_id), int(number), int(repeat),
+            float(min_repeat_ms), float(cooldown_interval_ms), int(repeats_to_cooldown), f_preproc,
+            int(limit_zero_time_iterations), int(cache_flush_bytes))
+        (handle,) = self._channel.request(request)
+        return TimeEvaluator(self._session, handle, name)
+
+    @property
+    def target(self) -> dict:
+        return (self.metadata or {}).get("target", {})
+
+    @property
+    def function_names(self) -> list[str]:
+        return [f["name"] for f in (self.metadata or {}).get("functions", [])]
+
+    @property
+    def entry_func(self) -> Function:
+        if self.entry_name is None:
+            raise AttributeError("the module has no entry function")
+        return self.get_function(self.entry_name)
+
+    def implements_function(self, name: str) -> bool:
+        return name in self.function_names
+
+    __contains__ = implements_function
+
+    def set_num_threads(self, n: int) -> int:
+        """Threads for this module's parallel loops on the device (0 = all usable cores there);
+        returns the number its pool now has. Checked here as the local module checks it."""
+        n = check_num_threads(n)
+        return self._session.get_function("runtime.module_set_num_threads")(self, n)
+
+    def __repr__(self) -> str:
+        target = self.target.get("string", "")
+        return (f"<remote Module [{', '.join(self.function_names)}]"
+                f"{' for ' + target if target else ''} on {self._channel.address}>")
+
+
+class Tensor(_Remote, TensorLayout):
+    """A tensor in the device's memory. ``numpy()`` and ``copyfrom()`` stream its bytes."""
+
+    __slots__ = ("shape", "dtype", "device")
+
+    def __init__(self, session, handle: TensorHandle, device: Device | None = None) -> None:
+        self._session = session
+        self._channel = session.channel
+        self._handle = handle
+        self.shape = tuple(handle.shape)
+        self.dtype = handle.dtype
+        self.device = device or Device(handle.device.device_type, handle.device.device_id, session=session)
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes_of(self.dtype, self.shape)
+
+    def _live(self):
+        if self._session is None:
+            raise ValueError("the tensor has been freed")
+        return self._channel
+
+    @property
+    def freed(self) -> bool:
+        return self._session is None
+
+    def free(self) -> None:
+        """Release the device memory now (otherwise it goes when this object is collected)."""
+        session, self._session = self._session, None
+        if session is not None:
+            self._channel.free(self._handle)
+
+    def copyfrom(self, source) -> "Tensor":
+        """Fill from an ndarray (same shape; converted to this dtype), a local Tensor or a buffer."""
+        view = self._source_view(source)
+        self._live().request_with_raw(CopyTo(self._handle, 0, view.nbytes), view,
+                                      lambda: f"copy to {self.dtype}{list(self.shape)}")
+        return self
+
+    def _source_view(self, source) -> memoryview:
+        """The bytes of ``source`` to fill this tensor with, checked against its size."""
+        if hasattr(source, "__array_interface__") or isinstance(source, (list, tuple)):
+            view = byte_view(self._contiguous_array(source))
+        elif hasattr(source, "buffer") and hasattr(source, "shape"):
+            self._check_same_layout(source)
+            view = source.buffer
+        else:
+            view = memoryview(source).cast("B")
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"copyfrom: source has {view.nbytes} bytes, the tensor {self.nbytes}")
+        return view
+
+    def copyto_buffer(self, target) -> None:
+        """Stream the tensor's bytes into a writable buffer of exactly ``nbytes``."""
+        view = target if isinstance(target, memoryview) and target.format == "B" else \
+            memoryview(target).cast("B")
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"copyto: target has {view.nbytes} bytes, the tensor {self.nbytes}")
+        self._live().fetch(CopyFrom(self._handle, 0, view.nbytes), view, view.nbytes,
+                           lambda: f"copy from {self.dtype}{list(self.shape)}")
+
+    def numpy(self):
+        import numpy as np
+
+        array = np.empty(self.shape, dtype=self.dtype)
+        self.copyto_buffer(byte_view(array))
+        return array
+
+    def copyto(self, target):
+        """Copy into a local runtime Tensor or ndarray of the same layout, or onto a Device."""
+        if isinstance(target, Device):
+            if target.session is None:
+                from ..runtime import Tensor as LocalTensor
+
+                local = LocalTensor(self.shape, self.dtype, target)
+                self.copyto_buffer(local.buffer)
+                return local
+            return target.session.array(self.numpy(), target)
+        if hasattr(target, "buffer"):
+            self.copyto_buffer(target.buffer)
+        else:
+            self.copyto_buffer(target)
+        return target
+
+    def __repr__(self) -> str:
+        where = "freed" if self._session is None else f"on {self._channel.address}"
+        return f"<remote Tensor {self.dtype}{list(self.shape)} {where}>"

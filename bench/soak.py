@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from kernelrpc import nd                                                # noqa: E402
 from kernelrpc.errors import RPCError                                    # noqa: E402
-from kernelrpc.launch import Service                                    # noqa: E402
+from kernelrpc.deploy.launch import Service                                    # noqa: E402
 from kernelrpc.rpc.tracker_client import connect_tracker                # noqa: E402
 
 JOB_DEADLINE = 60.0

@@ -32,7 +32,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from kernelrpc import nd, rpc  # noqa: E402
-from kernelrpc.launch import Service  # noqa: E402
+from kernelrpc.deploy.launch import Service  # noqa: E402
 from kernelrpc.rpc.tls import TLSConfig  # noqa: E402
 
 

@@ -83,7 +83,7 @@ def local_fleet(devices: int, key: str = "local", server_args=lambda index: []):
 
     ``server_args(index)`` are extra options of each server (``["--cpus", "1"]``).
     """
-    from kernelrpc.launch import Service
+    from kernelrpc.deploy.launch import Service
 
     services = [Service("kernelrpc.tracker", ["--port", "0"])]
     try:

@@ -1,8 +1,8 @@
-"""The tests start services through :mod:`kernelrpc.launch`, as the demo does; the helpers
+"""The tests start services through :mod:`kernelrpc.deploy.launch`, as the demo does; the helpers
 here are the ones many test files share."""
 import socket
 
-from kernelrpc.launch import READY, SRC, Service, child_env
+from kernelrpc.deploy.launch import READY, SRC, Service, child_env
 from kernelrpc.rpc.tracker_client import connect_tracker
 
 __all__ = ["READY", "SRC", "Service", "child_env", "free_port", "queue", "start_server", "start_tracker"]

@@ -50,7 +50,7 @@ def _without_llvmlite(tmp_path) -> dict:
     (tmp_path / "llvmlite").mkdir()
     (tmp_path / "llvmlite" / "__init__.py").write_text(
         "raise ImportError('llvmlite is not installed (hidden by the test)')\n")
-    from kernelrpc.launch import SRC
+    from kernelrpc.deploy.launch import SRC
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
 
 
@@ -70,7 +70,7 @@ def test_without_llvmlite_auto_falls_back_with_a_warning(start_service, tmp_path
 
 
 def test_without_llvmlite_an_explicit_native_relay_fails_start_up(tmp_path):
-    from kernelrpc.launch import child_env
+    from kernelrpc.deploy.launch import child_env
     done = subprocess.run([sys.executable, "-m", "kernelrpc.proxy", "--port", "0", "--relay",
                            "native"], env=child_env(_without_llvmlite(tmp_path)),
                           capture_output=True, text=True, timeout=60)

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import wait_until
 from kernelrpc.errors import AuthenticationError
-from kernelrpc.launch import child_env
+from kernelrpc.deploy.launch import child_env
 from kernelrpc.rpc import auth as A
 from kernelrpc.rpc.tls import PLAINTEXT_REFUSAL
 from kernelrpc.rpc import handshake as hs

@@ -9,7 +9,7 @@ COMMANDS = {
     "server": "kernelrpc.server",
     "tracker": "kernelrpc.tracker",
     "proxy": "kernelrpc.proxy",
-    "query": "kernelrpc.query_rpc_tracker",
+    "query": "kernelrpc.tracker.query",
 }
 
 USAGE = "usage: kernelrpc {" + ",".join(COMMANDS) + "} [options]   (kernelrpc COMMAND --help for more; -v: version)"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import cli
-from .launch import Service
+from .deploy.launch import Service
 
 
 def run(size: int, key: str, repeat: int, output: str = "gemm.so") -> int:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 READY = re.compile(r"listening on (\S+):(\d+)")
-SRC = str(Path(__file__).resolve().parents[1])
+SRC = str(Path(__file__).resolve().parents[2])
 """The directory holding the ``kernelrpc`` package, put on the children's PYTHONPATH."""
 
 

@@ -102,7 +102,7 @@ def test_both_paths_give_the_same_profile_result(server, fixture_module, monkeyp
 times = st.lists(st.floats(min_value=0, max_value=1e3, allow_nan=False), min_size=1, max_size=50)
 
 
-@given(times, st.integers(1, (1 << 31) - 1), st.text(max_size=40), st.sampled_from([None, CONDITIONS]))
+@given(times, st.integers(1, (1 << 63) - 1), st.text(max_size=40), st.sampled_from([None, CONDITIONS]))
 def test_packed_round_trip_equals_the_json_round_trip(results, number, function, conditions):
     result = ProfileResult(results, number, TARGET, function, conditions)
     decoded = P.decode_profile(P.encode_profile(result), TARGET)
@@ -114,6 +114,7 @@ BAD_BODIES = {
     "not bytes": ("text", "expected bytes, got str"),
     "shorter than the header": (b"\1\0\0", "shorter than its header"),
     "number 0": (packed(number=0), "number=0"),
+    "number past 2^63": (packed(number=1 << 63), "number=9223372036854775808"),
     "no repeats": (packed(results=()), "repeat=0"),
     "too many repeats": (struct.pack("<QI", 1, 1 << 30), "repeat=1073741824"),
     "times cut short": (packed()[:20], "need 28 bytes, got 20"),

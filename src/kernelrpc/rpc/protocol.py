@@ -340,7 +340,7 @@ def notice_error(kind: str, message: str, signal: int | None = None, exit_code: 
 # ---------------------------------------------------------------- packed time_evaluator results
 
 _PROFILE_HEAD = struct.Struct("<QI")    # number, repeat
-_MAX_NUMBER = (1 << 31) - 1
+_MAX_NUMBER = (1 << 63) - 1         # min_repeat_ms may grow number past the 2^31 a request allows
 _MAX_TIME = 1.7976931348623157e308      # the largest finite double: ``r <= _MAX_TIME`` is False for inf and NaN
 
 

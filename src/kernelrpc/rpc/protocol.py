@@ -37,7 +37,7 @@ FRAME_NAMES = {REQUEST: "REQUEST", RETURN: "RETURN", ERROR: "ERROR", DATA: "DATA
 # Request operations (first byte of a REQUEST body): the values of the Op enum, as plain ints for
 # the per-message paths (reading ``Op.CALL`` costs ~0.3 us, comparing with a member twice an int's).
 (GET_GLOBAL, LOAD_MODULE, GET_FUNCTION, CALL, FREE, EMPTY, COPY_TO, COPY_FROM, UPLOAD, DOWNLOAD, REMOVE,
- LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS, RELEASE, ARRAY) = (int(op) for op in Op)
+ LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS, RELEASE, ARRAY, TIME_EVALUATOR_PACKED) = (int(op) for op in Op)
 OPS = {op.value: op.name for op in Op}
 OPS_WITH_RAW_INPUT = WITH_RAW_INPUT
 
@@ -335,6 +335,56 @@ def notice_error(kind: str, message: str, signal: int | None = None, exit_code: 
     if kind == NOTICE_CRASHED:
         return ServerCrashed(message, signal=signal, exit_code=exit_code)
     return ConnectionLost(f"the server ended the session: {kind}: {message}")
+
+
+# ---------------------------------------------------------------- packed time_evaluator results
+
+_PROFILE_HEAD = struct.Struct("<QI")    # number, repeat
+_MAX_NUMBER = (1 << 63) - 1         # min_repeat_ms may grow number past the 2^31 a request allows
+_MAX_TIME = 1.7976931348623157e308      # the largest finite double: ``r <= _MAX_TIME`` is False for inf and NaN
+
+
+def encode_profile(result) -> bytes:
+    """What a TIME_EVALUATOR_PACKED function returns (a bytes value): ``u64 number, u32 repeat``,
+    the repeat times as little-endian doubles, then the UTF-8 JSON object ``{"function",
+    "conditions"}``. The module's target is left out: the client has it from LOAD_MODULE."""
+    times = result.results
+    rest = json.dumps({"function": result.function, "conditions": result.conditions},
+                      separators=(",", ":"))
+    return b"".join((_PROFILE_HEAD.pack(result.number, len(times)),
+                     struct.pack(f"<{len(times)}d", *times), rest.encode()))
+
+
+def decode_profile(data, target: dict):
+    """The ProfileResult that :func:`encode_profile` packed, with the module's ``target`` (what
+    the JSON form echoes); every count, length and time is checked, failures are ProtocolError."""
+    from ..runtime.conditions import check_conditions
+    from ..runtime.profile import MAX_RESULTS, ProfileResult
+
+    if type(data) is not bytes:
+        raise ProtocolError(f"packed time_evaluator result: expected bytes, got {type(data).__name__}")
+    head = _PROFILE_HEAD.size
+    if len(data) < head:
+        raise ProtocolError(f"packed time_evaluator result: {len(data)} bytes, shorter than its header")
+    number, repeat = _PROFILE_HEAD.unpack_from(data)
+    if not 1 <= number <= _MAX_NUMBER or not 1 <= repeat <= MAX_RESULTS:
+        raise ProtocolError(f"packed time_evaluator result: number={number} repeat={repeat} "
+                            f"outside [1, {_MAX_NUMBER}] and [1, {MAX_RESULTS}]")
+    end = head + 8 * repeat
+    if len(data) < end:
+        raise ProtocolError(f"packed time_evaluator result: {repeat} repeats need {end} bytes, "
+                            f"got {len(data)}")
+    results = struct.unpack_from(f"<{repeat}d", data, head)
+    if not all(0.0 <= r <= _MAX_TIME for r in results):
+        raise ProtocolError("packed time_evaluator result: the times must be finite and non-negative")
+    try:
+        rest = json.loads(data[end:])
+        if not isinstance(rest, dict) or type(rest.get("function")) is not str:
+            raise ValueError("its JSON part must be an object with a string 'function'")
+        conditions = check_conditions(rest.get("conditions"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        raise ProtocolError(f"packed time_evaluator result: {exc}") from None
+    return ProfileResult(results, number, target, rest["function"], conditions)
 
 
 # ---------------------------------------------------------------- hello (version exchange)

@@ -13,7 +13,9 @@ from ..runtime.device import Device
 from ..runtime.tensor import TensorLayout
 from ..runtime.threads import check_num_threads
 from .convert import PLAIN
-from .requests import CopyFrom, CopyTo, GetFunction, TimeEvaluator as TimeEvaluatorRequest
+from .protocol import decode_profile
+from .requests import CopyFrom, CopyTo, GetFunction, Op, TimeEvaluatorPacked
+from .requests import TimeEvaluator as TimeEvaluatorRequest
 from .values import DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, nbytes_of
 
 
@@ -59,14 +61,25 @@ class Function(_Remote):
 
 
 class TimeEvaluator(Function):
-    """The callable ``Module.time_evaluator`` returns: each call runs the timing on the device."""
+    """The callable ``Module.time_evaluator`` returns: each call runs the timing on the device.
 
-    __slots__ = ()
+    With ``target`` (the module's, from its metadata) the device answers in the packed form
+    (protocol.decode_profile), else in JSON; the ProfileResult is the same either way.
+    """
+
+    __slots__ = ("_target",)
+
+    def __init__(self, session, handle: FunctionHandle, name: str, target: dict | None = None) -> None:
+        super().__init__(session, handle, name)
+        self._target = target
 
     def __call__(self, *args):
+        result = super().__call__(*args)
+        if self._target is not None:
+            return decode_profile(result, self._target)
         from ..runtime import ProfileResult
 
-        return ProfileResult.from_dict(json.loads(super().__call__(*args)))
+        return ProfileResult.from_dict(json.loads(result))
 
 
 class Module(_Remote):
@@ -96,12 +109,13 @@ class Module(_Remote):
                        repeats_to_cooldown: int = 1, f_preproc: str = "", *,
                        limit_zero_time_iterations: int = 100, cache_flush_bytes: int = 0) -> TimeEvaluator:
         """A callable that times ``name`` on the device (TVM semantics); returns a ProfileResult."""
-        request = TimeEvaluatorRequest(
+        packed = self._channel.serves(Op.TIME_EVALUATOR_PACKED)
+        request = (TimeEvaluatorPacked if packed else TimeEvaluatorRequest)(
             self._handle, name, DeviceValue(dev.device_type, dev.device_id), int(number), int(repeat),
             float(min_repeat_ms), float(cooldown_interval_ms), int(repeats_to_cooldown), f_preproc,
             int(limit_zero_time_iterations), int(cache_flush_bytes))
         (handle,) = self._channel.request(request)
-        return TimeEvaluator(self._session, handle, name)
+        return TimeEvaluator(self._session, handle, name, self.target if packed else None)
 
     @property
     def target(self) -> dict:

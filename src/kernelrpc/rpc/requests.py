@@ -40,6 +40,7 @@ class Op(enum.IntEnum):
     LIST_GLOBALS = 15
     RELEASE = 16
     ARRAY = 17
+    TIME_EVALUATOR_PACKED = 18
 
 
 class Bounds(NamedTuple):
@@ -154,6 +155,13 @@ class TimeEvaluator(NamedTuple):
     cache_flush_bytes: ByteCount
 
 
+class TimeEvaluatorPacked(TimeEvaluator):
+    """TIME_EVALUATOR whose function returns the packed result (protocol.encode_profile)
+    rather than JSON: the repeat times as binary doubles, and no target (the client has it)."""
+
+    __slots__ = ()
+
+
 class Shutdown(NamedTuple):
     """No reply: the server ends the session."""
 
@@ -184,12 +192,13 @@ REQUEST_TYPES = {
     Op.FREE: Free, Op.EMPTY: Empty, Op.COPY_TO: CopyTo, Op.COPY_FROM: CopyFrom, Op.UPLOAD: Upload,
     Op.DOWNLOAD: Download, Op.REMOVE: Remove, Op.LISTDIR: ListDir, Op.TIME_EVALUATOR: TimeEvaluator,
     Op.SHUTDOWN: Shutdown, Op.LIST_GLOBALS: ListGlobals, Op.RELEASE: Release, Op.ARRAY: Array,
+    Op.TIME_EVALUATOR_PACKED: TimeEvaluatorPacked,
 }
 OP_OF = {kind: op for op, kind in REQUEST_TYPES.items()}
 NO_REPLY = frozenset({Op.SHUTDOWN, Op.RELEASE})
 WITH_RAW_INPUT = frozenset({Op.COPY_TO, Op.UPLOAD, Op.ARRAY})  # raw bytes follow these requests
 #: Ops that a server of this protocol version may lack: it lists the ones it serves in its hello.
-OPTIONAL_OPS = frozenset({Op.RELEASE, Op.ARRAY})
+OPTIONAL_OPS = frozenset({Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED})
 
 
 # ---------------------------------------------------------------- checking

@@ -19,7 +19,7 @@ from .. import runtime
 from ..errors import ConnectionLost, ProtocolError
 from ..rpc import protocol as P
 from ..rpc.convert import PLAIN, Converter, local_tensor
-from ..rpc.requests import NO_REPLY, WITH_RAW_INPUT, Op
+from ..rpc.requests import NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
 from ..rpc.transport import FramedSocket
 from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                           decode_values, nbytes_of)
@@ -117,7 +117,7 @@ class SessionHandler:
             Op.FREE: self._free, Op.RELEASE: self._release, Op.EMPTY: self._empty, Op.ARRAY: self._array,
             Op.COPY_TO: self._copy_to, Op.COPY_FROM: self._copy_from, Op.UPLOAD: self._upload,
             Op.DOWNLOAD: self._download, Op.REMOVE: self._remove, Op.LISTDIR: self._listdir,
-            Op.TIME_EVALUATOR: self._time_evaluator,
+            Op.TIME_EVALUATOR: self._time_evaluator, Op.TIME_EVALUATOR_PACKED: self._time_evaluator,
         }.items()}  # keyed by int: an Op key costs a slower lookup per request
 
     def serve(self) -> None:
@@ -383,4 +383,16 @@ class SessionHandler:
             repeats_to_cooldown=request.repeats_to_cooldown, f_preproc=request.f_preproc,
             limit_zero_time_iterations=request.limit_zero_time_iterations,
             cache_flush_bytes=request.cache_flush_bytes)
+        if type(request) is TimeEvaluatorPacked:
+            timer = _packed(timer)
         return P.encode_return([FunctionHandle(self.handles.put(timer))])
+
+
+def _packed(timer):
+    """``timer`` answering with its result packed (protocol.encode_profile) instead of JSON."""
+    encode_profile = P.encode_profile
+
+    def packed_timer(*args):
+        return encode_profile(timer(*args))
+
+    return packed_timer

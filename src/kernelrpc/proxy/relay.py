@@ -67,6 +67,33 @@ class RelayBuffer:
         """Last bytes for ``dst`` when the pair ends; plain streams have none."""
 
 
+class QueuedBuffer(RelayBuffer):
+    """A buffer whose bytes for ``dst`` are made in Python (WebSocket frames, TLS records) and wait
+    in one queue until ``dst`` takes them."""
+
+    def __init__(self) -> None:
+        self._out = bytearray()
+        self._sent = 0
+        self.capacity = BUFFER_BYTES
+
+    @property
+    def queued(self) -> int:
+        return len(self._out) - self._sent
+
+    def send_queued(self, dst: socket.socket) -> None:
+        """Send what ``dst`` takes without blocking; the queue empties once all went."""
+        while self._sent < len(self._out):
+            try:
+                self._sent += dst.send(memoryview(self._out)[self._sent:])
+            except BlockingIOError:
+                return
+        del self._out[:]
+        self._sent = 0
+
+    def close(self) -> None:
+        self._out = bytearray()
+
+
 class PipeBuffer(RelayBuffer):
     """A kernel pipe between two sockets; bytes move with splice(2)."""
 

@@ -16,7 +16,7 @@ import socket
 import ssl
 
 from ..rpc.tls import is_tls_hello
-from .relay import BUFFER_BYTES, RelayBuffer
+from .relay import QueuedBuffer
 
 _READ_CHUNK = 256 << 10   # raw bytes read at most at once in the relay
 _MAX_RECORD = 16384 + 2048   # a TLS record's plaintext, and then some
@@ -105,7 +105,7 @@ class TLSLayer:
         return self._outgoing.read()
 
 
-class TLSBuffer(RelayBuffer):
+class TLSBuffer(QueuedBuffer):
     """One direction ``src -> dst`` of a pair with a TLS side: decrypt from ``src`` (if its
     layer is given), encrypt for ``dst`` (likewise), with :class:`~.relay.CopyBuffer`'s bound.
 
@@ -114,16 +114,14 @@ class TLSBuffer(RelayBuffer):
     """
 
     def __init__(self, src_tls: TLSLayer | None, dst_tls: TLSLayer | None) -> None:
+        super().__init__()
         self._src_tls = src_tls
         self._dst_tls = dst_tls
-        self._out = bytearray()
-        self._sent = 0
-        self.capacity = BUFFER_BYTES
         self.src_closed = False
 
     @property
     def pending(self) -> int:
-        return len(self._out) - self._sent + (self._dst_tls.pending if self._dst_tls else 0)
+        return self.queued + (self._dst_tls.pending if self._dst_tls else 0)
 
     def _room(self) -> int:
         """Raw bytes we may read: what they become must fit (records add under 1/16)."""
@@ -170,13 +168,7 @@ class TLSBuffer(RelayBuffer):
                 except BlockingIOError:
                     sent = 0
                 self._out += memoryview(records)[sent:]
-        while self._sent < len(self._out):
-            try:
-                self._sent += dst.send(memoryview(self._out)[self._sent:])
-            except BlockingIOError:
-                return
-        del self._out[:]
-        self._sent = 0
+        self.send_queued(dst)
 
     def farewell(self, dst: socket.socket) -> None:
         """When the pair ends: what is buffered, then a close_notify to a TLS ``dst``."""
@@ -186,9 +178,6 @@ class TLSBuffer(RelayBuffer):
             self.drain(dst)
         except OSError:
             pass
-
-    def close(self) -> None:
-        self._out = bytearray()
 
 
 def tls_buffers(a_tls: TLSLayer | None, b_tls: TLSLayer | None) -> tuple[TLSBuffer, TLSBuffer]:

@@ -10,28 +10,26 @@ from __future__ import annotations
 import socket
 
 from . import websocket as ws
-from .relay import BUFFER_BYTES, RelayBuffer
+from .relay import QueuedBuffer
 
 _MAX_HEADER = 10  # server frames are unmasked: 2 + 8 length bytes at most
 
 
-class WebSocketBuffer(RelayBuffer):
+class WebSocketBuffer(QueuedBuffer):
     """One direction ``src -> dst`` where ``src`` (``decoder`` given) or ``dst`` (``encode``)
     or both speak WebSocket; ``reverse`` is the other direction, which carries our
     answers to ``src``'s pings."""
 
     def __init__(self, decoder: ws.FrameDecoder | None, encode: bool) -> None:
+        super().__init__()
         self._decoder = decoder
         self._encode = encode
-        self._out = bytearray()
-        self._sent = 0
-        self.capacity = BUFFER_BYTES
         self.reverse: WebSocketBuffer | None = None
         self.src_closed = False  # src sent a close frame: the direction ends as at EOF
 
     @property
     def pending(self) -> int:
-        return len(self._out) - self._sent
+        return self.queued
 
     @property
     def full(self) -> bool:
@@ -80,13 +78,7 @@ class WebSocketBuffer(RelayBuffer):
         return b"".join(chunks)
 
     def drain(self, dst: socket.socket) -> None:
-        while self._sent < len(self._out):
-            try:
-                self._sent += dst.send(memoryview(self._out)[self._sent:])
-            except BlockingIOError:
-                return
-        del self._out[:]
-        self._sent = 0
+        self.send_queued(dst)
 
     def farewell(self, dst: socket.socket) -> None:
         """When the pair ends: a close frame to a WebSocket ``dst``, if whole frames went before."""
@@ -98,9 +90,6 @@ class WebSocketBuffer(RelayBuffer):
                 dst.send(ws.close_frame())
         except OSError:
             pass
-
-    def close(self) -> None:
-        self._out = bytearray()
 
 
 def websocket_buffers(a_decoder: ws.FrameDecoder | None, b_decoder: ws.FrameDecoder | None):

@@ -35,6 +35,7 @@ sys.path.insert(0, str(SRC))
 
 from kernelrpc.rpc import handshake as hs  # noqa: E402
 from loopback_hop import measure_hop_us  # noqa: E402
+from procs import recv_exactly  # noqa: E402
 
 MIB = 1 << 20
 HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device answers
@@ -99,16 +100,6 @@ def start_tvm_proxy() -> tuple[Proc, tuple[str, int]] | None:
 
 
 # -- raw echo device -----------------------------------------------------------
-def _recv_exactly(sock, n: int, buf: bytearray) -> None:
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:n])
-        if not k:
-            raise ConnectionError("peer closed")
-        got += k
-
-
 def serve_echo(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray(64 * MIB + 16)
@@ -116,11 +107,11 @@ def serve_echo(sock: socket.socket) -> None:
     while True:
         head = bytearray(HEADER.size)
         try:
-            _recv_exactly(sock, HEADER.size, head)
+            recv_exactly(sock, HEADER.size, head)
         except ConnectionError:
             return
         n_in, n_out = HEADER.unpack(head)
-        _recv_exactly(sock, n_in, buf)
+        recv_exactly(sock, n_in, buf)
         sock.sendall(memoryview(zeros)[:n_out])
 
 
@@ -182,7 +173,7 @@ class RawPath:
         else:
             self.sock.sendall(HEADER.pack(n_in, n_out))
             self.sock.sendall(memoryview(self.payload)[:n_in])
-        _recv_exactly(self.sock, n_out, self.buf)
+        recv_exactly(self.sock, n_out, self.buf)
 
     def round_trip(self) -> None:
         self._exchange(8, 8)

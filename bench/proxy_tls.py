@@ -30,6 +30,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from kernelrpc.rpc import handshake as hs
+from procs import recv_exactly  # noqa: E402
 
 MIB = 1 << 20
 HEADER = struct.Struct("<QQ")  # bytes the client sends next, bytes the device answers
@@ -51,15 +52,6 @@ class Proc:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.p.pid, 15)
         self.p.wait(10)
-
-
-def recv_exactly(sock, n: int, view: memoryview) -> None:
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:n])
-        if not k:
-            raise ConnectionError("peer closed")
-        got += k
 
 
 def paired(sock, key: str):

@@ -26,9 +26,7 @@ case. Every row always gets the same placement; the output says which.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -46,6 +44,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from kernelrpc import nd, rpc  # noqa: E402
+import procs  # noqa: E402
+from procs import stop  # noqa: E402
 
 SIZES_MIB = (1, 16, 64)
 PING_BYTES = 32
@@ -92,20 +92,8 @@ def _pin_server() -> None:
 
 
 def start(cmd: list[str], pattern: str, env=None) -> tuple[subprocess.Popen, tuple[str, int]]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True, preexec_fn=_pin_server)
-    for line in proc.stdout:
-        m = re.search(pattern, line)
-        if m:
-            return proc, (m.group(1), int(m.group(2)))
-    raise RuntimeError(f"{cmd} did not start")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Kill the whole process group: TVM's rpc_server serves from a worker child of its own."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    """procs.start with every server on the placement ``--pin`` chose."""
+    return procs.start(cmd, pattern, env, preexec_fn=_pin_server)
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:

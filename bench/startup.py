@@ -25,11 +25,8 @@ its server are measured too, one fresh client process at a time alternating with
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +36,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))   # this process builds the kernels with this tree's compiler
+
+from procs import start, stop  # noqa: E402
 
 # Run in a fresh interpreter per sample: argv = mode, JSON arguments; prints one JSON line.
 CLIENT = r'''
@@ -141,22 +140,6 @@ def env_for(src: str | None) -> dict:
     if src is not None:
         env["PYTHONPATH"] = src
     return env
-
-
-def start(cmd: list[str], pattern: str, env: dict) -> tuple[subprocess.Popen, tuple[str, int]]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    for line in proc.stdout:
-        m = re.search(pattern, line)
-        if m:
-            return proc, (m.group(1), int(m.group(2)))
-    raise RuntimeError(f"{cmd} did not start")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def client(mode: str, env: dict, **opts) -> dict:

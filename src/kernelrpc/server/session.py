@@ -45,6 +45,16 @@ _TREE_SIGNAL = signal.SIGRTMIN + 1 if hasattr(signal, "SIGRTMIN") and hasattr(si
 """The session child's parent-death signal: nothing else sends it."""
 
 
+def own_child(pid: int) -> None:
+    """Count ``pid`` among the server's live children: the orphan sweep after a session leaves
+    it alone (session children, and the TLS relays of live sessions)."""
+    _live.add(pid)
+
+
+def child_ended(pid: int) -> None:
+    _live.discard(pid)
+
+
 class SessionProcess:
     """A session child seen from the parent: wait for it, time it out, clean up after it."""
 
@@ -163,7 +173,7 @@ class SessionProcess:
 
     def _cleanup(self) -> None:
         self.done = True
-        _live.discard(self.pid)
+        child_ended(self.pid)
         if _server_subreaper:
             process_tree.end_orphans(_live)
         self.sock.close()
@@ -202,7 +212,7 @@ def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConf
     if pid == 0:
         os.close(status_r)
         _child_main(sock, status_w, workspace, config, timeout, initial, server_pid)
-    _live.add(pid)
+    own_child(pid)
     try:
         os.setpgid(pid, pid)            # also done by the child: whichever runs first
     except OSError:

@@ -51,14 +51,14 @@ STALL = 30.0
 class Relay:
     """The parent's view of a relay process: reap it once it has ended.
 
-    While it runs, its pid is among the server's live children (``session._live``): the
+    While it runs, its pid is among the server's live children (``session.own_child``): the
     server kills every other child it finds when a session ends (what sessions left behind).
     """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.done = False
-        _session._live.add(pid)
+        _session.own_child(pid)
 
     def reap(self, wait: float = 0.0) -> bool:
         """True once the relay has exited and is reaped; waits up to ``wait`` seconds, then kills it."""
@@ -92,7 +92,7 @@ class Relay:
 
     def _reaped(self) -> None:
         self.done = True
-        _session._live.discard(self.pid)
+        _session.child_ended(self.pid)
 
 
 def start_tls_session(tls_sock: ssl.SSLSocket, client_key: ParsedKey, config: ServerConfig,

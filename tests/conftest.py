@@ -7,7 +7,7 @@ import pytest
 
 from fixtures.build import build_fixture_module
 from kernelrpc import rpc
-from servicectl import Service, queue, start_server, start_tracker
+from servicectl import AUTH_TOKEN, Service, queue, start_server, start_tracker
 from tracker_peers import Raw
 
 
@@ -143,3 +143,12 @@ class TLSFiles:
 @pytest.fixture(scope="session")
 def tls_files(tmp_path_factory):
     return TLSFiles(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    """A file holding :data:`servicectl.AUTH_TOKEN`, readable by its owner only."""
+    path = tmp_path / "token"
+    path.write_text(AUTH_TOKEN + "\n")
+    path.chmod(0o600)
+    return str(path)

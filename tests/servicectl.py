@@ -5,6 +5,9 @@ import socket
 from kernelrpc.deploy.launch import READY, SRC, Service, child_env
 from kernelrpc.rpc.tracker_client import connect_tracker
 
+AUTH_TOKEN = "lab-token-0123456789abcdef"
+"""The shared secret of the authentication tests (the ``token_file`` fixture holds it)."""
+
 __all__ = ["READY", "SRC", "Service", "child_env", "free_port", "queue", "start_server", "start_tracker"]
 
 

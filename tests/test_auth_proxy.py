@@ -8,15 +8,9 @@ from kernelrpc import AuthenticationError, rpc
 from kernelrpc.rpc import auth as A
 from kernelrpc.rpc import handshake as H
 
-TOKEN = "lab-token-0123456789abcdef"
+from servicectl import AUTH_TOKEN as TOKEN
 DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
 
-
-@pytest.fixture
-def token_file(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    return str(path)
 
 
 @pytest.fixture

@@ -8,17 +8,9 @@ import pytest
 from kernelrpc import AuthenticationError, rpc
 from kernelrpc.rpc import auth as A
 from kernelrpc.rpc import handshake as H
-from servicectl import child_env
-
-TOKEN = "lab-token-0123456789abcdef"
+from servicectl import AUTH_TOKEN as TOKEN, child_env
 
 
-@pytest.fixture
-def token_file(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    return str(path)
 
 
 @pytest.fixture

@@ -8,16 +8,10 @@ import pytest
 from kernelrpc import AuthenticationError, rpc
 from kernelrpc.rpc import auth as A
 from kernelrpc.rpc.tracker_codec import MAGIC_BYTES
+from servicectl import AUTH_TOKEN as TOKEN
 from servicectl import child_env
 
-TOKEN = "lab-token-0123456789abcdef"
 
-
-@pytest.fixture
-def token_file(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    return str(path)
 
 
 @pytest.fixture

@@ -80,7 +80,6 @@ def test_remote_objects_freed_by_the_garbage_collector(session):
 
 
 def test_calling_a_freed_function_is_a_remote_error_and_the_session_goes_on(session):
-    from kernelrpc.rpc import protocol as P
 
     echo = session.get_function("testing.echo")
     session.channel.free(echo._handle)
@@ -135,7 +134,6 @@ def test_kernel_error_code_is_a_remote_error(session, kernels):
 
 
 def test_refused_copy_keeps_the_stream_in_step(session):
-    from kernelrpc.rpc import protocol as P
 
     tensor = nd.empty((1000,), "float32", session.cpu(0))
     session.channel.free(tensor._handle)

@@ -162,3 +162,24 @@ def test_the_one_read_decoders_leave_everything_but_one_frame_to_the_general_pat
         assert P.decode_result_frame(data, MAX_FRAME) is P.NOT_ONE_FRAME
     with pytest.raises(ProtocolError):
         P.decode_call_frame(P.encode_request(P.CALL, [1, 1]), MAX_FRAME)
+
+
+@given(handles, scalar_args | st.lists(values, max_size=4))
+def test_call_encoder_converts_with_to_wire_unless_the_call_is_one_scalar(function_id, args):
+    seen = []
+
+    def to_wire(given_args):
+        seen.append(given_args)
+        return list(given_args)
+
+    assert P.encode_call(function_id, args, None, to_wire) == P.encode_call(function_id, list(args))
+    one_scalar = len(args) == 1 and type(args[0]) in (int, float) and -2**63 <= args[0] < 2**63
+    assert seen == ([] if one_scalar else [args])
+
+
+def test_call_encoder_refuses_a_frame_over_the_limit_and_names_it():
+    body = len(P.encode_call(3, ["x" * 100])) - P.HEADER_SIZE
+    assert P.encode_call(3, ["x" * 100], body) == P.encode_call(3, ["x" * 100])
+    with pytest.raises(ValueError, match=f"frame limit of {body - 1} bytes"):
+        P.encode_call(3, ["x" * 100], body - 1)
+    assert P.encode_call(3, [1], P.MIN_MAX_FRAME_BYTES) == P.encode_call(3, [1])

@@ -72,21 +72,30 @@ class Channel:
         """Send ``request`` and return the values of its RETURN reply."""
         return decode_values(self._exchange(P.encode(request)))
 
-    def call(self, function_id: int, args) -> object:
-        """Call a remote function with wire-value ``args``; its result as a wire value.
+    def call(self, function_id: int, args, to_wire=None) -> object:
+        """Call a remote function with ``args``, wire values or made so by ``to_wire``
+        (protocol.encode_call); its result as a wire value.
 
         Fast path (docs/performance.md): a reply that arrives whole in one read is decoded
         straight from it (protocol.decode_result_frame); anything else goes the general way.
         """
-        frame = encode_call(function_id, args)
-        if len(frame) > self.max_frame_bytes:
-            raise ValueError(f"the arguments of this call take {len(frame)} bytes, more than the "
-                             f"server's frame limit of {self.max_frame_bytes} bytes; pass large "
-                             "arrays as remote tensors (sess.empty(...).copyfrom(array))")
+        frame = encode_call(function_id, args, self.max_frame_bytes, to_wire)
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
         try:
-            chunk = self._send_and_read(frame)
+            if self._released or self._closed:
+                frame = self._with_frees(frame)
+            conn = self.conn
+            try:
+                conn.sock.sendall(frame)
+                chunk = conn.recv_chunk()
+            except OSError as exc:
+                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+            except ConnectionLost as exc:
+                raise self._lost(exc) from None
+            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+                self.mark_closed()
+                raise
             if chunk is not None:
                 result = decode_result_frame(chunk, self.max_frame_bytes)
                 if result is not NOT_ONE_FRAME:

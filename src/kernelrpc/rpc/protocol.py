@@ -189,17 +189,25 @@ _CALL_INT = struct.Struct(_CALL_HEAD.format + "Bq")      # a whole CALL with one
 _CALL_FLOAT = struct.Struct(_CALL_HEAD.format + "Bd")
 _RESULT_INT = struct.Struct(_RESULT_HEAD.format + "Bq")  # a whole RETURN of one int
 _RESULT_FLOAT = struct.Struct(_RESULT_HEAD.format + "Bd")
-_ONE_INT = struct.Struct("<q")    # unpacks a scalar straight into the one-argument tuple
-_ONE_FLOAT = struct.Struct("<d")
 _SCALAR_CALL_LENGTH = _CALL_FIXED + _SCALAR_LENGTH
 _SCALAR_RESULT_LENGTH = 4 + _SCALAR_LENGTH
 _OP_OFFSET = HEADER_SIZE
+# The whole-frame checks of the one-int CALL and RETURN: the bytes that do not vary (header, op,
+# count, tags) compared at once, the rest unpacked in the same struct operation.
+_CALL_INT_PREFIX = _CALL_INT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, 0, T_INT, 0)[:_CALL_HEAD.size - 8]
+_CALL_INT_FRAME = struct.Struct(f"<{len(_CALL_INT_PREFIX)}sQBq")    # prefix, function id, tag, value
 _RESULT_INT_PREFIX = _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, 0)[:HEADER_SIZE + 5]
-_RESULT_INT_PREFIX_SIZE = len(_RESULT_INT_PREFIX)
+_RESULT_INT_FRAME = struct.Struct(f"<{len(_RESULT_INT_PREFIX)}sq")  # prefix, value
 
 
-def encode_call(function_id: int, args=()) -> bytes:
-    """A CALL request of function ``function_id`` with ``args`` (wire values)."""
+def encode_call(function_id: int, args=(), max_frame_bytes: int | None = None, to_wire=None) -> bytes:
+    """A CALL request of function ``function_id`` with ``args``; ValueError if it is longer than
+    ``max_frame_bytes`` (the server's frame limit, when given).
+
+    ``args`` are wire values, or whatever ``to_wire(args)`` turns into wire values (the client's
+    session converts its remote objects and arrays); it is not called for one int or float, so
+    the trivial call converts nothing.
+    """
     if len(args) == 1:
         kind = type(args[0])
         try:
@@ -211,7 +219,13 @@ def encode_call(function_id: int, args=()) -> bytes:
                                         T_FLOAT, args[0])
         except struct.error:
             pass  # out of range: encode_items below names the value
+    if to_wire is not None:
+        args = to_wire(args)
     payload = encode_items(args)
+    if max_frame_bytes is not None and _CALL_FIXED + len(payload) > max_frame_bytes:
+        raise ValueError(f"the arguments of this call take {HEADER_SIZE + _CALL_FIXED + len(payload)} "
+                         f"bytes, more than the server's frame limit of {max_frame_bytes} bytes; pass "
+                         "large arrays as remote tensors (sess.empty(...).copyfrom(array))")
     return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
                            function_id) + payload
 
@@ -232,10 +246,15 @@ def decode_call_frame(data: bytes, max_frame_bytes: int) -> Call | None:
     """Fast path: the Call in ``data`` if it is exactly one whole CALL frame, else None.
 
     For the server's read that holds one request (what a measurement loop sends): it decodes
-    straight from the read, without the frame reader's buffer and a copy of the body. None leaves
-    everything else (part of a frame, several, another op, a bad header) to FrameReader and
-    decode_request, which judge it alike (tests/test_protocol_fastpath.py).
+    straight from the read, without the frame reader's buffer and a copy of the body, a call
+    with one int argument in one struct operation. None leaves everything else (part of a frame,
+    several, another op, a bad header) to FrameReader and decode_request, which judge it alike
+    (tests/test_protocol_fastpath.py).
     """
+    if len(data) == _CALL_INT_FRAME.size:
+        prefix, function_id, value_tag, value = _CALL_INT_FRAME.unpack(data)
+        if prefix == _CALL_INT_PREFIX and value_tag == T_INT:
+            return _tuple_new(Call, (function_id, (value,)))
     if len(data) < _CALL_HEAD.size or data[_OP_OFFSET] != CALL:
         return None
     length, frame_type, _, count, tag, function_id = _CALL_HEAD.unpack_from(data)
@@ -243,12 +262,6 @@ def decode_call_frame(data: bytes, max_frame_bytes: int) -> Call | None:
         return None
     if tag != T_FUNCTION or count == 0:
         raise ProtocolError("CALL needs a function handle first")
-    if length == _SCALAR_CALL_LENGTH and count == 2:
-        value_tag = data[_CALL_HEAD.size]
-        if value_tag == T_INT:
-            return _tuple_new(Call, (function_id, _ONE_INT.unpack_from(data, _CALL_HEAD.size + 1)))
-        if value_tag == T_FLOAT:
-            return _tuple_new(Call, (function_id, _ONE_FLOAT.unpack_from(data, _CALL_HEAD.size + 1)))
     return _tuple_new(Call, (function_id, decode_items(data, _CALL_HEAD.size, count - 1)))
 
 
@@ -280,8 +293,10 @@ def decode_result_frame(data: bytes, max_frame_bytes: int):
     The client's counterpart of decode_call_frame: a malformed value in a whole RETURN frame
     raises ProtocolError, as decode_result does.
     """
-    if len(data) == _RESULT_INT.size and data[:_RESULT_INT_PREFIX_SIZE] == _RESULT_INT_PREFIX:
-        return _ONE_INT.unpack_from(data, _RESULT_INT_PREFIX_SIZE)[0]
+    if len(data) == _RESULT_INT_FRAME.size:
+        prefix, value = _RESULT_INT_FRAME.unpack(data)
+        if prefix == _RESULT_INT_PREFIX:
+            return value
     if len(data) < HEADER_SIZE:
         return NOT_ONE_FRAME
     length, frame_type = _HEADER.unpack_from(data)

@@ -38,23 +38,19 @@ class _Remote:
 class Function(_Remote):
     """A function on the server (a module's kernel or a global function); call it like one."""
 
-    __slots__ = ("name", "_id")
+    __slots__ = ("name", "_id", "_to_wire")
 
     def __init__(self, session, handle: FunctionHandle, name: str) -> None:
         self._session = session
         self._channel = session.channel
         self._handle = handle
         self._id = handle.id
+        self._to_wire = session.all_to_wire
         self.name = name
 
     def __call__(self, *args):
-        session = self._session
-        for arg in args:
-            if type(arg) not in PLAIN:
-                args = session.all_to_wire(args)
-                break
-        result = self._channel.call(self._id, args)
-        return result if type(result) in PLAIN else session.from_wire(result)
+        result = self._channel.call(self._id, args, self._to_wire)
+        return result if type(result) in PLAIN else self._session.from_wire(result)
 
     def __repr__(self) -> str:
         return f"<remote Function {self.name} on {self._channel.address}>"

@@ -28,6 +28,7 @@ from .config import ServerConfig
 from .workspace import Workspace, WorkspaceError
 
 log = logging.getLogger(__name__)
+_encode_result = P.encode_result  # a module global: one lookup on the CALL path, not two
 
 
 class SessionIdle(ConnectionLost):
@@ -222,7 +223,7 @@ class SessionHandler:
         result = func(*args)
         if self._checked:
             canary.check_arguments(args)
-        return P.encode_result(result if type(result) in PLAIN else self.handles.to_wire(result))
+        return _encode_result(result if type(result) in PLAIN else self.handles.to_wire(result))
 
     def _get_global(self, request):
         func = self._session_globals.get(request.name) or registry.get(request.name)

@@ -173,7 +173,7 @@ def test_call_encoder_converts_with_to_wire_unless_the_call_is_one_scalar(functi
         return list(given_args)
 
     assert P.encode_call(function_id, args, None, to_wire) == P.encode_call(function_id, list(args))
-    one_scalar = len(args) == 1 and type(args[0]) in (int, float) and -2**63 <= args[0] < 2**63
+    one_scalar = len(args) == 1 and (type(args[0]) is float or type(args[0]) is int and -2**63 <= args[0] < 2**63)
     assert seen == ([] if one_scalar else [args])
 
 

@@ -232,29 +232,27 @@ def _type_error(op: Op, field: str, expected, value) -> ProtocolError:
 
 
 def _check(op: Op, field: _Field, value) -> None:
-    kind = field.kind
-    if kind is int or kind is float:
-        if type(value) is not kind:
+    kind, bounds = field.kind, field.bounds
+    if type(value) is not kind:  # the decoder makes exact types: a subclass is rare, and never an int
+        if kind is int or kind is float or not (kind is WIRE_VALUE or isinstance(value, kind)):
             raise _type_error(op, field.name, kind, value)
-        if field.bounds is not None:
-            low, high = field.bounds
-            if not (low <= value <= high) or (kind is float and math.isnan(value)):
-                raise ProtocolError(f"{op.name}: {field.name}={value!r} is outside [{low}, {high}]")
+    if bounds is None or bounds.__class__ is str:  # "shape", "dtype": checked together below
         return
-    if kind is WIRE_VALUE:
+    if kind is str:
+        if len(value.encode("utf-8", "surrogatepass")) > bounds.high:
+            raise ProtocolError(f"{op.name}: {field.name} is longer than {int(bounds.high)} bytes")
         return
-    if not isinstance(value, kind):
-        raise _type_error(op, field.name, kind, value)
-    if field.bounds == "shape" or field.bounds == "dtype":
-        return  # checked together with the dtype, below
-    if isinstance(field.bounds, Bounds) and len(value.encode("utf-8", "surrogatepass")) > field.bounds.high:
-        raise ProtocolError(f"{op.name}: {field.name} is longer than {int(field.bounds.high)} bytes")
+    low, high = bounds
+    if not (low <= value <= high) or (kind is float and math.isnan(value)):
+        raise ProtocolError(f"{op.name}: {field.name}={value!r} is outside [{low}, {high}]")
 
 
 _OP_BY_VALUE = {int(op): op for op in Op}
 _CALL = int(Op.CALL)
 _LAYOUT_OPS = frozenset({int(Op.EMPTY), int(Op.ARRAY)})  # ints: reading Op.X costs ~0.3 us a time
 _FIELDS_BY_VALUE = {int(op): fields for op, fields in _FIELDS.items()}
+_TYPE_BY_VALUE = {int(op): kind for op, kind in REQUEST_TYPES.items()}
+_tuple_new = tuple.__new__  # a NamedTuple from a checked list, without its Python-level __new__
 
 
 def from_values(values_op: int, values: list):
@@ -271,21 +269,18 @@ def from_values(values_op: int, values: list):
         fixed = len(fields) - 1
         if len(values) < fixed:
             raise ProtocolError(f"{op.name}: expected at least {fixed} values, got {len(values)}")
+        rest, kinds = tuple(values[fixed:]), fields[-1].kind
+        for value in rest:
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise _type_error(op, fields[-1].name + " entries", kinds, value)
+        values = [*values[:fixed], rest]
     elif len(values) != len(fields):
         raise ProtocolError(f"{op.name}: expected {len(fields)} values "
                             f"({', '.join(f.name for f in fields) or 'none'}), got {len(values)}")
-    out = []
-    for i, field in enumerate(fields):
-        if field.rest:
-            rest = tuple(values[i:])
-            for value in rest:
-                if not isinstance(value, field.kind) or isinstance(value, bool):
-                    raise _type_error(op, field.name + " entries", field.kind, value)
-            out.append(rest)
-            break
-        _check(op, field, values[i])
-        out.append(values[i])
-    request = REQUEST_TYPES[op]._make(out)
+    for field, value in zip(fields, values):
+        if not field.rest:
+            _check(op, field, value)
+    request = _tuple_new(_TYPE_BY_VALUE[values_op], values)
     if values_op in _LAYOUT_OPS:
         try:
             check_layout(request.dtype, request.shape)

@@ -255,9 +255,9 @@ class SessionHandler:
                 self.tensor_bytes -= self._allocated.pop(handle_id, 0)
                 obj.free()
 
-    def _allocate(self, shape, dtype: str, device: DeviceValue) -> tuple[int, runtime.Tensor]:
-        """A new zero-filled tensor in the handle table, within the server's limits."""
-        nbytes = nbytes_of(dtype, shape)
+    def _allocate(self, shape, dtype: str, device: DeviceValue, nbytes: int) -> tuple[int, runtime.Tensor]:
+        """A new zero-filled tensor of ``nbytes`` (its checked layout's size) in the handle table,
+        within the server's limits."""
         if nbytes > self.config.max_tensor_bytes:
             raise MemoryError(f"tensor of {nbytes} bytes exceeds the server's limit of "
                               f"{self.config.max_tensor_bytes} bytes (max_tensor_bytes)")
@@ -275,7 +275,8 @@ class SessionHandler:
         return handle_id, tensor
 
     def _empty(self, request):
-        handle_id, tensor = self._allocate(request.shape, request.dtype, request.device)
+        nbytes = nbytes_of(request.dtype, request.shape)
+        handle_id, tensor = self._allocate(request.shape, request.dtype, request.device, nbytes)
         return P.encode_return([TensorHandle(handle_id, tensor.dtype, tuple(tensor.shape), request.device)])
 
     def _array(self, request):
@@ -283,7 +284,7 @@ class SessionHandler:
         if request.nbytes not in (0, nbytes):
             raise ValueError(f"ARRAY of {request.dtype}{list(request.shape)} takes {nbytes} bytes "
                              f"or none, not {request.nbytes}")
-        handle_id, tensor = self._allocate(request.shape, request.dtype, request.device)
+        handle_id, tensor = self._allocate(request.shape, request.dtype, request.device, nbytes)
         if request.nbytes:
             try:
                 self._receive_raw(tensor.buffer, self._pace_deadline(nbytes))
@@ -332,7 +333,7 @@ class SessionHandler:
         """``recv_raw_into``, in pieces between which the pace is checked: a transfer that
         would end after ``deadline`` ends the session (it cannot be refused in step)."""
         view = memoryview(target).cast("B")
-        if deadline is None:
+        if deadline is None or len(view) <= self.conn.reader.pending:  # no wait: nothing to pace
             self.conn.recv_raw_into(view)
             return
         for pos in range(0, len(view), _PACE_CHUNK):

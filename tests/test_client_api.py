@@ -14,6 +14,7 @@ from kernelrpc.runtime import Tensor as LocalTensor
 
 @pytest.fixture
 def server(start_service):
+    """A server without a key whose tensors are limited to 1 MB (test_client_requests uses it too)."""
     return start_service("kernelrpc.server", ["--port", "0", "--max-tensor-bytes", "1000000"])
 
 

@@ -11,17 +11,7 @@ from kernelrpc.rpc import channel as channel_module
 from kernelrpc.rpc import protocol as P
 from kernelrpc.rpc.requests import Op
 from kernelrpc.rpc.values import DeviceValue, ModuleHandle, TensorHandle
-
-
-@pytest.fixture
-def server(start_service):
-    return start_service("kernelrpc.server", ["--port", "0", "--max-tensor-bytes", "1000000"])
-
-
-@pytest.fixture
-def session(server):
-    with rpc.connect(server.host, server.port) as sess:
-        yield sess
+from test_client_api import server, session  # noqa: F401 (the client tests' server: tensors up to 1 MB)
 
 
 def send_raw_request(session, frame: bytes, raw: bytes = b""):

@@ -21,7 +21,7 @@ from typing import NoReturn
 from ..errors import ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
 from . import protocol as P
 from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame, encode_call
-from .requests import OPTIONAL_OPS, Free, Op, Release, Shutdown
+from .requests import OPTIONAL_OPS, Free, Op, Shutdown
 from .transport import FramedSocket
 from .values import decode_values
 
@@ -248,7 +248,7 @@ class Channel:
             raise ConnectionLost(f"the session with {self.address} is closed")
         released, self._released = self._released, []
         if self._release_op:
-            return P.encode(Release(tuple(h.id for h in released))) + frame
+            return P.encode_request(P.RELEASE, [h.id for h in released]) + frame  # Release's wire values
         try:  # a server without RELEASE answers the FREE: read that reply before the request's
             self.conn.sock.sendall(P.encode(Free(tuple(released))))
         except OSError as exc:

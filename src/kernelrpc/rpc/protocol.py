@@ -306,7 +306,10 @@ def decode_result_frame(data: bytes, max_frame_bytes: int):
 
 
 def encode_return(values=()) -> bytes:
-    return encode_frame(RETURN, encode_values(values))
+    return encode_frame(RETURN, encode_values(values)) if values else _EMPTY_RETURN
+
+
+_EMPTY_RETURN = encode_frame(RETURN, encode_values(()))  # COPY_TO's, FREE's, REMOVE's reply
 
 
 def encode_error(type_name: str, message: str, traceback_text: str = "") -> bytes:

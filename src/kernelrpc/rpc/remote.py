@@ -8,6 +8,7 @@ handle on the server with the session's next request.
 from __future__ import annotations
 
 import json
+import math
 
 from ..runtime.device import Device
 from ..runtime.tensor import TensorLayout
@@ -16,7 +17,7 @@ from .convert import PLAIN
 from .protocol import decode_profile
 from .requests import CopyFrom, CopyTo, GetFunction, Op, TimeEvaluatorPacked
 from .requests import TimeEvaluator as TimeEvaluatorRequest
-from .values import DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, nbytes_of
+from .values import DTYPE_BYTES, DeviceValue, FunctionHandle, ModuleHandle, TensorHandle
 
 
 def byte_view(array) -> memoryview:
@@ -159,7 +160,7 @@ class Tensor(_Remote, TensorLayout):
 
     @property
     def nbytes(self) -> int:
-        return nbytes_of(self.dtype, self.shape)
+        return DTYPE_BYTES[self.dtype] * math.prod(self.shape)  # a handle's layout is checked already
 
     def _live(self):
         if self._session is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernelrpc.rpc import protocol as P  # noqa: E402
+from kernelrpc.rpc.convert import Converter  # noqa: E402
 from kernelrpc.rpc.requests import from_values  # noqa: E402
 from kernelrpc.rpc.values import FunctionHandle, decode_values  # noqa: E402
 
@@ -43,6 +44,9 @@ def pairs():
            lambda: P.decode_result(one_read.whole_frame(result)[1]))
     yield ("encode CALL echo('x')", lambda: P.encode_call(3, ("x",)),
            lambda: P.encode_request(P.CALL, [FunctionHandle(3), "x"]))
+    to_wire = Converter().all_to_wire  # what a session's Function passes: plain values stay as they are
+    yield ("CALL echo(1), to_wire given", lambda: P.encode_call(3, (1,), 1 << 20, to_wire),
+           lambda: P.encode_call(3, to_wire((1,)), 1 << 20))
 
 
 def main() -> None:

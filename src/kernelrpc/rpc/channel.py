@@ -83,19 +83,7 @@ class Channel:
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
         try:
-            if self._released or self._closed:
-                frame = self._with_frees(frame)
-            conn = self.conn
-            try:
-                conn.sock.sendall(frame)
-                chunk = conn.recv_chunk()
-            except OSError as exc:
-                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
-            except ConnectionLost as exc:
-                raise self._lost(exc) from None
-            except KeyboardInterrupt:  # the reply would arrive later and desync the stream
-                self.mark_closed()
-                raise
+            chunk = self._send_and_read(frame)
             if chunk is not None:
                 result = decode_result_frame(chunk, self.max_frame_bytes)
                 if result is not NOT_ONE_FRAME:

@@ -182,6 +182,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="client processes per contender for the session rows")
     parser.add_argument("--no-tvm", action="store_true")
+    parser.add_argument("--connect-only", action="store_true",
+                        help="only the import and connect_tracker() rows (no servers, no kernels)")
     args = parser.parse_args()
     tvm_ok = not args.no_tvm and subprocess.run([sys.executable, "-c", "import tvm"],
                                                capture_output=True).returncode == 0
@@ -199,7 +201,7 @@ def main() -> None:
                                    r"listening on (\S+):(\d+)", env_for(str(SRC)))
             procs.append(tproc)
             servers = {}
-            for name, (env, is_tvm) in contenders.items():
+            for name, (env, is_tvm) in ({} if args.connect_only else contenders).items():
                 if is_tvm:
                     cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
                            "--port", "9400", "--port-end", "9500"]
@@ -210,7 +212,7 @@ def main() -> None:
                                        r"listening on (\S+):(\d+)", env)
                 procs.append(proc)
                 servers[name] = list(addr)
-            libs = build_kernels(tmp, tvm_ok)
+            libs = {} if args.connect_only else build_kernels(tmp, tvm_ok)
 
             rows: dict[str, dict[str, list[float]]] = {}
             heavy: dict[str, list[str]] = {}
@@ -234,14 +236,14 @@ def main() -> None:
                     add("first connect_tracker() in a process", name, out["connect"])
                     add("import + first connect_tracker()", name, out["import"] + out["connect"])
                     heavy[name] = out["heavy"]
-            for round_ in range(args.rounds):
+            for round_ in range(0 if args.connect_only else args.rounds):
                 for name in rotated(round_):
                     env, is_tvm = contenders[name]
                     out = client("session", env, tvm=is_tvm, server=servers[name],
                                  n=max(1, args.sessions // args.rounds))
                     add("first get_function + call on a new session", name, out["first"])
                     add("the same again on that session (warm)", name, out["warm"])
-            for round_ in range(args.rounds):
+            for round_ in range(0 if args.connect_only else args.rounds):
                 for name in rotated(round_):
                     env, is_tvm = contenders[name]
                     lib = libs["tvm" if is_tvm else "kernelrpc"]

@@ -2,12 +2,19 @@
 
 A connection opens with the 4-byte magic (sent alone, echoed back), then carries
 frames of ``i32 length`` + UTF-8 JSON in both directions.
+
+The JSON is ``json.dumps``/``json.loads``'s, byte for byte, made by the C half of ``json``
+(``_json``) that they run on: the ``json`` package itself imports ``re`` and compiles its
+patterns, which would cost a process's first ``connect_tracker()`` more than everything
+else it does (docs/performance.md, "Start-up and first use"). For the same reason the
+lengths are ``int.to_bytes`` rather than ``struct``, and the message codes plain ints
+(:class:`Code`), with TVM's ``TrackerCode`` enum made when first asked for.
 """
 from __future__ import annotations
 
 from ..errors import ProtocolError
 
-try:        # the C half of ``json``: ``json`` itself imports ``re`` and compiles its patterns
+try:
     from _json import encode_basestring_ascii as _encode_str
     from _json import make_encoder as _make_encoder
     from _json import make_scanner as _make_scanner

@@ -11,12 +11,12 @@ from servicectl import SRC, child_env
 HEAVY = ("numpy", "llvmlite", "tqdm", "cloudpickle", "tornado")
 
 
-def loaded_after(code: str, before: str = "") -> set[str]:
+def loaded_after(code: str, before: str | None = None) -> set[str]:
     """The modules a fresh interpreter holds after running ``code``; with ``before``, only those
     that ``code`` loaded after ``before`` ran. The variables that turn on authentication or TLS
     are left out of the interpreter's environment."""
-    script = (f"import sys as _s\n{before}\n_before = set(_s.modules) if {bool(before)} else set()\n{code}\n"
-              "_loaded = sorted(set(_s.modules) - _before)\nimport json as _j\nprint(_j.dumps(_loaded))\n")
+    script = (f"import sys as _s\n{before or ''}\n_before = set(_s.modules) if {before is not None} else set()\n"
+              f"{code}\n_loaded = sorted(set(_s.modules) - _before)\nimport json as _j\nprint(_j.dumps(_loaded))\n")
     env = {name: value for name, value in child_env({"PYTHONPATH": SRC}).items()
            if not name.startswith(("KERNELRPC_AUTH_", "KERNELRPC_TLS_"))}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
@@ -25,7 +25,7 @@ def loaded_after(code: str, before: str = "") -> set[str]:
 
 
 def test_importing_the_rpc_package_loads_only_the_error_classes():
-    loaded = loaded_after("import kernelrpc.rpc", before="pass")
+    loaded = loaded_after("import kernelrpc.rpc", before="")
     assert {name for name in loaded if name.startswith("kernelrpc")} == {"kernelrpc", "kernelrpc.errors",
                                                                        "kernelrpc.rpc"}
     assert not loaded & {"importlib", "warnings", "logging", "socket", "re", "typing", "enum"}, loaded

@@ -1,6 +1,6 @@
 """Start-up and first-use costs, each next to Apache TVM (when installed) in the same run.
 
-    PYTHONPATH=src python bench/startup.py [--compare OTHER/src] [--samples N] [--no-tvm]
+    PYTHONPATH=src python bench/startup.py [--compare OTHER/src] [--samples N] [--no-tvm] [--connect-only]
 
 Rows (medians over ``--samples`` fresh processes or sessions):
 
@@ -8,7 +8,7 @@ Rows (medians over ``--samples`` fresh processes or sessions):
   packages (numpy, llvmlite, tqdm) it loaded;
 * the first ``connect_tracker()`` in that process, after the import (TVM's import takes
   seconds and loads what its connect needs; kernelrpc's connect loads its own code), and
-  import + connect together;
+  import + connect together, and the connect with the first exchange on it (``summary()``);
 * the first ``get_function("testing.echo")`` + call on a new session (what the session's child
   does on its first requests), and the same pair again on that session (warm);
 * a whole remote ``time_evaluator(number=100, repeat=20)`` call for a 1-element kernel: the first
@@ -62,7 +62,9 @@ if mode == "connect":
     t1 = time.perf_counter()
     session = rpc.connect_tracker(*opts["tracker"])
     t2 = time.perf_counter()
-    out = {"import": t1 - t0, "connect": t2 - t1,
+    session.summary()
+    t3 = time.perf_counter()
+    out = {"import": t1 - t0, "connect": t2 - t1, "summary": t3 - t2,
            "heavy": sorted(m for m in ("numpy", "llvmlite", "tqdm") if m in sys.modules)}
 elif mode == "session":
     if opts["tvm"]:
@@ -182,6 +184,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="client processes per contender for the session rows")
     parser.add_argument("--no-tvm", action="store_true")
+    parser.add_argument("--connect-only", action="store_true",
+                        help="only the import and connect_tracker() rows (no servers, no kernels)")
     args = parser.parse_args()
     tvm_ok = not args.no_tvm and subprocess.run([sys.executable, "-c", "import tvm"],
                                                capture_output=True).returncode == 0
@@ -199,7 +203,7 @@ def main() -> None:
                                    r"listening on (\S+):(\d+)", env_for(str(SRC)))
             procs.append(tproc)
             servers = {}
-            for name, (env, is_tvm) in contenders.items():
+            for name, (env, is_tvm) in ({} if args.connect_only else contenders).items():
                 if is_tvm:
                     cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
                            "--port", "9400", "--port-end", "9500"]
@@ -210,7 +214,7 @@ def main() -> None:
                                        r"listening on (\S+):(\d+)", env)
                 procs.append(proc)
                 servers[name] = list(addr)
-            libs = build_kernels(tmp, tvm_ok)
+            libs = {} if args.connect_only else build_kernels(tmp, tvm_ok)
 
             rows: dict[str, dict[str, list[float]]] = {}
             heavy: dict[str, list[str]] = {}
@@ -233,15 +237,16 @@ def main() -> None:
                     add("import the rpc package", name, out["import"])
                     add("first connect_tracker() in a process", name, out["connect"])
                     add("import + first connect_tracker()", name, out["import"] + out["connect"])
+                    add("first connect_tracker() + its first summary()", name, out["connect"] + out["summary"])
                     heavy[name] = out["heavy"]
-            for round_ in range(args.rounds):
+            for round_ in range(0 if args.connect_only else args.rounds):
                 for name in rotated(round_):
                     env, is_tvm = contenders[name]
                     out = client("session", env, tvm=is_tvm, server=servers[name],
                                  n=max(1, args.sessions // args.rounds))
                     add("first get_function + call on a new session", name, out["first"])
                     add("the same again on that session (warm)", name, out["warm"])
-            for round_ in range(args.rounds):
+            for round_ in range(0 if args.connect_only else args.rounds):
                 for name in rotated(round_):
                     env, is_tvm = contenders[name]
                     lib = libs["tvm" if is_tvm else "kernelrpc"]

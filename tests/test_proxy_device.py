@@ -180,6 +180,29 @@ def test_the_tracker_shows_the_same_device_for_a_server_behind_the_proxy(start_s
     wait_for_matches(p, r"paired client .* with device .*-device=\S+\.\.\.\(\d+ chars\)")
 
 
+def test_different_boards_behind_one_proxy_are_listed_under_their_key(start_service, proxy):
+    tracker = start_service("kernelrpc.tracker", ["--port", "0", "--web-port", "0"])
+    page = tracker.wait_for_line(r"status page on http://").split("status page on ", 1)[1].strip()
+    p = proxy("--tracker", f"127.0.0.1:{tracker.port}")
+    x86 = {"machine": "x86_64", "target": "llvm -mtriple=x86_64-linux-gnu", "cpus": 8}
+    boards = [connect(p.address, f"server:lab -protocol=kernelrpc/1 -device={pack(record)}")
+              for record in (ARM, x86, ARM)]
+    wait_for_matches(p, r"offered lab:\S+ to the tracker", 3)
+    info = wait_until(lambda: [i for i in server_infos(tracker)
+                               if i["key"] == "server:proxy[lab]" and len(i.get("devices", {}).get("lab", ())) == 2])[0]
+    assert info["device"] == {} and info["devices"] == {"lab": [ARM, x86]}
+    with urllib.request.urlopen(page + "api/status", timeout=10) as response:
+        (row,) = json.loads(response.read())["servers"]
+    assert row["key"] == "proxy[lab]" and row["arch"] == "aarch64, x86_64"
+    for _ in range(2):        # clients by plain key take the oldest two: one ARM board is left
+        client = connect(p.address, "client:lab")
+        assert read_reply(client)[0].ok
+        client.close()
+    wait_until(lambda: [i["device"] for i in server_infos(tracker) if i["key"] == "server:proxy[lab]"] == [ARM])
+    for board in boards:
+        board.close()
+
+
 def test_a_bad_record_is_logged_and_the_device_still_serves(start_service, proxy):
     tracker = start_service("kernelrpc.tracker", ["--port", "0"])
     p = proxy("--tracker", f"127.0.0.1:{tracker.port}")

@@ -13,7 +13,9 @@ import re
 import urllib.request
 import zlib
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from conftest import wait_until
 from kernelrpc.rpc import connect_tracker
@@ -56,6 +58,7 @@ def test_a_record_too_long_for_the_key_goes_without_its_features():
     (base64.urlsafe_b64encode(b"plain json").decode().rstrip("="), "not base64url-encoded zlib"),
     (pack(b" " * (1 << 20)), "expands to more than"),                 # a compression bomb
     (pack(json.dumps(RECORD).encode()[:-1]), "not JSON"),
+    (pack(b"[" * 4000 + b"]" * 4000), "not JSON"),                     # deeper than Python recurses
     (pack(["machine", "target"]), "a JSON list, not an object"),
     (pack({"target": "llvm"}), "has no machine"),
     (pack({**RECORD, "cpus": "2"}), "'cpus' is str, not int"),
@@ -69,6 +72,20 @@ def test_a_record_too_long_for_the_key_goes_without_its_features():
 def test_bad_records_are_refused_with_the_reason(value, reason):
     with pytest.raises(D.BadRecord, match=reason):
         D.decode(value)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(st.one_of(st.text(max_size=3000), st.binary(max_size=3000).map(pack),
+                            st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+                                         lambda inner: st.lists(inner, max_size=4)
+                                         | st.dictionaries(st.sampled_from(sorted(D.FIELDS)), inner, max_size=6),
+                                         max_leaves=30).map(pack)))
+def test_whatever_arrives_is_a_checked_record_or_a_bad_record(value):
+    try:
+        record, unknown = D.decode(value)
+    except D.BadRecord:
+        return
+    assert set(record) <= set(D.FIELDS) and not unknown and len(json.dumps(record)) <= D.MAX_RECORD_BYTES
 
 
 def test_unknown_fields_are_left_out_and_named():
@@ -140,6 +157,40 @@ def test_records_beyond_the_trackers_info_bound_are_counted_not_sent():
     info = infos(ready(m))[-1]
     assert 0 < info["devices_omitted"] < 60 and len(info["devices"]["k"]) + info["devices_omitted"] == 60
     assert len(json.dumps(info)) < 16 * 1024
+
+
+BOARDS = [None, ARM, {"machine": "x86_64", "target": "llvm"}, {"machine": "riscv64", "target": "llvm", "cpus": 1}]
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.sampled_from(["a", "b"]),
+                                     st.integers(0, len(BOARDS) - 1)), max_size=30))
+def test_what_the_tracker_holds_matches_the_waiting_devices(steps):
+    m = machine()
+    ready(m)
+    held: dict = {}                         # the tracker's merged info, as it applies UPDATE_INFO
+    waiting: dict = {}
+    for now, (add, offer, key, board) in enumerate(steps):
+        if add and offer not in waiting:
+            waiting[offer] = (key, BOARDS[board])
+            actions = m.handle(R.OfferAdded(offer, key, f"{key}:{offer}", "kernelrpc/1", BOARDS[board]), now)
+        elif not add and offer in waiting:
+            del waiting[offer]
+            actions = m.handle(R.OfferWithdrawn(offer, handed_out=True), now)
+        else:
+            continue
+        for info in infos(actions):
+            held.update(info)
+    records = [r for _, r in waiting.values()]
+    if not any(records):
+        assert held.get("device", {}) == {} and held.get("devices", {}) == {}
+        return
+    expected: dict = {}
+    for key, record in waiting.values():
+        if record and record not in expected.setdefault(key, []):
+            expected[key].append(record)
+    assert held["devices"] == {k: v for k, v in sorted(expected.items()) if v}
+    assert held.get("device", {}) == (records[0] if all(r == records[0] for r in records) else {})
 
 
 # -- real processes -------------------------------------------------------------------------------

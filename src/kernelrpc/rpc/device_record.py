@@ -47,7 +47,7 @@ class BadRecord(ValueError):
 def encode(record: dict) -> str:
     """The ``-device=`` value for ``record``; without ``features`` if the whole one is too long
     (``target`` names the features code generation uses).  Raises BadRecord if even that is."""
-    import zlib    # here, not at import: a server that never goes through a proxy does not need it
+    import zlib    # here: a Python built without zlib still serves, without the record (key_option)
 
     check(record)       # what the proxy would refuse is not sent
     for candidate in (record, {k: v for k, v in record.items() if k != "features"}):
@@ -82,7 +82,8 @@ def shorten(key: str) -> str:
 
 
 def decode(value: str) -> tuple[dict, list[str]]:
-    """The checked record in a ``-device=`` value, and the names of unknown fields left out.
+    """The checked record in a ``-device=`` value, and the names of unknown fields left out
+    (the first 16).
 
     Raises BadRecord when the value is not base64url, not zlib, longer than its bounds, not a
     JSON object, misses ``machine`` or ``target``, or has a known field of the wrong type or size.
@@ -105,7 +106,7 @@ def decode(value: str) -> tuple[dict, list[str]]:
         raise BadRecord(f"-{OPTION}= is truncated zlib data")
     try:
         record = json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:      # deep nesting: RecursionError
         raise BadRecord(f"-{OPTION}= is not JSON ({exc})") from None
     return check(record)
 
@@ -120,7 +121,8 @@ def check(record) -> tuple[dict, list[str]]:
     out, unknown = {}, []
     for name, value in record.items():
         if name not in FIELDS:
-            unknown.append(name[:64])
+            if len(unknown) < 16:
+                unknown.append(name[:64])
             continue
         kind, bound = FIELDS[name]
         if type(value) is not kind:

@@ -99,7 +99,7 @@ class OfferAdded:
     key: str
     matchkey: str
     protocol: str = ""
-    device: dict | None = dataclasses.field(default=None, hash=False, compare=False)
+    device: dict | None = dataclasses.field(default=None, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)

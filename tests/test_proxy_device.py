@@ -10,6 +10,8 @@ import base64
 import json
 import random
 import re
+import subprocess
+import sys
 import urllib.request
 import zlib
 
@@ -25,6 +27,7 @@ from kernelrpc.rpc.backoff import Backoff
 from kernelrpc.rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode
 from kernelrpc.runtime import device_info
 from proxy_peers import connect, read_reply, start_tvm_proxy, wait_for_matches
+from servicectl import child_env
 
 DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
 RECORD = device_info.describe()
@@ -226,6 +229,10 @@ def test_the_tracker_shows_the_same_device_for_a_server_behind_the_proxy(start_s
     with urllib.request.urlopen(page + "api/status", timeout=10) as response:
         rows = {row["key"]: row for row in json.loads(response.read())["servers"]}
     assert rows["proxy[behind]"]["arch"] == rows["direct"]["arch"] == RECORD["machine"]
+    out = subprocess.run([sys.executable, "-m", "kernelrpc.query_rpc_tracker", "--port", str(tracker.port),
+                          "--json"], env=child_env(), capture_output=True, text=True, timeout=60)
+    listed = {i["key"]: i for i in json.loads(out.stdout)["summary"]["server_info"]}
+    assert listed["server:proxy[behind]"]["device"] == listed["server:direct"]["device"] == direct["device"]
     with connect_tracker(*tracker.address).request("behind", session_timeout=30) as sess:
         assert sess.get_function("testing.echo")("ok") == "ok"
     wait_for_matches(p, r"paired client .* with device .*-device=\S+\.\.\.\(\d+ chars\)")

@@ -160,6 +160,11 @@ def test_records_beyond_the_trackers_info_bound_are_counted_not_sent():
     info = infos(ready(m))[-1]
     assert 0 < info["devices_omitted"] < 60 and len(info["devices"]["k"]) + info["devices_omitted"] == 60
     assert len(json.dumps(info)) < 16 * 1024
+    huge = {**ARM, "features": [f"{i:064d}" for i in range(100)]}      # within the decoder's bounds
+    m = machine()
+    m.handle(R.OfferAdded("one", "k", "one", "kernelrpc/1", huge), 0)
+    info = infos(ready(m))[-1]
+    assert info["device"] == huge and info["devices"] == {} and info["devices_omitted"] == 1
 
 
 BOARDS = [None, ARM, {"machine": "x86_64", "target": "llvm"}, {"machine": "riscv64", "target": "llvm", "cpus": 1}]
@@ -193,7 +198,7 @@ def test_what_the_tracker_holds_matches_the_waiting_devices(steps):
         if record and record not in expected.setdefault(key, []):
             expected[key].append(record)
     assert held["devices"] == {k: v for k, v in sorted(expected.items()) if v}
-    assert held.get("device", {}) == (records[0] if all(r == records[0] for r in records) else {})
+    assert held["device"] == (records[0] if all(r == records[0] for r in records) else {})
 
 
 # -- real processes -------------------------------------------------------------------------------

@@ -490,10 +490,12 @@ class ProxyRegistration(RegistrationMachine):
     def _info(self, first: bool) -> dict:
         keys = sorted({entry.key for entry in self.offers.values()})
         info = {"key": "server:proxy[" + ",".join(keys) + "]", "addr": [self.custom_addr, self.port]}
-        reported = self._reported or {}
-        for name, value in self._device_fields().items():
-            if value or name in reported:     # once sent, always: the tracker keeps merged fields
-                info[name] = value
+        reported = self._reported or {}     # once a field is sent, always: the tracker merges updates
+        fields = self._device_fields()
+        if fields["device"] or fields["devices"] or "devices" in reported:
+            info["device"], info["devices"] = fields["device"], fields["devices"]
+        if fields["devices_omitted"] or "devices_omitted" in reported:
+            info["devices_omitted"] = fields["devices_omitted"]
         return info
 
     def _device_fields(self) -> dict:

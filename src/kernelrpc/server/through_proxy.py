@@ -3,8 +3,10 @@
 ``python -m kernelrpc.server --through-proxy --host PROXY --port PORT --key KEY`` (TVM's
 flags).  The loop (TVM's, ``docs/tvm-wire-formats.md`` section 4.3):
 
-1. connect to the proxy and send the preamble with ``server:KEY -protocol=kernelrpc/1``
-   (TVM's proxy takes the first word; ours tells its tracker which clients may have us);
+1. connect to the proxy and send the preamble with
+   ``server:KEY -protocol=kernelrpc/1 -device=RECORD`` (TVM's proxy takes the first word; ours
+   tells its tracker which clients may have us and what the device is,
+   :mod:`kernelrpc.rpc.device_record`);
 2. wait until the proxy pairs us: it answers SUCCESS and the client's full key, whose
    ``-timeout=`` option limits the session;
 3. serve the session in a child process, exactly as for a direct connection;
@@ -32,12 +34,14 @@ import time
 
 from ..errors import AuthenticationError, ConnectionLost, HandshakeError, ProtocolError, RPCError
 from ..netutil import enable_keepalive, receive_until
+from ..rpc import device_record
 from ..rpc import handshake as H
 from ..rpc.auth import authenticate
 from ..rpc.backoff import Backoff
 from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from ..rpc.tls import check_plaintext_answer, describe_failure, wrap_client
+from ..runtime import device_info
 from .session import start_session
 from .tls_relay import LINGER, start_tls_session
 
@@ -75,6 +79,8 @@ class ProxyLink:
         self._announced = False
         self._silent_closes = 0
         self._tls = config.tls.client_context() if config.tls is not None else None
+        self.key = (f"{H.make_key('server', config.key)} -protocol={VERSION_STRING}"
+                    + device_record.key_option(device_info.describe()))
 
     def _check_not_refused(self, sock: socket.socket, where: str) -> None:
         """A TLS proxy answers a plain device with TLS_REQUIRED (see :mod:`kernelrpc.rpc.tls`)."""
@@ -90,7 +96,7 @@ class ProxyLink:
             if self._tls is not None:
                 sock = wrap_client(sock, self._tls, self.proxy[0], f"proxy {where}")
             waiting_since = time.monotonic()      # before the proxy can start its timeout
-            key = f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"
+            key = self.key
             sock.sendall(H.encode_preamble(key))
             after_auth = b""
             if self.config.auth_token is not None:   # bounded by the connect timeout still set

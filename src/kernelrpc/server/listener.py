@@ -332,16 +332,20 @@ class Server:
                 continue
             self.selector.unregister(pending.sock)
             del self.pending[pending.sock]
-            if not self._reply(pending, H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)):
-                pending.sock.close()
-                continue
+            success = H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)
             self._unwatch_spare()       # its pidfd is the session's now, or closed
-            if isinstance(pending.sock, ssl.SSLSocket):
+            if isinstance(pending.sock, ssl.SSLSocket):   # the reply first: then the relay owns the stream
+                if not self._reply(pending, success):
+                    pending.sock.close()
+                    continue
                 session, relay = start_tls_session(pending.sock, pending.key, self.config, pending.extra,
                                                    pending.peer, start=self.spares.start)
                 self.relays.append(relay)
-            else:
+            else:   # the child first: a spare wakes up while the reply travels and the hello comes back
                 session = self.spares.start(pending.sock, pending.key, self.config, pending.extra)
+                if not self._reply(pending, success):
+                    session.kill()
+                    continue
             log.info("session for %s starts (child %d)", pending.peer, session.pid)
             self.sessions.append(session)
             if session.fileno() is not None:

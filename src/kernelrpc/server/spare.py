@@ -10,8 +10,9 @@ waits for the server to hand it a connection.
 
 The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
 as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake
-decides: its time limit, its workspace (created by the server at the handoff) and the bytes the
-client sent ahead. From then on the spare is an ordinary session child
+decides: its time limit and the bytes the client sent ahead. The session's workspace is the
+spare's own, a fresh directory the server created for it at its fork (a spare serves one
+session; the warm-up touches no file). From then on the spare is an ordinary session child
 (:class:`~.session.SessionProcess`): the server keeps its copy of the socket for the crash,
 timeout and shutdown notices, the session's time starts at the handoff, and the child serves
 that one session and exits.
@@ -45,9 +46,9 @@ from .workspace import Workspace
 
 log = logging.getLogger(__name__)
 
-_HANDOFF = struct.Struct("<IdI")    # bytes after this field, session timeout (0: none), path length
+_HANDOFF = struct.Struct("<Id")     # bytes after this field, session timeout (0: none)
 MAX_HANDOFF_BYTES = 1 << 20
-"""A handoff's largest size: the workspace path and the client's early bytes (at most 64 KiB)."""
+"""A handoff's largest size (the client's early bytes are at most 64 KiB)."""
 REFILL_DELAY = 0.5
 """Seconds before a spare that died unhanded is replaced; doubled for each death in a row."""
 MAX_REFILL_DELAY = 60.0
@@ -55,20 +56,18 @@ PROCESS_NAME = b"kernelrpc-spare"
 """What ``ps`` and ``/proc/PID/comm`` show for a spare until its handoff (Linux)."""
 
 
-def encode_handoff(timeout: float | None, workspace: str, initial: bytes) -> bytes:
-    path = os.fsencode(workspace)
-    return _HANDOFF.pack(_HANDOFF.size - 4 + len(path) + len(initial), timeout or 0.0, len(path)) + path + initial
+def encode_handoff(timeout: float | None, initial: bytes) -> bytes:
+    return _HANDOFF.pack(_HANDOFF.size - 4 + len(initial), timeout or 0.0) + initial
 
 
-def decode_handoff(data: bytes) -> tuple[float | None, str, bytes]:
-    """``(timeout, workspace, initial)`` of a whole handoff message; ValueError if it is not one."""
+def decode_handoff(data: bytes) -> tuple[float | None, bytes]:
+    """``(timeout, initial)`` of a whole handoff message; ValueError if it is not one."""
     if len(data) < _HANDOFF.size:
         raise ValueError(f"handoff of {len(data)} bytes is shorter than its header")
-    length, timeout, path_length = _HANDOFF.unpack_from(data)
-    if length + 4 != len(data) or _HANDOFF.size + path_length > len(data) or not timeout >= 0:
+    length, timeout = _HANDOFF.unpack_from(data)
+    if length + 4 != len(data) or not timeout >= 0:
         raise ValueError("inconsistent handoff header")
-    path = data[_HANDOFF.size:_HANDOFF.size + path_length]
-    return timeout or None, os.fsdecode(path), bytes(data[_HANDOFF.size + path_length:])
+    return timeout or None, bytes(data[_HANDOFF.size:])
 
 
 def _warm_up_script() -> list[tuple[bytes, int]]:
@@ -101,7 +100,7 @@ def _scripted_socketpair() -> tuple[socket.socket, socket.socket]:
         return socket.socketpair()
 
 
-def warm_up(config: ServerConfig) -> int:
+def warm_up(config: ServerConfig, workspace: Workspace) -> int:
     """Serve the scripted session through the real request path; returns the minor page faults
     it took. Its failures are logged: a spare that could not warm up still serves."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -111,8 +110,7 @@ def warm_up(config: ServerConfig) -> int:
         for message, _ in script:
             client.sendall(message)
         client.shutdown(socket.SHUT_WR)     # whatever goes wrong, the session ends
-        scratch = Workspace(os.getcwd())    # no request of the script touches files
-        run_session(served, scratch, config, None)
+        run_session(served, workspace, config, None)     # no request of the script touches files
         served.close()
         client.settimeout(1.0)
         replies = b"".join(iter(lambda: client.recv(1 << 16), b""))
@@ -145,7 +143,7 @@ def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | No
     return None if len(frames) == expected else f"{len(frames)} replies, not {expected}"
 
 
-def _receive_handoff(control: socket.socket) -> tuple[socket.socket, float | None, str, bytes] | None:
+def _receive_handoff(control: socket.socket) -> tuple[socket.socket, float | None, bytes] | None:
     """Wait for the server's handoff; None when the server closed the link instead."""
     data, fds, _, _ = socket.recv_fds(control, MAX_HANDOFF_BYTES, 1)
     try:
@@ -160,12 +158,12 @@ def _receive_handoff(control: socket.socket) -> tuple[socket.socket, float | Non
             data += more
         if len(fds) != 1:
             raise ValueError(f"the handoff carried {len(fds)} descriptors, not 1")
-        timeout, workspace, initial = decode_handoff(data)
+        timeout, initial = decode_handoff(data)
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
-    return socket.socket(fileno=fds[0]), timeout, workspace, initial
+    return socket.socket(fileno=fds[0]), timeout, initial
 
 
 def _process_name(name: bytes | None = None) -> bytes | None:
@@ -189,11 +187,12 @@ def is_spare(pid: int) -> bool:
         return False
 
 
-def _spare_main(control: socket.socket, config: ServerConfig) -> bool:
+def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspace) -> bool:
     own_name = _process_name()
     if own_name is not None:
         _process_name(PROCESS_NAME)
-    faults = warm_up(config)
+    os.chdir(workspace.root)
+    faults = warm_up(config, workspace)
     log.debug("spare session child %d warmed up (%d page faults)", os.getpid(), faults)
     handoff = _receive_handoff(control)
     if handoff is None:
@@ -201,9 +200,8 @@ def _spare_main(control: socket.socket, config: ServerConfig) -> bool:
     control.close()
     if own_name is not None:
         _process_name(own_name)     # a session child like any other
-    sock, timeout, root, initial = handoff
-    os.chdir(root)
-    run_session(sock, Workspace(root), config, timeout, initial)
+    sock, timeout, initial = handoff
+    run_session(sock, workspace, config, timeout, initial)
     return True
 
 
@@ -215,11 +213,17 @@ class Spare:
     """The server's view of one spare child, from its fork to its handoff."""
 
     def __init__(self, config: ServerConfig) -> None:
+        self.workspace = new_workspace(config)
         control, child_end = socket.socketpair()
         status_r, status_w = os.pipe()
         try:
             self.pid = fork_child(config, (child_end.fileno(), status_w), status_w,
-                                  lambda: _spare_main(child_end, config))
+                                  lambda: _spare_main(child_end, config, self.workspace))
+        except BaseException:
+            self.workspace.remove()
+            control.close()
+            os.close(status_r)
+            raise
         finally:
             child_end.close()
             os.close(status_w)
@@ -256,15 +260,13 @@ class Spare:
         status = self.exited()
         if status is not None:
             raise SpareGone(f"it had exited ({_describe(status)})")
-        workspace = new_workspace(config)
         timeout = config.effective_timeout(client_key.timeout)
-        message = encode_handoff(timeout, str(workspace.root), initial)
+        message = encode_handoff(timeout, initial)
         try:
             sent = socket.send_fds(self.control, [message], [sock.fileno()])
             if sent != len(message):
                 raise OSError(f"only {sent} of the handoff's {len(message)} bytes went out")
         except OSError as exc:
-            workspace.remove()
             self.kill()
             raise SpareGone(f"the handoff failed: {exc}") from None
         self.done = True
@@ -272,7 +274,7 @@ class Spare:
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
-        return SessionProcess(self.pid, sock, workspace, timeout, peer_of(sock, peer), self._status_fd)
+        return SessionProcess(self.pid, sock, self.workspace, timeout, peer_of(sock, peer), self._status_fd)
 
     def kill(self) -> None:
         if self.done:
@@ -293,6 +295,7 @@ class Spare:
     def _close(self) -> None:
         self.done = True
         _session.child_ended(self.pid)
+        self.workspace.remove()
         self.control.close()
         os.close(self._status_fd)
         if self._pidfd is not None:

@@ -224,7 +224,7 @@ def test_a_through_proxy_session_is_handed_to_the_spare(start_service, proxy):
         with rpc.connect(relay.host, relay.port, key="dev", connect_timeout=20) as sess:
             assert sess.info["pid"] == spare
             assert sess.get_function("testing.echo")(n) == n
-        wait_until(lambda: gone(spare), what="the session child gone")
+        wait_until(lambda pid=spare: gone(pid), what="the session child gone")
     spare = spare_of(device)
     device.stop(signal.SIGTERM)
     wait_until(lambda: gone(spare), timeout=10, what="the spare gone with its server")

@@ -41,7 +41,14 @@ from ..rpc.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Rele
 from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
 from . import session as _session
 from .config import ServerConfig
-from .session import SessionProcess, fork_child, new_workspace, peer_of, run_session, start_session
+from .session import (
+    SessionProcess,
+    fork_child,
+    new_workspace,
+    peer_of,
+    run_session,
+    start_session,
+)
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -166,16 +173,21 @@ def _receive_handoff(control: socket.socket) -> tuple[socket.socket, float | Non
     return socket.socket(fileno=fds[0]), timeout, initial
 
 
-def _process_name(name: bytes | None = None) -> bytes | None:
-    """This process's name (``comm``), after setting it to ``name``; None where there is none."""
+def _process_name() -> bytes | None:
+    """This process's name (``comm``); None where there is none to set."""
     try:
-        if name is not None:
-            with open("/proc/self/comm", "wb", buffering=0) as f:
-                f.write(name)
         with open("/proc/self/comm", "rb", buffering=0) as f:
             return f.read().rstrip(b"\n")
     except OSError:
         return None
+
+
+def _set_process_name(name: bytes) -> None:
+    try:
+        with open("/proc/self/comm", "wb", buffering=0) as f:
+            f.write(name)
+    except OSError:
+        pass
 
 
 def is_spare(pid: int) -> bool:
@@ -190,7 +202,7 @@ def is_spare(pid: int) -> bool:
 def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspace) -> bool:
     own_name = _process_name()
     if own_name is not None:
-        _process_name(PROCESS_NAME)
+        _set_process_name(PROCESS_NAME)
     os.chdir(workspace.root)
     faults = warm_up(config, workspace)
     log.debug("spare session child %d warmed up (%d page faults)", os.getpid(), faults)
@@ -199,7 +211,7 @@ def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspa
         return False
     control.close()
     if own_name is not None:
-        _process_name(own_name)     # a session child like any other
+        _set_process_name(own_name)     # a session child like any other
     sock, timeout, initial = handoff
     run_session(sock, workspace, config, timeout, initial)
     return True

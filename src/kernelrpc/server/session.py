@@ -15,6 +15,7 @@ nothing else) kills the tree, then the child.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import select
@@ -284,6 +285,7 @@ def _end_tree_on_signal() -> None:
 
 def _child_main(config: ServerConfig, keep_fds, status_fd: int, body, server_pid: int) -> None:
     code = EXIT_INTERNAL
+    gc.freeze()     # the server's objects: a full collection would touch (and copy) all their pages
     try:
         signal.set_wakeup_fd(-1)        # the server's: not ours to write to
         for sig in (signal.SIGTERM, signal.SIGCHLD):

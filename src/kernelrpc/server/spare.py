@@ -27,6 +27,7 @@ Standard library only, like the rest of the device server.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -205,6 +206,7 @@ def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspa
         _set_process_name(PROCESS_NAME)
     os.chdir(workspace.root)
     faults = warm_up(config, workspace)
+    gc.freeze()                     # what the warm-up left, too (see session._child_main)
     log.debug("spare session child %d warmed up (%d page faults)", os.getpid(), faults)
     handoff = _receive_handoff(control)
     if handoff is None:

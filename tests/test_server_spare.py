@@ -121,7 +121,7 @@ def test_a_spare_killed_before_its_session_is_replaced(start_service):
     server = start_server(start_service)
     spare = spare_of(server)
     os.kill(spare, signal.SIGKILL)
-    server.wait_for_line(rf"spare session child {spare} died before its session \(signal SIGKILL\)")
+    server.wait_for_line(rf"spare session child {spare} died before its session \(signal SIGKILL\); the next spare in")
     replacement = spare_of(server, other_than=(spare,))
     with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as sess:
         assert sess.info["pid"] == replacement

@@ -246,7 +246,6 @@ class Spare:
         self.control = control
         self.done = False               # reaped, or handed over (then its session's)
         self._status_fd = status_r
-        self.forked = time.monotonic()
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
@@ -343,7 +342,11 @@ class Spares:
         """Fork a spare if there is none (and none died too recently); returns the new one."""
         if not self.enabled or self.spare is not None or time.monotonic() < self._refill_at:
             return None
-        self.spare = Spare(self.config)
+        try:
+            self.spare = Spare(self.config)
+        except OSError as exc:         # no memory or processes left, the workspace root full
+            self._lost(f"could not fork a spare session child: {exc}")
+            return None
         log.debug("spare session child %d forked", self.spare.pid)
         return self.spare
 
@@ -366,7 +369,7 @@ class Spares:
     def _lost(self, what: str) -> None:
         self.spare = None
         self._refill_at = time.monotonic() + self._delay
-        log.warning("%s; a new one is forked in %.1fs", what, self._delay)
+        log.warning("%s; the next spare in %.1fs", what, self._delay)
         self._delay = min(self._delay * 2, MAX_REFILL_DELAY)
 
     def start(self, sock: socket.socket, client_key: ParsedKey, config: ServerConfig,

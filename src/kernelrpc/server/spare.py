@@ -3,7 +3,7 @@
 A session child is a fork of the server, so its first touches of the server's memory are
 copy-on-write page faults: a fresh child's first ``get_function`` + call took about a hundred
 of them, more than twice the time of the second. A spare takes those faults while no client
-waits. Right after its fork it serves a short scripted session (:data:`WARM_UP`: the version
+waits. Right after its fork it serves a short scripted session (:func:`_warm_up_script`: the version
 exchange, a global function looked up, called and freed, a small tensor allocated, filled,
 read back and freed) through the real :func:`~.session.run_session` on a socketpair, then
 waits for the server to hand it a connection.
@@ -42,14 +42,7 @@ from ..rpc.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Rele
 from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
 from . import session as _session
 from .config import ServerConfig
-from .session import (
-    SessionProcess,
-    fork_child,
-    new_workspace,
-    peer_of,
-    run_session,
-    start_session,
-)
+from .session import SessionProcess, fork_child, new_workspace, peer_of, run_session, start_session
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)

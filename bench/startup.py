@@ -9,8 +9,9 @@ Rows (medians over ``--samples`` fresh processes or sessions):
 * the first ``connect_tracker()`` in that process, after the import (TVM's import takes
   seconds and loads what its connect needs; kernelrpc's connect loads its own code), and
   import + connect together, and the connect with the first exchange on it (``summary()``);
-* the first ``get_function("testing.echo")`` + call on a new session (what the session's child
-  does on its first requests), and the same pair again on that session (warm);
+* ``rpc.connect()`` to a device server (handshake, the server's start of the session child,
+  version exchange), the first ``get_function("testing.echo")`` + call on that new session
+  (what the session's child does on its first requests), and the same pair again (warm);
 * a whole remote ``time_evaluator(number=100, repeat=20)`` call for a 1-element kernel: the first
   in a client process (which loads the client's code for it), the first on each later session
   (what the session's child does the first time), then the steady state; and the same call on
@@ -74,9 +75,11 @@ elif mode == "session":
     sessions.append(rpc.connect(*opts["server"]))
     sessions[-1].get_function("testing.echo")(1)  # the process's own first use
     close()
-    first, warm = [], []
+    connects, first, warm = [], [], []
     for _ in range(opts["n"]):
+        t0 = time.perf_counter()
         sess = rpc.connect(*opts["server"])
+        connects.append(time.perf_counter() - t0)
         sessions.append(sess)
         for into in (first, warm):
             t0 = time.perf_counter()
@@ -84,7 +87,7 @@ elif mode == "session":
             into.append(time.perf_counter() - t0)
         del sess    # before the next connect: TVM's server serves one session at a time
         close()
-    out = {"first": first, "warm": warm}
+    out = {"connect": connects, "first": first, "warm": warm}
 elif mode == "evaluator":
     import numpy as np
     if opts["tvm"]:
@@ -244,6 +247,7 @@ def main() -> None:
                     env, is_tvm = contenders[name]
                     out = client("session", env, tvm=is_tvm, server=servers[name],
                                  n=max(1, args.sessions // args.rounds))
+                    add("rpc.connect() to the server (a new session)", name, out["connect"])
                     add("first get_function + call on a new session", name, out["first"])
                     add("the same again on that session (warm)", name, out["warm"])
             for round_ in range(0 if args.connect_only else args.rounds):

@@ -9,7 +9,8 @@ flags).  The loop (TVM's, ``docs/tvm-wire-formats.md`` section 4.3):
    :mod:`kernelrpc.rpc.device_record`);
 2. wait until the proxy pairs us: it answers SUCCESS and the client's full key, whose
    ``-timeout=`` option limits the session;
-3. serve the session in a child process, exactly as for a direct connection;
+3. serve the session in a child process, exactly as for a direct connection (a spare, forked
+   and warmed up while the link waits: :mod:`.spare`);
 4. connect again.
 
 A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server``):
@@ -42,7 +43,7 @@ from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from ..rpc.tls import check_plaintext_answer, describe_failure, wrap_client
 from ..runtime import device_info
-from .session import start_session
+from .spare import Spares
 from .tls_relay import LINGER, start_tls_session
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,11 @@ class ProxyLink:
         self._tls = config.tls.client_context() if config.tls is not None else None
         self.key = (f"{H.make_key('server', config.key)} -protocol={VERSION_STRING}"
                     + device_record.key_option(device_info.describe()))
+        self.spares = Spares(config)
+
+    def close(self) -> None:
+        """End the spare session child (the server stops)."""
+        self.spares.close()
 
     def _check_not_refused(self, sock: socket.socket, where: str) -> None:
         """A TLS proxy answers a plain device with TLS_REQUIRED (see :mod:`kernelrpc.rpc.tls`)."""
@@ -90,6 +96,8 @@ class ProxyLink:
     def serve_one(self) -> bool:
         """Wait for one client and serve it. False when the proxy ended the wait (MISMATCH)."""
         where = "%s:%d" % self.proxy
+        self.spares.check()
+        self.spares.fill()      # warms up while we wait for a client
         sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
         try:
             enable_keepalive(sock)
@@ -140,9 +148,10 @@ class ProxyLink:
             log.info("proxy %s paired us with %r", where, reply.key)
             relay = None
             if self._tls is not None:
-                session, relay = start_tls_session(sock, client_key, self.config, initial, f"proxy {where}")
+                session, relay = start_tls_session(sock, client_key, self.config, initial, f"proxy {where}",
+                                                   start=self.spares.start)
             else:
-                session = start_session(sock, client_key, self.config, initial)
+                session = self.spares.start(sock, client_key, self.config, initial)
             sock = None  # the session owns it now
             try:
                 session.wait()
@@ -166,18 +175,21 @@ def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = Non
     stop = stop or threading.Event()
     link = ProxyLink(config)
     backoff = Backoff(MIN_BACKOFF, MAX_BACKOFF)
-    while not stop.is_set():
-        try:
-            link.serve_one()
-            backoff.reset()
-            continue
-        except NotAProxy:
-            raise
-        except (OSError, RPCError) as exc:
-            if isinstance(exc, (HandshakeError, ProtocolError, AuthenticationError)):
-                log.error("proxy %s:%d refused us: %s", *link.proxy, exc)
-            else:
-                log.warning("proxy %s:%d unreachable or gone: %s", *link.proxy, exc)
-        delay = backoff.next()
-        log.info("reconnecting to the proxy in %.1fs", delay)
-        stop.wait(delay)
+    try:
+        while not stop.is_set():
+            try:
+                link.serve_one()
+                backoff.reset()
+                continue
+            except NotAProxy:
+                raise
+            except (OSError, RPCError) as exc:
+                if isinstance(exc, (HandshakeError, ProtocolError, AuthenticationError)):
+                    log.error("proxy %s:%d refused us: %s", *link.proxy, exc)
+                else:
+                    log.warning("proxy %s:%d unreachable or gone: %s", *link.proxy, exc)
+            delay = backoff.next()
+            log.info("reconnecting to the proxy in %.1fs", delay)
+            stop.wait(delay)
+    finally:
+        link.close()

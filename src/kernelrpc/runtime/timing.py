@@ -31,15 +31,18 @@ def measure(state: TimerState, config: TimingConfig, *,
             warmup: Callable[[], None],
             run_batch: Callable[[int], int],
             preproc: Callable[[], None] | None = None,
-            sleep: Callable[[float], None]) -> list[float]:
+            sleep: Callable[[float], None],
+            resume: Callable[[], None] | None = None) -> list[float]:
     """Seconds per call for each repeat.
 
     ``warmup()`` calls the function once; ``run_batch(number)`` calls it ``number`` times and
     returns the elapsed nanoseconds; ``preproc()`` runs before each repeat; ``sleep(seconds)``
-    is the cooldown.
+    is the cooldown; ``resume()`` runs right before the first batch and before the first batch
+    after each cooldown (where a watcher of the timed stretches opens its window).
     """
     warmup()
     results = []
+    resumed = resume is None
     for i in range(config.repeat):
         if preproc is not None:
             preproc()
@@ -49,6 +52,9 @@ def measure(state: TimerState, config: TimingConfig, *,
             if duration_ms > 0.0:
                 state.number = int(max(config.min_repeat_ms / (duration_ms / state.number) + 1,
                                        state.number * GOLDEN_RATIO))
+            if not resumed:
+                resume()
+                resumed = True
             elapsed_ns = run_batch(state.number)
             if elapsed_ns == 0:
                 zero_passes += 1
@@ -59,4 +65,5 @@ def measure(state: TimerState, config: TimingConfig, *,
         results.append(duration_ms / 1e3 / state.number)
         if config.cooldown_interval_ms > 0 and i % config.repeats_to_cooldown == 0:
             sleep(config.cooldown_interval_ms / 1e3)
+            resumed = resume is None
     return results

@@ -382,75 +382,91 @@ def decode_profile(data, target: dict, function: str):
     """The ProfileResult that :func:`encode_profile` packed, with the module's ``target`` and the
     ``function`` name the client asked for; every count, length, number and time is checked
     (docs/protocol.md section 5.3), failures are ProtocolError."""
-    from ..runtime.profile import MAX_RESULTS, ProfileResult
-
+    profile, limits = _runtime or _load_runtime()
     if type(data) is not bytes:
         raise ProtocolError(f"packed time_evaluator result: expected bytes, got {type(data).__name__}")
-    head = _PROFILE_HEAD.size
-    if len(data) < head:
+    if len(data) < 12:
         raise ProtocolError(f"packed time_evaluator result: {len(data)} bytes, shorter than its header")
     number, repeat = _PROFILE_HEAD.unpack_from(data)
-    if not 1 <= number <= _MAX_NUMBER or not 1 <= repeat <= MAX_RESULTS:
+    if not 1 <= number <= _MAX_NUMBER or not 1 <= repeat <= profile.MAX_RESULTS:
         raise ProtocolError(f"packed time_evaluator result: number={number} repeat={repeat} "
-                            f"outside [1, {_MAX_NUMBER}] and [1, {MAX_RESULTS}]")
-    end = head + 8 * repeat
+                            f"outside [1, {_MAX_NUMBER}] and [1, {profile.MAX_RESULTS}]")
+    end = 12 + 8 * repeat
     if len(data) < end:
         raise ProtocolError(f"packed time_evaluator result: {repeat} repeats need {end} bytes, "
                             f"got {len(data)}")
-    results = struct.unpack_from(f"<{repeat}d", data, head)
+    results = struct.unpack_from(f"<{repeat}d", data, 12)
     if not all(0.0 <= r <= _MAX_TIME for r in results):
         raise ProtocolError("packed time_evaluator result: the times must be finite and non-negative")
-    conditions = None if len(data) == end else _decode_conditions(data, end)
-    return ProfileResult(results, number, target, function, conditions)
+    conditions = None if len(data) == end else _decode_conditions(data, end, limits)
+    return profile.ProfileResult(results, number, target, function, conditions)
 
 
-def _decode_conditions(data: bytes, offset: int) -> dict:
-    from ..runtime.conditions import MAX_CPU_NUMBER, MAX_CPUS, MAX_THREADS
+_runtime = None
 
-    def fail(problem: str) -> ProtocolError:
-        return ProtocolError(f"packed time_evaluator result: conditions {problem}")
 
+def _load_runtime():
+    """runtime.profile and the conditions' limits, imported with the first decode (a tracker
+    client never needs them)."""
+    global _runtime
+    from ..runtime import conditions, profile
+
+    _runtime = profile, (conditions.MAX_CPUS, conditions.MAX_THREADS, conditions.MAX_CPU_NUMBER)
+    return _runtime
+
+
+def _bad_conditions(problem: str) -> ProtocolError:
+    return ProtocolError(f"packed time_evaluator result: conditions {problem}")
+
+
+def _decode_conditions(data: bytes, offset: int, limits: tuple) -> dict:
+    max_cpus, max_threads, max_cpu_number = limits
     if len(data) < offset + _CONDITIONS.size:
-        raise fail(f"cut short: {len(data) - offset} bytes, the fixed part takes {_CONDITIONS.size}")
+        raise _bad_conditions(f"cut short: {len(data) - offset} bytes, the fixed part takes "
+                              f"{_CONDITIONS.size}")
     (wall, own, other, load, freq_low, freq_high, tick, preempted, ncpus,
      nthreads) = _CONDITIONS.unpack_from(data, offset)
     threads_null = nthreads == _NO_THREADS
     nthreads = 0 if threads_null else nthreads
-    if not 1 <= ncpus <= MAX_CPUS or nthreads > MAX_THREADS:
-        raise fail(f"list {ncpus} CPUs and {nthreads} threads; at most {MAX_CPUS} (at least one) "
-                   f"and {MAX_THREADS}")
+    if not 1 <= ncpus <= max_cpus or nthreads > max_threads:
+        raise _bad_conditions(f"list {ncpus} CPUs and {nthreads} threads; at most {max_cpus} (at "
+                              f"least one) and {max_threads}")
+    start = offset
     offset += _CONDITIONS.size
     size = offset + 4 * ncpus + _THREAD.size * nthreads
     if len(data) != size:
-        raise fail(f"of {ncpus} CPUs and {nthreads} threads take {size - offset + _CONDITIONS.size} "
-                   f"bytes, got {len(data) - offset + _CONDITIONS.size}")
+        raise _bad_conditions(f"of {ncpus} CPUs and {nthreads} threads take {size - start} bytes, "
+                              f"got {len(data) - start}")
     cpus = list(struct.unpack_from(f"<{ncpus}I", data, offset))
-    if max(cpus) >= MAX_CPU_NUMBER:
-        raise fail(f"name CPU {max(cpus)}, beyond {MAX_CPU_NUMBER - 1}")
+    if max(cpus) >= max_cpu_number:
+        raise _bad_conditions(f"name CPU {max(cpus)}, beyond {max_cpu_number - 1}")
     if not 0.0 <= wall <= _MAX_TIME:
-        raise fail("'wall_s' must be a finite number >= 0")
-    own, other, load, tick = (None if v != v else v for v in (own, other, load, tick))  # NaN: null
-    for name, value in (("own_cpu_s", own), ("other_cpu_s", other), ("other_load", load),
-                        ("clock_tick_s", tick)):
-        if value is not None and not 0.0 <= value <= _MAX_TIME:
-            raise fail(f"{name!r} must be a finite number >= 0 or null")
+        raise _bad_conditions("'wall_s' must be a finite number >= 0")
+    if not ((own != own or 0.0 <= own <= _MAX_TIME) and (other != other or 0.0 <= other <= _MAX_TIME)
+            and (load != load or 0.0 <= load <= _MAX_TIME) and (tick != tick or 0.0 <= tick <= _MAX_TIME)):
+        name = next(name for name, v in (("own_cpu_s", own), ("other_cpu_s", other),
+                                         ("other_load", load), ("clock_tick_s", tick))
+                    if v == v and not 0.0 <= v <= _MAX_TIME)
+        raise _bad_conditions(f"{name!r} must be a finite number >= 0 or null")   # NaN stands for null
     if freq_low != freq_low and freq_high != freq_high:
         freq = None
     elif 0.0 <= freq_low <= _MAX_TIME and 0.0 <= freq_high <= _MAX_TIME:
         freq = [freq_low, freq_high]
     else:
-        raise fail("'freq_mhz' must be two finite numbers >= 0 or null")
+        raise _bad_conditions("'freq_mhz' must be two finite numbers >= 0 or null")
     if preempted < -1:
-        raise fail("'preempted' must be an integer >= 0 or null")
+        raise _bad_conditions("'preempted' must be an integer >= 0 or null")
     threads = None if threads_null else []
     for tid, cpu, seconds in _THREAD.iter_unpack(data[offset + 4 * ncpus:]):
-        if not -1 <= cpu < MAX_CPU_NUMBER or not 0.0 <= seconds <= _MAX_TIME:
-            raise fail(f"of thread {tid}: its CPU must be a CPU number or null and its time "
-                       "a finite number >= 0")
+        if not -1 <= cpu < max_cpu_number or not 0.0 <= seconds <= _MAX_TIME:
+            raise _bad_conditions(f"of thread {tid}: its CPU must be a CPU number or null and its "
+                                  "time a finite number >= 0")
         threads.append({"tid": tid, "cpu": None if cpu == -1 else cpu, "cpu_s": seconds})
-    return {"wall_s": wall, "cpus": cpus, "own_cpu_s": own, "other_cpu_s": other, "other_load": load,
+    return {"wall_s": wall, "cpus": cpus, "own_cpu_s": None if own != own else own,
+            "other_cpu_s": None if other != other else other,
+            "other_load": None if load != load else load,
             "preempted": None if preempted == -1 else preempted, "freq_mhz": freq, "threads": threads,
-            "clock_tick_s": tick}
+            "clock_tick_s": None if tick != tick else tick}
 
 
 # ---------------------------------------------------------------- hello (version exchange)

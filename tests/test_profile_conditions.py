@@ -135,6 +135,39 @@ def test_a_forked_child_reports_its_own_threads_not_the_parents():
     assert child in tids and threading.get_native_id() not in tids
 
 
+def test_a_forked_child_that_closes_and_reuses_the_inherited_numbers_keeps_its_files():
+    """A child that closes the descriptors it does not know of (as a server's session child may)
+    and opens files of its own under those numbers: its measurements must not close them."""
+    probe = conditions.default_probe()
+    measurement = probe.measurement()
+    measurement.batch_started()
+    measurement.report()                                # the parent's files are open now
+    inherited = sorted(probe._files._fds.values())
+    assert inherited
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in inherited:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            mine = [os.open(__file__, os.O_RDONLY) for _ in inherited]
+            measurement = probe.measurement()
+            measurement.batch_started()
+            threads = measurement.report()["threads"]
+            intact = all(os.pread(fd, 3, 0) == b'"""' for fd in mine)
+            os.write(write_end, json.dumps([intact, bool(set(mine) & set(inherited)), len(threads)]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        intact, reused, threads = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert reused and intact and threads >= 1
+
+
 ENDED_THREADS_CHILD = textwrap.dedent("""
     import os, threading, time
     from kernelrpc.runtime.conditions import MAX_KEPT_FILES, ConditionsProbe

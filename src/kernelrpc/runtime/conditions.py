@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 try:
     import resource
@@ -75,16 +76,24 @@ def _has_thread_clocks() -> bool:
 class _Files:
     """procfs and sysfs files kept open and re-read with ``pread`` at offset 0, which makes the
     kernel produce the current contents again: opening a file costs several times the read.
-    A forked child drops what it inherited (``/proc/self`` then still names the parent)."""
+
+    A forked child must not keep what it inherited (``/proc/self`` then still names the parent):
+    right after ``os.fork`` it closes them (an at-fork hook, before anything in the child can
+    close those numbers and reuse them for files of its own); after a fork that ran no hooks it
+    only forgets them, since their numbers may name other files by then."""
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
         self._pid = os.getpid()
+        _ALL_FILES.add(self)
+
+    def _forked(self) -> None:
+        self._fds.clear()
+        self._pid = os.getpid()
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
         if self._pid != os.getpid():
-            self.close()
-            self._pid = os.getpid()
+            self._forked()
         fd = self._fds.get(path)
         if fd is not None:
             try:
@@ -115,8 +124,7 @@ class _Files:
         """The link count of the directory ``path`` (kept open like the files): for
         ``/proc/self/task`` it is the number of threads plus two, a ``fstat`` instead of a listing."""
         if self._pid != os.getpid():
-            self.close()
-            self._pid = os.getpid()
+            self._forked()
         fd = self._fds.get(path)
         if fd is None:
             try:
@@ -144,9 +152,27 @@ class _Files:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if self._pid == os.getpid():
+                self.close()
         except Exception:   # interpreter shutdown
             pass
+
+
+_ALL_FILES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_inherited_files() -> None:
+    for files in list(_ALL_FILES):
+        for fd in files._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        files._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_files)
 
 
 def _sched_getcpu():
@@ -326,6 +352,18 @@ def default_probe() -> ConditionsProbe:
     if _DEFAULT is None:
         _DEFAULT = ConditionsProbe()
     return _DEFAULT
+
+
+def warm_up(rounds: int = 20) -> None:
+    """Run the default probe's measurements a few times, results dropped: a process that forks
+    a child per session calls it before the first fork, so that each child finds the probe set
+    up and its code specialized by the interpreter (about 0.1 ms off the first time_evaluator of
+    each session, docs/performance.md). A forked child closes the files it opened (_Files)."""
+    probe = default_probe()
+    for _ in range(rounds):
+        measurement = probe.measurement()
+        measurement.batch_started()
+        measurement.report()
 
 
 class Measurement:

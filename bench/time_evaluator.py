@@ -3,6 +3,7 @@ where its time goes: the client's and the server's CPU time per call, measured i
 
     PYTHONPATH=src python bench/time_evaluator.py [--compare OTHER/src] [--no-tvm]
                                                   [--blocks N] [--block B] [--cpu C]
+                                                  [--in-process]
 
 Each contender (this tree, ``--compare``'s tree, Apache TVM 0.27 when installed) is a client
 process with a device server of its own, all pinned to one CPU (``--cpu``): the call is serial,
@@ -11,6 +12,10 @@ contenders take turns in blocks of ``--block`` calls (rotating who goes first), 
 load from other processes fall on all alike. Per contender the table shows the median and the
 10th/90th percentiles of the calls, and the median over blocks of the CPU time per call of the
 client and of the server's processes (their ``schedstat`` run time, in nanoseconds).
+
+``--in-process`` measures instead what the device conditions cost: the call on the module loaded
+in a process of each tree, alternating calls with the conditions and without them (a probe
+that reads nothing), for three shapes of call.
 """
 from __future__ import annotations
 
@@ -100,6 +105,47 @@ def contender(kind: str, cpu: int, library: str) -> None:
         procs.stop(server)
 
 
+IN_PROCESS_SHAPES = ((1, 1), (1, 100), (100, 20))   # number, repeat
+
+
+class _NoMeasurement:
+    def batch_started(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
+    def report(self) -> None:
+        return None
+
+
+class _NoProbe:
+    def measurement(self) -> _NoMeasurement:
+        return _NoMeasurement()
+
+
+def in_process(library: str, calls: int = 3000) -> None:
+    """Median microseconds per call with and without the conditions, as one JSON line."""
+    import numpy as np
+    from kernelrpc import nd, runtime
+
+    mod = runtime.load_module(library)
+    a, b = nd.array(np.zeros(1, "float32")), nd.empty((1,), "float32")
+    out = {}
+    for number, repeat in IN_PROCESS_SHAPES:
+        with_them = mod.time_evaluator("addone", runtime.cpu(0), number=number, repeat=repeat)
+        without = mod.time_evaluator("addone", runtime.cpu(0), number=number, repeat=repeat)
+        without._probe = _NoProbe()
+        times = {"with": [], "without": []}
+        for _ in range(calls):
+            for name, timer in (("with", with_them), ("without", without)):
+                t0 = time.perf_counter_ns()
+                timer(a, b)
+                times[name].append(time.perf_counter_ns() - t0)
+        out[f"{number},{repeat}"] = {k: statistics.median(v) / 1e3 for k, v in times.items()}
+    print(json.dumps(out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare", metavar="SRC", help="another tree's src directory, measured alternately")
@@ -107,10 +153,13 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--block", type=int, default=20, help="calls per block")
     parser.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)))
+    parser.add_argument("--in-process", action="store_true", help="what the device conditions cost")
     parser.add_argument("--contender", nargs=2, metavar=("KIND", "LIBRARY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.contender:
         sys.path.insert(0, str(BENCH))
+        if args.contender[0] == "in-process":
+            return in_process(args.contender[1])
         return contender(args.contender[0], args.cpu, args.contender[1])
 
     sys.path.insert(0, str(SRC))
@@ -122,6 +171,20 @@ def main() -> None:
         trees["--compare"] = str(Path(args.compare).resolve())
     tvm_ok = not args.no_tvm and subprocess.run([sys.executable, "-c", "import tvm"],
                                                capture_output=True).returncode == 0
+    if args.in_process:
+        with tempfile.TemporaryDirectory() as tmp:
+            library = build_addone(tmp)
+            print("in-process time_evaluator of a 1-element kernel, median microseconds per call")
+            for name, src in trees.items():
+                run = subprocess.run([sys.executable, __file__, "--contender", "in-process", library],
+                                     capture_output=True, text=True, check=True,
+                                     env=dict(os.environ, PYTHONPATH=src))
+                got = json.loads(run.stdout.splitlines()[-1])
+                print(f"{name:12s} " + "; ".join(
+                    f"number={shape.split(',')[0]} repeat={shape.split(',')[1]}: "
+                    f"{t['without']:.1f} without the conditions, {t['with']:.1f} with them"
+                    for shape, t in got.items()))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         ours, theirs = build_addone(tmp), build_tvm_addone(tmp) if tvm_ok else None
         jobs = {name: ("ours", ours, dict(os.environ, PYTHONPATH=src)) for name, src in trees.items()}

@@ -385,17 +385,18 @@ def decode_profile(data, target: dict, function: str):
     profile, limits = _runtime or _load_runtime()
     if type(data) is not bytes:
         raise ProtocolError(f"packed time_evaluator result: expected bytes, got {type(data).__name__}")
-    if len(data) < 12:
+    head = _PROFILE_HEAD.size
+    if len(data) < head:
         raise ProtocolError(f"packed time_evaluator result: {len(data)} bytes, shorter than its header")
     number, repeat = _PROFILE_HEAD.unpack_from(data)
     if not 1 <= number <= _MAX_NUMBER or not 1 <= repeat <= profile.MAX_RESULTS:
         raise ProtocolError(f"packed time_evaluator result: number={number} repeat={repeat} "
                             f"outside [1, {_MAX_NUMBER}] and [1, {profile.MAX_RESULTS}]")
-    end = 12 + 8 * repeat
+    end = head + 8 * repeat
     if len(data) < end:
         raise ProtocolError(f"packed time_evaluator result: {repeat} repeats need {end} bytes, "
                             f"got {len(data)}")
-    results = struct.unpack_from(f"<{repeat}d", data, 12)
+    results = struct.unpack_from(f"<{repeat}d", data, head)
     if not all(0.0 <= r <= _MAX_TIME for r in results):
         raise ProtocolError("packed time_evaluator result: the times must be finite and non-negative")
     conditions = None if len(data) == end else _decode_conditions(data, end, limits)

@@ -371,7 +371,8 @@ class Measurement:
     the CPU accounting of the window from its first timed batch (``batch_started``) to the end
     (``report``). The window closes for cooldown sleeps (``pause``) and opens again at the next
     batch, so the warm-up call and the sleeps do not count. /proc/stat is read only when the
-    window opens or closes: reading it costs about 50 µs, too much to do around every batch."""
+    window opens or closes: the kernel generates the whole file for every read (about 10 µs),
+    too much to do around every batch."""
 
     def __init__(self, probe: ConditionsProbe) -> None:
         self.probe = probe

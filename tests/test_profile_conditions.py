@@ -168,6 +168,44 @@ def test_a_forked_child_that_closes_and_reuses_the_inherited_numbers_keeps_its_f
     assert reused and intact and threads >= 1
 
 
+def test_threads_that_come_and_go_between_measurements_are_seen():
+    """The thread list is read again when the number of threads changed, and when it did not
+    but a thread listed before has ended (one ended, another started)."""
+    probe = ConditionsProbe()
+
+    def ran_while(work):
+        measurement = probe.measurement()
+        measurement.batch_started()
+        work()
+        return {t["tid"] for t in measurement.report()["threads"]}
+
+    def spin_in_a_thread(started, stop):
+        def run():
+            started.append(threading.get_native_id())
+            while not stop.is_set():
+                _spin(0.001)
+        return threading.Thread(target=run)
+
+    ran_while(lambda: _spin(0.001))
+    first, stop_first = [], threading.Event()
+    worker = spin_in_a_thread(first, stop_first)
+    worker.start()
+    try:
+        assert first[0] in ran_while(lambda: _spin(0.02))           # one thread more
+    finally:
+        stop_first.set()
+        worker.join()
+    second, stop_second = [], threading.Event()
+    worker = spin_in_a_thread(second, stop_second)
+    worker.start()                                                 # as many threads as before
+    try:
+        ran = ran_while(lambda: _spin(0.02))
+        assert second[0] in ran and (first[0] == second[0] or first[0] not in ran)
+    finally:
+        stop_second.set()
+        worker.join()
+
+
 ENDED_THREADS_CHILD = textwrap.dedent("""
     import os, threading, time
     from kernelrpc.runtime.conditions import MAX_KEPT_FILES, ConditionsProbe

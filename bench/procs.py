@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 
 
 def start(cmd: list[str], pattern: str, env=None, preexec_fn=None) -> tuple[subprocess.Popen, tuple[str, int]]:
@@ -37,3 +38,22 @@ def recv_exactly(sock, n: int, buf) -> None:
         if not k:
             raise ConnectionError("peer closed")
         got += k
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, what: str):
+    """Raise TimeoutError naming ``what`` if the block runs longer than ``seconds``; SIGALRM also
+    interrupts Apache TVM's blocking C++ socket calls, which take no timeout of their own."""
+    def expired(signum, frame):
+        raise TimeoutError(f"{what} took longer than {seconds:g} s")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr, flush=True)

@@ -197,6 +197,25 @@ def start_tvm():
         from tvm import rpc as tvm_rpc
     except ImportError:
         return None
+    return _start_tvm(tvm_rpc)
+
+
+class FreshTVMServer:
+    """The TVM server the first-call row opens its new sessions on (TVM serves one at a time)."""
+
+    def __init__(self) -> None:
+        self.proc, probe, self.addr = start_tvm()
+        del probe  # ends the probe session, so the first-call row finds this server free
+
+    def restart(self) -> None:
+        stop(self.proc)
+        self.__init__()
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+def _start_tvm(tvm_rpc):
     proc, addr = start([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", "9300",
                         "--port-end", "9400"], r"bind to (\S+):(\d+)")
     deadline = time.monotonic() + 20
@@ -281,8 +300,8 @@ def ours_ops(sess, addr, library: str) -> dict:
     }
 
 
-def tvm_ops(sess, addr, library: str | None) -> dict:
-    """The same operations through TVM; ``addr`` is a second TVM server for the fresh sessions."""
+def tvm_ops(sess, fresh_server: FreshTVMServer, library: str | None) -> dict:
+    """The same operations through TVM; ``fresh_server`` is a second TVM server for the fresh sessions."""
     import tvm
     from tvm import rpc as tvm_rpc
 
@@ -290,7 +309,13 @@ def tvm_ops(sess, addr, library: str | None) -> dict:
     four_bytes = np.ones(1, dtype="float32")
 
     def first_call():
-        fresh = tvm_rpc.connect(*addr)
+        try:
+            with procs.deadline(10, "a new session with Apache TVM's rpc_server"):
+                fresh = tvm_rpc.connect(*fresh_server.addr)
+        except TimeoutError as exc:  # its server sometimes stops accepting after a session ends
+            procs.note(f"{exc}; restarting that server")
+            fresh_server.restart()
+            fresh = tvm_rpc.connect(*fresh_server.addr)
         t0 = time.perf_counter()
         fresh.get_function("testing.echo")(1)
         elapsed = time.perf_counter() - t0
@@ -366,16 +391,16 @@ def first_connect_tracker(tvm_available: bool, env, rounds: int) -> dict[str, li
     cache = tempfile.mkdtemp(prefix="rpc-bench-pycache-")
     env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = cache
-    procs = []
+    services = []
     try:
         ours, (_, port) = start([sys.executable, "-m", "kernelrpc.tracker", "--port", "0"],
                                 r"listening on (\S+):(\d+)", env)
-        procs.append(ours)
+        services.append(ours)
         ports = {"kernelrpc": port}
         if tvm_available:
             theirs, (_, tport) = start([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
                                         "--port", "9190", "--port-end", "9290"], r"bind to (\S+):(\d+)")
-            procs.append(theirs)
+            services.append(theirs)
             ports["apache-tvm"] = tport
             time.sleep(1.0)  # TVM's tracker prints before it listens
         out = {name: [] for name in ports}
@@ -388,7 +413,7 @@ def first_connect_tracker(tvm_available: bool, env, rounds: int) -> dict[str, li
                     out[name].append(float(run.stdout.split()[-1]))
         return out
     finally:
-        for proc in procs:
+        for proc in services:
             stop(proc)
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -432,20 +457,19 @@ def main() -> None:
         os.sched_setaffinity(0, client_cpu)
     placement = PLACEMENT[args.pin].format(client=cpus[0], server=min(SERVER_CPUS or client_cpu))
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    procs = []
+    services = []
+    fresh_tvm = None
     try:
         server, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--log-level", "WARNING",
                               "--max-sessions", "2"],  # the first-call row opens sessions beside the held one
                              r"listening on (\S+):(\d+)", env)
-        procs.append(server)
+        services.append(server)
         raw, raw_addr = start([sys.executable, "-c", RAW_SERVER], r"listening on (\S+):(\d+)")
-        procs.append(raw)
+        services.append(raw)
         tvm = None if args.no_tvm else start_tvm()
         if tvm:
-            procs.append(tvm[0])
-            fresh_proc, probe, tvm_addr = start_tvm()  # TVM serves one session at a time: the first-call row's
-            procs.append(fresh_proc)
-            del probe  # ends the probe session, so the first-call row finds this server free
+            services.append(tvm[0])
+            fresh_tvm = FreshTVMServer()
         raw_sock, ping = raw_pinger(raw_addr)
         with raw_sock, rpc.connect(*addr) as sess:
             contenders = {"raw Python TCP": ping, "kernelrpc echo(1)": partial(sess.get_function("testing.echo"), 1)}
@@ -455,14 +479,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, rpc.connect(*addr) as sess:
             ops = {"kernelrpc": ours_ops(sess, addr, build_addone(tmp))}
             if tvm:
-                ops["apache-tvm"] = tvm_ops(tvm[1], tvm_addr, build_tvm_addone(tmp))
+                ops["apache-tvm"] = tvm_ops(tvm[1], fresh_tvm, build_tvm_addone(tmp))
             op_samples = time_ops(ops, args.calls, args.block)
         op_samples["first connect_tracker()"] = first_connect_tracker(bool(tvm), env, args.tracker_rounds)
         raw_copies, ours = copies(raw_addr, addr, args.repeat)
         tvm_copy = tvm_copies(tvm[1]) if tvm else {}
     finally:
-        for proc in procs:
+        for proc in services:
             stop(proc)
+        if fresh_tvm:
+            fresh_tvm.stop()
 
     nblocks = len(block_ratios)
     print(f"Round trip of a trivial call: {args.calls} calls per row in {nblocks} interleaved blocks of "

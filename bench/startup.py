@@ -1,6 +1,6 @@
 """Start-up and first-use costs, each next to Apache TVM (when installed) in the same run.
 
-    PYTHONPATH=src python bench/startup.py [--compare OTHER/src] [--samples N] [--no-tvm]
+    PYTHONPATH=src python bench/startup.py [--compare OTHER/src] [--samples N] [--no-tvm] [--connect-only]
 
 Rows (medians over ``--samples`` fresh processes or sessions):
 
@@ -8,9 +8,10 @@ Rows (medians over ``--samples`` fresh processes or sessions):
   packages (numpy, llvmlite, tqdm) it loaded;
 * the first ``connect_tracker()`` in that process, after the import (TVM's import takes
   seconds and loads what its connect needs; kernelrpc's connect loads its own code), and
-  import + connect together;
-* the first ``get_function("testing.echo")`` + call on a new session (what the session's child
-  does on its first requests), and the same pair again on that session (warm);
+  import + connect together, and the connect with the first exchange on it (``summary()``);
+* ``rpc.connect()`` to a device server (handshake, the server's start of the session child,
+  version exchange), the first ``get_function("testing.echo")`` + call on that new session
+  (what the session's child does on its first requests), and the same pair again (warm);
 * a whole remote ``time_evaluator(number=100, repeat=20)`` call for a 1-element kernel: the first
   in a client process (which loads the client's code for it), the first on each later session
   (what the session's child does the first time), then the steady state; and the same call on
@@ -62,7 +63,9 @@ if mode == "connect":
     t1 = time.perf_counter()
     session = rpc.connect_tracker(*opts["tracker"])
     t2 = time.perf_counter()
-    out = {"import": t1 - t0, "connect": t2 - t1,
+    session.summary()
+    t3 = time.perf_counter()
+    out = {"import": t1 - t0, "connect": t2 - t1, "summary": t3 - t2,
            "heavy": sorted(m for m in ("numpy", "llvmlite", "tqdm") if m in sys.modules)}
 elif mode == "session":
     if opts["tvm"]:
@@ -72,9 +75,11 @@ elif mode == "session":
     sessions.append(rpc.connect(*opts["server"]))
     sessions[-1].get_function("testing.echo")(1)  # the process's own first use
     close()
-    first, warm = [], []
+    connects, first, warm = [], [], []
     for _ in range(opts["n"]):
+        t0 = time.perf_counter()
         sess = rpc.connect(*opts["server"])
+        connects.append(time.perf_counter() - t0)
         sessions.append(sess)
         for into in (first, warm):
             t0 = time.perf_counter()
@@ -82,7 +87,7 @@ elif mode == "session":
             into.append(time.perf_counter() - t0)
         del sess    # before the next connect: TVM's server serves one session at a time
         close()
-    out = {"first": first, "warm": warm}
+    out = {"connect": connects, "first": first, "warm": warm}
 elif mode == "evaluator":
     import numpy as np
     if opts["tvm"]:
@@ -182,6 +187,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="client processes per contender for the session rows")
     parser.add_argument("--no-tvm", action="store_true")
+    parser.add_argument("--connect-only", action="store_true",
+                        help="only the import and connect_tracker() rows (no servers, no kernels)")
     args = parser.parse_args()
     tvm_ok = not args.no_tvm and subprocess.run([sys.executable, "-c", "import tvm"],
                                                capture_output=True).returncode == 0
@@ -199,7 +206,7 @@ def main() -> None:
                                    r"listening on (\S+):(\d+)", env_for(str(SRC)))
             procs.append(tproc)
             servers = {}
-            for name, (env, is_tvm) in contenders.items():
+            for name, (env, is_tvm) in ({} if args.connect_only else contenders).items():
                 if is_tvm:
                     cmd = [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
                            "--port", "9400", "--port-end", "9500"]
@@ -210,7 +217,7 @@ def main() -> None:
                                        r"listening on (\S+):(\d+)", env)
                 procs.append(proc)
                 servers[name] = list(addr)
-            libs = build_kernels(tmp, tvm_ok)
+            libs = {} if args.connect_only else build_kernels(tmp, tvm_ok)
 
             rows: dict[str, dict[str, list[float]]] = {}
             heavy: dict[str, list[str]] = {}
@@ -233,15 +240,17 @@ def main() -> None:
                     add("import the rpc package", name, out["import"])
                     add("first connect_tracker() in a process", name, out["connect"])
                     add("import + first connect_tracker()", name, out["import"] + out["connect"])
+                    add("first connect_tracker() + its first summary()", name, out["connect"] + out["summary"])
                     heavy[name] = out["heavy"]
-            for round_ in range(args.rounds):
+            for round_ in range(0 if args.connect_only else args.rounds):
                 for name in rotated(round_):
                     env, is_tvm = contenders[name]
                     out = client("session", env, tvm=is_tvm, server=servers[name],
                                  n=max(1, args.sessions // args.rounds))
+                    add("rpc.connect() to the server (a new session)", name, out["connect"])
                     add("first get_function + call on a new session", name, out["first"])
                     add("the same again on that session (warm)", name, out["warm"])
-            for round_ in range(args.rounds):
+            for round_ in range(0 if args.connect_only else args.rounds):
                 for name in rotated(round_):
                     env, is_tvm = contenders[name]
                     lib = libs["tvm" if is_tvm else "kernelrpc"]

@@ -25,6 +25,14 @@ def test_unauthenticated_client_is_refused(tracker, monkeypatch):
         rpc.connect_tracker(tracker.host, tracker.port)
 
 
+@pytest.mark.parametrize("variable", [A.ENV_TOKEN, A.ENV_TOKEN_FILE])
+def test_the_token_can_come_from_the_environment(tracker, token_file, monkeypatch, variable):
+    monkeypatch.delenv(A.ENV_TOKEN, raising=False)
+    monkeypatch.setenv(variable, TOKEN if variable == A.ENV_TOKEN else token_file)
+    with rpc.connect_tracker(tracker.host, tracker.port) as t:
+        assert "queue_info" in t.summary()
+
+
 def test_wrong_token_is_refused(tracker):
     with pytest.raises(AuthenticationError, match="refused our auth token"):
         rpc.connect_tracker(tracker.host, tracker.port, auth_token="some-other-token")

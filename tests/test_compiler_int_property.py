@@ -168,13 +168,14 @@ def test_simplified_integer_expressions_compiled(case, vectorize):
 
 
 def test_known_wrapping_rewrites():
-    """Cases the old simplifier got wrong, pinned down."""
+    """Cases the old simplifier (or the interpreter: a uint64 min beyond int64) got wrong, pinned down."""
     for dtype, tree in [
         ("uint8", ("select", "lt", ("x",), ("y",), ("c", 1), ("c", 0))),
         ("int8", ("select", "lt", ("add", ("x",), ("c", 100)), ("c", 50), ("c", 1), ("c", 0))),
         ("uint32", ("floordiv", ("add", ("x",), ("c", 4)), 2)),
         ("int16", ("min", ("add", ("x",), ("c", 1)), ("x",))),
         ("int32", ("floormod", ("mul", ("x",), ("c", 65536)), 3)),
+        ("uint64", ("min", ("c", (1 << 64) - 2), ("select", "lt", ("x",), ("y",), ("x",), ("c", 0)))),
     ]:
         X, Y, Z, x, y, want = _setup(dtype, tree, 7)
         z = np.zeros(N, dtype)

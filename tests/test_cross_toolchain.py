@@ -10,6 +10,7 @@ import re
 import struct
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from kernelrpc.compiler.codegen import compile_ir
 from kernelrpc.compiler.codegen.runtime_ir import RUNTIME_SOURCE
 from kernelrpc.compiler.target import Target, TargetError, TargetOptionIgnored
 from kernelrpc.deploy import toolchain
-from kernelrpc.deploy.toolchain import ToolchainError, find_toolchain, runtime_object
+from kernelrpc.deploy.toolchain import ToolchainError, compiled_object, find_toolchain
 from kernelrpc.errors import ModuleError
 from kernelrpc.runtime import compat, load_module
 
@@ -208,14 +209,43 @@ def test_soft_float_arm_and_other_oses_have_no_toolchain():
 
 def test_runtime_object_is_compiled_once_per_toolchain(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELRPC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(toolchain, "_memo", {})
     chain = find_toolchain(Target())
-    first = runtime_object(chain, RUNTIME_SOURCE)
-    assert first.parent == tmp_path / "runtime" and first.read_bytes()[:4] == b"\x7fELF"
+    first = compiled_object(chain, RUNTIME_SOURCE)
+    assert first.parent == tmp_path / "objects" and first.read_bytes()[:4] == b"\x7fELF"
     stamp = first.stat().st_mtime_ns
-    assert runtime_object(chain, RUNTIME_SOURCE) == first and first.stat().st_mtime_ns == stamp
+    assert compiled_object(chain, RUNTIME_SOURCE) == first and first.stat().st_mtime_ns == stamp
     other = toolchain.Toolchain(chain.name, chain.argv, runtime_flags=("-O1",))
-    assert runtime_object(other, RUNTIME_SOURCE) != first
+    assert compiled_object(other, RUNTIME_SOURCE) != first
+
+
+def test_a_cached_object_is_compiled_again_when_its_source_or_a_header_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELRPC_CACHE_DIR", str(tmp_path / "cache"))
+    chain = find_toolchain(Target())
+    (tmp_path / "my dir").mkdir()
+    header = tmp_path / "my dir" / "value.h"
+    source = tmp_path / "my dir" / "value.c"
+    header.write_text("#define VALUE 1\n")
+    source.write_text('#include "value.h"\nint value(void) { return VALUE; }\n')
+
+    def compiled():
+        path = compiled_object(chain, source)
+        return path, path.stat().st_mtime_ns, path.read_bytes()
+
+    path, stamp, first = compiled()
+    assert compiled()[1] == stamp                                # unchanged: the cached object
+    header.write_text("#define VALUE 2\n")
+    _, stamp2, second = compiled()
+    assert stamp2 != stamp and second != first                   # the header changed
+    source.write_text('#include "value.h"\nint value(void) { return VALUE + 1; }\n')
+    _, stamp3, third = compiled()
+    assert stamp3 != stamp2 and third != second                  # the source changed
+    path.write_bytes(b"damaged")
+    assert compiled()[2] == third                                # a damaged entry is rebuilt
+
+
+def test_make_dependencies_are_parsed_with_escaped_spaces():
+    rule = "/tmp/x.o: /a\\ b/x.c \\\n /a\\ b/h.h /c/$$d.h\n"
+    assert toolchain._make_dependencies(rule) == [Path("/a b/x.c"), Path("/a b/h.h"), Path("/c/$d.h")]
 
 
 def test_compile_errors_in_the_runtime_are_reported(tmp_path):

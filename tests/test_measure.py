@@ -172,3 +172,65 @@ def test_unreachable_tracker_is_a_clear_error():
 def test_candidates_must_be_callable():
     with pytest.raises(TypeError, match="returns \\(schedule, args\\)"):
         kernelrpc.measure([42], key="board", tracker="127.0.0.1:1", inputs=[])
+
+
+def calls_c(function="add_offset"):
+    """A candidate whose kernel calls a C function linked from the batch's sources."""
+    def schedule():
+        from kernelrpc import tir
+
+        A = te.placeholder((N,), name="A")
+        B = te.compute((N,), lambda i: tir.call_extern("float32", function, A[i]), name="B")
+        return te.create_schedule(B.op), [A, B]
+    return schedule
+
+
+@pytest.fixture
+def c_source(tmp_path):
+    (tmp_path / "offset.h").write_text("#define OFFSET 1.0f\n")
+    source = tmp_path / "add_offset.c"
+    source.write_text('#include "offset.h"\nfloat add_offset(float x) { return x + OFFSET; }\n')
+    return source
+
+
+def test_candidates_link_the_batchs_c_sources(fleet, c_source):
+    tracker, _ = fleet
+    results = run(tracker, {"c": calls_c(), "missing": calls_c("not_defined_anywhere")},
+                  sources=[c_source]).wait()
+    by_name = {r.name: r for r in results}
+    assert by_name["c"].status == OK, by_name["c"]
+    assert by_name["missing"].status == COMPILE_ERROR
+    assert "not_defined_anywhere" in by_name["missing"].error
+
+
+def test_a_worker_without_the_file_builds_from_the_bytes_read_at_the_start(tmp_path):
+    from kernelrpc.measure.build import LinkFiles, build_candidate, dumps_candidate
+
+    source = tmp_path / "add_offset.c"
+    source.write_text("float add_offset(float x) { return x + 1.0f; }\n")
+    link = LinkFiles(sources=[source])
+    source.write_text("float add_offset(float x) { return x - 1.0f; }\n")  # not the file read at the start
+    output = build_candidate(dumps_candidate(calls_c()), None, "main", link)
+    assert output.library is not None, output.error
+    path = tmp_path / "built.so"
+    path.write_bytes(output.library)
+    module = kernelrpc.runtime.load_module(str(path))
+    dev = kernelrpc.cpu(0)
+    a = kernelrpc.nd.array(np.arange(N, dtype="float32"), dev)
+    b = kernelrpc.nd.empty((N,), "float32", dev)
+    module["main"](a, b)
+    np.testing.assert_array_equal(b.numpy(), np.arange(N, dtype="float32") + 1)
+
+
+def test_a_copied_source_cannot_find_the_headers_beside_the_original(c_source):
+    from kernelrpc.measure.build import LinkFiles, build_candidate, dumps_candidate
+
+    link = LinkFiles(sources=[c_source])
+    c_source.write_text(c_source.read_text() + "\n")
+    output = build_candidate(dumps_candidate(calls_c()), None, "main", link)
+    assert output.library is None and "offset.h" in output.error
+
+
+def test_sources_must_be_a_list():
+    with pytest.raises(TypeError, match="lists of paths"):
+        kernelrpc.measure([addone(4)], key="board", tracker="127.0.0.1:1", inputs=[], sources="x.c")

@@ -135,6 +135,77 @@ def test_a_forked_child_reports_its_own_threads_not_the_parents():
     assert child in tids and threading.get_native_id() not in tids
 
 
+def test_a_forked_child_that_closes_and_reuses_the_inherited_numbers_keeps_its_files():
+    """A child that closes the descriptors it does not know of (as a server's session child may)
+    and opens files of its own under those numbers: its measurements must not close them."""
+    probe = conditions.default_probe()
+    measurement = probe.measurement()
+    measurement.batch_started()
+    measurement.report()                                # the parent's files are open now
+    inherited = sorted(probe._files._fds.values())
+    assert inherited
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in inherited:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            mine = [os.open(__file__, os.O_RDONLY) for _ in inherited]
+            measurement = probe.measurement()
+            measurement.batch_started()
+            threads = measurement.report()["threads"]
+            intact = all(os.pread(fd, 3, 0) == b'"""' for fd in mine)
+            os.write(write_end, json.dumps([intact, bool(set(mine) & set(inherited)), len(threads)]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        intact, reused, threads = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert reused and intact and threads >= 1
+
+
+def test_threads_that_come_and_go_between_measurements_are_seen():
+    """The thread list is read again when the number of threads changed, and when it did not
+    but a thread listed before has ended (one ended, another started)."""
+    probe = ConditionsProbe()
+
+    def ran_while(work):
+        measurement = probe.measurement()
+        measurement.batch_started()
+        work()
+        return {t["tid"] for t in measurement.report()["threads"]}
+
+    def spin_in_a_thread(started, stop):
+        def run():
+            started.append(threading.get_native_id())
+            while not stop.is_set():
+                _spin(0.001)
+        return threading.Thread(target=run)
+
+    ran_while(lambda: _spin(0.001))
+    first, stop_first = [], threading.Event()
+    worker = spin_in_a_thread(first, stop_first)
+    worker.start()
+    try:
+        assert first[0] in ran_while(lambda: _spin(0.02))           # one thread more
+    finally:
+        stop_first.set()
+        worker.join()
+    second, stop_second = [], threading.Event()
+    worker = spin_in_a_thread(second, stop_second)
+    worker.start()                                                 # as many threads as before
+    try:
+        ran = ran_while(lambda: _spin(0.02))
+        assert second[0] in ran and (first[0] == second[0] or first[0] not in ran)
+    finally:
+        stop_second.set()
+        worker.join()
+
+
 ENDED_THREADS_CHILD = textwrap.dedent("""
     import os, threading, time
     from kernelrpc.runtime.conditions import MAX_KEPT_FILES, ConditionsProbe

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernelrpc import nd, rpc
+from conftest import wait_until
 from kernelrpc.errors import SessionTimeout
 from proxy_peers import (offered_matchkey, start_tvm_proxy, start_tvm_tracker, tracker_request,
                          wait_for_matches)
@@ -133,8 +134,10 @@ def test_proxy_custom_addr_is_what_the_tracker_hands_out(our_tracker, proxy, dev
     device(p.host, p.port, "nat")
     wait_for_matches(p, r"offered nat:\S+ to the tracker", 1)
     session = connect_tracker(tracker.host, tracker.port)
-    servers = session.summary()["server_info"]
-    assert [s["addr"] for s in servers if s["key"] == "server:proxy[nat]"] == [["localhost", p.port]]
+    # the line says the proxy sent its UPDATE_INFO and PUT, not that the tracker has read them
+    addrs = wait_until(lambda: [s["addr"] for s in session.summary()["server_info"]
+                                if s["key"] == "server:proxy[nat]"])
+    assert addrs == [["localhost", p.port]]
     with session.request("nat", session_timeout=60) as sess:  # handed out as localhost:port
         check_session(sess)
 

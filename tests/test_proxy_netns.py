@@ -23,12 +23,12 @@ from servicectl import SRC, child_env
 
 pytestmark = pytest.mark.netns
 
-ECHO_DEVICE = r"""
-import socket, sys
+PAIRED = r"""
+import os, socket, sys
 from kernelrpc.rpc import handshake as hs
 sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
-sock.sendall(hs.encode_preamble("server:nsdev"))
-print("raw device connected", flush=True)
+sock.sendall(hs.encode_preamble("ROLE:nsdev"))
+print("raw ROLE connected", flush=True)
 parser, reply = hs.ReplyParser(), None
 while reply is None:
     chunk = sock.recv(4096)
@@ -36,6 +36,10 @@ while reply is None:
         sys.exit("the proxy closed before its reply")
     reply = parser.feed(chunk)
 reply.raise_for_code("proxy")
+"""
+"""A raw peer paired by the proxy under key ``nsdev`` (ROLE: server or client)."""
+
+ECHO_DEVICE = PAIRED.replace("ROLE", "server") + r"""
 data = parser.unused
 while True:
     if data:
@@ -45,18 +49,7 @@ while True:
         break
 """
 
-ECHO_CLIENT = r"""
-import os, socket, sys
-from kernelrpc.rpc import handshake as hs
-sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
-sock.sendall(hs.encode_preamble("client:nsdev"))
-parser, reply = hs.ReplyParser(), None
-while reply is None:
-    chunk = sock.recv(4096)
-    if not chunk:
-        sys.exit("the proxy closed before its reply")
-    reply = parser.feed(chunk)
-reply.raise_for_code("proxy")
+ECHO_CLIENT = PAIRED.replace("ROLE", "client") + r"""
 msg = os.urandom(1000)
 sock.sendall(msg)
 got = parser.unused
@@ -192,7 +185,7 @@ def test_device_unreachable_from_client_but_a_session_through_the_proxy_works(to
                           python=topology.wrappers["proxy"], ready=NS_READY)
     proxy_port = str(port_of(proxy))
     topology.start_snippet(start_service, "device", "ns_echo_device", ECHO_DEVICE,
-                           "10.77.2.1", proxy_port, ready="raw device connected")
+                           "10.77.2.1", proxy_port, ready="raw server connected")
     wait_for_matches(proxy, r"device 10\.77\.2\.2:\d+ waits for key 'nsdev'")
     out = topology.run_python("client", ECHO_CLIENT, "10.77.1.1", proxy_port)
     assert "echo through the proxy ok server:nsdev" in out

@@ -256,7 +256,7 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
         receive_until(sock, H.ReplyParser(), "server", "the handshake").raise_for_code()
         (child,) = wait_until(lambda: session_children(server.proc.pid), what="the session child")
         os.kill(child, signal.SIGKILL)
-        wait_until(lambda: not session_children(server.proc.pid), what="the session child reaped")
+        wait_until(lambda: child not in session_children(server.proc.pid), what="the session child reaped")
         try:
             sock.sendall(P.encode_hello())
         except OSError:

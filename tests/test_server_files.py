@@ -75,7 +75,7 @@ def test_parent_removes_the_workspace_when_the_session_ends(server, workspace_ro
     assert (workspace / "f").exists()
     sess.close()
     server.wait_for_line(r"session from .* finished")
-    assert list(workspace_root.iterdir()) == []
+    assert not workspace.exists()                      # (the next spare's own workspace may be there)
 
 
 def test_whole_session_without_numpy_llvmlite_tornado_cloudpickle(start_service, tmp_path, fixture_module):

@@ -6,14 +6,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kernelrpc.errors import ProtocolError
+from kernelrpc.rpc import tracker_codec
 from kernelrpc.rpc.tracker_codec import (
     MAGIC_BYTES,
+    Code,
     FrameDecoder,
     check_magic,
     decode_json,
     encode_address_reply,
     encode_frame,
+    encode_json,
 )
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                           lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(), c, max_size=4),
+                           max_leaves=20)
 
 
 def test_frames_match_tvm_capture():
@@ -92,3 +99,35 @@ def test_decode_json_is_json_loads(text):
             decode_json(text)
     else:
         assert decode_json(text) == expected
+
+
+@given(JSON_VALUES)
+def test_encode_json_is_json_dumps(obj):
+    assert encode_json(obj) == json.dumps(obj)
+
+
+@given(JSON_VALUES, st.sampled_from(["", " ", "\n", "\t\r "]), st.sampled_from(["", " ", "\n\n"]))
+def test_decode_json_is_json_loads_around_any_whitespace(obj, lead, trail):
+    text = lead + json.dumps(obj) + trail
+    assert json.dumps(decode_json(text)) == json.dumps(json.loads(text))   # NaN != NaN, but its text is
+
+
+def test_encode_json_refuses_what_json_dumps_refuses():
+    circular: list = []
+    circular.append(circular)
+    for bad, error in ((object(), TypeError), ({1j: 1}, TypeError), (circular, ValueError)):
+        with pytest.raises(error) as ours:
+            encode_json(bad)
+        with pytest.raises(error) as theirs:
+            json.dumps(bad)
+        assert str(ours.value) == str(theirs.value)
+
+
+def test_tracker_code_is_the_int_enum_of_the_plain_codes():
+    from kernelrpc.rpc.tracker_codec import TrackerCode
+
+    assert {c.name: int(c) for c in TrackerCode} == {k: v for k, v in vars(Code).items() if k.isupper()}
+    assert TrackerCode(4) is TrackerCode.REQUEST == Code.REQUEST and tracker_codec.TrackerCode is TrackerCode
+    assert encode_frame([TrackerCode.PING]) == encode_frame([Code.PING])
+    with pytest.raises(AttributeError, match="no_such_name"):
+        tracker_codec.no_such_name

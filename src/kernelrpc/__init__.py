@@ -5,7 +5,7 @@ compiler (numpy, llvmlite) loads on first use of ``build`` / ``lower`` / ``te``.
 """
 from __future__ import annotations
 
-import importlib
+import sys
 
 from .errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                      RemoteError, RPCError, ServerCrashed, SessionTimeout, TrackerError,
@@ -14,30 +14,37 @@ from .errors import (AuthenticationError, ConnectionLost, ConnectTimeout, Handsh
 __version__ = "0.1.0"
 
 _LAZY = {
-    "cpu": (".runtime", "cpu"),
-    "device": (".runtime", "device"),
-    "build": (".compiler", "build"),
-    "lower": (".compiler", "lower"),
-    "Target": (".compiler", "Target"),
-    "te": (".te", None),
-    "tir": (".tir", None),
-    "target": (".target", None),
-    "testing": (".testing", None),
-    "contrib": (".contrib", None),
-    "nd": (".nd", None),
-    "display": (".display", None),
-    "rpc": (".rpc", None),
-    "runtime": (".runtime", None),
-    "measure": (".measure", None),
-    "autotvm": (".autotvm", None),
+    "cpu": ("kernelrpc.runtime", "cpu"),
+    "device": ("kernelrpc.runtime", "device"),
+    "build": ("kernelrpc.compiler", "build"),
+    "lower": ("kernelrpc.compiler", "lower"),
+    "Target": ("kernelrpc.compiler", "Target"),
+    "te": ("kernelrpc.te", None),
+    "tir": ("kernelrpc.tir", None),
+    "target": ("kernelrpc.target", None),
+    "testing": ("kernelrpc.testing", None),
+    "contrib": ("kernelrpc.contrib", None),
+    "nd": ("kernelrpc.nd", None),
+    "display": ("kernelrpc.display", None),
+    "rpc": ("kernelrpc.rpc", None),
+    "runtime": ("kernelrpc.runtime", None),
+    "measure": ("kernelrpc.measure", None),
+    "autotvm": ("kernelrpc.autotvm", None),
 }
+
+
+def _load(module: str):
+    """``importlib.import_module(module)`` for an absolute name, without loading ``importlib``
+    (with ``warnings``, about half of what ``import kernelrpc`` costs otherwise)."""
+    __import__(module)
+    return sys.modules[module]
 
 
 def __getattr__(name: str):
     entry = _LAZY.get(name)
     if entry is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(entry[0], __name__)
+    module = _load(entry[0])
     return module if entry[1] is None else getattr(module, entry[1])
 
 

@@ -147,14 +147,15 @@ class LinkInputs:
             externs.update(dict.fromkeys(ir.extern_calls(func.body)))
         return cls(sources, objects, externs)
 
-    def files(self, toolchain, directory: Path) -> list:
-        """The objects to link: ``sources`` compiled by ``toolchain`` (or, without one, the C
-        files themselves, for an ``fcompile`` that compiles), then ``objects``."""
+    def files(self, toolchain) -> list:
+        """The objects to link: ``sources`` compiled by ``toolchain`` (cached while they and
+        their headers are unchanged) or, without one, the C files themselves, for an
+        ``fcompile`` that compiles; then ``objects``."""
+        from ..deploy.toolchain import compiled_object
+
         if toolchain is None:
             return [*self.sources, *self.objects]
-        compiled = [toolchain.compile_c(source, directory / f"src{k}.{source.stem}.o")
-                    for k, source in enumerate(self.sources)]
-        return [*compiled, *self.objects]
+        return [*(compiled_object(toolchain, source) for source in self.sources), *self.objects]
 
     def explain(self, error: ToolchainError) -> ToolchainError:
         """The link's error, or an :class:`UndefinedSymbolError` naming the missing functions."""
@@ -198,7 +199,7 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
     symbol version the linked file needs (:func:`~kernelrpc.compiler.libc_floor.glibc_floor`),
     so a device with an older glibc refuses the module before ``dlopen``.
     """
-    from ..deploy.toolchain import ToolchainError, find_toolchain, runtime_object
+    from ..deploy.toolchain import ToolchainError, compiled_object, find_toolchain
 
     path = Path(path)
     try:
@@ -225,10 +226,10 @@ def link_module(path, kernel_object: bytes, metadata: dict, target: Target,
         def write_metadata():
             meta.write_bytes(compile_ir([metadata_ir(json.dumps(metadata))], target).object_code)
         write_metadata()
-        runtime = (runtime_object(toolchain, RUNTIME_SOURCE) if toolchain is not None
+        runtime = (compiled_object(toolchain, RUNTIME_SOURCE) if toolchain is not None
                    else RUNTIME_SOURCE)
         inputs = inputs or LinkInputs()
-        objects = [kernels, meta, runtime, *inputs.files(toolchain, Path(tmp))]
+        objects = [kernels, meta, runtime, *inputs.files(toolchain)]
         if relocatable:
             tmp_out = Path(tmp) / path.name
             _partial_link(toolchain, tmp_out, objects)

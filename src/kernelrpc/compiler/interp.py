@@ -164,7 +164,10 @@ class _PyGen:
         if isinstance(e, Mod):
             return f"_tmod({self.expr(e.a)}, {self.expr(e.b)})"
         if isinstance(e, (Min, Max)):
-            fn = "np.minimum" if isinstance(e, Min) else "np.maximum"
+            if is_int(e.dtype) and dtype_lanes(e.dtype) == 1:  # exact on Python ints beyond int64
+                fn = "min" if isinstance(e, Min) else "max"
+            else:
+                fn = "np.minimum" if isinstance(e, Min) else "np.maximum"
             return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
         if isinstance(e, (And, Or)):
             fn = "np.logical_and" if isinstance(e, And) else "np.logical_or"

@@ -10,7 +10,7 @@ One toolchain per target triple, chosen by :func:`find_toolchain`:
   floor (:data:`GLIBC_FLOORS`) so modules load on old board images.
 
 The same toolchain compiles ``module_runtime.c`` for the target (cached by
-:func:`runtime_object`) and links it with the kernels, so the runtime is built
+:func:`compiled_object`, as are the user's C sources) and links it with the kernels, so the runtime is built
 against the target's own C library headers.
 
 Zig builds its C library stubs and compiler_rt on the first link for each
@@ -22,8 +22,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -32,8 +34,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GLIBC_FLOORS", "Toolchain", "ToolchainError", "cache_dir", "create_shared",
-           "find_host_cc", "find_toolchain", "runtime_object"]
+__all__ = ["GLIBC_FLOORS", "Toolchain", "ToolchainError", "cache_dir", "compiled_object",
+           "create_shared", "find_host_cc", "find_toolchain"]
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +80,10 @@ class Toolchain:
     link_flags: tuple[str, ...] = ()
     libc: str = "glibc"
 
-    def compile_c(self, source, output) -> Path:
+    def compile_c(self, source, output, *options: str) -> Path:
         """Compile one C file into an object."""
         output = Path(output)
-        _run([*self.argv, *_RUNTIME_FLAGS, *self.runtime_flags, "-c", str(source), "-o",
+        _run([*self.argv, *_RUNTIME_FLAGS, *self.runtime_flags, *options, "-c", str(source), "-o",
               str(output)], f"compiling {Path(source).name}")
         return output
 
@@ -190,36 +192,68 @@ def cache_dir() -> Path:
     return Path(base) / "kernelrpc"
 
 
-_memo: dict[str, Path] = {}
+def compiled_object(toolchain: Toolchain, source) -> Path:
+    """``source`` compiled by ``toolchain``, cached on disk per source path and toolchain.
 
-
-def runtime_object(toolchain: Toolchain, source) -> Path:
-    """``source`` (the module runtime) compiled by ``toolchain``, cached on disk by the
-    source's and the toolchain's identity (a new compiler or source compiles afresh)."""
-    source = Path(source)
-    digest = hashlib.sha256(source.read_bytes() + toolchain.identity().encode()).hexdigest()[:24]
-    cached = _memo.get(digest)
-    if cached is not None and cached.exists():
-        return cached
-    directory = cache_dir() / "runtime"
+    The entry records the SHA-256 of the source, of every header it includes (the compiler
+    lists them: ``-MMD``) and of the object; it is used only while all of them still match, so
+    an edited source or header compiles afresh. Concurrent builders each write whole files."""
+    source = Path(source).resolve()
+    key = hashlib.sha256(f"{source}\0{toolchain.identity()}".encode()).hexdigest()[:24]
+    directory = cache_dir() / "objects"
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        directory = Path(tempfile.mkdtemp(prefix="kernelrpc-runtime-"))
-        log.warning("cache directory %s is not usable (%s); compiling the runtime into %s",
-                    cache_dir(), exc, directory)
-    path = directory / f"{source.stem}-{digest}.o"
-    if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".o.tmp")
-        os.close(fd)
-        try:
-            toolchain.compile_c(source, tmp)
-            os.replace(tmp, path)  # concurrent builders each write a whole file
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    _memo[digest] = path
+        directory = Path(tempfile.mkdtemp(prefix="kernelrpc-objects-"))
+        log.warning("cache directory %s is not usable (%s); compiling %s into %s",
+                    cache_dir(), exc, source.name, directory)
+    path = directory / f"{source.stem}-{key}.o"
+    record = path.with_suffix(".json")
+    if _still_valid(path, record):
+        return path
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".o.tmp")
+    os.close(fd)
+    deps = tmp + ".d"
+    try:
+        inputs = {str(source): _digest(source)}  # before compiling: an edit meanwhile recompiles
+        toolchain.compile_c(source, tmp, "-MMD", "-MF", deps)
+        for header in _make_dependencies(Path(deps).read_text()):
+            inputs.setdefault(str(header), _digest(header))
+        os.replace(tmp, path)
+        _write_whole(record, json.dumps({"inputs": inputs, "object": _digest(path)}))
+    finally:
+        for leftover in (tmp, deps):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return path
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _still_valid(path: Path, record: Path) -> bool:
+    try:
+        entry = json.loads(record.read_text())
+        return (entry["object"] == _digest(path)
+                and all(_digest(p) == want for p, want in entry["inputs"].items()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _make_dependencies(text: str) -> list[Path]:
+    """The prerequisites of a make rule as ``-MD`` writes it (``obj: a.c b.h \\``, spaces in
+    names escaped)."""
+    _, _, prerequisites = text.replace("\\\n", " ").partition(": ")
+    names = re.split(r"(?<!\\)\s+", prerequisites.strip())
+    return [Path(n.replace("\\ ", " ").replace("$$", "$")) for n in names if n]
+
+
+def _write_whole(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def create_shared(output: str | os.PathLike, objects: list[str | os.PathLike],

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import RPCError, TrackerError
 from . import result as R
-from .build import BuildOutput, build_candidate, dumps_candidate
+from .build import BuildOutput, LinkFiles, build_candidate, dumps_candidate
 from .device import DeviceSession, Requeue
 
 log = logging.getLogger(__name__)
@@ -197,8 +197,10 @@ class MeasureBatch:
                  name: str = "main", number: int = 3, repeat: int = 3, min_repeat_ms: float = 0,
                  timeout: float = 60.0, session_timeout: float = 600.0, executor=None,
                  max_devices: int | None = None, flops: float | None = None, rtol: float = 1e-4,
-                 atol: float = 1e-4, priority: int = 1, progress: bool | None = None) -> None:
+                 atol: float = 1e-4, priority: int = 1, progress: bool | None = None,
+                 sources=(), objects=()) -> None:
         self.candidates = _normalize(candidates)
+        self.link = LinkFiles(sources, objects)
         self.key = key
         self.tracker_addr = _tracker_address(tracker)
         self.target = None if target is None else str(target)
@@ -241,7 +243,8 @@ class MeasureBatch:
         for index, (name, fn) in enumerate(self.candidates):
             try:
                 payload = dumps_candidate(fn)
-                future = self._executor.submit(build_candidate, payload, self.target, self.spec.name)
+                future = self._executor.submit(build_candidate, payload, self.target, self.spec.name,
+                                               self.link or None)
             except Exception as exc:  # cannot be pickled or submitted: this candidate's build error
                 self._built_one(index, name, BuildOutput(None, [], 0.0, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -498,7 +501,9 @@ def measure(candidates, *, key: str, tracker, inputs, reference=None, **options)
             ``timeout`` (seconds per candidate on a device), ``session_timeout``, ``executor``
             (any ``concurrent.futures.Executor``), ``max_devices``, ``flops`` (per call, for
             GFLOP/s), ``rtol``/``atol``, ``priority``, ``progress`` (a tqdm bar; default: on in a
-            terminal or a notebook).
+            terminal or a notebook), ``sources``/``objects`` (C files and objects every candidate
+            links, as in ``kernelrpc.build``: for kernels that call C functions with
+            ``tir.call_extern``).
 
     Returns:
         A :class:`MeasureBatch`: iterate it for :class:`MeasureResult` objects as they finish, or

@@ -12,6 +12,7 @@ import os
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 
 @dataclasses.dataclass
@@ -21,6 +22,43 @@ class BuildOutput:
     seconds: float
     error: str = ""       # "Type: message" of a compile error
     traceback: str = ""
+
+
+class LinkFiles:
+    """The C sources and objects every candidate of a batch links (``measure(sources=, objects=)``).
+
+    Read once on the host when the batch starts, they travel to the build workers with each
+    candidate: a worker that sees the same file at the same path (a local process pool) compiles
+    it there, so its ``#include "..."`` files are found beside it; a worker on another machine
+    (Dask) writes the bytes into its build directory and compiles that copy.
+    """
+
+    def __init__(self, sources=(), objects=()) -> None:
+        if isinstance(sources, (str, os.PathLike)) or isinstance(objects, (str, os.PathLike)):
+            raise TypeError("measure: sources= and objects= take lists of paths")
+        self.files = tuple((kind, os.path.abspath(p), Path(p).read_bytes())
+                           for kind, paths in (("source", sources), ("object", objects)) for p in paths)
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    def paths(self, directory: str) -> dict:
+        """``build()``'s ``sources=``/``objects=`` on this worker."""
+        out: dict = {"sources": [], "objects": []}
+        for k, (kind, path, data) in enumerate(self.files):
+            if not _same_file(path, data):
+                path = os.path.join(directory, f"link{k}", os.path.basename(path))
+                os.makedirs(os.path.dirname(path))
+                Path(path).write_bytes(data)
+            out["sources" if kind == "source" else "objects"].append(path)
+        return out
+
+
+def _same_file(path: str, data: bytes) -> bool:
+    try:
+        return Path(path).read_bytes() == data
+    except OSError:
+        return False
 
 
 def dumps_candidate(fn) -> bytes:
@@ -33,8 +71,10 @@ def dumps_candidate(fn) -> bytes:
     return cloudpickle.dumps(fn)
 
 
-def build_candidate(payload: bytes, target: str | None, name: str) -> BuildOutput:
-    """Unpickle a schedule function, call it for ``(schedule, args)`` and build a shared library."""
+def build_candidate(payload: bytes, target: str | None, name: str,
+                    link: LinkFiles | None = None) -> BuildOutput:
+    """Unpickle a schedule function, call it for ``(schedule, args)`` and build a shared library
+    (linking ``link``'s C sources and objects)."""
     start = time.perf_counter()
     try:
         import cloudpickle
@@ -47,8 +87,8 @@ def build_candidate(payload: bytes, target: str | None, name: str) -> BuildOutpu
             s, args = produced
         else:
             raise TypeError(f"a candidate must return (schedule, args), got {type(produced).__name__}")
-        module = build(s, args, target=target, name=name)
         with tempfile.TemporaryDirectory(prefix="kernelrpc-measure-") as tmp:
+            module = build(s, args, target=target, name=name, **(link.paths(tmp) if link else {}))
             path = module.export_library(os.path.join(tmp, f"{name}.so"))
             library = path.read_bytes()
         records = module.metadata["functions"][0]["args"]

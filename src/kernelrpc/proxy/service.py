@@ -10,6 +10,7 @@ import socket
 from ..acceptor import Acceptor, watch
 from ..errors import HandshakeError
 from ..netutil import bind_first_free
+from ..rpc import device_record
 from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                              encode_reply, parse_key)
 from ..rpc.registration import OfferState
@@ -238,4 +239,4 @@ class ProxyService:
         relay.start()
         device, client = (waiting, newcomer) if waiting.is_device else (newcomer, waiting)
         logger.info("paired client %s (%r) with device %s (%r)", client.handle.name, client.key,
-                    device.handle.name, device.key)
+                    device.handle.name, device_record.shorten(device.key))

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import ssl
 
+from ..rpc import device_record
 from ..rpc import registration as R
 from ..rpc.handshake import parse_key
 from ..tracker.messages import MAX_PROTOCOL_CHARS
@@ -62,8 +63,26 @@ class TrackerLink:
 
     # -- what the proxy tells the link ------------------------------------------------------
     def device_waiting(self, device: Waiter) -> None:
-        protocol = parse_key(device.key).options.get("protocol", "")[:MAX_PROTOCOL_CHARS]
-        self.handle(R.OfferAdded(device, device.wanted, device.matchkey, protocol))
+        options = parse_key(device.key).options
+        protocol = options.get("protocol", "")[:MAX_PROTOCOL_CHARS]
+        self.handle(R.OfferAdded(device, device.wanted, device.matchkey, protocol,
+                                 self._device_record(device, options.get(device_record.OPTION))))
+
+    @staticmethod
+    def _device_record(device: Waiter, value: str | None) -> dict | None:
+        """The device's checked ``-device=`` record; None (logged) if it sent none or a bad one."""
+        if value is None:
+            return None
+        try:
+            record, unknown = device_record.decode(value)
+        except device_record.BadRecord as exc:
+            logger.warning("device %s (key %r): %s; offered to the tracker without a device record",
+                           device.handle.name, device.wanted, exc)
+            return None
+        if unknown:
+            logger.info("device %s (key %r): device record fields %s are unknown here; left out",
+                        device.handle.name, device.wanted, ", ".join(unknown))
+        return record
 
     def device_gone(self, device: Waiter, handed_out: bool = False) -> None:
         """``device`` stopped waiting; ``handed_out``: its client came with its match key."""

@@ -2,15 +2,15 @@
 client. Names load on first use and are listed by ``dir()`` (so tab completion finds them)."""
 from __future__ import annotations
 
-import importlib
+from .. import _load
 
 _LAZY = {
-    "connect": ".client",
-    "RPCSession": ".client",
-    "LocalSession": "..server.local",  # the server's parts in this process; only named here
-    "connect_tracker": ".tracker_client",
-    "TrackerSession": ".tracker_client",
-    "TrackerSummary": ".tracker_summary",
+    "connect": "kernelrpc.rpc.client",
+    "RPCSession": "kernelrpc.rpc.client",
+    "LocalSession": "kernelrpc.server.local",  # the server's parts in this process; only named here
+    "connect_tracker": "kernelrpc.rpc.tracker_client",
+    "TrackerSession": "kernelrpc.rpc.tracker_client",
+    "TrackerSummary": "kernelrpc.rpc.tracker_summary",
 }
 
 __all__ = sorted(_LAZY)
@@ -20,7 +20,7 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    return getattr(_load(module), name)
 
 
 def __dir__() -> list[str]:

@@ -360,34 +360,56 @@ def notice_error(kind: str, message: str, signal: int | None = None, exit_code: 
 _PROFILE_HEAD = struct.Struct("<QI")    # number, repeat
 _MAX_NUMBER = (1 << 63) - 1         # min_repeat_ms may grow number past the 2^31 a request allows
 _MAX_TIME = 1.7976931348623157e308      # the largest finite double: ``r <= _MAX_TIME`` is False for inf and NaN
+#: The conditions' fixed part: wall_s, own_cpu_s, other_cpu_s, other_load, the lowest and highest
+#: freq_mhz, clock_tick_s (NaN for null), preempted (-1 for null), the number of cpus and threads.
+_CONDITIONS = struct.Struct("<7dqHH")
+_THREAD = struct.Struct("<Iid")         # tid, cpu (-1 for null), cpu_s
+_NO_THREADS = 0xFFFF                    # the thread count of ``"threads": null``
+_NAN = float("nan")
 
 
-def encode_profile(result) -> bytes:
-    """What a TIME_EVALUATOR_PACKED function returns (a bytes value): ``u64 number, u32 repeat``,
-    the repeat times as little-endian doubles, then the UTF-8 JSON object ``{"function",
-    "conditions"}``. The module's target is left out: the client has it from LOAD_MODULE."""
-    times = result.results
-    rest = json.dumps({"function": result.function, "conditions": result.conditions},
-                      separators=(",", ":"))
-    return b"".join((_PROFILE_HEAD.pack(result.number, len(times)),
-                     struct.pack(f"<{len(times)}d", *times), rest.encode()))
+def encode_profile(number: int, results, conditions: dict | None) -> bytes:
+    """What a TIME_EVALUATOR_PACKED function returns (a bytes value, docs/protocol.md section
+    5.3): ``u64 number, u32 repeat``, the repeat times as little-endian doubles, then, unless
+    ``conditions`` is None, the conditions dict (runtime/conditions.py) in binary. The function
+    name and the module's target are left out: the client has them."""
+    n = len(results)
+    if conditions is None:
+        return struct.pack(f"<QI{n}d", number, n, *results)
+    c = conditions
+    cpus = c["cpus"]
+    threads = c["threads"]
+    freq = c["freq_mhz"] or (_NAN, _NAN)
+    values = [number, n, *results, c["wall_s"], _or_nan(c["own_cpu_s"]), _or_nan(c["other_cpu_s"]),
+              _or_nan(c["other_load"]), freq[0], freq[1], _or_nan(c["clock_tick_s"]),
+              -1 if c["preempted"] is None else c["preempted"], len(cpus),
+              _NO_THREADS if threads is None else len(threads), *cpus]
+    for t in threads or ():
+        values += (t["tid"], -1 if t["cpu"] is None else t["cpu"], t["cpu_s"])
+    try:
+        return struct.pack(f"<QI{n}d7dqHH{len(cpus)}I{'Iid' * len(threads or ())}", *values)
+    except struct.error as exc:
+        raise ValueError(f"time_evaluator result out of the packed form's range: {exc}") from None
 
 
-def decode_profile(data, target: dict):
-    """The ProfileResult that :func:`encode_profile` packed, with the module's ``target`` (what
-    the JSON form echoes); every count, length and time is checked, failures are ProtocolError."""
-    from ..runtime.conditions import check_conditions
-    from ..runtime.profile import MAX_RESULTS, ProfileResult
+def _or_nan(value):
+    return _NAN if value is None else value
 
+
+def decode_profile(data, target: dict, function: str):
+    """The ProfileResult that :func:`encode_profile` packed, with the module's ``target`` and the
+    ``function`` name the client asked for; every count, length, number and time is checked
+    (docs/protocol.md section 5.3), failures are ProtocolError."""
+    profile, limits = _runtime or _load_runtime()
     if type(data) is not bytes:
         raise ProtocolError(f"packed time_evaluator result: expected bytes, got {type(data).__name__}")
     head = _PROFILE_HEAD.size
     if len(data) < head:
         raise ProtocolError(f"packed time_evaluator result: {len(data)} bytes, shorter than its header")
     number, repeat = _PROFILE_HEAD.unpack_from(data)
-    if not 1 <= number <= _MAX_NUMBER or not 1 <= repeat <= MAX_RESULTS:
+    if not 1 <= number <= _MAX_NUMBER or not 1 <= repeat <= profile.MAX_RESULTS:
         raise ProtocolError(f"packed time_evaluator result: number={number} repeat={repeat} "
-                            f"outside [1, {_MAX_NUMBER}] and [1, {MAX_RESULTS}]")
+                            f"outside [1, {_MAX_NUMBER}] and [1, {profile.MAX_RESULTS}]")
     end = head + 8 * repeat
     if len(data) < end:
         raise ProtocolError(f"packed time_evaluator result: {repeat} repeats need {end} bytes, "
@@ -395,14 +417,75 @@ def decode_profile(data, target: dict):
     results = struct.unpack_from(f"<{repeat}d", data, head)
     if not all(0.0 <= r <= _MAX_TIME for r in results):
         raise ProtocolError("packed time_evaluator result: the times must be finite and non-negative")
-    try:
-        rest = json.loads(data[end:])
-        if not isinstance(rest, dict) or type(rest.get("function")) is not str:
-            raise ValueError("its JSON part must be an object with a string 'function'")
-        conditions = check_conditions(rest.get("conditions"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError included
-        raise ProtocolError(f"packed time_evaluator result: {exc}") from None
-    return ProfileResult(results, number, target, rest["function"], conditions)
+    conditions = None if len(data) == end else _decode_conditions(data, end, limits)
+    return profile.ProfileResult(results, number, target, function, conditions)
+
+
+_runtime = None
+
+
+def _load_runtime():
+    """runtime.profile and the conditions' limits, imported with the first decode (a tracker
+    client never needs them)."""
+    global _runtime
+    from ..runtime import conditions, profile
+
+    _runtime = profile, (conditions.MAX_CPUS, conditions.MAX_THREADS, conditions.MAX_CPU_NUMBER)
+    return _runtime
+
+
+def _bad_conditions(problem: str) -> ProtocolError:
+    return ProtocolError(f"packed time_evaluator result: conditions {problem}")
+
+
+def _decode_conditions(data: bytes, offset: int, limits: tuple) -> dict:
+    max_cpus, max_threads, max_cpu_number = limits
+    if len(data) < offset + _CONDITIONS.size:
+        raise _bad_conditions(f"cut short: {len(data) - offset} bytes, the fixed part takes "
+                              f"{_CONDITIONS.size}")
+    (wall, own, other, load, freq_low, freq_high, tick, preempted, ncpus,
+     nthreads) = _CONDITIONS.unpack_from(data, offset)
+    threads_null = nthreads == _NO_THREADS
+    nthreads = 0 if threads_null else nthreads
+    if not 1 <= ncpus <= max_cpus or nthreads > max_threads:
+        raise _bad_conditions(f"list {ncpus} CPUs and {nthreads} threads; at most {max_cpus} (at "
+                              f"least one) and {max_threads}")
+    start = offset
+    offset += _CONDITIONS.size
+    size = offset + 4 * ncpus + _THREAD.size * nthreads
+    if len(data) != size:
+        raise _bad_conditions(f"of {ncpus} CPUs and {nthreads} threads take {size - start} bytes, "
+                              f"got {len(data) - start}")
+    cpus = list(struct.unpack_from(f"<{ncpus}I", data, offset))
+    if max(cpus) >= max_cpu_number:
+        raise _bad_conditions(f"name CPU {max(cpus)}, beyond {max_cpu_number - 1}")
+    if not 0.0 <= wall <= _MAX_TIME:
+        raise _bad_conditions("'wall_s' must be a finite number >= 0")
+    if not ((own != own or 0.0 <= own <= _MAX_TIME) and (other != other or 0.0 <= other <= _MAX_TIME)
+            and (load != load or 0.0 <= load <= _MAX_TIME) and (tick != tick or 0.0 <= tick <= _MAX_TIME)):
+        name = next(name for name, v in (("own_cpu_s", own), ("other_cpu_s", other),
+                                         ("other_load", load), ("clock_tick_s", tick))
+                    if v == v and not 0.0 <= v <= _MAX_TIME)
+        raise _bad_conditions(f"{name!r} must be a finite number >= 0 or null")   # NaN stands for null
+    if freq_low != freq_low and freq_high != freq_high:
+        freq = None
+    elif 0.0 <= freq_low <= _MAX_TIME and 0.0 <= freq_high <= _MAX_TIME:
+        freq = [freq_low, freq_high]
+    else:
+        raise _bad_conditions("'freq_mhz' must be two finite numbers >= 0 or null")
+    if preempted < -1:
+        raise _bad_conditions("'preempted' must be an integer >= 0 or null")
+    threads = None if threads_null else []
+    for tid, cpu, seconds in _THREAD.iter_unpack(data[offset + 4 * ncpus:]):
+        if not -1 <= cpu < max_cpu_number or not 0.0 <= seconds <= _MAX_TIME:
+            raise _bad_conditions(f"of thread {tid}: its CPU must be a CPU number or null and its "
+                                  "time a finite number >= 0")
+        threads.append({"tid": tid, "cpu": None if cpu == -1 else cpu, "cpu_s": seconds})
+    return {"wall_s": wall, "cpus": cpus, "own_cpu_s": None if own != own else own,
+            "other_cpu_s": None if other != other else other,
+            "other_load": None if load != load else load,
+            "preempted": None if preempted == -1 else preempted, "freq_mhz": freq, "threads": threads,
+            "clock_tick_s": None if tick != tick else tick}
 
 
 # ---------------------------------------------------------------- hello (version exchange)

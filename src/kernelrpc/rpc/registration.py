@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import logging
 import secrets
 from collections.abc import Callable, Hashable
@@ -54,6 +55,9 @@ CONNECT_TIMEOUT = 5.0
 REPLY_TIMEOUT = 10.0
 MAX_PENDING_KEYS = 100_000
 """Bound on a GET_PENDING_MATCHKEYS answer (the tracker's frame limit bounds it anyway)."""
+DEVICE_INFO_BUDGET = 12 * 1024
+"""JSON bytes a proxy's ``"device"`` and ``"devices"`` may take in its UPDATE_INFO: kernelrpc's
+tracker holds at most 16 KiB of info per connection and refuses the update beyond that."""
 
 
 # -- events in --------------------------------------------------------------------------------
@@ -89,11 +93,13 @@ class SessionFinished:
 
 @dataclasses.dataclass(frozen=True)
 class OfferAdded:
-    """A proxy's device waits: offer it as ``key`` (its RPC key) under ``matchkey``."""
+    """A proxy's device waits: offer it as ``key`` (its RPC key) under ``matchkey``; ``device``
+    is its checked device record, if it sent one."""
     offer: Hashable
     key: str
     matchkey: str
     protocol: str = ""
+    device: dict | None = dataclasses.field(default=None, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +149,7 @@ class Offer:
     protocol: str
     state: OfferState = OfferState.WAITING
     misses: int = 0         # polls in a row in which the tracker no longer held the key
+    device: str = ""        # a proxy's device: its record as canonical JSON ("" without one)
 
 
 class _Failure(Exception):
@@ -465,7 +472,8 @@ class ProxyRegistration(RegistrationMachine):
     """Every device waiting at a proxy, one offer each.
 
     UPDATE_INFO ``{"key": "server:proxy[K1,K2]", "addr": [custom_addr, port]}`` names the
-    waiting keys, with ``"protocol"`` set to the next offer's before its PUT.  The tracker has
+    waiting keys, with ``"protocol"`` set to the next offer's before its PUT, and the waiting
+    devices' records once any device sent one (:meth:`_device_fields`).  The tracker has
     no message to withdraw a slot: when a device stops waiting while the tracker still holds
     its slot, the machine reconnects, which drops all our slots, and offers the others again.
 
@@ -476,10 +484,54 @@ class ProxyRegistration(RegistrationMachine):
                  rekey: Callable[[Hashable], str], **kwargs) -> None:
         super().__init__(port, custom_addr, **kwargs)
         self._rekey_offer = rekey
+        self._devices: dict | None = None     # _device_fields(), until the offers change
+        self._omitted = 0
 
     def _info(self, first: bool) -> dict:
         keys = sorted({entry.key for entry in self.offers.values()})
-        return {"key": "server:proxy[" + ",".join(keys) + "]", "addr": [self.custom_addr, self.port]}
+        info = {"key": "server:proxy[" + ",".join(keys) + "]", "addr": [self.custom_addr, self.port]}
+        reported = self._reported or {}     # once a field is sent, always: the tracker merges updates
+        fields = self._device_fields()
+        if fields["device"] or fields["devices"] or "devices" in reported:
+            info["device"], info["devices"] = fields["device"], fields["devices"]
+        if fields["devices_omitted"] or "devices_omitted" in reported:
+            info["devices_omitted"] = fields["devices_omitted"]
+        return info
+
+    def _device_fields(self) -> dict:
+        """What the tracker is told about the waiting devices' records.
+
+        ``"device"``: the record, when every waiting device sent the same one (one device, or a
+        shelf of identical boards), so it reads exactly like a direct server's; else ``{}``.
+        ``"devices"``: per RPC key, each distinct record once, in arrival order (the tracker
+        hands out any device of a key, so which record goes with which slot is not told).
+        ``"devices_omitted"``: how many distinct records did not fit in
+        :data:`DEVICE_INFO_BUDGET` and were left out.
+        """
+        if self._devices is not None:
+            return self._devices
+        texts = {entry.device for entry in self.offers.values()}
+        common = texts.pop() if len(texts) == 1 else ""
+        size = len(common)
+        devices: dict[str, list] = {}
+        seen: set = set()
+        omitted = 0
+        for entry in self.offers.values():
+            if not entry.device or (entry.key, entry.device) in seen:
+                continue
+            seen.add((entry.key, entry.device))
+            size += len(entry.device) + len(entry.key) + 8
+            if size > DEVICE_INFO_BUDGET:
+                omitted += 1
+                continue
+            devices.setdefault(entry.key, []).append(json.loads(entry.device))
+        self._devices = {"device": json.loads(common) if common else {},
+                         "devices": dict(sorted(devices.items())), "devices_omitted": omitted}
+        if omitted > self._omitted:
+            self.log.warning("%d device records left out of the tracker registration: more than %d "
+                             "bytes of them", omitted, DEVICE_INFO_BUDGET)
+        self._omitted = omitted
+        return self._devices
 
     def _rekey(self, offer: Hashable, entry: Offer) -> str:
         return self._rekey_offer(offer)
@@ -488,10 +540,13 @@ class ProxyRegistration(RegistrationMachine):
         self.log.info("registered with tracker %s (%d devices offered)", self.where, len(self.offers))
 
     def _offer_added(self, event: OfferAdded, now: float) -> None:
-        self.offers[event.offer] = Offer(event.key, event.matchkey, event.protocol)
+        device = json.dumps(event.device, sort_keys=True) if event.device else ""
+        self.offers[event.offer] = Offer(event.key, event.matchkey, event.protocol, device=device)
+        self._devices = None
 
     def _offer_withdrawn(self, event: OfferWithdrawn, now: float) -> None:
         entry = self.offers.pop(event.offer, None)
+        self._devices = None
         if entry is not None and entry.state is OfferState.OFFERED and not event.handed_out \
                 and self.state is State.READY:
             self._reconnect_now(f"withdrawing slots ({entry.matchkey} stopped waiting)", now)

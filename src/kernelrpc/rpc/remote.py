@@ -73,7 +73,7 @@ class TimeEvaluator(Function):
     def __call__(self, *args):
         result = super().__call__(*args)
         if self._target is not None:
-            return decode_profile(result, self._target)
+            return decode_profile(result, self._target, self.name)
         from ..runtime import ProfileResult
 
         return ProfileResult.from_dict(json.loads(result))

@@ -40,7 +40,7 @@ class Op(enum.IntEnum):
     LIST_GLOBALS = 15
     RELEASE = 16
     ARRAY = 17
-    TIME_EVALUATOR_PACKED = 18
+    TIME_EVALUATOR_PACKED = 19    # 18 was its first form (conditions in JSON): retired, not reused
 
 
 class Bounds(NamedTuple):
@@ -157,7 +157,8 @@ class TimeEvaluator(NamedTuple):
 
 class TimeEvaluatorPacked(TimeEvaluator):
     """TIME_EVALUATOR whose function returns the packed result (protocol.encode_profile)
-    rather than JSON: the repeat times as binary doubles, and no target (the client has it)."""
+    rather than JSON: the repeat times and the device conditions in binary, without the
+    target and the function name (the client has them)."""
 
     __slots__ = ()
 

@@ -11,24 +11,22 @@ registered with the same protocol, never one of TVM's.
 """
 from __future__ import annotations
 
-import logging
-import socket
+import _socket          # see _open_connection
+import os
 import time
-from typing import TYPE_CHECKING
 
 from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
-from .auth import AUTH_CONTEXT, CHALLENGE_HEAD, authenticate, refusal_for_unauthenticated, resolve_token
-from .backoff import Backoff
-from .tls import (TLSConfig, TLSError, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
-                  refused_after_handshake, wrap_client)
-from .version import VERSION_STRING
-from .tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, check_magic, encode_frame
+from ..lazylog import LazyLogger
+from .tracker_codec import MAGIC_BYTES, Code, FrameDecoder, check_magic, encode_frame
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ssl
 
-log = logging.getLogger(__name__)
+    from .tls import TLSConfig
+
+log = LazyLogger(__name__)
 
 #: While a request waits in the queue, how often its place is looked up for the progress bar
 #: and ``on_queue_wait`` (seconds; nothing is looked up for a request granted sooner).
@@ -59,10 +57,10 @@ class TrackerSession:
                  auth_token: bytes | str | None = None,
                  tls: TLSConfig | ssl.SSLContext | None = None) -> None:
         self.addr = addr
-        self._auth_token = resolve_token(auth_token)
-        self._tls = client_context(tls)
+        self._auth_token = _resolve_token(auth_token)
+        self._tls = _client_context(tls)
         self.connect_timeout = connect_timeout
-        self._sock: socket.socket | None = None
+        self._sock: _socket.socket | None = None
         self._decoder = FrameDecoder()
         self._replies: list = []
         #: A progress bar while a request waits: None = where someone watches, True/False.
@@ -80,48 +78,67 @@ class TrackerSession:
 
     def _connect(self) -> None:
         try:
-            sock = socket.create_connection(self.addr, timeout=self.connect_timeout)
-        except socket.timeout:
+            sock = _open_connection(self.addr, self.connect_timeout)
+        except _socket.timeout:
             raise TrackerUnreachable(f"cannot reach tracker at {self.where}: connection timed out "
                                      f"after {self.connect_timeout:g} s") from None
         except OSError as exc:
             raise TrackerUnreachable(f"cannot reach tracker at {self.where}: {exc.strerror or exc}") from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         where = f"tracker {self.where}"
         try:
             if self._tls is not None:
+                from .tls import wrap_client
+
                 sock = wrap_client(sock, self._tls, self.addr[0], where)
             sock.sendall(MAGIC_BYTES)
-            if self._tls is None:
-                check_plaintext_answer(sock, where)
             echo = b""
             if self._auth_token is not None:
-                echo = authenticate(sock, self._auth_token, AUTH_CONTEXT, f"tracker {self.where}")
+                from .auth import AUTH_CONTEXT, authenticate
+
+                if self._tls is None:     # a TLS tracker's refusal, which is no challenge
+                    from .tls import check_plaintext_answer
+
+                    check_plaintext_answer(sock, where)
+                echo = authenticate(sock, self._auth_token, AUTH_CONTEXT, where)
             while len(echo) < 4:
                 chunk = sock.recv(4 - len(echo))
                 if not chunk:
                     break
                 echo += chunk
-            if not echo and self._tls is not None:
-                raise refused_after_handshake(where)
-            if echo[:4] == CHALLENGE_HEAD:
-                raise refusal_for_unauthenticated(f"tracker {self.where}")
-            check_magic(echo[:4])
-        except (AuthenticationError, TLSError):
+            if echo != MAGIC_BYTES:
+                self._refused(echo[:4], where)
+        except (AuthenticationError, HandshakeError):    # TLSError is a HandshakeError
             sock.close()
             raise
         except (OSError, ProtocolError) as exc:
             sock.close()
-            if is_ssl_error(exc):        # a mutual-TLS refusal arrives on the first read
-                raise describe_failure(exc, where) from None
-            if self._tls is not None and isinstance(exc, ConnectionResetError):
-                raise refused_after_handshake(where) from None
-            detail = "it did not answer" if isinstance(exc, socket.timeout) else str(exc)
+            if self._tls is not None:
+                from .tls import describe_failure, is_ssl_error, refused_after_handshake
+
+                if is_ssl_error(exc):        # a mutual-TLS refusal arrives on the first read
+                    raise describe_failure(exc, where) from None
+                if isinstance(exc, ConnectionResetError):
+                    raise refused_after_handshake(where) from None
+            detail = "it did not answer" if isinstance(exc, _socket.timeout) else str(exc)
             raise TrackerUnreachable(f"{self.where} is not a tracker: {detail}") from None
         sock.settimeout(None)
         self._sock = sock
         self._decoder = FrameDecoder()
         self._replies = []
+
+    def _refused(self, echo: bytes, where: str) -> None:
+        """Raise what the peer's answer to the magic (not the magic) means."""
+        from .auth import CHALLENGE_HEAD, refusal_for_unauthenticated
+        from .tls import PLAINTEXT_REFUSAL, refused_after_handshake, requires_tls
+
+        if not echo and self._tls is not None:
+            raise refused_after_handshake(where)
+        if echo == PLAINTEXT_REFUSAL and self._tls is None:
+            raise requires_tls(where)
+        if echo == CHALLENGE_HEAD:
+            raise refusal_for_unauthenticated(where)
+        check_magic(echo)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -171,13 +188,13 @@ class TrackerSession:
         return reply
 
     def ping(self) -> None:
-        self._call([TrackerCode.PING])
+        self._call([Code.PING])
 
     def summary(self) -> dict:
         """The tracker's state: ``queue_info`` (free/pending per key) and ``server_info``
         (kernelrpc's tracker adds ``protocols``, ``leases``, ``waiting`` and per-key ``stats``)."""
-        reply = self._call([TrackerCode.SUMMARY])
-        if not (isinstance(reply, list) and len(reply) == 2 and reply[0] == TrackerCode.SUCCESS
+        reply = self._call([Code.SUMMARY])
+        if not (isinstance(reply, list) and len(reply) == 2 and reply[0] == Code.SUCCESS
                 and isinstance(reply[1], dict)):
             raise TrackerError(f"tracker {self.where} answered SUMMARY with {reply!r:.200}")
         return reply[1]
@@ -264,20 +281,23 @@ class TrackerSession:
         in an UPDATE_INFO that TVM's tracker merges into our info and otherwise ignores."""
         report = {"key": key, "addr": [host, port], "matchkey": matchkey}
         try:
-            self._call([TrackerCode.UPDATE_INFO, {"addr": [None, 0], "unreachable": report}])
+            self._call([Code.UPDATE_INFO, {"addr": [None, 0], "unreachable": report}])
         except (TrackerError, ConnectionLost, OSError) as exc:
             log.debug("could not report %s:%s to tracker %s: %s", host, port, self.where, exc)
 
     def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None,
                         reconnect_timeout: float):
+        from .backoff import Backoff
+        from .version import VERSION_STRING
+
         lost_at = None
         backoff = Backoff(0.05, 1.0, jitter=0.5)
         while True:
             try:
-                self._send([TrackerCode.REQUEST, key, VERSION_STRING, priority])
+                self._send([Code.REQUEST, key, VERSION_STRING, priority])
                 reply = self._await_match(key, deadline)
                 break
-            except socket.timeout:
+            except _socket.timeout:
                 self.close()                      # closing the connection takes us out of the queue
                 raise QueueTimeout(f"no server with key {key!r} became free within {timeout:g} s at tracker "
                                    f"{self.where}{self._queue_state(key)}") from None
@@ -295,7 +315,7 @@ class TrackerSession:
         _raise_for_failure(reply, self.where)
         try:
             code, (host, port, matchkey) = reply
-            if code != TrackerCode.SUCCESS or not isinstance(host, str) or not isinstance(matchkey, str):
+            if code != Code.SUCCESS or not isinstance(host, str) or not isinstance(matchkey, str):
                 raise ValueError
             return host, int(port), matchkey
         except (TypeError, ValueError):
@@ -315,7 +335,7 @@ class TrackerSession:
                 step = time.monotonic() + QUEUE_POLL_S
                 try:
                     return self._recv(step if deadline is None else min(step, deadline))
-                except socket.timeout:
+                except _socket.timeout:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise
                 state = self.queue_state(key)
@@ -356,6 +376,8 @@ class TrackerSession:
 
     def _warn_if_unknown(self, key: str) -> None:
         """Best effort: a request never depends on the summary (a tracker may refuse it)."""
+        from .version import VERSION_STRING
+
         try:
             info = self.summary()
         except (TrackerError, ConnectionLost, OSError) as exc:
@@ -388,9 +410,9 @@ def printable(text) -> str:
 
 
 def _raise_for_failure(reply, where: str) -> None:
-    if reply == TrackerCode.FAIL:
+    if reply == Code.FAIL:
         raise TrackerError(f"tracker {where} refused the request")
-    if isinstance(reply, list) and len(reply) == 2 and reply[0] == TrackerCode.FAIL:
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] == Code.FAIL:
         raise TrackerError(f"tracker {where} refused the request: {reply[1]}")
 
 
@@ -443,3 +465,51 @@ def format_summary(info: dict) -> str:
         lines.append("(the tracker left out " + ", ".join(f"{n} {printable(part)} rows" for part, n in
                                                       sorted(truncated.items())) + " to fit its reply)")
     return "\n".join(lines) + "\n"
+
+
+#: What ``auth.resolve_token`` and ``tls.TLSConfig.from_env`` read. Where none of them is set,
+#: and no token or TLS is given, neither module is loaded: ``rpc.tls`` imports ``socket``, and a
+#: token loads ``hashlib``; tests/test_runtime_imports.py checks that the names agree.
+AUTH_ENVIRONMENT = ("KERNELRPC_AUTH_TOKEN", "KERNELRPC_AUTH_TOKEN_FILE")
+TLS_ENVIRONMENT = ("KERNELRPC_TLS_CA", "KERNELRPC_TLS_CERT", "KERNELRPC_TLS_KEY")
+
+
+def _resolve_token(auth_token: bytes | str | None) -> bytes | None:
+    """``auth.resolve_token(auth_token)``."""
+    if auth_token is None and not any(os.environ.get(name) for name in AUTH_ENVIRONMENT):
+        return None
+    from .auth import resolve_token
+
+    return resolve_token(auth_token)
+
+
+def _client_context(tls: TLSConfig | ssl.SSLContext | None) -> ssl.SSLContext | None:
+    """``tls.client_context(tls)``."""
+    if tls is None and not any(os.environ.get(name) for name in TLS_ENVIRONMENT):
+        return None
+    from .tls import client_context
+
+    return client_context(tls)
+
+
+def _open_connection(addr: tuple[str, int], timeout: float | None) -> _socket.socket:
+    """``socket.create_connection(addr, timeout)``, on ``_socket``, the C module ``socket`` wraps.
+
+    The sockets and the errors are the same, but ``import socket`` costs more than the rest of a
+    first ``connect_tracker()`` (its enums load ``enum``; it loads ``selectors``). A host name in
+    ASCII goes to ``getaddrinfo`` as bytes: as a str it would load the ``idna`` codec (with
+    ``unicodedata``), even for "localhost" or "127.0.0.1".
+    """
+    host, port = addr
+    name = host.encode() if isinstance(host, str) and host.isascii() else host
+    error: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error or OSError(f"no address for {host}")

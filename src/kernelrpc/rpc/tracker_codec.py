@@ -2,29 +2,40 @@
 
 A connection opens with the 4-byte magic (sent alone, echoed back), then carries
 frames of ``i32 length`` + UTF-8 JSON in both directions.
+
+The JSON is ``json.dumps``/``json.loads``'s, byte for byte, made by the C half of ``json``
+(``_json``) that they run on: the ``json`` package itself imports ``re`` and compiles its
+patterns, which would cost a process's first ``connect_tracker()`` more than everything
+else it does (docs/performance.md, "Start-up and first use"). For the same reason the
+lengths are ``int.to_bytes`` rather than ``struct``, and the message codes plain ints
+(:class:`Code`), with TVM's ``TrackerCode`` enum made when first asked for.
 """
 from __future__ import annotations
 
-import enum
-import json
-import json.scanner
-import struct
-
 from ..errors import ProtocolError
+
+try:
+    from _json import encode_basestring_ascii as _encode_str
+    from _json import make_encoder as _make_encoder
+    from _json import make_scanner as _make_scanner
+except ImportError:                 # not CPython: the json module does it all
+    _make_scanner = _make_encoder = None
+    from json.encoder import encode_basestring_ascii as _encode_str
 
 MAX_FRAME_BYTES = 1 << 20
 """TVM's tracker limit (``MAX_TRACKER_MSG_BYTES``); also ours."""
 
 RPC_TRACKER_MAGIC = 0x2F271
-MAGIC_BYTES = struct.pack("<i", RPC_TRACKER_MAGIC)
-_I32 = struct.Struct("<i")
-_JSON_DECODER = json.JSONDecoder()
-_JSON_ENCODER = json.JSONEncoder()
-_SCAN_ONCE = json.scanner.make_scanner(_JSON_DECODER)
-_ENCODE_STR = json.encoder.encode_basestring_ascii   # what json.dumps uses with its defaults
+MAGIC_BYTES = RPC_TRACKER_MAGIC.to_bytes(4, "little")
 
 
-class TrackerCode(enum.IntEnum):
+class Code:
+    """TVM's ``TrackerCode`` values as plain ints.
+
+    :data:`TrackerCode` is the ``enum.IntEnum`` of them, made on first use: a client that
+    only talks to a tracker does not load ``enum`` for it.
+    """
+
     FAIL = -1
     SUCCESS = 0
     PING = 1
@@ -36,12 +47,51 @@ class TrackerCode(enum.IntEnum):
     GET_PENDING_MATCHKEYS = 7
 
 
+def __getattr__(name: str):
+    if name != "TrackerCode":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import enum
+
+    members = {key: value for key, value in vars(Code).items() if key.isupper()}
+    globals()["TrackerCode"] = code = enum.IntEnum("TrackerCode", members, module=__name__)
+    return code
+
+
+class _JSONDefaults:
+    """What ``json.JSONDecoder()`` gives its C scanner: the defaults of ``json.loads``."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+_SCAN_ONCE = _make_scanner(_JSONDefaults()) if _make_scanner is not None else None
+_JSON_WHITESPACE = " \t\n\r"
+
+
+def _not_serializable(obj):
+    raise TypeError(f"Object of type {obj.__class__.__name__} is not JSON serializable")
+
+
+def encode_json(obj) -> str:
+    """``json.dumps(obj)`` with its defaults (``", "`` and ``": "`` separators, ASCII only)."""
+    if _make_encoder is None:
+        import json
+
+        return json.dumps(obj)
+    # A new encoder per call, as json.dumps makes one: its circular-reference marks are per call.
+    return "".join(_make_encoder({}, _not_serializable, _encode_str, None, ": ", ", ", False, False, True)(obj, 0))
+
+
 def encode_frame(obj) -> bytes:
     """One frame, with ``json.dumps`` default separators so traffic matches TVM's byte for byte."""
-    data = _JSON_ENCODER.encode(obj).encode()
+    data = encode_json(obj).encode()
     if len(data) > MAX_FRAME_BYTES:
         raise ProtocolError(f"tracker message of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
-    return _I32.pack(len(data)) + data
+    return len(data).to_bytes(4, "little") + data
 
 
 def encode_address_reply(host: str, port, matchkey: str) -> bytes:
@@ -50,21 +100,26 @@ def encode_address_reply(host: str, port, matchkey: str) -> bytes:
     The reply to every REQUEST has this shape; ``port`` is an int or a numeric string
     (both validated on the way in), so the result stays far below the frame limit.
     """
-    body = b'[0, [%s, %s, %s]]' % (_ENCODE_STR(host).encode(),
-                                   (_ENCODE_STR(port) if isinstance(port, str) else int.__repr__(port)).encode(),
-                                   _ENCODE_STR(matchkey).encode())
-    return _I32.pack(len(body)) + body
+    body = b'[0, [%s, %s, %s]]' % (_encode_str(host).encode(),
+                                   (_encode_str(port) if isinstance(port, str) else int.__repr__(port)).encode(),
+                                   _encode_str(matchkey).encode())
+    return len(body).to_bytes(4, "little") + body
 
 
 def decode_json(text: str):
-    """``json.loads(text)`` for a str, with a fast path for the common case of no surrounding whitespace."""
-    try:
-        obj, end = _SCAN_ONCE(text, 0)
-    except StopIteration:           # leading whitespace, or nothing valid: let the full decoder decide
-        return _JSON_DECODER.decode(text)
-    if end == len(text):
-        return obj
-    return _JSON_DECODER.decode(text)   # trailing whitespace is fine, anything else is an error
+    """``json.loads(text)`` for a str (on CPython without loading ``json``, whose errors it raises)."""
+    if _SCAN_ONCE is not None:
+        start = len(text) - len(text.lstrip(_JSON_WHITESPACE))
+        try:
+            obj, end = _SCAN_ONCE(text, start)
+        except StopIteration:
+            pass                     # nothing valid there: json.loads says what is wrong
+        else:
+            if end == len(text) or not text[end:].strip(_JSON_WHITESPACE):
+                return obj
+    import json
+
+    return json.loads(text)
 
 
 def check_magic(data: bytes) -> None:
@@ -91,7 +146,7 @@ class FrameDecoder:
         out = []
         pos, end = 0, len(data)
         while end - pos >= 4:
-            n = _I32.unpack_from(data, pos)[0]
+            n = int.from_bytes(data[pos:pos + 4], "little", signed=True)
             if n <= 0 or n > self._max:
                 raise ProtocolError(f"tracker frame length {n} is outside [1, {self._max}]")
             if end - pos - 4 < n:

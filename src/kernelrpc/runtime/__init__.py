@@ -35,13 +35,15 @@ def __getattr__(name: str):
 
 
 def preload() -> None:
-    """Load every submodule now. A server that forks a child per session calls it once before
-    the first fork, so no child loads code on its first request. (The import statement, not a
-    loop over names, so that the device bundle's ``modulefinder`` sees every submodule.)"""
+    """Load every submodule now, and warm the device conditions' probe. A server that forks a
+    child per session calls it once before the first fork, so no child loads code or sets up
+    the probe on its first request. (The import statement, not a loop over names, so that the
+    device bundle's ``modulefinder`` sees every submodule.)"""
     from . import (buffer, cacheflush, compat, conditions, device_info, dtype,  # noqa: F401
                    evaluator, metadata, module, profile, tensor, threads, timing)
     for name in _LAZY:
         __getattr__(name)
+    conditions.warm_up()
 
 
 def __dir__() -> list[str]:

@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
 import time
+import weakref
 
 try:
     import resource
@@ -38,6 +41,9 @@ except ImportError:  # not POSIX
 
 MAX_CPUS = 4096
 MAX_THREADS = 4096
+MAX_CPU_NUMBER = 1 << 20     # CPU numbers are below it
+MAX_TID = (1 << 32) - 1
+MAX_COUNT = (1 << 63) - 1    # preempted
 
 #: Fields of a conditions dict and the type each holds (None allowed for all but wall_s/cpus).
 FIELDS = {"wall_s": float, "cpus": list, "own_cpu_s": float, "other_cpu_s": float,
@@ -51,21 +57,43 @@ REDISCOVER_S = 10.0
 #: because of it); the others are opened for each read.
 MAX_KEPT_FILES = 64
 _STAT_LINE_BYTES = 256  # longest ``cpuN`` line of /proc/stat (ten 20-digit counters)
+#: Linux's clock id of a thread's CPU time is ``~tid << 3 | 6`` (CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED,
+#: what glibc's pthread_getcpuclockid returns): the thread's run time in nanoseconds.
+_THREAD_SCHED_CLOCK = 6
+
+
+def _has_thread_clocks() -> bool:
+    """Whether this system reads a thread's CPU time by its clock id (Linux)."""
+    if not hasattr(time, "clock_gettime_ns") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        tid = threading.get_native_id()
+        return abs(time.clock_gettime_ns((~tid << 3) | _THREAD_SCHED_CLOCK) - time.thread_time_ns()) < 1e9
+    except (OSError, AttributeError):
+        return False
 
 
 class _Files:
     """procfs and sysfs files kept open and re-read with ``pread`` at offset 0, which makes the
     kernel produce the current contents again: opening a file costs several times the read.
-    A forked child drops what it inherited (``/proc/self`` then still names the parent)."""
+
+    A forked child must not keep what it inherited (``/proc/self`` then still names the parent):
+    right after ``os.fork`` it closes them (an at-fork hook, before anything in the child can
+    close those numbers and reuse them for files of its own); after a fork that ran no hooks it
+    only forgets them, since their numbers may name other files by then."""
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
         self._pid = os.getpid()
+        _ALL_FILES.add(self)
+
+    def _forked(self) -> None:
+        self._fds.clear()
+        self._pid = os.getpid()
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
         if self._pid != os.getpid():
-            self.close()
-            self._pid = os.getpid()
+            self._forked()
         fd = self._fds.get(path)
         if fd is not None:
             try:
@@ -92,6 +120,27 @@ class _Files:
             self.forget(path)
             return None
 
+    def links(self, path: str) -> int | None:
+        """The link count of the directory ``path`` (kept open like the files): for
+        ``/proc/self/task`` it is the number of threads plus two, a ``fstat`` instead of a listing."""
+        if self._pid != os.getpid():
+            self._forked()
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return None
+            kept = self._fds.setdefault(path, fd)
+            if kept != fd:
+                os.close(fd)
+                fd = kept
+        try:
+            return os.fstat(fd).st_nlink
+        except OSError:
+            self.forget(path)
+            return None
+
     def forget(self, path: str) -> None:
         fd = self._fds.pop(path, None)
         if fd is not None:
@@ -103,9 +152,39 @@ class _Files:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if self._pid == os.getpid():
+                self.close()
         except Exception:   # interpreter shutdown
             pass
+
+
+_ALL_FILES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_inherited_files() -> None:
+    for files in list(_ALL_FILES):
+        for fd in files._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        files._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_files)
+
+
+def _sched_getcpu():
+    """libc's ``sched_getcpu`` (the CPU the calling thread runs on), or None without it."""
+    try:
+        import ctypes
+
+        getcpu = ctypes.CDLL(None).sched_getcpu
+    except (ImportError, OSError, AttributeError):
+        return None
+    getcpu.restype, getcpu.argtypes = ctypes.c_int, ()
+    return getcpu
 
 
 class ConditionsProbe:
@@ -129,6 +208,10 @@ class ConditionsProbe:
         self._stat_path = os.path.join(proc, "stat")
         self._task_dir = os.path.join(proc, "self", "task")
         self._task_paths: dict[int, tuple[str, str]] = {}   # tid -> its schedstat and stat
+        self._tids: list[int] = []      # the threads listed last
+        self._own_threads = proc == "/proc" and _has_thread_clocks()
+        self._getcpu = _sched_getcpu() if self._own_threads else None
+        self._stat_names: tuple[list[int], frozenset] = ([], frozenset())  # cpus, their lines' names
         self._freq_paths: dict[int, str] = {}
         self._no_cpufreq: dict[int, float] = {}     # cpu -> when its cpufreq file was missing
 
@@ -144,23 +227,24 @@ class ConditionsProbe:
             return list(range(os.cpu_count() or 1))
 
     def _busy_ticks(self, cpus: list[int]) -> int | None:
-        """Non-idle ticks of ``cpus``, from the ``cpuN`` lines of /proc/stat (they come first:
-        only that much of the file is read)."""
-        data = self._files.read(self._stat_path, _STAT_LINE_BYTES * (max(cpus) + 2))
+        """Non-idle ticks of ``cpus`` (sorted), from the ``cpuN`` lines of /proc/stat: they come
+        first, after the line of all CPUs, each at most at line N + 1, so only that much of the
+        file is read and split."""
+        last = cpus[-1]
+        data = self._files.read(self._stat_path, _STAT_LINE_BYTES * (last + 2))
         if data is None:
             return None
-        wanted = {b"cpu%d" % c for c in cpus}
+        if self._stat_names[0] != cpus:
+            self._stat_names = (list(cpus), frozenset(b"cpu%d" % c for c in cpus))
+        names = self._stat_names[1]
         busy = 0
         found = False
-        for line in data.split(b"\n"):
-            if not line.startswith(b"cpu"):     # past the cpu lines ("intr" and the rest)
-                break
-            fields = line.split()
-            if fields[0] in wanted:
+        for line in data.split(b"\n", last + 2)[1:last + 2]:
+            fields = line.split(None, 9)
+            if fields and fields[0] in names:
                 # user nice system idle iowait irq softirq steal [guest guest_nice: in user]
-                values = [int(v) for v in fields[1:9]]
-                values += [0] * (8 - len(values))
-                busy += sum(values) - values[3] - values[4]
+                values = [*map(int, fields[1:9])]
+                busy += sum(values) - sum(values[3:5])
                 found = True
         return busy if found else None
 
@@ -184,16 +268,36 @@ class ConditionsProbe:
         return freqs
 
     def _thread_times(self) -> dict[int, float]:
-        """tid -> CPU seconds so far, for every thread of this process."""
+        """tid -> CPU seconds so far, for every thread of this process. The threads are listed
+        again only when their number changed or one of those listed last time has ended (a
+        ``fstat`` of the task directory instead of reading it)."""
+        tids = self._tids
+        if self._files.links(self._task_dir) == len(tids) + 2:
+            times = self._times_of(tids)
+            if len(times) == len(tids):
+                return times
         try:
             names = os.listdir(self._task_dir)
         except OSError:
-            return {}
-        tids = {int(name) for name in names[:MAX_THREADS] if name.isdigit()}
-        for gone in self._task_paths.keys() - tids:
+            names = []
+        self._tids = tids = [int(name) for name in names[:MAX_THREADS] if name.isdigit()]
+        for gone in self._task_paths.keys() - set(tids):
             for path in self._task_paths.pop(gone):
                 self._files.forget(path)
+        return self._times_of(tids)
+
+    def _times_of(self, tids: list[int]) -> dict[int, float]:
+        """CPU seconds of each thread in ``tids`` that is still there: its CPU-time clock (the
+        run time schedstat shows, without a file) for this process's own threads, else
+        schedstat, else utime + stime from its stat file."""
         times = {}
+        if self._own_threads:
+            for tid in tids:
+                try:
+                    times[tid] = time.clock_gettime_ns((~tid << 3) | _THREAD_SCHED_CLOCK) / 1e9
+                except OSError:     # the thread has ended
+                    pass
+            return times
         for tid in tids:
             schedstat = self._files.read(self._paths_of(tid)[0])
             if schedstat and schedstat.split()[0].isdigit():
@@ -207,7 +311,12 @@ class ConditionsProbe:
         return times
 
     def _last_cpu(self, tid: int) -> int | None:
-        """The CPU thread ``tid`` ran on last (field 39 of its stat, "processor")."""
+        """The CPU thread ``tid`` ran on last (field 39 of its stat, "processor"); for the
+        calling thread that is the CPU it runs on, which ``sched_getcpu`` tells without a file."""
+        if self._getcpu is not None and tid == threading.get_native_id():
+            cpu = self._getcpu()
+            if cpu >= 0:
+                return cpu
         try:
             return int(self._stat_fields(tid)[36])
         except (IndexError, ValueError):
@@ -245,12 +354,25 @@ def default_probe() -> ConditionsProbe:
     return _DEFAULT
 
 
+def warm_up(rounds: int = 20) -> None:
+    """Run the default probe's measurements a few times, results dropped: a process that forks
+    a child per session calls it before the first fork, so that each child finds the probe set
+    up and its code specialized by the interpreter (about 0.1 ms off the first time_evaluator of
+    each session, docs/performance.md). A forked child closes the files it opened (_Files)."""
+    probe = default_probe()
+    for _ in range(rounds):
+        measurement = probe.measurement()
+        measurement.batch_started()
+        measurement.report()
+
+
 class Measurement:
     """One time_evaluator call: the threads and the CPU frequency at its start and its end, and
     the CPU accounting of the window from its first timed batch (``batch_started``) to the end
     (``report``). The window closes for cooldown sleeps (``pause``) and opens again at the next
     batch, so the warm-up call and the sleeps do not count. /proc/stat is read only when the
-    window opens or closes: reading it costs about 50 µs, too much to do around every batch."""
+    window opens or closes: the kernel generates the whole file for every read (about 10 µs),
+    too much to do around every batch."""
 
     def __init__(self, probe: ConditionsProbe) -> None:
         self.probe = probe
@@ -338,11 +460,12 @@ def check_conditions(data) -> dict | None:
                                  f">= 0, got {value!r:.60}")
             value = float(value)
         elif kind is int:
-            if type(value) is not int or value < 0:
-                raise ValueError(f"ProfileResult conditions {name!r} must be an integer >= 0")
+            if type(value) is not int or not 0 <= value <= MAX_COUNT:
+                raise ValueError(f"ProfileResult conditions {name!r} must be an integer in "
+                                 f"[0, {MAX_COUNT}]")
         elif name == "cpus":
             if (not isinstance(value, list) or not 0 < len(value) <= MAX_CPUS
-                    or not all(type(c) is int and 0 <= c < 1 << 20 for c in value)):
+                    or not all(type(c) is int and 0 <= c < MAX_CPU_NUMBER for c in value)):
                 raise ValueError("ProfileResult conditions 'cpus' must be a non-empty list of "
                                  f"at most {MAX_CPUS} CPU numbers")
         elif name == "freq_mhz":
@@ -365,10 +488,12 @@ def _check_threads(value) -> list[dict]:
         if not isinstance(item, dict):
             raise ValueError("ProfileResult conditions 'threads' entries must be dicts")
         tid, cpu, seconds = item.get("tid"), item.get("cpu"), item.get("cpu_s")
-        if (type(tid) is not int or not (cpu is None or type(cpu) is int)
+        if (type(tid) is not int or not 0 <= tid <= MAX_TID
+                or not (cpu is None or type(cpu) is int and 0 <= cpu < MAX_CPU_NUMBER)
                 or not _is_number(seconds) or seconds < 0):
-            raise ValueError("ProfileResult conditions 'threads' entries need an integer 'tid', "
-                             "an integer 'cpu' and a number 'cpu_s'")
+            raise ValueError("ProfileResult conditions 'threads' entries need a thread number "
+                             f"'tid' (up to {MAX_TID}), a CPU number 'cpu' (or null) and a "
+                             "number 'cpu_s' >= 0")
         threads.append({"tid": tid, "cpu": cpu, "cpu_s": float(seconds)})
     return threads
 

@@ -43,6 +43,11 @@ def _bounded_ms(name: str, value) -> float:
     return value
 
 
+def _cooldown(measurement, seconds: float) -> None:
+    measurement.pause()
+    time.sleep(seconds)
+
+
 class TimeEvaluator:
     """Calling it with the function's arguments returns a ProfileResult. Like TVM's timer, it
     keeps ``number`` once min_repeat_ms has grown it, for later repeats and later calls."""
@@ -80,31 +85,34 @@ class TimeEvaluator:
         return self._state.number
 
     def __call__(self, *args) -> ProfileResult:
+        results, conditions = self.run(*args)
+        function = self.function
+        return ProfileResult(results, self._state.number, function.module.target, function.name,
+                             conditions)
+
+    def run(self, *args) -> tuple[list[float], dict]:
+        """The seconds per call of every repeat and the conditions dict, without the
+        ProfileResult (what the packed wire form sends); ``number`` is read after it."""
         function = self.function
         module = function.module
         packed = function.pack(args)
         flush_buffers = self._cache_flush_buffers()
-
-        measurement = self._probe.measurement()
-
-        def run_batch(number: int) -> int:
-            if flush_buffers is not None:
+        if flush_buffers is None:
+            run_batch = functools.partial(module.time_batch, function, packed)
+        else:
+            def run_batch(number: int) -> int:
                 src, dst = flush_buffers
                 ctypes.memmove(dst.address, src.address, dst.nbytes)
-            measurement.batch_started()
-            return module.time_batch(function, packed, number)
-
-        def cooldown(seconds: float) -> None:
-            measurement.pause()
-            time.sleep(seconds)
-
+                return module.time_batch(function, packed, number)
         preproc = None
         if self.f_preproc == CACHE_FLUSH_NON_FIRST_ARG:
             preproc = functools.partial(self._flush_non_first, packed)
-        results = measure(self._state, self.config, warmup=lambda: function.invoke(packed),
-                          run_batch=run_batch, preproc=preproc, sleep=cooldown)
-        return ProfileResult(results, self._state.number, module.target, function.name,
-                             measurement.report())
+        measurement = self._probe.measurement()
+        results = measure(self._state, self.config, warmup=functools.partial(function.invoke, packed),
+                          run_batch=run_batch, preproc=preproc,
+                          sleep=functools.partial(_cooldown, measurement),
+                          resume=measurement.batch_started)
+        return results, measurement.report()
 
     def _cache_flush_buffers(self):
         """TVM's cache_flush_bytes: two int32 buffers; copying one into the other before every

@@ -30,7 +30,7 @@ class ProfileResult:
 
     def __init__(self, results, number: int, target: dict | None = None, function: str = "",
                  conditions: dict | None = None, flops: float | None = None):
-        results = tuple(float(r) for r in results)
+        results = tuple(map(float, results))
         if not results:
             raise ValueError("a ProfileResult needs at least one repeat")
         self.results = results

@@ -31,15 +31,21 @@ def measure(state: TimerState, config: TimingConfig, *,
             warmup: Callable[[], None],
             run_batch: Callable[[int], int],
             preproc: Callable[[], None] | None = None,
-            sleep: Callable[[float], None]) -> list[float]:
+            sleep: Callable[[float], None],
+            resume: Callable[[], None] | None = None) -> list[float]:
     """Seconds per call for each repeat.
 
     ``warmup()`` calls the function once; ``run_batch(number)`` calls it ``number`` times and
     returns the elapsed nanoseconds; ``preproc()`` runs before each repeat; ``sleep(seconds)``
-    is the cooldown.
+    is the cooldown; ``resume()`` runs right before the first batch and before the first batch
+    after each cooldown (where a watcher of the timed stretches opens its window).
     """
     warmup()
+    min_repeat_ms, limit = config.min_repeat_ms, config.limit_zero_time_iterations
+    cooldown_s, repeats_to_cooldown = config.cooldown_interval_ms / 1e3, config.repeats_to_cooldown
+    number = state.number
     results = []
+    resumed = resume is None
     for i in range(config.repeat):
         if preproc is not None:
             preproc()
@@ -47,16 +53,19 @@ def measure(state: TimerState, config: TimingConfig, *,
         zero_passes = 0
         while True:
             if duration_ms > 0.0:
-                state.number = int(max(config.min_repeat_ms / (duration_ms / state.number) + 1,
-                                       state.number * GOLDEN_RATIO))
-            elapsed_ns = run_batch(state.number)
+                number = state.number = int(max(min_repeat_ms / (duration_ms / number) + 1,
+                                                number * GOLDEN_RATIO))
+            if not resumed:
+                resume()
+                resumed = True
+            elapsed_ns = run_batch(number)
             if elapsed_ns == 0:
                 zero_passes += 1
             duration_ms = elapsed_ns / 1e6
-            if not (duration_ms < config.min_repeat_ms
-                    and zero_passes < config.limit_zero_time_iterations):
+            if not (duration_ms < min_repeat_ms and zero_passes < limit):
                 break
-        results.append(duration_ms / 1e3 / state.number)
-        if config.cooldown_interval_ms > 0 and i % config.repeats_to_cooldown == 0:
-            sleep(config.cooldown_interval_ms / 1e3)
+        results.append(duration_ms / 1e3 / number)
+        if cooldown_s > 0 and i % repeats_to_cooldown == 0:
+            sleep(cooldown_s)
+            resumed = resume is None
     return results

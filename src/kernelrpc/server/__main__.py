@@ -49,6 +49,9 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
          "unfinished handshake is dropped"),
         ("--max-sessions", int, 1, "sessions served at the same time (default 1: measurements never overlap)"),
     ])
+    parser.add_argument("--no-spare-session", action="store_true",
+                        help="fork each session's child when its client arrives, instead of handing it "
+                             "to a spare child forked and warmed up ahead (whose first request is faster)")
     parser.add_argument("--workspace-root", default=None, help="parent directory of session workspaces")
     parser.add_argument("--tracker", default=None, metavar="HOST:PORT",
                         help="register with this tracker under --key (re-registers after every session)")
@@ -94,7 +97,7 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
         session_timeout=args.session_timeout, max_upload_bytes=args.max_upload_bytes,
         max_frame_bytes=args.max_frame_bytes, max_tensor_bytes=args.max_tensor_bytes,
         handshake_timeout=args.handshake_timeout, max_pending=args.max_pending,
-        max_sessions=args.max_sessions,
+        max_sessions=args.max_sessions, spare_session=not args.no_spare_session,
         idle_timeout=args.idle_timeout, io_timeout=args.io_timeout, checked_tensors=args.checked_tensors,
         min_transfer_rate=args.min_transfer_rate,
         **({} if args.max_session_bytes is None else {"max_session_bytes": args.max_session_bytes}),

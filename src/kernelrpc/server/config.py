@@ -27,6 +27,7 @@ class ServerConfig:
     handshake_timeout: float = 10.0       # a silent peer is dropped after this long
     max_pending: int = 256                # connections in the handshake or waiting for a slot
     max_sessions: int = 1                 # sessions at a time; more would disturb measurements
+    spare_session: bool = True            # a session child forked and warmed ahead (spare.py)
     workspace_root: str | None = None     # parent of per-session temp dirs (default: system temp)
     tracker_addr: tuple[str, int] | None = None
     custom_addr: str | None = None

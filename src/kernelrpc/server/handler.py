@@ -392,9 +392,10 @@ class SessionHandler:
 
 def _packed(timer):
     """``timer`` answering with its result packed (protocol.encode_profile) instead of JSON."""
-    encode_profile = P.encode_profile
+    encode_profile, run = P.encode_profile, timer.run
 
     def packed_timer(*args):
-        return encode_profile(timer(*args))
+        results, conditions = run(*args)
+        return encode_profile(timer.number, results, conditions)
 
     return packed_timer

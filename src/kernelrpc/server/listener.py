@@ -11,6 +11,9 @@ the same deadline, before the RPC handshake; a first byte that cannot start a TL
 hello gets :data:`~kernelrpc.rpc.tls.PLAINTEXT_REFUSAL`. The session then runs
 behind a TLS relay process (:mod:`.tls_relay`), so that crash and timeout notices
 still reach the client.
+
+Each session's child is normally a spare (:mod:`.spare`): forked and warmed up while no session
+runs (or, with ``max_sessions`` above 1, while a slot is free), then handed the connection.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from ..rpc import handshake as H
 from ..rpc.auth import ServiceAuth
 from ..rpc.tls import close_gently, is_tls_hello, refuse_plaintext
 from .config import ServerConfig
-from .session import SessionProcess, start_session
+from .session import SessionProcess
+from .spare import Spares
 from .tls_relay import Relay, start_tls_session
 from .workspace import remove_stale
 
@@ -62,6 +66,8 @@ class Server:
         self._watched: dict[SessionProcess, int] = {}  # session -> its registered pidfd
         self.relays: list[Relay] = []                  # TLS sessions' relay processes
         self.tls = config.tls.server_context() if config.tls is not None else None
+        self.spares = Spares(config)
+        self._spare_fd: int | None = None              # the spare's pidfd, while the selector watches it
         self._stopping = False
         listen_sock.setblocking(False)
         self.acceptor = Acceptor(listen_sock)
@@ -103,6 +109,8 @@ class Server:
             self.close()
 
     def close(self) -> None:
+        self._unwatch_spare()
+        self.spares.close()
         for session in self.sessions:
             session.kill()
         self.sessions.clear()
@@ -128,6 +136,8 @@ class Server:
             deadlines.append(self.registration.next_deadline())
         if self.acceptor.paused_until is not None:
             deadlines.append(self.acceptor.paused_until)
+        if self.spares.next_fill() is not None:
+            deadlines.append(self.spares.next_fill())
         if not deadlines:
             return 1.0
         return max(0.0, min(deadlines) - time.monotonic())
@@ -148,6 +158,24 @@ class Server:
             self.acceptor.resume()
             self.selector.register(self.listen_sock, selectors.EVENT_READ, self._accept)
         self._start_waiting()
+        if not self.waiting and len(self.sessions) < self.config.max_sessions and not self._stopping:
+            self._fill_spare()
+
+    def _fill_spare(self) -> None:
+        """Fork the next spare (a free slot, no client waiting: it disturbs no session)."""
+        spare = self.spares.fill()
+        if spare is not None and spare.fileno() is not None:
+            self._spare_fd = spare.fileno()
+            self.selector.register(self._spare_fd, selectors.EVENT_READ, self._spare_event)
+
+    def _spare_event(self, fd: int) -> None:
+        self._unwatch_spare()
+        self.spares.check()     # it died before its handoff: the next tick forks another
+
+    def _unwatch_spare(self) -> None:
+        if self._spare_fd is not None:
+            self.selector.unregister(self._spare_fd)
+            self._spare_fd = None
 
     def _accept(self, listen_sock: socket.socket) -> None:
         conn = self.acceptor.accept()
@@ -304,16 +332,21 @@ class Server:
                 continue
             self.selector.unregister(pending.sock)
             del self.pending[pending.sock]
-            if not self._reply(pending, H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)):
-                pending.sock.close()
-                continue
-            log.info("session for %s starts", pending.peer)
-            if isinstance(pending.sock, ssl.SSLSocket):
+            success = H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)
+            self._unwatch_spare()       # its pidfd is the session's now, or closed
+            if isinstance(pending.sock, ssl.SSLSocket):   # the reply first: then the relay owns the stream
+                if not self._reply(pending, success):
+                    pending.sock.close()
+                    continue
                 session, relay = start_tls_session(pending.sock, pending.key, self.config, pending.extra,
-                                                   pending.peer)
+                                                   pending.peer, start=self.spares.start)
                 self.relays.append(relay)
-            else:
-                session = start_session(pending.sock, pending.key, self.config, pending.extra)
+            else:   # the child first: a spare wakes up while the reply travels and the hello comes back
+                session = self.spares.start(pending.sock, pending.key, self.config, pending.extra)
+                if not self._reply(pending, success):
+                    session.kill()
+                    continue
+            log.info("session for %s starts (child %d)", pending.peer, session.pid)
             self.sessions.append(session)
             if session.fileno() is not None:
                 self._watched[session] = session.fileno()

@@ -15,6 +15,7 @@ nothing else) kills the tree, then the child.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import select
@@ -195,31 +196,57 @@ def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConf
                   initial: bytes = b"", peer: str | None = None) -> SessionProcess:
     """Fork the session's child; returns at once with the parent's view of it. ``sock`` may
     also be the plain end of a TLS relay (``tls_relay``), which names the ``peer``."""
+    workspace = new_workspace(config)
+    timeout = config.effective_timeout(client_key.timeout)
+    status_r, status_w = os.pipe()
+
+    def serve() -> bool:
+        os.chdir(workspace.root)
+        run_session(sock, workspace, config, timeout, initial)
+        return True
+
+    pid = fork_child(config, (sock.fileno(), status_w), status_w, serve)
+    os.close(status_w)
+    os.set_blocking(status_r, False)
+    return SessionProcess(pid, sock, workspace, timeout, peer_of(sock, peer), status_r)
+
+
+def new_workspace(config: ServerConfig) -> Workspace:
+    """A session's workspace, owned by the user its child runs as."""
     workspace = Workspace.create(config.workspace_root)
     if config.session_user is not None:
         os.chown(workspace.root, config.session_user.uid, config.session_user.gid)
-    timeout = config.effective_timeout(client_key.timeout)
+    return workspace
+
+
+def peer_of(sock: socket.socket, peer: str | None = None) -> str:
+    if peer:
+        return peer
     try:
-        peer = peer or "%s:%s" % sock.getpeername()[:2]
+        return "%s:%s" % sock.getpeername()[:2]
     except OSError:
-        peer = "?"
+        return "?"
+
+
+def fork_child(config: ServerConfig, keep_fds, status_fd: int, body) -> int:
+    """Fork a session child that keeps only ``keep_fds`` open and runs ``body()``; returns its pid.
+
+    ``body`` returns True when it served a session to its end (the child then writes
+    :data:`_CLEAN_END` to ``status_fd``). Used for a session's child and for a spare (``spare``).
+    """
     global _server_subreaper
     if not _server_subreaper:
         _server_subreaper = process_tree.set_child_subreaper()
-    status_r, status_w = os.pipe()
     server_pid = os.getpid()
     pid = os.fork()
     if pid == 0:
-        os.close(status_r)
-        _child_main(sock, status_w, workspace, config, timeout, initial, server_pid)
+        _child_main(config, keep_fds, status_fd, body, server_pid)
     own_child(pid)
     try:
         os.setpgid(pid, pid)            # also done by the child: whichever runs first
     except OSError:
         pass
-    os.close(status_w)
-    os.set_blocking(status_r, False)
-    return SessionProcess(pid, sock, workspace, timeout, peer, status_r)
+    return pid
 
 
 def serve_connection(sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
@@ -256,9 +283,9 @@ def _end_tree_on_signal() -> None:
     os._exit(EXIT_INTERNAL)
 
 
-def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, config: ServerConfig,
-                timeout: float | None, initial: bytes, server_pid: int) -> None:
+def _child_main(config: ServerConfig, keep_fds, status_fd: int, body, server_pid: int) -> None:
     code = EXIT_INTERNAL
+    gc.freeze()     # the server's objects: a full collection would touch (and copy) all their pages
     try:
         signal.set_wakeup_fd(-1)        # the server's: not ours to write to
         for sig in (signal.SIGTERM, signal.SIGCHLD):
@@ -267,13 +294,9 @@ def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, confi
         if config.session_user is not None:
             config.session_user.drop()  # first: a change of user clears the parent-death signal
         _end_with_the_server(server_pid)
-        keep = sorted((sock.fileno(), status_fd))
-        os.closerange(3, keep[0])
-        os.closerange(keep[0] + 1, keep[1])
-        os.closerange(keep[1] + 1, _max_fd())
-        os.chdir(workspace.root)
-        run_session(sock, workspace, config, timeout, initial)
-        os.write(status_fd, _CLEAN_END)
+        close_all_but(keep_fds)
+        if body():
+            os.write(status_fd, _CLEAN_END)
         code = EXIT_OK
     except BaseException:
         log.exception("session child failed")
@@ -282,6 +305,15 @@ def _child_main(sock: socket.socket, status_fd: int, workspace: Workspace, confi
             process_tree.end_tree()     # the server may be gone already, its signal not yet taken
         finally:
             os._exit(code)
+
+
+def close_all_but(keep_fds) -> None:
+    """Close every descriptor from 3 up except ``keep_fds``."""
+    low = 3
+    for fd in sorted(keep_fds):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _max_fd())
 
 
 def _set_socket_timeouts(sock: socket.socket, seconds: float) -> None:

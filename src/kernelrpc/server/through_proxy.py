@@ -3,11 +3,14 @@
 ``python -m kernelrpc.server --through-proxy --host PROXY --port PORT --key KEY`` (TVM's
 flags).  The loop (TVM's, ``docs/tvm-wire-formats.md`` section 4.3):
 
-1. connect to the proxy and send the preamble with ``server:KEY -protocol=kernelrpc/1``
-   (TVM's proxy takes the first word; ours tells its tracker which clients may have us);
+1. connect to the proxy and send the preamble with
+   ``server:KEY -protocol=kernelrpc/1 -device=RECORD`` (TVM's proxy takes the first word; ours
+   tells its tracker which clients may have us and what the device is,
+   :mod:`kernelrpc.rpc.device_record`);
 2. wait until the proxy pairs us: it answers SUCCESS and the client's full key, whose
    ``-timeout=`` option limits the session;
-3. serve the session in a child process, exactly as for a direct connection;
+3. serve the session in a child process, exactly as for a direct connection (a spare, forked
+   and warmed up while the link waits: :mod:`.spare`);
 4. connect again.
 
 A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server``):
@@ -32,13 +35,15 @@ import time
 
 from ..errors import AuthenticationError, ConnectionLost, HandshakeError, ProtocolError, RPCError
 from ..netutil import enable_keepalive, receive_until
+from ..rpc import device_record
 from ..rpc import handshake as H
 from ..rpc.auth import authenticate
 from ..rpc.backoff import Backoff
 from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from ..rpc.tls import check_plaintext_answer, describe_failure, wrap_client
-from .session import start_session
+from ..runtime import device_info
+from .spare import Spares
 from .tls_relay import LINGER, start_tls_session
 
 log = logging.getLogger(__name__)
@@ -75,6 +80,13 @@ class ProxyLink:
         self._announced = False
         self._silent_closes = 0
         self._tls = config.tls.client_context() if config.tls is not None else None
+        self.key = (f"{H.make_key('server', config.key)} -protocol={VERSION_STRING}"
+                    + device_record.key_option(device_info.describe()))
+        self.spares = Spares(config)
+
+    def close(self) -> None:
+        """End the spare session child (the server stops)."""
+        self.spares.close()
 
     def _check_not_refused(self, sock: socket.socket, where: str) -> None:
         """A TLS proxy answers a plain device with TLS_REQUIRED (see :mod:`kernelrpc.rpc.tls`)."""
@@ -84,13 +96,15 @@ class ProxyLink:
     def serve_one(self) -> bool:
         """Wait for one client and serve it. False when the proxy ended the wait (MISMATCH)."""
         where = "%s:%d" % self.proxy
+        self.spares.check()
+        self.spares.fill()      # warms up while we wait for a client
         sock = socket.create_connection(self.proxy, timeout=CONNECT_TIMEOUT)
         try:
             enable_keepalive(sock)
             if self._tls is not None:
                 sock = wrap_client(sock, self._tls, self.proxy[0], f"proxy {where}")
             waiting_since = time.monotonic()      # before the proxy can start its timeout
-            key = f"{H.make_key('server', self.config.key)} -protocol={VERSION_STRING}"
+            key = self.key
             sock.sendall(H.encode_preamble(key))
             after_auth = b""
             if self.config.auth_token is not None:   # bounded by the connect timeout still set
@@ -134,9 +148,10 @@ class ProxyLink:
             log.info("proxy %s paired us with %r", where, reply.key)
             relay = None
             if self._tls is not None:
-                session, relay = start_tls_session(sock, client_key, self.config, initial, f"proxy {where}")
+                session, relay = start_tls_session(sock, client_key, self.config, initial, f"proxy {where}",
+                                                   start=self.spares.start)
             else:
-                session = start_session(sock, client_key, self.config, initial)
+                session = self.spares.start(sock, client_key, self.config, initial)
             sock = None  # the session owns it now
             try:
                 session.wait()
@@ -160,18 +175,21 @@ def serve_through_proxy(config: ServerConfig, stop: threading.Event | None = Non
     stop = stop or threading.Event()
     link = ProxyLink(config)
     backoff = Backoff(MIN_BACKOFF, MAX_BACKOFF)
-    while not stop.is_set():
-        try:
-            link.serve_one()
-            backoff.reset()
-            continue
-        except NotAProxy:
-            raise
-        except (OSError, RPCError) as exc:
-            if isinstance(exc, (HandshakeError, ProtocolError, AuthenticationError)):
-                log.error("proxy %s:%d refused us: %s", *link.proxy, exc)
-            else:
-                log.warning("proxy %s:%d unreachable or gone: %s", *link.proxy, exc)
-        delay = backoff.next()
-        log.info("reconnecting to the proxy in %.1fs", delay)
-        stop.wait(delay)
+    try:
+        while not stop.is_set():
+            try:
+                link.serve_one()
+                backoff.reset()
+                continue
+            except NotAProxy:
+                raise
+            except (OSError, RPCError) as exc:
+                if isinstance(exc, (HandshakeError, ProtocolError, AuthenticationError)):
+                    log.error("proxy %s:%d refused us: %s", *link.proxy, exc)
+                else:
+                    log.warning("proxy %s:%d unreachable or gone: %s", *link.proxy, exc)
+            delay = backoff.next()
+            log.info("reconnecting to the proxy in %.1fs", delay)
+            stop.wait(delay)
+    finally:
+        link.close()

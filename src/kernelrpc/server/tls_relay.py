@@ -36,7 +36,7 @@ from ..rpc.handshake import ParsedKey
 from .config import ServerConfig
 from . import process_tree
 from . import session as _session
-from .session import SessionProcess, _max_fd, start_session
+from .session import SessionProcess, close_all_but, start_session
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,9 @@ class Relay:
 
 
 def start_tls_session(tls_sock: ssl.SSLSocket, client_key: ParsedKey, config: ServerConfig,
-                      initial: bytes, peer: str) -> tuple[SessionProcess, Relay]:
-    """Fork the relay for the handshaken ``tls_sock``, then the session child on the plain side."""
+                      initial: bytes, peer: str, start=start_session) -> tuple[SessionProcess, Relay]:
+    """Fork the relay for the handshaken ``tls_sock``, then start the session child on the plain
+    side with ``start`` (``start_session``'s arguments; a spare's handoff, ``Spares.start``)."""
     session_end, relay_end = socket.socketpair()
     server_pid = os.getpid()
     pid = os.fork()
@@ -115,7 +116,7 @@ def start_tls_session(tls_sock: ssl.SSLSocket, client_key: ParsedKey, config: Se
     relay_end.close()
     tls_sock.close()        # only our descriptor: closing sends nothing, the relay goes on
     try:
-        session = start_session(session_end, client_key, config, initial, peer=peer)
+        session = start(session_end, client_key, config, initial, peer)
     except BaseException:
         session_end.close()
         relay.reap(1.0)
@@ -135,10 +136,7 @@ def _relay_main(tls_sock: ssl.SSLSocket, plain: socket.socket, config: ServerCon
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    keep = sorted((tls_sock.fileno(), plain.fileno()))
-    os.closerange(3, keep[0])
-    os.closerange(keep[0] + 1, keep[1])
-    os.closerange(keep[1] + 1, _max_fd())
+    close_all_but((tls_sock.fileno(), plain.fileno()))
     relay(tls_sock, plain, config.io_timeout or STALL)
 
 

@@ -71,6 +71,13 @@ def _address(pair) -> str:
     return f"{host}:{port}"
 
 
+def _arch(device) -> str:
+    """The architecture a ``"device"`` record names, or ""."""
+    if not isinstance(device, dict):
+        return ""
+    return next((str(device[f]) for f in ARCH_FIELDS if isinstance(device.get(f), (str, int))), "")
+
+
 def status(service) -> dict:
     """The tracker's state for people: servers, queues, waiting requests, recent sessions."""
     scheduler = service.scheduler
@@ -90,8 +97,10 @@ def status(service) -> dict:
             state, holder = "free", ""
         else:
             state, holder = ("in session" if info.get("session") == "active" else "busy"), ""
-        device = info.get("device") if isinstance(info.get("device"), dict) else {}
-        arch = next((str(device[f]) for f in ARCH_FIELDS if isinstance(device.get(f), (str, int))), "")
+        arch = _arch(info.get("device"))
+        if not arch and isinstance(info.get("devices"), dict):     # a proxy's boards that differ
+            arch = ", ".join(sorted({_arch(d) for ds in info["devices"].values() if isinstance(ds, list)
+                                     for d in ds} - {""}))
         servers.append({"key": _server_key(info), "address": address, "state": state, "held_by": holder,
                         "arch": arch[:100], "connection": conn.name})
     servers.sort(key=lambda s: (s["key"], s["address"]))

@@ -1,0 +1,393 @@
+"""A spare session child: forked and warmed before the client arrives, handed the next session.
+
+A session child is a fork of the server, so its first touches of the server's memory are
+copy-on-write page faults: a fresh child's first ``get_function`` + call took about a hundred
+of them, more than twice the time of the second. A spare takes those faults while no client
+waits. Right after its fork it serves a short scripted session (:func:`_warm_up_script`: the version
+exchange, a global function looked up, called and freed, a small tensor allocated, filled,
+read back and freed) through the real :func:`~.session.run_session` on a socketpair, then
+waits for the server to hand it a connection.
+
+The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
+as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake
+decides: its time limit and the bytes the client sent ahead. The session's workspace is the
+spare's own, a fresh directory the server created for it at its fork (a spare serves one
+session; the warm-up touches no file). From then on the spare is an ordinary session child
+(:class:`~.session.SessionProcess`): the server keeps its copy of the socket for the crash,
+timeout and shutdown notices, the session's time starts at the handoff, and the child serves
+that one session and exits.
+
+Everything else a session child does is done by the spare before it warms up, as for a
+session forked at connect (``session.fork_child``): the session user (``--run-as``), its own
+process group, the subreaper of its tree, the parent-death signal, every descriptor but its
+own closed. A spare that dies before its handoff is reaped and replaced; a session that finds
+no spare ready gets a child forked for it, and the log says so.
+
+Standard library only, like the rest of the device server.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import resource
+import signal
+import socket
+import struct
+import time
+
+from ..rpc import protocol as P
+from ..rpc.handshake import ParsedKey
+from ..rpc.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Release, Shutdown
+from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
+from . import session as _session
+from .config import ServerConfig
+from .session import SessionProcess, fork_child, new_workspace, peer_of, run_session, start_session
+from .workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+_HANDOFF = struct.Struct("<Id")     # bytes after this field, session timeout (0: none)
+MAX_HANDOFF_BYTES = 1 << 20
+"""A handoff's largest size (the client's early bytes are at most 64 KiB)."""
+REFILL_DELAY = 0.5
+"""Seconds before a spare that died unhanded is replaced; doubled for each death in a row."""
+MAX_REFILL_DELAY = 60.0
+PROCESS_NAME = b"kernelrpc-spare"
+"""What ``ps`` and ``/proc/PID/comm`` show for a spare until its handoff (Linux)."""
+
+
+def encode_handoff(timeout: float | None, initial: bytes) -> bytes:
+    return _HANDOFF.pack(_HANDOFF.size - 4 + len(initial), timeout or 0.0) + initial
+
+
+def decode_handoff(data: bytes) -> tuple[float | None, bytes]:
+    """``(timeout, initial)`` of a whole handoff message; ValueError if it is not one."""
+    if len(data) < _HANDOFF.size:
+        raise ValueError(f"handoff of {len(data)} bytes is shorter than its header")
+    length, timeout = _HANDOFF.unpack_from(data)
+    if length + 4 != len(data) or not timeout >= 0:
+        raise ValueError("inconsistent handoff header")
+    return timeout or None, bytes(data[_HANDOFF.size:])
+
+
+def _warm_up_script() -> list[tuple[bytes, int]]:
+    """What the scripted client sends, one message at a time, and the replies each one gets:
+    the requests of a typical first session."""
+    cpu = DeviceValue("cpu", 0)
+    tensor = TensorHandle(3, "float32", (1,), cpu)
+    four = b"\0\0\x80?"
+    return [
+        (P.encode_hello(), 0),                                      # answered apart
+        (P.encode(GetGlobal("testing.echo")), 1),                   # handle 1
+        (P.encode_call(1, (1,)), 1), (P.encode_call(1, (0.5,)), 1), (P.encode_call(1, ["text", 2]), 1),
+        (P.encode(Release((1,))) + P.encode(GetGlobal("testing.echo")), 1),     # handle 2
+        (P.encode(Free((FunctionHandle(2),))), 1),
+        (P.encode(Empty([1], "float32", cpu)), 1),                  # handle 3
+        (P.encode(CopyTo(tensor, 0, 4)), 0), (four, 1),
+        (P.encode(CopyFrom(tensor, 0, 4)), 1),
+        (P.encode(Array([1], "float32", cpu, 4)), 0), (four, 1),    # handle 4
+        (P.encode(Free((tensor, TensorHandle(4, "float32", (1,), cpu)))), 1),
+        (P.encode(Shutdown()), 0),
+    ]
+
+
+def _scripted_socketpair() -> tuple[socket.socket, socket.socket]:
+    """Message boundaries kept (each request arrives in a read of its own, as from a client that
+    waits for each reply), where the system has them."""
+    try:
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    except (OSError, AttributeError):
+        return socket.socketpair()
+
+
+def warm_up(config: ServerConfig, workspace: Workspace) -> int:
+    """Serve the scripted session through the real request path; returns the minor page faults
+    it took. Its failures are logged: a spare that could not warm up still serves."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    served, client = _scripted_socketpair()
+    with served, client:
+        script = _warm_up_script()
+        for message, _ in script:
+            client.sendall(message)
+        client.shutdown(socket.SHUT_WR)     # whatever goes wrong, the session ends
+        run_session(served, workspace, config, None)     # no request of the script touches files
+        served.close()
+        client.settimeout(1.0)
+        replies = b"".join(iter(lambda: client.recv(1 << 16), b""))
+    problem = _check_replies(replies, config.max_frame_bytes, sum(n for _, n in script))
+    if problem:
+        log.warning("spare session child %d: the warm-up did not go as scripted: %s", os.getpid(), problem)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | None:
+    """Why the warm-up's replies are not the script's (or None): a refusal, an error, too few."""
+    parser = P.HelloReplyParser()
+    try:
+        if parser.feed(data) is None:
+            return "no version exchange"
+        reader = P.FrameReader(max_frame_bytes)
+        reader.feed(parser.unused)
+        frames = []
+        while True:
+            frame = reader.next_frame()
+            if frame is None:
+                break
+            if frame.type == P.ERROR:
+                return "%s: %s" % P.decode_error(frame.body)[:2]
+            frames.append(frame)
+            if frame.type == P.DATA:
+                reader.take(P.decode_data_header(frame.body))
+    except Exception as exc:        # noqa: BLE001 (reported, never fatal)
+        return f"{type(exc).__name__}: {exc}"
+    return None if len(frames) == expected else f"{len(frames)} replies, not {expected}"
+
+
+def _receive_handoff(control: socket.socket) -> tuple[socket.socket, float | None, bytes] | None:
+    """Wait for the server's handoff; None when the server closed the link instead."""
+    data, fds, _, _ = socket.recv_fds(control, MAX_HANDOFF_BYTES, 1)
+    try:
+        while len(data) < 4 or len(data) < _HANDOFF.unpack_from(data)[0] + 4:
+            if not data and not fds:
+                return None
+            if len(data) > MAX_HANDOFF_BYTES:
+                raise ValueError("handoff too long")
+            more = control.recv(MAX_HANDOFF_BYTES)
+            if not more:
+                raise ValueError(f"the server's handoff ended after {len(data)} bytes")
+            data += more
+        if len(fds) != 1:
+            raise ValueError(f"the handoff carried {len(fds)} descriptors, not 1")
+        timeout, initial = decode_handoff(data)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return socket.socket(fileno=fds[0]), timeout, initial
+
+
+def _process_name() -> bytes | None:
+    """This process's name (``comm``); None where there is none to set."""
+    try:
+        with open("/proc/self/comm", "rb", buffering=0) as f:
+            return f.read().rstrip(b"\n")
+    except OSError:
+        return None
+
+
+def _set_process_name(name: bytes) -> None:
+    try:
+        with open("/proc/self/comm", "wb", buffering=0) as f:
+            f.write(name)
+    except OSError:
+        pass
+
+
+def is_spare(pid: int) -> bool:
+    """Whether process ``pid`` is a spare session child waiting for its session (Linux)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n") == PROCESS_NAME
+    except OSError:
+        return False
+
+
+def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspace) -> bool:
+    own_name = _process_name()
+    if own_name is not None:
+        _set_process_name(PROCESS_NAME)
+    os.chdir(workspace.root)
+    faults = warm_up(config, workspace)
+    gc.freeze()                     # what the warm-up left, too (see session._child_main)
+    log.debug("spare session child %d warmed up (%d page faults)", os.getpid(), faults)
+    handoff = _receive_handoff(control)
+    if handoff is None:
+        return False
+    control.close()
+    if own_name is not None:
+        _set_process_name(own_name)     # a session child like any other
+    sock, timeout, initial = handoff
+    run_session(sock, workspace, config, timeout, initial)
+    return True
+
+
+class SpareGone(Exception):
+    """The spare cannot take the session (it died, or its link broke)."""
+
+
+class Spare:
+    """The server's view of one spare child, from its fork to its handoff."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.workspace = new_workspace(config)
+        control, child_end = socket.socketpair()
+        status_r, status_w = os.pipe()
+        try:
+            self.pid = fork_child(config, (child_end.fileno(), status_w), status_w,
+                                  lambda: _spare_main(child_end, config, self.workspace))
+        except BaseException:
+            self.workspace.remove()
+            control.close()
+            os.close(status_r)
+            raise
+        finally:
+            child_end.close()
+            os.close(status_w)
+        os.set_blocking(status_r, False)
+        control.setblocking(False)
+        self.control = control
+        self.done = False               # reaped, or handed over (then its session's)
+        self._status_fd = status_r
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def fileno(self) -> int | None:
+        """A descriptor that becomes readable when the spare exits (None: ask ``exited``)."""
+        return self._pidfd
+
+    def exited(self) -> int | None:
+        """The spare's wait status once it has exited (it is reaped then), else None."""
+        if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return None
+        try:
+            os.killpg(self.pid, signal.SIGKILL)   # what it started, if anything
+        except OSError:
+            pass
+        _, status = os.waitpid(self.pid, 0)
+        self._close()
+        return status
+
+    def hand_over(self, sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
+                  initial: bytes = b"", peer: str | None = None) -> SessionProcess:
+        """Give the spare this session; SpareGone (and the spare ended) if it cannot take it."""
+        status = self.exited()
+        if status is not None:
+            raise SpareGone(f"it had exited ({_describe(status)})")
+        timeout = config.effective_timeout(client_key.timeout)
+        message = encode_handoff(timeout, initial)
+        try:
+            sent = socket.send_fds(self.control, [message], [sock.fileno()])
+            if sent != len(message):
+                raise OSError(f"only {sent} of the handoff's {len(message)} bytes went out")
+        except OSError as exc:
+            self.kill()
+            raise SpareGone(f"the handoff failed: {exc}") from None
+        self.done = True
+        self.control.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return SessionProcess(self.pid, sock, self.workspace, timeout, peer_of(sock, peer), self._status_fd)
+
+    def kill(self) -> None:
+        if self.done:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        self._close()
+
+    def _close(self) -> None:
+        self.done = True
+        _session.child_ended(self.pid)
+        self.workspace.remove()
+        self.control.close()
+        os.close(self._status_fd)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            return f"signal {signal.Signals(sig).name}"
+        except ValueError:
+            return f"signal {sig}"
+    return f"exit code {os.WEXITSTATUS(status)}"
+
+
+class Spares:
+    """At most one spare session child, and the start of every session: through the spare when
+    there is one, else by a child forked for it (logged: ``fallbacks`` counts them)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.enabled = config.spare_session
+        self.spare: Spare | None = None
+        self.fallbacks = 0
+        self._refill_at = 0.0
+        self._delay = REFILL_DELAY
+
+    def fill(self) -> Spare | None:
+        """Fork a spare if there is none (and none died too recently); returns the new one."""
+        if not self.enabled or self.spare is not None or time.monotonic() < self._refill_at:
+            return None
+        try:
+            self.spare = Spare(self.config)
+        except OSError as exc:         # no memory or processes left, the workspace root full
+            self._lost(f"could not fork a spare session child: {exc}")
+            return None
+        log.debug("spare session child %d forked", self.spare.pid)
+        return self.spare
+
+    def next_fill(self) -> float | None:
+        """When ``fill`` will fork again after a spare died (None: not waiting for that)."""
+        if not self.enabled or self.spare is not None or self._refill_at <= time.monotonic():
+            return None
+        return self._refill_at
+
+    def check(self) -> bool:
+        """Reap the spare if it died before its handoff (logged); True if it did."""
+        if self.spare is None:
+            return False
+        status = self.spare.exited()
+        if status is None:
+            return False
+        self._lost(f"spare session child {self.spare.pid} died before its session ({_describe(status)})")
+        return True
+
+    def _lost(self, what: str) -> None:
+        self.spare = None
+        self._refill_at = time.monotonic() + self._delay
+        log.warning("%s; the next spare in %.1fs", what, self._delay)
+        self._delay = min(self._delay * 2, MAX_REFILL_DELAY)
+
+    def start(self, sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
+              initial: bytes = b"", peer: str | None = None) -> SessionProcess:
+        """The session's child: the spare, or (when there is none, or it is gone) a fresh fork."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            try:
+                session = spare.hand_over(sock, client_key, config, initial, peer)
+                self._delay = REFILL_DELAY
+                return session
+            except SpareGone as exc:
+                self._lost(f"spare session child {spare.pid} could not take the session: {exc}")
+                reason, level = "its spare was gone", logging.WARNING
+        elif self.enabled:
+            reason, level = "no spare was ready", logging.INFO   # sessions queued: each slot is taken at once
+        else:
+            return start_session(sock, client_key, config, initial, peer)
+        self.fallbacks += 1
+        log.log(level, "session for %s: %s; forked a child for it (fallback %d)",
+                peer_of(sock, peer), reason, self.fallbacks)
+        return start_session(sock, client_key, config, initial, peer)
+
+    def close(self) -> None:
+        """End the spare (the server stops)."""
+        if self.spare is not None:
+            self.spare.kill()
+            self.spare = None

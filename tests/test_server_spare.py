@@ -1,0 +1,230 @@
+"""The spare session child (server/spare.py): forked and warmed before the client, handed its session."""
+import os
+import re
+import signal
+import statistics
+import threading
+import time
+
+import pytest
+
+import kernelrpc
+from conftest import wait_until
+from kernelrpc import rpc
+from kernelrpc.server.spare import decode_handoff, encode_handoff, is_spare
+
+DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
+
+
+def start_server(start_service, *extra):
+    return start_service("kernelrpc.server", ["--port", "0", "--key", "dev", *extra])
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def spare_of(server, other_than=()):
+    """The server's spare child (waited for), once it is not one of ``other_than``."""
+    return wait_until(lambda: next((c for c in children(server.proc.pid) if is_spare(c) and c not in other_than),
+                                   None), what="a spare session child")
+
+
+def gone(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def minor_faults(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(")") + 2:].split()[7])
+
+
+def load_fixture(session, fixture_module):
+    session.upload(fixture_module, "kernels.so")
+    return session.load_module("kernels.so")
+
+
+# ---------------------------------------------------------------- the handoff message
+
+@pytest.mark.parametrize("timeout, initial", [(None, b""), (2.5, b"early bytes \0\xff"), (1e-3, b"x" * 70000)])
+def test_the_handoff_message_round_trips(timeout, initial):
+    assert decode_handoff(encode_handoff(timeout, initial)) == (timeout, initial)
+
+
+def test_a_truncated_or_inconsistent_handoff_is_refused():
+    message = encode_handoff(3.0, b"abc")
+    negative = encode_handoff(1.0, b"abc")[:4] + bytes.fromhex("000000000000f0bf") + b"abc"   # -1.0
+    for bad in (message[:5], message[:-1], message + b"x", negative):
+        with pytest.raises(ValueError):
+            decode_handoff(bad)
+
+
+# ---------------------------------------------------------------- sessions through a spare
+
+def test_a_session_is_handed_to_the_spare_forked_before_it(start_service, tmp_path):
+    server = start_server(start_service)
+    spare = spare_of(server)
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        assert sess.info["pid"] == spare
+        assert not is_spare(spare)                          # a session child like any other now
+        assert sess.get_function("testing.echo")(7) == 7
+        source = tmp_path / "note.txt"
+        source.write_text("mine")
+        sess.upload(str(source), "note.txt")
+        assert sess.listdir() == ["note.txt"]
+    following = spare_of(server, other_than=(spare,))      # the next spare, after that session
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        assert sess.info["pid"] == following
+        assert sess.listdir() == []                         # a workspace of its own
+    wait_until(lambda: gone(spare), what="the first session's child gone")
+
+
+def test_the_spare_takes_its_page_faults_before_the_client_arrives(start_service):
+    """The first get_function + call of a spare's session takes far fewer copy-on-write page
+    faults than the same in a child forked at connect."""
+    def first_request_faults(server):
+        counts = []
+        for _ in range(3):
+            with rpc.connect(server.host, server.port, key="dev") as sess:
+                before = minor_faults(sess.info["pid"])
+                assert sess.get_function("testing.echo")(1) == 1
+                counts.append(minor_faults(sess.info["pid"]) - before)
+            time.sleep(0.05)
+        return statistics.median(counts)
+
+    warm = start_server(start_service)
+    spare_of(warm)
+    with_spare = first_request_faults(warm)
+    without_spare = first_request_faults(start_server(start_service, "--no-spare-session"))
+    assert without_spare >= 20 and with_spare < without_spare / 3, (with_spare, without_spare)
+
+
+def test_no_spare_session_forks_at_connect(start_service):
+    server = start_server(start_service, "--no-spare-session")
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        assert sess.get_function("testing.echo")(1) == 1
+    time.sleep(0.3)
+    assert not any(is_spare(c) for c in children(server.proc.pid))
+    assert not any("spare" in line for line in server.lines)
+
+
+def test_a_spare_killed_before_its_session_is_replaced(start_service):
+    server = start_server(start_service)
+    spare = spare_of(server)
+    os.kill(spare, signal.SIGKILL)
+    server.wait_for_line(rf"spare session child {spare} died before its session \(signal SIGKILL\); the next spare in")
+    replacement = spare_of(server, other_than=(spare,))
+    with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as sess:
+        assert sess.info["pid"] == replacement
+        assert sess.get_function("testing.echo")("served") == "served"
+
+
+def test_a_client_that_finds_no_spare_gets_a_fork_and_the_log_says_so(start_service):
+    """The spare dies while the server is stopped and a client connects: the server notices
+    the death first, has no spare ready, forks one for the client and logs the fallback."""
+    server = start_server(start_service)
+    spare = spare_of(server)
+    result = {}
+
+    def client():
+        with rpc.connect(server.host, server.port, key="dev", connect_timeout=20) as sess:
+            result["pid"] = sess.info["pid"]
+            result["echo"] = sess.get_function("testing.echo")(5)
+
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        os.kill(spare, signal.SIGKILL)
+        thread = threading.Thread(target=client)
+        thread.start()
+        time.sleep(0.3)                 # the connection waits in the listen backlog
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    thread.join(30)
+    assert result.get("echo") == 5 and result["pid"] != spare
+    assert server.wait_for_line(r"session for 127\.0\.0\.1:\d+: no spare was ready; forked a child for it "
+                                r"\(fallback 1\)")
+
+
+def test_the_session_timeout_starts_at_the_handoff(start_service):
+    server = start_server(start_service, "--session-timeout", "2")
+    spare_of(server)
+    time.sleep(2.5)                     # the spare has waited longer than a session may last
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        echo = sess.get_function("testing.echo")
+        assert echo(1) == 1
+        time.sleep(3)
+        with pytest.raises(kernelrpc.SessionTimeout, match="2s session has expired"):
+            echo(2)
+
+
+def test_the_clients_timeout_and_crash_notices_arrive_through_a_spare(start_service, fixture_module):
+    server = start_server(start_service)
+    spare = spare_of(server)
+    with rpc.connect(server.host, server.port, key="dev", session_timeout=1) as sess:
+        assert sess.info["pid"] == spare and sess.info["session_timeout"] == 1
+        module = load_fixture(sess, fixture_module)
+        with pytest.raises(kernelrpc.SessionTimeout, match="1s session has expired"):
+            module["sleep_ms"](10_000)
+    spare = spare_of(server, other_than=(spare,))
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        assert sess.info["pid"] == spare
+        module = load_fixture(sess, fixture_module)
+        with pytest.raises(kernelrpc.ServerCrashed, match="signal 11"):
+            module["crash_segv"]()
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        assert sess.get_function("testing.echo")(3) == 3
+
+
+def test_a_server_shutdown_reaches_a_spares_session_and_ends_the_spare(start_service):
+    server = start_server(start_service, "--max-sessions", "2")
+    first = spare_of(server)
+    sess = rpc.connect(server.host, server.port, key="dev")
+    assert sess.info["pid"] == first
+    waiting = spare_of(server, other_than=(first,))        # a free slot: the next spare waits
+    server.stop(signal.SIGTERM)
+    with pytest.raises(kernelrpc.ConnectionLost, match="shutting down"):
+        sess.get_function("testing.echo")(1)
+    sess.close()
+    wait_until(lambda: gone(first) and gone(waiting), timeout=10, what="the session child and the spare gone")
+
+
+def test_a_server_killed_takes_its_spare_along(start_service):
+    server = start_server(start_service)
+    spare = spare_of(server)
+    server.stop(signal.SIGKILL)
+    wait_until(lambda: gone(spare), timeout=10, what="the spare gone with its server")
+
+
+def test_a_tls_session_is_handed_to_the_spare(start_service, tls_files):
+    server = start_server(start_service, *tls_files.flags())
+    spare = spare_of(server)
+    with rpc.connect(server.host, server.port, key="dev", tls=tls_files.client()) as sess:
+        assert sess.info["pid"] == spare
+        assert sess.get_function("testing.echo")("over TLS") == "over TLS"
+    with rpc.connect(server.host, server.port, key="dev", tls=tls_files.client(), session_timeout=1) as sess:
+        with pytest.raises(kernelrpc.SessionTimeout):
+            sess.get_function("testing.sleep")(10)
+
+
+def test_a_through_proxy_session_is_handed_to_the_spare(start_service, proxy):
+    relay = proxy()
+    device = start_service("kernelrpc.server", ["--through-proxy", "--host", relay.host, "--port", str(relay.port),
+                                                "--key", "dev"], ready=DEVICE_READY)
+    for n in range(2):
+        spare = spare_of(device)
+        with rpc.connect(relay.host, relay.port, key="dev", connect_timeout=20) as sess:
+            assert sess.info["pid"] == spare
+            assert sess.get_function("testing.echo")(n) == n
+        wait_until(lambda pid=spare: gone(pid), what="the session child gone")
+    spare = spare_of(device)
+    device.stop(signal.SIGTERM)
+    wait_until(lambda: gone(spare), timeout=10, what="the spare gone with its server")

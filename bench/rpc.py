@@ -5,8 +5,9 @@
 
 Prints the round trip of a trivial remote call (``testing.echo(1)``) next to a
 raw ping-pong of about the same size, the small session operations a tuner
-repeats (allocate and fill a tiny tensor, look up and drop a function, the
-first call on a new session, a whole ``time_evaluator`` call, the first
+repeats (allocate and fill a tiny tensor, look up and drop a function, a
+kernel call with two remote tensors, the first call on a new session, a whole
+``time_evaluator`` call, the first
 ``connect_tracker()`` of a process), and tensor copy bandwidth in both
 directions (1, 16, 64 MiB) next to raw socket throughput; with the ratios. When
 apache-tvm is importable, TVM's RPC is measured too, for reference.
@@ -245,6 +246,7 @@ def tvm_copies(sess) -> dict:
 # ---------------------------------------------------------------- small session operations
 
 ADDONE_ELEMENTS = 1
+KERNEL_CALL = "remote kernel call f(a, b), 1-element tensors"
 
 
 def build_addone(directory: str) -> str:
@@ -284,6 +286,7 @@ def ours_ops(sess, addr, library: str) -> dict:
     mod = sess.load_module("addone.so")
     a, b = nd.array(np.zeros(ADDONE_ELEMENTS, "float32"), dev), nd.empty((ADDONE_ELEMENTS,), "float32", dev)
     evaluator = mod.time_evaluator("addone", dev, number=100, repeat=20)
+    addone = mod.get_function("addone")
 
     def first_call():
         with rpc.connect(*addr) as fresh:
@@ -295,6 +298,7 @@ def ours_ops(sess, addr, library: str) -> dict:
         "nd.array(4 B) + free": lambda: nd.array(four_bytes, dev),
         "empty + copyfrom 4 B": lambda: sess.empty((1,), "float32", dev).copyfrom(four_bytes),
         "get_function + free": lambda: sess.get_function("testing.echo"),
+        KERNEL_CALL: lambda: addone(a, b),
         "time_evaluator(100, 20)": lambda: evaluator(a, b),
         "first get_function+call": first_call,
     }
@@ -334,6 +338,8 @@ def tvm_ops(sess, fresh_server: FreshTVMServer, library: str | None) -> dict:
         a = tvm.runtime.tensor(np.zeros(ADDONE_ELEMENTS, "float32"), dev)
         b = tvm.runtime.empty((ADDONE_ELEMENTS,), "float32", dev)
         evaluator = mod.time_evaluator("addone", dev, number=100, repeat=20)
+        addone = mod.get_function("addone")
+        ops[KERNEL_CALL] = lambda: addone(a, b)
         ops["time_evaluator(100, 20)"] = lambda: evaluator(a, b)
     return ops
 
@@ -420,11 +426,12 @@ def first_connect_tracker(tvm_available: bool, env, rounds: int) -> dict[str, li
 
 def print_ops(samples: dict[str, dict[str, list[float]]]) -> None:
     print("Small session operations (medians; ratio = kernelrpc / apache-tvm)")
-    print(f"{'':28}{'kernelrpc us':>14}{'apache-tvm us':>15}{'ratio':>8}")
+    width = max(28, *(len(op) + 2 for op in samples))
+    print(f"{'':{width}}{'kernelrpc us':>14}{'apache-tvm us':>15}{'ratio':>8}")
     for op, per in samples.items():
         ours = statistics.median(per["kernelrpc"]) * 1e6 if per.get("kernelrpc") else None
         theirs = statistics.median(per["apache-tvm"]) * 1e6 if per.get("apache-tvm") else None
-        line = f"{op:28}{ours:14.1f}" if ours is not None else f"{op:28}{'-':>14}"
+        line = f"{op:{width}}{ours:14.1f}" if ours is not None else f"{op:{width}}{'-':>14}"
         line += f"{theirs:15.1f}{ours / theirs:7.2f}x" if theirs and ours else f"{'-':>15}{'':8}"
         print(line)
 

@@ -178,6 +178,11 @@ class RPCSession(Converter):
 
     # ------------------------------------------------------------ values (Converter)
 
+    def to_wire(self, value):
+        if type(value) is Tensor and value._session is self:  # a kernel call's arguments
+            return value._handle
+        return Converter.to_wire(self, value)
+
     def object_to_wire(self, value):
         if isinstance(value, (Tensor, Module, Function)):
             if value._session is not self:

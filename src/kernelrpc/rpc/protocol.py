@@ -275,9 +275,13 @@ def encode_result(value) -> bytes:
             pass  # out of range: encode_items below says so
     elif kind is float:
         return _RESULT_FLOAT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_FLOAT, value)
+    elif value is None:  # a kernel's result
+        return _NONE_RESULT
     payload = encode_items((value,))
     return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
 
+
+_NONE_RESULT = _RESULT_HEAD.pack(5, RETURN, 1) + encode_items((None,))
 
 decode_result = decode_single
 """The one value of a CALL's RETURN body (a shortcut for one int here gained ~50 ns: folded back)."""
@@ -297,6 +301,8 @@ def decode_result_frame(data: bytes, max_frame_bytes: int):
         prefix, value = _RESULT_INT_FRAME.unpack(data)
         if prefix == _RESULT_INT_PREFIX:
             return value
+    elif data == _NONE_RESULT:  # a kernel's result
+        return None
     if len(data) < HEADER_SIZE:
         return NOT_ONE_FRAME
     length, frame_type = _HEADER.unpack_from(data)

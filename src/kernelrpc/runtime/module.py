@@ -27,30 +27,32 @@ class PackedArgs:
 
     __slots__ = ("words", "tensors", "pointer", "_memory")
 
-    def __init__(self, spec: FunctionSpec, values: tuple):
+    def __init__(self, spec: FunctionSpec, values: tuple, words_type=None):
         n = len(spec.args)
         shapes = _bind_shapes(spec, values) if spec.shape_vars else None
         # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
-        pointer_words = n if _POINTER_BYTES == 8 else (n * _POINTER_BYTES + 7) // 8
-        self.words = (ctypes.c_uint64 * max(pointer_words + n, 1))()
+        pointer_words = _pointer_words(n)
+        self.words = (words_type or _words_type(n))()
         self.pointer = ctypes.addressof(self.words)
         self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
         self._memory: list[memoryview] = []
         words = self.words if _POINTER_BYTES == 8 else \
             (ctypes.c_uint32 * max(n, 1)).from_buffer(self.words)
-        for i, arg in enumerate(spec.args):
+        i = 0
+        for arg in spec.args:
             value = values[i]
             if arg.kind == "tensor":
                 # Fast path for the common case; _check_tensor explains anything else.
+                # (A buffer's _view is None once freed: buffer.BufferView.)
                 if (type(value) is not Tensor or value._dtype is not arg.dtype
                         or value.shape != (arg.shape if shapes is None else shapes[i])
-                        or value._buf.freed):
+                        or value._buf._view is None):
                     _check_tensor(arg, value, _where(spec, i),
                                   None if shapes is None else shapes[i])
                 buf = value._buf
                 self.tensors.append((i, value))
-                self._memory.append(buf.view)
-                words[i] = buf.address
+                self._memory.append(buf._view)
+                words[i] = buf._address
             else:
                 try:
                     raw = pack_scalar(arg.dtype, value)
@@ -60,6 +62,17 @@ class PackedArgs:
                 slot = self.pointer + 8 * (pointer_words + i)
                 ctypes.memmove(slot, raw, len(raw))
                 words[i] = slot
+            i += 1
+
+
+def _pointer_words(n: int) -> int:
+    return n if _POINTER_BYTES == 8 else (n * _POINTER_BYTES + 7) // 8
+
+
+def _words_type(n: int):
+    """The ctypes array type of a PackedArgs' words for ``n`` arguments (made once per function:
+    ``c_uint64 * k`` costs ~0.3 us a call)."""
+    return ctypes.c_uint64 * max(_pointer_words(n) + n, 1)
 
 
 def _where(spec: FunctionSpec, i: int) -> str:
@@ -124,6 +137,7 @@ class Function:
         self.spec = spec
         self._cfunc = cfunc
         self.address: int = ctypes.cast(cfunc, ctypes.c_void_p).value
+        self._words_type = _words_type(len(spec.args))
 
     @property
     def name(self) -> str:
@@ -139,7 +153,7 @@ class Function:
         if len(args) != len(self.spec.args):
             raise TypeError(f"{self.spec.signature()} takes {len(self.spec.args)} arguments, "
                             f"got {len(args)}")
-        return PackedArgs(self.spec, args)
+        return PackedArgs(spec, args, self._words_type)
 
     def invoke(self, packed: PackedArgs) -> None:
         code = self._cfunc(packed.pointer)

@@ -2,8 +2,8 @@
 
 ``encode_call``/``decode_call``/``encode_result``/``decode_result`` (with their one-pack scalar
 cases), ``decode_call_frame``/``decode_result_frame`` (a whole frame straight from one read) and
-``FrameReader.whole_frame`` exist for speed (docs/performance.md); these differential tests pin
-each of them to the general path.
+``FrameReader.whole_frame`` exist for speed (docs/performance.md), as does the decoder's memo of
+tensor handles; these differential tests pin each of them to the general path.
 """
 import math
 from enum import IntEnum
@@ -16,7 +16,9 @@ from test_protocol import handles, values
 from kernelrpc.errors import ProtocolError
 from kernelrpc.rpc import protocol as P
 from kernelrpc.rpc.requests import Call, from_values
-from kernelrpc.rpc.values import FunctionHandle, decode_single, decode_values
+from kernelrpc.rpc import values as values_module
+from kernelrpc.rpc.values import (DeviceValue, FunctionHandle, TensorHandle, decode_single, decode_values,
+                                  encode_values)
 
 MAX_FRAME = 4096
 ints = st.integers(-2**63, 2**63 - 1)
@@ -183,3 +185,38 @@ def test_call_encoder_refuses_a_frame_over_the_limit_and_names_it():
     with pytest.raises(ValueError, match=f"frame limit of {body - 1} bytes"):
         P.encode_call(3, ["x" * 100], body - 1)
     assert P.encode_call(3, [1], P.MIN_MAX_FRAME_BYTES) == P.encode_call(3, [1])
+
+
+def decoded_cold(decode, data: bytes):
+    """``outcome`` with the tensor-handle memo empty: what the full decode makes of ``data``."""
+    values_module._HANDLES.clear()
+    return outcome(decode, data)
+
+
+@settings(max_examples=300)
+@given(st.lists(values, max_size=4), st.data())
+def test_memoized_tensor_handles_decode_as_the_full_decode(items, data):
+    encoded = encode_values(items)
+    cold = decoded_cold(decode_values, encoded)
+    assert outcome(decode_values, encoded) == cold == repr(items)  # the second decode hits the memo
+    damaged = bytearray(encoded)
+    how = data.draw(st.sampled_from(["flip", "cut"]))
+    if how == "flip" and damaged:
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] ^= data.draw(st.integers(1, 255))
+    else:
+        damaged = damaged[:data.draw(st.integers(0, max(len(damaged) - 1, 0)))]
+    decode_values(encoded)  # the memo holds this message's handles
+    warm = outcome(decode_values, bytes(damaged))
+    assert warm == decoded_cold(decode_values, bytes(damaged))
+
+
+def test_a_memoized_handle_is_equal_to_its_full_decode_and_the_memo_is_bounded():
+    handle = TensorHandle(5, "float32", (2, 3), DeviceValue("cpu", 1))
+    encoded = encode_values([handle])
+    values_module._HANDLES.clear()
+    (first,) = decode_values(encoded)
+    (again,) = decode_values(encoded)
+    assert first == again == handle and first.wire == encoded[4:]
+    for i in range(values_module._MAX_HANDLES_MEMO + 10):
+        decode_values(encode_values([TensorHandle(i, "int8", (1,), DeviceValue("cpu"))]))
+    assert len(values_module._HANDLES) <= values_module._MAX_HANDLES_MEMO

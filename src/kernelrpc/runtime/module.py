@@ -36,10 +36,10 @@ class PackedArgs:
         self.pointer = ctypes.addressof(self.words)
         self.tensors: list[tuple[int, Tensor]] = []     # (argument position, tensor)
         self._memory: list[memoryview] = []
+        tensors, memory = self.tensors, self._memory
         words = self.words if _POINTER_BYTES == 8 else \
             (ctypes.c_uint32 * max(n, 1)).from_buffer(self.words)
-        i = 0
-        for arg in spec.args:
+        for i, arg in enumerate(spec.args):
             value = values[i]
             if arg.kind == "tensor":
                 # Fast path for the common case; _check_tensor explains anything else.
@@ -50,8 +50,8 @@ class PackedArgs:
                     _check_tensor(arg, value, _where(spec, i),
                                   None if shapes is None else shapes[i])
                 buf = value._buf
-                self.tensors.append((i, value))
-                self._memory.append(buf._view)
+                tensors.append((i, value))
+                memory.append(buf._view)
                 words[i] = buf._address
             else:
                 try:
@@ -62,7 +62,6 @@ class PackedArgs:
                 slot = self.pointer + 8 * (pointer_words + i)
                 ctypes.memmove(slot, raw, len(raw))
                 words[i] = slot
-            i += 1
 
 
 def _pointer_words(n: int) -> int:

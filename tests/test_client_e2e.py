@@ -90,6 +90,32 @@ def test_wrong_call_is_a_remote_error_and_session_survives(session, fixture_modu
     assert session.get_function("testing.echo")(7) == 7
 
 
+def test_kernel_calls_check_every_tensor_each_time(session, fixture_module):
+    """The same handles again and again (the decoder's memo), then a wrong or freed tensor."""
+    from kernelrpc.rpc.remote import Tensor as RemoteTensor
+
+    session.upload(fixture_module, "kernels.so")
+    addone = session.load_module("kernels.so")["addone"]
+    dev = session.cpu(0)
+    a = nd.array(np.arange(1024, dtype="float32"), dev)
+    b = nd.empty((1024,), "float32", dev)
+    for _ in range(3):
+        addone(a, b)
+    np.testing.assert_array_equal(b.numpy(), np.arange(1024, dtype="float32") + 1)
+    wrong_dtype, wrong_shape = nd.empty((1024,), "int32", dev), nd.empty((1023,), "float32", dev)
+    for bad, message in ((wrong_dtype, "dtype float32, got int32"), (wrong_shape, "shape")):
+        with pytest.raises(kernelrpc.RemoteError, match=message):
+            addone(a, bad)
+    gone = nd.empty((1024,), "float32", dev)
+    stale = RemoteTensor(session, gone._handle, dev)  # the same handle, sent after the free
+    addone(a, gone)
+    gone.free()
+    with pytest.raises(kernelrpc.RemoteError, match="freed already"):
+        addone(a, stale)
+    addone(b, a)
+    np.testing.assert_array_equal(a.numpy(), np.arange(1024, dtype="float32") + 2)
+
+
 def test_sync_api_works_inside_a_running_event_loop(server):
     async def notebook_cell():
         with rpc.connect(server.host, server.port, key="dev") as sess:

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from kernelrpc.rpc import protocol as P  # noqa: E402
 from kernelrpc.rpc.convert import Converter  # noqa: E402
 from kernelrpc.rpc.requests import from_values  # noqa: E402
-from kernelrpc.rpc.values import FunctionHandle, decode_values  # noqa: E402
+from kernelrpc.rpc import values as V  # noqa: E402
+from kernelrpc.rpc.values import DeviceValue, FunctionHandle, TensorHandle, decode_values  # noqa: E402
 
 
 def pairs():
@@ -44,6 +45,18 @@ def pairs():
            lambda: P.decode_result(one_read.whole_frame(result)[1]))
     yield ("encode CALL echo('x')", lambda: P.encode_call(3, ("x",)),
            lambda: P.encode_request(P.CALL, [FunctionHandle(3), "x"]))
+    device = DeviceValue("cpu", 0)
+    kernel_call = P.encode_call(3, (TensorHandle(5, "float32", (1,), device), TensorHandle(6, "float32", (1,), device)))
+
+    def without_memo():
+        V._HANDLES.clear()  # the memo of decoded tensor handles, emptied: every handle decoded in full
+        return P.decode_call_frame(kernel_call, 1 << 20)
+
+    yield ("CALL f(a, b), handles memo", lambda: P.decode_call_frame(kernel_call, 1 << 20), without_memo)
+    none_result = P.encode_result(None)
+    yield ("encode RETURN None", lambda: P.encode_result(None), lambda: P.encode_return([None]))
+    yield ("RETURN None from one read", lambda: P.decode_result_frame(none_result, 1 << 20),
+           lambda: P.decode_result(one_read.whole_frame(none_result)[1]))
     to_wire = Converter().all_to_wire  # what a session's Function passes: plain values stay as they are
     yield ("CALL echo(1), to_wire given", lambda: P.encode_call(3, (1,), 1 << 20, to_wire),
            lambda: P.encode_call(3, to_wire((1,)), 1 << 20))

@@ -7,8 +7,8 @@ Prints the round trip of a trivial remote call (``testing.echo(1)``) next to a
 raw ping-pong of about the same size, the small session operations a tuner
 repeats (allocate and fill a tiny tensor, look up and drop a function, a
 kernel call with two remote tensors, the first call on a new session, a whole
-``time_evaluator`` call, the first
-``connect_tracker()`` of a process), and tensor copy bandwidth in both
+``time_evaluator`` call, the first ``connect_tracker()`` of a process), and
+tensor copy bandwidth in both
 directions (1, 16, 64 MiB) next to raw socket throughput; with the ratios. When
 apache-tvm is importable, TVM's RPC is measured too, for reference.
 

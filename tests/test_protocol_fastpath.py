@@ -217,6 +217,7 @@ def test_a_memoized_handle_is_equal_to_its_full_decode_and_the_memo_is_bounded()
     (first,) = decode_values(encoded)
     (again,) = decode_values(encoded)
     assert first == again == handle and first.wire == encoded[4:]
+    assert values_module.decode_items(bytearray(encoded), 4, 1) == [handle]  # any buffer, as before
     for i in range(values_module._MAX_HANDLES_MEMO + 10):
         decode_values(encode_values([TensorHandle(i, "int8", (1,), DeviceValue("cpu"))]))
     assert len(values_module._HANDLES) <= values_module._MAX_HANDLES_MEMO

@@ -443,7 +443,7 @@ def _dec_tensor_handle(data, pos, depth):
     n = data[pos + 8]
     ndim = data[pos + 9 + n]
     end = pos + 15 + n + 8 * ndim + data[pos + 10 + n + 8 * ndim]
-    wire = data[pos - 1:end]
+    wire = data[pos - 1:end] if type(data) is bytes else bytes(data[pos - 1:end])  # a key: hashable
     value = _HANDLES.get(wire)
     if value is not None:
         return value, end

@@ -36,6 +36,7 @@ import resource
 import signal
 import socket
 import struct
+import sys
 import time
 
 from ..rpc import protocol as P
@@ -121,6 +122,7 @@ def warm_up(config: ServerConfig, workspace: Workspace) -> int:
         client.settimeout(1.0)
         replies = b"".join(iter(lambda: client.recv(1 << 16), b""))
     problem = _check_replies(replies, config.max_frame_bytes, sum(n for _, n in script))
+    _touch_code(_MODULE_PATH)
     try:
         P.encode_result(P.encode_profile(*evaluator.warm_up()))
     except Exception as exc:        # noqa: BLE001 (reported, never fatal)
@@ -128,6 +130,25 @@ def warm_up(config: ServerConfig, workspace: Workspace) -> int:
     if problem:
         log.warning("spare session child %d: the warm-up did not go as scripted: %s", os.getpid(), problem)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+_MODULE_PATH = ("kernelrpc.runtime.module", "kernelrpc.runtime.tensor", "kernelrpc.runtime.buffer",
+                "kernelrpc.server.handler")
+"""The modules of a session's first module call and time_evaluator that no warm-up can run:
+they need a compiled module."""
+
+
+def _touch_code(names) -> None:
+    """Take (and drop) a reference to every function and code object of these modules, so that
+    the pages holding them are this process's own before its session's first call to them."""
+    held = []
+    for name in names:
+        module = sys.modules.get(name)
+        for value in vars(module).values() if module is not None else ():
+            for item in vars(value).values() if isinstance(value, type) else (value,):
+                code = getattr(getattr(item, "fget", item), "__code__", None)
+                if code is not None:
+                    held.append(code)
 
 
 def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | None:

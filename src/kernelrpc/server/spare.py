@@ -36,15 +36,14 @@ import resource
 import signal
 import socket
 import struct
-import sys
 import time
 
 from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Release, Shutdown
 from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
-from ..runtime import evaluator
-from . import session as _session
+from ..runtime import buffer, evaluator, module, tensor
+from . import handler, session as _session
 from .config import ServerConfig
 from .session import SessionProcess, fork_child, new_workspace, peer_of, run_session, start_session
 from .workspace import Workspace
@@ -122,7 +121,7 @@ def warm_up(config: ServerConfig, workspace: Workspace) -> int:
         client.settimeout(1.0)
         replies = b"".join(iter(lambda: client.recv(1 << 16), b""))
     problem = _check_replies(replies, config.max_frame_bytes, sum(n for _, n in script))
-    _touch_code(_MODULE_PATH)
+    _touch_code(_MODULE_CALL_CODE)
     try:
         P.encode_result(P.encode_profile(*evaluator.warm_up()))
     except Exception as exc:        # noqa: BLE001 (reported, never fatal)
@@ -132,19 +131,17 @@ def warm_up(config: ServerConfig, workspace: Workspace) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
-_MODULE_PATH = ("kernelrpc.runtime.module", "kernelrpc.runtime.tensor", "kernelrpc.runtime.buffer",
-                "kernelrpc.server.handler")
-"""The modules of a session's first module call and time_evaluator that no warm-up can run:
-they need a compiled module."""
+_MODULE_CALL_CODE = (module, tensor, buffer, handler)
+"""What a session's first module call and time_evaluator run that no warm-up can run without a
+compiled module."""
 
 
-def _touch_code(names) -> None:
-    """Take (and drop) a reference to every function and code object of these modules, so that
-    the pages holding them are this process's own before its session's first call to them."""
+def _touch_code(modules) -> None:
+    """Take (and drop) a reference to every function's code object in these modules, so that the
+    pages holding them are this process's own before its session first runs them."""
     held = []
-    for name in names:
-        module = sys.modules.get(name)
-        for value in vars(module).values() if module is not None else ():
+    for mod in modules:
+        for value in vars(mod).values():
             for item in vars(value).values() if isinstance(value, type) else (value,):
                 code = getattr(getattr(item, "fget", item), "__code__", None)
                 if code is not None:

@@ -7,8 +7,9 @@ waits. Right after its fork it serves a short scripted session (:func:`_warm_up_
 exchange, a global function looked up, called and freed, a small tensor allocated, filled,
 read back and freed) through the real :func:`~.session.run_session` on a socketpair, and
 a time_evaluator's run without a kernel (:func:`~kernelrpc.runtime.evaluator.warm_up`: the
-timing loop, the device-conditions probe's real measurement, the packed result), then waits
-for the server to hand it a connection.
+timing loop, the device-conditions probe's real measurement, the packed result), and it takes
+a reference to the code a first module call runs (:func:`_touch_code`), then waits for the
+server to hand it a connection.
 
 The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
 as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake

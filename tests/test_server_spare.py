@@ -12,6 +12,7 @@ import numpy as np
 
 import kernelrpc
 from conftest import wait_until
+from servicectl import gone
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import protocol as P
 from kernelrpc.runtime import evaluator
@@ -37,14 +38,6 @@ def spare_of(server, other_than=()):
     """The server's spare child (waited for), once it is not one of ``other_than``."""
     return wait_until(lambda: next((c for c in children(server.proc.pid) if is_spare(c) and c not in other_than),
                                    None), what="a spare session child")
-
-
-def gone(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
-        return True
 
 
 def minor_faults(pid):

@@ -8,7 +8,7 @@ from kernelrpc.rpc.tracker_client import connect_tracker
 AUTH_TOKEN = "lab-token-0123456789abcdef"
 """The shared secret of the authentication tests (the ``token_file`` fixture holds it)."""
 
-__all__ = ["READY", "SRC", "Service", "child_env", "free_port", "queue", "start_server", "start_tracker"]
+__all__ = ["READY", "SRC", "Service", "child_env", "free_port", "gone", "queue", "start_server", "start_tracker"]
 
 
 def free_port() -> int:
@@ -31,3 +31,12 @@ def queue(tracker, key="board"):
     """The tracker's queue for ``key``: ``{"free": n, "pending": m}`` (zeros when it has none)."""
     with connect_tracker(*tracker.address) as session:
         return session.summary()["queue_info"].get(key, {"free": 0, "pending": 0})
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (and is not a zombie of ours)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True

@@ -75,9 +75,11 @@ def test_the_server_lists_the_packed_form_and_the_client_uses_it(session, module
     assert decoded == via_json(decoded) and decoded.conditions["threads"]
 
 
-def test_without_the_packed_form_the_result_comes_as_json(server, fixture_module, monkeypatch):
-    monkeypatch.setattr(channel_module, "served_optional_ops",
-                        lambda info: frozenset({Op.RELEASE, Op.ARRAY}))
+@pytest.mark.parametrize("served", [frozenset({Op.RELEASE, Op.ARRAY}),          # no packed form
+                                    frozenset({Op.RELEASE, Op.ARRAY, 18})],     # the earlier one (op 18)
+                         ids=["no-packed-form", "earlier-packed-form"])
+def test_without_the_packed_form_the_result_comes_as_json(server, fixture_module, monkeypatch, served):
+    monkeypatch.setattr(channel_module, "served_optional_ops", lambda info: served)
     with rpc.connect(server.host, server.port, key="dev") as sess:
         sess.upload(fixture_module, "kernels.so")
         module = sess.load_module("kernels.so")
@@ -116,18 +118,6 @@ def test_a_server_serves_no_earlier_packed_form_and_names_it_in_the_error(sessio
     with pytest.raises(kernelrpc.RemoteError, match="18"):
         session.channel._exchange(P.encode_request(18, [module._handle, "addone"]))
     assert session.get_function("testing.echo")(5) == 5      # the session goes on
-
-
-def test_with_a_server_of_the_earlier_packed_form_the_result_comes_as_json(server, fixture_module,
-                                                                            monkeypatch):
-    monkeypatch.setattr(channel_module, "served_optional_ops",
-                        lambda info: frozenset({Op.RELEASE, Op.ARRAY, 18}))
-    with rpc.connect(server.host, server.port, key="dev") as sess:
-        sess.upload(fixture_module, "kernels.so")
-        module = sess.load_module("kernels.so")
-        timer, result, wire = time_addone(sess, module)
-        assert type(wire) is str
-        check_result(result, module)
 
 
 # ------------------------------------------------------------ the codec (sans-IO)

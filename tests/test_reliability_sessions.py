@@ -9,20 +9,12 @@ import pytest
 
 import kernelrpc
 from conftest import wait_until
+from servicectl import gone
 from kernelrpc import nd, rpc
 
 
 def start_server(start_service, *extra):
     return start_service("kernelrpc.server", ["--port", "0", "--key", "dev", *extra])
-
-
-def gone(pid):
-    """The process has exited (and is not a zombie of ours)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
-        return True
 
 
 def test_an_idle_session_ends_and_frees_the_server(start_service):

@@ -8,9 +8,15 @@ import time
 
 import pytest
 
+import numpy as np
+
 import kernelrpc
 from conftest import wait_until
-from kernelrpc import rpc
+from servicectl import gone
+from kernelrpc import nd, rpc
+from kernelrpc.rpc import protocol as P
+from kernelrpc.runtime import evaluator
+from kernelrpc.runtime.conditions import check_conditions
 from kernelrpc.server.spare import decode_handoff, encode_handoff, is_spare
 
 DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
@@ -32,14 +38,6 @@ def spare_of(server, other_than=()):
     """The server's spare child (waited for), once it is not one of ``other_than``."""
     return wait_until(lambda: next((c for c in children(server.proc.pid) if is_spare(c) and c not in other_than),
                                    None), what="a spare session child")
-
-
-def gone(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
-        return True
 
 
 def minor_faults(pid):
@@ -106,6 +104,44 @@ def test_the_spare_takes_its_page_faults_before_the_client_arrives(start_service
     with_spare = first_request_faults(warm)
     without_spare = first_request_faults(start_server(start_service, "--no-spare-session"))
     assert without_spare >= 20 and with_spare < without_spare / 3, (with_spare, without_spare)
+
+
+def test_the_evaluator_warm_up_measures_real_conditions_and_packs_them():
+    """What the spare runs before its handoff: the timing loop without a kernel, the device's
+    real conditions around it, the packed result (nothing of it reaches a client)."""
+    number, results, conditions = evaluator.warm_up(number=7, repeat=3)
+    assert number == 7 and len(results) == 3 and all(r > 0 for r in results)
+    assert check_conditions(conditions) == conditions
+    assert conditions["cpus"] and any(t["tid"] == threading.get_native_id() for t in conditions["threads"])
+    profile = P.decode_profile(P.encode_profile(number, results, conditions), {}, "warm-up")
+    assert profile.results == pytest.approx(results) and profile.conditions["cpus"] == conditions["cpus"]
+
+
+def test_the_spare_takes_the_page_faults_of_the_first_time_evaluator(start_service, fixture_module):
+    """The first time_evaluator call of a spare's session takes far fewer copy-on-write page
+    faults than the same in a child forked at connect: the spare ran the timing loop, the
+    conditions probe and the packing of a result before its handoff."""
+    def first_evaluator_faults(server):
+        counts = []
+        for _ in range(3):
+            with rpc.connect(server.host, server.port, key="dev") as sess:
+                module = load_fixture(sess, fixture_module)
+                dev = sess.cpu(0)
+                a, b = (nd.array(np.zeros(1024, "float32"), dev) for _ in range(2))
+                timer = module.time_evaluator("addone", dev, number=100, repeat=20)
+                before = minor_faults(sess.info["pid"])
+                assert len(timer(a, b).results) == 20
+                counts.append(minor_faults(sess.info["pid"]) - before)
+                del timer, a, b
+            time.sleep(0.05)
+        return statistics.median(counts)
+
+    warm = start_server(start_service)
+    spare_of(warm)
+    with_spare = first_evaluator_faults(warm)
+    without_spare = first_evaluator_faults(start_server(start_service, "--no-spare-session"))
+    assert without_spare >= 20 and with_spare < without_spare / 3, (with_spare, without_spare)
+    assert not any("warm-up" in line for line in warm.lines)
 
 
 def test_no_spare_session_forks_at_connect(start_service):

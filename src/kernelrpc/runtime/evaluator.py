@@ -135,3 +135,16 @@ class TimeEvaluator:
     def __repr__(self) -> str:
         return (f"<TimeEvaluator {self.function.name} number={self.number} "
                 f"repeat={self.config.repeat} min_repeat_ms={self.config.min_repeat_ms}>")
+
+
+def warm_up(number: int = 100, repeat: int = 20) -> tuple[int, list[float], dict]:
+    """A time_evaluator's run without a kernel: a TimeEvaluator set up, the timing loop over
+    batches that take no time, the default probe's real measurement around them. Returns what
+    a packed result carries, ``(number, results, conditions)``. A forked session child calls it
+    before its client arrives (server/spare.py), so that the first time_evaluator of the session
+    finds these pages its own."""
+    timer = TimeEvaluator(None, Device(1, 0), number=number, repeat=repeat)
+    measurement = timer._probe.measurement()
+    results = measure(timer._state, timer.config, warmup=lambda: None, run_batch=lambda n: n,
+                      sleep=functools.partial(_cooldown, measurement), resume=measurement.batch_started)
+    return timer.number, results, measurement.report()

@@ -5,8 +5,11 @@ copy-on-write page faults: a fresh child's first ``get_function`` + call took ab
 of them, more than twice the time of the second. A spare takes those faults while no client
 waits. Right after its fork it serves a short scripted session (:func:`_warm_up_script`: the version
 exchange, a global function looked up, called and freed, a small tensor allocated, filled,
-read back and freed) through the real :func:`~.session.run_session` on a socketpair, then
-waits for the server to hand it a connection.
+read back and freed) through the real :func:`~.session.run_session` on a socketpair, and
+a time_evaluator's run without a kernel (:func:`~kernelrpc.runtime.evaluator.warm_up`: the
+timing loop, the device-conditions probe's real measurement, the packed result), and it takes
+a reference to the code a first module call runs (:func:`_touch_code`), then waits for the
+server to hand it a connection.
 
 The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
 as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake
@@ -40,7 +43,8 @@ from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Release, Shutdown
 from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
-from . import session as _session
+from ..runtime import buffer, evaluator, module, tensor
+from . import handler, session as _session
 from .config import ServerConfig
 from .session import SessionProcess, fork_child, new_workspace, peer_of, run_session, start_session
 from .workspace import Workspace
@@ -102,8 +106,10 @@ def _scripted_socketpair() -> tuple[socket.socket, socket.socket]:
 
 
 def warm_up(config: ServerConfig, workspace: Workspace) -> int:
-    """Serve the scripted session through the real request path; returns the minor page faults
-    it took. Its failures are logged: a spare that could not warm up still serves."""
+    """Serve the scripted session through the real request path, then run and pack a
+    time_evaluator without a kernel (no module needed: the server cannot compile one); returns
+    the minor page faults it took. Its failures are logged: a spare that could not warm up
+    still serves."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     served, client = _scripted_socketpair()
     with served, client:
@@ -116,9 +122,31 @@ def warm_up(config: ServerConfig, workspace: Workspace) -> int:
         client.settimeout(1.0)
         replies = b"".join(iter(lambda: client.recv(1 << 16), b""))
     problem = _check_replies(replies, config.max_frame_bytes, sum(n for _, n in script))
+    _touch_code(_MODULE_CALL_CODE)
+    try:
+        P.encode_result(P.encode_profile(*evaluator.warm_up()))
+    except Exception as exc:        # noqa: BLE001 (reported, never fatal)
+        problem = problem or f"the time_evaluator warm-up failed: {type(exc).__name__}: {exc}"
     if problem:
         log.warning("spare session child %d: the warm-up did not go as scripted: %s", os.getpid(), problem)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+_MODULE_CALL_CODE = (module, tensor, buffer, handler)
+"""What a session's first module call and time_evaluator run that no warm-up can run without a
+compiled module."""
+
+
+def _touch_code(modules) -> None:
+    """Take (and drop) a reference to every function's code object in these modules, so that the
+    pages holding them are this process's own before its session first runs them."""
+    held = []
+    for mod in modules:
+        for value in vars(mod).values():
+            for item in vars(value).values() if isinstance(value, type) else (value,):
+                code = getattr(getattr(item, "fget", item), "__code__", None)
+                if code is not None:
+                    held.append(code)
 
 
 def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | None:

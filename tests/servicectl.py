@@ -34,9 +34,9 @@ def queue(tracker, key="board"):
 
 
 def gone(pid: int) -> bool:
-    """The process has exited (and is not a zombie of ours)."""
+    """The process has exited (or is a zombie: exited, not yet reaped)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it exited between the open and the read
         return True

@@ -8,6 +8,7 @@ import pytest
 
 import kernelrpc
 from conftest import wait_until
+from servicectl import gone
 from kernelrpc import rpc
 from kernelrpc.rpc import handshake as H
 from kernelrpc.rpc import tls as T
@@ -184,7 +185,7 @@ def test_server_killed_mid_tls_session_takes_its_relay_along(tls_server, tls_fil
     children = _children(tls_server.proc.pid)
     assert len(children) == 2                            # the relay and the session child
     tls_server.stop(signal.SIGKILL)
-    wait_until(lambda: all(_gone(pid) for pid in children), timeout=10, what="relay and session gone")
+    wait_until(lambda: all(gone(pid) for pid in children), timeout=10, what="relay and session gone")
     with pytest.raises(kernelrpc.ConnectionLost):
         sess.get_function("testing.echo")(1)
 
@@ -200,14 +201,6 @@ def _children(pid: int, spares: bool = True) -> list[int]:
         with open(path) as f:
             found += [int(child) for child in f.read().split()]
     return [child for child in found if spares or not is_spare(child)]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
-        return True
 
 
 def test_relays_are_reaped_after_their_sessions(tls_server, tls_files):

@@ -56,6 +56,17 @@ def child_ended(pid: int) -> None:
     _live.discard(pid)
 
 
+def kill_group(pid: int) -> None:
+    """End a session child and every process it started (a kernel may fork): its process
+    group, or the child alone when it has none of its own yet."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
 class SessionProcess:
     """A session child seen from the parent: wait for it, time it out, clean up after it."""
 
@@ -85,24 +96,15 @@ class SessionProcess:
             return True
         if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return False
-        self._kill_group()              # before reaping: until then the group's id cannot be reused
+        kill_group(self.pid)              # before reaping: until then the group's id cannot be reused
         _, status = os.waitpid(self.pid, 0)
         self._finish(status, self._ended_cleanly())
         return True
 
-    def _kill_group(self) -> None:
-        """End the session child and every process it started (a kernel may fork)."""
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(self.pid, signal.SIGKILL)
-                return
-            except (ProcessLookupError, PermissionError):
-                continue
-
     def expire_if_due(self, now: float) -> bool:
         if self.done or self.deadline is None or now < self.deadline:
             return False
-        self._kill_group()
+        kill_group(self.pid)
         _, status = os.waitpid(self.pid, 0)
         if self._ended_cleanly():  # it ended on its own just in time
             self._finish(status, True)
@@ -130,7 +132,7 @@ class SessionProcess:
         """End the session now because the server shuts down."""
         if self.done:
             return
-        self._kill_group()
+        kill_group(self.pid)
         os.waitpid(self.pid, 0)
         self._notify(P.encode_notice(P.NOTICE_SHUTDOWN, "the server is shutting down"))
         self._cleanup()

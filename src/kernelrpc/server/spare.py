@@ -46,7 +46,8 @@ from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
 from . import handler, session as _session
 from .config import ServerConfig
-from .session import SessionProcess, fork_child, new_workspace, peer_of, run_session, start_session
+from .session import (SessionProcess, fork_child, kill_group, new_workspace, peer_of, run_session,
+                      start_session)
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -280,10 +281,7 @@ class Spare:
         """The spare's wait status once it has exited (it is reaped then), else None."""
         if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             return None
-        try:
-            os.killpg(self.pid, signal.SIGKILL)   # what it started, if anything
-        except OSError:
-            pass
+        kill_group(self.pid)                    # what it started, if anything
         _, status = os.waitpid(self.pid, 0)
         self._close()
         return status
@@ -313,13 +311,7 @@ class Spare:
     def kill(self) -> None:
         if self.done:
             return
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_group(self.pid)
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:

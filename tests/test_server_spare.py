@@ -86,23 +86,39 @@ def test_a_session_is_handed_to_the_spare_forked_before_it(start_service, tmp_pa
     wait_until(lambda: gone(spare), what="the first session's child gone")
 
 
+def first_faults(server, prepare, spare=True):
+    """The median, over three new sessions, of the page faults the session child takes running
+    what ``prepare(sess)`` returns; with ``spare``, each session first waits for the server's spare."""
+    counts = []
+    for _ in range(3):
+        if spare:
+            spare_of(server)
+        with rpc.connect(server.host, server.port, key="dev") as sess:
+            run = prepare(sess)
+            before = minor_faults(sess.info["pid"])
+            run()
+            counts.append(minor_faults(sess.info["pid"]) - before)
+            del run
+    return statistics.median(counts)
+
+
+def compare_first_faults(start_service, prepare):
+    """``(with_spare, the server with spares, without_spare)``: first_faults on a server with
+    spares and on one without."""
+    warm = start_server(start_service)
+    return (first_faults(warm, prepare), warm,
+            first_faults(start_server(start_service, "--no-spare-session"), prepare, spare=False))
+
+
 def test_the_spare_takes_its_page_faults_before_the_client_arrives(start_service):
     """The first get_function + call of a spare's session takes far fewer copy-on-write page
     faults than the same in a child forked at connect."""
-    def first_request_faults(server):
-        counts = []
-        for _ in range(3):
-            with rpc.connect(server.host, server.port, key="dev") as sess:
-                before = minor_faults(sess.info["pid"])
-                assert sess.get_function("testing.echo")(1) == 1
-                counts.append(minor_faults(sess.info["pid"]) - before)
-            time.sleep(0.05)
-        return statistics.median(counts)
+    def prepare(sess):
+        def run():
+            assert sess.get_function("testing.echo")(1) == 1
+        return run
 
-    warm = start_server(start_service)
-    spare_of(warm)
-    with_spare = first_request_faults(warm)
-    without_spare = first_request_faults(start_server(start_service, "--no-spare-session"))
+    with_spare, _, without_spare = compare_first_faults(start_service, prepare)
     assert without_spare >= 20 and with_spare < without_spare / 3, (with_spare, without_spare)
 
 
@@ -121,25 +137,17 @@ def test_the_spare_takes_the_page_faults_of_the_first_time_evaluator(start_servi
     """The first time_evaluator call of a spare's session takes far fewer copy-on-write page
     faults than the same in a child forked at connect: the spare ran the timing loop, the
     conditions probe and the packing of a result before its handoff."""
-    def first_evaluator_faults(server):
-        counts = []
-        for _ in range(3):
-            with rpc.connect(server.host, server.port, key="dev") as sess:
-                module = load_fixture(sess, fixture_module)
-                dev = sess.cpu(0)
-                a, b = (nd.array(np.zeros(1024, "float32"), dev) for _ in range(2))
-                timer = module.time_evaluator("addone", dev, number=100, repeat=20)
-                before = minor_faults(sess.info["pid"])
-                assert len(timer(a, b).results) == 20
-                counts.append(minor_faults(sess.info["pid"]) - before)
-                del timer, a, b
-            time.sleep(0.05)
-        return statistics.median(counts)
+    def prepare(sess):
+        module = load_fixture(sess, fixture_module)
+        dev = sess.cpu(0)
+        a, b = (nd.array(np.zeros(1024, "float32"), dev) for _ in range(2))
+        timer = module.time_evaluator("addone", dev, number=100, repeat=20)
 
-    warm = start_server(start_service)
-    spare_of(warm)
-    with_spare = first_evaluator_faults(warm)
-    without_spare = first_evaluator_faults(start_server(start_service, "--no-spare-session"))
+        def run():
+            assert len(timer(a, b).results) == 20
+        return run
+
+    with_spare, warm, without_spare = compare_first_faults(start_service, prepare)
     assert without_spare >= 20 and with_spare < without_spare / 3, (with_spare, without_spare)
     assert not any("warm-up" in line for line in warm.lines)
 

@@ -212,12 +212,14 @@ class ConditionsProbe:
         self._task_dir = os.path.join(proc, "self", "task")
         self._task_paths: dict[int, tuple[str, str]] = {}   # tid -> its schedstat and stat
         self._tids: list[int] = []      # the threads listed last
+        self._clocks: list[tuple[int, int]] = []    # and their CPU-time clocks' ids
         self._own_threads = proc == "/proc" and _has_thread_clocks()
         self._getcpu = _sched_getcpu() if self._own_threads else None
         self._stat_names: tuple[list[int], frozenset] = ([], frozenset())  # cpus, their lines' names
         self._stat_memo: tuple[list[int], bytes | None, int | None] = ([], None, None)  # cpus, lines, busy
         self._freq_paths: dict[int, str] = {}
         self._no_cpufreq: dict[int, float] = {}     # cpu -> when its cpufreq file was missing
+        self._no_cpufreq_at_all: tuple[list[int], float] = ([], -math.inf)  # cpus none of which has one, since
 
     def measurement(self) -> Measurement:
         """Start following one measurement (call it before the warm-up)."""
@@ -271,8 +273,11 @@ class ConditionsProbe:
         return busy if found else None
 
     def _frequencies(self, cpus: list[int]) -> list[int]:
-        freqs = []
         now = time.monotonic()
+        none_since = self._no_cpufreq_at_all
+        if now - none_since[1] < REDISCOVER_S and cpus == none_since[0]:
+            return []
+        freqs = []
         for cpu in cpus:
             missing_since = self._no_cpufreq.get(cpu)
             if missing_since is not None and now - missing_since < REDISCOVER_S:
@@ -287,6 +292,8 @@ class ConditionsProbe:
             elif data.strip().isdigit():
                 self._no_cpufreq.pop(cpu, None)
                 freqs.append(int(data))
+        if not freqs and all(cpu in self._no_cpufreq for cpu in cpus):
+            self._no_cpufreq_at_all = (list(cpus), min(self._no_cpufreq[cpu] for cpu in cpus))
         return freqs
 
     def _thread_times(self) -> dict[int, float]:
@@ -295,14 +302,24 @@ class ConditionsProbe:
         ``fstat`` of the task directory instead of reading it)."""
         tids = self._tids
         if self._files.links(self._task_dir) == len(tids) + 2:
-            times = self._times_of(tids)
-            if len(times) == len(tids):
-                return times
+            if self._own_threads:   # the common case in one loop: each listed thread's clock
+                times = {}
+                try:
+                    for tid, clock in self._clocks:
+                        times[tid] = time.clock_gettime_ns(clock) / 1e9
+                    return times
+                except OSError:     # a thread has ended
+                    pass
+            else:
+                times = self._times_of(tids)
+                if len(times) == len(tids):
+                    return times
         try:
             names = os.listdir(self._task_dir)
         except OSError:
             names = []
         self._tids = tids = [int(name) for name in names[:MAX_THREADS] if name.isdigit()]
+        self._clocks = [(tid, (~tid << 3) | _THREAD_SCHED_CLOCK) for tid in tids]
         for gone in self._task_paths.keys() - set(tids):
             for path in self._task_paths.pop(gone):
                 self._files.forget(path)
@@ -408,14 +425,12 @@ class Measurement:
         self.preempted: int | None = 0
         self._opened = None
 
-    def _counters(self):
-        busy = self.probe._busy_ticks(self.cpus)
-        own, nivcsw = self.probe._usage()
-        return busy, own, nivcsw, time.monotonic()
-
     def batch_started(self) -> None:
         if self._opened is None:
-            self._opened = self._counters()
+            probe = self.probe
+            busy = probe._busy_ticks(self.cpus)
+            own, nivcsw = probe._usage()
+            self._opened = busy, own, nivcsw, time.monotonic()
 
     def pause(self) -> None:
         if self._opened is None:

@@ -361,3 +361,26 @@ def test_busy_ticks_of_every_read_match_a_full_parse_of_the_file(tmp_path_factor
         (root / "stat").write_bytes(stat)
         cpus = sorted(cpus)
         assert probe._busy_ticks(cpus) == _busy_reference(stat, cpus)
+
+
+def test_busy_ticks_of_this_machines_proc_stat_match_a_full_parse(tmp_path):
+    """The same with this machine's own /proc/stat, snapshots a few clock ticks apart (the
+    counters move between most of them) and some read twice."""
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    probe = ConditionsProbe(proc=str(tmp_path))
+    cpus = _affinity()
+    changed = 0
+    previous = None
+    for i in range(12):
+        with open("/proc/stat", "rb") as f:
+            stat = f.read()
+        for _ in range(2):
+            (tmp_path / "stat").write_bytes(stat)
+            got = probe._busy_ticks(cpus)
+            assert got is not None and got == _busy_reference(stat, cpus)
+            assert probe._busy_ticks(cpus[:1]) == _busy_reference(stat, cpus[:1])
+        changed += previous is not None and got != previous
+        previous = got
+        _spin(0.025)
+    assert changed > 0       # this process kept a CPU busy: its ticks were counted

@@ -80,7 +80,8 @@ class _Files:
     A forked child must not keep what it inherited (``/proc/self`` then still names the parent):
     right after ``os.fork`` it closes them (an at-fork hook, before anything in the child can
     close those numbers and reuse them for files of its own); after a fork that ran no hooks it
-    only forgets them, since their numbers may name other files by then."""
+    only forgets them (``check_fork``, at the start of each measurement), since their numbers may
+    name other files by then."""
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}

@@ -170,6 +170,30 @@ def test_a_forked_child_that_closes_and_reuses_the_inherited_numbers_keeps_its_f
     assert reused and intact and threads >= 1
 
 
+def test_the_files_of_a_fork_that_ran_no_hooks_are_forgotten_at_the_next_measurement():
+    """A child forked without the at-fork hooks (a C library's fork) still holds the parent's
+    descriptors under the probe: the next measurement notices the new pid, leaves those numbers
+    alone (they may be the child's own files by now) and opens its own."""
+    probe = ConditionsProbe()
+    measurement = probe.measurement()
+    measurement.batch_started()
+    measurement.report()
+    inherited = sorted(probe._files._fds.values())
+    probe._files._pid = -1              # what a child forked without the hooks would see
+    try:
+        measurement = probe.measurement()
+        measurement.batch_started()
+        _spin(0.005)
+        cond = measurement.report()
+        assert probe._files._pid == os.getpid()
+        assert not set(probe._files._fds.values()) & set(inherited)
+        assert all(os.fstat(fd) for fd in inherited)                  # not closed
+        assert cond["other_cpu_s"] is not None and cond["threads"]
+    finally:
+        for fd in inherited:
+            os.close(fd)
+
+
 def test_threads_that_come_and_go_between_measurements_are_seen():
     """The thread list is read again when the number of threads changed, and when it did not
     but a thread listed before has ended (one ended, another started)."""

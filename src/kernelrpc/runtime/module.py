@@ -180,8 +180,9 @@ class Module:
                 raise ModuleError(f"{path}: function {spec.name!r} is declared but its symbol "
                                   f"{spec.symbol} is not exported")
             self._functions[spec.name] = Function(self, spec, cfunc)
-        self._time = _symbol(lib, "__kernelrpc_time", ctypes.c_int64,
-                             (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64))
+        # int64 __kernelrpc_time(void *fn, void **args, int64 number): called with arguments
+        # already converted (batch_timer), without argtypes to convert them again every batch
+        self._time = _symbol(lib, "__kernelrpc_time", ctypes.c_int64, None)
         if self._time is None:
             raise ModuleError(f"{path}: required symbol __kernelrpc_time is not exported")
         self._cache_flush = _symbol(lib, "__kernelrpc_cache_flush", None,
@@ -241,12 +242,24 @@ class Module:
                              limit_zero_time_iterations=limit_zero_time_iterations,
                              cache_flush_bytes=cache_flush_bytes)
 
-    def time_batch(self, function: Function, packed: PackedArgs, number: int) -> int:
-        """Nanoseconds for ``number`` calls, timed by the module's native ``__kernelrpc_time``."""
-        elapsed = self._time(function.address, packed.pointer, number)
-        if elapsed < 0:
-            raise KernelError(function.name, -elapsed)
-        return elapsed
+    def batch_timer(self, function: Function, packed: PackedArgs):
+        """A callable ``number -> nanoseconds`` for ``number`` calls of ``function`` with
+        ``packed``, timed by the module's native ``__kernelrpc_time``; the pointers are
+        converted for ctypes once, and ``number`` once per value (a timed batch costs ~0.5 µs
+        instead of ~0.7 µs)."""
+        time_native, name, c_int64 = self._time, function.name, ctypes.c_int64
+        fn, args = ctypes.c_void_p(function.address), ctypes.c_void_p(packed.pointer)
+        last = [0, c_int64(0), packed]     # packed stays alive as long as its pointer is used
+
+        def time_batch(number: int) -> int:
+            if number != last[0]:
+                last[0], last[1] = number, c_int64(number)
+            elapsed = time_native(fn, args, last[1])
+            if elapsed < 0:
+                raise KernelError(name, -elapsed)
+            return elapsed
+
+        return time_batch
 
     @property
     def has_cache_flush(self) -> bool:

@@ -32,8 +32,8 @@ def outcome(decode, data: bytes):
         got = decode(data)
     except ProtocolError:
         return ProtocolError
-    if type(got) is Call:  # the one-unpack path gives a tuple of arguments, the general one a list
-        got = (got.function_id, list(got.args))
+    if type(got) in (Call, tuple):  # decode_call_frame's (function_id, args) pair, decode_call's Call;
+        got = (got[0], list(got[1]))  # the one-unpack path gives a tuple of arguments, the general one a list
     return repr(got)  # repr: NaN equals NaN, and -0.0 differs from 0.0
 
 

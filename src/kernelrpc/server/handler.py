@@ -82,6 +82,21 @@ class HandleTable(Converter):
                 return obj
         return Converter.from_wire(self, value)
 
+    def all_from_wire(self, values) -> list:
+        """A call's arguments as objects: tensor handles of this session's tensors and plain
+        values in one pass, anything else (and a handle that is not a live tensor) by
+        ``from_wire``, which raises the same errors."""
+        objects, tensor, plain, from_wire = self.objects, runtime.Tensor, PLAIN, self.from_wire
+        out = []
+        for value in values:
+            kind = type(value)
+            if kind is TensorHandle:
+                obj = objects.get(value.id)
+                out.append(obj if type(obj) is tensor else from_wire(value))
+            else:
+                out.append(value if kind in plain else from_wire(value))
+        return out
+
     def object_from_wire(self, value):
         """A decoded argument as the runtime object it stands for."""
         if isinstance(value, TensorHandle):

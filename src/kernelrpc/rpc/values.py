@@ -157,6 +157,9 @@ def encode_items(values) -> bytes:
             except struct.error:
                 _enc_int(value, parts, 0)
             continue
+        if kind is TensorHandle and value.wire is not None:  # a kernel call's, encoded before
+            parts.append(value.wire)
+            continue
         encoder = _ENCODERS.get(kind)
         if encoder is None:
             _encode_other(value, parts, 0)

@@ -2,8 +2,10 @@
 
 ``encode_call``/``decode_call``/``encode_result``/``decode_result`` (with their one-pack scalar
 cases), ``decode_call_frame``/``decode_result_frame`` (a whole frame straight from one read) and
-``FrameReader.whole_frame`` exist for speed (docs/performance.md), as does the decoder's memo of
-tensor handles; these differential tests pin each of them to the general path.
+``FrameReader.whole_frame`` exist for speed (docs/performance.md), as do the decoder's memo of
+tensor handles, a handle's kept encoding, and the one-pass conversion of a call's arguments on
+both sides (``HandleTable.all_from_wire``, ``RPCSession.all_to_wire``); these differential tests
+pin each of them to the general path.
 """
 import math
 from enum import IntEnum
@@ -221,3 +223,81 @@ def test_a_memoized_handle_is_equal_to_its_full_decode_and_the_memo_is_bounded()
     for i in range(values_module._MAX_HANDLES_MEMO + 10):
         decode_values(encode_values([TensorHandle(i, "int8", (1,), DeviceValue("cpu"))]))
     assert len(values_module._HANDLES) <= values_module._MAX_HANDLES_MEMO
+
+
+def test_a_tensor_handles_kept_encoding_is_what_a_fresh_handle_encodes():
+    handle = TensorHandle(9, "int32", (2, 5), DeviceValue("cpu", 3))
+    first = encode_values([handle, 1])
+    assert handle.wire is not None  # kept by the first encoding: the second appends it as it is
+    assert encode_values([handle, 1]) == first == encode_values([TensorHandle(9, "int32", (2, 5),
+                                                                              DeviceValue("cpu", 3)), 1])
+
+
+def converted(convert, values):
+    """What ``convert`` makes of ``values``: the list, or the type and message of its error."""
+    try:
+        return list(convert(values))
+    except Exception as exc:  # noqa: BLE001 - compared, not hidden
+        return type(exc), str(exc)
+
+
+def same_conversion(fast, general) -> None:
+    assert type(fast) is type(general)
+    if type(fast) is tuple:  # an error
+        assert fast == general
+        return
+    assert len(fast) == len(general)
+    for got, want in zip(fast, general):
+        assert got is want or repr(got) == repr(want)
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_the_handle_tables_one_pass_converts_a_call_as_from_wire_does(data):
+    from kernelrpc import runtime
+    from kernelrpc.server.handler import HandleTable
+
+    table = HandleTable()
+    live = [table.put(runtime.Tensor((1 + i,), "float32")) for i in range(3)]
+    function_id = table.put(lambda *args: None)
+    freed = table.put(runtime.Tensor((2,), "int8"))
+    del table.objects[freed]
+    ids = st.sampled_from([*live, function_id, freed, 10**6])
+    argument = (st.builds(TensorHandle, ids, st.just("float32"), st.just((1,)), st.just(DeviceValue("cpu")))
+                | st.builds(FunctionHandle, ids) | st.integers() | st.floats() | st.text(max_size=3)
+                | st.none() | st.booleans() | st.just(DeviceValue("cpu", 1)))
+    args = data.draw(st.lists(argument | st.lists(argument, max_size=2), max_size=5))
+    same_conversion(converted(table.all_from_wire, args),
+                    converted(lambda values: [table.from_wire(v) for v in values], args))
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_the_sessions_one_pass_converts_a_call_as_to_wire_does(data):
+    import socket
+
+    import numpy as np
+
+    from kernelrpc.rpc.client import RPCSession
+    from kernelrpc.rpc.remote import Tensor as RemoteTensor
+    from kernelrpc.rpc.requests import OPTIONAL_OPS
+
+    info = P._checked_info({"ops": sorted(int(op) for op in OPTIONAL_OPS)})
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:  # conversion never touches the socket: these sessions send nothing
+        session, other = (RPCSession(mine, dict(info), "test") for mine, _ in pairs)
+        device = DeviceValue("cpu")
+        ours = [RemoteTensor(session, TensorHandle(i, "float32", (1,), device)) for i in range(2)]
+        theirs = RemoteTensor(other, TensorHandle(7, "float32", (1,), device))
+        freed = RemoteTensor(session, TensorHandle(8, "float32", (1,), device))
+        freed._session = None  # as free() leaves it
+        argument = (st.sampled_from([*ours, theirs, freed, np.float32(2.5), np.arange(3, dtype="int16"),
+                                     session.cpu(0)])
+                    | st.integers() | st.floats() | st.text(max_size=3) | st.none() | st.booleans())
+        args = tuple(data.draw(st.lists(argument | st.lists(argument, max_size=2), max_size=5)))
+        same_conversion(converted(session.all_to_wire, args),
+                        converted(lambda values: [session.to_wire(v) for v in values], args))
+    finally:
+        for mine, peer in pairs:
+            mine.close()
+            peer.close()

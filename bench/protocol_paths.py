@@ -49,10 +49,11 @@ def pairs():
     kernel_call = P.encode_call(3, (TensorHandle(5, "float32", (1,), device), TensorHandle(6, "float32", (1,), device)))
 
     def without_memo():
-        V._HANDLES.clear()  # the memo of decoded tensor handles, emptied: every handle decoded in full
+        V._HANDLES.clear()  # the memos of decoded tensor handles and lists, emptied: decoded in full
+        V._LISTS.clear()
         return P.decode_call_frame(kernel_call, 1 << 20)
 
-    yield ("CALL f(a, b), handles memo", lambda: P.decode_call_frame(kernel_call, 1 << 20), without_memo)
+    yield ("CALL f(a, b), memos", lambda: P.decode_call_frame(kernel_call, 1 << 20), without_memo)
     none_result = P.encode_result(None)
     yield ("encode RETURN None", lambda: P.encode_result(None), lambda: P.encode_return([None]))
     yield ("RETURN None from one read", lambda: P.decode_result_frame(none_result, 1 << 20),

@@ -190,13 +190,20 @@ def test_call_encoder_refuses_a_frame_over_the_limit_and_names_it():
 
 
 def decoded_cold(decode, data: bytes):
-    """``outcome`` with the tensor-handle memo empty: what the full decode makes of ``data``."""
+    """``outcome`` with the memos of tensor handles and of lists empty: what the full decode makes
+    of ``data``."""
     values_module._HANDLES.clear()
+    values_module._LISTS.clear()
     return outcome(decode, data)
 
 
+tensor_handles = st.builds(TensorHandle, handles, st.sampled_from(["float32", "int8"]),
+                           st.lists(st.integers(0, 9), max_size=3).map(tuple), st.just(DeviceValue("cpu")))
+
+
 @settings(max_examples=300)
-@given(st.lists(values, max_size=4), st.data())
+@given(st.lists(values, max_size=4) | st.tuples(tensor_handles, st.lists(values, max_size=3)).map(
+    lambda first_rest: [first_rest[0], *first_rest[1]]), st.data())
 def test_memoized_tensor_handles_decode_as_the_full_decode(items, data):
     encoded = encode_values(items)
     cold = decoded_cold(decode_values, encoded)
@@ -223,6 +230,24 @@ def test_a_memoized_handle_is_equal_to_its_full_decode_and_the_memo_is_bounded()
     for i in range(values_module._MAX_HANDLES_MEMO + 10):
         decode_values(encode_values([TensorHandle(i, "int8", (1,), DeviceValue("cpu"))]))
     assert len(values_module._HANDLES) <= values_module._MAX_HANDLES_MEMO
+
+
+def test_a_memoized_list_is_a_new_list_of_the_full_decodes_values_and_the_memo_is_bounded():
+    handle = TensorHandle(5, "float32", (2,), DeviceValue("cpu"))
+    encoded = encode_values([handle, 3, "x"])
+    values_module._LISTS.clear()
+    first = decode_values(encoded)
+    again = decode_values(encoded)
+    assert first == again == [handle, 3, "x"] and again is not first
+    again.append(4)  # the caller's own list: the memo is not changed
+    assert decode_values(encoded) == [handle, 3, "x"]
+    assert decode_values(encode_values([handle, [1]])) == [handle, [1]]
+    assert encode_values([handle, [1]])[4:] not in values_module._LISTS  # a list value is mutable
+    with pytest.raises(ProtocolError, match="unexpected bytes"):  # the same bytes under another count
+        values_module.decode_items(encoded, 4, 2)
+    for i in range(values_module._MAX_LISTS_MEMO + 10):
+        decode_values(encode_values([TensorHandle(i, "int8", (1,), DeviceValue("cpu"))]))
+    assert len(values_module._LISTS) <= values_module._MAX_LISTS_MEMO
 
 
 def test_a_tensor_handles_kept_encoding_is_what_a_fresh_handle_encodes():

@@ -28,46 +28,53 @@ class PackedArgs:
     __slots__ = ("words", "pointer", "_values", "_plan", "_memory")
 
     def __init__(self, spec: FunctionSpec, values, words_type=None, plan: tuple | None = None):
-        n = len(spec.args)
-        shapes = _bind_shapes(spec, values) if spec.shape_vars else None
-        # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
-        self.words = words = (words_type or _words_type(n))()
-        self.pointer = pointer = ctypes.addressof(words)
         plan = plan or _plan(spec)
+        self.words, self.pointer, self._memory = _fill(spec, plan, values, words_type or _words_type(len(plan)))
         self._values, self._plan = values, plan
-        self._memory = memory = []
-        if _POINTER_BYTES != 8:
-            words = (ctypes.c_uint32 * max(n, 1)).from_buffer(words)
-        slots = pointer + 8 * _pointer_words(n)
-        i = 0
-        for dtype, shape in plan:
-            value = values[i]
-            if shape is not None:  # a tensor
-                if shapes is not None:
-                    shape = shapes[i]
-                # The common case in one test; _check_tensor explains anything else.
-                # (A buffer's _view is None once freed: buffer.BufferView.)
-                if type(value) is not Tensor or value._dtype is not dtype or value.shape != shape \
-                        or value._buf._view is None:
-                    _check_tensor(spec.args[i], value, _where(spec, i), shape)
-                buf = value._buf
-                memory.append(buf._view)
-                words[i] = buf._address
-            else:
-                try:
-                    raw = pack_scalar(dtype, value)
-                except (TypeError, ValueError):
-                    pack_scalar(dtype, value, _where(spec, i))   # raises, naming the argument
-                    raise
-                slot = slots + 8 * i
-                ctypes.memmove(slot, raw, len(raw))
-                words[i] = slot
-            i += 1
 
     @property
     def tensors(self) -> list[tuple[int, Tensor]]:
         """(argument position, tensor) of each tensor argument."""
         return [(i, self._values[i]) for i, (_, shape) in enumerate(self._plan) if shape is not None]
+
+
+def _fill(spec: FunctionSpec, plan: tuple, values, words_type) -> tuple:
+    """``(words, pointer, memory)``: the argument array of ``values`` checked against the
+    function's ``plan``, its address, and the tensors' memory that it points into."""
+    n = len(plan)
+    shapes = _bind_shapes(spec, values) if spec.shape_vars else None
+    # One array: n argument pointers, then n 8-byte scalar slots (8-byte aligned).
+    words = array = words_type()
+    pointer = ctypes.addressof(words)
+    memory = []
+    if _POINTER_BYTES != 8:
+        words = (ctypes.c_uint32 * max(n, 1)).from_buffer(array)
+    slots = pointer + 8 * _pointer_words(n)
+    i = 0
+    for dtype, shape in plan:
+        value = values[i]
+        if shape is not None:  # a tensor
+            if shapes is not None:
+                shape = shapes[i]
+            # The common case in one test; _check_tensor explains anything else.
+            # (A buffer's _view is None once freed: buffer.BufferView.)
+            if type(value) is not Tensor or value._dtype is not dtype or value.shape != shape \
+                    or value._buf._view is None:
+                _check_tensor(spec.args[i], value, _where(spec, i), shape)
+            buf = value._buf
+            memory.append(buf._view)
+            words[i] = buf._address
+        else:
+            try:
+                raw = pack_scalar(dtype, value)
+            except (TypeError, ValueError):
+                pack_scalar(dtype, value, _where(spec, i))   # raises, naming the argument
+                raise
+            slot = slots + 8 * i
+            ctypes.memmove(slot, raw, len(raw))
+            words[i] = slot
+        i += 1
+    return array, pointer, memory
 
 
 def _plan(spec: FunctionSpec) -> tuple:
@@ -156,6 +163,10 @@ class Function:
         return self.spec.name
 
     def pack(self, args: tuple) -> PackedArgs:
+        return PackedArgs(self.spec, self._complete(args), self._words_type, self._plan)
+
+    def _complete(self, args):
+        """``args`` with omitted shape variables filled in (None, bound by packing), counted."""
         spec = self.spec
         if spec.shape_vars and len(args) == len(spec.args) - len(spec.shape_vars):
             filled = iter(args)     # shape variables omitted: bound from the tensors' shapes
@@ -164,7 +175,7 @@ class Function:
             args = list(args)
         if len(args) != len(spec.args):
             raise TypeError(f"{spec.signature()} takes {len(spec.args)} arguments, got {len(args)}")
-        return PackedArgs(spec, args, self._words_type, self._plan)
+        return args
 
     def invoke(self, packed: PackedArgs) -> None:
         code = self._cfunc(packed.pointer)
@@ -172,10 +183,14 @@ class Function:
             raise KernelError(self.spec.name, code)
 
     def __call__(self, *args) -> None:
-        packed = self.pack(args)  # held until the kernel returns: it owns the argument array
-        code = self._cfunc(packed.pointer)
+        """Pack and call, as ``invoke(pack(args))`` without the PackedArgs object."""
+        spec = self.spec
+        if spec.shape_vars or len(args) != len(self._plan):
+            args = self._complete(args)
+        words, pointer, memory = _fill(spec, self._plan, args, self._words_type)  # held until the kernel returns
+        code = self._cfunc(pointer)
         if code != 0:
-            raise KernelError(self.spec.name, code)
+            raise KernelError(spec.name, code)
 
     def __repr__(self) -> str:
         return f"<Function {self.spec.signature()}>"

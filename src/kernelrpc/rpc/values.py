@@ -375,25 +375,16 @@ def _read_items(data, pos: int, count: int, depth: int) -> tuple[list, int]:
     if count > len(data) - pos:
         raise ProtocolError(f"value count {count} exceeds the {len(data) - pos} bytes left")
     out = []
-    decoders, handles = _DECODERS, _HANDLES
+    decoders = _DECODERS
     try:
         for _ in range(count):
             tag = data[pos]
             if tag == T_INT:  # the common argument, without a call per value
                 out.append(_I64.unpack_from(data, pos + 1)[0])
                 pos += 9
-                continue
-            if tag == T_TENSOR_HANDLE:  # a kernel call's: the memo (_dec_tensor_handle) without the call
-                n = data[pos + 9]
-                ndim = data[pos + 10 + n]
-                end = pos + 16 + n + 8 * ndim + data[pos + 11 + n + 8 * ndim]
-                value = handles.get(data[pos:end] if type(data) is bytes else bytes(data[pos:end]))
-                if value is not None:
-                    out.append(value)
-                    pos = end
-                    continue
-            value, pos = decoders[tag](data, pos + 1, depth)
-            out.append(value)
+            else:
+                value, pos = decoders[tag](data, pos + 1, depth)
+                out.append(value)
     except IndexError:
         raise ProtocolError(f"truncated message or unknown value tag at offset {pos}") from None
     return out, pos

@@ -187,7 +187,7 @@ class Function:
         spec = self.spec
         if spec.shape_vars or len(args) != len(self._plan):
             args = self._complete(args)
-        words, pointer, memory = _fill(spec, self._plan, args, self._words_type)  # held until the kernel returns
+        words, pointer, memory = _fill(spec, self._plan, args, self._words_type)  # held until it returns
         code = self._cfunc(pointer)
         if code != 0:
             raise KernelError(spec.name, code)

@@ -61,6 +61,31 @@ def pairs():
     to_wire = Converter().all_to_wire  # what a session's Function passes: plain values stay as they are
     yield ("CALL echo(1), to_wire given", lambda: P.encode_call(3, (1,), 1 << 20, to_wire),
            lambda: P.encode_call(3, to_wire((1,)), 1 << 20))
+    yield from conversions()
+
+
+def conversions():
+    """A kernel call's two tensor arguments converted by each side's own ``all_*_wire`` (vs the
+    shared Converter's, which looks for a value that is not plain first)."""
+    import socket
+
+    from kernelrpc import runtime
+    from kernelrpc.rpc.client import RPCSession
+    from kernelrpc.rpc.remote import Tensor as RemoteTensor
+    from kernelrpc.rpc.requests import OPTIONAL_OPS
+    from kernelrpc.server.handler import HandleTable
+
+    table = HandleTable()
+    device = DeviceValue("cpu", 0)
+    handles = [TensorHandle(table.put(runtime.Tensor((1,), "float32")), "float32", (1,), device)
+               for _ in range(2)]
+    yield ("server: f(a, b)'s tensors", lambda: table.all_from_wire(handles),
+           lambda: Converter.all_from_wire(table, handles))
+    mine, peer = socket.socketpair()  # the session only converts: nothing is sent
+    session = RPCSession(mine, P._checked_info({"ops": [int(op) for op in OPTIONAL_OPS]}), "bench")
+    tensors = tuple(RemoteTensor(session, handle) for handle in handles)
+    yield ("client: f(a, b)'s tensors", lambda: session.all_to_wire(tensors),
+           lambda: Converter.all_to_wire(session, tensors))
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
 ``encode_call``/``decode_call``/``encode_result``/``decode_result`` (with their one-pack scalar
 cases), ``decode_call_frame``/``decode_result_frame`` (a whole frame straight from one read) and
 ``FrameReader.whole_frame`` exist for speed (docs/performance.md), as do the decoder's memo of
-tensor handles, a handle's kept encoding, and the one-pass conversion of a call's arguments on
-both sides (``HandleTable.all_from_wire``, ``RPCSession.all_to_wire``); these differential tests
+tensor handles and of lists, a handle's kept encoding, and each side's conversion of a call's
+arguments (``HandleTable.all_from_wire``, ``RPCSession.all_to_wire``); these differential tests
 pin each of them to the general path.
 """
 import math
@@ -278,7 +278,7 @@ def same_conversion(fast, general) -> None:
 
 @settings(max_examples=300)
 @given(st.data())
-def test_the_handle_tables_one_pass_converts_a_call_as_from_wire_does(data):
+def test_the_handle_tables_conversion_of_a_call_is_from_wire_value_by_value(data):
     from kernelrpc import runtime
     from kernelrpc.server.handler import HandleTable
 

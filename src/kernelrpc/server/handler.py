@@ -83,19 +83,10 @@ class HandleTable(Converter):
         return Converter.from_wire(self, value)
 
     def all_from_wire(self, values) -> list:
-        """A call's arguments as objects: tensor handles of this session's tensors and plain
-        values in one pass, anything else (and a handle that is not a live tensor) by
-        ``from_wire``, which raises the same errors."""
-        objects, tensor, plain, from_wire = self.objects, runtime.Tensor, PLAIN, self.from_wire
-        out = []
-        for value in values:
-            kind = type(value)
-            if kind is TensorHandle:
-                obj = objects.get(value.id)
-                out.append(obj if type(obj) is tensor else from_wire(value))
-            else:
-                out.append(value if kind in plain else from_wire(value))
-        return out
+        """A call's arguments as objects, each by ``from_wire`` (a tensor handle in one lookup),
+        without the base class's first pass that looks for a value that is not plain."""
+        from_wire = self.from_wire
+        return [from_wire(value) for value in values]
 
     def object_from_wire(self, value):
         """A decoded argument as the runtime object it stands for."""

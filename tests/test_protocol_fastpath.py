@@ -17,6 +17,7 @@ from test_protocol import handles, values
 
 from kernelrpc.errors import ProtocolError
 from kernelrpc.rpc import protocol as P
+from kernelrpc.rpc.convert import Converter
 from kernelrpc.rpc.requests import Call, from_values
 from kernelrpc.rpc import values as values_module
 from kernelrpc.rpc.values import (DeviceValue, FunctionHandle, TensorHandle, decode_single, decode_values,
@@ -278,7 +279,7 @@ def same_conversion(fast, general) -> None:
 
 @settings(max_examples=300)
 @given(st.data())
-def test_the_handle_tables_conversion_of_a_call_is_from_wire_value_by_value(data):
+def test_the_handle_tables_conversion_of_a_call_is_the_general_conversion(data):
     from kernelrpc import runtime
     from kernelrpc.server.handler import HandleTable
 
@@ -292,13 +293,14 @@ def test_the_handle_tables_conversion_of_a_call_is_from_wire_value_by_value(data
                 | st.builds(FunctionHandle, ids) | st.integers() | st.floats() | st.text(max_size=3)
                 | st.none() | st.booleans() | st.just(DeviceValue("cpu", 1)))
     args = data.draw(st.lists(argument | st.lists(argument, max_size=2), max_size=5))
-    same_conversion(converted(table.all_from_wire, args),
-                    converted(lambda values: [table.from_wire(v) for v in values], args))
+    general = converted(lambda values: [Converter.from_wire(table, v) for v in values], args)
+    same_conversion(converted(table.all_from_wire, args), general)
+    same_conversion(converted(lambda values: [table.from_wire(v) for v in values], args), general)
 
 
 @settings(max_examples=300)
 @given(st.data())
-def test_the_sessions_one_pass_converts_a_call_as_to_wire_does(data):
+def test_the_sessions_conversion_of_a_call_is_the_general_conversion(data):
     import socket
 
     import numpy as np
@@ -320,8 +322,9 @@ def test_the_sessions_one_pass_converts_a_call_as_to_wire_does(data):
                                      session.cpu(0)])
                     | st.integers() | st.floats() | st.text(max_size=3) | st.none() | st.booleans())
         args = tuple(data.draw(st.lists(argument | st.lists(argument, max_size=2), max_size=5)))
-        same_conversion(converted(session.all_to_wire, args),
-                        converted(lambda values: [session.to_wire(v) for v in values], args))
+        general = converted(lambda values: [Converter.to_wire(session, v) for v in values], args)
+        same_conversion(converted(session.all_to_wire, args), general)
+        same_conversion(converted(lambda values: [session.to_wire(v) for v in values], args), general)
     finally:
         for mine, peer in pairs:
             mine.close()

@@ -114,7 +114,7 @@ class FrameReader:
             return None
         body = bytes(self._buf[pos + HEADER_SIZE:pos + HEADER_SIZE + length])
         self._advance(HEADER_SIZE + length)
-        return Frame(frame_type, body)
+        return _tuple_new(Frame, (frame_type, body))
 
     def whole_frame(self, chunk: bytes) -> Frame | None:
         """The frame that ``chunk`` is, if it is exactly one valid frame (the transport's one-read case).

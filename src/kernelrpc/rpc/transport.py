@@ -73,7 +73,9 @@ class FramedSocket:
         The first read of every frame. A request or reply of a measurement loop arrives whole in
         it; a caller with a fast decoder for that case (protocol.decode_call_frame,
         decode_result_frame) decodes the chunk itself, and hands anything else back with
-        ``recv_frame(chunk)``.
+        ``recv_frame(chunk)``. The server's request loop and the client's channel make this
+        read themselves, with the same errors (``receive_failed``, ``PEER_CLOSED``): one Python
+        call less per message.
         """
         if self.reader.pending:
             return None

@@ -495,7 +495,8 @@ handle freed meanwhile is refused where it is looked up, as before. Bounded: cle
 _MAX_HANDLES_MEMO = 1024
 
 
-_IMMUTABLE = frozenset({int, float, bool, str, type(None), TensorHandle, FunctionHandle, ModuleHandle, DeviceValue})
+_IMMUTABLE = frozenset({int, float, bool, str, type(None), TensorHandle, FunctionHandle, ModuleHandle,
+                        DeviceValue})  # the values a memoized list may hold
 
 _DECODERS = (_dec_none, _dec_false, _dec_true, _dec_int, _dec_float, _dec_str, _dec_bytes, _dec_list,
              _dec_device, _dec_tensor, _dec_module, _dec_function, _dec_tensor_handle)

@@ -147,7 +147,6 @@ class SessionHandler:
         call, decode_call_frame, max_frame_bytes = self._call, P.decode_call_frame, self.config.max_frame_bytes
         while True:
             if reader.pending:  # frame bytes buffered: the reader takes those first
-                chunk = None
                 frame_type, body = recv_frame()
             else:
                 try:

@@ -40,8 +40,6 @@ class TransferTooSlow(ConnectionLost):
 
 
 _PACE_CHUNK = 1 << 16
-#: Tensors a client may hold under ids it chose (ALLOCATE) at a time; the hello announces it.
-MAX_CLIENT_TENSORS = 1 << 16
 
 
 class AllocationFailed(MemoryError):
@@ -346,7 +344,7 @@ class SessionHandler:
                                 f"[{CLIENT_IDS_FIRST}, {CLIENT_IDS_LAST}]")
         if handle_id in self._objects:
             raise ProtocolError(f"ALLOCATE: id {handle_id} is in use")
-        if self.client_tensors >= MAX_CLIENT_TENSORS:
+        if self.client_tensors >= self.config.max_client_tensors:
             raise ProtocolError(f"ALLOCATE: the client holds {self.client_tensors} tensors under ids it "
                                 f"chose, the server's limit (max_client_tensors)")
         self.client_tensors += 1

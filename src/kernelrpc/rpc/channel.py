@@ -64,6 +64,7 @@ class Channel:
         self._lock = threading.Lock()
         self._closed = False
         self._released: list = []       # handles to free, and ALLOCATE frames, in the order they came
+        self._seen = 0                  # how far allocate() has read _released
         #: Pipelined allocations: only with a server that announces its limits for them.
         self._allocate_op = (Op.ALLOCATE in self.ops and self._release_op and info["max_session_bytes"] > 0
                              and info["max_client_tensors"] > 0)
@@ -93,8 +94,8 @@ class Channel:
         if not self._allocate_op or nbytes is None or device.device_type != "cpu":
             return None
         with self._lock:
-            sizes = self._sizes
-            for queued in self._released:   # freed already, as the server will see it first
+            released, sizes = self._released, self._sizes
+            for queued in released[self._seen:]:   # freed already, as the server will see it first
                 if type(queued) is not bytes and queued.id in sizes:
                     self._uncount(queued.id)
             handle_id = self._next_client_id
@@ -104,10 +105,11 @@ class Channel:
                 return None
             self._next_client_id = handle_id + 1
             handle = TensorHandle(handle_id, dtype, shape, device)
-            self._released.append(P.encode_request(P.ALLOCATE, [handle]))
+            released.append(P.encode_request(P.ALLOCATE, [handle]))
+            self._seen = len(released)
             self.client_tensors += 1
             self._count(handle_id, nbytes)
-            if len(self._released) >= _MAX_QUEUED:  # empty() after empty(), nothing else: send them
+            if len(released) >= _MAX_QUEUED:  # empty() after empty(), nothing else: send them
                 self._send(b"")
         return handle
 
@@ -291,6 +293,7 @@ class Channel:
         if self._closed:
             raise ConnectionLost(f"the session with {self.address} is closed")
         released, self._released = self._released, []
+        self._seen = 0
         if self._release_op:
             if not self._allocate_op:
                 return P.encode_request(P.RELEASE, [h.id for h in released]) + frame  # Release's wire values
@@ -309,7 +312,7 @@ class Channel:
     def _in_order(self, released: list) -> bytes:
         """The queued frees (as RELEASEs) and ALLOCATEs in the order they came, the freed tensors
         uncounted."""
-        parts, ids = [], []
+        sizes, parts, ids = self._sizes, [], []
         for queued in released:
             if type(queued) is bytes:
                 if ids:
@@ -317,9 +320,13 @@ class Channel:
                     ids = []
                 parts.append(queued)
             else:
-                ids.append(queued.id)
-                self._uncount(queued.id)
+                handle_id = queued.id
+                ids.append(handle_id)
+                if handle_id in sizes:
+                    self._uncount(handle_id)
         if ids:
+            if not parts:
+                return P.encode_request(P.RELEASE, ids)
             parts.append(P.encode_request(P.RELEASE, ids))
         return b"".join(parts)
 

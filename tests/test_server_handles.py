@@ -127,3 +127,11 @@ def test_any_sequence_of_allocations_and_frees_keeps_the_counts(steps):
                 h.handles.lookup(handle_id, runtime.Tensor, "tensor")
         else:
             assert use(h, handle_id, elements).nbytes == nbytes
+
+
+def test_the_server_never_assigns_an_id_of_the_client_range():
+    h = handler()
+    h.handles._next_id = FIRST - 1
+    assert h.handles.put(object()) == FIRST - 1
+    with pytest.raises(MemoryError, match="used all"):
+        h.handles.put(object())

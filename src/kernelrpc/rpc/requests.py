@@ -61,9 +61,10 @@ MAX_COUNT = (1 << 31) - 1          # number, repeat, ... (the runtime narrows th
 MAX_BYTES = (1 << 63) - 1
 MAX_INTERVAL_MS = 3_600_000.0
 MAX_NAME_BYTES = 4096              # a file or function name
-#: The handle ids a client may choose for ALLOCATE; the server assigns its own from 1 upward.
-CLIENT_IDS_FIRST = 1 << 62
-CLIENT_IDS_LAST = (1 << 63) - 1    # RELEASE carries ids as i64
+#: The handle ids a client may choose for ALLOCATE; the server assigns its own from 1 up to below
+#: them. Below 2^61 - 1 an int is its own hash, so the two kinds never collide in the handle table.
+CLIENT_IDS_FIRST = 1 << 48
+CLIENT_IDS_LAST = (1 << 60) - 1
 
 Count = Annotated[int, Bounds(0, MAX_COUNT)]
 PositiveCount = Annotated[int, Bounds(1, MAX_COUNT)]

@@ -78,6 +78,8 @@ class HandleTable(Converter):
 
     def put(self, obj) -> int:
         handle = self._next_id
+        if handle >= CLIENT_IDS_FIRST:
+            raise MemoryError(f"this session has used all {CLIENT_IDS_FIRST - 1} handle ids of the server")
         self._next_id += 1
         self.objects[handle] = obj
         return handle

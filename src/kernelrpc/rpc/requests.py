@@ -318,5 +318,4 @@ def to_values(request) -> list:
 
 
 __all__ = ["Op", "REQUEST_TYPES", "OP_OF", "NO_REPLY", "WITH_RAW_INPUT", "OPTIONAL_OPS", "CLIENT_IDS_FIRST",
-           "CLIENT_IDS_LAST", "from_values",
-           "to_values", *(t.__name__ for t in REQUEST_TYPES.values())]
+           "CLIENT_IDS_LAST", "from_values", "to_values", *(t.__name__ for t in REQUEST_TYPES.values())]

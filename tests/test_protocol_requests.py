@@ -153,3 +153,49 @@ def test_named_fields_replace_positions():
     assert decode_values(frame_body(request), 1)[3] == 10
     with pytest.raises(AttributeError):
         request.number = 3  # frozen
+
+
+# ---------------------------------------------------------------- ALLOCATE (a pipelined empty())
+
+CPU = R.DeviceValue("cpu", 0)
+client_ids = st.integers(R.CLIENT_IDS_FIRST, R.CLIENT_IDS_LAST)
+shapes = st.lists(st.integers(0, 2**20), max_size=4).map(tuple)
+
+
+def test_allocate_carries_the_handle_that_later_requests_send():
+    handle = TensorHandle(R.CLIENT_IDS_FIRST + 3, "float32", (2, 3), CPU)
+    body = frame_body(R.Allocate(handle))
+    assert body[0] == R.Op.ALLOCATE and R.Op.ALLOCATE in R.NO_REPLY and R.Op.ALLOCATE in R.OPTIONAL_OPS
+    copy = frame_body(R.CopyTo(handle, 0, 24))
+    assert handle.wire in body and handle.wire in copy  # encoded once, sent again by the copy
+    decoded = P.decode_request(body)
+    assert type(decoded) is R.Allocate and decoded.tensor == handle and decoded.tensor.wire == handle.wire
+    assert P.decode_request(copy).tensor == handle
+
+
+@given(client_ids, dtypes, shapes, devices, st.data())
+def test_damaged_allocate_requests_decode_alike_or_raise_protocol_error(handle_id, dtype, shape, device, data):
+    body = bytearray(frame_body(R.Allocate(TensorHandle(handle_id, dtype, shape, device))))
+    for _ in range(data.draw(st.integers(1, 3))):
+        body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        decoded = P.decode_request(bytes(body))
+    except ProtocolError:
+        return
+    if type(decoded) is R.Allocate:  # what decoded is exactly what its encoding says
+        assert frame_body(R.Allocate(TensorHandle(*decoded.tensor._key()))) == bytes(body)
+
+
+def test_allocate_needs_one_tensor_handle():
+    with pytest.raises(ProtocolError, match="ALLOCATE: tensor must be TensorHandle"):
+        P.decode_request(P.encode_request(P.ALLOCATE, [R.CLIENT_IDS_FIRST])[P.HEADER_SIZE:])
+    with pytest.raises(ProtocolError, match="ALLOCATE: expected 1 values"):
+        P.decode_request(P.encode_request(P.ALLOCATE, [])[P.HEADER_SIZE:])
+
+
+def test_the_hello_announces_what_a_pipelined_empty_needs_within_bounds():
+    info = P.HelloReplyParser().feed(P.encode_hello_accept({})).info
+    assert info["max_session_bytes"] == 0 and info["max_client_tensors"] == 0  # an older server
+    for field in ("max_session_bytes", "max_client_tensors"):
+        with pytest.raises(ProtocolError, match=field):
+            P.HelloReplyParser().feed(P.encode_hello_accept({field: -1}))

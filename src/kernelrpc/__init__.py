@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from .errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
-                     RemoteError, RPCError, ServerCrashed, SessionTimeout, TrackerError,
+from .errors import (AllocationFailed, AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError,
+                     ProtocolError, QueueTimeout, RemoteError, RPCError, ServerCrashed, SessionTimeout, TrackerError,
                      VersionMismatch)
 
 __version__ = "0.1.0"
@@ -53,6 +53,6 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["AuthenticationError", "ConnectionLost", "ConnectTimeout", "HandshakeError", "ProtocolError", "QueueTimeout",
+__all__ = ["AllocationFailed", "AuthenticationError", "ConnectionLost", "ConnectTimeout", "HandshakeError", "ProtocolError", "QueueTimeout",
            "RemoteError", "RPCError", "ServerCrashed", "SessionTimeout", "TrackerError",
            "VersionMismatch", "__version__", *sorted(_LAZY)]

@@ -49,6 +49,12 @@ class RemoteError(RPCError):
         super().__init__(text)
 
 
+class AllocationFailed(RemoteError):
+    """A tensor that ``empty()`` allocated without waiting for the server's reply (a pipelined
+    allocation) could not be allocated on the device; raised by the first request that uses it,
+    with the allocation's own error in the message and traceback."""
+
+
 class ServerCrashed(RPCError):
     """The session's child process died (signal or exit code) before it answered."""
 

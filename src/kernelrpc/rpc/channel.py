@@ -9,6 +9,11 @@ Handles dropped by the garbage collector are queued (:meth:`release`) and go out
 the next request, in the same write: as one RELEASE without a reply when the server serves it,
 else as a FREE whose reply is read first. A finalizer never touches the socket.
 
+A zero-filled tensor the server will accept for certain is allocated the same way
+(:meth:`allocate`): an ALLOCATE under an id the client chose, queued in order with the frees.
+To know "for certain" the channel counts the bytes of the tensors the session made, as the
+server counts them against its ``max_session_bytes``.
+
 The user-facing objects (session, tensor, module, function; client.py and remote.py) use only
 the public methods here.
 """
@@ -18,16 +23,17 @@ import threading
 import time
 from typing import NoReturn
 
-from ..errors import ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
+from ..errors import AllocationFailed, ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
 from . import protocol as P
 from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame, encode_call
-from .requests import OPTIONAL_OPS, Free, Op, Shutdown
+from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, Op, Shutdown
 from .transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
-from .values import decode_values
+from .values import TensorHandle, decode_values
 
 _PROGRESS_CHUNK = 4 << 20
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
 _MAX_OPS_LISTED = 256
+_MAX_QUEUED = 256   # frees and ALLOCATEs held for the next request at most
 _RETURN = P.RETURN
 
 
@@ -57,7 +63,15 @@ class Channel:
         self.progress_min_bytes = progress_min_bytes  # transfers at least this large may show a bar
         self._lock = threading.Lock()
         self._closed = False
-        self._released: list = []
+        self._released: list = []       # handles to free, and ALLOCATE frames, in the order they came
+        self._seen = 0                  # how far allocate() has read _released
+        #: Pipelined allocations: only with a server that announces its limits for them.
+        self._allocate_op = (Op.ALLOCATE in self.ops and self._release_op and info["max_session_bytes"] > 0
+                             and info["max_client_tensors"] > 0)
+        self.tensor_bytes = 0           # of the live tensors ARRAY and ALLOCATE made, as the server counts
+        self.client_tensors = 0         # of those, the ones under ids this client chose
+        self._sizes: dict = {}          # their ids -> bytes
+        self._next_client_id = CLIENT_IDS_FIRST
 
     @property
     def closed(self) -> bool:
@@ -71,6 +85,33 @@ class Channel:
     def request(self, request) -> list:
         """Send ``request`` and return the values of its RETURN reply."""
         return decode_values(self._exchange(P.encode(request)))
+
+    def allocate(self, dtype: str, shape: tuple, device, nbytes: int | None) -> TensorHandle | None:
+        """The handle of a new zero-filled tensor whose ALLOCATE goes out with the next request, if
+        the server's checks will pass it (its layout checked already, ``nbytes`` its size); else
+        None, and the caller sends an ARRAY, whose reply has the server's verdict. Only a genuine
+        failure on the device is then heard late (AllocationFailed, from the first use)."""
+        if not self._allocate_op or nbytes is None or device.device_type != "cpu":
+            return None
+        with self._lock:
+            released, sizes = self._released, self._sizes
+            for queued in released[self._seen:]:   # freed already, as the server will see it first
+                if type(queued) is not bytes and queued.id in sizes:
+                    self._uncount(queued.id)
+            handle_id = self._next_client_id
+            if (self._closed or nbytes > self.info["max_tensor_bytes"] or handle_id > CLIENT_IDS_LAST
+                    or self.tensor_bytes + nbytes > self.info["max_session_bytes"]
+                    or self.client_tensors >= self.info["max_client_tensors"]):
+                return None
+            self._next_client_id = handle_id + 1
+            handle = TensorHandle(handle_id, dtype, shape, device)
+            released.append(P.encode_request(P.ALLOCATE, [handle]))
+            self._seen = len(released)
+            self.client_tensors += 1
+            self._count(handle_id, nbytes)
+            if len(released) >= _MAX_QUEUED:  # empty() after empty(), nothing else: send them
+                self._send(b"")
+        return handle
 
     def call(self, function_id: int, args, to_wire=None) -> object:
         """Call a remote function with ``args``, wire values or made so by ``to_wire``
@@ -95,9 +136,11 @@ class Channel:
             lock.release()
         return decode_result(reply[1])
 
-    def _exchange(self, frame: bytes) -> bytes:
-        """Send an encoded request; the body of its RETURN reply."""
+    def _exchange(self, frame: bytes, freeing: int | None = None) -> bytes:
+        """Send an encoded request (that frees the tensor ``freeing``); the body of its RETURN reply."""
         with self._lock:
+            if freeing is not None:
+                self._uncount(freeing)
             reply = self._receive(self._send_and_read(frame))
             if reply[0] != _RETURN:
                 self._fail(reply, _RETURN)
@@ -126,9 +169,10 @@ class Channel:
             raise self._lost(ConnectionLost(PEER_CLOSED))
         return chunk
 
-    def request_with_raw(self, request, view: memoryview, describe) -> list:
+    def request_with_raw(self, request, view: memoryview, describe, new_tensor: int | None = None) -> list:
         """Send ``request`` followed by the raw bytes of ``view`` (in pieces under a progress bar
-        when the transfer is worth one); the values of the RETURN reply."""
+        when the transfer is worth one); the values of the RETURN reply. ``new_tensor``: the
+        request is an ARRAY of that many bytes, counted once its reply gives the id."""
         bar = self._transfer_bar(view.nbytes, describe) if view.nbytes >= self.progress_min_bytes else None
         with self._lock:
             if bar is None:
@@ -140,7 +184,10 @@ class Channel:
                         part = view[start:start + _PROGRESS_CHUNK]
                         self._send_raw(part)
                         bar.update(part.nbytes)
-            return self.expect(self.receive(), P.RETURN)
+            values = self.expect(self.receive(), P.RETURN)
+            if new_tensor is not None and self._allocate_op and len(values) == 1 and type(values[0]) is int:
+                self._count(values[0], new_tensor)
+            return values
 
     def upload_file(self, request, file, size: int, describe) -> None:
         """Send ``request`` followed by ``size`` bytes of ``file`` (sendfile), and await its RETURN."""
@@ -199,7 +246,18 @@ class Channel:
     def free(self, handle) -> None:
         """Free ``handle`` now."""
         if not self._closed:
-            self.request(Free((handle,)))
+            self._exchange(P.encode(Free((handle,))), handle.id)
+
+    def _count(self, handle_id: int, nbytes: int) -> None:
+        self._sizes[handle_id] = nbytes
+        self.tensor_bytes += nbytes
+
+    def _uncount(self, handle_id: int) -> None:
+        nbytes = self._sizes.pop(handle_id, None)
+        if nbytes is not None:
+            self.tensor_bytes -= nbytes
+            if handle_id >= CLIENT_IDS_FIRST:
+                self.client_tensors -= 1
 
     # ------------------------------------------------------------ lifetime
 
@@ -241,8 +299,11 @@ class Channel:
         if self._closed:
             raise ConnectionLost(f"the session with {self.address} is closed")
         released, self._released = self._released, []
+        self._seen = 0
         if self._release_op:
-            return P.encode_request(P.RELEASE, [h.id for h in released]) + frame  # Release's wire values
+            if not self._allocate_op:
+                return P.encode_request(P.RELEASE, [h.id for h in released]) + frame  # Release's wire values
+            return self._in_order(released) + frame
         try:  # a server without RELEASE answers the FREE: read that reply before the request's
             self.conn.sock.sendall(P.encode(Free(tuple(released))))
         except OSError as exc:
@@ -253,6 +314,27 @@ class Channel:
             self.mark_closed()
             raise
         return frame
+
+    def _in_order(self, released: list) -> bytes:
+        """The queued frees (as RELEASEs) and ALLOCATEs in the order they came, the freed tensors
+        uncounted."""
+        sizes, parts, ids = self._sizes, [], []
+        for queued in released:
+            if type(queued) is bytes:
+                if ids:
+                    parts.append(P.encode_request(P.RELEASE, ids))
+                    ids = []
+                parts.append(queued)
+            else:
+                handle_id = queued.id
+                ids.append(handle_id)
+                if handle_id in sizes:
+                    self._uncount(handle_id)
+        if ids:
+            if not parts:
+                return P.encode_request(P.RELEASE, ids)
+            parts.append(P.encode_request(P.RELEASE, ids))
+        return b"".join(parts)
 
     def _send_raw(self, part) -> None:
         try:
@@ -300,7 +382,9 @@ class Channel:
         """Raise the error that a reply other than the expected ``frame_type`` stands for."""
         got, body = frame
         if got == P.ERROR:
-            raise RemoteError(*P.decode_error(body))
+            type_name, message, traceback_text = P.decode_error(body)
+            kind = AllocationFailed if type_name == "AllocationFailed" else RemoteError
+            raise kind(type_name, message, traceback_text)
         self.mark_closed()
         if got == P.NOTICE:
             raise P.notice_error(*P.decode_notice(body))

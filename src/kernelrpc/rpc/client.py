@@ -14,7 +14,7 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import ConnectionLost, ConnectTimeout
+from ..errors import ConnectionLost, ConnectTimeout, ProtocolError
 from ..netutil import receive_until
 from ..runtime.device import Device
 from . import handshake as H
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import ssl
 
 _DTYPE_NAMES: dict = {}  # numpy dtype -> name: numpy's ``dtype.name`` costs ~2 us a time
+_NO_BYTES = memoryview(b"")
 
 
 def _dtype_name(dtype) -> str:
@@ -40,6 +41,14 @@ def _dtype_name(dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = dtype.name
     return name
+
+
+def _layout_bytes(dtype: str, shape: tuple) -> int | None:
+    """The size of a tensor of this layout, or None when the server would refuse the layout."""
+    try:
+        return nbytes_of(dtype, shape)
+    except ProtocolError:
+        return None
 
 
 #: Transfers at least this large show a progress bar (where bars are shown: display.progress).
@@ -285,14 +294,24 @@ class RPCSession(Converter):
         return Module(self, handle, json.loads(metadata))
 
     def empty(self, shape, dtype="float32", dev: Device | None = None) -> Tensor:
-        """Allocate a zero-filled tensor on the remote device."""
+        """Allocate a zero-filled tensor on the remote device.
+
+        Where the server serves ALLOCATE and its checks will pass the tensor, the allocation goes
+        out with the next request, without a round trip of its own (``Channel.allocate``).
+        """
         dev = dev or self.cpu(0)
         if isinstance(shape, int):
             shape = (shape,)
         dtype = getattr(dtype, "name", None) or str(dtype)
         device = DeviceValue(dev.device_type, dev.device_id)
         if self._array_op:
-            (handle_id,) = self.channel.request(Array(list(shape), dtype, device, 0))
+            shape = tuple(shape)
+            nbytes = _layout_bytes(dtype, shape)
+            handle = self.channel.allocate(dtype, shape, device, nbytes)
+            if handle is not None:
+                return Tensor(self, handle, dev)
+            (handle_id,) = self.channel.request_with_raw(Array(list(shape), dtype, device, 0), _NO_BYTES,
+                                                         None, nbytes)
             return self._new_tensor(handle_id, shape, dtype, device, dev)
         (handle,) = self.channel.request(Empty(list(shape), dtype, device))
         return Tensor(self, handle)
@@ -311,7 +330,7 @@ class RPCSession(Converter):
         device = DeviceValue(dev.device_type, dev.device_id)
         view = byte_view(array)
         (handle_id,) = self.channel.request_with_raw(Array(list(shape), dtype, device, view.nbytes), view,
-                                                     lambda: f"copy to {dtype}{list(shape)}")
+                                                     lambda: f"copy to {dtype}{list(shape)}", view.nbytes)
         return self._new_tensor(handle_id, shape, dtype, device, dev)
 
     def _new_tensor(self, handle_id, shape, dtype: str, device: DeviceValue, dev: Device) -> Tensor:

@@ -37,7 +37,8 @@ FRAME_NAMES = {REQUEST: "REQUEST", RETURN: "RETURN", ERROR: "ERROR", DATA: "DATA
 # Request operations (first byte of a REQUEST body): the values of the Op enum, as plain ints for
 # the per-message paths (reading ``Op.CALL`` costs ~0.3 us, comparing with a member twice an int's).
 (GET_GLOBAL, LOAD_MODULE, GET_FUNCTION, CALL, FREE, EMPTY, COPY_TO, COPY_FROM, UPLOAD, DOWNLOAD, REMOVE,
- LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS, RELEASE, ARRAY, TIME_EVALUATOR_PACKED) = (int(op) for op in Op)
+ LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS, RELEASE, ARRAY, TIME_EVALUATOR_PACKED,
+ ALLOCATE) = (int(op) for op in Op)
 OPS = {op.value: op.name for op in Op}
 OPS_WITH_RAW_INPUT = WITH_RAW_INPUT
 
@@ -630,6 +631,9 @@ _INFO_LIMITS = {  # field: (default, lowest, highest)
     "max_frame_bytes": (DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, (1 << 32) - 1),
     "max_upload_bytes": (1 << 30, 0, 1 << 50),
     "max_tensor_bytes": (8 << 30, 0, 1 << 50),
+    # What a pipelined empty() (ALLOCATE) needs to know; 0 (an older server): nothing is pipelined.
+    "max_session_bytes": (0, 0, 1 << 60),
+    "max_client_tensors": (0, 0, 1 << 32),
 }
 
 

@@ -41,6 +41,7 @@ class Op(enum.IntEnum):
     RELEASE = 16
     ARRAY = 17
     TIME_EVALUATOR_PACKED = 19    # 18 was its first form (conditions in JSON): retired, not reused
+    ALLOCATE = 20
 
 
 class Bounds(NamedTuple):
@@ -60,6 +61,10 @@ MAX_COUNT = (1 << 31) - 1          # number, repeat, ... (the runtime narrows th
 MAX_BYTES = (1 << 63) - 1
 MAX_INTERVAL_MS = 3_600_000.0
 MAX_NAME_BYTES = 4096              # a file or function name
+#: The handle ids a client may choose for ALLOCATE; the server assigns its own from 1 up to below
+#: them. Below 2^61 - 1 an int is its own hash, so the two kinds never collide in the handle table.
+CLIENT_IDS_FIRST = 1 << 48
+CLIENT_IDS_LAST = (1 << 60) - 1
 
 Count = Annotated[int, Bounds(0, MAX_COUNT)]
 PositiveCount = Annotated[int, Bounds(1, MAX_COUNT)]
@@ -188,18 +193,30 @@ class Array(NamedTuple):
     nbytes: ByteCount
 
 
+class Allocate(NamedTuple):
+    """Allocate the zero-filled tensor that ``tensor`` describes, under its id, which the client
+    chose (CLIENT_IDS_FIRST..CLIENT_IDS_LAST), without a reply: a pipelined ``empty()``. A failure
+    to allocate is kept under the id and raised by the first request that uses it; an id outside
+    the client's range, in use, or past the server's ``max_client_tensors`` ends the session.
+
+    The handle's bytes are the ones the client's later requests send for the tensor (a copy, a
+    kernel call), so the server's decoder meets them again as a handle it has seen."""
+
+    tensor: TensorHandle
+
+
 REQUEST_TYPES = {
     Op.GET_GLOBAL: GetGlobal, Op.LOAD_MODULE: LoadModule, Op.GET_FUNCTION: GetFunction, Op.CALL: Call,
     Op.FREE: Free, Op.EMPTY: Empty, Op.COPY_TO: CopyTo, Op.COPY_FROM: CopyFrom, Op.UPLOAD: Upload,
     Op.DOWNLOAD: Download, Op.REMOVE: Remove, Op.LISTDIR: ListDir, Op.TIME_EVALUATOR: TimeEvaluator,
     Op.SHUTDOWN: Shutdown, Op.LIST_GLOBALS: ListGlobals, Op.RELEASE: Release, Op.ARRAY: Array,
-    Op.TIME_EVALUATOR_PACKED: TimeEvaluatorPacked,
+    Op.TIME_EVALUATOR_PACKED: TimeEvaluatorPacked, Op.ALLOCATE: Allocate,
 }
 OP_OF = {kind: op for op, kind in REQUEST_TYPES.items()}
-NO_REPLY = frozenset({Op.SHUTDOWN, Op.RELEASE})
+NO_REPLY = frozenset({Op.SHUTDOWN, Op.RELEASE, Op.ALLOCATE})
 WITH_RAW_INPUT = frozenset({Op.COPY_TO, Op.UPLOAD, Op.ARRAY})  # raw bytes follow these requests
 #: Ops that a server of this protocol version may lack: it lists the ones it serves in its hello.
-OPTIONAL_OPS = frozenset({Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED})
+OPTIONAL_OPS = frozenset({Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED, Op.ALLOCATE})
 
 
 # ---------------------------------------------------------------- checking
@@ -300,5 +317,5 @@ def to_values(request) -> list:
     return list(request)
 
 
-__all__ = ["Op", "REQUEST_TYPES", "OP_OF", "NO_REPLY", "WITH_RAW_INPUT", "OPTIONAL_OPS", "from_values",
-           "to_values", *(t.__name__ for t in REQUEST_TYPES.values())]
+__all__ = ["Op", "REQUEST_TYPES", "OP_OF", "NO_REPLY", "WITH_RAW_INPUT", "OPTIONAL_OPS", "CLIENT_IDS_FIRST",
+           "CLIENT_IDS_LAST", "from_values", "to_values", *(t.__name__ for t in REQUEST_TYPES.values())]

@@ -19,7 +19,7 @@ from .. import runtime
 from ..errors import ConnectionLost, ProtocolError
 from ..rpc import protocol as P
 from ..rpc.convert import PLAIN, Converter, local_tensor
-from ..rpc.requests import NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
+from ..rpc.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
 from ..rpc.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                           decode_values, nbytes_of)
@@ -42,6 +42,28 @@ class TransferTooSlow(ConnectionLost):
 _PACE_CHUNK = 1 << 16
 
 
+class AllocationFailed(MemoryError):
+    """A request used a tensor whose ALLOCATE failed (the client did not wait to hear it); the
+    client raises it as :class:`kernelrpc.errors.AllocationFailed`."""
+
+
+class Unallocated:
+    """What the handle table holds under a client's id whose ALLOCATE failed: the failure, raised
+    (as AllocationFailed, from the original error) by every request that uses the id until it is
+    freed."""
+
+    __slots__ = ("error", "layout")
+
+    def __init__(self, error: BaseException, layout: str) -> None:
+        traceback.clear_frames(error.__traceback__)  # keep the traceback's text, not its locals
+        self.error = error
+        self.layout = layout
+
+    def raise_for(self, handle: int):
+        raise AllocationFailed(f"tensor {handle} ({self.layout}) could not be allocated on the device when "
+                               f"empty() asked for it: {type(self.error).__name__}: {self.error}") from self.error
+
+
 def socket_timed_out(exc: ConnectionLost) -> bool:
     """Whether a receive or send ended because the socket's timeout (SO_RCVTIMEO/SO_SNDTIMEO) passed."""
     return isinstance(exc.__cause__, (BlockingIOError, TimeoutError))
@@ -56,6 +78,8 @@ class HandleTable(Converter):
 
     def put(self, obj) -> int:
         handle = self._next_id
+        if handle >= CLIENT_IDS_FIRST:
+            raise MemoryError(f"this session has used all {CLIENT_IDS_FIRST - 1} handle ids of the server")
         self._next_id += 1
         self.objects[handle] = obj
         return handle
@@ -63,6 +87,8 @@ class HandleTable(Converter):
     def lookup(self, handle: int, kind: type, what: str):
         obj = self.objects.get(handle)
         if obj is None or not isinstance(obj, kind):
+            if type(obj) is Unallocated:
+                obj.raise_for(handle)
             raise LookupError(f"no {what} with handle {handle} in this session (freed already?)")
         return obj
 
@@ -124,7 +150,8 @@ class SessionHandler:
         #: Globals that look at this session (handle leaks show up here during long runs).
         self._session_globals = {"session.live_handles": lambda: len(self._objects) - 1}  # minus itself
         self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
-        self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY and ARRAY made
+        self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY, ARRAY, ALLOCATE made
+        self.client_tensors = 0         # entries under ids the client chose (ALLOCATE), failed ones too
         self._handlers = {op.value: handler for op, handler in {
             Op.GET_GLOBAL: self._get_global, Op.LIST_GLOBALS: self._list_globals,
             Op.LOAD_MODULE: self._load_module, Op.GET_FUNCTION: self._get_function, Op.CALL: self._call,
@@ -132,6 +159,7 @@ class SessionHandler:
             Op.COPY_TO: self._copy_to, Op.COPY_FROM: self._copy_from, Op.UPLOAD: self._upload,
             Op.DOWNLOAD: self._download, Op.REMOVE: self._remove, Op.LISTDIR: self._listdir,
             Op.TIME_EVALUATOR: self._time_evaluator, Op.TIME_EVALUATOR_PACKED: self._time_evaluator,
+            Op.ALLOCATE: self._allocate_at,
         }.items()}  # keyed by int: an Op key costs a slower lookup per request
 
     def serve(self) -> None:
@@ -212,6 +240,8 @@ class SessionHandler:
         log.debug("%s failed", name, exc_info=True)
         if op in WITH_RAW_INPUT and not getattr(exc, "raw_consumed", False):
             self._skip_raw_input(body)
+        if op == P.ALLOCATE:  # the client counts on the tensor and hears nothing: it cannot go on in step
+            raise ProtocolError(f"ALLOCATE refused, the session ends: {exc}") from None
         if op in NO_REPLY:
             log.warning("%s failed (it has no reply to report it in): %s", name, exc)
             return None
@@ -270,13 +300,16 @@ class SessionHandler:
     def _drop(self, ids) -> None:
         for handle_id in ids:
             obj = self._objects.pop(handle_id, None)
+            if handle_id >= CLIENT_IDS_FIRST and obj is not None:
+                self.client_tensors -= 1
             if isinstance(obj, runtime.Tensor):
                 self.tensor_bytes -= self._allocated.pop(handle_id, 0)
                 obj.free()
 
-    def _allocate(self, shape, dtype: str, device: DeviceValue, nbytes: int) -> tuple[int, runtime.Tensor]:
+    def _allocate(self, shape, dtype: str, device: DeviceValue, nbytes: int,
+                  handle_id: int | None = None) -> tuple[int, runtime.Tensor]:
         """A new zero-filled tensor of ``nbytes`` (its checked layout's size) in the handle table,
-        within the server's limits."""
+        within the server's limits, under ``handle_id`` (a client's, free) or a new id."""
         if nbytes > self.config.max_tensor_bytes:
             raise MemoryError(f"tensor of {nbytes} bytes exceeds the server's limit of "
                               f"{self.config.max_tensor_bytes} bytes (max_tensor_bytes)")
@@ -288,7 +321,10 @@ class SessionHandler:
         tensor = runtime.Tensor(tuple(shape), dtype, runtime.Device(device.device_type, device.device_id))
         if self.config.checked_tensors:
             canary.guard(tensor)
-        handle_id = self.handles.put(tensor)
+        if handle_id is None:
+            handle_id = self.handles.put(tensor)
+        else:
+            self._objects[handle_id] = tensor
         self._allocated[handle_id] = nbytes
         self.tensor_bytes += nbytes
         return handle_id, tensor
@@ -311,6 +347,28 @@ class SessionHandler:
                 self._drop((handle_id,))
                 raise
         return P.encode_return([handle_id])
+
+    def _allocate_at(self, request):
+        """ALLOCATE: no reply; a failure to allocate is kept under the id (Unallocated), a bad id
+        ends the session (_error_reply)."""
+        tensor = request.tensor
+        handle_id = tensor.id
+        if not CLIENT_IDS_FIRST <= handle_id <= CLIENT_IDS_LAST:
+            raise ProtocolError(f"ALLOCATE: id {handle_id} is outside the ids a client may choose "
+                                f"[{CLIENT_IDS_FIRST}, {CLIENT_IDS_LAST}]")
+        if handle_id in self._objects:
+            raise ProtocolError(f"ALLOCATE: id {handle_id} is in use")
+        if self.client_tensors >= self.config.max_client_tensors:
+            raise ProtocolError(f"ALLOCATE: the client holds {self.client_tensors} tensors under ids it "
+                                f"chose, the server's limit (max_client_tensors)")
+        self.client_tensors += 1
+        try:
+            self._allocate(tensor.shape, tensor.dtype, tensor.device, nbytes_of(tensor.dtype, tensor.shape),
+                           handle_id)
+        except Exception as exc:
+            log.debug("ALLOCATE of %d failed", handle_id, exc_info=True)
+            self._objects[handle_id] = Unallocated(exc, f"{tensor.dtype}{list(tensor.shape)}")
+        return None
 
     def _tensor_range(self, request) -> memoryview:
         tensor = self.handles.tensor(request.tensor)

@@ -361,6 +361,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
     _set_socket_timeouts(sock, config.socket_timeout())
     info = {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
             "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
+            "max_session_bytes": config.max_session_bytes, "max_client_tensors": config.max_client_tensors,
             "server": "kernelrpc", "pid": os.getpid(),
             "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     conn = FramedSocket(sock, config.max_frame_bytes, parser.unused)

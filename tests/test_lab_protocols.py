@@ -48,7 +48,9 @@ def test_tvm_and_kernelrpc_share_a_tracker_and_a_key(start_service, tracker):
         for round_ in range(2):
             with session.request("shared", session_timeout=20, timeout=20, max_retry=1) as sess:
                 assert sess.address == f"127.0.0.1:{ours.port}"
-    ours.wait_for_line("session from .* finished")
+    # both sessions' lines are read from the server's output in the background: wait for them
+    wait_until(lambda: len([line for line in ours.lines if "session from" in line and "finished" in line]) == 2,
+               what="both sessions on our server finished")
     assert len([line for line in ours.lines if "session for" in line]) == 2, ours.lines
     assert not [line for line in ours.lines + theirs.lines if "mismatch" in line.lower()]
 

@@ -192,8 +192,8 @@ class Server:
         self.spares.check()     # it died before its handoff: the next tick forks another
 
     def _spare_warm(self, control) -> None:
-        """The spare's link has something: which thread warms up, its word that it is warm (a
-        client may wait for it), or the end of the link (its death, which its pidfd reports)."""
+        """The spare's link has something: its word that it is warm (a client may wait for it),
+        or the end of the link (its death, which its pidfd reports)."""
         spare = self.spares.spare
         if spare is not None and spare.control is control and not spare.listening():
             self.selector.unregister(control)

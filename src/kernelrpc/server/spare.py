@@ -11,13 +11,13 @@ timing loop, the device-conditions probe's real measurement, the packed result),
 a reference to the code a first module call runs (:func:`_touch_code`), then tells the server
 it is warm and waits for it to hand it a connection.
 
-The warm-up runs in a thread of its own (:func:`_warm_up_in_background`). A spare forked while
-sessions run warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session
-wants), and so does one still warming up when a session starts; the thread that serves the
-session keeps its priority. Only a warm spare is handed a session: a client that arrives while
-it warms up waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and the
-spare is kept for the next one. The server forks the next spare as soon as the session before
-it is over, while its child still exits (:mod:`.listener`).
+The server forks the next spare as soon as the session before it is over, while its child still
+exits (:mod:`.listener`). A spare forked while other sessions run (``max_sessions`` above 1)
+warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session wants), in a
+thread of its own (:func:`_warm_up_in_background`): the thread that serves its session keeps
+its priority. Only a warm spare is handed a session: a client that arrives while it warms up
+waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and the spare is kept
+for the next one.
 
 The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
 as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake
@@ -78,10 +78,8 @@ PROCESS_NAME = b"kernelrpc-spare"
 """What ``ps`` and ``/proc/PID/comm`` show for a warm spare until its handoff (Linux)."""
 WARMING_NAME = b"kernelrpc-warm"
 """What they show while it warms up."""
-_THREAD = struct.Struct("<I")
-"""The first thing a spare sends the server: its warm-up thread's id (the server may lower it)."""
 READY = b"r"
-"""What it sends next, once it is warm: only a warm spare is handed a session."""
+"""What a spare sends the server once it is warm: only a warm spare is handed a session."""
 
 
 def encode_handoff(timeout: float | None, initial: bytes) -> bytes:
@@ -172,20 +170,15 @@ def _touch_code(modules) -> None:
                     held.append(code)
 
 
-def _warm_up_in_background(control: socket.socket, config: ServerConfig, workspace: Workspace,
-                           idle: bool) -> int:
-    """``warm_up`` in a thread of its own, whose id goes to the server first: with ``idle`` (a
-    session runs beside it) at the lowest CPU priority (:func:`lower_priority`), and the server
-    lowers it so when a session starts while it still warms up. The calling thread, which serves
-    the session after the handoff, keeps its own priority: an unprivileged process could not
-    raise it again."""
+def _warm_up_in_background(config: ServerConfig, workspace: Workspace) -> int:
+    """``warm_up`` at the lowest CPU priority (:func:`lower_priority`), for a spare forked while
+    sessions run: in a thread of its own, so that the thread that serves the session after the
+    handoff keeps its priority (an unprivileged process could not raise it again)."""
     faults = []
 
     def run() -> None:
+        lower_priority()
         try:
-            control.sendall(_THREAD.pack(threading.get_native_id()))
-            if idle:
-                lower_priority()
             faults.append(warm_up(config, workspace))
         except Exception:       # noqa: BLE001 (reported, never fatal: a cold spare still serves)
             log.exception("spare session child %d: the warm-up failed", os.getpid())
@@ -196,19 +189,19 @@ def _warm_up_in_background(control: socket.socket, config: ServerConfig, workspa
     return faults[0] if faults else 0
 
 
-def lower_priority(tid: int = 0) -> str | None:
-    """Give thread ``tid`` (0: the calling thread) the lowest CPU priority there is:
-    ``SCHED_IDLE`` (it runs only when nothing else wants the CPU), else nice 19. Linux only, where
-    both apply to one thread; returns what was set (None: nothing)."""
+def lower_priority() -> str | None:
+    """Give the calling thread the lowest CPU priority there is: ``SCHED_IDLE`` (it runs only when
+    nothing else wants the CPU), else nice 19. Linux only, where both apply to one thread;
+    returns what was set (None: nothing)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         return "SCHED_IDLE"
     except (AttributeError, OSError):
         pass
     try:
-        os.setpriority(os.PRIO_PROCESS, tid or threading.get_native_id(), 19)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         return "nice 19"
     except (AttributeError, OSError):
         return None
@@ -293,7 +286,7 @@ def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspa
     if own_name is not None:
         _set_process_name(WARMING_NAME)
     os.chdir(workspace.root)
-    faults = _warm_up_in_background(control, config, workspace, idle)
+    faults = _warm_up_in_background(config, workspace) if idle else warm_up(config, workspace)
     gc.freeze()                     # what the warm-up left, too (see session._child_main)
     log.debug("spare session child %d warmed up (%d page faults)", os.getpid(), faults)
     control.sendall(READY)
@@ -337,9 +330,8 @@ class Spare:
         control.setblocking(False)
         self.control = control
         self.done = False               # reaped, or handed over (then its session's)
-        self._link = b""                # what it has sent: its warm-up thread's id, then READY
+        self._ready = False             # it said so (READY)
         self._link_closed = False
-        self._lower = False             # its warm-up is to be lowered once its thread's id is known
         self._status_fd = status_r
         try:
             self._pidfd = os.pidfd_open(self.pid)
@@ -352,30 +344,18 @@ class Spare:
 
     def ready(self) -> bool:
         """Whether the spare has warmed up (it said so on its link)."""
-        self._read_link()
-        return self._link[_THREAD.size:] == READY
+        if not self._ready and not self._link_closed:
+            try:
+                data = self.control.recv(1)
+            except OSError:     # nothing yet (BlockingIOError), or the link broke
+                return False
+            self._ready = data == READY
+            self._link_closed = not data
+        return self._ready
 
     def listening(self) -> bool:
         """Whether its link may still say something (a selector watches it until then)."""
-        return not self._link_closed and not self.ready()
-
-    def lower(self) -> None:
-        """Lower its warm-up to the lowest CPU priority (a session starts while it warms up), now
-        or as soon as it has said which thread warms up."""
-        self._lower = True
-        self._read_link()
-
-    def _read_link(self) -> None:
-        while not self._link_closed and len(self._link) <= _THREAD.size:
-            try:
-                data = self.control.recv(_THREAD.size + 1 - len(self._link))
-            except OSError:     # nothing yet (BlockingIOError), or the link broke
-                break
-            self._link += data
-            self._link_closed = not data
-        if self._lower and len(self._link) == _THREAD.size and not self.done:
-            self._lower = False
-            lower_priority(_THREAD.unpack_from(self._link)[0])
+        return not self.ready() and not self._link_closed
 
     def exited(self) -> int | None:
         """The spare's wait status once it has exited (it is reaped then), else None."""
@@ -495,7 +475,6 @@ class Spares:
         if spare is not None and not spare.ready():
             status = spare.exited()
             if status is None:
-                spare.lower()       # the session it would disturb starts now
                 reason, level = f"the spare ({spare.pid}) was still warming up", logging.INFO
             else:
                 self._lost(f"spare session child {spare.pid} died before its session ({_describe(status)})")

@@ -12,10 +12,10 @@ hello gets :data:`~kernelrpc.rpc.tls.PLAINTEXT_REFUSAL`. The session then runs
 behind a TLS relay process (:mod:`.tls_relay`), so that crash and timeout notices
 still reach the client.
 
-Each session's child is normally a spare (:mod:`.spare`): forked ahead, warmed up at the lowest
-CPU priority, then handed the connection. The next spare is forked when a slot is free, or as
-soon as a session's child says the session is over, before it exits and is reaped, so that a
-client that connects again at once finds it warm (or almost: it waits a little for it).
+Each session's child is normally a spare (:mod:`.spare`): forked and warmed up ahead, then handed
+the connection. The next spare is forked when a slot is free, or as soon as a session's child
+says the session is over, before it exits and is reaped, so that a client that connects again
+at once finds it warm (or almost: it waits a little for it).
 """
 from __future__ import annotations
 
@@ -369,11 +369,10 @@ class Server:
             self.selector.unregister(pending.sock)
             del self.pending[pending.sock]
             success = H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)
-            self._unwatch_spare()       # its pidfd is the session's now, or closed (watched again if kept)
+            self._unwatch_spare()       # its pidfd is the session's now, or closed (the tick watches a kept one)
             if isinstance(pending.sock, ssl.SSLSocket):   # the reply first: then the relay owns the stream
                 if not self._reply(pending, success):
                     pending.sock.close()
-                    self._watch_spare()
                     continue
                 session, relay = start_tls_session(pending.sock, pending.key, self.config, pending.extra,
                                                    pending.peer, start=self.spares.start)
@@ -382,9 +381,7 @@ class Server:
                 session = self.spares.start(pending.sock, pending.key, self.config, pending.extra)
                 if not self._reply(pending, success):
                     session.kill()
-                    self._watch_spare()
                     continue
-            self._watch_spare()
             log.info("session for %s starts (child %d)", pending.peer, session.pid)
             self.sessions.append(session)
             if session.fileno() is not None:

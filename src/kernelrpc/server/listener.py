@@ -41,7 +41,8 @@ from .workspace import remove_stale
 log = logging.getLogger(__name__)
 
 FIRST_WARM_UP_WAIT = 2.0
-"""Seconds the server waits at its start for its first spare's warm-up (a few milliseconds)."""
+"""Seconds the server waits at its start, after its ready line, for its first spare's warm-up (a
+few milliseconds), before it accepts connections."""
 
 
 class _Pending:
@@ -82,8 +83,6 @@ class Server:
         if registration is not None:
             registration.attach(self.selector)   # tracker replies wake the loop; no polling
         remove_stale(config.workspace_root)
-        self.spares.fill()                      # the first client finds it warm
-        self.spares.wait_warm(FIRST_WARM_UP_WAIT)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -110,7 +109,9 @@ class Server:
 
     def serve_forever(self) -> None:
         try:
-            self._on_tick()             # the spare watched from now on
+            self.spares.fill()          # the first client (in the listen backlog meanwhile) finds it warm
+            self.spares.wait_warm(FIRST_WARM_UP_WAIT)
+            self._on_tick()
             while not self._stopping:
                 for key, _ in self.selector.select(self._next_timeout()):
                     key.data(key.fileobj)

@@ -49,10 +49,11 @@ def pairs():
     kernel_call = P.encode_call(3, (TensorHandle(5, "float32", (1,), device), TensorHandle(6, "float32", (1,), device)))
 
     def without_memo():
-        V._HANDLES.clear()  # the memo of decoded tensor handles, emptied: every handle decoded in full
+        V._HANDLES.clear()  # the memos of decoded tensor handles and lists, emptied: decoded in full
+        V._LISTS.clear()
         return P.decode_call_frame(kernel_call, 1 << 20)
 
-    yield ("CALL f(a, b), handles memo", lambda: P.decode_call_frame(kernel_call, 1 << 20), without_memo)
+    yield ("CALL f(a, b), memos", lambda: P.decode_call_frame(kernel_call, 1 << 20), without_memo)
     none_result = P.encode_result(None)
     yield ("encode RETURN None", lambda: P.encode_result(None), lambda: P.encode_return([None]))
     yield ("RETURN None from one read", lambda: P.decode_result_frame(none_result, 1 << 20),
@@ -60,6 +61,31 @@ def pairs():
     to_wire = Converter().all_to_wire  # what a session's Function passes: plain values stay as they are
     yield ("CALL echo(1), to_wire given", lambda: P.encode_call(3, (1,), 1 << 20, to_wire),
            lambda: P.encode_call(3, to_wire((1,)), 1 << 20))
+    yield from conversions()
+
+
+def conversions():
+    """A kernel call's two tensor arguments converted by each side's own ``all_*_wire`` (vs the
+    shared Converter's, which looks for a value that is not plain first)."""
+    import socket
+
+    from kernelrpc import runtime
+    from kernelrpc.rpc.client import RPCSession
+    from kernelrpc.rpc.remote import Tensor as RemoteTensor
+    from kernelrpc.rpc.requests import OPTIONAL_OPS
+    from kernelrpc.server.handler import HandleTable
+
+    table = HandleTable()
+    device = DeviceValue("cpu", 0)
+    handles = [TensorHandle(table.put(runtime.Tensor((1,), "float32")), "float32", (1,), device)
+               for _ in range(2)]
+    yield ("server: f(a, b)'s tensors", lambda: table.all_from_wire(handles),
+           lambda: Converter.all_from_wire(table, handles))
+    mine, peer = socket.socketpair()  # the session only converts: nothing is sent
+    session = RPCSession(mine, P._checked_info({"ops": [int(op) for op in OPTIONAL_OPS]}), "bench")
+    tensors = tuple(RemoteTensor(session, handle) for handle in handles)
+    yield ("client: f(a, b)'s tensors", lambda: session.all_to_wire(tensors),
+           lambda: Converter.all_to_wire(session, tensors))
 
 
 def main() -> None:

@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kernelrpc
 from kernelrpc import nd, rpc
@@ -168,6 +170,30 @@ def test_a_forked_child_that_closes_and_reuses_the_inherited_numbers_keeps_its_f
     assert reused and intact and threads >= 1
 
 
+def test_the_files_of_a_fork_that_ran_no_hooks_are_forgotten_at_the_next_measurement():
+    """A child forked without the at-fork hooks (a C library's fork) still holds the parent's
+    descriptors under the probe: the next measurement notices the new pid, leaves those numbers
+    alone (they may be the child's own files by now) and opens its own."""
+    probe = ConditionsProbe()
+    measurement = probe.measurement()
+    measurement.batch_started()
+    measurement.report()
+    inherited = sorted(probe._files._fds.values())
+    probe._files._pid = -1              # what a child forked without the hooks would see
+    try:
+        measurement = probe.measurement()
+        measurement.batch_started()
+        _spin(0.005)
+        cond = measurement.report()
+        assert probe._files._pid == os.getpid()
+        assert not set(probe._files._fds.values()) & set(inherited)
+        assert all(os.fstat(fd) for fd in inherited)                  # not closed
+        assert cond["other_cpu_s"] is not None and cond["threads"]
+    finally:
+        for fd in inherited:
+            os.close(fd)
+
+
 def test_threads_that_come_and_go_between_measurements_are_seen():
     """The thread list is read again when the number of threads changed, and when it did not
     but a thread listed before has ended (one ended, another started)."""
@@ -321,3 +347,64 @@ def test_cooldown_sleeps_are_left_out_of_the_window(fixture_module):
     took = time.monotonic() - started
     assert result.conditions["wall_s"] > 0
     assert result.conditions["wall_s"] + 1.5 <= took    # the three 0.5 s sleeps fall outside the window
+
+
+def _busy_reference(stat: bytes, cpus: list[int]) -> int | None:
+    """Non-idle ticks of ``cpus`` from a whole /proc/stat, every line split and parsed."""
+    busy, found = 0, False
+    for line in stat.split(b"\n")[1:]:
+        fields = line.split()
+        if fields and fields[0] in {b"cpu%d" % c for c in cpus}:
+            user, nice, system, idle, iowait, irq, softirq, steal = map(int, fields[1:9])
+            busy += user + nice + system + irq + softirq + steal
+            found = True
+    return busy if found else None
+
+
+_STAT_COUNTERS = st.lists(st.integers(0, 10**12), min_size=10, max_size=10)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.lists(_STAT_COUNTERS, min_size=1, max_size=6),
+                          st.sets(st.integers(0, 5), min_size=1), st.booleans()),
+                min_size=1, max_size=12))
+def test_busy_ticks_of_every_read_match_a_full_parse_of_the_file(tmp_path_factory, reads):
+    """The probe keeps the cpuN lines it read last and their sum: a read whose lines are the
+    same bytes answers that sum, any other is parsed; each answer must be what a full parse of
+    the file says, as the counters, the CPUs asked for and the CPUs listed change."""
+    root = tmp_path_factory.mktemp("proc")
+    probe = ConditionsProbe(proc=str(root))
+    previous = None
+    for counters, cpus, same_as_before in reads:
+        if same_as_before and previous is not None:
+            counters = previous
+        previous = counters
+        lines = [b"cpu  " + b" ".join(b"%d" % v for v in counters[0])]
+        lines += [b"cpu%d " % n + b" ".join(b"%d" % v for v in c) for n, c in enumerate(counters)]
+        stat = b"\n".join(lines + [b"intr 123 0 0 4", b"ctxt 99", b""])
+        (root / "stat").write_bytes(stat)
+        cpus = sorted(cpus)
+        assert probe._busy_ticks(cpus) == _busy_reference(stat, cpus)
+
+
+def test_busy_ticks_of_this_machines_proc_stat_match_a_full_parse(tmp_path):
+    """The same with this machine's own /proc/stat, snapshots a few clock ticks apart (the
+    counters move between most of them) and some read twice."""
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    probe = ConditionsProbe(proc=str(tmp_path))
+    cpus = _affinity()
+    changed = 0
+    previous = None
+    for i in range(12):
+        with open("/proc/stat", "rb") as f:
+            stat = f.read()
+        for _ in range(2):
+            (tmp_path / "stat").write_bytes(stat)
+            got = probe._busy_ticks(cpus)
+            assert got is not None and got == _busy_reference(stat, cpus)
+            assert probe._busy_ticks(cpus[:1]) == _busy_reference(stat, cpus[:1])
+        changed += previous is not None and got != previous
+        previous = got
+        _spin(0.025)
+    assert changed > 0       # this process kept a CPU busy: its ticks were counted

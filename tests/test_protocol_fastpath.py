@@ -2,8 +2,10 @@
 
 ``encode_call``/``decode_call``/``encode_result``/``decode_result`` (with their one-pack scalar
 cases), ``decode_call_frame``/``decode_result_frame`` (a whole frame straight from one read) and
-``FrameReader.whole_frame`` exist for speed (docs/performance.md), as does the decoder's memo of
-tensor handles; these differential tests pin each of them to the general path.
+``FrameReader.whole_frame`` exist for speed (docs/performance.md), as do the decoder's memo of
+tensor handles and of lists, a handle's kept encoding, and each side's conversion of a call's
+arguments (``HandleTable.all_from_wire``, ``RPCSession.all_to_wire``); these differential tests
+pin each of them to the general path.
 """
 import math
 from enum import IntEnum
@@ -15,6 +17,7 @@ from test_protocol import handles, values
 
 from kernelrpc.errors import ProtocolError
 from kernelrpc.rpc import protocol as P
+from kernelrpc.rpc.convert import Converter
 from kernelrpc.rpc.requests import Call, from_values
 from kernelrpc.rpc import values as values_module
 from kernelrpc.rpc.values import (DeviceValue, FunctionHandle, TensorHandle, decode_single, decode_values,
@@ -32,8 +35,8 @@ def outcome(decode, data: bytes):
         got = decode(data)
     except ProtocolError:
         return ProtocolError
-    if type(got) is Call:  # the one-unpack path gives a tuple of arguments, the general one a list
-        got = (got.function_id, list(got.args))
+    if type(got) in (Call, tuple):  # decode_call_frame's (function_id, args) pair, decode_call's Call;
+        got = (got[0], list(got[1]))  # the one-unpack path gives a tuple of arguments, the general one a list
     return repr(got)  # repr: NaN equals NaN, and -0.0 differs from 0.0
 
 
@@ -188,13 +191,20 @@ def test_call_encoder_refuses_a_frame_over_the_limit_and_names_it():
 
 
 def decoded_cold(decode, data: bytes):
-    """``outcome`` with the tensor-handle memo empty: what the full decode makes of ``data``."""
+    """``outcome`` with the memos of tensor handles and of lists empty: what the full decode makes
+    of ``data``."""
     values_module._HANDLES.clear()
+    values_module._LISTS.clear()
     return outcome(decode, data)
 
 
+tensor_handles = st.builds(TensorHandle, handles, st.sampled_from(["float32", "int8"]),
+                           st.lists(st.integers(0, 9), max_size=3).map(tuple), st.just(DeviceValue("cpu")))
+
+
 @settings(max_examples=300)
-@given(st.lists(values, max_size=4), st.data())
+@given(st.lists(values, max_size=4) | st.tuples(tensor_handles, st.lists(values, max_size=3)).map(
+    lambda first_rest: [first_rest[0], *first_rest[1]]), st.data())
 def test_memoized_tensor_handles_decode_as_the_full_decode(items, data):
     encoded = encode_values(items)
     cold = decoded_cold(decode_values, encoded)
@@ -221,3 +231,101 @@ def test_a_memoized_handle_is_equal_to_its_full_decode_and_the_memo_is_bounded()
     for i in range(values_module._MAX_HANDLES_MEMO + 10):
         decode_values(encode_values([TensorHandle(i, "int8", (1,), DeviceValue("cpu"))]))
     assert len(values_module._HANDLES) <= values_module._MAX_HANDLES_MEMO
+
+
+def test_a_memoized_list_is_a_new_list_of_the_full_decodes_values_and_the_memo_is_bounded():
+    handle = TensorHandle(5, "float32", (2,), DeviceValue("cpu"))
+    encoded = encode_values([handle, 3, "x"])
+    values_module._LISTS.clear()
+    first = decode_values(encoded)
+    again = decode_values(encoded)
+    assert first == again == [handle, 3, "x"] and again is not first
+    again.append(4)  # the caller's own list: the memo is not changed
+    assert decode_values(encoded) == [handle, 3, "x"]
+    assert decode_values(encode_values([handle, [1]])) == [handle, [1]]
+    assert encode_values([handle, [1]])[4:] not in values_module._LISTS  # a list value is mutable
+    with pytest.raises(ProtocolError, match="unexpected bytes"):  # the same bytes under another count
+        values_module.decode_items(encoded, 4, 2)
+    for i in range(values_module._MAX_LISTS_MEMO + 10):
+        decode_values(encode_values([TensorHandle(i, "int8", (1,), DeviceValue("cpu"))]))
+    assert len(values_module._LISTS) <= values_module._MAX_LISTS_MEMO
+
+
+def test_a_tensor_handles_kept_encoding_is_what_a_fresh_handle_encodes():
+    handle = TensorHandle(9, "int32", (2, 5), DeviceValue("cpu", 3))
+    first = encode_values([handle, 1])
+    assert handle.wire is not None  # kept by the first encoding: the second appends it as it is
+    assert encode_values([handle, 1]) == first == encode_values([TensorHandle(9, "int32", (2, 5),
+                                                                              DeviceValue("cpu", 3)), 1])
+
+
+def converted(convert, values):
+    """What ``convert`` makes of ``values``: the list, or the type and message of its error."""
+    try:
+        return list(convert(values))
+    except Exception as exc:  # noqa: BLE001 - compared, not hidden
+        return type(exc), str(exc)
+
+
+def same_conversion(fast, general) -> None:
+    assert type(fast) is type(general)
+    if type(fast) is tuple:  # an error
+        assert fast == general
+        return
+    assert len(fast) == len(general)
+    for got, want in zip(fast, general):
+        assert got is want or repr(got) == repr(want)
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_the_handle_tables_conversion_of_a_call_is_the_general_conversion(data):
+    from kernelrpc import runtime
+    from kernelrpc.server.handler import HandleTable
+
+    table = HandleTable()
+    live = [table.put(runtime.Tensor((1 + i,), "float32")) for i in range(3)]
+    function_id = table.put(lambda *args: None)
+    freed = table.put(runtime.Tensor((2,), "int8"))
+    del table.objects[freed]
+    ids = st.sampled_from([*live, function_id, freed, 10**6])
+    argument = (st.builds(TensorHandle, ids, st.just("float32"), st.just((1,)), st.just(DeviceValue("cpu")))
+                | st.builds(FunctionHandle, ids) | st.integers() | st.floats() | st.text(max_size=3)
+                | st.none() | st.booleans() | st.just(DeviceValue("cpu", 1)))
+    args = data.draw(st.lists(argument | st.lists(argument, max_size=2), max_size=5))
+    general = converted(lambda values: [Converter.from_wire(table, v) for v in values], args)
+    same_conversion(converted(table.all_from_wire, args), general)
+    same_conversion(converted(lambda values: [table.from_wire(v) for v in values], args), general)
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_the_sessions_conversion_of_a_call_is_the_general_conversion(data):
+    import socket
+
+    import numpy as np
+
+    from kernelrpc.rpc.client import RPCSession
+    from kernelrpc.rpc.remote import Tensor as RemoteTensor
+    from kernelrpc.rpc.requests import OPTIONAL_OPS
+
+    info = P._checked_info({"ops": sorted(int(op) for op in OPTIONAL_OPS)})
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:  # conversion never touches the socket: these sessions send nothing
+        session, other = (RPCSession(mine, dict(info), "test") for mine, _ in pairs)
+        device = DeviceValue("cpu")
+        ours = [RemoteTensor(session, TensorHandle(i, "float32", (1,), device)) for i in range(2)]
+        theirs = RemoteTensor(other, TensorHandle(7, "float32", (1,), device))
+        freed = RemoteTensor(session, TensorHandle(8, "float32", (1,), device))
+        freed._session = None  # as free() leaves it
+        argument = (st.sampled_from([*ours, theirs, freed, np.float32(2.5), np.arange(3, dtype="int16"),
+                                     session.cpu(0)])
+                    | st.integers() | st.floats() | st.text(max_size=3) | st.none() | st.booleans())
+        args = tuple(data.draw(st.lists(argument | st.lists(argument, max_size=2), max_size=5)))
+        general = converted(lambda values: [Converter.to_wire(session, v) for v in values], args)
+        same_conversion(converted(session.all_to_wire, args), general)
+        same_conversion(converted(lambda values: [session.to_wire(v) for v in values], args), general)
+    finally:
+        for mine, peer in pairs:
+            mine.close()
+            peer.close()

@@ -112,6 +112,18 @@ def test_native_call_counts_match_tvm(mod):
     assert counters(mod) == [14, 0]
 
 
+def test_the_batch_timer_runs_each_batch_with_the_number_it_is_given(mod):
+    """It converts ``number`` for ctypes once per value: a number that changes, and comes back,
+    must still run exactly that many calls."""
+    a, b = nd.empty((16,)), nd.empty((16,))
+    counted = mod["counted"]
+    time_batch = mod.batch_timer(counted, counted.pack((a, b)))
+    mod["counter_reset"]()
+    for number in (3, 5, 5, 3, 1):
+        assert time_batch(number) > 0
+    assert counters(mod) == [17, 0]
+
+
 def test_cache_flush_non_first_arg_flushes_each_repeat(mod):
     a, b = nd.empty((16,)), nd.empty((16,))
     mod["counter_reset"]()

@@ -22,7 +22,7 @@ from ..errors import ConnectionLost, ProtocolError, RemoteError, RPCError, Sessi
 from . import protocol as P
 from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame, encode_call
 from .requests import OPTIONAL_OPS, Free, Op, Shutdown
-from .transport import FramedSocket
+from .transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from .values import decode_values
 
 _PROGRESS_CHUNK = 4 << 20
@@ -104,7 +104,8 @@ class Channel:
         return reply[1]
 
     def _send_and_read(self, frame: bytes) -> bytes | None:
-        """Send a request frame (the queued frees in front) and make the first read of the reply."""
+        """Send a request frame (the queued frees in front) and make the first read of the reply
+        (FramedSocket.recv_chunk's, without its call), or None while reply bytes are buffered."""
         if self._released or self._closed:
             frame = self._with_frees(frame)
         conn = self.conn
@@ -112,13 +113,18 @@ class Channel:
             conn.sock.sendall(frame)
         except OSError as exc:
             raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+        if conn.reader.pending:
+            return None
         try:
-            return conn.recv_chunk()
-        except ConnectionLost as exc:
-            raise self._lost(exc) from None
+            chunk = conn.sock.recv(FIRST_READ)
+        except OSError as exc:
+            raise self._lost(receive_failed(exc)) from None
         except KeyboardInterrupt:  # the reply would arrive later and desync the stream
             self.mark_closed()
             raise
+        if not chunk:
+            raise self._lost(ConnectionLost(PEER_CLOSED))
+        return chunk
 
     def request_with_raw(self, request, view: memoryview, describe) -> list:
         """Send ``request`` followed by the raw bytes of ``view`` (in pieces under a progress bar

@@ -21,7 +21,7 @@ from . import handshake as H
 from . import protocol as P
 from .auth import authenticate, resolve_token
 from .channel import Channel
-from .convert import Converter, tensor_value
+from .convert import PLAIN, Converter, tensor_value
 from .remote import Function, Module, Tensor, TimeEvaluator, byte_view
 from .tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
                   is_tls_socket, refused_after_handshake, wrap_client)
@@ -182,6 +182,19 @@ class RPCSession(Converter):
         if type(value) is Tensor and value._session is self:  # a kernel call's arguments
             return value._handle
         return Converter.to_wire(self, value)
+
+    def all_to_wire(self, values) -> list:
+        """A call's arguments as wire values: this session's remote tensors (their handles) and
+        plain values in one pass, anything else by ``to_wire``, which raises the same errors."""
+        plain, to_wire = PLAIN, self.to_wire
+        out = []
+        for value in values:
+            kind = type(value)
+            if kind is Tensor and value._session is self:
+                out.append(value._handle)
+            else:
+                out.append(value if kind in plain else to_wire(value))
+        return out
 
     def object_to_wire(self, value):
         if isinstance(value, (Tensor, Module, Function)):

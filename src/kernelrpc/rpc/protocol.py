@@ -114,7 +114,7 @@ class FrameReader:
             return None
         body = bytes(self._buf[pos + HEADER_SIZE:pos + HEADER_SIZE + length])
         self._advance(HEADER_SIZE + length)
-        return Frame(frame_type, body)
+        return _tuple_new(Frame, (frame_type, body))
 
     def whole_frame(self, chunk: bytes) -> Frame | None:
         """The frame that ``chunk`` is, if it is exactly one valid frame (the transport's one-read case).
@@ -198,6 +198,11 @@ _CALL_INT_PREFIX = _CALL_INT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCT
 _CALL_INT_FRAME = struct.Struct(f"<{len(_CALL_INT_PREFIX)}sQBq")    # prefix, function id, tag, value
 _RESULT_INT_PREFIX = _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, 0)[:HEADER_SIZE + 5]
 _RESULT_INT_FRAME = struct.Struct(f"<{len(_RESULT_INT_PREFIX)}sq")  # prefix, value
+# Their methods and sizes as module globals: one lookup each on the per-message paths, not two.
+_pack_call_int_frame, _unpack_call_int_frame = _CALL_INT_FRAME.pack, _CALL_INT_FRAME.unpack
+_pack_result_int_frame, _unpack_result_int_frame = _RESULT_INT_FRAME.pack, _RESULT_INT_FRAME.unpack
+_CALL_INT_FRAME_SIZE, _RESULT_INT_FRAME_SIZE = _CALL_INT_FRAME.size, _RESULT_INT_FRAME.size
+_CALL_HEAD_SIZE = _CALL_HEAD.size
 
 
 def encode_call(function_id: int, args=(), max_frame_bytes: int | None = None, to_wire=None) -> bytes:
@@ -211,9 +216,8 @@ def encode_call(function_id: int, args=(), max_frame_bytes: int | None = None, t
     if len(args) == 1:
         kind = type(args[0])
         try:
-            if kind is int:
-                return _CALL_INT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, function_id, T_INT,
-                                      args[0])
+            if kind is int:  # the constant bytes in one piece: fewer arguments to pack
+                return _pack_call_int_frame(_CALL_INT_PREFIX, function_id, T_INT, args[0])
             if kind is float:
                 return _CALL_FLOAT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, function_id,
                                         T_FLOAT, args[0])
@@ -242,27 +246,29 @@ def decode_call(body: bytes) -> Call:
     return _tuple_new(Call, (function_id, decode_items(body, _CALL_FIXED, count - 1)))
 
 
-def decode_call_frame(data: bytes, max_frame_bytes: int) -> Call | None:
-    """Fast path: the Call in ``data`` if it is exactly one whole CALL frame, else None.
+def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, tuple | list] | None:
+    """Fast path: ``(function_id, args)`` of the CALL that ``data`` is, if it is exactly one whole
+    CALL frame, else None.
 
     For the server's read that holds one request (what a measurement loop sends): it decodes
     straight from the read, without the frame reader's buffer and a copy of the body, a call
-    with one int argument in one struct operation. None leaves everything else (part of a frame,
-    several, another op, a bad header) to FrameReader and decode_request, which judge it alike
-    (tests/test_protocol_fastpath.py).
+    with one int argument in one struct operation. The pair is a plain tuple, not a Call (building
+    the NamedTuple cost ~0.1 us a message): its fields are the Call's. None leaves everything else
+    (part of a frame, several, another op, a bad header) to FrameReader and decode_request, which
+    judge it alike (tests/test_protocol_fastpath.py).
     """
-    if len(data) == _CALL_INT_FRAME.size:
-        prefix, function_id, value_tag, value = _CALL_INT_FRAME.unpack(data)
+    if len(data) == _CALL_INT_FRAME_SIZE:
+        prefix, function_id, value_tag, value = _unpack_call_int_frame(data)
         if prefix == _CALL_INT_PREFIX and value_tag == T_INT:
-            return _tuple_new(Call, (function_id, (value,)))
-    if len(data) < _CALL_HEAD.size or data[_OP_OFFSET] != CALL:
+            return function_id, (value,)
+    if len(data) < _CALL_HEAD_SIZE or data[_OP_OFFSET] != CALL:
         return None
     length, frame_type, _, count, tag, function_id = _CALL_HEAD.unpack_from(data)
     if length + HEADER_SIZE != len(data) or frame_type != REQUEST or length > max_frame_bytes:
         return None
     if tag != T_FUNCTION or count == 0:
         raise ProtocolError("CALL needs a function handle first")
-    return _tuple_new(Call, (function_id, decode_items(data, _CALL_HEAD.size, count - 1)))
+    return function_id, decode_items(data, _CALL_HEAD_SIZE, count - 1)
 
 
 def encode_result(value) -> bytes:
@@ -270,7 +276,7 @@ def encode_result(value) -> bytes:
     kind = type(value)
     if kind is int:
         try:
-            return _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, value)
+            return _pack_result_int_frame(_RESULT_INT_PREFIX, value)
         except struct.error:
             pass  # out of range: encode_items below says so
     elif kind is float:
@@ -297,8 +303,8 @@ def decode_result_frame(data: bytes, max_frame_bytes: int):
     The client's counterpart of decode_call_frame: a malformed value in a whole RETURN frame
     raises ProtocolError, as decode_result does.
     """
-    if len(data) == _RESULT_INT_FRAME.size:
-        prefix, value = _RESULT_INT_FRAME.unpack(data)
+    if len(data) == _RESULT_INT_FRAME_SIZE:
+        prefix, value = _unpack_result_int_frame(data)
         if prefix == _RESULT_INT_PREFIX:
             return value
     elif data == _NONE_RESULT:  # a kernel's result

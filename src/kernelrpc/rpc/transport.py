@@ -16,7 +16,16 @@ _RECV_CHUNK = 1 << 16
 # The first read of a frame: room for any scalar CALL or RETURN and a few tensor handles, and
 # small enough that CPython takes the bytes object from its small-object allocator (at most 512
 # bytes with the object header) instead of malloc-ing and shrinking 64 KiB on every call.
-_FIRST_READ = 448
+FIRST_READ = 448
+PEER_CLOSED = "the peer closed the connection"
+
+
+def receive_failed(exc: OSError) -> ConnectionLost:
+    """The ConnectionLost for a receive that raised ``exc`` (kept as its cause: a timeout is told
+    apart by it)."""
+    lost = ConnectionLost(f"connection lost while receiving: {exc}")
+    lost.__cause__ = exc
+    return lost
 
 
 class FramedSocket:
@@ -58,22 +67,24 @@ class FramedSocket:
             raise ConnectionLost(f"connection lost while sending: {exc}") from exc
 
     def recv_chunk(self) -> bytes | None:
-        """One small read (``_FIRST_READ``) straight from the socket, or None while frame bytes
+        """One small read (``FIRST_READ``) straight from the socket, or None while frame bytes
         are buffered (``recv_frame`` must take those first).
 
         The first read of every frame. A request or reply of a measurement loop arrives whole in
         it; a caller with a fast decoder for that case (protocol.decode_call_frame,
         decode_result_frame) decodes the chunk itself, and hands anything else back with
-        ``recv_frame(chunk)``.
+        ``recv_frame(chunk)``. The server's request loop and the client's channel make this
+        read themselves, with the same errors (``receive_failed``, ``PEER_CLOSED``): one Python
+        call less per message.
         """
         if self.reader.pending:
             return None
         try:
-            data = self.sock.recv(_FIRST_READ)
+            data = self.sock.recv(FIRST_READ)
         except OSError as exc:
-            raise ConnectionLost(f"connection lost while receiving: {exc}") from exc
+            raise receive_failed(exc) from exc
         if not data:
-            raise ConnectionLost("the peer closed the connection")
+            raise ConnectionLost(PEER_CLOSED)
         return data
 
     def recv_frame(self, chunk: bytes | None = None) -> tuple[int, bytes]:

@@ -157,6 +157,9 @@ def encode_items(values) -> bytes:
             except struct.error:
                 _enc_int(value, parts, 0)
             continue
+        if kind is TensorHandle and value.wire is not None:  # a kernel call's, encoded before
+            parts.append(value.wire)
+            continue
         encoder = _ENCODERS.get(kind)
         if encoder is None:
             _encode_other(value, parts, 0)
@@ -316,14 +319,41 @@ def decode_values(data, offset: int = 0) -> list:
 
 
 def decode_items(data: bytes, pos: int, count: int) -> list:
-    """Decode ``count`` tagged values from ``pos`` to the end of ``data`` (which must be consumed)."""
+    """Decode ``count`` tagged values from ``pos`` to the end of ``data`` (which must be consumed).
+
+    Values that begin with a tensor handle (a kernel call's arguments, a copy's tensor and
+    range) are looked up in a memo of such lists decoded before (``_LISTS``), as a whole.
+    """
+    key = None
+    if pos < len(data) and data[pos] == T_TENSOR_HANDLE and len(data) - pos <= _MAX_LIST_MEMO_BYTES \
+            and type(data) is bytes:
+        key = data[pos:]
+        hit = _LISTS.get(key)
+        if hit is not None and hit[0] == count:
+            return list(hit[1])
     try:
         values, pos = _read_items(data, pos, count, 0)
     except struct.error:
         raise ProtocolError(f"truncated message ({len(data)} bytes)") from None
     if pos != len(data):
         raise ProtocolError(f"{len(data) - pos} unexpected bytes after the values")
+    if key is not None and all(type(value) in _IMMUTABLE for value in values):
+        if len(_LISTS) >= _MAX_LISTS_MEMO:
+            _LISTS.clear()
+        _LISTS[key] = count, tuple(values)
     return values
+
+
+_LISTS: dict = {}
+"""Value lists that begin with a tensor handle, decoded before: ``(count, values)`` by their
+exact bytes. A session sends the same few tensors with every kernel call and copy, and the
+decode of a list of handles (their memo keys found from their length bytes, one by one) was
+~0.35 us a handle. As with ``_HANDLES``: only bytes that decoded and checked out are stored,
+equal bytes decode to equal values, and a hit returns what the full decode would (a new list of
+the same values, which are immutable: lists of any other values are not stored); bounded,
+cleared when full; what the values refer to is looked up afterwards, as before."""
+_MAX_LISTS_MEMO = 256
+_MAX_LIST_MEMO_BYTES = 512
 
 
 def decode_single(data: bytes):
@@ -464,6 +494,9 @@ equal bytes decode to an equal handle, so a hit is what the full decode would re
 handle freed meanwhile is refused where it is looked up, as before. Bounded: cleared when full."""
 _MAX_HANDLES_MEMO = 1024
 
+
+_IMMUTABLE = frozenset({int, float, bool, str, type(None), TensorHandle, FunctionHandle, ModuleHandle,
+                        DeviceValue})  # the values a memoized list may hold
 
 _DECODERS = (_dec_none, _dec_false, _dec_true, _dec_int, _dec_float, _dec_str, _dec_bytes, _dec_list,
              _dec_device, _dec_tensor, _dec_module, _dec_function, _dec_tensor_handle)

@@ -80,7 +80,8 @@ class _Files:
     A forked child must not keep what it inherited (``/proc/self`` then still names the parent):
     right after ``os.fork`` it closes them (an at-fork hook, before anything in the child can
     close those numbers and reuse them for files of its own); after a fork that ran no hooks it
-    only forgets them, since their numbers may name other files by then."""
+    only forgets them (``check_fork``, at the start of each measurement), since their numbers may
+    name other files by then."""
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
@@ -91,9 +92,14 @@ class _Files:
         self._fds.clear()
         self._pid = os.getpid()
 
-    def read(self, path: str, size: int = 4096) -> bytes | None:
+    def check_fork(self) -> None:
+        """Forget the files if this is a child forked without the at-fork hooks (they would
+        name the parent's): called once per measurement rather than at every read, a
+        ``getpid`` each."""
         if self._pid != os.getpid():
             self._forked()
+
+    def read(self, path: str, size: int = 4096) -> bytes | None:
         fd = self._fds.get(path)
         if fd is not None:
             try:
@@ -123,8 +129,6 @@ class _Files:
     def links(self, path: str) -> int | None:
         """The link count of the directory ``path`` (kept open like the files): for
         ``/proc/self/task`` it is the number of threads plus two, a ``fstat`` instead of a listing."""
-        if self._pid != os.getpid():
-            self._forked()
         fd = self._fds.get(path)
         if fd is None:
             try:
@@ -209,11 +213,14 @@ class ConditionsProbe:
         self._task_dir = os.path.join(proc, "self", "task")
         self._task_paths: dict[int, tuple[str, str]] = {}   # tid -> its schedstat and stat
         self._tids: list[int] = []      # the threads listed last
+        self._clocks: list[tuple[int, int]] = []    # and their CPU-time clocks' ids
         self._own_threads = proc == "/proc" and _has_thread_clocks()
         self._getcpu = _sched_getcpu() if self._own_threads else None
         self._stat_names: tuple[list[int], frozenset] = ([], frozenset())  # cpus, their lines' names
+        self._stat_memo: tuple[list[int], bytes | None, int | None] = ([], None, None)  # cpus, lines, busy
         self._freq_paths: dict[int, str] = {}
         self._no_cpufreq: dict[int, float] = {}     # cpu -> when its cpufreq file was missing
+        self._no_cpufreq_at_all: tuple[list[int], float] = ([], -math.inf)  # cpus none of which has one, since
 
     def measurement(self) -> Measurement:
         """Start following one measurement (call it before the warm-up)."""
@@ -229,17 +236,35 @@ class ConditionsProbe:
     def _busy_ticks(self, cpus: list[int]) -> int | None:
         """Non-idle ticks of ``cpus`` (sorted), from the ``cpuN`` lines of /proc/stat: they come
         first, after the line of all CPUs, each at most at line N + 1, so only that much of the
-        file is read and split."""
+        file is read. The counters move in clock ticks, far apart next to a time_evaluator
+        call, so the lines read last time and their sum are kept: lines that did not change
+        are not split and parsed again."""
         last = cpus[-1]
         data = self._files.read(self._stat_path, _STAT_LINE_BYTES * (last + 2))
         if data is None:
             return None
+        end = data.find(b"\n")
+        start = end + 1
+        for _ in range(last + 1):
+            end = data.find(b"\n", end + 1)
+            if end < 0:
+                end = len(data)
+                break
+        lines = data[start:end]
+        memo = self._stat_memo
+        if lines == memo[1] and cpus == memo[0]:
+            return memo[2]
+        busy = self._parse_busy(cpus, lines)
+        self._stat_memo = (list(cpus), lines, busy)
+        return busy
+
+    def _parse_busy(self, cpus: list[int], lines: bytes) -> int | None:
         if self._stat_names[0] != cpus:
             self._stat_names = (list(cpus), frozenset(b"cpu%d" % c for c in cpus))
         names = self._stat_names[1]
         busy = 0
         found = False
-        for line in data.split(b"\n", last + 2)[1:last + 2]:
+        for line in lines.split(b"\n"):
             fields = line.split(None, 9)
             if fields and fields[0] in names:
                 # user nice system idle iowait irq softirq steal [guest guest_nice: in user]
@@ -249,8 +274,11 @@ class ConditionsProbe:
         return busy if found else None
 
     def _frequencies(self, cpus: list[int]) -> list[int]:
-        freqs = []
         now = time.monotonic()
+        none_since = self._no_cpufreq_at_all
+        if now - none_since[1] < REDISCOVER_S and cpus == none_since[0]:
+            return []
+        freqs = []
         for cpu in cpus:
             missing_since = self._no_cpufreq.get(cpu)
             if missing_since is not None and now - missing_since < REDISCOVER_S:
@@ -265,6 +293,8 @@ class ConditionsProbe:
             elif data.strip().isdigit():
                 self._no_cpufreq.pop(cpu, None)
                 freqs.append(int(data))
+        if not freqs and all(cpu in self._no_cpufreq for cpu in cpus):
+            self._no_cpufreq_at_all = (list(cpus), min(self._no_cpufreq[cpu] for cpu in cpus))
         return freqs
 
     def _thread_times(self) -> dict[int, float]:
@@ -273,14 +303,24 @@ class ConditionsProbe:
         ``fstat`` of the task directory instead of reading it)."""
         tids = self._tids
         if self._files.links(self._task_dir) == len(tids) + 2:
-            times = self._times_of(tids)
-            if len(times) == len(tids):
-                return times
+            if self._own_threads:   # the common case in one loop: each listed thread's clock
+                times = {}
+                try:
+                    for tid, clock in self._clocks:
+                        times[tid] = time.clock_gettime_ns(clock) / 1e9
+                    return times
+                except OSError:     # a thread has ended
+                    pass
+            else:
+                times = self._times_of(tids)
+                if len(times) == len(tids):
+                    return times
         try:
             names = os.listdir(self._task_dir)
         except OSError:
             names = []
         self._tids = tids = [int(name) for name in names[:MAX_THREADS] if name.isdigit()]
+        self._clocks = [(tid, (~tid << 3) | _THREAD_SCHED_CLOCK) for tid in tids]
         for gone in self._task_paths.keys() - set(tids):
             for path in self._task_paths.pop(gone):
                 self._files.forget(path)
@@ -310,10 +350,11 @@ class ConditionsProbe:
                 continue
         return times
 
-    def _last_cpu(self, tid: int) -> int | None:
+    def _last_cpu(self, tid: int, caller: int) -> int | None:
         """The CPU thread ``tid`` ran on last (field 39 of its stat, "processor"); for the
-        calling thread that is the CPU it runs on, which ``sched_getcpu`` tells without a file."""
-        if self._getcpu is not None and tid == threading.get_native_id():
+        calling thread (``caller``) that is the CPU it runs on, which ``sched_getcpu`` tells
+        without a file."""
+        if self._getcpu is not None and tid == caller:
             cpu = self._getcpu()
             if cpu >= 0:
                 return cpu
@@ -376,6 +417,7 @@ class Measurement:
 
     def __init__(self, probe: ConditionsProbe) -> None:
         self.probe = probe
+        probe._files.check_fork()
         self.cpus = probe._cpus()
         self._threads = probe._thread_times()
         self._freqs = probe._frequencies(self.cpus)
@@ -384,14 +426,12 @@ class Measurement:
         self.preempted: int | None = 0
         self._opened = None
 
-    def _counters(self):
-        busy = self.probe._busy_ticks(self.cpus)
-        own, nivcsw = self.probe._usage()
-        return busy, own, nivcsw, time.monotonic()
-
     def batch_started(self) -> None:
         if self._opened is None:
-            self._opened = self._counters()
+            probe = self.probe
+            busy = probe._busy_ticks(self.cpus)
+            own, nivcsw = probe._usage()
+            self._opened = busy, own, nivcsw, time.monotonic()
 
     def pause(self) -> None:
         if self._opened is None:
@@ -433,10 +473,11 @@ class Measurement:
 def _threads_that_ran(probe: ConditionsProbe, start: dict[int, float],
                       end: dict[int, float]) -> list[dict]:
     ran = []
+    caller = threading.get_native_id()
     for tid, seconds in sorted(end.items()):
         used = seconds - start.get(tid, 0.0)
         if used > 0:
-            ran.append({"tid": tid, "cpu": probe._last_cpu(tid), "cpu_s": used})
+            ran.append({"tid": tid, "cpu": probe._last_cpu(tid, caller), "cpu_s": used})
     return ran
 
 

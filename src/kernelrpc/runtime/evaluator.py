@@ -97,13 +97,14 @@ class TimeEvaluator:
         module = function.module
         packed = function.pack(args)
         flush_buffers = self._cache_flush_buffers()
+        time_batch = module.batch_timer(function, packed)
         if flush_buffers is None:
-            run_batch = functools.partial(module.time_batch, function, packed)
+            run_batch = time_batch
         else:
             def run_batch(number: int) -> int:
                 src, dst = flush_buffers
                 ctypes.memmove(dst.address, src.address, dst.nbytes)
-                return module.time_batch(function, packed, number)
+                return time_batch(number)
         preproc = None
         if self.f_preproc == CACHE_FLUSH_NON_FIRST_ARG:
             preproc = functools.partial(self._flush_non_first, packed)

@@ -20,7 +20,7 @@ from ..errors import ConnectionLost, ProtocolError
 from ..rpc import protocol as P
 from ..rpc.convert import PLAIN, Converter, local_tensor
 from ..rpc.requests import NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
-from ..rpc.transport import FramedSocket
+from ..rpc.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                           decode_values, nbytes_of)
 from . import canary, registry
@@ -82,6 +82,12 @@ class HandleTable(Converter):
                 return obj
         return Converter.from_wire(self, value)
 
+    def all_from_wire(self, values) -> list:
+        """A call's arguments as objects, each by ``from_wire`` (a tensor handle in one lookup),
+        without the base class's first pass that looks for a value that is not plain."""
+        from_wire = self.from_wire
+        return [from_wire(value) for value in values]
+
     def object_from_wire(self, value):
         """A decoded argument as the runtime object it stands for."""
         if isinstance(value, TensorHandle):
@@ -135,30 +141,36 @@ class SessionHandler:
         straight from it (protocol.decode_call_frame) and goes to ``_call`` without the table.
         """
         conn = self.conn
-        recv_chunk, recv_frame, send = conn.recv_chunk, conn.recv_frame, conn.sock.sendall
+        reader, recv, first_read = conn.reader, conn.sock.recv, FIRST_READ
+        recv_frame, send = conn.recv_frame, conn.sock.sendall
         handlers, decode_request, shutdown = self._handlers, P.decode_request, P.SHUTDOWN
         call, decode_call_frame, max_frame_bytes = self._call, P.decode_call_frame, self.config.max_frame_bytes
         while True:
-            try:
-                chunk = recv_chunk()
-            except ConnectionLost as exc:
-                chunk = None
-                frame_type, body = self._wait_for_frame(exc)
+            if reader.pending:  # frame bytes buffered: the reader takes those first
+                frame_type, body = recv_frame()
             else:
                 try:
-                    request = None if chunk is None else decode_call_frame(chunk, max_frame_bytes)
-                    reply = None if request is None else call(request)
-                except ConnectionLost:
-                    raise
-                except Exception as exc:  # reported to the client, the session goes on
-                    request, reply = True, self._error_reply(P.CALL, b"", exc)
-                if request is not None:
+                    chunk = recv(first_read)  # FramedSocket.recv_chunk, one call less per request
+                except OSError as exc:
+                    frame_type, body = self._wait_for_frame(receive_failed(exc))
+                    chunk = None
+                if chunk is not None:
+                    if not chunk:
+                        raise ConnectionLost(PEER_CLOSED)
                     try:
-                        send(reply)
-                    except OSError as exc:
-                        raise ConnectionLost(f"connection lost while sending: {exc}") from exc
-                    continue
-                frame_type, body = recv_frame(chunk)
+                        request = decode_call_frame(chunk, max_frame_bytes)
+                        reply = None if request is None else call(request)
+                    except ConnectionLost:
+                        raise
+                    except Exception as exc:  # reported to the client, the session goes on
+                        request, reply = True, self._error_reply(P.CALL, b"", exc)
+                    if request is not None:
+                        try:
+                            send(reply)
+                        except OSError as exc:
+                            raise ConnectionLost(f"connection lost while sending: {exc}") from exc
+                        continue
+                    frame_type, body = recv_frame(chunk)
             if frame_type != P.REQUEST:
                 raise ProtocolError(f"expected a REQUEST frame, got {P.FRAME_NAMES[frame_type]}")
             op = body[0] if body else 0

@@ -11,7 +11,8 @@ Rows (medians over ``--samples`` fresh processes or sessions):
   import + connect together, and the connect with the first exchange on it (``summary()``);
 * ``rpc.connect()`` to a device server (handshake, the server's start of the session child,
   version exchange), the first ``get_function("testing.echo")`` + call on that new session
-  (what the session's child does on its first requests), and the same pair again (warm);
+  (what the session's child does on its first requests), the second pair and the tenth (a new
+  session's first requests are all slower than a long session's, on both sides);
 * a whole remote ``time_evaluator(number=100, repeat=20)`` call for a 1-element kernel: the first
   in a client process (which loads the client's code for it), the first on each later session
   (what the session's child does the first time), then the steady state; and the same call on
@@ -75,19 +76,19 @@ elif mode == "session":
     sessions.append(rpc.connect(*opts["server"]))
     sessions[-1].get_function("testing.echo")(1)  # the process's own first use
     close()
-    connects, first, warm = [], [], []
+    connects, calls = [], [[] for _ in range(10)]
     for _ in range(opts["n"]):
         t0 = time.perf_counter()
         sess = rpc.connect(*opts["server"])
         connects.append(time.perf_counter() - t0)
         sessions.append(sess)
-        for into in (first, warm):
+        for into in calls:
             t0 = time.perf_counter()
             sess.get_function("testing.echo")(1)
             into.append(time.perf_counter() - t0)
         del sess    # before the next connect: TVM's server serves one session at a time
         close()
-    out = {"connect": connects, "first": first, "warm": warm}
+    out = {"connect": connects, "first": calls[0], "second": calls[1], "tenth": calls[9]}
 elif mode == "evaluator":
     import numpy as np
     if opts["tvm"]:
@@ -249,7 +250,8 @@ def main() -> None:
                                  n=max(1, args.sessions // args.rounds))
                     add("rpc.connect() to the server (a new session)", name, out["connect"])
                     add("first get_function + call on a new session", name, out["first"])
-                    add("the same again on that session (warm)", name, out["warm"])
+                    add("the same again: the second on that session", name, out["second"])
+                    add("the same: the tenth on that session", name, out["tenth"])
             for round_ in range(0 if args.connect_only else args.rounds):
                 for name in rotated(round_):
                     env, is_tvm = contenders[name]

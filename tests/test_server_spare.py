@@ -34,10 +34,53 @@ def children(pid):
         return []
 
 
-def spare_of(server, other_than=()):
-    """The server's spare child (waited for), once it is not one of ``other_than``."""
-    return wait_until(lambda: next((c for c in children(server.proc.pid) if is_spare(c) and c not in other_than),
-                                   None), what="a spare session child")
+def spare_of(server, other_than=(), ready=True, timeout=20.0):
+    """The server's spare child (waited for), once it is not one of ``other_than`` (and, with
+    ``ready``, warm: the next session is handed to it)."""
+    return wait_until(lambda: next((c for c in children(server.proc.pid)
+                                    if is_spare(c, ready) and c not in other_than), None),
+                      timeout=timeout, what="a spare session child")
+
+
+def threads(pid):
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def policies(pid):
+    """The scheduling policy of each of the process's threads."""
+    found = []
+    for tid in threads(pid):
+        try:
+            found.append(os.sched_getscheduler(tid))
+        except OSError:         # the thread ended
+            pass
+    return found
+
+
+def catch_warming_spare(server, attempts=30):
+    """``(spare, session)``: a spare stopped (SIGSTOP) in the middle of its warm-up, and the open
+    session whose handoff forked it. Each attempt opens a session, whose handoff forks the next
+    spare, and looks for that spare while its warm-up thread runs (a few milliseconds)."""
+    for _ in range(attempts):
+        sess = rpc.connect(server.host, server.port, key="dev")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            found = [c for c in children(server.proc.pid) if c != sess.info["pid"]]
+            if any(is_spare(c, ready=True) for c in found):
+                break                                   # warm already: missed it
+            for child in found:
+                try:
+                    os.kill(child, signal.SIGSTOP)
+                except ProcessLookupError:              # an earlier session's child, gone
+                    continue
+                if os.SCHED_IDLE in policies(child):    # its warm-up thread is there
+                    return child, sess
+                os.kill(child, signal.SIGCONT)
+        sess.close()
+    pytest.fail(f"no spare caught warming up in {attempts} sessions")
 
 
 def minor_faults(pid):
@@ -150,6 +193,46 @@ def test_the_spare_takes_the_page_faults_of_the_first_time_evaluator(start_servi
     with_spare, warm, without_spare = compare_first_faults(start_service, prepare)
     assert without_spare >= 20 and with_spare < without_spare / 3, (with_spare, without_spare)
     assert not any("warm-up" in line for line in warm.lines)
+
+
+def test_the_next_spare_is_forked_when_a_session_ends_before_its_child_is_reaped(start_service):
+    """A client that connects again as soon as it closed its session needs the next spare warm
+    by then: it is forked when the session's child says the session is over, and warms up while
+    that child exits and the server cleans up after it (about a millisecond or more)."""
+    server = start_server(start_service, "--log-level", "DEBUG")
+    early = 0
+    for _ in range(5):
+        spare = spare_of(server)
+        with rpc.connect(server.host, server.port, key="dev") as sess:
+            assert sess.info["pid"] == spare
+        peer = re.search(r"session for (\S+) starts", server.wait_for_line(rf"starts \(child {spare}\)")).group(1)
+        finished = server.wait_for_line(rf"session from {re.escape(peer)} finished")
+        following = spare_of(server, other_than=(spare,))
+        forked = server.wait_for_line(rf"spare session child {following} forked")
+        early += server.lines.index(forked) < server.lines.index(finished)
+    assert early, "the next spare was forked only after the session's child was reaped, 5 times in a row"
+
+
+def test_a_spare_warms_up_at_the_lowest_priority_and_only_a_warm_one_takes_a_session(start_service):
+    """The warm-up runs in a thread of its own at SCHED_IDLE, the thread that serves the session
+    keeps its normal policy; a client that comes while the spare still warms up gets a child
+    forked for it (logged), and the spare, once warm, takes the next session."""
+    server = start_server(start_service, "--max-sessions", "2")
+    spare, held = catch_warming_spare(server)
+    try:
+        assert os.sched_getscheduler(spare) == os.SCHED_OTHER     # the thread that will serve
+        with rpc.connect(server.host, server.port, key="dev") as sess:
+            assert sess.info["pid"] != spare
+            assert sess.get_function("testing.echo")(3) == 3
+        server.wait_for_line(rf"the spare \({spare}\) was still warming up; forked a child for it \(fallback \d+\)")
+    finally:
+        os.kill(spare, signal.SIGCONT)
+    assert spare_of(server, timeout=60) == spare       # at SCHED_IDLE: slow on a busy machine
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        assert sess.info["pid"] == spare
+        assert sess.get_function("testing.echo")(4) == 4
+        assert os.SCHED_IDLE not in policies(spare)
+    held.close()
 
 
 def test_no_spare_session_forks_at_connect(start_service):

@@ -12,8 +12,10 @@ hello gets :data:`~kernelrpc.rpc.tls.PLAINTEXT_REFUSAL`. The session then runs
 behind a TLS relay process (:mod:`.tls_relay`), so that crash and timeout notices
 still reach the client.
 
-Each session's child is normally a spare (:mod:`.spare`): forked and warmed up while no session
-runs (or, with ``max_sessions`` above 1, while a slot is free), then handed the connection.
+Each session's child is normally a spare (:mod:`.spare`): forked and warmed up ahead, then handed
+the connection. The next spare is forked when a slot is free, or as soon as a session's child
+says the session is over, before it exits and is reaped, so that a client that connects again
+at once finds it warm (or almost: it waits a little for it).
 """
 from __future__ import annotations
 
@@ -32,11 +34,15 @@ from ..rpc.auth import ServiceAuth
 from ..rpc.tls import close_gently, is_tls_hello, refuse_plaintext
 from .config import ServerConfig
 from .session import SessionProcess
-from .spare import Spares
+from .spare import WARM_UP_WAIT, Spares
 from .tls_relay import Relay, start_tls_session
 from .workspace import remove_stale
 
 log = logging.getLogger(__name__)
+
+FIRST_WARM_UP_WAIT = 2.0
+"""Seconds the server waits at its start, after its ready line, for its first spare's warm-up (a
+few milliseconds), before it accepts connections."""
 
 
 class _Pending:
@@ -52,6 +58,7 @@ class _Pending:
         self.auth: ServiceAuth | None = None   # set while the peer answers our challenge
         self.offered: H.ParsedKey | None = None  # the key it sent, admitted once authenticated
         self.tls_opening = False                 # TLS on, and its handshake not finished yet
+        self.admitted = 0.0                      # when its key matched (it waits for a slot from then)
 
 
 class Server:
@@ -64,10 +71,11 @@ class Server:
         self.waiting: collections.deque[_Pending] = collections.deque()
         self.sessions: list[SessionProcess] = []
         self._watched: dict[SessionProcess, int] = {}  # session -> its registered pidfd
+        self._ending: dict[SessionProcess, int | None] = {}  # session -> its status pipe until it says it ends
         self.relays: list[Relay] = []                  # TLS sessions' relay processes
         self.tls = config.tls.server_context() if config.tls is not None else None
         self.spares = Spares(config)
-        self._spare_fd: int | None = None              # the spare's pidfd, while the selector watches it
+        self._spare_watched: list = []                 # the spare's pidfd, and its link until it is warm
         self._stopping = False
         listen_sock.setblocking(False)
         self.acceptor = Acceptor(listen_sock)
@@ -101,6 +109,9 @@ class Server:
 
     def serve_forever(self) -> None:
         try:
+            self.spares.fill()          # the first client (in the listen backlog meanwhile) finds it warm
+            self.spares.wait_warm(FIRST_WARM_UP_WAIT)
+            self._on_tick()
             while not self._stopping:
                 for key, _ in self.selector.select(self._next_timeout()):
                     key.data(key.fileobj)
@@ -138,6 +149,8 @@ class Server:
             deadlines.append(self.acceptor.paused_until)
         if self.spares.next_fill() is not None:
             deadlines.append(self.spares.next_fill())
+        if self.waiting and self._spare_warming():
+            deadlines.append(self.waiting[0].admitted + WARM_UP_WAIT)
         if not deadlines:
             return 1.0
         return max(0.0, min(deadlines) - time.monotonic())
@@ -158,24 +171,43 @@ class Server:
             self.acceptor.resume()
             self.selector.register(self.listen_sock, selectors.EVENT_READ, self._accept)
         self._start_waiting()
-        if not self.waiting and len(self.sessions) < self.config.max_sessions and not self._stopping:
-            self._fill_spare()
+        running = len(self.sessions) - sum(fd is None for fd in self._ending.values())
+        if running < self.config.max_sessions and not self._stopping:
+            self.spares.fill(idle=running > 0)      # a free slot, or one that its session is leaving
+        self._watch_spare()
 
-    def _fill_spare(self) -> None:
-        """Fork the next spare (a free slot, no client waiting: it disturbs no session)."""
-        spare = self.spares.fill()
-        if spare is not None and spare.fileno() is not None:
-            self._spare_fd = spare.fileno()
-            self.selector.register(self._spare_fd, selectors.EVENT_READ, self._spare_event)
+    def _watch_spare(self) -> None:
+        """Watch the spare for its death and for the end of its warm-up."""
+        spare = self.spares.spare
+        if spare is None or self._spare_watched:
+            return
+        if spare.fileno() is not None:
+            self.selector.register(spare.fileno(), selectors.EVENT_READ, self._spare_event)
+            self._spare_watched.append(spare.fileno())
+        if spare.listening():
+            self.selector.register(spare.control, selectors.EVENT_READ, self._spare_warm)
+            self._spare_watched.append(spare.control)
 
     def _spare_event(self, fd: int) -> None:
         self._unwatch_spare()
         self.spares.check()     # it died before its handoff: the next tick forks another
 
+    def _spare_warm(self, control) -> None:
+        """The spare's link has something: its word that it is warm (a client may wait for it),
+        or the end of the link (its death, which its pidfd reports)."""
+        spare = self.spares.spare
+        if spare is not None and spare.control is control and not spare.listening():
+            self.selector.unregister(control)
+            self._spare_watched.remove(control)
+
+    def _spare_warming(self) -> bool:
+        spare = self.spares.spare
+        return spare is not None and not spare.ready()
+
     def _unwatch_spare(self) -> None:
-        if self._spare_fd is not None:
-            self.selector.unregister(self._spare_fd)
-            self._spare_fd = None
+        for watched in self._spare_watched:
+            self.selector.unregister(watched)
+        self._spare_watched.clear()
 
     def _accept(self, listen_sock: socket.socket) -> None:
         conn = self.acceptor.accept()
@@ -310,6 +342,7 @@ class Server:
 
     def _admit(self, pending: _Pending, parsed: H.ParsedKey, extra: bytes) -> None:
         pending.key = parsed
+        pending.admitted = time.monotonic()
         pending.extra = extra
         if not self._key_matches(parsed):
             log.info("key mismatch from %s (role %r)", pending.peer, parsed.role)
@@ -323,7 +356,11 @@ class Server:
 
     def _start_waiting(self) -> None:
         while self.waiting and len(self.sessions) < self.config.max_sessions:
-            pending = self.waiting.popleft()
+            pending = self.waiting[0]
+            if pending.sock in self.pending and self._spare_warming() \
+                    and time.monotonic() < pending.admitted + WARM_UP_WAIT:
+                return    # the spare is almost warm: worth waiting for (spare.WARM_UP_WAIT)
+            self.waiting.popleft()
             if pending.sock not in self.pending:
                 continue  # it hung up while waiting
             if not self._key_matches(pending.key):  # the matchkey rotated while it waited
@@ -333,7 +370,7 @@ class Server:
             self.selector.unregister(pending.sock)
             del self.pending[pending.sock]
             success = H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)
-            self._unwatch_spare()       # its pidfd is the session's now, or closed
+            self._unwatch_spare()       # its pidfd is the session's now, or closed (the tick watches a kept one)
             if isinstance(pending.sock, ssl.SSLSocket):   # the reply first: then the relay owns the stream
                 if not self._reply(pending, success):
                     pending.sock.close()
@@ -351,6 +388,8 @@ class Server:
             if session.fileno() is not None:
                 self._watched[session] = session.fileno()
                 self.selector.register(session.fileno(), selectors.EVENT_READ, self._session_event)
+            self._ending[session] = session.status_fileno()
+            self.selector.register(session.status_fileno(), selectors.EVENT_READ, self._session_ending)
             if self.registration is not None:
                 self.registration.session_started()
 
@@ -360,11 +399,23 @@ class Server:
                 self._session_over(session)
                 return
 
+    def _session_ending(self, fd: int) -> None:
+        """A session's child said the session is over (or died): the next spare can be forked
+        while it exits and the server cleans up after it."""
+        for session, status in self._ending.items():
+            if status == fd:                # (not a session reaped earlier in this round)
+                self.selector.unregister(fd)
+                self._ending[session] = None
+                return
+
     def _session_over(self, session: SessionProcess) -> None:
         self.sessions.remove(session)
         fd = self._watched.pop(session, None)
         if fd is not None:
             self.selector.unregister(fd)  # the pidfd is closed already; this drops the selector's entry
+        status = self._ending.pop(session, None)
+        if status is not None:
+            self.selector.unregister(status)
         if self.registration is not None:
             self.registration.session_finished()
 

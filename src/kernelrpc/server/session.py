@@ -90,6 +90,11 @@ class SessionProcess:
         """A descriptor that becomes readable when the child exits (None: poll instead)."""
         return self._pidfd
 
+    def status_fileno(self) -> int:
+        """A descriptor that becomes readable when the child says it has ended the session, or
+        dies: before it has exited and been reaped (its exit takes a millisecond or more)."""
+        return self._status_fd
+
     def poll(self) -> bool:
         """Reap the child if it has exited; True once the session is over."""
         if self.done:
@@ -116,17 +121,20 @@ class SessionProcess:
         self._cleanup()
         return True
 
-    def wait(self) -> None:
-        """Block until the session is over (used when serving one connection at a time)."""
+    def wait(self, ending=None) -> None:
+        """Block until the session is over (used when serving one connection at a time);
+        ``ending()`` is called once, when the child says the session is over (``status_fileno``)."""
         while not self.poll():
+            timeout = 0.5
             if self.deadline is not None:
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
                     self.expire_if_due(time.monotonic())
                     return
-                _wait_readable(self._pidfd, min(remaining, 0.5))
-            else:
-                _wait_readable(self._pidfd, 0.5)
+                timeout = min(remaining, timeout)
+            if _wait_readable(self._pidfd, timeout, self._status_fd if ending else None):
+                ending()
+                ending = None
 
     def kill(self) -> None:
         """End the session now because the server shuts down."""
@@ -187,11 +195,13 @@ class SessionProcess:
         self.workspace.remove()
 
 
-def _wait_readable(fd: int | None, timeout: float) -> None:
-    if fd is None:  # no pidfd on this system: poll
-        select.select([], [], [], min(timeout, 0.05))
-    else:
-        select.select([fd], [], [], timeout)
+def _wait_readable(pidfd: int | None, timeout: float, status_fd: int | None = None) -> bool:
+    """Wait for the child's exit (or ``timeout``); True if ``status_fd`` became readable."""
+    watched = [fd for fd in (pidfd, status_fd) if fd is not None]
+    if pidfd is None:  # no pidfd on this system: poll
+        timeout = min(timeout, 0.05)
+    readable, _, _ = select.select(watched, [], [], timeout)
+    return status_fd is not None and status_fd in readable
 
 
 def start_session(sock: socket.socket, client_key: ParsedKey, config: ServerConfig,

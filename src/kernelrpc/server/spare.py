@@ -8,8 +8,16 @@ exchange, a global function looked up, called and freed, a small tensor allocate
 read back and freed) through the real :func:`~.session.run_session` on a socketpair, and
 a time_evaluator's run without a kernel (:func:`~kernelrpc.runtime.evaluator.warm_up`: the
 timing loop, the device-conditions probe's real measurement, the packed result), and it takes
-a reference to the code a first module call runs (:func:`_touch_code`), then waits for the
-server to hand it a connection.
+a reference to the code a first module call runs (:func:`_touch_code`), then tells the server
+it is warm and waits for it to hand it a connection.
+
+The server forks the next spare as soon as the session before it is over, while its child still
+exits (:mod:`.listener`). A spare forked while other sessions run (``max_sessions`` above 1)
+warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session wants), in a
+thread of its own (:func:`_warm_up_in_background`): the thread that serves its session keeps
+its priority. Only a warm spare is handed a session: a client that arrives while it warms up
+waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and the spare is kept
+for the next one.
 
 The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
 as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake
@@ -34,9 +42,12 @@ import gc
 import logging
 import os
 import resource
+import select
 import signal
 import socket
 import struct
+import sys
+import threading
 import time
 
 from ..rpc import protocol as P
@@ -58,8 +69,17 @@ MAX_HANDOFF_BYTES = 1 << 20
 REFILL_DELAY = 0.5
 """Seconds before a spare that died unhanded is replaced; doubled for each death in a row."""
 MAX_REFILL_DELAY = 60.0
+WARM_UP_WAIT = 0.005
+"""Seconds a client waits for a spare that is still warming up before a child is forked for it:
+about one whole warm-up on an idle CPU. A fork costs the server half a millisecond and the
+session's first requests their copy-on-write faults (another half); a spare forked when the
+session before ended is usually warm within a few milliseconds of the next client's arrival."""
 PROCESS_NAME = b"kernelrpc-spare"
-"""What ``ps`` and ``/proc/PID/comm`` show for a spare until its handoff (Linux)."""
+"""What ``ps`` and ``/proc/PID/comm`` show for a warm spare until its handoff (Linux)."""
+WARMING_NAME = b"kernelrpc-warm"
+"""What they show while it warms up."""
+READY = b"r"
+"""What a spare sends the server once it is warm: only a warm spare is handed a session."""
 
 
 def encode_handoff(timeout: float | None, initial: bytes) -> bytes:
@@ -150,6 +170,43 @@ def _touch_code(modules) -> None:
                     held.append(code)
 
 
+def _warm_up_in_background(config: ServerConfig, workspace: Workspace) -> int:
+    """``warm_up`` at the lowest CPU priority (:func:`lower_priority`), for a spare forked while
+    sessions run: in a thread of its own, so that the thread that serves the session after the
+    handoff keeps its priority (an unprivileged process could not raise it again)."""
+    faults = []
+
+    def run() -> None:
+        lower_priority()
+        try:
+            faults.append(warm_up(config, workspace))
+        except Exception:       # noqa: BLE001 (reported, never fatal: a cold spare still serves)
+            log.exception("spare session child %d: the warm-up failed", os.getpid())
+
+    thread = threading.Thread(target=run, name="spare warm-up")
+    thread.start()
+    thread.join()
+    return faults[0] if faults else 0
+
+
+def lower_priority() -> str | None:
+    """Give the calling thread the lowest CPU priority there is: ``SCHED_IDLE`` (it runs only when
+    nothing else wants the CPU), else nice 19. Linux only, where both apply to one thread;
+    returns what was set (None: nothing)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return "SCHED_IDLE"
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        return "nice 19"
+    except (AttributeError, OSError):
+        return None
+
+
 def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | None:
     """Why the warm-up's replies are not the script's (or None): a refusal, an error, too few."""
     parser = P.HelloReplyParser()
@@ -213,23 +270,28 @@ def _set_process_name(name: bytes) -> None:
         pass
 
 
-def is_spare(pid: int) -> bool:
-    """Whether process ``pid`` is a spare session child waiting for its session (Linux)."""
+def is_spare(pid: int, ready: bool = False) -> bool:
+    """Whether process ``pid`` is a spare session child before its session (Linux); with
+    ``ready``, one that is warm (the next session is handed to it)."""
     try:
         with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().rstrip(b"\n") == PROCESS_NAME
+            name = f.read().rstrip(b"\n")
     except OSError:
         return False
+    return name == PROCESS_NAME or (not ready and name == WARMING_NAME)
 
 
-def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspace) -> bool:
+def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspace, idle: bool) -> bool:
     own_name = _process_name()
     if own_name is not None:
-        _set_process_name(PROCESS_NAME)
+        _set_process_name(WARMING_NAME)
     os.chdir(workspace.root)
-    faults = warm_up(config, workspace)
+    faults = _warm_up_in_background(config, workspace) if idle else warm_up(config, workspace)
     gc.freeze()                     # what the warm-up left, too (see session._child_main)
     log.debug("spare session child %d warmed up (%d page faults)", os.getpid(), faults)
+    control.sendall(READY)
+    if own_name is not None:
+        _set_process_name(PROCESS_NAME)
     handoff = _receive_handoff(control)
     if handoff is None:
         return False
@@ -248,13 +310,14 @@ class SpareGone(Exception):
 class Spare:
     """The server's view of one spare child, from its fork to its handoff."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, idle: bool = False) -> None:
+        """``idle``: it warms up at the lowest CPU priority from the start (sessions run)."""
         self.workspace = new_workspace(config)
         control, child_end = socket.socketpair()
         status_r, status_w = os.pipe()
         try:
             self.pid = fork_child(config, (child_end.fileno(), status_w), status_w,
-                                  lambda: _spare_main(child_end, config, self.workspace))
+                                  lambda: _spare_main(child_end, config, self.workspace, idle))
         except BaseException:
             self.workspace.remove()
             control.close()
@@ -267,6 +330,8 @@ class Spare:
         control.setblocking(False)
         self.control = control
         self.done = False               # reaped, or handed over (then its session's)
+        self._ready = False             # it said so (READY)
+        self._link_closed = False
         self._status_fd = status_r
         try:
             self._pidfd = os.pidfd_open(self.pid)
@@ -276,6 +341,21 @@ class Spare:
     def fileno(self) -> int | None:
         """A descriptor that becomes readable when the spare exits (None: ask ``exited``)."""
         return self._pidfd
+
+    def ready(self) -> bool:
+        """Whether the spare has warmed up (it said so on its link)."""
+        if not self._ready and not self._link_closed:
+            try:
+                data = self.control.recv(1)
+            except OSError:     # nothing yet (BlockingIOError), or the link broke
+                return False
+            self._ready = data == READY
+            self._link_closed = not data
+        return self._ready
+
+    def listening(self) -> bool:
+        """Whether its link may still say something (a selector watches it until then)."""
+        return not self.ready() and not self._link_closed
 
     def exited(self) -> int | None:
         """The spare's wait status once it has exited (it is reaped then), else None."""
@@ -341,7 +421,8 @@ def _describe(status: int) -> str:
 
 class Spares:
     """At most one spare session child, and the start of every session: through the spare when
-    there is one, else by a child forked for it (logged: ``fallbacks`` counts them)."""
+    there is one and it is warm, else by a child forked for it (logged: ``fallbacks`` counts
+    them); a spare that is still warming up is kept for the next session."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -351,12 +432,13 @@ class Spares:
         self._refill_at = 0.0
         self._delay = REFILL_DELAY
 
-    def fill(self) -> Spare | None:
-        """Fork a spare if there is none (and none died too recently); returns the new one."""
+    def fill(self, idle: bool = False) -> Spare | None:
+        """Fork a spare if there is none (and none died too recently); returns the new one.
+        ``idle``: sessions run, so it warms up at the lowest CPU priority."""
         if not self.enabled or self.spare is not None or time.monotonic() < self._refill_at:
             return None
         try:
-            self.spare = Spare(self.config)
+            self.spare = Spare(self.config, idle)
         except OSError as exc:         # no memory or processes left, the workspace root full
             self._lost(f"could not fork a spare session child: {exc}")
             return None
@@ -387,9 +469,18 @@ class Spares:
 
     def start(self, sock: socket.socket, client_key: ParsedKey, config: ServerConfig,
               initial: bytes = b"", peer: str | None = None) -> SessionProcess:
-        """The session's child: the spare, or (when there is none, or it is gone) a fresh fork."""
-        spare, self.spare = self.spare, None
-        if spare is not None:
+        """The session's child: the spare, or (when there is none, it is gone or still warming
+        up) a fresh fork."""
+        spare = self.spare
+        if spare is not None and not spare.ready():
+            status = spare.exited()
+            if status is None:
+                reason, level = f"the spare ({spare.pid}) was still warming up", logging.INFO
+            else:
+                self._lost(f"spare session child {spare.pid} died before its session ({_describe(status)})")
+                reason, level = "its spare was gone", logging.WARNING
+        elif spare is not None:
+            self.spare = None
             try:
                 session = spare.hand_over(sock, client_key, config, initial, peer)
                 self._delay = REFILL_DELAY
@@ -405,6 +496,13 @@ class Spares:
         log.log(level, "session for %s: %s; forked a child for it (fallback %d)",
                 peer_of(sock, peer), reason, self.fallbacks)
         return start_session(sock, client_key, config, initial, peer)
+
+    def wait_warm(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the spare to end its warm-up (a server that serves
+        one session at a time, blocking: through a proxy)."""
+        deadline = time.monotonic() + timeout
+        while self.spare is not None and self.spare.listening() and time.monotonic() < deadline:
+            select.select([self.spare.control], [], [], deadline - time.monotonic())
 
     def close(self) -> None:
         """End the spare (the server stops)."""

@@ -43,7 +43,7 @@ from ..rpc.protocol import VERSION_STRING
 from .config import ServerConfig
 from ..rpc.tls import check_plaintext_answer, describe_failure, wrap_client
 from ..runtime import device_info
-from .spare import Spares
+from .spare import WARM_UP_WAIT, Spares
 from .tls_relay import LINGER, start_tls_session
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,7 @@ class ProxyLink:
             client_key.timeout  # validates -timeout= before anything is forked
             log.info("proxy %s paired us with %r", where, reply.key)
             relay = None
+            self.spares.wait_warm(WARM_UP_WAIT)
             if self._tls is not None:
                 session, relay = start_tls_session(sock, client_key, self.config, initial, f"proxy {where}",
                                                    start=self.spares.start)
@@ -154,7 +155,7 @@ class ProxyLink:
                 session = self.spares.start(sock, client_key, self.config, initial)
             sock = None  # the session owns it now
             try:
-                session.wait()
+                session.wait(ending=self.spares.fill)   # the next spare warms up while this child exits
             finally:
                 try:
                     session.kill()  # on SIGTERM (SystemExit) mid-session

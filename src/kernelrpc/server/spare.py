@@ -177,7 +177,10 @@ def _warm_up_in_background(config: ServerConfig, workspace: Workspace) -> int:
     faults = []
 
     def run() -> None:
-        lower_priority()
+        priority = lower_priority()
+        if priority != "SCHED_IDLE":
+            log.info("spare session child %d warms up at %s (SCHED_IDLE refused)", os.getpid(),
+                     priority or "its normal priority")
         try:
             faults.append(warm_up(config, workspace))
         except Exception:       # noqa: BLE001 (reported, never fatal: a cold spare still serves)

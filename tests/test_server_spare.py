@@ -3,6 +3,8 @@ import os
 import re
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -174,6 +176,30 @@ def test_the_evaluator_warm_up_measures_real_conditions_and_packs_them():
     assert conditions["cpus"] and any(t["tid"] == threading.get_native_id() for t in conditions["threads"])
     profile = P.decode_profile(P.encode_profile(number, results, conditions), {}, "warm-up")
     assert profile.results == pytest.approx(results) and profile.conditions["cpus"] == conditions["cpus"]
+
+
+QUICKENED_BY_THE_WARM_UP = r"""
+import sys
+from kernelrpc.rpc import protocol
+from kernelrpc.server import handler, spare
+from kernelrpc.server.config import ServerConfig
+from kernelrpc.server.workspace import Workspace
+path = [handler.SessionHandler._get_global, handler.SessionHandler._call, handler.SessionHandler._release,
+        handler.HandleTable.put, protocol.encode_result, protocol.encode_return, protocol.encode_frame]
+spare.warm_up(ServerConfig(), Workspace.create(sys.argv[1]))
+print(" ".join(f.__qualname__ for f in path if f.__code__._co_code_adaptive == f.__code__.co_code))
+"""
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="CPython 3.11 quickens a code object on its eighth call")
+def test_the_warm_up_leaves_the_request_path_quickened(tmp_path):
+    """The spare's scripted session runs get_function + call often enough that the interpreter
+    has quickened their code before the handoff, so a session's first requests run it
+    specialized (in a fresh interpreter: nothing else has run that code there)."""
+    done = subprocess.run([sys.executable, "-c", QUICKENED_BY_THE_WARM_UP, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "did not go as scripted" not in done.stderr, done.stderr
+    assert done.stdout.split() == [], f"not quickened by the warm-up: {done.stdout}"
 
 
 def test_the_spare_takes_the_page_faults_of_the_first_time_evaluator(start_service, fixture_module):

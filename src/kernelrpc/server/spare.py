@@ -96,23 +96,36 @@ def decode_handoff(data: bytes) -> tuple[float | None, bytes]:
     return timeout or None, bytes(data[_HANDOFF.size:])
 
 
+WARM_UP_LOOKUPS = 10
+"""How many times the scripted session looks ``testing.echo`` up and calls it: CPython 3.11
+quickens a code object (the step before it specializes its instructions) on its eighth call
+only, so a path run once or twice here would run unspecialized through a session's first
+requests (docs/performance.md, "A new session's first requests")."""
+
+
 def _warm_up_script() -> list[tuple[bytes, int]]:
     """What the scripted client sends, one message at a time, and the replies each one gets:
-    the requests of a typical first session."""
+    the requests of a typical first session, the lookup and call as often as a session's own
+    first requests need (``WARM_UP_LOOKUPS``)."""
     cpu = DeviceValue("cpu", 0)
-    tensor = TensorHandle(3, "float32", (1,), cpu)
+    lookups = WARM_UP_LOOKUPS
+    tensor = TensorHandle(lookups + 1, "float32", (1,), cpu)
     four = b"\0\0\x80?"
+    again = []
+    for h in range(2, lookups + 1):     # as a client's get_function + call, the last one released
+        again += [(P.encode(Release((h - 1,))) + P.encode(GetGlobal("testing.echo")), 1),  # handle h
+                  (P.encode_call(h, (1,)), 1)]
     return [
         (P.encode_hello(), 0),                                      # answered apart
         (P.encode(GetGlobal("testing.echo")), 1),                   # handle 1
         (P.encode_call(1, (1,)), 1), (P.encode_call(1, (0.5,)), 1), (P.encode_call(1, ["text", 2]), 1),
-        (P.encode(Release((1,))) + P.encode(GetGlobal("testing.echo")), 1),     # handle 2
-        (P.encode(Free((FunctionHandle(2),))), 1),
-        (P.encode(Empty([1], "float32", cpu)), 1),                  # handle 3
+        *again,
+        (P.encode(Free((FunctionHandle(lookups),))), 1),
+        (P.encode(Empty([1], "float32", cpu)), 1),                  # handle lookups + 1
         (P.encode(CopyTo(tensor, 0, 4)), 0), (four, 1),
         (P.encode(CopyFrom(tensor, 0, 4)), 1),
-        (P.encode(Array([1], "float32", cpu, 4)), 0), (four, 1),    # handle 4
-        (P.encode(Free((tensor, TensorHandle(4, "float32", (1,), cpu)))), 1),
+        (P.encode(Array([1], "float32", cpu, 4)), 0), (four, 1),    # handle lookups + 2
+        (P.encode(Free((tensor, TensorHandle(lookups + 2, "float32", (1,), cpu)))), 1),
         (P.encode(Shutdown()), 0),
     ]
 

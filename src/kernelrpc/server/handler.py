@@ -365,7 +365,7 @@ class SessionHandler:
         try:
             self._allocate(tensor.shape, tensor.dtype, tensor.device, nbytes_of(tensor.dtype, tensor.shape),
                            handle_id)
-        except Exception as exc:
+        except (MemoryError, OSError) as exc:   # the server's limits, or the device's memory
             log.debug("ALLOCATE of %d failed", handle_id, exc_info=True)
             self._objects[handle_id] = Unallocated(exc, f"{tensor.dtype}{list(tensor.shape)}")
         return None

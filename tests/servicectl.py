@@ -40,3 +40,12 @@ def gone(pid: int) -> bool:
             return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
     except (FileNotFoundError, ProcessLookupError):  # ESRCH: it exited between the open and the read
         return True
+
+
+def children(pid: int) -> list[int]:
+    """The pids of the process's children (its main thread's; [] once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []

@@ -9,7 +9,7 @@ import pytest
 
 import kernelrpc
 from conftest import wait_until
-from servicectl import gone
+from servicectl import children, gone
 from kernelrpc import nd, rpc
 
 
@@ -228,14 +228,6 @@ def test_a_trickling_upload_does_not_hold_the_device(start_service):
         slow.close()
 
 
-def session_children(server_pid):
-    try:
-        with open(f"/proc/{server_pid}/task/{server_pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
 def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_service):
     """The parent's crash notice arrives where the client waits for the hello reply."""
     import socket
@@ -248,9 +240,9 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(H.encode_preamble(H.make_key("client", "dev")))
         receive_until(sock, H.ReplyParser(), "server", "the handshake").raise_for_code()
-        (child,) = wait_until(lambda: session_children(server.proc.pid), what="the session child")
+        (child,) = wait_until(lambda: children(server.proc.pid), what="the session child")
         os.kill(child, signal.SIGKILL)
-        wait_until(lambda: child not in session_children(server.proc.pid), what="the session child reaped")
+        wait_until(lambda: child not in children(server.proc.pid), what="the session child reaped")
         try:
             sock.sendall(P.encode_hello())
         except OSError:

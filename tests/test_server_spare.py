@@ -14,7 +14,7 @@ import numpy as np
 
 import kernelrpc
 from conftest import wait_until
-from servicectl import gone
+from servicectl import children, gone
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import protocol as P
 from kernelrpc.runtime import evaluator
@@ -26,14 +26,6 @@ DEVICE_READY = re.compile(r"connected to proxy (\S+):(\d+)")
 
 def start_server(start_service, *extra):
     return start_service("kernelrpc.server", ["--port", "0", "--key", "dev", *extra])
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
 
 
 def spare_of(server, other_than=(), ready=True, timeout=20.0):

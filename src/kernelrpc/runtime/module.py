@@ -215,6 +215,11 @@ class Module:
         self._time = _symbol(lib, "__kernelrpc_time", ctypes.c_int64, None)
         if self._time is None:
             raise ModuleError(f"{path}: required symbol __kernelrpc_time is not exported")
+        # int64 __kernelrpc_time_repeats(void *fn, void **args, int64 number, int64 repeat,
+        # int64 *elapsed_ns): optional, a module built by an older kernelrpc lacks it
+        self._time_repeats = _symbol(lib, "__kernelrpc_time_repeats", ctypes.c_int64,
+                                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                      ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)))
         self._cache_flush = _symbol(lib, "__kernelrpc_cache_flush", None,
                                     (ctypes.c_void_p, ctypes.c_int64))
         self._set_num_threads = _symbol(lib, "__kernelrpc_set_num_threads", ctypes.c_int32,
@@ -290,6 +295,30 @@ class Module:
             return elapsed
 
         return time_batch
+
+    @property
+    def has_repeats_timer(self) -> bool:
+        """Whether the module exports ``__kernelrpc_time_repeats`` (see :meth:`repeats_timer`)."""
+        return self._time_repeats is not None
+
+    def repeats_timer(self, function: Function, repeat: int):
+        """A callable ``(packed, number) -> [nanoseconds of each batch]``: ``repeat`` batches of
+        ``number`` calls of ``function`` with ``packed`` in one call of the module's native
+        ``__kernelrpc_time_repeats``, each batch timed as ``__kernelrpc_time`` times it; None
+        for a module without it (:attr:`has_repeats_timer`)."""
+        time_repeats, name, address = self._time_repeats, function.name, function.address
+        if time_repeats is None:
+            return None
+        elapsed_type = ctypes.c_int64 * repeat
+
+        def time_batches(packed: PackedArgs, number: int) -> list[int]:
+            elapsed = elapsed_type()
+            code = time_repeats(address, packed.pointer, number, repeat, elapsed)
+            if code < 0:
+                raise KernelError(name, -code)
+            return elapsed[:]
+
+        return time_batches
 
     @property
     def has_cache_flush(self) -> bool:

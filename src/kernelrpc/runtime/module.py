@@ -216,10 +216,9 @@ class Module:
         if self._time is None:
             raise ModuleError(f"{path}: required symbol __kernelrpc_time is not exported")
         # int64 __kernelrpc_time_repeats(void *fn, void **args, int64 number, int64 repeat,
-        # int64 *elapsed_ns): optional, a module built by an older kernelrpc lacks it
-        self._time_repeats = _symbol(lib, "__kernelrpc_time_repeats", ctypes.c_int64,
-                                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                      ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)))
+        # int64 *elapsed_ns), optional (a module built by an older kernelrpc lacks it): called
+        # with arguments already converted, as __kernelrpc_time is
+        self._time_repeats = _symbol(lib, "__kernelrpc_time_repeats", ctypes.c_int64, None)
         self._cache_flush = _symbol(lib, "__kernelrpc_cache_flush", None,
                                     (ctypes.c_void_p, ctypes.c_int64))
         self._set_num_threads = _symbol(lib, "__kernelrpc_set_num_threads", ctypes.c_int32,
@@ -305,15 +304,16 @@ class Module:
         """A callable ``(packed, number) -> [nanoseconds of each batch]``: ``repeat`` batches of
         ``number`` calls of ``function`` with ``packed`` in one call of the module's native
         ``__kernelrpc_time_repeats``, each batch timed as ``__kernelrpc_time`` times it; None
-        for a module without it (:attr:`has_repeats_timer`)."""
-        time_repeats, name, address = self._time_repeats, function.name, function.address
+        for a module without it (:attr:`has_repeats_timer`). The function's address and
+        ``repeat`` are converted for ctypes once, not at every call."""
+        time_repeats, name, c_int64, c_void_p = self._time_repeats, function.name, ctypes.c_int64, ctypes.c_void_p
         if time_repeats is None:
             return None
-        elapsed_type = ctypes.c_int64 * repeat
+        fn, c_repeat, elapsed_type = c_void_p(function.address), c_int64(repeat), c_int64 * repeat
 
         def time_batches(packed: PackedArgs, number: int) -> list[int]:
             elapsed = elapsed_type()
-            code = time_repeats(address, packed.pointer, number, repeat, elapsed)
+            code = time_repeats(fn, c_void_p(packed.pointer), c_int64(number), c_repeat, elapsed)
             if code < 0:
                 raise KernelError(name, -code)
             return elapsed[:]

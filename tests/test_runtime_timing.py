@@ -169,6 +169,28 @@ def test_a_compiled_module_times_all_repeats_in_one_native_call(counting):
     assert c.numpy()[0] == 2 * 21
 
 
+def test_repeats_past_the_budget_return_to_python_between_batches(monkeypatch):
+    """Batches that take longer than the budget come back batch by batch (where Python takes a
+    KeyboardInterrupt), and the next native calls run the rest: the same calls and results."""
+    from kernelrpc.runtime import module as runtime_module
+
+    monkeypatch.setattr(runtime_module, "REPEATS_BUDGET_NS", 1)
+    module = counting_module(1000)
+    native = module._time_repeats
+    returned = []
+
+    def counting_native(*args):
+        returned.append(native(*args))
+        return returned[-1]
+
+    module._time_repeats = counting_native
+    a, c = count_tensors(1000)
+    result = module.time_evaluator("count", cpu(0), number=3, repeat=5)(a, c)
+    assert returned == [1] * 5                   # every batch took at least the 1 ns budget
+    assert c.numpy()[0] == 1 + 3 * 5 and result.repeat == 5
+    assert all(r > 0 for r in result.results)
+
+
 def test_a_kernel_error_stops_the_native_repeats_at_the_failing_call():
     module = counting_module(10)
     a, c = count_tensors(10)

@@ -90,13 +90,11 @@ class TimeEvaluator:
         #: Why each batch is a native call of its own, or None when all the repeats are one call.
         self.per_batch_reason = self._per_batch_reason()
         self._time_repeats = None
-        if function is None:        # warm_up()
-            pass
-        elif self.per_batch_reason is None:
-            self._time_repeats = function.module.repeats_timer(function, self.config.repeat)
-        else:
+        if self.per_batch_reason is not None:
             log.debug("time_evaluator of %s: a native call per batch, because %s", function.name,
                       self.per_batch_reason)
+        elif function is not None:      # (warm_up() has none)
+            self._time_repeats = function.module.repeats_timer(function, self.config.repeat)
 
     def _per_batch_reason(self) -> str | None:
         reason = repeats_apart(self.config)

@@ -7,7 +7,8 @@
  *
  * * __kernelrpc_time: clock_gettime(CLOCK_MONOTONIC) around `number` calls.
  * * __kernelrpc_time_repeats: `repeat` such batches in one call, each timed on its own
- *   (a time_evaluator whose repeats are one batch each, with nothing between them).
+ *   (a time_evaluator whose repeats are one batch each, with nothing between them), in
+ *   stretches of about `budget_ns` so that the caller can take a signal between them.
  * * __kernelrpc_cache_flush: clflush (x86-64) or dc civac (AArch64) per line;
  *   left out elsewhere (the symbol is optional, the runtime then evicts by
  *   writing a scratch buffer).
@@ -98,17 +99,24 @@ KRPC_EXPORT int64_t __kernelrpc_time(krpc_packed_fn fn, void **args, int64_t num
     return krpc_time_batch(fn, args, number);
 }
 
-/* `repeat` batches of `number` calls, batch i's nanoseconds in elapsed_ns[i]; 0, or -code of a
- * failing call (the batches before it are written, the rest are not). */
+/* Up to `repeat` batches of `number` calls, batch i's nanoseconds in elapsed_ns[i], back to
+ * back; it returns after the batch that brings their time to `budget_ns` or more (so that the
+ * caller can take a signal), with the number of batches run (>= 1), or -code of a failing call
+ * (the batches before it are written). */
 KRPC_EXPORT int64_t __kernelrpc_time_repeats(krpc_packed_fn fn, void **args, int64_t number,
-                                             int64_t repeat, int64_t *elapsed_ns) {
+                                             int64_t repeat, int64_t *elapsed_ns,
+                                             int64_t budget_ns) {
+    int64_t spent = 0;
     for (int64_t i = 0; i < repeat; ++i) {
         int64_t elapsed = krpc_time_batch(fn, args, number);
         if (elapsed < 0)
             return elapsed;
         elapsed_ns[i] = elapsed;
+        spent += elapsed;
+        if (spent >= budget_ns)
+            return i + 1;
     }
-    return 0;
+    return repeat;
 }
 
 /* ------------------------------------------------------------------ cache flush */

@@ -123,8 +123,8 @@ class TimeEvaluator:
         ProfileResult (what the packed wire form sends); ``number`` is read after it."""
         function = self.function
         packed = function.pack(args)
-        measurement = self._probe.measurement()
         if self._time_repeats is not None:
+            measurement = self._probe.measurement()
             results = measure_at_once(self._state, self.config,
                                       warmup=functools.partial(function.invoke, packed),
                                       run_repeats=functools.partial(self._time_repeats, packed),
@@ -143,6 +143,7 @@ class TimeEvaluator:
         preproc = None
         if self.f_preproc == CACHE_FLUSH_NON_FIRST_ARG:
             preproc = functools.partial(self._flush_non_first, packed)
+        measurement = self._probe.measurement()
         results = measure(self._state, self.config, warmup=functools.partial(function.invoke, packed),
                           run_batch=run_batch, preproc=preproc,
                           sleep=functools.partial(_cooldown, measurement),

@@ -159,13 +159,13 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true", help="what the device conditions cost")
     parser.add_argument("--contender", nargs=2, metavar=("KIND", "LIBRARY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.server_cpu is None:
+        args.server_cpu = args.cpu
     if args.contender:
         sys.path.insert(0, str(BENCH))
         if args.contender[0] == "in-process":
             return in_process(args.contender[1])
         return contender(args.contender[0], args.cpu, args.server_cpu, args.contender[1])
-    if args.server_cpu is None:
-        args.server_cpu = args.cpu
 
     sys.path.insert(0, str(SRC))
     sys.path.insert(0, str(BENCH))

@@ -15,6 +15,7 @@ buffers, so they never pass through this codec.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import struct
@@ -376,6 +377,8 @@ _MAX_TIME = 1.7976931348623157e308      # the largest finite double: ``r <= _MAX
 #: The conditions' fixed part: wall_s, own_cpu_s, other_cpu_s, other_load, the lowest and highest
 #: freq_mhz, clock_tick_s (NaN for null), preempted (-1 for null), the number of cpus and threads.
 _CONDITIONS = struct.Struct("<7dqHH")
+_CONDITIONS_COUNTS = struct.Struct("<HH")
+_CONDITIONS_COUNTS_AT = _CONDITIONS.size - _CONDITIONS_COUNTS.size
 _THREAD = struct.Struct("<Iid")         # tid, cpu (-1 for null), cpu_s
 _NO_THREADS = 0xFFFF                    # the thread count of ``"threads": null``
 _NAN = float("nan")
@@ -430,8 +433,11 @@ def decode_profile(data, target: dict, function: str):
     results = struct.unpack_from(f"<{repeat}d", data, head)
     if not all(0.0 <= r <= _MAX_TIME for r in results):
         raise ProtocolError("packed time_evaluator result: the times must be finite and non-negative")
-    conditions = None if len(data) == end else _decode_conditions(data, end, limits)
-    return profile.ProfileResult(results, number, target, function, conditions)
+    result = profile.ProfileResult(results, number, target, function)
+    if len(data) != end:
+        _conditions_counts(data, end, limits)
+        result.decode_conditions_later(functools.partial(_decode_conditions, data, end, limits))
+    return result
 
 
 _runtime = None
@@ -451,24 +457,36 @@ def _bad_conditions(problem: str) -> ProtocolError:
     return ProtocolError(f"packed time_evaluator result: conditions {problem}")
 
 
-def _decode_conditions(data: bytes, offset: int, limits: tuple) -> dict:
-    max_cpus, max_threads, max_cpu_number = limits
+def _conditions_counts(data: bytes, offset: int, limits: tuple) -> tuple[int, int]:
+    """The conditions' counts of CPUs and threads (0 for null threads), checked against the limits
+    and against the length of ``data``: what :func:`decode_profile` checks when the reply arrives,
+    before it keeps the bytes for :func:`_decode_conditions`."""
+    max_cpus, max_threads, _ = limits
     if len(data) < offset + _CONDITIONS.size:
         raise _bad_conditions(f"cut short: {len(data) - offset} bytes, the fixed part takes "
                               f"{_CONDITIONS.size}")
-    (wall, own, other, load, freq_low, freq_high, tick, preempted, ncpus,
-     nthreads) = _CONDITIONS.unpack_from(data, offset)
-    threads_null = nthreads == _NO_THREADS
-    nthreads = 0 if threads_null else nthreads
+    ncpus, nthreads = _CONDITIONS_COUNTS.unpack_from(data, offset + _CONDITIONS_COUNTS_AT)
+    if nthreads == _NO_THREADS:
+        nthreads = 0
     if not 1 <= ncpus <= max_cpus or nthreads > max_threads:
         raise _bad_conditions(f"list {ncpus} CPUs and {nthreads} threads; at most {max_cpus} (at "
                               f"least one) and {max_threads}")
-    start = offset
+    size = _CONDITIONS.size + 4 * ncpus + _THREAD.size * nthreads
+    if len(data) - offset != size:
+        raise _bad_conditions(f"of {ncpus} CPUs and {nthreads} threads take {size} bytes, "
+                              f"got {len(data) - offset}")
+    return ncpus, nthreads
+
+
+def _decode_conditions(data: bytes, offset: int, limits: tuple) -> dict:
+    """The conditions dict at ``offset``, every value checked (a ProtocolError otherwise); the
+    client calls it when ``ProfileResult.conditions`` is first read."""
+    max_cpu_number = limits[2]
+    ncpus, _ = _conditions_counts(data, offset, limits)
+    (wall, own, other, load, freq_low, freq_high, tick, preempted, _,
+     nthreads) = _CONDITIONS.unpack_from(data, offset)
+    threads_null = nthreads == _NO_THREADS
     offset += _CONDITIONS.size
-    size = offset + 4 * ncpus + _THREAD.size * nthreads
-    if len(data) != size:
-        raise _bad_conditions(f"of {ncpus} CPUs and {nthreads} threads take {size - start} bytes, "
-                              f"got {len(data) - start}")
     cpus = list(struct.unpack_from(f"<{ncpus}I", data, offset))
     if max(cpus) >= max_cpu_number:
         raise _bad_conditions(f"name CPU {max(cpus)}, beyond {max_cpu_number - 1}")

@@ -26,7 +26,7 @@ class ProfileResult:
     ``flops``, when set by the caller, adds GFLOP/s to the text and HTML forms.
     """
 
-    __slots__ = ("results", "number", "repeat", "target", "function", "conditions", "flops")
+    __slots__ = ("results", "number", "repeat", "target", "function", "_conditions", "_decode", "flops")
 
     def __init__(self, results, number: int, target: dict | None = None, function: str = "",
                  conditions: dict | None = None, flops: float | None = None):
@@ -38,8 +38,41 @@ class ProfileResult:
         self.repeat = len(results)
         self.target = dict(target or {})
         self.function = function
-        self.conditions = conditions
+        self._conditions = conditions
+        self._decode = None
         self.flops = flops
+
+    @property
+    def conditions(self) -> dict | None:
+        """What the device saw while it timed (runtime/conditions.py), or None if not reported.
+        A result that arrived packed decodes them here, at the first read: a damaged conditions
+        part raises its ProtocolError then (and at every read after)."""
+        decode = self._decode
+        if decode is not None:
+            self._conditions = decode()
+            self._decode = None
+        return self._conditions
+
+    @conditions.setter
+    def conditions(self, value: dict | None) -> None:
+        self._conditions = value
+        self._decode = None
+
+    def decode_conditions_later(self, decode) -> None:
+        """Make ``decode()`` (a callable returning the conditions dict) the source of
+        :attr:`conditions`, called when they are first read; the packed wire form's decoder
+        (rpc/protocol.py) checks their lengths and counts before it hands them over."""
+        self._conditions = None
+        self._decode = decode
+
+    def __getstate__(self):
+        return {name: getattr(self, name) for name in ("results", "number", "repeat", "target",
+                                                        "function", "conditions", "flops")}
+
+    def __setstate__(self, state) -> None:
+        self._decode = None
+        for name, value in state.items():
+            setattr(self, "_conditions" if name == "conditions" else name, value)
 
     @property
     def mean(self) -> float:

@@ -268,3 +268,13 @@ def test_a_damaged_packed_result_decodes_or_gives_a_protocol_error(results, data
         assert " take " not in str(exc) and " threads; at most " not in str(exc)
         return
     assert conditions_module.check_conditions(conditions) == conditions
+
+
+def test_the_packers_kept_per_shape_are_bounded_and_pack_what_the_format_does():
+    P._PROFILE_SHAPES.clear()
+    for repeat in range(1, P._MAX_PROFILE_SHAPES + 10):
+        results = [i * 1e-7 for i in range(repeat)]
+        body = P.encode_profile(3, results, CONDITIONS)
+        assert len(P._PROFILE_SHAPES) <= P._MAX_PROFILE_SHAPES
+        assert body == packed(3, results, conditions_part(other=0.0, load=0.0))
+        assert P.decode_profile(body, TARGET, "f").conditions == CONDITIONS

@@ -402,10 +402,22 @@ def encode_profile(number: int, results, conditions: dict | None) -> bytes:
               _NO_THREADS if threads is None else len(threads), *cpus]
     for t in threads or ():
         values += (t["tid"], -1 if t["cpu"] is None else t["cpu"], t["cpu_s"])
+    shape = (n, len(cpus), len(threads or ()))
+    packer = _PROFILE_SHAPES.get(shape)
+    if packer is None:
+        if len(_PROFILE_SHAPES) >= _MAX_PROFILE_SHAPES:
+            _PROFILE_SHAPES.clear()
+        packer = _PROFILE_SHAPES[shape] = struct.Struct(f"<QI{n}d7dqHH{shape[1]}I{'Iid' * shape[2]}").pack
     try:
-        return struct.pack(f"<QI{n}d7dqHH{len(cpus)}I{'Iid' * len(threads or ())}", *values)
+        return packer(*values)
     except struct.error as exc:
         raise ValueError(f"time_evaluator result out of the packed form's range: {exc}") from None
+
+
+#: The packers of the shapes of results encoded so far, (repeats, CPUs, threads) -> Struct.pack: a
+#: server's results mostly have one shape, and a format string parsed anew costs more than the packing.
+_PROFILE_SHAPES: dict = {}
+_MAX_PROFILE_SHAPES = 64
 
 
 def _or_nan(value):
@@ -415,7 +427,8 @@ def _or_nan(value):
 def decode_profile(data, target: dict, function: str):
     """The ProfileResult that :func:`encode_profile` packed, with the module's ``target`` and the
     ``function`` name the client asked for; every count, length, number and time is checked
-    (docs/protocol.md section 5.3), failures are ProtocolError."""
+    (docs/protocol.md section 5.3), failures are ProtocolError: the conditions' lengths and
+    counts here, their values when ``ProfileResult.conditions`` is first read."""
     profile, limits = _runtime or _load_runtime()
     if type(data) is not bytes:
         raise ProtocolError(f"packed time_evaluator result: expected bytes, got {type(data).__name__}")
@@ -435,8 +448,8 @@ def decode_profile(data, target: dict, function: str):
         raise ProtocolError("packed time_evaluator result: the times must be finite and non-negative")
     result = profile.ProfileResult(results, number, target, function)
     if len(data) != end:
-        _conditions_counts(data, end, limits)
-        result.decode_conditions_later(functools.partial(_decode_conditions, data, end, limits))
+        ncpus = _conditions_counts(data, end, limits)
+        result.decode_conditions_later(functools.partial(_decode_conditions, data, end, ncpus, limits[2]))
     return result
 
 
@@ -457,8 +470,8 @@ def _bad_conditions(problem: str) -> ProtocolError:
     return ProtocolError(f"packed time_evaluator result: conditions {problem}")
 
 
-def _conditions_counts(data: bytes, offset: int, limits: tuple) -> tuple[int, int]:
-    """The conditions' counts of CPUs and threads (0 for null threads), checked against the limits
+def _conditions_counts(data: bytes, offset: int, limits: tuple) -> int:
+    """The conditions' number of CPUs, their counts of CPUs and threads checked against the limits
     and against the length of ``data``: what :func:`decode_profile` checks when the reply arrives,
     before it keeps the bytes for :func:`_decode_conditions`."""
     max_cpus, max_threads, _ = limits
@@ -475,14 +488,13 @@ def _conditions_counts(data: bytes, offset: int, limits: tuple) -> tuple[int, in
     if len(data) - offset != size:
         raise _bad_conditions(f"of {ncpus} CPUs and {nthreads} threads take {size} bytes, "
                               f"got {len(data) - offset}")
-    return ncpus, nthreads
+    return ncpus
 
 
-def _decode_conditions(data: bytes, offset: int, limits: tuple) -> dict:
-    """The conditions dict at ``offset``, every value checked (a ProtocolError otherwise); the
-    client calls it when ``ProfileResult.conditions`` is first read."""
-    max_cpu_number = limits[2]
-    ncpus, _ = _conditions_counts(data, offset, limits)
+def _decode_conditions(data: bytes, offset: int, ncpus: int, max_cpu_number: int) -> dict:
+    """The conditions dict at ``offset``, whose lengths and counts :func:`_conditions_counts`
+    checked, every value checked (a ProtocolError otherwise); called when
+    ``ProfileResult.conditions`` is first read."""
     (wall, own, other, load, freq_low, freq_high, tick, preempted, _,
      nthreads) = _CONDITIONS.unpack_from(data, offset)
     threads_null = nthreads == _NO_THREADS

@@ -171,23 +171,28 @@ def test_the_evaluator_warm_up_measures_real_conditions_and_packs_them():
 
 
 QUICKENED_BY_THE_WARM_UP = r"""
-import sys
+import os, sys
 from kernelrpc.rpc import protocol
-from kernelrpc.server import handler, spare
+from kernelrpc.server import handler, session, spare
 from kernelrpc.server.config import ServerConfig
-from kernelrpc.server.workspace import Workspace
-path = [handler.SessionHandler._get_global, handler.SessionHandler._call, handler.SessionHandler._release,
-        handler.HandleTable.put, protocol.encode_result, protocol.encode_return, protocol.encode_frame]
-spare.warm_up(ServerConfig(), Workspace.create(sys.argv[1]))
+from kernelrpc.runtime import evaluator, timing
+H = handler.SessionHandler
+path = [session.run_session, H.__init__, H._get_global, H._call, H._release, H._free, H._drop, H._empty,
+        H._array, H._copy_to, H._copy_from, handler.HandleTable.put, protocol.encode_result,
+        protocol.encode_return, protocol.encode_frame, evaluator.warm_up, timing.measure]
+spare.warm_up_server(ServerConfig(workspace_root=sys.argv[1]))
+assert not os.listdir(sys.argv[1]), os.listdir(sys.argv[1])
 print(" ".join(f.__qualname__ for f in path if f.__code__._co_code_adaptive == f.__code__.co_code))
 """
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="CPython 3.11 quickens a code object on its eighth call")
-def test_the_warm_up_leaves_the_request_path_quickened(tmp_path):
-    """The spare's scripted session runs get_function + call often enough that the interpreter
-    has quickened their code before the handoff, so a session's first requests run it
-    specialized (in a fresh interpreter: nothing else has run that code there)."""
+def test_the_servers_warm_up_leaves_the_request_path_quickened(tmp_path):
+    """The server serves the scripted session itself often enough, before its first fork, that the
+    interpreter has quickened the request path (the tensor requests and the time_evaluator's
+    loop too), so every session child inherits it quickened and runs its first requests
+    specialized (in a fresh interpreter: nothing else has run that code there); it leaves no
+    workspace behind."""
     done = subprocess.run([sys.executable, "-c", QUICKENED_BY_THE_WARM_UP, str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "did not go as scripted" not in done.stderr, done.stderr

@@ -263,6 +263,8 @@ import os, sys
 from kernelrpc.server import spare
 from kernelrpc.server.config import ServerConfig
 from kernelrpc.server.workspace import Workspace
+if sys.argv[2] == "unprivileged":
+    spare._normal_policy = lambda: False     # what an unprivileged spare gets: it stays at SCHED_IDLE
 spare._warm_up_in_background(ServerConfig(), Workspace.create(sys.argv[1]))
 print(len(os.listdir("/proc/self/task")))
 """
@@ -273,14 +275,15 @@ def test_the_idle_warm_up_returns_once_its_thread_has_ended_in_the_kernel(tmp_pa
     """A warm-up thread at SCHED_IDLE whose Python is done still has to exit in the kernel, and the
     joining thread, at the normal priority, takes the CPU from it: on a CPU kept busy it may not
     run again for a long time, and a process is reaped only once all its threads have ended (a
-    spare's session child would hold its slot after the session that long). So the spare goes
-    on only once the thread is gone: with its CPU kept busy, nothing of it is left then."""
+    spare's session child would hold its slot after the session that long). So the thread goes
+    back to the normal policy where it may, and the spare goes on only once the thread is gone:
+    with its CPU kept busy, nothing of it is left then."""
     cpu = min(os.sched_getaffinity(0))
     pinned = lambda: os.sched_setaffinity(0, {cpu})       # noqa: E731
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pinned)
     try:
-        for _ in range(2):
-            done = subprocess.run([sys.executable, "-c", IDLE_WARM_UP, str(tmp_path)], preexec_fn=pinned,
+        for how in ("unprivileged", "unprivileged", "as this process is"):
+            done = subprocess.run([sys.executable, "-c", IDLE_WARM_UP, str(tmp_path), how], preexec_fn=pinned,
                                   capture_output=True, text=True, timeout=120)
             assert done.returncode == 0 and "did not go as scripted" not in done.stderr, done.stderr
             assert done.stdout.split() == ["1"], done.stdout

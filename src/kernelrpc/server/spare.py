@@ -9,15 +9,19 @@ read back and freed) through the real :func:`~.session.run_session` on a socketp
 a time_evaluator's run without a kernel (:func:`~kernelrpc.runtime.evaluator.warm_up`: the
 timing loop, the device-conditions probe's real measurement, the packed result), and it takes
 a reference to the code a first module call runs (:func:`_touch_code`), then tells the server
-it is warm and waits for it to hand it a connection.
+it is warm and waits for it to hand it a connection. The server has served the same script
+itself, before its first fork (:func:`warm_up_server`), often enough that the interpreter has
+quickened that code: every child inherits it so, and a spare's warm-up is there for its
+copy-on-write faults.
 
 The server forks the next spare as soon as the session before it is over, while its child still
 exits (:mod:`.listener`). A spare forked while other sessions run (``max_sessions`` above 1)
 warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session wants), in a
-thread of its own (:func:`_warm_up_in_background`): the thread that serves its session keeps
-its priority. Only a warm spare is handed a session: a client that arrives while it warms up
-waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and the spare is kept
-for the next one.
+thread of its own (:func:`_warm_up_in_background`), so that the thread that serves its session
+keeps its priority; the spare goes on once that thread has ended in the kernel too
+(:func:`_ended_in_the_kernel`). Only a warm spare is handed a session: a client that arrives
+while it warms up waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and
+the spare is kept for the next one.
 
 The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
 as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake
@@ -232,6 +236,9 @@ def _warm_up_in_background(config: ServerConfig, workspace: Workspace) -> int:
             faults.append(warm_up(config, workspace))
         except Exception:       # noqa: BLE001 (reported, never fatal: a cold spare still serves)
             log.exception("spare session child %d: the warm-up failed", os.getpid())
+        finally:
+            if priority == "SCHED_IDLE":
+                _normal_policy()    # where allowed: its exit then waits for no idle CPU
 
     thread = threading.Thread(target=run, name="spare warm-up")
     thread.start()
@@ -262,6 +269,17 @@ def _ended_in_the_kernel(tid: int, timeout: float) -> bool:
             return False
         time.sleep(0.0002)      # the CPU is the idle thread's meanwhile, if nothing else wants it
     return True
+
+
+def _normal_policy() -> bool:
+    """Put the calling thread back to the normal scheduling policy, where it may: a privileged
+    process, or one whose ``RLIMIT_NICE`` allows it (an unprivileged one usually cannot leave
+    ``SCHED_IDLE``)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except (AttributeError, OSError):
+        return False
 
 
 def lower_priority() -> str | None:

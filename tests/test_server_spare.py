@@ -175,11 +175,11 @@ import os, sys
 from kernelrpc.rpc import protocol
 from kernelrpc.server import handler, session, spare
 from kernelrpc.server.config import ServerConfig
-from kernelrpc.runtime import evaluator, timing
+from kernelrpc.runtime import evaluator
 H = handler.SessionHandler
 path = [session.run_session, H.__init__, H._get_global, H._call, H._release, H._free, H._drop, H._empty,
         H._array, H._copy_to, H._copy_from, handler.HandleTable.put, protocol.encode_result,
-        protocol.encode_return, protocol.encode_frame, evaluator.warm_up, timing.measure]
+        protocol.encode_return, protocol.encode_frame, evaluator.warm_up]
 spare.warm_up_server(ServerConfig(workspace_root=sys.argv[1]))
 assert not os.listdir(sys.argv[1]), os.listdir(sys.argv[1])
 print(" ".join(f.__qualname__ for f in path if f.__code__._co_code_adaptive == f.__code__.co_code))

@@ -264,10 +264,12 @@ def _ended_in_the_kernel(tid: int, timeout: float) -> bool:
     warm-up thread, and a client that connects again at once")."""
     path = f"/proc/self/task/{tid}"
     deadline = time.monotonic() + timeout
+    pause = 0.0001
     while os.path.exists(path):
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.0002)      # the CPU is the idle thread's meanwhile, if nothing else wants it
+        time.sleep(pause)       # the CPU is the idle thread's meanwhile, if nothing else wants it,
+        pause = min(pause * 2, 0.01)    # and a busy CPU is not woken up for this more than 100 times a second
     return True
 
 

@@ -114,8 +114,7 @@ request on, and a spare's own warm-up only has to take its copy-on-write faults
 
 def _warm_up_script() -> list[tuple[bytes, int]]:
     """What the scripted client sends, one message at a time, and the replies each one gets:
-    the requests of a typical first session, the lookup and call as often as a session's own
-    first requests need (``WARM_UP_LOOKUPS``)."""
+    the requests of a typical first session, the lookup and call ``WARM_UP_LOOKUPS`` times."""
     cpu = DeviceValue("cpu", 0)
     lookups = WARM_UP_LOOKUPS
     tensor = TensorHandle(lookups + 1, "float32", (1,), cpu)

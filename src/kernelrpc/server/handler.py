@@ -23,12 +23,16 @@ from ..rpc.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, NO_REPLY, WITH_RAW
 from ..rpc.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                           decode_values, nbytes_of)
+from ..runtime.module import Function as Kernel
+from ..runtime.module import PreparedCall
 from . import canary, registry
 from .config import ServerConfig
 from .workspace import Workspace, WorkspaceError
 
 log = logging.getLogger(__name__)
 _encode_result = P.encode_result  # a module global: one lookup on the CALL path, not two
+_NONE_RETURN = P.encode_result(None)
+_MAX_PREPARED = 64  # kernels whose last call with tensor handles is kept prepared, per session
 
 
 class SessionIdle(ConnectionLost):
@@ -152,6 +156,10 @@ class SessionHandler:
         self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
         self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY, ARRAY, ALLOCATE made
         self.client_tensors = 0         # entries under ids the client chose (ALLOCATE), failed ones too
+        #: function id -> (the wire arguments, their PreparedCall): each kernel's last call whose
+        #: arguments were all tensor handles, dropped with the function or any of the tensors
+        #: (``_drop``; an id never names another object before it is dropped).
+        self._prepared: dict[int, tuple[list, PreparedCall]] = {}
         self._handlers = {op.value: handler for op, handler in {
             Op.GET_GLOBAL: self._get_global, Op.LIST_GLOBALS: self._list_globals,
             Op.LOAD_MODULE: self._load_module, Op.GET_FUNCTION: self._get_function, Op.CALL: self._call,
@@ -268,11 +276,35 @@ class SessionHandler:
         if func is None:
             raise LookupError(f"no function with handle {function_id} in this session (freed already?)")
         if type(args) is not tuple:  # a tuple is decode_call's one int or float argument
+            prepared = self._prepared.get(function_id)
+            if prepared is not None and prepared[0] == args and prepared[1].run():
+                if self._checked:
+                    canary.check_arguments(prepared[1].tensors)
+                return _NONE_RETURN
+            if type(func) is Kernel:
+                return self._call_kernel(function_id, func, args)
             args = self.handles.all_from_wire(args)
         result = func(*args)
         if self._checked:
             canary.check_arguments(args)
         return _encode_result(result if type(result) in PLAIN else self.handles.to_wire(result))
+
+    def _call_kernel(self, function_id: int, kernel: Kernel, args: list) -> bytes:
+        """A kernel's call; one whose arguments are all tensor handles is kept prepared (the
+        checks and the argument array of its tensors) for the next call with the same handles."""
+        objects = self.handles.all_from_wire(args)
+        prepared = kernel.prepare(objects)
+        if prepared is None:
+            kernel(*objects)
+        else:
+            prepared.run()
+            if all(type(value) is TensorHandle for value in args):  # not inline tensors: they live for one call
+                if len(self._prepared) >= _MAX_PREPARED:
+                    self._prepared.clear()
+                self._prepared[function_id] = args, prepared
+        if self._checked:
+            canary.check_arguments(objects)
+        return _NONE_RETURN
 
     def _get_global(self, request):
         func = self._session_globals.get(request.name) or registry.get(request.name)
@@ -298,13 +330,24 @@ class SessionHandler:
         return None
 
     def _drop(self, ids) -> None:
+        prepared = self._prepared
         for handle_id in ids:
             obj = self._objects.pop(handle_id, None)
+            if prepared:
+                self._forget_prepared(handle_id)
             if handle_id >= CLIENT_IDS_FIRST and obj is not None:
                 self.client_tensors -= 1
             if isinstance(obj, runtime.Tensor):
                 self.tensor_bytes -= self._allocated.pop(handle_id, 0)
                 obj.free()
+
+    def _forget_prepared(self, handle_id: int) -> None:
+        """Drop the prepared calls of the function ``handle_id`` and those with a tensor ``handle_id``."""
+        prepared = self._prepared
+        prepared.pop(handle_id, None)
+        for function_id in [function_id for function_id, (args, _) in prepared.items()
+                            if any(handle.id == handle_id for handle in args)]:
+            del prepared[function_id]
 
     def _allocate(self, shape, dtype: str, device: DeviceValue, nbytes: int,
                   handle_id: int | None = None) -> tuple[int, runtime.Tensor]:

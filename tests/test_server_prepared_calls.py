@@ -228,6 +228,7 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("release"), st.sampled_from(IDS)),
     st.tuples(st.just("write"), st.sampled_from(IDS), st.integers(-5, 5)),
     st.tuples(st.just("call"), st.sampled_from(IDS), st.sampled_from(IDS)),
+    st.tuples(st.just("get_function"), st.none()),
 ), max_size=30)
 
 
@@ -235,7 +236,8 @@ steps = st.lists(st.one_of(
 @given(steps)
 def test_any_sequence_of_allocations_frees_and_calls_computes_what_unprepared_calls_would(kernels, steps):
     """A model of the tensors' contents: every call computes B = A + 1 on the tensors the ids name
-    now, or raises the unprepared call's error; every prepared call names live tensors only."""
+    now, or raises the unprepared call's error; every prepared call names the live function and
+    live tensors only."""
     h, f = session(kernels)
     model: dict = {}   # id -> its tensor's values
     for step in steps:
@@ -248,6 +250,9 @@ def test_any_sequence_of_allocations_frees_and_calls_computes_what_unprepared_ca
         elif action == "release":
             release(h, handle_id)
             model.pop(handle_id, None)
+        elif action == "get_function":              # the client drops the function and looks it up again
+            release(h, f)
+            f = h.handles.put(kernels.get_function("addone"))
         elif action == "write" and handle_id in model:
             values(h, handle_id)[:] = model[handle_id][:] = step[2]
         elif action == "call":
@@ -259,6 +264,7 @@ def test_any_sequence_of_allocations_frees_and_calls_computes_what_unprepared_ca
                 with pytest.raises(LookupError, match="freed already"):
                     call(h, f, source, target)
         for function_id, (args, prepared) in h._prepared.items():
+            assert function_id == f and {f, *(arg.id for arg in args)} <= h._prepared_ids
             assert all(arg.id in model for arg in args) and not any(t.freed for t in prepared.tensors)
         for held, expected in model.items():
             np.testing.assert_array_equal(values(h, held), expected)

@@ -160,6 +160,7 @@ class SessionHandler:
         #: arguments were all tensor handles, dropped with the function or any of the tensors
         #: (``_drop``; an id never names another object before it is dropped).
         self._prepared: dict[int, tuple[list, PreparedCall]] = {}
+        self._prepared_ids: set[int] = set()   # the ids those name (and maybe a few more)
         self._handlers = {op.value: handler for op, handler in {
             Op.GET_GLOBAL: self._get_global, Op.LIST_GLOBALS: self._list_globals,
             Op.LOAD_MODULE: self._load_module, Op.GET_FUNCTION: self._get_function, Op.CALL: self._call,
@@ -301,7 +302,10 @@ class SessionHandler:
             if all(type(value) is TensorHandle for value in args):  # not inline tensors: they live for one call
                 if len(self._prepared) >= _MAX_PREPARED:
                     self._prepared.clear()
+                    self._prepared_ids.clear()
                 self._prepared[function_id] = args, prepared
+                self._prepared_ids.add(function_id)
+                self._prepared_ids.update(handle.id for handle in args)
         if self._checked:
             canary.check_arguments(objects)
         return _NONE_RETURN
@@ -330,10 +334,10 @@ class SessionHandler:
         return None
 
     def _drop(self, ids) -> None:
-        prepared = self._prepared
+        prepared_ids = self._prepared_ids
         for handle_id in ids:
             obj = self._objects.pop(handle_id, None)
-            if prepared:
+            if handle_id in prepared_ids:
                 self._forget_prepared(handle_id)
             if handle_id >= CLIENT_IDS_FIRST and obj is not None:
                 self.client_tensors -= 1
@@ -348,6 +352,7 @@ class SessionHandler:
         for function_id in [function_id for function_id, (args, _) in prepared.items()
                             if any(handle.id == handle_id for handle in args)]:
             del prepared[function_id]
+        self._prepared_ids = {*prepared, *(handle.id for args, _ in prepared.values() for handle in args)}
 
     def _allocate(self, shape, dtype: str, device: DeviceValue, nbytes: int,
                   handle_id: int | None = None) -> tuple[int, runtime.Tensor]:

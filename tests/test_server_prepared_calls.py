@@ -1,9 +1,9 @@
 """A kernel's call kept prepared by the session handler (its tensors checked and its argument array
-filled once, ``runtime.module.PreparedCall``), driven without a network as the server's loop
-drives it: each later call with the same handles runs on the tensors' current memory; a freed,
-foreign, unknown or wrong-kind handle and a wrong dtype or shape raise what they raised before;
-freeing a tensor or releasing the function drops the prepared call, and nothing it keeps holds a
-freed tensor's memory."""
+filled once, ``runtime.module.PreparedCall``) from its second call in a row with the same tensor
+handles, driven without a network as the server's loop drives it: each later call with those
+handles runs on the tensors' current memory; a freed, foreign, unknown or wrong-kind handle and a
+wrong dtype or shape raise what they raised before; freeing a tensor or releasing the function
+drops the prepared call, and nothing it keeps holds a freed tensor's memory."""
 import gc
 import types
 
@@ -58,6 +58,11 @@ def call(h: SessionHandler, function_id: int, *args):
     assert P.decode_result(h._call(request)[P.HEADER_SIZE:]) is None
 
 
+def prepared(h: SessionHandler, function_id: int):
+    """The function's PreparedCall, or None."""
+    return h._kernel_calls.get(function_id, (None, None))[1]
+
+
 def values(h: SessionHandler, handle_id: int) -> np.ndarray:
     return np.frombuffer(h.handles.tensor(handle(handle_id)).buffer, "float32")
 
@@ -83,10 +88,23 @@ def test_a_call_with_the_same_handles_runs_prepared_on_their_current_memory(kern
         values(h, FIRST)[:] = np.arange(N) * step   # what a COPY_TO between the calls writes
         call(h, f, FIRST, FIRST + 1)
         np.testing.assert_array_equal(values(h, FIRST + 1), np.arange(N) * step + 1)
-    assert h._prepared[f][0] == [handle(FIRST), handle(FIRST + 1)]
-    call(h, f, FIRST + 1, FIRST + 1)                # other handles: prepared anew, in place
-    np.testing.assert_array_equal(values(h, FIRST + 1), np.arange(N) * 3 + 2)
-    assert h._prepared[f][0] == [handle(FIRST + 1), handle(FIRST + 1)]
+        assert (prepared(h, f) is None) == (step == 0)  # prepared from the second call in a row
+    assert h._kernel_calls[f][0] == [handle(FIRST), handle(FIRST + 1)]
+    for step in range(2):                           # other handles: kept, then prepared, anew
+        call(h, f, FIRST + 1, FIRST + 1)
+        np.testing.assert_array_equal(values(h, FIRST + 1), np.arange(N) * 3 + 2 + step)
+        assert (prepared(h, f) is None) == (step == 0)
+    assert h._kernel_calls[f][0] == [handle(FIRST + 1), handle(FIRST + 1)]
+
+
+def test_calls_alternating_between_tensors_are_never_prepared(kernels):
+    h, f = session(kernels)
+    allocate(h, FIRST)
+    allocate(h, FIRST + 1)
+    for step in range(4):
+        call(h, f, FIRST + step % 2, FIRST + 1 - step % 2)
+        assert prepared(h, f) is None
+    np.testing.assert_array_equal(values(h, FIRST), 4)
 
 
 def test_a_freed_tensor_drops_the_prepared_call_keeps_none_of_its_memory_and_is_refused(kernels):
@@ -94,10 +112,11 @@ def test_a_freed_tensor_drops_the_prepared_call_keeps_none_of_its_memory_and_is_
     allocate(h, FIRST)
     allocate(h, FIRST + 1)
     call(h, f, FIRST, FIRST + 1)
+    call(h, f, FIRST, FIRST + 1)
     raw = h.handles.tensor(handle(FIRST + 1))._buf._raw
-    assert id(raw) in reachable(h._prepared)        # what the check below looks for is found
+    assert id(raw) in reachable(prepared(h, f))     # what the check below looks for is found
     release(h, FIRST + 1)
-    assert f not in h._prepared and id(raw) not in reachable(h)
+    assert f not in h._kernel_calls and id(raw) not in reachable(h)
     del raw
     with pytest.raises(LookupError, match=f"no tensor with handle {FIRST + 1} .*freed already"):
         call(h, f, FIRST, FIRST + 1)                # the same handles again, as a stale client sends them
@@ -114,10 +133,11 @@ def test_a_tensor_freed_outside_the_table_is_refused_by_the_prepared_call(kernel
     allocate(h, FIRST)
     allocate(h, FIRST + 1)
     call(h, f, FIRST, FIRST + 1)
-    prepared = h._prepared[f][1]
+    call(h, f, FIRST, FIRST + 1)
+    kept = prepared(h, f)
     raw = h.handles.tensor(handle(FIRST))._buf._raw
     h.handles.tensor(handle(FIRST)).free()
-    assert id(raw) not in reachable(prepared) and prepared.run() is False
+    assert id(raw) not in reachable(kept) and kept.run() is False
     with pytest.raises(ValueError, match="addone\\(\\) argument 0 'A': the tensor has been freed"):
         call(h, f, FIRST, FIRST + 1)
 
@@ -129,9 +149,12 @@ def test_wrong_handles_after_a_prepared_call_raise_as_before_and_it_goes_on(kern
     allocate(h, FIRST + 2, "int32")
     allocate(h, FIRST + 3, shape=(N - 1,))
     call(h, f, FIRST, FIRST + 1)
+    call(h, f, FIRST, FIRST + 1)
+    assert prepared(h, f) is not None
     cases = [
         ((FIRST, handle(FIRST + 2, "int32")), TypeError, "expected dtype float32, got int32"),
-        ((FIRST, handle(FIRST + 3, shape=(N - 1,))), ValueError, "expected shape float32\\[1024\\], got \\[1023\\]"),
+        ((FIRST, handle(FIRST + 3, shape=(N - 1,))), ValueError,
+         "expected shape float32\\[1024\\], got \\[1023\\]"),
         ((FIRST, FIRST + 7), LookupError, f"no tensor with handle {FIRST + 7}"),
         ((FIRST, handle(f)), LookupError, f"no tensor with handle {f}"),         # a function's id
         ((FIRST, FunctionHandle(f)), TypeError, "expected a tensor float32\\[1024\\], got Function"),
@@ -140,8 +163,9 @@ def test_wrong_handles_after_a_prepared_call_raise_as_before_and_it_goes_on(kern
         ((FIRST, 5), TypeError, "expected a tensor float32\\[1024\\], got int"),
     ]
     for args, error, message in cases:
-        with pytest.raises(error, match=message):
-            call(h, f, *args)
+        for _ in range(2):                          # twice: a failed call is not kept
+            with pytest.raises(error, match=message):
+                call(h, f, *args)
     values(h, FIRST)[:] = 6
     call(h, f, FIRST, FIRST + 1)
     np.testing.assert_array_equal(values(h, FIRST + 1), 7)
@@ -152,8 +176,9 @@ def test_releasing_the_function_drops_its_prepared_call(kernels):
     allocate(h, FIRST)
     allocate(h, FIRST + 1)
     call(h, f, FIRST, FIRST + 1)
+    call(h, f, FIRST, FIRST + 1)
     release(h, f)
-    assert h._prepared == {}
+    assert h._kernel_calls == {} and h._kernel_call_ids == set()
     with pytest.raises(LookupError, match=f"no function with handle {f}"):
         call(h, f, FIRST, FIRST + 1)
 
@@ -165,12 +190,13 @@ def test_inline_tensors_and_kernels_with_scalars_are_not_kept(kernels):
     for _ in range(2):                              # an inline tensor lives for its call only
         call(h, f, inline, FIRST)
         np.testing.assert_array_equal(values(h, FIRST), 3)
-    assert h._prepared == {}
+    assert h._kernel_calls == {}
     axpy = h.handles.put(kernels.get_function("axpy"))
     allocate(h, FIRST + 1)
-    call(h, axpy, 2.0, FIRST, FIRST + 1, N)         # Y = alpha * X + Y
-    np.testing.assert_array_equal(values(h, FIRST + 1), 6)
-    assert h._prepared == {}
+    for step in range(2):
+        call(h, axpy, 2.0, FIRST, FIRST + 1, N)     # Y = alpha * X + Y
+        np.testing.assert_array_equal(values(h, FIRST + 1), 6 * (step + 1))
+    assert h._kernel_calls == {}
 
 
 def test_checked_mode_checks_the_pads_after_every_prepared_call(kernels):
@@ -178,12 +204,13 @@ def test_checked_mode_checks_the_pads_after_every_prepared_call(kernels):
     allocate(h, FIRST)
     allocate(h, FIRST + 1)
     call(h, f, FIRST, FIRST + 1)
+    call(h, f, FIRST, FIRST + 1)
     pad = h.handles.tensor(handle(FIRST + 1))._buf._after
     for _ in range(2):
         pad[0] ^= 0xFF                              # what a kernel writing past B would do
         with pytest.raises(MemoryError, match="wrote outside tensor argument 1"):
             call(h, f, FIRST, FIRST + 1)
-    assert f in h._prepared
+    assert prepared(h, f) is not None
 
 
 def test_prepare_checks_as_a_call_does_and_refuses_to_run_on_a_freed_tensor(kernels):
@@ -227,7 +254,7 @@ steps = st.lists(st.one_of(
     st.tuples(st.just("allocate"), st.sampled_from(IDS)),
     st.tuples(st.just("release"), st.sampled_from(IDS)),
     st.tuples(st.just("write"), st.sampled_from(IDS), st.integers(-5, 5)),
-    st.tuples(st.just("call"), st.sampled_from(IDS), st.sampled_from(IDS)),
+    st.tuples(st.just("call"), st.sampled_from(IDS), st.sampled_from(IDS), st.integers(1, 3)),
     st.tuples(st.just("get_function"), st.none()),
 ), max_size=30)
 
@@ -236,8 +263,8 @@ steps = st.lists(st.one_of(
 @given(steps)
 def test_any_sequence_of_allocations_frees_and_calls_computes_what_unprepared_calls_would(kernels, steps):
     """A model of the tensors' contents: every call computes B = A + 1 on the tensors the ids name
-    now, or raises the unprepared call's error; every prepared call names the live function and
-    live tensors only."""
+    now, or raises the unprepared call's error; every kept call is the live function's, and a
+    prepared one names live tensors only."""
     h, f = session(kernels)
     model: dict = {}   # id -> its tensor's values
     for step in steps:
@@ -256,15 +283,18 @@ def test_any_sequence_of_allocations_frees_and_calls_computes_what_unprepared_ca
         elif action == "write" and handle_id in model:
             values(h, handle_id)[:] = model[handle_id][:] = step[2]
         elif action == "call":
-            source, target = step[1:]
-            if source in model and target in model:
-                call(h, f, source, target)
-                model[target] = model[source] + 1
-            else:
-                with pytest.raises(LookupError, match="freed already"):
+            source, target, times = step[1:]
+            for _ in range(times):                  # a call repeated is prepared
+                if source in model and target in model:
                     call(h, f, source, target)
-        for function_id, (args, prepared) in h._prepared.items():
-            assert function_id == f and {f, *(arg.id for arg in args)} <= h._prepared_ids
-            assert all(arg.id in model for arg in args) and not any(t.freed for t in prepared.tensors)
+                    model[target] = model[source] + 1
+                else:
+                    with pytest.raises(LookupError, match="freed already"):
+                        call(h, f, source, target)
+        for function_id, (args, kept) in h._kernel_calls.items():
+            assert function_id == f and f in h._kernel_call_ids
+            if kept is not None:
+                assert {arg.id for arg in args} <= h._kernel_call_ids and all(arg.id in model for arg in args)
+                assert not any(tensor.freed for tensor in kept.tensors)
         for held, expected in model.items():
             np.testing.assert_array_equal(values(h, held), expected)

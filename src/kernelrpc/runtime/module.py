@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import operator
 import os
 import shutil
 import tempfile
@@ -19,6 +20,7 @@ from .threads import check_num_threads, process_config
 
 
 _POINTER_BYTES = ctypes.sizeof(ctypes.c_void_p)
+_BUFFER = operator.attrgetter("_buf")
 
 
 class PackedArgs:
@@ -49,14 +51,14 @@ class PreparedCall:
     the kernel runs, ``run()`` holds the views, as a call does.
     """
 
-    __slots__ = ("name", "tensors", "_buffers", "_native")
+    __slots__ = ("name", "tensors", "_buffers", "_array", "_native")
 
-    def __init__(self, function: Function, tensors: tuple, array) -> None:
+    def __init__(self, function: Function, tensors: tuple, array, pointer: int) -> None:
         self.name = function.spec.name
         self.tensors = tensors
-        self._buffers = tuple(tensor._buf for tensor in tensors)
-        # the array as a c_void_p that keeps it alive: the argument ctypes converts fastest
-        self._native = functools.partial(function._cfunc, ctypes.cast(array, ctypes.c_void_p))
+        self._buffers = tuple(map(_BUFFER, tensors))
+        self._array = array
+        self._native = functools.partial(function._cfunc, ctypes.c_void_p(pointer))  # converted fastest
 
     def run(self) -> bool:
         """Call the kernel (KernelError if it fails); False, without calling it, if one of the
@@ -221,8 +223,8 @@ class Function:
             return None
         if len(args) != len(self._plan):
             self._complete(args)    # raises, naming the count
-        array, _, _ = _fill(self.spec, self._plan, args, self._words_type)
-        return PreparedCall(self, tuple(args), array)
+        array, pointer, _ = _fill(self.spec, self._plan, args, self._words_type)
+        return PreparedCall(self, tuple(args), array, pointer)
 
     def invoke(self, packed: PackedArgs) -> None:
         code = self._cfunc(packed.pointer)

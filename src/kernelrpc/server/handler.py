@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import time
 import traceback
@@ -32,7 +33,9 @@ from .workspace import Workspace, WorkspaceError
 log = logging.getLogger(__name__)
 _encode_result = P.encode_result  # a module global: one lookup on the CALL path, not two
 _NONE_RETURN = P.encode_result(None)
-_MAX_PREPARED = 64  # kernels whose last call with tensor handles is kept prepared, per session
+_MAX_KERNEL_CALLS = 64  # kernels whose last call is kept (prepared if repeated), per session
+_HANDLES_ONLY = frozenset([TensorHandle])
+_ID = operator.attrgetter("id")
 
 
 class SessionIdle(ConnectionLost):
@@ -156,11 +159,12 @@ class SessionHandler:
         self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
         self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY, ARRAY, ALLOCATE made
         self.client_tensors = 0         # entries under ids the client chose (ALLOCATE), failed ones too
-        #: function id -> (the wire arguments, their PreparedCall): each kernel's last call whose
-        #: arguments were all tensor handles, dropped with the function or any of the tensors
-        #: (``_drop``; an id never names another object before it is dropped).
-        self._prepared: dict[int, tuple[list, PreparedCall]] = {}
-        self._prepared_ids: set[int] = set()   # the ids those name (and maybe a few more)
+        #: function id -> each kernel's last call with tensor handles only (one or more): the
+        #: handles and, once the call was repeated with them, its PreparedCall; dropped with the
+        #: function or any of those tensors (``_drop``: an id never names another object before
+        #: it is dropped).
+        self._kernel_calls: dict[int, tuple[list, PreparedCall | None]] = {}
+        self._kernel_call_ids: set[int] = set()    # the ids those name (and maybe a few more)
         self._handlers = {op.value: handler for op, handler in {
             Op.GET_GLOBAL: self._get_global, Op.LIST_GLOBALS: self._list_globals,
             Op.LOAD_MODULE: self._load_module, Op.GET_FUNCTION: self._get_function, Op.CALL: self._call,
@@ -277,35 +281,46 @@ class SessionHandler:
         if func is None:
             raise LookupError(f"no function with handle {function_id} in this session (freed already?)")
         if type(args) is not tuple:  # a tuple is decode_call's one int or float argument
-            prepared = self._prepared.get(function_id)
-            if prepared is not None and prepared[0] == args and prepared[1].run():
-                if self._checked:
-                    canary.check_arguments(prepared[1].tensors)
-                return _NONE_RETURN
+            last = self._kernel_calls.get(function_id)
+            # the decoder hands out the same handle objects for the same bytes: a different first
+            # one is told without TensorHandle.__eq__ (~0.5 us)
+            if last is not None and args and last[0][0] is args[0] and last[0] == args:
+                prepared = last[1]
+                if prepared is not None and prepared.run():
+                    if self._checked:
+                        canary.check_arguments(prepared.tensors)
+                    return _NONE_RETURN
+                return self._call_kernel(function_id, func, args, True)
             if type(func) is Kernel:
-                return self._call_kernel(function_id, func, args)
+                return self._call_kernel(function_id, func, args, False)
             args = self.handles.all_from_wire(args)
         result = func(*args)
         if self._checked:
             canary.check_arguments(args)
         return _encode_result(result if type(result) in PLAIN else self.handles.to_wire(result))
 
-    def _call_kernel(self, function_id: int, kernel: Kernel, args: list) -> bytes:
-        """A kernel's call; one whose arguments are all tensor handles is kept prepared (the
-        checks and the argument array of its tensors) for the next call with the same handles."""
+    def _call_kernel(self, function_id: int, kernel: Kernel, args: list, again: bool) -> bytes:
+        """A kernel's call. One whose arguments are all tensor handles is kept as the function's
+        last; the second in a row with the same handles (``again``) is prepared (``Kernel.prepare``:
+        the tensors checked and the argument array filled once), and the calls with those handles
+        after it run prepared."""
         objects = self.handles.all_from_wire(args)
-        prepared = kernel.prepare(objects)
-        if prepared is None:
+        if not args or not _HANDLES_ONLY.issuperset(map(type, args)):  # inline tensors live for one call
             kernel(*objects)
         else:
-            prepared.run()
-            if all(type(value) is TensorHandle for value in args):  # not inline tensors: they live for one call
-                if len(self._prepared) >= _MAX_PREPARED:
-                    self._prepared.clear()
-                    self._prepared_ids.clear()
-                self._prepared[function_id] = args, prepared
-                self._prepared_ids.add(function_id)
-                self._prepared_ids.update(handle.id for handle in args)
+            prepared = kernel.prepare(objects) if again else None
+            if prepared is None:
+                kernel(*objects)
+            else:
+                prepared.run()
+            calls, ids = self._kernel_calls, self._kernel_call_ids
+            if len(calls) >= _MAX_KERNEL_CALLS and function_id not in calls:
+                calls.clear()
+                ids.clear()
+            calls[function_id] = args, prepared
+            ids.add(function_id)
+            if prepared is not None:
+                ids.update(map(_ID, args))
         if self._checked:
             canary.check_arguments(objects)
         return _NONE_RETURN
@@ -334,25 +349,28 @@ class SessionHandler:
         return None
 
     def _drop(self, ids) -> None:
-        prepared_ids = self._prepared_ids
+        kernel_call_ids = self._kernel_call_ids
         for handle_id in ids:
             obj = self._objects.pop(handle_id, None)
-            if handle_id in prepared_ids:
-                self._forget_prepared(handle_id)
+            if handle_id in kernel_call_ids:
+                self._forget_kernel_calls(handle_id)
             if handle_id >= CLIENT_IDS_FIRST and obj is not None:
                 self.client_tensors -= 1
             if isinstance(obj, runtime.Tensor):
                 self.tensor_bytes -= self._allocated.pop(handle_id, 0)
                 obj.free()
 
-    def _forget_prepared(self, handle_id: int) -> None:
-        """Drop the prepared calls of the function ``handle_id`` and those with a tensor ``handle_id``."""
-        prepared = self._prepared
-        prepared.pop(handle_id, None)
-        for function_id in [function_id for function_id, (args, _) in prepared.items()
-                            if any(handle.id == handle_id for handle in args)]:
-            del prepared[function_id]
-        self._prepared_ids = {*prepared, *(handle.id for args, _ in prepared.values() for handle in args)}
+    def _forget_kernel_calls(self, handle_id: int) -> None:
+        """Drop the last call of the function ``handle_id`` and the calls with a tensor ``handle_id``."""
+        calls = self._kernel_calls
+        calls.pop(handle_id, None)
+        for function_id in [function_id for function_id, (args, _) in calls.items()
+                            if any(arg.id == handle_id for arg in args)]:
+            del calls[function_id]
+        ids = self._kernel_call_ids
+        ids.clear()
+        ids.update(calls)
+        ids.update(arg.id for args, prepared in calls.values() if prepared is not None for arg in args)
 
     def _allocate(self, shape, dtype: str, device: DeviceValue, nbytes: int,
                   handle_id: int | None = None) -> tuple[int, runtime.Tensor]:

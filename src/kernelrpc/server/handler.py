@@ -305,7 +305,7 @@ class SessionHandler:
         the tensors checked and the argument array filled once), and the calls with those handles
         after it run prepared."""
         objects = self.handles.all_from_wire(args)
-        if not args or not _HANDLES_ONLY.issuperset(map(type, args)):  # inline tensors live for one call
+        if not args or not _HANDLES_ONLY.issuperset(map(type, args)):  # (inline tensors live for one call)
             kernel(*objects)
         else:
             prepared = kernel.prepare(objects) if again else None

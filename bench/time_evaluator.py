@@ -3,11 +3,12 @@ where its time goes: the client's and the server's CPU time per call, measured i
 
     PYTHONPATH=src python bench/time_evaluator.py [--compare OTHER/src] [--no-tvm]
                                                   [--blocks N] [--block B] [--cpu C]
-                                                  [--in-process]
+                                                  [--server-cpu S] [--in-process]
 
 Each contender (this tree, ``--compare``'s tree, Apache TVM 0.27 when installed) is a client
 process with a device server of its own, all pinned to one CPU (``--cpu``): the call is serial,
-so its time is the client's CPU time plus the server's plus the switches between them. The
+so its time is the client's CPU time plus the server's plus the switches between them. With
+``--server-cpu`` the servers run on that CPU instead (client and server on two CPUs). The
 contenders take turns in blocks of ``--block`` calls (rotating who goes first), so bursts of
 load from other processes fall on all alike. Per contender the table shows the median and the
 10th/90th percentiles of the calls, and the median over blocks of the CPU time per call of the
@@ -47,14 +48,14 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def contender(kind: str, cpu: int, library: str) -> None:
+def contender(kind: str, cpu: int, server_cpu: int, library: str) -> None:
     """A client with a server of its own; answers each block size read from stdin with a JSON
     line of the calls' times and the CPU per call of the client and the server."""
     import numpy as np
     import procs
 
-    pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
-    pin()
+    os.sched_setaffinity(0, {cpu})
+    pin = lambda: os.sched_setaffinity(0, {server_cpu})  # noqa: E731
     if kind == "tvm":
         import tvm
         from tvm import rpc as tvm_rpc
@@ -154,14 +155,17 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--block", type=int, default=20, help="calls per block")
     parser.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)))
+    parser.add_argument("--server-cpu", type=int, help="the servers' CPU (default: --cpu's)")
     parser.add_argument("--in-process", action="store_true", help="what the device conditions cost")
     parser.add_argument("--contender", nargs=2, metavar=("KIND", "LIBRARY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.server_cpu is None:
+        args.server_cpu = args.cpu
     if args.contender:
         sys.path.insert(0, str(BENCH))
         if args.contender[0] == "in-process":
             return in_process(args.contender[1])
-        return contender(args.contender[0], args.cpu, args.contender[1])
+        return contender(args.contender[0], args.cpu, args.server_cpu, args.contender[1])
 
     sys.path.insert(0, str(SRC))
     sys.path.insert(0, str(BENCH))
@@ -195,7 +199,8 @@ def main() -> None:
         try:
             for name, (kind, library, env) in jobs.items():
                 workers[name] = subprocess.Popen(
-                    [sys.executable, __file__, "--cpu", str(args.cpu), "--contender", kind, library],
+                    [sys.executable, __file__, "--cpu", str(args.cpu), "--server-cpu",
+                     str(args.server_cpu), "--contender", kind, library],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
                 if workers[name].stdout.readline().strip() != "ready":
                     raise RuntimeError(f"{name} did not start")
@@ -217,8 +222,10 @@ def main() -> None:
             for worker in workers.values():
                 worker.stdin.close()
                 worker.wait()
-    print(f"whole remote time_evaluator(100, 20) call, 1-element kernel, client and server on CPU "
-          f"{args.cpu}; {args.blocks} blocks of {args.block} calls; microseconds")
+    where = (f"client and server on CPU {args.cpu}" if args.server_cpu == args.cpu
+             else f"client on CPU {args.cpu}, server on CPU {args.server_cpu}")
+    print(f"whole remote time_evaluator(100, 20) call, 1-element kernel, {where}; "
+          f"{args.blocks} blocks of {args.block} calls; microseconds")
     print("(best block: the lowest of the blocks' medians, and the lowest CPU per call of a block; "
           "bursts of load from other processes raise the medians. kernel ns: the median over the "
           "calls of the time each reported per kernel call, which must not depend on the tree)")

@@ -5,7 +5,8 @@ Reads a JSON job on stdin: ``{"kernels": [{"module": path, "function": name,
 For each kernel: fill the tensors from the input files, call the function, write
 the outputs; call it again with the pool at 1 thread and report whether the
 outputs were identical; time it with the native loop (and with the cache flush
-preprocessor). Prints one JSON result document.
+preprocessor; without it, all repeats are one call of the module's
+``__kernelrpc_time_repeats``). Prints one JSON result document.
 """
 import json
 import platform
@@ -41,7 +42,8 @@ def run(kernel):
                                     f_preproc="cache_flush_cpu_non_first_arg")
     return {"threads": threads, "same_serial": same_serial,
             "seconds": timer(*tensors).mean, "flushed_seconds": flushed(*tensors).mean,
-            "native_cache_flush": module.has_cache_flush, "target": module.target}
+            "native_cache_flush": module.has_cache_flush, "target": module.target,
+            "repeats_in_one_call": timer.per_batch_reason is None}
 
 
 def main():

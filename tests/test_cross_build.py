@@ -148,6 +148,7 @@ def test_kernels_compute_on_the_board_what_numpy_does(board):
         assert result["seconds"] > 0 and result["flushed_seconds"] > 0
         assert result["target"]["triple"] == module.target.triple
         assert result["native_cache_flush"] == (arch == "aarch64")   # dc civac; else scratch
+        assert result["repeats_in_one_call"]      # the module runtime's __kernelrpc_time_repeats
         assert result["threads"] >= 1
 
 

@@ -1,11 +1,16 @@
+import logging
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import kernelrpc
 from fixtures.build import SOURCE, compile_module
-from kernelrpc import nd
+from kernelrpc import nd, te
 from kernelrpc.errors import KernelError
 from kernelrpc.runtime import Device, ProfileResult, cpu, load_module
-from kernelrpc.runtime.timing import TimerState, TimingConfig, measure
+from kernelrpc.runtime.timing import TimerState, TimingConfig, measure, measure_at_once, repeats_apart
 
 
 class FakeKernel:
@@ -87,6 +92,144 @@ def test_cooldown_after_repeats_divisible_by_repeats_to_cooldown():
     kernel = FakeKernel(1000)
     kernel.measure(TimerState(1), repeat=3, cooldown_interval_ms=5)
     assert kernel.sleeps == [0.005] * 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(number=st.integers(1, 1000), repeat=st.integers(1, 30), cost_ns=st.integers(0, 10**7),
+       repeats_to_cooldown=st.integers(1, 5), limit=st.integers(0, 200))
+def test_measure_at_once_gives_what_measure_gives(number, repeat, cost_ns, repeats_to_cooldown, limit):
+    """Where each repeat is one batch, the repeats timed at once are the same calls, batches,
+    results and ``number`` as ``measure``'s batch by batch."""
+    config = TimingConfig(repeat=repeat, repeats_to_cooldown=repeats_to_cooldown,
+                          limit_zero_time_iterations=limit)
+    assert repeats_apart(config) is None
+    by_batch, at_once = FakeKernel(cost_ns), FakeKernel(cost_ns)
+    state_by_batch, state_at_once = TimerState(number), TimerState(number)
+    expected = measure(state_by_batch, config, warmup=by_batch.warmup, run_batch=by_batch.run_batch,
+                       sleep=by_batch.sleep, resume=lambda: by_batch.events.append("resume"))
+
+    def run_repeats(n):
+        return [at_once.run_batch(n) for _ in range(repeat)]
+
+    got = measure_at_once(state_at_once, config, warmup=at_once.warmup, run_repeats=run_repeats,
+                          resume=lambda: at_once.events.append("resume"))
+    assert got == expected
+    assert at_once.events == by_batch.events and at_once.sleeps == by_batch.sleeps == []
+    assert state_at_once.number == state_by_batch.number == number
+
+
+@pytest.mark.parametrize("config, reason", [
+    (TimingConfig(repeat=3, min_repeat_ms=0.5), "min_repeat_ms"),
+    (TimingConfig(repeat=3, cooldown_interval_ms=1), "cooldown_interval_ms"),
+])
+def test_measure_at_once_refuses_repeats_that_are_not_one_batch_each(config, reason):
+    assert reason in repeats_apart(config)
+    kernel = FakeKernel(1000)
+    with pytest.raises(ValueError, match=reason):
+        measure_at_once(TimerState(1), config, warmup=kernel.warmup, run_repeats=kernel.run_batch)
+    assert kernel.calls == 0
+
+
+def counting_module(limit: int):
+    """A compiled module (the runtime kernelrpc emits) whose ``count(A, C)`` adds ``A[C[0]]`` to
+    ``C[0]``: with A all ones it counts its calls in C, and its bound check fails the call
+    that finds ``C[0] == limit`` (error code 3)."""
+    A = te.placeholder((limit,), name="A", dtype="int32")
+
+    def body(ins, outs):
+        ib = te.ir_builder.create()
+        a, c = ib.buffer_ptr(ins[0]), ib.buffer_ptr(outs[0])
+        c[0] = c[0] + a[c[0]]
+        return ib.get()
+
+    C = te.extern((1,), [A], body, name="count", dtype="int32")
+    with te.PassContext(config={"tir.instrument_bound_checkers": True}):
+        return kernelrpc.build(te.create_schedule(C.op), [A, C], name="count").runtime_module
+
+
+@pytest.fixture(scope="module")
+def counting():
+    return counting_module(1000)
+
+
+def count_tensors(limit: int):
+    return nd.array(np.ones(limit, "int32")), nd.array(np.zeros(1, "int32"))
+
+
+def test_a_compiled_module_times_all_repeats_in_one_native_call(counting):
+    assert counting.has_repeats_timer
+    a, c = count_tensors(1000)
+    evaluator = counting.time_evaluator("count", cpu(0), number=5, repeat=4)
+    assert evaluator.per_batch_reason is None
+    result = evaluator(a, c)
+    assert c.numpy()[0] == 1 + 5 * 4             # the warm-up call, then 4 batches of 5
+    assert result.number == 5 and result.repeat == 4 and all(r >= 0 for r in result.results)
+    assert result.conditions["wall_s"] > 0 and result.conditions["threads"]
+    evaluator(a, c)
+    assert c.numpy()[0] == 2 * 21
+
+
+def test_repeats_past_the_budget_return_to_python_between_batches(monkeypatch):
+    """Batches that take longer than the budget come back batch by batch (where Python takes a
+    KeyboardInterrupt), and the next native calls run the rest: the same calls and results."""
+    from kernelrpc.runtime import module as runtime_module
+
+    monkeypatch.setattr(runtime_module, "REPEATS_BUDGET_NS", 1)
+    module = counting_module(1000)
+    native = module._time_repeats
+    returned = []
+
+    def counting_native(*args):
+        returned.append(native(*args))
+        return returned[-1]
+
+    module._time_repeats = counting_native
+    a, c = count_tensors(1000)
+    result = module.time_evaluator("count", cpu(0), number=3, repeat=5)(a, c)
+    assert returned == [1] * 5                   # every batch took at least the 1 ns budget
+    assert c.numpy()[0] == 1 + 3 * 5 and result.repeat == 5
+    assert all(r > 0 for r in result.results)
+
+
+def test_a_kernel_error_stops_the_native_repeats_at_the_failing_call():
+    module = counting_module(10)
+    a, c = count_tensors(10)
+    evaluator = module.time_evaluator("count", cpu(0), number=2, repeat=8)
+    assert evaluator.per_batch_reason is None
+    with pytest.raises(KernelError, match="'count' failed with error code 3"):
+        evaluator(a, c)
+    assert c.numpy()[0] == 10                    # the 11th call found C[0] out of A's bounds
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"min_repeat_ms": 0.01}, "min_repeat_ms"),
+    ({"cooldown_interval_ms": 0.01}, "cooldown_interval_ms"),
+    ({"f_preproc": "cache_flush_cpu_non_first_arg"}, "f_preproc"),
+    ({"cache_flush_bytes": 4096}, "cache_flush_bytes"),
+])
+def test_repeats_that_are_not_one_batch_each_get_a_native_call_per_batch(counting, caplog, kwargs,
+                                                                         reason):
+    a, c = count_tensors(1000)
+    with caplog.at_level(logging.DEBUG, logger="kernelrpc.runtime.evaluator"):
+        evaluator = counting.time_evaluator("count", cpu(0), number=2, repeat=3, **kwargs)
+    assert reason in evaluator.per_batch_reason
+    assert any(reason in r.getMessage() for r in caplog.records)
+    if "min_repeat_ms" not in kwargs:          # (it grows number past what C can count here)
+        assert evaluator(a, c).repeat == 3
+        assert c.numpy()[0] == 1 + 2 * 3
+
+
+def test_a_module_without_the_repeats_entry_point_falls_back_visibly(mod, caplog):
+    """A module built by an older kernelrpc (the fixture module, written by hand, has only
+    ``__kernelrpc_time``): a call per batch, said at debug, counted the same."""
+    assert not mod.has_repeats_timer and mod.repeats_timer(mod["counted"], 3) is None
+    with caplog.at_level(logging.DEBUG, logger="kernelrpc.runtime.evaluator"):
+        evaluator = mod.time_evaluator("counted", cpu(0), number=2, repeat=3)
+    assert "has no __kernelrpc_time_repeats" in evaluator.per_batch_reason
+    assert any("has no __kernelrpc_time_repeats" in r.getMessage() for r in caplog.records)
+    mod["counter_reset"]()
+    assert evaluator(nd.empty((16,)), nd.empty((16,))).repeat == 3
+    assert counters(mod) == [7, 0]
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,7 @@ class Channel:
         self.ops = served_optional_ops(info)
         self._release_op = Op.RELEASE in self.ops
         self.conn = FramedSocket(sock, self.max_frame_bytes, initial)
+        self._sendall, self._recv, self._reader = sock.sendall, sock.recv, self.conn.reader  # call()'s
         self.timeout = float(info["session_timeout"])
         self.deadline = time.monotonic() + self.timeout if self.timeout else None
         #: Progress bars for large transfers: None = where someone watches, True/False = always/never.
@@ -117,15 +118,32 @@ class Channel:
         """Call a remote function with ``args``, wire values or made so by ``to_wire``
         (protocol.encode_call); its result as a wire value.
 
-        Fast path (docs/performance.md): a reply that arrives whole in one read is decoded
-        straight from it (protocol.decode_result_frame); anything else goes the general way.
+        Fast path (docs/performance.md): the send and the first read of the reply are made here
+        (FramedSocket.recv_chunk's read, with its errors), and a reply that arrives whole in that
+        read is decoded straight from it (protocol.decode_result_frame); anything else goes the
+        general way.
         """
         frame = encode_call(function_id, args, self.max_frame_bytes, to_wire)
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
         try:
-            chunk = self._send_and_read(frame)
-            if chunk is not None:
+            if self._released or self._closed:
+                frame = self._with_frees(frame)
+            try:
+                self._sendall(frame)
+            except OSError as exc:
+                raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
+            chunk = None
+            if not self._reader.pending:
+                try:
+                    chunk = self._recv(FIRST_READ)
+                except OSError as exc:
+                    raise self._lost(receive_failed(exc)) from None
+                except KeyboardInterrupt:  # the reply would arrive later and desync the stream
+                    self.mark_closed()
+                    raise
+                if not chunk:
+                    raise self._lost(ConnectionLost(PEER_CLOSED))
                 result = decode_result_frame(chunk, self.max_frame_bytes)
                 if result is not NOT_ONE_FRAME:
                     return result
@@ -141,33 +159,11 @@ class Channel:
         with self._lock:
             if freeing is not None:
                 self._uncount(freeing)
-            reply = self._receive(self._send_and_read(frame))
+            self._send(frame)
+            reply = self._receive(None)
             if reply[0] != _RETURN:
                 self._fail(reply, _RETURN)
         return reply[1]
-
-    def _send_and_read(self, frame: bytes) -> bytes | None:
-        """Send a request frame (the queued frees in front) and make the first read of the reply
-        (FramedSocket.recv_chunk's, without its call), or None while reply bytes are buffered."""
-        if self._released or self._closed:
-            frame = self._with_frees(frame)
-        conn = self.conn
-        try:
-            conn.sock.sendall(frame)
-        except OSError as exc:
-            raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
-        if conn.reader.pending:
-            return None
-        try:
-            chunk = conn.sock.recv(FIRST_READ)
-        except OSError as exc:
-            raise self._lost(receive_failed(exc)) from None
-        except KeyboardInterrupt:  # the reply would arrive later and desync the stream
-            self.mark_closed()
-            raise
-        if not chunk:
-            raise self._lost(ConnectionLost(PEER_CLOSED))
-        return chunk
 
     def request_with_raw(self, request, view: memoryview, describe, new_tensor: int | None = None) -> list:
         """Send ``request`` followed by the raw bytes of ``view`` (in pieces under a progress bar

@@ -1,10 +1,17 @@
 """time_evaluator on a local module: TVM's algorithm (timing.py) around the module's native
 ``__kernelrpc_time`` loop, with the device's conditions (conditions.py) read around the timed
-batches (outside their native clock)."""
+batches (outside their native clock).
+
+Where every repeat is one batch with nothing between two of them (no ``min_repeat_ms``,
+cooldown, ``f_preproc`` or ``cache_flush_bytes``), all the repeats are one call of the module's
+``__kernelrpc_time_repeats``, which times each batch as ``__kernelrpc_time`` does; a module
+without it (built by an older kernelrpc) gets a call per batch, which is logged at debug with
+the reason (``TimeEvaluator.per_batch_reason``)."""
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import operator
 import time
 
@@ -13,7 +20,9 @@ from .cacheflush import ScratchFlusher
 from .conditions import default_probe
 from .device import Device
 from .profile import MAX_RESULTS, ProfileResult
-from .timing import TimerState, TimingConfig, measure
+from .timing import TimerState, TimingConfig, measure, measure_at_once, repeats_apart
+
+log = logging.getLogger(__name__)
 
 CACHE_FLUSH_NON_FIRST_ARG = "cache_flush_cpu_non_first_arg"
 F_PREPROC_NAMES = ("", CACHE_FLUSH_NON_FIRST_ARG)
@@ -78,6 +87,25 @@ class TimeEvaluator:
         self._flush_buffers: tuple[AlignedBuffer, AlignedBuffer] | None = None
         self._scratch = ScratchFlusher()
         self._probe = default_probe()
+        #: Why each batch is a native call of its own, or None when all the repeats are one call.
+        self.per_batch_reason = self._per_batch_reason()
+        self._time_repeats = None
+        if self.per_batch_reason is not None:
+            log.debug("time_evaluator of %s: a native call per batch, because %s", function.name,
+                      self.per_batch_reason)
+        elif function is not None:      # (warm_up() has none)
+            self._time_repeats = function.module.repeats_timer(function, self.config.repeat)
+
+    def _per_batch_reason(self) -> str | None:
+        reason = repeats_apart(self.config)
+        if reason is None and self.f_preproc:
+            reason = f"f_preproc {self.f_preproc!r} runs before each repeat"
+        if reason is None and self.cache_flush_bytes:
+            reason = "cache_flush_bytes flushes the caches before each batch"
+        if reason is None and self.function is not None and not self.function.module.has_repeats_timer:
+            reason = (f"{self.function.module.path} has no __kernelrpc_time_repeats (a module "
+                      "built by an older kernelrpc, or not by kernelrpc)")
+        return reason
 
     @property
     def number(self) -> int:
@@ -94,8 +122,15 @@ class TimeEvaluator:
         """The seconds per call of every repeat and the conditions dict, without the
         ProfileResult (what the packed wire form sends); ``number`` is read after it."""
         function = self.function
-        module = function.module
         packed = function.pack(args)
+        if self._time_repeats is not None:
+            measurement = self._probe.measurement()
+            results = measure_at_once(self._state, self.config,
+                                      warmup=functools.partial(function.invoke, packed),
+                                      run_repeats=functools.partial(self._time_repeats, packed),
+                                      resume=measurement.batch_started)
+            return results, measurement.report()
+        module = function.module
         flush_buffers = self._cache_flush_buffers()
         time_batch = module.batch_timer(function, packed)
         if flush_buffers is None:
@@ -146,6 +181,6 @@ def warm_up(number: int = 100, repeat: int = 20) -> tuple[int, list[float], dict
     finds these pages its own."""
     timer = TimeEvaluator(None, Device(1, 0), number=number, repeat=repeat)
     measurement = timer._probe.measurement()
-    results = measure(timer._state, timer.config, warmup=lambda: None, run_batch=lambda n: n,
-                      sleep=functools.partial(_cooldown, measurement), resume=measurement.batch_started)
+    results = measure_at_once(timer._state, timer.config, warmup=lambda: None,
+                              run_repeats=lambda n: [n] * repeat, resume=measurement.batch_started)
     return timer.number, results, measurement.report()

@@ -21,6 +21,9 @@ from .threads import check_num_threads, process_config
 
 _POINTER_BYTES = ctypes.sizeof(ctypes.c_void_p)
 _BUFFER = operator.attrgetter("_buf")
+#: How long ``__kernelrpc_time_repeats`` times batches before it returns to Python (at the end of
+#: the batch that reaches it), so that a signal is taken.
+REPEATS_BUDGET_NS = 100_000_000
 
 
 class PackedArgs:
@@ -264,6 +267,10 @@ class Module:
         self._time = _symbol(lib, "__kernelrpc_time", ctypes.c_int64, None)
         if self._time is None:
             raise ModuleError(f"{path}: required symbol __kernelrpc_time is not exported")
+        # int64 __kernelrpc_time_repeats(void *fn, void **args, int64 number, int64 repeat,
+        # int64 *elapsed_ns, int64 budget_ns), optional (a module built by an older kernelrpc
+        # lacks it): called with arguments already converted, as __kernelrpc_time is
+        self._time_repeats = _symbol(lib, "__kernelrpc_time_repeats", ctypes.c_int64, None)
         self._cache_flush = _symbol(lib, "__kernelrpc_cache_flush", None,
                                     (ctypes.c_void_p, ctypes.c_int64))
         self._set_num_threads = _symbol(lib, "__kernelrpc_set_num_threads", ctypes.c_int32,
@@ -339,6 +346,40 @@ class Module:
             return elapsed
 
         return time_batch
+
+    @property
+    def has_repeats_timer(self) -> bool:
+        """Whether the module exports ``__kernelrpc_time_repeats`` (see :meth:`repeats_timer`)."""
+        return self._time_repeats is not None
+
+    def repeats_timer(self, function: Function, repeat: int):
+        """A callable ``(packed, number) -> [nanoseconds of each batch]``: ``repeat`` batches of
+        ``number`` calls of ``function`` with ``packed``, back to back in the module's native
+        ``__kernelrpc_time_repeats``, each batch timed as ``__kernelrpc_time`` times it; None
+        for a module without it (:attr:`has_repeats_timer`). One native call runs them all,
+        unless their time passes :data:`REPEATS_BUDGET_NS`: then it returns after that batch, so
+        that a KeyboardInterrupt lands as soon as it would between single batches, and the next
+        call runs the rest. The function's address is converted for ctypes once."""
+        time_repeats, name, path = self._time_repeats, function.name, self.path
+        if time_repeats is None:
+            return None
+        c_int64, c_void_p, byref = ctypes.c_int64, ctypes.c_void_p, ctypes.byref
+        fn, budget, elapsed_type = c_void_p(function.address), c_int64(REPEATS_BUDGET_NS), c_int64 * repeat
+
+        def time_batches(packed: PackedArgs, number: int) -> list[int]:
+            elapsed = elapsed_type()
+            args, c_number, done = c_void_p(packed.pointer), c_int64(number), 0
+            while done < repeat:
+                ran = time_repeats(fn, args, c_number, c_int64(repeat - done),
+                                   byref(elapsed, 8 * done), budget)
+                if ran < 0:
+                    raise KernelError(name, -ran)
+                if ran == 0:
+                    raise ModuleError(f"{path}: __kernelrpc_time_repeats ran no batch")
+                done += ran
+            return elapsed[:]
+
+        return time_batches
 
     @property
     def has_cache_flush(self) -> bool:

@@ -1,8 +1,9 @@
 """The time_evaluator algorithm of TVM's ``runtime.RPCTimeEvaluator`` (src/runtime/timer.cc),
 as a pure function over callables so tests can drive it with a counting fake clock.
 
-Reference: ``docs/tvm-wire-formats.md`` section 6.2. Only ``run_batch`` touches the kernel's timing
-clock; the warm-up call, ``f_preproc`` and the cooldown sleeps are never timed.
+Reference: ``docs/tvm-wire-formats.md`` section 6.2. Only ``run_batch`` (or ``run_repeats``)
+touches the kernel's timing clock; the warm-up call, ``f_preproc`` and the cooldown sleeps are
+never timed.
 """
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ class TimingConfig:
     limit_zero_time_iterations: int = 100
     cooldown_interval_ms: float = 0
     repeats_to_cooldown: int = 1
+
+
+def repeats_apart(config: TimingConfig) -> str | None:
+    """Why the repeats of ``config`` need a call of ``run_batch`` each, or None when every repeat
+    is exactly one batch of ``number`` calls with nothing between two of them (what
+    ``measure_at_once`` needs)."""
+    if config.min_repeat_ms > 0:
+        return "min_repeat_ms times a repeat again when its batch ran too short"
+    if config.cooldown_interval_ms > 0:
+        return "cooldown_interval_ms sleeps between repeats"
+    return None
 
 
 def measure(state: TimerState, config: TimingConfig, *,
@@ -69,3 +81,21 @@ def measure(state: TimerState, config: TimingConfig, *,
             sleep(cooldown_s)
             resumed = resume is None
     return results
+
+
+def measure_at_once(state: TimerState, config: TimingConfig, *,
+                    warmup: Callable[[], None],
+                    run_repeats: Callable[[int], list[int]],
+                    resume: Callable[[], None] | None = None) -> list[float]:
+    """What ``measure`` returns for a ``config`` whose every repeat is one batch with nothing
+    between two of them (``repeats_apart(config)`` is None) and without ``preproc``, from one
+    ``run_repeats(number)`` that runs all ``config.repeat`` batches and returns the elapsed
+    nanoseconds of each: the same calls, batches and results as ``measure`` makes of them."""
+    reason = repeats_apart(config)
+    if reason is not None:
+        raise ValueError(f"measure_at_once cannot time these repeats: {reason}")
+    warmup()
+    number = state.number
+    if resume is not None:
+        resume()
+    return [elapsed_ns / 1e6 / 1e3 / number for elapsed_ns in run_repeats(number)]

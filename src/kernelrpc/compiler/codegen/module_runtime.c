@@ -6,6 +6,9 @@
  * `fcompile=` hook may hand it to g++).
  *
  * * __kernelrpc_time: clock_gettime(CLOCK_MONOTONIC) around `number` calls.
+ * * __kernelrpc_time_repeats: `repeat` such batches in one call, each timed on its own
+ *   (a time_evaluator whose repeats are one batch each, with nothing between them), in
+ *   stretches of about `budget_ns` so that the caller can take a signal between them.
  * * __kernelrpc_cache_flush: clflush (x86-64) or dc civac (AArch64) per line;
  *   left out elsewhere (the symbol is optional, the runtime then evicts by
  *   writing a scratch buffer).
@@ -75,7 +78,8 @@ static inline void krpc_pause(void) {
 
 /* ------------------------------------------------------------------ timing */
 
-KRPC_EXPORT int64_t __kernelrpc_time(krpc_packed_fn fn, void **args, int64_t number) {
+/* One batch: the elapsed nanoseconds (>= 0) of `number` calls, or -code of a failing call. */
+static inline int64_t krpc_time_batch(krpc_packed_fn fn, void **args, int64_t number) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int64_t i = 0; i < number; ++i) {
@@ -89,6 +93,30 @@ KRPC_EXPORT int64_t __kernelrpc_time(krpc_packed_fn fn, void **args, int64_t num
     int64_t elapsed = ((int64_t)t1.tv_sec - (int64_t)t0.tv_sec) * 1000000000
                       + ((int64_t)t1.tv_nsec - (int64_t)t0.tv_nsec);
     return elapsed < 0 ? 0 : elapsed;
+}
+
+KRPC_EXPORT int64_t __kernelrpc_time(krpc_packed_fn fn, void **args, int64_t number) {
+    return krpc_time_batch(fn, args, number);
+}
+
+/* Up to `repeat` batches of `number` calls, batch i's nanoseconds in elapsed_ns[i], back to
+ * back; it returns after the batch that brings their time to `budget_ns` or more (so that the
+ * caller can take a signal), with the number of batches run (>= 1), or -code of a failing call
+ * (the batches before it are written). */
+KRPC_EXPORT int64_t __kernelrpc_time_repeats(krpc_packed_fn fn, void **args, int64_t number,
+                                             int64_t repeat, int64_t *elapsed_ns,
+                                             int64_t budget_ns) {
+    int64_t spent = 0;
+    for (int64_t i = 0; i < repeat; ++i) {
+        int64_t elapsed = krpc_time_batch(fn, args, number);
+        if (elapsed < 0)
+            return elapsed;
+        elapsed_ns[i] = elapsed;
+        spent += elapsed;
+        if (spent >= budget_ns)
+            return i + 1;
+    }
+    return repeat;
 }
 
 /* ------------------------------------------------------------------ cache flush */

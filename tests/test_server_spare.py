@@ -171,23 +171,28 @@ def test_the_evaluator_warm_up_measures_real_conditions_and_packs_them():
 
 
 QUICKENED_BY_THE_WARM_UP = r"""
-import sys
+import os, sys
 from kernelrpc.rpc import protocol
-from kernelrpc.server import handler, spare
+from kernelrpc.server import handler, session, spare
 from kernelrpc.server.config import ServerConfig
-from kernelrpc.server.workspace import Workspace
-path = [handler.SessionHandler._get_global, handler.SessionHandler._call, handler.SessionHandler._release,
-        handler.HandleTable.put, protocol.encode_result, protocol.encode_return, protocol.encode_frame]
-spare.warm_up(ServerConfig(), Workspace.create(sys.argv[1]))
+from kernelrpc.runtime import evaluator
+H = handler.SessionHandler
+path = [session.run_session, H.__init__, H._get_global, H._call, H._release, H._free, H._drop, H._empty,
+        H._array, H._copy_to, H._copy_from, handler.HandleTable.put, protocol.encode_result,
+        protocol.encode_return, protocol.encode_frame, evaluator.warm_up]
+spare.warm_up_server(ServerConfig(workspace_root=sys.argv[1]))
+assert not os.listdir(sys.argv[1]), os.listdir(sys.argv[1])
 print(" ".join(f.__qualname__ for f in path if f.__code__._co_code_adaptive == f.__code__.co_code))
 """
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="CPython 3.11 quickens a code object on its eighth call")
-def test_the_warm_up_leaves_the_request_path_quickened(tmp_path):
-    """The spare's scripted session runs get_function + call often enough that the interpreter
-    has quickened their code before the handoff, so a session's first requests run it
-    specialized (in a fresh interpreter: nothing else has run that code there)."""
+def test_the_servers_warm_up_leaves_the_request_path_quickened(tmp_path):
+    """The server serves the scripted session itself often enough, before its first fork, that the
+    interpreter has quickened the request path (the tensor requests and the time_evaluator's
+    loop too), so every session child inherits it quickened and runs its first requests
+    specialized (in a fresh interpreter: nothing else has run that code there); it leaves no
+    workspace behind."""
     done = subprocess.run([sys.executable, "-c", QUICKENED_BY_THE_WARM_UP, str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "did not go as scripted" not in done.stderr, done.stderr
@@ -251,6 +256,40 @@ def test_a_spare_warms_up_at_the_lowest_priority_and_only_a_warm_one_takes_a_ses
         assert sess.get_function("testing.echo")(4) == 4
         assert os.SCHED_IDLE not in policies(spare)
     held.close()
+
+
+IDLE_WARM_UP = r"""
+import os, sys
+from kernelrpc.server import spare
+from kernelrpc.server.config import ServerConfig
+from kernelrpc.server.workspace import Workspace
+if sys.argv[2] == "unprivileged":
+    spare._normal_policy = lambda: False     # what an unprivileged spare gets: it stays at SCHED_IDLE
+spare._warm_up_in_background(ServerConfig(), Workspace.create(sys.argv[1]))
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc are Linux's")
+def test_the_idle_warm_up_returns_once_its_thread_has_ended_in_the_kernel(tmp_path):
+    """A warm-up thread at SCHED_IDLE whose Python is done still has to exit in the kernel, and the
+    joining thread, at the normal priority, takes the CPU from it: on a CPU kept busy it may not
+    run again for a long time, and a process is reaped only once all its threads have ended (a
+    spare's session child would hold its slot after the session that long). So the thread goes
+    back to the normal policy where it may, and the spare goes on only once the thread is gone:
+    with its CPU kept busy, nothing of it is left then."""
+    cpu = min(os.sched_getaffinity(0))
+    pinned = lambda: os.sched_setaffinity(0, {cpu})       # noqa: E731
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pinned)
+    try:
+        for how in ("unprivileged", "unprivileged", "as this process is"):
+            done = subprocess.run([sys.executable, "-c", IDLE_WARM_UP, str(tmp_path), how], preexec_fn=pinned,
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0 and "did not go as scripted" not in done.stderr, done.stderr
+            assert done.stdout.split() == ["1"], done.stdout
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_no_spare_session_forks_at_connect(start_service):

@@ -9,15 +9,19 @@ read back and freed) through the real :func:`~.session.run_session` on a socketp
 a time_evaluator's run without a kernel (:func:`~kernelrpc.runtime.evaluator.warm_up`: the
 timing loop, the device-conditions probe's real measurement, the packed result), and it takes
 a reference to the code a first module call runs (:func:`_touch_code`), then tells the server
-it is warm and waits for it to hand it a connection.
+it is warm and waits for it to hand it a connection. The server has served the same script
+itself, before its first fork (:func:`warm_up_server`), often enough that the interpreter has
+quickened that code: every child inherits it so, and a spare's warm-up is there for its
+copy-on-write faults.
 
 The server forks the next spare as soon as the session before it is over, while its child still
 exits (:mod:`.listener`). A spare forked while other sessions run (``max_sessions`` above 1)
 warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session wants), in a
-thread of its own (:func:`_warm_up_in_background`): the thread that serves its session keeps
-its priority. Only a warm spare is handed a session: a client that arrives while it warms up
-waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and the spare is kept
-for the next one.
+thread of its own (:func:`_warm_up_in_background`), so that the thread that serves its session
+keeps its priority; the spare goes on once that thread has ended in the kernel too
+(:func:`_ended_in_the_kernel`). Only a warm spare is handed a session: a client that arrives
+while it warms up waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and
+the spare is kept for the next one.
 
 The handoff is one message on a unix socketpair (:func:`encode_handoff`): the client's socket
 as ``SCM_RIGHTS`` ancillary data, and what the session needs that only the client's handshake
@@ -96,17 +100,21 @@ def decode_handoff(data: bytes) -> tuple[float | None, bytes]:
     return timeout or None, bytes(data[_HANDOFF.size:])
 
 
-WARM_UP_LOOKUPS = 10
-"""How many times the scripted session looks ``testing.echo`` up and calls it: CPython 3.11
-quickens a code object (the step before it specializes its instructions) on its eighth call
-only, so a path run once or twice here would run unspecialized through a session's first
-requests (docs/performance.md, "A new session's first requests")."""
+WARM_UP_LOOKUPS = 2
+"""How many times the scripted session looks ``testing.echo`` up (each lookup releasing the one
+before, as a client's ``get_function`` does) and calls it."""
+SERVER_WARM_UPS = 8
+"""How many times the server serves the scripted session (and runs the evaluator's warm-up)
+itself, once, before its first fork (:func:`warm_up_server`): CPython 3.11 quickens a code object
+(the step before it specializes its instructions) on its eighth call, and a fork inherits the
+quickened bytecode, so that every session child runs the request path specialized from its first
+request on, and a spare's own warm-up only has to take its copy-on-write faults
+(docs/performance.md, "A new session's first requests")."""
 
 
 def _warm_up_script() -> list[tuple[bytes, int]]:
     """What the scripted client sends, one message at a time, and the replies each one gets:
-    the requests of a typical first session, the lookup and call as often as a session's own
-    first requests need (``WARM_UP_LOOKUPS``)."""
+    the requests of a typical first session, the lookup and call ``WARM_UP_LOOKUPS`` times."""
     cpu = DeviceValue("cpu", 0)
     lookups = WARM_UP_LOOKUPS
     tensor = TensorHandle(lookups + 1, "float32", (1,), cpu)
@@ -145,6 +153,43 @@ def warm_up(config: ServerConfig, workspace: Workspace) -> int:
     the minor page faults it took. Its failures are logged: a spare that could not warm up
     still serves."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    problem = _serve_script(config, workspace)
+    _touch_code(_MODULE_CALL_CODE)
+    problem = problem or _evaluator_warm_up()
+    if problem:
+        log.warning("spare session child %d: the warm-up did not go as scripted: %s", os.getpid(), problem)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def warm_up_server(config: ServerConfig) -> None:
+    """The server's own warm-up, before its first fork: the scripted session and the evaluator's
+    warm-up, :data:`SERVER_WARM_UPS` times, so that the code they run is quickened in the process
+    every session child is forked from. Its failures are logged; the server serves anyway."""
+    workspace = Workspace.create(config.workspace_root)
+    try:
+        for _ in range(SERVER_WARM_UPS):
+            problem = _serve_script(config, workspace) or _evaluator_warm_up()
+            if problem:
+                log.warning("the server's warm-up did not go as scripted: %s", problem)
+                break
+    except Exception:       # noqa: BLE001 (reported, never fatal)
+        log.exception("the server's warm-up failed")
+    finally:
+        workspace.remove()
+    gc.collect()            # its garbage, before any child inherits it
+
+
+def _evaluator_warm_up() -> str | None:
+    try:
+        P.encode_result(P.encode_profile(*evaluator.warm_up()))
+    except Exception as exc:        # noqa: BLE001 (reported, never fatal)
+        return f"the time_evaluator warm-up failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _serve_script(config: ServerConfig, workspace: Workspace) -> str | None:
+    """Serve the scripted session (:func:`_warm_up_script`); why its replies are not the
+    script's, or None."""
     served, client = _scripted_socketpair()
     with served, client:
         script = _warm_up_script()
@@ -155,15 +200,7 @@ def warm_up(config: ServerConfig, workspace: Workspace) -> int:
         served.close()
         client.settimeout(1.0)
         replies = b"".join(iter(lambda: client.recv(1 << 16), b""))
-    problem = _check_replies(replies, config.max_frame_bytes, sum(n for _, n in script))
-    _touch_code(_MODULE_CALL_CODE)
-    try:
-        P.encode_result(P.encode_profile(*evaluator.warm_up()))
-    except Exception as exc:        # noqa: BLE001 (reported, never fatal)
-        problem = problem or f"the time_evaluator warm-up failed: {type(exc).__name__}: {exc}"
-    if problem:
-        log.warning("spare session child %d: the warm-up did not go as scripted: %s", os.getpid(), problem)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return _check_replies(replies, config.max_frame_bytes, sum(n for _, n in script))
 
 
 _MODULE_CALL_CODE = (module, tensor, buffer, handler)
@@ -198,11 +235,52 @@ def _warm_up_in_background(config: ServerConfig, workspace: Workspace) -> int:
             faults.append(warm_up(config, workspace))
         except Exception:       # noqa: BLE001 (reported, never fatal: a cold spare still serves)
             log.exception("spare session child %d: the warm-up failed", os.getpid())
+        finally:
+            if priority == "SCHED_IDLE":
+                _normal_policy()    # where allowed: its exit then waits for no idle CPU
 
     thread = threading.Thread(target=run, name="spare warm-up")
     thread.start()
     thread.join()
+    if not _ended_in_the_kernel(thread.native_id, THREAD_EXIT_WAIT):
+        log.warning("spare session child %d: its warm-up thread had not ended %gs after its warm-up",
+                    os.getpid(), THREAD_EXIT_WAIT)
     return faults[0] if faults else 0
+
+
+THREAD_EXIT_WAIT = 10.0
+"""Seconds a spare waits for its ``SCHED_IDLE`` warm-up thread to be gone from the kernel too."""
+
+
+def _ended_in_the_kernel(tid: int, timeout: float) -> bool:
+    """Wait (sleeping) until thread ``tid`` of this process is gone from ``/proc`` (Linux).
+
+    ``join`` returns when the thread's Python code is done, and the joining thread, at the normal
+    priority, then takes the CPU from it: the thread still has to exit in the kernel, and at
+    ``SCHED_IDLE`` on a busy CPU it may not run again for hundreds of milliseconds. A process is
+    reaped only once every thread of it has exited, so the session child that this spare becomes
+    would hold its session's slot that long after the session (docs/performance.md, "A spare's
+    warm-up thread, and a client that connects again at once")."""
+    path = f"/proc/self/task/{tid}"
+    deadline = time.monotonic() + timeout
+    pause = 0.0001
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)       # the CPU is the idle thread's meanwhile, if nothing else wants it,
+        pause = min(pause * 2, 0.01)    # and a busy CPU is not woken up for this more than 100 times a second
+    return True
+
+
+def _normal_policy() -> bool:
+    """Put the calling thread back to the normal scheduling policy, where it may: a privileged
+    process, or one whose ``RLIMIT_NICE`` allows it (an unprivileged one usually cannot leave
+    ``SCHED_IDLE``)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except (AttributeError, OSError):
+        return False
 
 
 def lower_priority() -> str | None:
@@ -441,6 +519,9 @@ class Spares:
     them); a spare that is still warming up is kept for the next session."""
 
     def __init__(self, config: ServerConfig) -> None:
+        """Also the server's own warm-up (:func:`warm_up_server`): before the first session child
+        is forked, whether a spare or at connect."""
+        warm_up_server(config)
         self.config = config
         self.enabled = config.spare_session
         self.spare: Spare | None = None

@@ -34,10 +34,10 @@ def queue(tracker, key="board"):
 
 
 def gone(pid: int) -> bool:
-    """The process has exited (or is a zombie: exited, not yet reaped)."""
+    """The process has exited (or is a zombie: exited, not yet reaped; or dead, being reaped)."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+            return any(line.startswith("State:") and line.split()[1] in ("Z", "X") for line in f)
     except (FileNotFoundError, ProcessLookupError):  # ESRCH: it exited between the open and the read
         return True
 

@@ -45,6 +45,17 @@ FIRST_WARM_UP_WAIT = 2.0
 few milliseconds), before it accepts connections."""
 
 
+def dispatch(selector: selectors.BaseSelector, events) -> None:
+    """Run the callback of each event of one ``select()``, skipping the stale ones: an event whose
+    file an earlier callback of the same batch unregistered (a connection handed to the spare that
+    just became warm, a dropped one, a plain socket that its TLS socket replaced) would otherwise
+    run on a closed socket and end the server."""
+    registered = selector.get_map()
+    for key, _ in events:
+        if registered.get(key.fd) is key:
+            key.data(key.fileobj)
+
+
 class _Pending:
     """A connection in the middle of the handshake."""
 
@@ -113,8 +124,7 @@ class Server:
             self.spares.wait_warm(FIRST_WARM_UP_WAIT)
             self._on_tick()
             while not self._stopping:
-                for key, _ in self.selector.select(self._next_timeout()):
-                    key.data(key.fileobj)
+                dispatch(self.selector, self.selector.select(self._next_timeout()))
                 self._on_tick()
         finally:
             self.close()

@@ -10,7 +10,16 @@ from kernelrpc import rpc
 from kernelrpc.errors import ConnectionLost
 
 
-def test_interrupted_call_closes_the_session(server, session):
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt here, as in a terminal: a shell's background job (a CI
+    runner's, for one) inherits SIGINT ignored, and Python then leaves it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupted_call_closes_the_session(server, session, sigint_raises):
     sleep = session.get_function("testing.sleep")
     interrupt = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     interrupt.start()

@@ -47,6 +47,7 @@ from kernelrpc import nd                                                # noqa: 
 from kernelrpc.errors import RPCError                                    # noqa: E402
 from kernelrpc.deploy.launch import Service                                    # noqa: E402
 from kernelrpc.rpc.tracker_client import connect_tracker                # noqa: E402
+from kernelrpc.server.process_tree import children                       # noqa: E402
 
 JOB_DEADLINE = 60.0
 PAYLOAD = os.urandom(64 << 10)
@@ -64,14 +65,6 @@ def rss_mib(pid: int) -> float:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
     except (OSError, StopIteration):
         return float("nan")
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
 
 
 def alive(pid: int) -> bool:

@@ -42,10 +42,3 @@ def gone(pid: int) -> bool:
         return True
 
 
-def children(pid: int) -> list[int]:
-    """The pids of the process's children (its main thread's; [] once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []

@@ -9,7 +9,8 @@ import pytest
 
 import kernelrpc
 from conftest import wait_until
-from servicectl import children, gone
+from kernelrpc.server.process_tree import children
+from servicectl import gone
 from kernelrpc import nd, rpc
 
 

@@ -67,6 +67,17 @@ def values(h: SessionHandler, handle_id: int) -> np.ndarray:
     return np.frombuffer(h.handles.tensor(handle(handle_id)).buffer, "float32")
 
 
+def prepared_session(kernels, **options) -> tuple[SessionHandler, int]:
+    """A session whose kernel ``f`` has been called twice on tensors FIRST and FIRST + 1: its call
+    is prepared."""
+    h, f = session(kernels, **options)
+    allocate(h, FIRST)
+    allocate(h, FIRST + 1)
+    call(h, f, FIRST, FIRST + 1)
+    call(h, f, FIRST, FIRST + 1)
+    return h, f
+
+
 def reachable(root) -> dict:
     """Every object reachable from ``root`` by reference, by id (types, modules and functions,
     which lead to everything, not followed)."""
@@ -108,11 +119,7 @@ def test_calls_alternating_between_tensors_are_never_prepared(kernels):
 
 
 def test_a_freed_tensor_drops_the_prepared_call_keeps_none_of_its_memory_and_is_refused(kernels):
-    h, f = session(kernels)
-    allocate(h, FIRST)
-    allocate(h, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
+    h, f = prepared_session(kernels)
     raw = h.handles.tensor(handle(FIRST + 1))._buf._raw
     assert id(raw) in reachable(prepared(h, f))     # what the check below looks for is found
     release(h, FIRST + 1)
@@ -129,11 +136,7 @@ def test_a_freed_tensor_drops_the_prepared_call_keeps_none_of_its_memory_and_is_
 def test_a_tensor_freed_outside_the_table_is_refused_by_the_prepared_call(kernels):
     """A server-side function that frees its tensor argument leaves it in the table: the prepared
     call does not run the kernel on its memory, and the call says why, as before."""
-    h, f = session(kernels)
-    allocate(h, FIRST)
-    allocate(h, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
+    h, f = prepared_session(kernels)
     kept = prepared(h, f)
     raw = h.handles.tensor(handle(FIRST))._buf._raw
     h.handles.tensor(handle(FIRST)).free()
@@ -172,11 +175,7 @@ def test_wrong_handles_after_a_prepared_call_raise_as_before_and_it_goes_on(kern
 
 
 def test_releasing_the_function_drops_its_prepared_call(kernels):
-    h, f = session(kernels)
-    allocate(h, FIRST)
-    allocate(h, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
+    h, f = prepared_session(kernels)
     release(h, f)
     assert h._kernel_calls == {} and h._kernel_call_ids == set()
     with pytest.raises(LookupError, match=f"no function with handle {f}"):
@@ -200,11 +199,7 @@ def test_inline_tensors_and_kernels_with_scalars_are_not_kept(kernels):
 
 
 def test_checked_mode_checks_the_pads_after_every_prepared_call(kernels):
-    h, f = session(kernels, checked_tensors=True)
-    allocate(h, FIRST)
-    allocate(h, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
-    call(h, f, FIRST, FIRST + 1)
+    h, f = prepared_session(kernels, checked_tensors=True)
     pad = h.handles.tensor(handle(FIRST + 1))._buf._after
     for _ in range(2):
         pad[0] ^= 0xFF                              # what a kernel writing past B would do

@@ -14,7 +14,8 @@ import numpy as np
 
 import kernelrpc
 from conftest import wait_until
-from servicectl import children, gone
+from kernelrpc.server.process_tree import children
+from servicectl import gone
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import protocol as P
 from kernelrpc.runtime import evaluator

@@ -62,7 +62,7 @@ class Function(_Remote):
         self.name = name
 
     def __call__(self, *args):
-        if args and type(args[0]) is Tensor:
+        if args and args[0].__class__ is Tensor:  # ~20 ns less than type(); _call_tensors checks type()
             result = self._call_tensors(args)
         else:
             result = self._channel.call(encode_call(self._id, args, self._max_frame_bytes, self._to_wire))

@@ -10,10 +10,10 @@ call). ``f`` is a 1-element ``addone`` built by kernelrpc. The server keeps a ke
 the same tensor handles prepared from its second call in a row; the row "unprepared" is the same
 loop with no call kept (each converts its handles and fills the argument array again), and
 "alternating" calls ``f(a, b)`` and ``f(b, a)`` in turn, which are never prepared. The client
-sends the CALL frame it kept for the same live tensors again (remote.Function); its row
+sends the CALL frame it kept for the same live tensors again (remote.KernelFunction); its row
 "alternating" takes turns in the same way, so every call converts and encodes its tensors. A
-real round trip costs each side more than this (its code and data are out of the caches after the other
-side ran); compare rows, and trees, in one run.
+real round trip costs each side more than this (its code and data are out of the caches after
+the other side ran); compare rows, and trees, in one run.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from kernelrpc import runtime  # noqa: E402
 from kernelrpc.errors import ConnectionLost  # noqa: E402
 from kernelrpc.rpc import protocol as P  # noqa: E402
 from kernelrpc.rpc.client import RPCSession  # noqa: E402
-from kernelrpc.rpc.remote import Function  # noqa: E402
+from kernelrpc.rpc.remote import Function, KernelFunction  # noqa: E402
 from kernelrpc.rpc.remote import Tensor as RemoteTensor  # noqa: E402
 from kernelrpc.rpc.requests import OPTIONAL_OPS  # noqa: E402
 from kernelrpc.rpc.transport import FramedSocket  # noqa: E402
@@ -112,7 +112,7 @@ def main() -> None:
     echo_session = RPCSession(CannedSocket(itertools.repeat(P.encode_result(1))), info, "canned")
     kernel_session = RPCSession(CannedSocket(itertools.repeat(P.encode_result(None))), info, "canned")
     echo = Function(echo_session, FunctionHandle(3), "testing.echo")
-    f = Function(kernel_session, FunctionHandle(4), "addone")
+    f = KernelFunction(kernel_session, FunctionHandle(4), "addone")   # a module's function
     tensors = [RemoteTensor(kernel_session, TensorHandle(5 + i, "float32", (1,), device)) for i in range(2)]
 
     def call(fn, *fn_args) -> float:

@@ -1,4 +1,4 @@
-"""The objects a session hands out: remote Function, TimeEvaluator, Module and Tensor.
+"""The objects a session hands out: remote Function, KernelFunction, TimeEvaluator, Module and Tensor.
 
 Each holds its session (for the conversion of values and for ``Device``) and the session's
 :class:`~kernelrpc.rpc.channel.Channel`, and uses only the channel's public methods. They carry
@@ -37,19 +37,10 @@ class _Remote:
 
 
 class Function(_Remote):
-    """A function on the server (a module's kernel or a global function); call it like one.
+    """A function on the server (a global function, or one a call returned); call it like one.
+    A module's functions are KernelFunctions."""
 
-    A kernel call keeps its CALL frame: when every argument is a live remote tensor of this
-    session, the encoded frame and the tensors' handles are kept (one frame a Function, the last
-    such call's, once it succeeded), and a call with the same live tensors again sends that frame
-    without converting and encoding them. A frame is a function of the handles alone, so it is
-    byte for byte what encoding them again would give. The check is by identity: each argument a
-    remote Tensor whose session is this one (a freed tensor has none) and whose handle is the
-    very object kept. Anything else takes the general path, which raises what it raised before;
-    a call that fails drops the frame.
-    """
-
-    __slots__ = ("name", "_id", "_to_wire", "_max_frame_bytes", "_kept")
+    __slots__ = ("name", "_id", "_to_wire", "_max_frame_bytes")
 
     def __init__(self, session, handle: FunctionHandle, name: str) -> None:
         self._session = session
@@ -58,20 +49,46 @@ class Function(_Remote):
         self._id = handle.id
         self._to_wire = session.all_to_wire
         self._max_frame_bytes = self._channel.max_frame_bytes
-        self._kept = None   # (frame, handles) of the last kernel call
         self.name = name
+
+    def __call__(self, *args):
+        result = self._channel.call(encode_call(self._id, args, self._max_frame_bytes, self._to_wire))
+        return result if type(result) in PLAIN else self._session.from_wire(result)
+
+    def __repr__(self) -> str:
+        return f"<remote Function {self.name} on {self._channel.address}>"
+
+
+class KernelFunction(Function):
+    """A function of a loaded module (a kernel), which keeps the CALL frame of its last call.
+
+    When every argument of a call is a live remote tensor of this session, the encoded frame
+    and the tensors' handles are kept (one frame a function, the last such call's, once it
+    succeeded), and a call with the same live tensors again sends that frame without converting
+    and encoding them. A frame is a function of the handles alone, so it is byte for byte what
+    encoding them again would give. The check is by identity: each argument a remote Tensor
+    whose session is this one (a freed tensor has none) and whose handle is the very object
+    kept. Anything else takes the general path, which raises what it raised before; a call that
+    fails drops the frame. (Global functions are called with plain values: ``echo(1)`` does not
+    pay for the check.)
+    """
+
+    __slots__ = ("_kept",)
+
+    def __init__(self, session, handle: FunctionHandle, name: str) -> None:
+        super().__init__(session, handle, name)
+        self._kept = None   # (frame, handles) of the last call with only tensors
 
     def __call__(self, *args):
         if args and args[0].__class__ is Tensor:  # ~20 ns less than type(); _call_tensors checks type()
             result = self._call_tensors(args)
-        else:
-            result = self._channel.call(encode_call(self._id, args, self._max_frame_bytes, self._to_wire))
-        return result if type(result) in PLAIN else self._session.from_wire(result)
+            return result if type(result) in PLAIN else self._session.from_wire(result)
+        return Function.__call__(self, *args)
 
     def _call_tensors(self, args):
         """A call whose first argument is a remote tensor: with the kept frame when it fits."""
         session, kept = self._session, self._kept
-        if kept is not None and args[0]._handle is kept[1][0]:  # a miss costs ~0.2 us less without the loop
+        if kept is not None and args[0]._handle is kept[1][0]:  # calls taking turns: ~0.2 us less
             frame, handles = kept
             if len(args) == len(handles):
                 for arg, handle in zip(args, handles):
@@ -94,11 +111,8 @@ class Function(_Remote):
         self._kept = frame, handles
         return result
 
-    def __repr__(self) -> str:
-        return f"<remote Function {self.name} on {self._channel.address}>"
 
-
-class TimeEvaluator(Function):
+class TimeEvaluator(KernelFunction):
     """The callable ``Module.time_evaluator`` returns: each call runs the timing on the device.
 
     With ``target`` (the module's, from its metadata) the device answers in the packed form
@@ -137,7 +151,7 @@ class Module(_Remote):
 
     def get_function(self, name: str) -> Function:
         (handle,) = self._channel.request(GetFunction(self._handle, name))
-        return Function(self._session, handle, name)
+        return KernelFunction(self._session, handle, name)
 
     def __getitem__(self, name: str) -> Function:
         return self.get_function(name)

@@ -1,6 +1,8 @@
 """Sessions that misbehave or outlive their server (issue 14), against real server processes."""
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -76,6 +78,45 @@ def test_a_killed_server_leaves_no_session_child_and_the_next_cleans_its_workspa
     stale = f"kernelrpc-session-{server.proc.pid}-"
     wait_until(lambda: not any(p.name.startswith(stale) for p in root.iterdir()), what="stale workspace removed")
     assert foreign.exists()
+
+
+ONE_THREAD_AT_EXIT = r"""
+import os
+from kernelrpc.server import process_tree, session
+from kernelrpc.server.config import ServerConfig
+
+report_r, report_w = os.pipe()
+status_r, status_w = os.pipe()
+end_tree = process_tree.end_tree
+
+
+def threads(where):
+    os.write(report_w, f"{where}={len(os.listdir('/proc/self/task'))} ".encode())
+
+
+def ending_tree(*args):
+    threads("ending its tree")
+    return end_tree(*args)
+
+
+process_tree.end_tree = ending_tree
+pid = session.fork_child(ServerConfig(), (report_w, status_w), status_w, lambda: threads("serving") or True)
+os.close(report_w)
+os.close(status_w)
+print(b"".join(iter(lambda: os.read(report_r, 1 << 10), b"")).decode())
+print("status", os.read(status_r, 16), "exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal and /proc are Linux's")
+def test_a_session_child_ends_its_server_watch_before_it_exits():
+    """While it serves, a session child has a second thread that waits for the server's death; it
+    ends that thread before it ends its tree and exits, and exits with one thread (a thread still
+    exiting then would make the server's reap of the child wait for it)."""
+    done = subprocess.run([sys.executable, "-c", ONE_THREAD_AT_EXIT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["serving=2 ending its tree=1 ", "status b'e' exit 0"], done.stdout
+    assert "server watch" not in done.stderr, done.stderr
 
 
 def test_a_numpy_argument_beyond_the_frame_limit_is_refused_locally(start_service):

@@ -139,6 +139,26 @@ def end_tree(deadline: float = 2.0) -> bool:
         time.sleep(0.001)
 
 
+def thread_gone(tid: int, timeout: float) -> bool:
+    """Wait (sleeping) until thread ``tid`` of this process is gone from ``/proc`` (Linux):
+    True once it is, False after ``timeout`` seconds.
+
+    A thread whose Python code is done (``join`` returned, or its function returned) still has
+    to exit in the kernel, and until it has, this process is not done with it: the process is
+    reported exited only once every thread of it has ended, and a thread that is still exiting
+    when the process exits makes the parent's reap of it wait for that thread (on a busy CPU,
+    up to a scheduler tick: docs/performance.md, "A session child's exit with one thread")."""
+    path = f"/proc/self/task/{tid}"
+    deadline = time.monotonic() + timeout
+    pause = 0.0001
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)       # the CPU is the thread's meanwhile, if nothing else wants it,
+        pause = min(pause * 2, 0.01)    # and a busy CPU is not woken up for this more than 100 times a second
+    return True
+
+
 def end_orphans(keep) -> list[int]:
     """Kill the trees of this process's children that are not in ``keep`` (the live sessions),
     and reap them; returns their pids.

@@ -44,6 +44,10 @@ _live: set[int] = set()                  # this server's session children not re
 _server_subreaper = False
 _TREE_SIGNAL = signal.SIGRTMIN + 1 if hasattr(signal, "SIGRTMIN") and hasattr(signal, "sigwait") else None
 """The session child's parent-death signal: nothing else sends it."""
+_STOP_SIGNAL = _TREE_SIGNAL + 1 if _TREE_SIGNAL is not None else None
+"""What a session child sends the thread that waits for :data:`_TREE_SIGNAL` to end it."""
+WATCH_STOP_WAIT = 1.0
+"""Seconds a session child waits for that thread to end before it exits anyway."""
 
 
 def own_child(pid: int) -> None:
@@ -267,36 +271,68 @@ def serve_connection(sock: socket.socket, client_key: ParsedKey, config: ServerC
     start_session(sock, client_key, config, initial).wait()
 
 
-def _end_with_the_server(server_pid: int) -> None:
+def _end_with_the_server(server_pid: int) -> "_ServerWatch | None":
     """The session's own process group, the subreaper of its tree, and the whole tree killed
-    when the server dies (even of kill -9).
-
-    The parent-death signal is a real-time signal blocked in every thread and taken by one
-    that waits for it: it comes through even while a kernel runs native code (ctypes lets go
-    of the GIL), and processes a kernel starts inherit only a blocked signal nobody sends.
-    """
+    when the server dies (even of kill -9); returns the thread that waits for that
+    (:class:`_ServerWatch`), None where there is none."""
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
     process_tree.set_child_subreaper()
     if _TREE_SIGNAL is None:            # not Linux: the server's kill of the group must do
-        return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {_TREE_SIGNAL})    # threads started later inherit it
-    _thread.start_new_thread(_end_tree_on_signal, ())    # threading's start() would wait for it to run
+        return None
+    signal.pthread_sigmask(signal.SIG_BLOCK, {_TREE_SIGNAL, _STOP_SIGNAL})    # threads started later inherit it
+    watch = _ServerWatch()
     process_tree.set_parent_death_signal(_TREE_SIGNAL)
     if os.getppid() != server_pid:      # the server died before the signal was armed
         os.kill(os.getpid(), _TREE_SIGNAL)
+    return watch
 
 
-def _end_tree_on_signal() -> None:
-    signal.sigwait({_TREE_SIGNAL})
-    process_tree.end_tree()
-    os._exit(EXIT_INTERNAL)
+class _ServerWatch:
+    """The thread that ends the session's tree, then the child, when the server dies.
+
+    The parent-death signal is a real-time signal blocked in every thread and taken by this one,
+    which waits for it: it comes through even while a kernel runs native code (ctypes lets go
+    of the GIL), and processes a kernel starts inherit only a blocked signal nobody sends.
+
+    The child ends the thread (:meth:`stop`) before it exits: a thread still exiting in the
+    kernel when the process exits makes the server's reap of the child wait for it, on a busy
+    CPU up to a scheduler tick (docs/performance.md, "A session child's exit with one thread").
+    """
+
+    def __init__(self) -> None:
+        self._started = _thread.allocate_lock()
+        self._started.acquire()
+        self._ident = self._tid = 0
+        _thread.start_new_thread(self._wait, ())    # threading's start() would wait for it to run
+
+    def _wait(self) -> None:
+        self._ident, self._tid = _thread.get_ident(), _thread.get_native_id()
+        self._started.release()
+        if signal.sigwait({_TREE_SIGNAL, _STOP_SIGNAL}) == _TREE_SIGNAL:
+            process_tree.end_tree()
+            os._exit(EXIT_INTERNAL)
+
+    def stop(self) -> bool:
+        """End the thread and wait until it is gone from the kernel too; False (logged) if it
+        did not go within :data:`WATCH_STOP_WAIT`. A parent-death signal that comes meanwhile
+        stays pending: the child ends its tree on its way out anyway."""
+        if not self._started.acquire(timeout=WATCH_STOP_WAIT):
+            log.warning("session child %d: its server watch did not start", os.getpid())
+            return False
+        signal.pthread_kill(self._ident, _STOP_SIGNAL)
+        if process_tree.thread_gone(self._tid, WATCH_STOP_WAIT):
+            return True
+        log.warning("session child %d: its server watch had not ended %gs after it was told to",
+                    os.getpid(), WATCH_STOP_WAIT)
+        return False
 
 
 def _child_main(config: ServerConfig, keep_fds, status_fd: int, body, server_pid: int) -> None:
     code = EXIT_INTERNAL
+    watch = None
     gc.freeze()     # the server's objects: a full collection would touch (and copy) all their pages
     try:
         signal.set_wakeup_fd(-1)        # the server's: not ours to write to
@@ -305,7 +341,7 @@ def _child_main(config: ServerConfig, keep_fds, status_fd: int, body, server_pid
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which ends us
         if config.session_user is not None:
             config.session_user.drop()  # first: a change of user clears the parent-death signal
-        _end_with_the_server(server_pid)
+        watch = _end_with_the_server(server_pid)
         close_all_but(keep_fds)
         if body():
             os.write(status_fd, _CLEAN_END)
@@ -314,6 +350,8 @@ def _child_main(config: ServerConfig, keep_fds, status_fd: int, body, server_pid
         log.exception("session child failed")
     finally:
         try:
+            if watch is not None:
+                watch.stop()
             process_tree.end_tree()     # the server may be gone already, its signal not yet taken
         finally:
             os._exit(code)

@@ -19,7 +19,7 @@ exits (:mod:`.listener`). A spare forked while other sessions run (``max_session
 warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session wants), in a
 thread of its own (:func:`_warm_up_in_background`), so that the thread that serves its session
 keeps its priority; the spare goes on once that thread has ended in the kernel too
-(:func:`_ended_in_the_kernel`). Only a warm spare is handed a session: a client that arrives
+(:func:`~.process_tree.thread_gone`). Only a warm spare is handed a session: a client that arrives
 while it warms up waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and
 the spare is kept for the next one.
 
@@ -59,7 +59,7 @@ from ..rpc.handshake import ParsedKey
 from ..rpc.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Release, Shutdown
 from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
-from . import handler, session as _session
+from . import handler, process_tree, session as _session
 from .config import ServerConfig
 from .session import (SessionProcess, fork_child, kill_group, new_workspace, peer_of, run_session,
                       start_session)
@@ -242,7 +242,9 @@ def _warm_up_in_background(config: ServerConfig, workspace: Workspace) -> int:
     thread = threading.Thread(target=run, name="spare warm-up")
     thread.start()
     thread.join()
-    if not _ended_in_the_kernel(thread.native_id, THREAD_EXIT_WAIT):
+    # At SCHED_IDLE on a busy CPU, the thread may not run again for hundreds of milliseconds to
+    # exit in the kernel, and the session child this spare becomes could not be reaped until then.
+    if not process_tree.thread_gone(thread.native_id, THREAD_EXIT_WAIT):
         log.warning("spare session child %d: its warm-up thread had not ended %gs after its warm-up",
                     os.getpid(), THREAD_EXIT_WAIT)
     return faults[0] if faults else 0
@@ -250,26 +252,6 @@ def _warm_up_in_background(config: ServerConfig, workspace: Workspace) -> int:
 
 THREAD_EXIT_WAIT = 10.0
 """Seconds a spare waits for its ``SCHED_IDLE`` warm-up thread to be gone from the kernel too."""
-
-
-def _ended_in_the_kernel(tid: int, timeout: float) -> bool:
-    """Wait (sleeping) until thread ``tid`` of this process is gone from ``/proc`` (Linux).
-
-    ``join`` returns when the thread's Python code is done, and the joining thread, at the normal
-    priority, then takes the CPU from it: the thread still has to exit in the kernel, and at
-    ``SCHED_IDLE`` on a busy CPU it may not run again for hundreds of milliseconds. A process is
-    reaped only once every thread of it has exited, so the session child that this spare becomes
-    would hold its session's slot that long after the session (docs/performance.md, "A spare's
-    warm-up thread, and a client that connects again at once")."""
-    path = f"/proc/self/task/{tid}"
-    deadline = time.monotonic() + timeout
-    pause = 0.0001
-    while os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)       # the CPU is the idle thread's meanwhile, if nothing else wants it,
-        pause = min(pause * 2, 0.01)    # and a busy CPU is not woken up for this more than 100 times a second
-    return True
 
 
 def _normal_policy() -> bool:

@@ -149,11 +149,11 @@ class Module(_Remote):
     def entry_name(self) -> str | None:
         return (self.metadata or {}).get("entry")
 
-    def get_function(self, name: str) -> Function:
+    def get_function(self, name: str) -> KernelFunction:
         (handle,) = self._channel.request(GetFunction(self._handle, name))
         return KernelFunction(self._session, handle, name)
 
-    def __getitem__(self, name: str) -> Function:
+    def __getitem__(self, name: str) -> KernelFunction:
         return self.get_function(name)
 
     def time_evaluator(self, name: str, dev: Device, number: int = 10, repeat: int = 1,
@@ -178,7 +178,7 @@ class Module(_Remote):
         return [f["name"] for f in (self.metadata or {}).get("functions", [])]
 
     @property
-    def entry_func(self) -> Function:
+    def entry_func(self) -> KernelFunction:
         if self.entry_name is None:
             raise AttributeError("the module has no entry function")
         return self.get_function(self.entry_name)

@@ -179,7 +179,7 @@ def test_a_bad_allocate_ends_the_session_with_a_protocol_error(server, values, m
         with pytest.raises(kernelrpc.RemoteError, match=f"ALLOCATE refused, the session ends: .*{message}"):
             send_and_read_reply(sess, P.encode_request(P.ALLOCATE, values))
         with pytest.raises(kernelrpc.ConnectionLost):
-            sess.get_function("testing.echo")
+            sess.list_global_func_names()
     with rpc.connect(server.host, server.port) as other:              # the server goes on
         assert other.get_function("testing.echo")(3) == 3
 

@@ -65,7 +65,7 @@ def test_a_refused_array_keeps_the_stream_in_step(session):
 
 
 def test_the_server_lists_its_optional_requests_and_the_client_uses_them(session):
-    assert session.channel.ops == {Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED, Op.ALLOCATE}
+    assert session.channel.ops == {Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED, Op.ALLOCATE, Op.GLOBAL_AT}
     live = session.get_function("session.live_handles")
     before = live()
     arrays = [nd.array(np.full(3, i, "int32"), session.cpu(0)) for i in range(5)]

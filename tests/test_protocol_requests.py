@@ -39,7 +39,8 @@ def field_values(field):
         return st.floats(low, high, allow_nan=False)
     if field.kind is str:
         return names
-    return {ModuleHandle: module_handles, TensorHandle: tensor_handles, R.DeviceValue: devices}[field.kind]
+    return {ModuleHandle: module_handles, FunctionHandle: st.builds(FunctionHandle, handles),
+            TensorHandle: tensor_handles, R.DeviceValue: devices}[field.kind]
 
 
 def requests_of(op):

@@ -26,9 +26,9 @@ from typing import NoReturn
 from ..errors import AllocationFailed, ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
 from . import protocol as P
 from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame
-from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, Op, Shutdown
+from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, GlobalAt, Op, Shutdown
 from .transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
-from .values import TensorHandle, decode_values
+from .values import FunctionHandle, TensorHandle, decode_values
 
 _PROGRESS_CHUNK = 4 << 20
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
@@ -64,15 +64,18 @@ class Channel:
         self.progress_min_bytes = progress_min_bytes  # transfers at least this large may show a bar
         self._lock = threading.Lock()
         self._closed = False
-        self._released: list = []       # handles to free, and ALLOCATE frames, in the order they came
+        self._released: list = []       # handles to free, and ALLOCATE and GLOBAL_AT frames, in the order they came
         self._seen = 0                  # how far allocate() has read _released
         #: Pipelined allocations: only with a server that announces its limits for them.
         self._allocate_op = (Op.ALLOCATE in self.ops and self._release_op and info["max_session_bytes"] > 0
                              and info["max_client_tensors"] > 0)
         self.tensor_bytes = 0           # of the live tensors ARRAY and ALLOCATE made, as the server counts
         self.client_tensors = 0         # of those, the ones under ids this client chose
-        self._sizes: dict = {}          # their ids -> bytes
+        self._sizes: dict = {}          # their ids -> bytes (0 for a function under a client's id)
         self._next_client_id = CLIENT_IDS_FIRST
+        #: Pipelined get_function (GLOBAL_AT): the names the server listed, with a server that has it.
+        self._globals = (frozenset(info["globals"]) if Op.GLOBAL_AT in self.ops and self._release_op
+                         and info["max_client_tensors"] > 0 else frozenset())
 
     @property
     def closed(self) -> bool:
@@ -95,24 +98,51 @@ class Channel:
         if not self._allocate_op or nbytes is None or device.device_type != "cpu":
             return None
         with self._lock:
-            released, sizes = self._released, self._sizes
-            for queued in released[self._seen:]:   # freed already, as the server will see it first
-                if type(queued) is not bytes and queued.id in sizes:
-                    self._uncount(queued.id)
-            handle_id = self._next_client_id
-            if (self._closed or nbytes > self.info["max_tensor_bytes"] or handle_id > CLIENT_IDS_LAST
-                    or self.tensor_bytes + nbytes > self.info["max_session_bytes"]
-                    or self.client_tensors >= self.info["max_client_tensors"]):
+            handle_id = self._client_id(nbytes)
+            if handle_id is None:
                 return None
-            self._next_client_id = handle_id + 1
             handle = TensorHandle(handle_id, dtype, shape, device)
-            released.append(P.encode_request(P.ALLOCATE, [handle]))
-            self._seen = len(released)
-            self.client_tensors += 1
-            self._count(handle_id, nbytes)
-            if len(released) >= _MAX_QUEUED:  # empty() after empty(), nothing else: send them
-                self._send(b"")
+            self._queue(P.encode_request(P.ALLOCATE, [handle]))
         return handle
+
+    def global_at(self, name: str) -> FunctionHandle | None:
+        """The handle of the global function ``name``, whose GLOBAL_AT goes out with the next
+        request, if the server listed ``name`` in its hello (it has it: the lookup cannot fail);
+        else None, and the caller sends a GET_GLOBAL, whose reply has the server's verdict."""
+        if name not in self._globals:
+            return None
+        with self._lock:
+            handle_id = self._client_id(0)
+            if handle_id is None:
+                return None
+            handle = FunctionHandle(handle_id)
+            self._queue(P.encode(GlobalAt(name, handle)))
+        return handle
+
+    def _client_id(self, nbytes: int) -> int | None:
+        """A new id of this client's for an entry of ``nbytes`` (0: a function), counted as the
+        server will count it, or None if the server would refuse it. Under the lock."""
+        released, sizes = self._released, self._sizes
+        for queued in released[self._seen:]:   # freed already, as the server will see it first
+            if type(queued) is not bytes and queued.id in sizes:
+                self._uncount(queued.id)
+        handle_id = self._next_client_id
+        if (self._closed or nbytes > self.info["max_tensor_bytes"] or handle_id > CLIENT_IDS_LAST
+                or self.tensor_bytes + nbytes > self.info["max_session_bytes"]
+                or self.client_tensors >= self.info["max_client_tensors"]):
+            return None
+        self._next_client_id = handle_id + 1
+        self.client_tensors += 1
+        self._count(handle_id, nbytes)
+        return handle_id
+
+    def _queue(self, frame: bytes) -> None:
+        """Send ``frame`` (no reply) with the next request, in order with the queued frees."""
+        released = self._released
+        released.append(frame)
+        self._seen = len(released)
+        if len(released) >= _MAX_QUEUED:  # nothing else to send them with: send them now
+            self._send(b"")
 
     def call(self, frame: bytes) -> object:
         """Send a CALL request, ``frame`` (protocol.encode_call, under ``max_frame_bytes``: a remote
@@ -296,7 +326,7 @@ class Channel:
         released, self._released = self._released, []
         self._seen = 0
         if self._release_op:
-            if not self._allocate_op:
+            if not self._allocate_op and not self._globals:   # handles only: no frame queued
                 return P.encode_request(P.RELEASE, [h.id for h in released]) + frame  # Release's wire values
             return self._in_order(released) + frame
         try:  # a server without RELEASE answers the FREE: read that reply before the request's
@@ -311,8 +341,8 @@ class Channel:
         return frame
 
     def _in_order(self, released: list) -> bytes:
-        """The queued frees (as RELEASEs) and ALLOCATEs in the order they came, the freed tensors
-        uncounted."""
+        """The queued frees (as RELEASEs), ALLOCATEs and GLOBAL_ATs in the order they came, the freed
+        entries under this client's ids uncounted."""
         sizes, parts, ids = self._sizes, [], []
         for queued in released:
             if type(queued) is bytes:

@@ -237,8 +237,14 @@ class RPCSession(Converter):
         return Device(dev_type, dev_id, session=self)
 
     def get_function(self, name: str) -> Function:
-        """A global function registered on the server, e.g. ``"testing.echo"``."""
-        (handle,) = self.channel.request(GetGlobal(name))
+        """A global function registered on the server, e.g. ``"testing.echo"``.
+
+        A name the server listed when the session began is looked up with the next request
+        (GLOBAL_AT: no round trip of its own); any other is asked for now, and an unknown name
+        raises here either way."""
+        handle = self.channel.global_at(name)
+        if handle is None:
+            (handle,) = self.channel.request(GetGlobal(name))
         return Function(self, handle, name)
 
     def list_global_func_names(self) -> list[str]:

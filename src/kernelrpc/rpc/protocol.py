@@ -22,7 +22,7 @@ import struct
 from typing import NamedTuple
 
 from ..errors import ConnectionLost, ProtocolError, RPCError, ServerCrashed, SessionTimeout, VersionMismatch
-from .requests import OP_OF, OPTIONAL_OPS, WITH_RAW_INPUT, Call, Op, from_values, to_values
+from .requests import MAX_NAME_BYTES, OP_OF, OPTIONAL_OPS, WITH_RAW_INPUT, Call, Op, from_values, to_values
 from .values import T_FLOAT, T_FUNCTION, T_INT, decode_items, decode_single, decode_values, encode_items, encode_values
 from .version import PROTOCOL_NAME, PROTOCOL_VERSION, VERSION_STRING  # noqa: F401 (re-exported)
 
@@ -39,7 +39,7 @@ FRAME_NAMES = {REQUEST: "REQUEST", RETURN: "RETURN", ERROR: "ERROR", DATA: "DATA
 # the per-message paths (reading ``Op.CALL`` costs ~0.3 us, comparing with a member twice an int's).
 (GET_GLOBAL, LOAD_MODULE, GET_FUNCTION, CALL, FREE, EMPTY, COPY_TO, COPY_FROM, UPLOAD, DOWNLOAD, REMOVE,
  LISTDIR, TIME_EVALUATOR, SHUTDOWN, LIST_GLOBALS, RELEASE, ARRAY, TIME_EVALUATOR_PACKED,
- ALLOCATE) = (int(op) for op in Op)
+ ALLOCATE, GLOBAL_AT) = (int(op) for op in Op)
 OPS = {op.value: op.name for op in Op}
 OPS_WITH_RAW_INPUT = WITH_RAW_INPUT
 
@@ -667,14 +667,26 @@ _INFO_LIMITS = {  # field: (default, lowest, highest)
 }
 
 
+MAX_GLOBALS_LISTED = 1024
+"""The most global function names a hello may list (``globals``: what a pipelined get_function
+may look up)."""
+
+
 def _checked_info(info: dict) -> dict:
-    """The server's session limits, each a number within bounds (defaults for missing ones)."""
+    """The server's session limits, each a number within bounds (defaults for missing ones), and
+    its global functions' names (none from an older server)."""
     out = dict(info)
     for name, (default, low, high) in _INFO_LIMITS.items():
         value = info.get(name, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
             raise ProtocolError(f"session hello reply: {name}={value!r} is out of range")
         out[name] = value
+    names = info.get("globals", [])
+    if not isinstance(names, list) or len(names) > MAX_GLOBALS_LISTED or not all(
+            type(n) is str and len(n.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES for n in names):
+        raise ProtocolError(f"session hello reply: globals is not a list of at most {MAX_GLOBALS_LISTED} "
+                            f"names of at most {MAX_NAME_BYTES} bytes")
+    out["globals"] = names
     return out
 
 

@@ -42,6 +42,7 @@ class Op(enum.IntEnum):
     ARRAY = 17
     TIME_EVALUATOR_PACKED = 19    # 18 was its first form (conditions in JSON): retired, not reused
     ALLOCATE = 20
+    GLOBAL_AT = 21
 
 
 class Bounds(NamedTuple):
@@ -61,7 +62,7 @@ MAX_COUNT = (1 << 31) - 1          # number, repeat, ... (the runtime narrows th
 MAX_BYTES = (1 << 63) - 1
 MAX_INTERVAL_MS = 3_600_000.0
 MAX_NAME_BYTES = 4096              # a file or function name
-#: The handle ids a client may choose for ALLOCATE; the server assigns its own from 1 up to below
+#: The handle ids a client may choose for ALLOCATE and GLOBAL_AT; the server assigns its own from 1 up to below
 #: them. Below 2^61 - 1 an int is its own hash, so the two kinds never collide in the handle table.
 CLIENT_IDS_FIRST = 1 << 48
 CLIENT_IDS_LAST = (1 << 60) - 1
@@ -205,18 +206,29 @@ class Allocate(NamedTuple):
     tensor: TensorHandle
 
 
+class GlobalAt(NamedTuple):
+    """Look up the global function ``name`` under the id ``function``, which the client chose
+    (CLIENT_IDS_FIRST..CLIENT_IDS_LAST), without a reply: a pipelined ``get_function``. The
+    client sends it only for a name the server's hello listed (``globals``), so the lookup cannot
+    fail; an unknown name, an id outside the client's range or in use, or past the server's
+    ``max_client_tensors`` (which bounds every entry under a client's ids) ends the session."""
+
+    name: Name
+    function: FunctionHandle
+
+
 REQUEST_TYPES = {
     Op.GET_GLOBAL: GetGlobal, Op.LOAD_MODULE: LoadModule, Op.GET_FUNCTION: GetFunction, Op.CALL: Call,
     Op.FREE: Free, Op.EMPTY: Empty, Op.COPY_TO: CopyTo, Op.COPY_FROM: CopyFrom, Op.UPLOAD: Upload,
     Op.DOWNLOAD: Download, Op.REMOVE: Remove, Op.LISTDIR: ListDir, Op.TIME_EVALUATOR: TimeEvaluator,
     Op.SHUTDOWN: Shutdown, Op.LIST_GLOBALS: ListGlobals, Op.RELEASE: Release, Op.ARRAY: Array,
-    Op.TIME_EVALUATOR_PACKED: TimeEvaluatorPacked, Op.ALLOCATE: Allocate,
+    Op.TIME_EVALUATOR_PACKED: TimeEvaluatorPacked, Op.ALLOCATE: Allocate, Op.GLOBAL_AT: GlobalAt,
 }
 OP_OF = {kind: op for op, kind in REQUEST_TYPES.items()}
-NO_REPLY = frozenset({Op.SHUTDOWN, Op.RELEASE, Op.ALLOCATE})
+NO_REPLY = frozenset({Op.SHUTDOWN, Op.RELEASE, Op.ALLOCATE, Op.GLOBAL_AT})
 WITH_RAW_INPUT = frozenset({Op.COPY_TO, Op.UPLOAD, Op.ARRAY})  # raw bytes follow these requests
 #: Ops that a server of this protocol version may lack: it lists the ones it serves in its hello.
-OPTIONAL_OPS = frozenset({Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED, Op.ALLOCATE})
+OPTIONAL_OPS = frozenset({Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED, Op.ALLOCATE, Op.GLOBAL_AT})
 
 
 # ---------------------------------------------------------------- checking

@@ -20,7 +20,7 @@ class ServerConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_tensor_bytes: int = 8 << 30       # largest single tensor a client may allocate
     max_session_bytes: int = dataclasses.field(default_factory=lambda: default_session_bytes())
-    max_client_tensors: int = 1 << 16     # tensors a session may hold under ids its client chose (ALLOCATE)
+    max_client_tensors: int = 1 << 16     # tensors and functions a session may hold under ids its client chose (ALLOCATE, GLOBAL_AT)
     idle_timeout: float = 600.0           # a session with no request for this long ends (0 = never)
     io_timeout: float = 30.0              # a frame or transfer stalled this long ends the session (0 = never)
     min_transfer_rate: int = 16 << 10     # bytes/s an upload or copy must keep, after io_timeout (0 = any)

@@ -158,7 +158,7 @@ class SessionHandler:
         self._session_globals = {"session.live_handles": lambda: len(self._objects) - 1}  # minus itself
         self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
         self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY, ARRAY, ALLOCATE made
-        self.client_tensors = 0         # entries under ids the client chose (ALLOCATE), failed ones too
+        self.client_tensors = 0         # entries under ids the client chose (ALLOCATE, GLOBAL_AT), failed ones too
         #: function id -> each kernel's last call with tensor handles only (one or more): the
         #: handles and, once the call was repeated with them, its PreparedCall; dropped with the
         #: function or any of those tensors (``_drop``: an id never names another object before
@@ -172,7 +172,7 @@ class SessionHandler:
             Op.COPY_TO: self._copy_to, Op.COPY_FROM: self._copy_from, Op.UPLOAD: self._upload,
             Op.DOWNLOAD: self._download, Op.REMOVE: self._remove, Op.LISTDIR: self._listdir,
             Op.TIME_EVALUATOR: self._time_evaluator, Op.TIME_EVALUATOR_PACKED: self._time_evaluator,
-            Op.ALLOCATE: self._allocate_at,
+            Op.ALLOCATE: self._allocate_at, Op.GLOBAL_AT: self._global_at,
         }.items()}  # keyed by int: an Op key costs a slower lookup per request
 
     def serve(self) -> None:
@@ -253,8 +253,8 @@ class SessionHandler:
         log.debug("%s failed", name, exc_info=True)
         if op in WITH_RAW_INPUT and not getattr(exc, "raw_consumed", False):
             self._skip_raw_input(body)
-        if op == P.ALLOCATE:  # the client counts on the tensor and hears nothing: it cannot go on in step
-            raise ProtocolError(f"ALLOCATE refused, the session ends: {exc}") from None
+        if op == P.ALLOCATE or op == P.GLOBAL_AT:  # the client counts on it and hears nothing: it cannot go on in step
+            raise ProtocolError(f"{name} refused, the session ends: {exc}") from None
         if op in NO_REPLY:
             log.warning("%s failed (it has no reply to report it in): %s", name, exc)
             return None
@@ -414,26 +414,40 @@ class SessionHandler:
                 raise
         return P.encode_return([handle_id])
 
+    def _take_client_id(self, name: str, handle_id: int) -> None:
+        """Count ``handle_id`` as an entry under an id the client chose (ALLOCATE, GLOBAL_AT); a
+        ProtocolError (the session ends, _error_reply) if it is outside their range, in use, or
+        past the server's ``max_client_tensors``."""
+        if not CLIENT_IDS_FIRST <= handle_id <= CLIENT_IDS_LAST:
+            raise ProtocolError(f"{name}: id {handle_id} is outside the ids a client may choose "
+                                f"[{CLIENT_IDS_FIRST}, {CLIENT_IDS_LAST}]")
+        if handle_id in self._objects:
+            raise ProtocolError(f"{name}: id {handle_id} is in use")
+        if self.client_tensors >= self.config.max_client_tensors:
+            raise ProtocolError(f"{name}: the client holds {self.client_tensors} tensors and functions under "
+                                f"ids it chose, the server's limit (max_client_tensors)")
+        self.client_tensors += 1
+
     def _allocate_at(self, request):
         """ALLOCATE: no reply; a failure to allocate is kept under the id (Unallocated), a bad id
         ends the session (_error_reply)."""
         tensor = request.tensor
         handle_id = tensor.id
-        if not CLIENT_IDS_FIRST <= handle_id <= CLIENT_IDS_LAST:
-            raise ProtocolError(f"ALLOCATE: id {handle_id} is outside the ids a client may choose "
-                                f"[{CLIENT_IDS_FIRST}, {CLIENT_IDS_LAST}]")
-        if handle_id in self._objects:
-            raise ProtocolError(f"ALLOCATE: id {handle_id} is in use")
-        if self.client_tensors >= self.config.max_client_tensors:
-            raise ProtocolError(f"ALLOCATE: the client holds {self.client_tensors} tensors under ids it "
-                                f"chose, the server's limit (max_client_tensors)")
-        self.client_tensors += 1
+        self._take_client_id("ALLOCATE", handle_id)
         try:
             self._allocate(tensor.shape, tensor.dtype, tensor.device, nbytes_of(tensor.dtype, tensor.shape),
                            handle_id)
         except (MemoryError, OSError) as exc:   # the server's limits, or the device's memory
             log.debug("ALLOCATE of %d failed", handle_id, exc_info=True)
             self._objects[handle_id] = Unallocated(exc, f"{tensor.dtype}{list(tensor.shape)}")
+        return None
+
+    def _global_at(self, request):
+        """GLOBAL_AT: no reply; the client sends it only for a name the hello listed, so an
+        unknown name, like a bad id, ends the session (_error_reply)."""
+        func = registry.get(request.name)
+        self._take_client_id("GLOBAL_AT", request.function.id)
+        self._objects[request.function.id] = func
         return None
 
     def _tensor_range(self, request) -> memoryview:

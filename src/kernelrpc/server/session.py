@@ -30,7 +30,7 @@ from ..netutil import receive_until
 from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
 from ..rpc.transport import FramedSocket
-from . import process_tree
+from . import process_tree, registry
 from .config import ServerConfig
 from .handler import SessionHandler, SessionIdle, TransferTooSlow, socket_timed_out
 from .workspace import Workspace
@@ -410,7 +410,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
     info = {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
             "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
             "max_session_bytes": config.max_session_bytes, "max_client_tensors": config.max_client_tensors,
-            "server": "kernelrpc", "pid": os.getpid(),
+            "globals": registry.names(), "server": "kernelrpc", "pid": os.getpid(),
             "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     conn = FramedSocket(sock, config.max_frame_bytes, parser.unused)
     try:

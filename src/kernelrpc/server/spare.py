@@ -56,7 +56,8 @@ import time
 
 from ..rpc import protocol as P
 from ..rpc.handshake import ParsedKey
-from ..rpc.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Release, Shutdown
+from ..rpc.requests import (CLIENT_IDS_FIRST, Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, GlobalAt, Release,
+                             Shutdown)
 from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
@@ -101,8 +102,9 @@ def decode_handoff(data: bytes) -> tuple[float | None, bytes]:
 
 
 WARM_UP_LOOKUPS = 2
-"""How many times the scripted session looks ``testing.echo`` up (each lookup releasing the one
-before, as a client's ``get_function`` does) and calls it."""
+"""How many times the scripted session looks ``testing.echo`` up and calls it: once with a
+GET_GLOBAL, as for a name the hello did not list, then with a GLOBAL_AT sent with the call (each
+releasing the one before), as a client's ``get_function`` + call does."""
 SERVER_WARM_UPS = 8
 """How many times the server serves the scripted session (and runs the evaluator's warm-up)
 itself, once, before its first fork (:func:`warm_up_server`): CPython 3.11 quickens a code object
@@ -116,24 +118,24 @@ def _warm_up_script() -> list[tuple[bytes, int]]:
     """What the scripted client sends, one message at a time, and the replies each one gets:
     the requests of a typical first session, the lookup and call ``WARM_UP_LOOKUPS`` times."""
     cpu = DeviceValue("cpu", 0)
-    lookups = WARM_UP_LOOKUPS
-    tensor = TensorHandle(lookups + 1, "float32", (1,), cpu)
+    tensor = TensorHandle(2, "float32", (1,), cpu)
     four = b"\0\0\x80?"
-    again = []
-    for h in range(2, lookups + 1):     # as a client's get_function + call, the last one released
-        again += [(P.encode(Release((h - 1,))) + P.encode(GetGlobal("testing.echo")), 1),  # handle h
-                  (P.encode_call(h, (1,)), 1)]
+    again, last = [], 1
+    for h in range(CLIENT_IDS_FIRST, CLIENT_IDS_FIRST + WARM_UP_LOOKUPS - 1):
+        again.append((P.encode(Release((last,))) + P.encode(GlobalAt("testing.echo", FunctionHandle(h)))
+                      + P.encode_call(h, (1,)), 1))
+        last = h
     return [
         (P.encode_hello(), 0),                                      # answered apart
         (P.encode(GetGlobal("testing.echo")), 1),                   # handle 1
         (P.encode_call(1, (1,)), 1), (P.encode_call(1, (0.5,)), 1), (P.encode_call(1, ["text", 2]), 1),
         *again,
-        (P.encode(Free((FunctionHandle(lookups),))), 1),
-        (P.encode(Empty([1], "float32", cpu)), 1),                  # handle lookups + 1
+        (P.encode(Free((FunctionHandle(last),))), 1),
+        (P.encode(Empty([1], "float32", cpu)), 1),                  # handle 2
         (P.encode(CopyTo(tensor, 0, 4)), 0), (four, 1),
         (P.encode(CopyFrom(tensor, 0, 4)), 1),
-        (P.encode(Array([1], "float32", cpu, 4)), 0), (four, 1),    # handle lookups + 2
-        (P.encode(Free((tensor, TensorHandle(lookups + 2, "float32", (1,), cpu)))), 1),
+        (P.encode(Array([1], "float32", cpu, 4)), 0), (four, 1),    # handle 3
+        (P.encode(Free((tensor, TensorHandle(3, "float32", (1,), cpu)))), 1),
         (P.encode(Shutdown()), 0),
     ]
 

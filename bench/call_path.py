@@ -108,7 +108,7 @@ def main() -> None:
     info = {"session_timeout": 0, "max_frame_bytes": config.max_frame_bytes,
             "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
             "max_session_bytes": config.max_session_bytes, "max_client_tensors": config.max_client_tensors,
-            "ops": [op.value for op in OPTIONAL_OPS]}
+            "ops": [op.value for op in OPTIONAL_OPS], "globals": []}
     echo_session = RPCSession(CannedSocket(itertools.repeat(P.encode_result(1))), info, "canned")
     kernel_session = RPCSession(CannedSocket(itertools.repeat(P.encode_result(None))), info, "canned")
     echo = Function(echo_session, FunctionHandle(3), "testing.echo")

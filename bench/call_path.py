@@ -9,9 +9,11 @@ The sockets' reads and writes are C-level callables, so only each side's Python 
 call). ``f`` is a 1-element ``addone`` built by kernelrpc. The server keeps a kernel's call with
 the same tensor handles prepared from its second call in a row; the row "unprepared" is the same
 loop with no call kept (each converts its handles and fills the argument array again), and
-"alternating" calls ``f(a, b)`` and ``f(b, a)`` in turn, which are never prepared. A real round
-trip costs each side more than this (its code and data are out of the caches after the other
-side ran); compare rows, and trees, in one run.
+"alternating" calls ``f(a, b)`` and ``f(b, a)`` in turn, which are never prepared. The client
+sends the CALL frame it kept for the same live tensors again (remote.KernelFunction); its row
+"alternating" takes turns in the same way, so every call converts and encodes its tensors. A
+real round trip costs each side more than this (its code and data are out of the caches after
+the other side ran); compare rows, and trees, in one run.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from kernelrpc import runtime  # noqa: E402
 from kernelrpc.errors import ConnectionLost  # noqa: E402
 from kernelrpc.rpc import protocol as P  # noqa: E402
 from kernelrpc.rpc.client import RPCSession  # noqa: E402
-from kernelrpc.rpc.remote import Function  # noqa: E402
+from kernelrpc.rpc.remote import Function, KernelFunction  # noqa: E402
 from kernelrpc.rpc.remote import Tensor as RemoteTensor  # noqa: E402
 from kernelrpc.rpc.requests import OPTIONAL_OPS  # noqa: E402
 from kernelrpc.rpc.transport import FramedSocket  # noqa: E402
@@ -106,22 +108,25 @@ def main() -> None:
     info = {"session_timeout": 0, "max_frame_bytes": config.max_frame_bytes,
             "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
             "max_session_bytes": config.max_session_bytes, "max_client_tensors": config.max_client_tensors,
-            "ops": [op.value for op in OPTIONAL_OPS]}
+            "ops": [op.value for op in OPTIONAL_OPS], "globals": []}
     echo_session = RPCSession(CannedSocket(itertools.repeat(P.encode_result(1))), info, "canned")
     kernel_session = RPCSession(CannedSocket(itertools.repeat(P.encode_result(None))), info, "canned")
     echo = Function(echo_session, FunctionHandle(3), "testing.echo")
-    f = Function(kernel_session, FunctionHandle(4), "addone")
+    f = KernelFunction(kernel_session, FunctionHandle(4), "addone")   # a module's function
     tensors = [RemoteTensor(kernel_session, TensorHandle(5 + i, "float32", (1,), device)) for i in range(2)]
 
-    def call(fn, fn_args) -> float:
+    def call(fn, *fn_args) -> float:
+        """CPU per call of ``fn``, called with each of ``fn_args`` in turn."""
+        arg_lists = list(itertools.islice(itertools.cycle(fn_args), args.calls))
         start = time.thread_time_ns()
-        for _ in range(args.calls):
-            fn(*fn_args)
+        for arg_list in arg_lists:
+            fn(*arg_list)
         return (time.thread_time_ns() - start) / args.calls
 
     rows = {name: functools.partial(serve, h, cycle) for name, (h, cycle) in frames.items()}
     rows["client echo(1)"] = functools.partial(call, echo, (1,))
     rows["client f(a, b)"] = functools.partial(call, f, tensors)
+    rows["client f(a, b), alternating"] = functools.partial(call, f, tensors, tensors[::-1])
     samples = {name: [] for name in rows}
     for _ in range(args.blocks):
         for name, run in rows.items():

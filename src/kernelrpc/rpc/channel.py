@@ -25,7 +25,7 @@ from typing import NoReturn
 
 from ..errors import AllocationFailed, ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
 from . import protocol as P
-from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame, encode_call
+from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame
 from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, GlobalAt, Op, Shutdown
 from .transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from .values import FunctionHandle, TensorHandle, decode_values
@@ -144,16 +144,15 @@ class Channel:
         if len(released) >= _MAX_QUEUED:  # nothing else to send them with: send them now
             self._send(b"")
 
-    def call(self, function_id: int, args, to_wire=None) -> object:
-        """Call a remote function with ``args``, wire values or made so by ``to_wire``
-        (protocol.encode_call); its result as a wire value.
+    def call(self, frame: bytes) -> object:
+        """Send a CALL request, ``frame`` (protocol.encode_call, under ``max_frame_bytes``: a remote
+        Function encodes it, or sends the one it kept, remote.py); its result as a wire value.
 
         Fast path (docs/performance.md): the send and the first read of the reply are made here
         (FramedSocket.recv_chunk's read, with its errors), and a reply that arrives whole in that
         read is decoded straight from it (protocol.decode_result_frame); anything else goes the
         general way.
         """
-        frame = encode_call(function_id, args, self.max_frame_bytes, to_wire)
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
         try:

@@ -175,9 +175,15 @@ def send_and_read_reply(sess, frame: bytes):
     ([CLIENT_IDS_FIRST], "ALLOCATE: tensor must be TensorHandle"),
 ])
 def test_a_bad_allocate_ends_the_session_with_a_protocol_error(server, values, message):
+    assert_ends_the_session(server, P.encode_request(P.ALLOCATE, values), f"ALLOCATE refused, the session ends: .*{message}")
+
+
+def assert_ends_the_session(server, frame: bytes, error: str) -> None:
+    """A request without a reply that the server refuses: it answers ``error`` and ends the
+    session, and goes on serving others."""
     with rpc.connect(server.host, server.port) as sess:
-        with pytest.raises(kernelrpc.RemoteError, match=f"ALLOCATE refused, the session ends: .*{message}"):
-            send_and_read_reply(sess, P.encode_request(P.ALLOCATE, values))
+        with pytest.raises(kernelrpc.RemoteError, match=error):
+            send_and_read_reply(sess, frame)
         with pytest.raises(kernelrpc.ConnectionLost):
             sess.list_global_func_names()
     with rpc.connect(server.host, server.port) as other:              # the server goes on

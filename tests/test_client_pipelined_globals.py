@@ -14,7 +14,7 @@ from kernelrpc.rpc import protocol as P
 from kernelrpc.rpc.channel import Channel
 from kernelrpc.rpc.requests import CLIENT_IDS_FIRST, GlobalAt, ListGlobals, Op
 from kernelrpc.rpc.values import DeviceValue, FunctionHandle
-from test_client_allocate import frames_sent, send_and_read_reply
+from test_client_allocate import assert_ends_the_session, frames_sent, send_and_read_reply
 from test_client_api import server, session  # noqa: F401 (the client tests' server)
 
 
@@ -115,13 +115,8 @@ def test_a_session_that_ended_is_heard_at_the_next_request(start_service):
     (["testing.echo", CLIENT_IDS_FIRST], "GLOBAL_AT: function must be FunctionHandle"),
 ])
 def test_a_bad_global_at_ends_the_session_with_a_protocol_error(server, values, message):
-    with rpc.connect(server.host, server.port) as sess:
-        with pytest.raises(kernelrpc.RemoteError, match=f"GLOBAL_AT refused, the session ends: .*{message}"):
-            send_and_read_reply(sess, P.encode_request(P.GLOBAL_AT, values))
-        with pytest.raises(kernelrpc.ConnectionLost):
-            sess.list_global_func_names()
-    with rpc.connect(server.host, server.port) as other:              # the server goes on
-        assert other.get_function("testing.echo")(3) == 3
+    assert_ends_the_session(server, P.encode_request(P.GLOBAL_AT, values),
+                            f"GLOBAL_AT refused, the session ends: .*{message}")
 
 
 def test_an_id_in_use_or_past_the_bound_ends_the_session(server):

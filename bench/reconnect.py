@@ -32,6 +32,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 CLIENT = r"""
 import json, os, sys, time
 cycles, port, server_pid, kind, hold = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+from kernelrpc.server.process_tree import descendants
 if kind == "tvm":
     from tvm import rpc
 else:
@@ -39,19 +40,14 @@ else:
 held = rpc.connect("127.0.0.1", port) if hold == "hold" else None
 
 def server_ticks():   # the server's process tree alive now (TVM serves from a child), with what each reaped
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = int(fields[1]), sum(map(int, fields[11:15]))
-    tree, frontier = {server_pid}, [server_pid]
-    while frontier:
-        frontier = [pid for pid, (ppid, _) in stats.items() if ppid in frontier and pid not in tree]
-        tree.update(frontier)
-    return sum(stats[pid][1] for pid in tree if pid in stats)
+    total = 0
+    for pid in (server_pid, *descendants(server_pid)):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:     # it ended meanwhile: its parent counts it once it is reaped
+            continue
+        total += sum(map(int, fields[11:15]))
+    return total
 
 def one_cycle():
     t0 = time.perf_counter()
@@ -96,7 +92,7 @@ def run_round(name: str, src: str | None, cycles: int, cpu: int, hold: bool) -> 
     try:
         if tvm:
             time.sleep(1.0)                         # TVM's server prints its line before it listens
-        env = dict(os.environ, PYTHONPATH=src or "")
+        env = dict(os.environ, PYTHONPATH=src or str(SRC))   # TVM's client too: the CPU count is kernelrpc's
         done = subprocess.run([sys.executable, "-c", CLIENT, str(cycles), str(port), str(proc.pid),
                                "tvm" if tvm else "ours", "hold" if hold and not tvm else "-"],
                               capture_output=True, text=True, env=env, timeout=600,

@@ -100,3 +100,8 @@ class KernelError(RuntimeError):
                          + (f": {meaning}" if meaning else ""))
         self.function = function
         self.code = code
+
+
+class GraphInputError(ValueError):
+    """A value given to a network (``set_input``) has an unknown name or the wrong shape or
+    dtype; the message says what the network expects."""

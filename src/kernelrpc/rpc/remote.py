@@ -11,6 +11,7 @@ import json
 import math
 
 from ..runtime.device import Device
+from ..runtime.graph_executor import factory_for
 from ..runtime.tensor import TensorLayout
 from ..runtime.threads import check_num_threads
 from .convert import PLAIN
@@ -150,6 +151,9 @@ class Module(_Remote):
         return (self.metadata or {}).get("entry")
 
     def get_function(self, name: str) -> KernelFunction:
+        factory = factory_for(self, name)
+        if factory is not None:       # a network module's graph executor (TVM's lib["default"])
+            return factory
         (handle,) = self._channel.request(GetFunction(self._handle, name))
         return KernelFunction(self._session, handle, name)
 

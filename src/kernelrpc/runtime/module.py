@@ -11,6 +11,7 @@ import tempfile
 import threading
 
 from ..errors import KernelError, ModuleError
+from .graph_executor import factory_for
 from .compat import check_module_file
 from .dtype import pack_scalar
 from .metadata import ArgSpec, FunctionSpec, ModuleMetadata, parse_metadata
@@ -310,6 +311,9 @@ class Module:
     def get_function(self, name: str) -> Function:
         function = self._functions.get(name) if isinstance(name, str) else None
         if function is None:
+            factory = factory_for(self, name)
+            if factory is not None:
+                return factory
             raise AttributeError(f"module {os.path.basename(self.path)} has no function {name!r}; "
                                  f"it has: {', '.join(self._functions) or 'none'}")
         return function

@@ -1,0 +1,259 @@
+"""``relay.build``: a network graph to one module that runs the whole network natively.
+
+The graph is optimized (:mod:`.transform`), cut into fused groups (:mod:`.fuse`), each group
+scheduled (:mod:`.schedule`) and lowered to a kernel; groups that are the same computation on
+tensors of the same shapes share one kernel. The memory plan (:mod:`.memory_plan`) places every
+value; the network's entry points are C (:mod:`.executor_codegen`) compiled for the target.
+The metadata carries the executor's plan (``"executor"``) and TVM's graph JSON (``"graph"``),
+so ``module["default"](dev)`` makes a graph executor on any device that loads the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from .. import compiler
+from ..compiler.build import BuiltModule, LinkInputs, link_module
+from ..compiler.lower import lower
+from ..compiler.target import Target
+from . import ir
+from .errors import ModelError
+from .executor_codegen import entry_source, params_source
+from .fuse import partition
+from .graph_json import graph_json
+from .memory_plan import plan_memory
+from .schedule import group_tensors, schedule_group
+from .transform import optimize
+
+log = logging.getLogger("kernelrpc.relay")
+
+EXECUTOR_FORMAT = "kernelrpc.graph"
+EXECUTOR_VERSION = 1
+
+
+def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "default",
+          executor=None, runtime=None):
+    """Compile a network (TVM's ``relay.build``); returns a
+    :class:`GraphExecutorFactoryModule` (``export_library``, ``get_graph_json``,
+    ``get_params``, ``["default"]``)."""
+    if mod_name != "default":
+        raise ValueError("mod_name: only 'default' is supported")
+    func = mod["main"] if isinstance(mod, ir.IRModule) else mod
+    if not isinstance(func, ir.Function):
+        raise TypeError(f"relay.build takes the IRModule from_onnx returned, got "
+                        f"{type(mod).__name__}")
+    target = Target(target if target is not None else target_host)
+    started = time.perf_counter()
+    func = optimize(func, params)
+    func = _outputs_computed(func)
+    groups = partition(func)
+    plan = plan_memory(groups, func.inputs, func.outputs)
+    kernels, names, calls, records = {}, [], [], []
+    primfuncs = []
+    for index, group in enumerate(groups):
+        key = _signature(group)
+        if key not in kernels:
+            fname = f"k{len(kernels)}_{group.name[6:]}"[:200]
+            placeholders, out, anchor = group_tensors(group)
+            s = schedule_group(group, out, anchor)
+            primfuncs.append(lower(s, placeholders + [out], name=fname))
+            kernels[key] = fname
+        fname = kernels[key]
+        names.append(fname)
+        locations = [plan.locations[id(i)] for i in group.inputs()] + \
+            [plan.locations[id(group.output)]]
+        calls.append((f"__kernelrpc_fn_{fname}", locations))
+        records.append({"name": group.name, "func": fname, "ops": group.origin,
+                        "fused": [n.op for n in group.nodes], "shape": list(group.output.shape),
+                        "dtype": group.output.dtype, "flops": group.flops})
+    if not primfuncs:
+        raise ModelError("the network computes nothing")
+    built = compiler.build(primfuncs, target=target)
+    blob = _params_blob(plan)
+    executor = _executor_record(func, plan, records)
+    graph = graph_json(func, groups, names, plan)
+    seconds = time.perf_counter() - started
+    log.info("built %d kernels (%d calls) for %s in %.2f s", len(primfuncs), len(groups),
+             target.triple, seconds)
+    return GraphExecutorFactoryModule(built, executor, graph, blob, calls, func, plan,
+                                      build_seconds=seconds)
+
+
+def _outputs_computed(func: ir.Function) -> ir.Function:
+    """Every graph output the result of a kernel of its own: an output that is an input, a
+    constant or another output again gets a copy."""
+    outputs, seen = [], set()
+    for out in func.outputs:
+        if out.op in ("input", "const", "param") or id(out) in seen:
+            out = ir.Node("copy", (out,), {}, out.shape, out.dtype, out.name, origin=("Identity",))
+        seen.add(id(out))
+        outputs.append(out)
+    return ir.Function(func.inputs, outputs, func.name)
+
+
+def _signature(group) -> tuple:
+    inside = {id(n): k for k, n in enumerate(group.nodes)}
+    external = {id(n): k for k, n in enumerate(group.inputs())}
+    parts = []
+    for node in group.nodes:
+        refs = tuple(("n", inside[id(i)]) if id(i) in inside else
+                     ("in", external[id(i)], i.shape, i.dtype) for i in node.inputs)
+        parts.append((node.op, repr(sorted(node.attrs.items())), node.shape, node.dtype, refs))
+    return tuple(parts)
+
+
+def _params_blob(plan) -> bytes:
+    blob = bytearray(plan.params_bytes)
+    for node in plan.params:
+        offset = plan.locations[id(node)].index
+        data = np.ascontiguousarray(node.value).tobytes()
+        blob[offset:offset + len(data)] = data
+    return bytes(blob)
+
+
+def _tensor_record(node, name) -> dict:
+    return {"name": name, "shape": list(node.shape), "dtype": node.dtype}
+
+
+def _executor_record(func, plan, kernels) -> dict:
+    return {
+        "format": EXECUTOR_FORMAT, "version": EXECUTOR_VERSION,
+        "inputs": [_tensor_record(n, n.name) for n in func.inputs],
+        "outputs": [_tensor_record(n, f"output{k}") for k, n in enumerate(func.outputs)],
+        "params": [dict(_tensor_record(n, f"p{k}"), offset=plan.locations[id(n)].index)
+                   for k, n in enumerate(plan.params)],
+        "params_bytes": plan.params_bytes,
+        "workspace_bytes": plan.workspace_bytes,
+        "naive_bytes": plan.naive_bytes,
+        "kernels": kernels,
+    }
+
+
+def _function_records(executor: dict) -> list:
+    def tensor(name, shape, dtype):
+        return {"name": name, "kind": "tensor", "dtype": dtype, "shape": shape}
+    common = [tensor(t["name"], t["shape"], t["dtype"]) for t in executor["inputs"]]
+    common += [tensor(t["name"], t["shape"], t["dtype"]) for t in executor["outputs"]]
+    common += [tensor("params", [max(executor["params_bytes"], 1)], "uint8"),
+               tensor("workspace", [max(executor["workspace_bytes"], 1)], "uint8")]
+    nkernels = max(len(executor["kernels"]), 1)
+    return [
+        {"name": "default_run", "symbol": "__kernelrpc_fn_default_run", "args": common},
+        {"name": "default_profile", "symbol": "__kernelrpc_fn_default_profile",
+         "args": common + [tensor("times", [nkernels], "int64"),
+                           {"name": "number", "kind": "scalar", "dtype": "int64"}]},
+        {"name": "default_load_params", "symbol": "__kernelrpc_fn_default_load_params",
+         "args": [tensor("params", [max(executor["params_bytes"], 1)], "uint8")]},
+        {"name": "default_set_param", "symbol": "__kernelrpc_fn_default_set_param",
+         "args": [tensor("params", [max(executor["params_bytes"], 1)], "uint8"),
+                  tensor("value", ["n"], "uint8"),
+                  {"name": "n", "kind": "scalar", "dtype": "int64"},
+                  {"name": "offset", "kind": "scalar", "dtype": "int64"}]},
+    ]
+
+
+class GraphExecutorFactoryModule:
+    """What ``relay.build`` returns (TVM's name): the compiled network, exportable as one
+    shared library (kernels, entry points, weights, graph) and runnable here."""
+
+    def __init__(self, built: BuiltModule, executor: dict, graph: str, blob: bytes, calls,
+                 func, plan, build_seconds: float = 0.0):
+        self.lib = built
+        self.executor = executor
+        self.graph_json = graph
+        self._blob = blob
+        self._calls = calls
+        self.ir_mod = ir.IRModule(func)
+        self.plan = plan
+        self.build_seconds = build_seconds
+        self.target = built.target
+        self.metadata = dict(built.metadata)
+        self.metadata["functions"] = built.metadata["functions"] + _function_records(executor)
+        self.metadata["entry"] = "default_run"
+        self.metadata["executor"] = executor
+        self.metadata["graph"] = json.loads(graph)
+        self._loaded = None
+        self._lock = threading.Lock()
+
+    # TVM's accessors
+    def get_graph_json(self) -> str:
+        return self.graph_json
+
+    def get_params(self) -> dict:
+        """The weights as the graph names them (``p0``...), after folding; ndarrays."""
+        out = {}
+        for record in self.executor["params"]:
+            n = int(np.prod(record["shape"], dtype=np.int64)) * np.dtype(record["dtype"]).itemsize
+            out[record["name"]] = np.frombuffer(self._blob, dtype=record["dtype"],
+                                                count=n // np.dtype(record["dtype"]).itemsize,
+                                                offset=record["offset"]).reshape(record["shape"])
+        return out
+
+    def get_lib(self) -> BuiltModule:
+        return self.lib
+
+    def get_source(self, fmt: str = "c") -> str:
+        """``"c"``: the entry points' C source; other formats as ``BuiltModule.get_source``."""
+        if fmt == "c":
+            return entry_source(self._calls, len(self.executor["inputs"]),
+                                len(self.executor["outputs"]), self.executor["params_bytes"])
+        return self.lib.get_source(fmt)
+
+    def export_library(self, path, fcompile=None):
+        """Write the network as one shared library (docs/models.md)."""
+        from ..deploy.toolchain import find_toolchain
+
+        if fcompile is not None:
+            raise ValueError("export_library of a network links with kernelrpc's toolchain for "
+                             "the target; fcompile= is not supported")
+        toolchain = find_toolchain(self.target)
+        path = Path(path)
+        with tempfile.TemporaryDirectory(prefix="kernelrpc-net-") as tmp:
+            tmp = Path(tmp)
+            digest = hashlib.sha256(self._blob).hexdigest()[:16]
+            blob = tmp / f"params-{digest}.bin"
+            blob.write_bytes(self._blob)
+            (tmp / "params.c").write_text(params_source(blob))
+            (tmp / "network.c").write_text(self.get_source("c"))
+            objects = [toolchain.compile_c(tmp / "network.c", tmp / "network.o"),
+                       toolchain.compile_c(tmp / "params.c", tmp / "params.o")]
+            self.metadata = link_module(path, self.lib._compiled.object_code, self.metadata,
+                                        self.target, inputs=LinkInputs(objects=objects))
+        return path
+
+    # running here
+    def _runtime_module(self):
+        with self._lock:
+            if self._loaded is None:
+                if not self.target.is_host:
+                    raise RuntimeError(f"this network is built for {self.target.triple}: export "
+                                       "it and load it on a matching device")
+                from .. import runtime
+
+                workdir = tempfile.mkdtemp(prefix="kernelrpc-net-")
+                weakref.finalize(self, shutil.rmtree, workdir, True)
+                self._loaded = runtime.load_module(str(self.export_library(
+                    Path(workdir) / "network.so")))
+            return self._loaded
+
+    @property
+    def runtime_module(self):
+        return self._runtime_module()
+
+    def __getitem__(self, name: str):
+        return self._runtime_module()[name]
+
+    get_function = __getitem__
+
+    def __repr__(self) -> str:
+        return (f"<GraphExecutorFactoryModule {len(self.executor['kernels'])} kernels for "
+                f"{self.target.triple}>")

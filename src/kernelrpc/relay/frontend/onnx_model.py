@@ -1,0 +1,135 @@
+"""Reading an ONNX file into what the importer needs, with every outside value checked.
+
+``onnx`` is an optional dependency (``pip install 'kernelrpc[onnx]'``); it is imported here
+only, when a model is imported.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import MissingShapeError, ModelError
+from ..ir import DTYPES
+
+#: opsets the importer is written and tested for
+MIN_OPSET, MAX_OPSET = 9, 18
+#: largest initializer accepted, and the whole model's weights (bytes)
+MAX_TENSOR_BYTES = 4 << 30
+MAX_NODES = 100_000
+
+
+def require_onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise ModelError("importing an ONNX model needs the onnx package: "
+                         "pip install 'kernelrpc[onnx]'") from None
+    return onnx
+
+
+def load(model):
+    """An ``onnx.ModelProto`` from a proto, a path or bytes; malformed files are ModelErrors."""
+    onnx = require_onnx()
+    from google.protobuf.message import DecodeError
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            return onnx.load_from_string(bytes(model))
+        if isinstance(model, (str, os.PathLike)):
+            return onnx.load(os.fspath(model))
+    except FileNotFoundError:
+        raise ModelError(f"no model file {model}") from None
+    except (DecodeError, RuntimeError, ValueError, OSError) as exc:
+        what = "the model" if isinstance(model, (bytes, bytearray)) else str(model)
+        raise ModelError(f"{what} is not a readable ONNX file: {exc}") from None
+    raise TypeError(f"from_onnx: expected an onnx.ModelProto, a path or bytes, got "
+                    f"{type(model).__name__}")
+
+
+def default_opset(model) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise ModelError("the model imports no version of the default ONNX operator set")
+
+
+def check_opset(opset: int) -> None:
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelError(f"the model uses ONNX opset {opset}; kernelrpc imports opsets "
+                         f"{MIN_OPSET} to {MAX_OPSET} (convert it with "
+                         f"onnx.version_converter.convert_version(model, {MAX_OPSET}))")
+
+
+def tensor_value(proto, where: str) -> np.ndarray:
+    onnx = require_onnx()
+    from onnx import numpy_helper
+
+    if proto.data_location == onnx.TensorProto.EXTERNAL:
+        raise ModelError(f"{where}: weights stored outside the file (external data) must be "
+                         "loaded first: onnx.load(path, load_external_data=True)")
+    dims = list(proto.dims)
+    if any(d < 0 for d in dims):
+        raise ModelError(f"{where}: negative dimension in {dims}")
+    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(proto.data_type)).itemsize \
+        if proto.data_type else 0
+    if int(np.prod(dims, dtype=np.float64)) * max(itemsize, 1) > MAX_TENSOR_BYTES:
+        raise ModelError(f"{where}: tensor of shape {dims} is larger than {MAX_TENSOR_BYTES} bytes")
+    try:
+        value = numpy_helper.to_array(proto)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ModelError(f"{where}: tensor data is malformed: {exc}") from None
+    if value.dtype.name not in DTYPES:
+        raise ModelError(f"{where}: dtype {value.dtype} is not supported "
+                         f"(supported: {', '.join(DTYPES)})")
+    return value
+
+
+def elem_dtype(elem_type: int, where: str) -> str:
+    onnx = require_onnx()
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        raise ModelError(f"{where}: unknown element type {elem_type}") from None
+    if dtype not in DTYPES:
+        raise ModelError(f"{where}: dtype {dtype} is not supported")
+    return dtype
+
+
+def input_shape(value_info, given) -> tuple:
+    """The static shape of a graph input: ``given`` (from ``shape=``) or the model's own."""
+    name = value_info.name
+    ttype = value_info.type.tensor_type
+    dims = list(ttype.shape.dim) if ttype.HasField("shape") else None
+    if given is not None:
+        try:
+            shape = tuple(int(d) for d in given)
+        except (TypeError, ValueError):
+            raise ModelError(f"shape of input {name!r} must be a sequence of integers, "
+                             f"got {given!r}") from None
+        if any(d <= 0 for d in shape):
+            raise ModelError(f"shape of input {name!r} must be positive, got {list(shape)}")
+        if dims is not None:
+            if len(dims) != len(shape):
+                raise ModelError(f"input {name!r} has {len(dims)} dimensions in the model, the "
+                                 f"shape given has {len(shape)}")
+            for k, (d, s) in enumerate(zip(dims, shape)):
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != s:
+                    raise ModelError(f"input {name!r}: dimension {k} is {d.dim_value} in the "
+                                     f"model, the shape given says {s}")
+        return shape
+    if dims is None:
+        raise MissingShapeError(f"input {name!r} has no shape in the model: give it, e.g. "
+                                f"from_onnx(model, shape={{{name!r}: (1, 3, 224, 224)}})")
+    shape = []
+    for k, d in enumerate(dims):
+        if not d.HasField("dim_value") or d.dim_value <= 0:
+            label = d.dim_param or "?"
+            raise MissingShapeError(
+                f"input {name!r} has a dynamic dimension {k} ({label!r}): give its shape, e.g. "
+                f"from_onnx(model, shape={{{name!r}: (...)}}) (python -m kernelrpc.model: "
+                f"--input {name}=1,3,224,224)")
+        shape.append(int(d.dim_value))
+    return tuple(shape)

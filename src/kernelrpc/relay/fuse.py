@@ -1,0 +1,90 @@
+"""Operator fusion: the graph cut into groups, each compiled as one kernel.
+
+A group is an anchor (convolution, dense, pooling, reduction, softmax) or an injective
+operator, followed by the elementwise operators that consume only it (bias, activation,
+residual add, batch normalization's affine when it could not be folded): the tail runs in
+the anchor's loops and its intermediate values never reach memory. Chains of injective
+operators (reshape, transpose, pad...) fuse among themselves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ir
+from .op import OPS, node_flops
+
+#: most operators one kernel takes, so that one pathological chain stays compilable
+MAX_GROUP = 16
+
+
+@dataclass(eq=False)
+class Group:
+    nodes: list = field(default_factory=list)     # in order; the last is the output
+    anchor: ir.Node | None = None
+
+    @property
+    def output(self) -> ir.Node:
+        return self.nodes[-1]
+
+    def inputs(self) -> list:
+        """The nodes the group reads that it does not compute, in first-use order."""
+        inside = {id(n) for n in self.nodes}
+        seen, out = set(), []
+        for node in self.nodes:
+            for i in node.inputs:
+                if id(i) not in inside and id(i) not in seen:
+                    seen.add(id(i))
+                    out.append(i)
+        return out
+
+    @property
+    def name(self) -> str:
+        return "fused_" + "_".join(n.op.replace(".", "_") for n in self.nodes)
+
+    @property
+    def origin(self) -> list:
+        ops = []
+        for n in self.nodes:
+            ops.extend(o for o in n.origin if o not in ops)
+        return ops
+
+    @property
+    def flops(self) -> int:
+        return sum(node_flops(n) for n in self.nodes)
+
+
+def partition(func: ir.Function) -> list[Group]:
+    """The groups in an order that runs every producer before its consumers."""
+    uses: dict = {}
+    for node in func.topo():
+        for i in node.inputs:
+            uses[id(i)] = uses.get(id(i), 0) + 1
+    outputs = {id(o) for o in func.outputs}
+    group_of: dict = {}
+    groups: list[Group] = []
+    order = {id(n): k for k, n in enumerate(func.topo())}
+    for node in func.topo():
+        if node.op in ("input", "param", "const"):
+            continue
+        pattern = OPS[node.op].pattern
+        joined = None
+        for i in node.inputs:
+            g = group_of.get(id(i))
+            if g is None or g.output is not i or uses.get(id(i), 0) != 1 or id(i) in outputs \
+                    or len(g.nodes) >= MAX_GROUP:
+                continue
+            if pattern in ("elemwise", "broadcast") and node.shape == i.shape and \
+                    node.dtype == i.dtype:
+                joined = g
+            elif pattern == "injective" and g.anchor is None:
+                joined = g
+            if joined is not None:
+                break
+        if joined is None:
+            joined = Group(anchor=node if pattern in ("anchor", "opaque") else None)
+            groups.append(joined)
+        joined.nodes.append(node)
+        group_of[id(node)] = joined
+    # a node read outside its group is its group's output (nothing joins after a node with
+    # other readers), so ordered by their outputs every group runs after those it reads
+    return sorted(groups, key=lambda g: order[id(g.output)])

@@ -1,0 +1,334 @@
+"""Network operators: convolution, dense and batched matmul, pooling, LRN, softmax, reductions.
+
+Each compute is the plain definition; :mod:`kernelrpc.relay.schedule` finds its stages by
+their tags (``conv2d``, ``pad``, ``dense``...) to schedule them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import te
+from ...compiler import expr as E
+from ..errors import ModelError
+from .registry import register
+
+
+def _dims(t):
+    return [int(d.value) if hasattr(d, "value") else int(d) for d in t.shape]
+
+
+def pad_stage(data, before, after, value=0.0, name="pad", dilation=None):
+    """``data`` padded on its trailing spatial dimensions (``before``/``after`` per dimension;
+    negative crops). With ``dilation`` (ConvTranspose), ``s - 1`` zeros between input elements."""
+    shape = _dims(data)
+    nsp = len(before)
+    lead = len(shape) - nsp
+    strides = dilation or [1] * nsp
+    full = [(shape[lead + k] - 1) * strides[k] + 1 for k in range(nsp)]
+    out = shape[:lead] + [full[k] + before[k] + after[k] for k in range(nsp)]
+    if all(b == 0 for b in before) and all(a == 0 for a in after) and strides == [1] * nsp:
+        return data
+    dt = data.dtype
+
+    def body(*idx):
+        conds, src = [], list(idx[:lead])
+        for k in range(nsp):
+            i = idx[lead + k] - before[k]
+            conds += [i >= 0, i < full[k]]
+            if strides[k] > 1:
+                conds.append(E.floormod(i, strides[k]) == 0)
+                i = E.floordiv(i, strides[k])
+            src.append(i)
+        return E.if_then_else(te.all(*conds), data[tuple(src)], te.const(value, dt))
+    return te.compute(tuple(out), body, name=name, tag="pad")
+
+
+# ------------------------------------------------------------------ conv2d
+
+
+def _conv_out(size, k, s, d, pb, pe):
+    return (size + pb + pe - ((k - 1) * d + 1)) // s + 1
+
+
+def _conv2d_infer(inputs, attrs):
+    data, weight = inputs[:2]
+    if len(data.shape) != 4 or len(weight.shape) != 4:
+        raise ModelError(f"conv2d needs 4-D data and weight, got {list(data.shape)} and "
+                         f"{list(weight.shape)}")
+    n, c, h, w = data.shape
+    oc, cg, kh, kw = weight.shape
+    g = attrs["groups"]
+    if c % g or oc % g or cg * g != c:
+        raise ModelError(f"conv2d: {c} input channels, weight {list(weight.shape)} and "
+                         f"group={g} do not agree")
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+    up = attrs.get("upsample", (1, 1))
+    h, w = (h - 1) * up[0] + 1, (w - 1) * up[1] + 1
+    oh, ow = _conv_out(h, kh, sh, dh, pt, pb), _conv_out(w, kw, sw, dw, pl, pr)
+    if oh <= 0 or ow <= 0:
+        raise ModelError(f"conv2d: output would be {oh}x{ow} for input {h}x{w}, kernel "
+                         f"{kh}x{kw}")
+    return (n, oc, oh, ow), data.dtype
+
+
+def _conv2d(ts, attrs, node):
+    data, weight = ts[:2]
+    _, oc, oh, ow = node.shape
+    _, cg, kh, kw = _dims(weight)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+    g = attrs["groups"]
+    padded = pad_stage(data, [pt, pl], [pb, pr], dilation=list(attrs.get("upsample", (1, 1))))
+    rc = te.reduce_axis((0, cg), "rc")
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+    ocg = oc // g
+
+    def channel(o):
+        return rc if g == 1 else E.floordiv(o, ocg) * cg + rc
+    return te.compute(node.shape, lambda n, o, y, x: te.sum(
+        padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] * weight[o, rc, ry, rx],
+        axis=[rc, ry, rx]), name="conv2d", tag="conv2d")
+
+
+def _conv2d_flops(node):
+    weight = node.inputs[1]
+    return 2 * node.size * math.prod(weight.shape[1:])
+
+
+register("nn.conv2d", "anchor", _conv2d_infer, _conv2d, flops=_conv2d_flops)
+
+
+# ------------------------------------------------------------------ dense / matmul
+
+
+def _dense_infer(inputs, attrs):
+    x, w = inputs
+    if len(x.shape) != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[0]:
+        raise ModelError(f"dense: shapes {list(x.shape)} and {list(w.shape)} do not multiply")
+    return (x.shape[0], w.shape[1]), x.dtype
+
+
+def _dense(ts, attrs, node):
+    x, w = ts
+    k = te.reduce_axis((0, _dims(x)[1]), "k")
+    return te.compute(node.shape, lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="dense",
+                      tag="dense")
+
+
+register("nn.dense", "anchor", _dense_infer, _dense,
+         flops=lambda node: 2 * node.size * node.inputs[0].shape[1])
+
+
+def _bmm_infer(inputs, attrs):
+    a, b = inputs
+    if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]:
+        raise ModelError(f"matmul: shapes {list(a.shape)} and {list(b.shape)} do not multiply")
+    from .elemwise import broadcast_shape
+    batch = broadcast_shape(a.shape[:-2], b.shape[:-2])
+    return (*batch, a.shape[-2], b.shape[-1]), a.dtype
+
+
+def _bmm(ts, attrs, node):
+    a, b = ts
+    ad, bd = _dims(a), _dims(b)
+    k = te.reduce_axis((0, ad[-1]), "k")
+    nb = len(node.shape) - 2
+
+    def pick(t, dims, idx, i, j):
+        lead = len(dims) - 2
+        batch = [0 if dims[q] == 1 else idx[nb - lead + q] for q in range(lead)]
+        return t[tuple(batch + [i, j])]
+    return te.compute(node.shape, lambda *idx: te.sum(
+        pick(a, ad, idx, idx[-2], k) * pick(b, bd, idx, k, idx[-1]), axis=k),
+        name="matmul", tag="matmul")
+
+
+register("nn.batch_matmul", "anchor", _bmm_infer, _bmm,
+         flops=lambda node: 2 * node.size * node.inputs[0].shape[-1])
+
+
+# ------------------------------------------------------------------ pooling
+
+
+def _pool_out(size, k, s, d, pb, pe, ceil):
+    span = (k - 1) * d + 1
+    if ceil:
+        out = -(-(size + pb + pe - span) // s) + 1
+        if (out - 1) * s >= size + pb:      # the last window must start inside the input
+            out -= 1
+        return out
+    return (size + pb + pe - span) // s + 1
+
+
+def _pool_infer(inputs, attrs):
+    x = inputs[0]
+    if len(x.shape) != 4:
+        raise ModelError(f"pooling needs 4-D NCHW data, got {list(x.shape)}")
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilation"]
+    pt, pl, pb, pr = attrs["padding"]
+    oh = _pool_out(x.shape[2], kh, sh, dh, pt, pb, attrs["ceil_mode"])
+    ow = _pool_out(x.shape[3], kw, sw, dw, pl, pr, attrs["ceil_mode"])
+    if oh <= 0 or ow <= 0:
+        raise ModelError(f"pooling: output would be {oh}x{ow}")
+    return (x.shape[0], x.shape[1], oh, ow), x.dtype
+
+
+def _pool(ts, attrs, node):
+    x = ts[0]
+    _, _, h, w = _dims(x)
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilation"]
+    pt, pl, pb, pr = attrs["padding"]
+    oh, ow = node.shape[2:]
+    # pad far enough for ceil_mode's last window
+    eb = max(pb, (oh - 1) * sh + (kh - 1) * dh + 1 - h - pt)
+    er = max(pr, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pl)
+    dt = x.dtype
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+    if attrs["kind"] == "max":
+        padded = pad_stage(x, [pt, pl], [eb, er], value=float("-inf"))
+        return te.compute(node.shape, lambda n, c, y, xx: te.max(
+            padded[n, c, y * sh + ry * dh, xx * sw + rx * dw], axis=[ry, rx]),
+            name="max_pool2d", tag="pool")
+    padded = pad_stage(x, [pt, pl], [eb, er])
+    total = te.compute(node.shape, lambda n, c, y, xx: te.sum(
+        padded[n, c, y * sh + ry, xx * sw + rx], axis=[ry, rx]), name="avg_pool2d_sum",
+        tag="pool")
+    if attrs["count_include_pad"]:
+        hi_h, hi_w, lo_h, lo_w = h + pb, w + pr, -pt, -pl
+    else:
+        hi_h, hi_w, lo_h, lo_w = h, w, 0, 0
+
+    def count(start, k, lo, hi):
+        return E.minimum(start + k, hi) - E.maximum(start, lo)
+    return te.compute(node.shape, lambda n, c, y, xx: total[n, c, y, xx] / E.cast(
+        count(y * sh - pt, kh, lo_h, hi_h) * count(xx * sw - pl, kw, lo_w, hi_w), dt),
+        name="avg_pool2d")
+
+
+register("nn.pool2d", "anchor", _pool_infer, _pool,
+         flops=lambda node: node.size * math.prod(node.attrs["kernel"]))
+
+
+def _global_pool_infer(inputs, attrs):
+    x = inputs[0]
+    if len(x.shape) < 3:
+        raise ModelError(f"global pooling needs N, C and spatial dimensions, got {list(x.shape)}")
+    return (*x.shape[:2], *([1] * (len(x.shape) - 2))), x.dtype
+
+
+def _global_pool(ts, attrs, node):
+    x = ts[0]
+    dims = _dims(x)
+    axes = [te.reduce_axis((0, d), f"r{k}") for k, d in enumerate(dims[2:])]
+    if attrs["kind"] == "max":
+        return te.compute(node.shape, lambda *i: te.max(x[(i[0], i[1], *axes)], axis=axes),
+                          name="global_max_pool", tag="reduce")
+    total = te.compute(node.shape, lambda *i: te.sum(x[(i[0], i[1], *axes)], axis=axes),
+                       name="global_avg_pool_sum", tag="reduce")
+    scale = 1.0 / math.prod(dims[2:])
+    return te.compute(node.shape, lambda *i: total[i] * te.const(scale, x.dtype),
+                      name="global_avg_pool")
+
+
+register("nn.global_pool", "anchor", _global_pool_infer, _global_pool,
+         flops=lambda node: node.inputs[0].size)
+
+
+# ------------------------------------------------------------------ LRN, softmax, reductions
+
+
+def _lrn(ts, attrs, node):
+    x = ts[0]
+    size, alpha, beta, bias = attrs["size"], attrs["alpha"], attrs["beta"], attrs["bias"]
+    c = _dims(x)[1]
+    lo = (size - 1) // 2
+    r = te.reduce_axis((0, size), "rc")
+    dt = x.dtype
+
+    def window(n, ch, *rest):
+        src = ch - lo + r
+        inside = (src >= 0) & (src < c)
+        v = E.if_then_else(inside, x[(n, src, *rest)], te.const(0, dt))
+        return te.sum(v * v, axis=r)
+    sq = te.compute(node.shape, window, name="lrn_sqsum", tag="reduce")
+    return te.compute(node.shape, lambda *i: x[i] / te.power(
+        te.const(bias, dt) + te.const(alpha / size, dt) * sq[i], te.const(beta, dt)), name="lrn")
+
+
+register("nn.lrn", "anchor", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype), _lrn,
+         flops=lambda node: node.size * (2 * node.attrs["size"] + 4))
+
+
+def _softmax(ts, attrs, node):
+    x = ts[0]
+    dims = _dims(x)
+    axis = attrs["axis"]
+    dt = x.dtype
+    red_shape = tuple(1 if k == axis else d for k, d in enumerate(dims))
+
+    def at(idx, r):
+        return tuple(r if k == axis else idx[k] for k in range(len(dims)))
+    r1 = te.reduce_axis((0, dims[axis]), "r1")
+    mx = te.compute(red_shape, lambda *i: te.max(x[at(i, r1)], axis=r1), name="softmax_max",
+                    tag="reduce")
+    ra = te.reduce_axis((0, dims[axis]), "r2")
+
+    def keep(i):
+        return tuple(0 if k == axis else i[k] for k in range(len(dims)))
+    total = te.compute(red_shape, lambda *i: te.sum(te.exp(x[at(i, ra)] - mx[i]), axis=ra),
+                       name="softmax_sum", tag="reduce")
+    if attrs.get("log"):
+        return te.compute(node.shape, lambda *i: x[i] - mx[keep(i)] - te.log(total[keep(i)]),
+                          name="log_softmax")
+    return te.compute(node.shape, lambda *i: te.exp(x[i] - mx[keep(i)]) / total[keep(i)],
+                      name="softmax")
+
+
+register("nn.softmax", "anchor", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+         _softmax, flops=lambda node: 4 * node.size)
+
+
+def _reduce_infer(inputs, attrs):
+    x = inputs[0]
+    axes = attrs["axes"]
+    if attrs["keepdims"]:
+        shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for k, d in enumerate(x.shape) if k not in axes)
+    return shape, x.dtype
+
+
+def _reduce(ts, attrs, node):
+    x = ts[0]
+    dims = _dims(x)
+    axes, kind, keep = attrs["axes"], attrs["kind"], attrs["keepdims"]
+    raxes = {a: te.reduce_axis((0, dims[a]), f"r{a}") for a in axes}
+    reducer = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min}[kind]
+
+    def body(*idx):
+        src, it = [], iter(idx)
+        for k in range(len(dims)):
+            if k in raxes:
+                src.append(raxes[k])
+                if keep:
+                    next(it)
+            else:
+                src.append(next(it))
+        return reducer(x[tuple(src)], axis=list(raxes.values()))
+    out = te.compute(node.shape, body, name=f"reduce_{kind}", tag="reduce")
+    if kind != "mean":
+        return out
+    scale = 1.0 / max(1, math.prod(dims[a] for a in axes))
+    return te.compute(node.shape, lambda *i: out[i] * te.const(scale, x.dtype), name="mean")
+
+
+def _reduce_fold(xs, attrs):
+    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[attrs["kind"]]
+    return fn(xs[0], axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"]).astype(xs[0].dtype)
+
+
+register("reduce", "anchor", _reduce_infer, _reduce, fold=_reduce_fold,
+         flops=lambda node: node.inputs[0].size)

@@ -1,0 +1,50 @@
+"""The operator table: for each operator of the graph, its shape rule, its tensor expression,
+its numpy form (for constant folding) and its fusion pattern.
+
+Patterns, as TVM's: ``elemwise`` (one output element from the same element of each input),
+``broadcast`` (elemwise with numpy broadcasting), ``injective`` (each output element a function
+of input elements: reshape, transpose, pad...), ``anchor`` (conv, dense, pooling, reductions:
+an elementwise tail fuses into it), ``opaque`` (runs alone).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ModelError
+
+PATTERNS = ("elemwise", "broadcast", "injective", "anchor", "opaque")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    pattern: str
+    infer: Callable            # (inputs: list[Node], attrs) -> (shape, dtype)
+    compute: Callable          # (tensors: list[te.Tensor], attrs, node) -> te.Tensor
+    fold: Callable | None = None     # (arrays: list[np.ndarray], attrs) -> np.ndarray
+    flops: Callable | None = None    # (node) -> int (multiply-adds count as 2)
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(name: str, pattern: str, infer, compute, fold=None, flops=None) -> OpDef:
+    if pattern not in PATTERNS:
+        raise ValueError(f"unknown pattern {pattern!r}")
+    op = OPS[name] = OpDef(name, pattern, infer, compute, fold, flops)
+    return op
+
+
+def get(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ModelError(f"no operator {name!r} in kernelrpc's operator table") from None
+
+
+def node_flops(node) -> int:
+    op = OPS.get(node.op)
+    if op is None or op.flops is None:
+        return node.size if op is not None and op.pattern in ("elemwise", "broadcast") else 0
+    return int(op.flops(node))

@@ -1,0 +1,120 @@
+"""Default schedules for fused groups, and the group's tensor expression.
+
+The group's elementwise and injective stages are inlined into its output stage. An anchor's
+reductions keep stages of their own: a convolution or dense layer is computed inside the
+output's register tile (the tail of the group then runs on values still in registers), as
+``kernelrpc.compiler.recipes.conv2d_nchw`` does; pooling and other reductions are computed at
+the root, their outer loop parallel.
+"""
+from __future__ import annotations
+
+from .. import te
+from ..compiler.tensor import ComputeOp
+from .fuse import Group
+from .op import OPS
+
+#: conv: output channels x output columns kept in registers
+CONV_CHANNELS, CONV_COLUMNS = 8, 16
+DENSE_LANES = 16
+
+
+def group_tensors(group: Group):
+    """``(placeholders, output)``: the group as a tensor expression over its inputs."""
+    inputs = group.inputs()
+    placeholders, tensors = [], {}
+    for k, node in enumerate(inputs):
+        p = te.placeholder(node.shape or (1,), name=f"in{k}", dtype=node.dtype)
+        placeholders.append(p)
+        tensors[id(node)] = p
+    for node in group.nodes:
+        out = OPS[node.op].compute([tensors[id(i)] for i in node.inputs], node.attrs, node)
+        tensors[id(node)] = out
+    return placeholders, tensors[id(group.output)], tensors.get(id(group.anchor))
+
+
+def _extents(stage):
+    return [int(iv.extent.value) if hasattr(iv.extent, "value") else int(iv.extent)
+            for iv in stage.op.axis]
+
+
+def _parallel_outer(s, stage):
+    """Parallel over the leading axes (fused while they are short), vector-friendly inner."""
+    axes = list(stage.op.axis)
+    if not axes:
+        return
+    extents = _extents(stage)
+    outer, size, k = axes[0], extents[0], 1
+    while size < 16 and k < len(axes) - 1:
+        outer = stage.fuse(outer, axes[k])
+        size *= extents[k]
+        k += 1
+    if size > 1:
+        stage.parallel(outer)
+
+
+def schedule_group(group: Group, out, anchor):
+    s = te.create_schedule(out.op)
+    anchor_kind = group.anchor.op if group.anchor is not None else None
+    conv = anchor if anchor_kind == "nn.conv2d" else None
+    dense = anchor if anchor_kind == "nn.dense" else None
+    for stage in list(s.stages):
+        op = stage.op
+        if not isinstance(op, ComputeOp) or op is out.op:
+            continue
+        if op.reduce_axis:
+            continue
+        if op.tag == "pad" and conv is not None:
+            continue
+        stage.compute_inline()
+    if conv is not None:
+        _schedule_conv(s, conv, out)
+    elif dense is not None:
+        _schedule_dense(s, dense, out)
+    else:
+        for stage in s.stages:
+            if isinstance(stage.op, ComputeOp) and stage.attach_type == "root" and \
+                    stage.op is not out.op:
+                _parallel_outer(s, stage)
+        _parallel_outer(s, s[out])
+    return s
+
+
+def _schedule_conv(s, conv, out):
+    if conv.op is out.op:
+        cc = s.cache_write(out, "global")
+    else:
+        cc = conv
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=CONV_CHANNELS)
+    xo, xi = stage.split(x, factor=CONV_COLUMNS)
+    stage.reorder(n, fo, y, xo, fi, xi)
+    stage.vectorize(xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), y))
+    s[cc].compute_at(stage, xo)
+    _, cf, _, cx = s[cc].op.axis
+    rc, ry, rx = s[cc].op.reduce_axis
+    s[cc].reorder(rc, ry, rx, cf, cx)
+    s[cc].unroll(cf)
+    s[cc].vectorize(cx)
+    for st in s.stages:
+        if isinstance(st.op, ComputeOp) and st.op.tag == "pad" and st.attach_type == "root":
+            _parallel_outer(s, st)
+
+
+def _schedule_dense(s, dense, out):
+    if dense.op is out.op:
+        cc = s.cache_write(out, "global")
+    else:
+        cc = dense
+    stage = s[out]
+    m, n = stage.op.axis
+    no, ni = stage.split(n, factor=DENSE_LANES)
+    stage.reorder(m, no, ni)
+    stage.vectorize(ni)
+    stage.parallel(stage.fuse(m, no))
+    s[cc].compute_at(stage, stage.leaf_iter_vars[0])
+    _, cn = s[cc].op.axis
+    (k,) = s[cc].op.reduce_axis
+    s[cc].reorder(k, cn)
+    s[cc].vectorize(cn)

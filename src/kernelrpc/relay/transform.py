@@ -1,0 +1,152 @@
+"""Graph passes run by ``relay.build``: bind the params, fold constants, fold per-channel
+scales (batch normalization) into the producing convolution or dense layer, merge constant
+additions. Each pass returns a new :class:`~kernelrpc.relay.ir.Function`; nodes are rebuilt,
+never edited in place, so the module the user holds is left as it was.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import ir
+from .errors import ModelError
+from .op import get as get_op
+
+
+def _rewrite(func: ir.Function, visit, uses: dict | None = None) -> ir.Function:
+    """Rebuild ``func`` bottom-up; ``visit(node, new_inputs)`` returns the replacement. With
+    ``uses`` (see :func:`_consumers`), each replacement takes its original's count of uses."""
+    new = {}
+    for node in func.topo():
+        inputs = tuple(new[id(i)] for i in node.inputs)
+        new[id(node)] = visit(node, inputs)
+        if uses is not None:
+            uses[id(new[id(node)])] = uses.get(id(node), 0)
+    return ir.Function([new[id(i)] for i in func.inputs], [new[id(o)] for o in func.outputs],
+                       func.name)
+
+
+def _clone(node: ir.Node, inputs) -> ir.Node:
+    if inputs == node.inputs:
+        return node
+    return ir.Node(node.op, inputs, node.attrs, node.shape, node.dtype, node.name, node.value,
+                   node.origin)
+
+
+def bind_params(func: ir.Function, params: dict | None) -> ir.Function:
+    params = {} if params is None else dict(params)
+    missing = []
+
+    def visit(node, inputs):
+        if node.op != "param":
+            return _clone(node, inputs)
+        if node.name not in params:
+            missing.append(node.name)
+            return node
+        value = np.asarray(params[node.name])
+        value = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) \
+            else value
+        if tuple(value.shape) != node.shape or value.dtype.name != node.dtype:
+            raise ModelError(f"param {node.name!r} is {value.dtype}{list(value.shape)}, the model "
+                             f"expects {node.dtype}{list(node.shape)}")
+        return ir.const(value, node.name)
+    out = _rewrite(func, visit)
+    if missing:
+        raise ModelError(f"no value for param(s) {', '.join(map(repr, missing))}: pass "
+                         "relay.build(mod, params=params) with the params from_onnx returned")
+    return out
+
+
+def fold_constants(func: ir.Function) -> ir.Function:
+    def visit(node, inputs):
+        opdef = get_op(node.op) if node.op not in ("input", "param", "const") else None
+        if opdef is not None and inputs and all(i.is_const for i in inputs) and opdef.fold:
+            value = np.asarray(opdef.fold([i.value for i in inputs], node.attrs))
+            return ir.const(value.astype(node.dtype, copy=False).reshape(node.shape), node.name)
+        return _clone(node, inputs)
+    return _rewrite(func, visit)
+
+
+def _consumers(func: ir.Function) -> dict:
+    count: dict = {}
+    for node in func.topo():
+        for i in node.inputs:
+            count[id(i)] = count.get(id(i), 0) + 1
+    for o in func.outputs:
+        count[id(o)] = count.get(id(o), 0) + 1
+    return count
+
+
+def _channel_vector(node: ir.Node, channels: int, axis: int, ndim: int):
+    """The per-channel values of a constant that broadcasts along ``axis`` only, or None."""
+    if not node.is_const:
+        return None
+    value = node.value
+    if value.ndim > ndim:
+        return None
+    shape = (1,) * (ndim - value.ndim) + value.shape
+    if any(d != 1 for k, d in enumerate(shape) if k != axis) or shape[axis] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(shape[axis]), (channels,))
+
+
+def fold_scale_axis(func: ir.Function) -> ir.Function:
+    """``conv(x, W) * c`` -> ``conv(x, W * c)`` and ``(conv(x, W) + b) * c`` ->
+    ``conv(x, W * c) + b * c`` for per-output-channel constants ``c`` (batch normalization's
+    scale), and the same for dense layers; then ``(y + b1) + b2`` -> ``y + (b1 + b2)``."""
+    uses = _consumers(func)
+
+    def producer_weight(node):
+        if node.op == "nn.conv2d" and node.inputs[1].is_const:
+            return 1, 4, 0
+        if node.op == "nn.dense" and node.inputs[1].is_const:
+            return 1, 2, 1
+        return None
+
+    def visit(node, inputs):
+        node = _clone(node, inputs)
+        if node.op == "multiply":
+            for k in (0, 1):
+                y, c = node.inputs[k], node.inputs[1 - k]
+                if y.shape != node.shape or uses.get(id(y), 0) > 1:
+                    continue
+                bias = None
+                if y.op == "add" and uses.get(id(y.inputs[0]), 0) == 1:
+                    bias, y = y.inputs[1], y.inputs[0]
+                info = producer_weight(y)
+                if info is None:
+                    continue
+                axis = 1
+                vector = _channel_vector(c, y.shape[axis], axis, len(y.shape))
+                if vector is None or (bias is not None and _channel_vector(
+                        bias, y.shape[axis], axis, len(y.shape)) is None):
+                    continue
+                wpos, wdim, waxis = info
+                weight = y.inputs[wpos].value
+                shape = [1] * wdim
+                shape[waxis] = -1
+                scaled = (weight * vector.reshape(shape)).astype(weight.dtype)
+                out = ir.Node(y.op, (y.inputs[0], ir.const(scaled, y.inputs[wpos].name)),
+                              y.attrs, y.shape, y.dtype, y.name, origin=y.origin + node.origin)
+                if bias is not None:
+                    scaled_bias = (bias.value * c.value).astype(bias.dtype)
+                    out = ir.Node("add", (out, ir.const(scaled_bias)), {}, out.shape, out.dtype,
+                                  node.name, origin=("Add",))
+                return out
+        if node.op == "add":
+            y, c = node.inputs
+            if y.op == "add" and c.is_const and y.inputs[1].is_const and \
+                    uses.get(id(y), 0) == 1 and y.shape == node.shape:
+                merged = np.asarray(y.inputs[1].value + c.value).astype(node.dtype)
+                if merged.ndim <= len(node.shape):
+                    return ir.Node("add", (y.inputs[0], ir.const(merged)), {}, node.shape,
+                                   node.dtype, node.name, origin=y.origin + node.origin)
+        return node
+    return _rewrite(func, visit, uses)
+
+
+def optimize(func: ir.Function, params: dict | None) -> ir.Function:
+    func = bind_params(func, params)
+    func = fold_constants(func)
+    for _ in range(3):       # BN after a bias-less conv is mul then add: two rounds reach both
+        func = fold_scale_axis(func)
+    return fold_constants(func)

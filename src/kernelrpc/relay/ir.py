@@ -63,8 +63,8 @@ class Function:
     params: list = field(default_factory=list)     # param nodes, in the order they were met
 
     def topo(self) -> list:
-        """Every node reachable from the outputs, producers before consumers."""
-        order, seen = [], set()
+        """The inputs, then every node reachable from the outputs, producers before consumers."""
+        order, seen = list(self.inputs), {id(i) for i in self.inputs}
         for out in self.outputs:
             stack = [(out, False)]
             while stack:

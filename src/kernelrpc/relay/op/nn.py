@@ -248,10 +248,10 @@ def _lrn(ts, attrs, node):
     r = te.reduce_axis((0, size), "rc")
     dt = x.dtype
 
-    def window(n, ch, *rest):
-        src = ch - lo + r
+    def window(*idx):
+        src = idx[1] - lo + r
         inside = (src >= 0) & (src < c)
-        v = E.if_then_else(inside, x[(n, src, *rest)], te.const(0, dt))
+        v = E.if_then_else(inside, x[(idx[0], src, *idx[2:])], te.const(0, dt))
         return te.sum(v * v, axis=r)
     sq = te.compute(node.shape, window, name="lrn_sqsum", tag="reduce")
     return te.compute(node.shape, lambda *i: x[i] / te.power(

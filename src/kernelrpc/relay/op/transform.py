@@ -78,7 +78,7 @@ def _concat(ts, attrs, node):
 
     def body(*idx):
         out = None
-        for t, off in reversed(list(zip(ts, offsets))):
+        for t, off in zip(ts, offsets):     # the last input whose offset is reached
             src = tuple(i - off if k == axis else i for k, i in enumerate(idx))
             out = t[src] if out is None else E.if_then_else(idx[axis] >= off, t[src], out)
         return out

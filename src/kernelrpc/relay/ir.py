@@ -46,7 +46,7 @@ class Node:
 
 
 def const(value, name: str = "") -> Node:
-    value = np.ascontiguousarray(value)
+    value = np.require(value, requirements="C")     # ascontiguousarray makes 0-d arrays 1-d
     if value.dtype.name not in DTYPES:
         raise ModelError(f"constant {name!r}: dtype {value.dtype} is not supported "
                          f"(supported: {', '.join(DTYPES)})")

@@ -82,7 +82,7 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
     executor = _executor_record(func, plan, records)
     graph = graph_json(func, groups, names, plan)
     seconds = time.perf_counter() - started
-    log.info("built %d kernels (%d calls) for %s in %.2f s", len(primfuncs), len(groups),
+    log.debug("built %d kernels (%d calls) for %s in %.2f s", len(primfuncs), len(groups),
              target.triple, seconds)
     return GraphExecutorFactoryModule(built, executor, graph, blob, calls, func, plan,
                                       build_seconds=seconds)

@@ -1,0 +1,1 @@
+"""TVM's ``tvm.contrib.debugger``: the per-layer profile of a network (:mod:`.debug_executor`)."""

@@ -137,11 +137,14 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
                          f"{'is not an input' if len(shape) == 1 else 'are not inputs'} of the "
                          f"model (inputs: {', '.join(repr(i.name) for i in inputs) or 'none'})")
     consumed = _consumers(graph)
-    failures = []
+    failures, poisoned = [], set()     # outputs that failed nodes did not compute
     for index, node in enumerate(graph.node):
         ctx.node_name = node.name or f"{node.op_type}_{index}"
         ctx.op_type = node.op_type
         ctx.outputs_wanted = len(node.output)
+        if any(name in poisoned for name in node.input):
+            poisoned.update(node.output)       # the cause is reported already
+            continue
         args = []
         for name in node.input:
             if not name:
@@ -158,6 +161,7 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
             attrs.done()
         except Unsupported as exc:
             failures.append((node.op_type, ctx.node_name, opset, str(exc)))
+            poisoned.update(node.output)
             continue
         except ModelError as exc:
             raise ModelError(f"node {ctx.node_name!r} ({node.op_type}): {exc}") from None
@@ -168,6 +172,7 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
                 if name in consumed or name in {o.name for o in graph.output}:
                     failures.append((node.op_type, ctx.node_name, opset,
                                      f"output {k} ({name!r}) is not implemented"))
+                    poisoned.add(name)
                 continue
             ctx.values[name] = outputs[k]
     if failures:
@@ -191,6 +196,9 @@ def _check_operators(graph, opset) -> None:
                             "operators of custom domains are not supported"))
         elif node.op_type not in CONVERTERS:
             missing.append((node.op_type, name, opset, "no converter"))
+        elif not onnx_model.operator_version_known(node.op_type, opset):
+            missing.append((node.op_type, name, opset, "this version of the operator (newer "
+                            f"than opset {onnx_model.MAX_OPSET}'s) is not implemented"))
     if missing:
         raise UnsupportedOperatorError(missing)
 
@@ -401,8 +409,6 @@ _BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide",
 @converter(*_BINARY)
 def _binary(ctx, args, attrs):
     a, b = args
-    if ctx.op_type == "Pow" and a.dtype != b.dtype:
-        b = ctx.make("cast", [b], dtype=a.dtype)
     return [ctx.make(_BINARY[ctx.op_type], [a, b])]
 
 

@@ -57,10 +57,25 @@ def default_opset(model) -> int:
 
 
 def check_opset(opset: int) -> None:
-    if not MIN_OPSET <= opset <= MAX_OPSET:
+    if opset < MIN_OPSET:
         raise ModelError(f"the model uses ONNX opset {opset}; kernelrpc imports opsets "
-                         f"{MIN_OPSET} to {MAX_OPSET} (convert it with "
+                         f"{MIN_OPSET} and newer (convert it with "
                          f"onnx.version_converter.convert_version(model, {MAX_OPSET}))")
+
+
+def operator_version_known(op_type: str, opset: int) -> bool:
+    """Whether the definition of ``op_type`` in ``opset`` is one the converters implement:
+    the converters follow the definitions of opsets 9 to 18, so in a newer opset an operator is
+    accepted while ONNX has not changed it since the version opset 18 has."""
+    if opset <= MAX_OPSET:
+        return True
+    from onnx import defs
+
+    try:
+        return defs.get_schema(op_type, opset).since_version <= \
+            defs.get_schema(op_type, MAX_OPSET).since_version
+    except defs.SchemaError:
+        return False
 
 
 def tensor_value(proto, where: str) -> np.ndarray:

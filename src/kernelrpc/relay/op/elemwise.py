@@ -127,4 +127,18 @@ _binary("multiply", lambda x, y: x * y, np.multiply)
 _binary("divide", lambda x, y: x / y, lambda a, b: a / b if a.dtype.kind == "f" else _int_div(a, b))
 _binary("maximum", E.maximum, np.maximum)
 _binary("minimum", E.minimum, np.minimum)
-_binary("power", lambda x, y: te.power(x, y), np.power)
+def _power(x, y):
+    if E.is_float(x.dtype):
+        return te.power(x, E.cast(y, x.dtype))
+    # integer powers through float64 (exact below 2**53), as numpy's integer result
+    return E.cast(te.power(E.cast(x, "float64"), E.cast(y, "float64")), x.dtype)
+
+
+def _power_infer(inputs, attrs):
+    return broadcast_shape(inputs[0].shape, inputs[1].shape), inputs[0].dtype
+
+
+register("power", "broadcast", _power_infer,
+         lambda ts, attrs, node: te.compute(node.shape, lambda *i: _power(
+             broadcast_index(ts[0], i), broadcast_index(ts[1], i)), name="power"),
+         lambda xs, a: np.power(xs[0], xs[1]).astype(xs[0].dtype))

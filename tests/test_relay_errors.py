@@ -1,0 +1,89 @@
+"""A model kernelrpc cannot compile gets one typed error that names the problem and the fix,
+before any build work; a malformed file, a missing shape or a wrong input are typed errors."""
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from kernelrpc import relay  # noqa: E402
+from kernelrpc.relay import MissingShapeError, ModelError, UnsupportedOperatorError  # noqa: E402
+
+
+def model_of(nodes, inputs, inits=(), opset=13, outputs=("y",)):
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        [numpy_helper.from_array(v, n) for n, v in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_every_unsupported_operator_is_listed_at_once():
+    model = model_of([helper.make_node("Relu", ["x"], ["a"], name="ok"),
+                      helper.make_node("Einsum", ["a", "a"], ["b"], equation="ij,ij->ij", name="e1"),
+                      helper.make_node("TopK", ["b", "k"], ["y", "i"], name="t1"),
+                      helper.make_node("Custom", ["x"], ["z"], domain="com.example", name="c1")],
+                     [("x", [2, 3])], [("k", np.array([1], np.int64))])
+    with pytest.raises(UnsupportedOperatorError) as info:
+        relay.frontend.from_onnx(model)
+    found = {(op, name) for op, name, _, _ in info.value.unsupported}
+    assert found == {("Einsum", "e1"), ("TopK", "t1"), ("com.example.Custom", "c1")}
+    assert "3 operator(s)" in str(info.value) and "opset 13" in str(info.value)
+
+
+def test_an_attribute_the_importer_does_not_implement_is_an_error_not_ignored():
+    model = model_of([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2],
+                                       storage_order=1, name="pool"),
+                      helper.make_node("Relu", ["x"], ["z"], name="r", unknown_flag=1)],
+                     [("x", [1, 1, 4, 4])], outputs=("y", "z"))
+    with pytest.raises(UnsupportedOperatorError) as info:
+        relay.frontend.from_onnx(model)
+    reasons = {name: why for _, name, _, why in info.value.unsupported}
+    assert "storage_order" in reasons["pool"] and "unknown_flag" in reasons["r"]
+
+
+def test_an_unused_second_output_is_fine_but_a_used_one_is_refused():
+    pool = helper.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2], name="p")
+    relay.frontend.from_onnx(model_of([pool], [("x", [1, 2, 4, 4])]))
+    use = helper.make_node("Relu", ["idx"], ["z"])
+    with pytest.raises(UnsupportedOperatorError, match="output 1"):
+        relay.frontend.from_onnx(model_of([pool, use], [("x", [1, 2, 4, 4])],
+                                          outputs=("y", "z")))
+
+
+def test_malformed_files_and_bad_inputs(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not a protobuf \xff\xff\xff")
+    with pytest.raises(ModelError, match="not a readable ONNX file"):
+        relay.frontend.from_onnx(str(bad))
+    with pytest.raises(ModelError, match="no model file"):
+        relay.frontend.from_onnx(str(tmp_path / "missing.onnx"))
+    relu = [helper.make_node("Relu", ["x"], ["y"])]
+    dynamic = model_of(relu, [("x", ["batch", 3])])
+    with pytest.raises(MissingShapeError, match="shape=.*'x'"):
+        relay.frontend.from_onnx(dynamic)
+    mod, _ = relay.frontend.from_onnx(dynamic, shape={"x": (4, 3)})
+    assert mod["main"].inputs[0].shape == (4, 3)
+    with pytest.raises(ModelError, match="not an input"):
+        relay.frontend.from_onnx(dynamic, shape={"x": (4, 3), "nope": (1,)})
+    with pytest.raises(ModelError, match="dimension 1 is 3"):
+        relay.frontend.from_onnx(dynamic, shape={"x": (4, 5)})
+    with pytest.raises(ModelError, match="opset 7"):
+        relay.frontend.from_onnx(model_of(relu, [("x", [2, 3])], opset=7))
+
+
+def test_inconsistent_shapes_name_the_node():
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv_a")
+    model = model_of([conv], [("x", [1, 3, 8, 8])], [("w", np.zeros((4, 5, 3, 3), np.float32))])
+    with pytest.raises(ModelError, match="conv_a.*input channels"):
+        relay.frontend.from_onnx(model)
+
+
+def test_build_without_params_says_how():
+    model = model_of([helper.make_node("Mul", ["x", "w"], ["y"])], [("x", [2])],
+                     [("w", np.ones(2, np.float32))])
+    mod, params = relay.frontend.from_onnx(model)
+    with pytest.raises(ModelError, match="params="):
+        relay.build(mod)
+    with pytest.raises(ModelError, match="expects float32\\[2\\]"):
+        relay.build(mod, params={"w": np.ones(3, np.float32)})

@@ -1,0 +1,62 @@
+"""``python -m kernelrpc.model``: run as a user runs it, here and on a device of a tracker."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from model_zoo import resnet18  # noqa: E402
+from servicectl import child_env, start_server  # noqa: E402
+
+
+def run_model(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "kernelrpc.model", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600, env=child_env())
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "resnet.onnx"
+    onnx.save(resnet18(size=32, width=0.125, classes=20), str(path))
+    return path
+
+
+def test_local_run_prints_summary_latency_profile_and_agreement(model_file, tmp_path):
+    done = run_model(str(model_file), "--local", "--profile", "--repeat", "2", "--number", "2",
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Conv " in out and "parameters" in out and "GFLOP" in out
+    assert "Execution time summary" in out and "Slowest" in out and "sum of layers" in out
+    assert "top-5 matches" in out
+    assert (tmp_path / "resnet.so").is_file() and f"output       {tmp_path / 'resnet.so'}" in out
+
+
+def test_json_on_a_device_of_a_tracker(model_file, tmp_path, start_service, tracker):
+    start_server(start_service, tracker, key="cli")
+    done = run_model(str(model_file), "--tracker", f"127.0.0.1:{tracker.port}", "--key", "cli",
+                     "--json", "--repeat", "2", "--number", "1", "--threads", "1",
+                     "--output", str(tmp_path / "out.so"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["summary"]["operators"]["Conv"] > 10
+    assert report["module"]["arena_bytes"] < report["module"]["naive_bytes"]
+    assert len(report["latency"]["results"]) == 2
+    assert report["onnxruntime"]["outputs"][0]["relative"] < 1e-3
+    assert report["device"].startswith("key 'cli'")
+
+
+def test_an_unsupported_model_is_one_line_without_a_traceback(tmp_path):
+    graph = helper.make_graph([helper.make_node("Einsum", ["x", "x"], ["y"], equation="i,i->i")],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "einsum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    done = run_model(str(path), "--local", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "Einsum" in done.stderr
+    done = run_model(str(tmp_path / "missing.onnx"), "--local", cwd=tmp_path)
+    assert done.returncode == 2 and "no model file" in done.stderr

@@ -415,6 +415,8 @@ class ScheduleLowering:
         out_index = self._flat(info.buffer, info.offsets, [values[iv.var] for iv in op.axis])
         buffers = [info.buffers[k] for k in range(len(info.bodies))]
         checks = [simplify(c) for c in info.checks]
+        if stage.store_predicate is not None:
+            checks.append(simplify(self._to_load(substitute(stage.store_predicate, values))))
         leaves = info.leaves
         body = info.body
         init = None

@@ -143,4 +143,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run_main("kernelrpc.proxy", main))

@@ -103,4 +103,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run_main("kernelrpc.query", main))

@@ -277,7 +277,81 @@ def test_scopes_and_gpu_only_primitives_are_accepted_and_say_what_they_do_here()
         s[B].set_scope("shared")
     with pytest.warns(te.SchedulePrimitiveIgnored, match="double_buffer.*no such copy"):
         s[B].double_buffer()
-    with pytest.warns(te.SchedulePrimitiveIgnored, match="rolling_buffer.*recomputes"):
-        s[B].rolling_buffer()
     (c,) = _run(s, [A, C], np.arange(n, dtype="float32"), out_shapes=[(n,)])
     np.testing.assert_array_equal(c, (np.arange(n) + 1.0) * 2.0)
+
+
+def _stencil(H, W, reduce=False):
+    """C[i, j] = B[i, j] + B[i + 1, j] + B[i + 2, j] over B = A * 2 + 1 (or a row sum of A)."""
+    A = te.placeholder((H + 2, W), name="A")
+    if reduce:
+        k = te.reduce_axis((0, W), "k")
+        B = te.compute((H + 2, W), lambda i, j: te.sum(A[i, k] * (j + 1.0), axis=k), name="B")
+    else:
+        B = te.compute((H + 2, W), lambda i, j: A[i, j] * 2.0 + 1.0, name="B")
+    C = te.compute((H, W), lambda i, j: B[i, j] + B[i + 1, j] + B[i + 2, j], name="C")
+    return A, B, C
+
+
+def _expect(a, reduce=False):
+    b = a.sum(axis=1, keepdims=True) * (np.arange(a.shape[1]) + 1.0) if reduce else a * 2 + 1
+    return b[:-2] + b[1:-1] + b[2:]
+
+
+@pytest.mark.parametrize("reduce", [False, True])
+def test_rolling_buffer_computes_each_row_once_in_a_circular_buffer(reduce):
+    H, W = 11, 8
+    A, B, C = _stencil(H, W, reduce)
+    s = te.create_schedule(C.op)
+    s[B].compute_at(s[C], C.op.axis[0])
+    s[B].rolling_buffer()
+    text = str(tvm.lower(s, [A, C]))
+    # three rows, allocated outside the loop over rows, indexed modulo 3; a new row per iteration
+    assert f"allocate(B: Pointer(global float32), float32, [3, {W}])" in text
+    assert text.index("allocate(B") < text.index("for (i: int32, 0, 11)")
+    assert "floormod((i + 2), 3)" in text and "(i == 0) || (i_1 >= 2)" in text
+    a = np.random.default_rng(4).standard_normal((H + 2, W)).astype("float32")
+    (c,) = _run(s, [A, C], a, out_shapes=[(H, W)])
+    np.testing.assert_allclose(c, _expect(a, reduce), rtol=1e-5, atol=1e-5)
+
+
+def test_rolling_buffer_under_a_split_loop_and_a_region_that_does_not_move():
+    H, W = 13, 16
+    A, B, C = _stencil(H, W)
+    s = te.create_schedule(C.op)
+    io, ii = s[C].split(C.op.axis[0], factor=4)      # 13 rows: a guarded tail
+    s[B].compute_at(s[C], ii)
+    s[B].rolling_buffer()
+    a = np.random.default_rng(5).standard_normal((H + 2, W)).astype("float32")
+    (c,) = _run(s, [A, C], a, out_shapes=[(H, W)])
+    np.testing.assert_allclose(c, _expect(a), rtol=1e-5, atol=1e-5)
+    # attached at the column loop, B's region (three rows, one column) moves along j: rolls there
+    A, B, C = _stencil(H, W)
+    s = te.create_schedule(C.op)
+    s[B].compute_at(s[C], C.op.axis[1])
+    s[B].rolling_buffer()
+    (c,) = _run(s, [A, C], a, out_shapes=[(H, W)])
+    np.testing.assert_allclose(c, _expect(a), rtol=1e-5, atol=1e-5)
+    # a stage whose region is the same in every iteration of the loop is computed once
+    A = te.placeholder((W,), name="A")
+    B = te.compute((W,), lambda j: A[j] * 3.0, name="B")
+    C = te.compute((H, W), lambda i, j: B[j] + i, name="C")
+    s = te.create_schedule(C.op)
+    s[B].compute_at(s[C], C.op.axis[0])
+    s[B].rolling_buffer()
+    assert "if (i == 0)" in str(tvm.lower(s, [A, C]))
+    av = np.arange(W, dtype="float32")
+    (c,) = _run(s, [A, C], av, out_shapes=[(H, W)])
+    np.testing.assert_array_equal(c, av * 3.0 + np.arange(H)[:, None])
+
+
+def test_rolling_buffer_refuses_what_cannot_roll():
+    A, B, C = _stencil(8, 8)
+    s = te.create_schedule(C.op)
+    s[B].rolling_buffer()
+    with pytest.raises(te.LowerError, match="must be computed at a loop"):
+        tvm.lower(s, [A, C])
+    s[B].compute_at(s[C], C.op.axis[0])
+    s[C].parallel(C.op.axis[0])
+    with pytest.raises(te.LowerError, match="is parallel; a rolling buffer"):
+        tvm.lower(s, [A, C])

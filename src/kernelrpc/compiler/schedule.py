@@ -59,6 +59,7 @@ class Stage:
         self.scope = "global"
         self.storage_aligns: dict = {}      # dimension -> (factor, offset)
         self.store_predicate = None         # stores happen only where it holds
+        self.rolling = False                # rolling_buffer(): a circular buffer across iterations
 
     def reset(self) -> None:
         op = self.op
@@ -237,13 +238,14 @@ class Stage:
                  "compute; on a CPU there is no such copy, so the stage keeps one buffer")
 
     def rolling_buffer(self) -> None:
-        """TVM's rolling_buffer: accepted with a SchedulePrimitiveIgnored warning; the stage's
-        buffer is not turned into a circular one, so overlapping parts of a compute_at region
-        are computed again in each iteration (the results are the same)."""
+        """TVM's rolling_buffer, for a stage computed at a loop (``compute_at``) whose region
+        slides along one axis by a constant step per iteration: its buffer becomes circular
+        along that axis (indexed modulo the region's extent) and lives across the loop's
+        iterations, and each iteration computes only the part of the region the previous one
+        did not (the whole region at the loop's first iteration). A region that does not move
+        is computed once. Checked when lowering."""
         self._compute_only("rolling_buffer")
-        _ignored(f"rolling_buffer() on {self.op.name}",
-                 "kernelrpc does not fold the buffer into a circular one; the stage recomputes "
-                 "the overlap of consecutive regions (same results, more work, more memory)")
+        self.rolling = True
 
     # ------------------------------------------------------------------ placement
     def compute_at(self, parent: "Stage", ivar: IterVar) -> None:

@@ -355,3 +355,14 @@ def test_rolling_buffer_refuses_what_cannot_roll():
     s[C].parallel(C.op.axis[0])
     with pytest.raises(te.LowerError, match="is parallel; a rolling buffer"):
         tvm.lower(s, [A, C])
+
+
+def test_gradient_of_an_unrelated_input_is_zero_and_one_tensor_gives_a_list():
+    A = te.placeholder((5,), name="A")
+    Z = te.placeholder((3,), name="Z")
+    B = te.compute((5,), lambda i: A[i] * A[i], name="B")
+    grads = te.gradient(B, Z, head=te.placeholder((5,), name="H"))
+    assert isinstance(grads, list) and len(grads) == 1
+    (dZ,) = grads
+    (z,) = _run(te.create_schedule(dZ.op), [dZ], out_shapes=[(3,)])
+    np.testing.assert_array_equal(z, np.zeros(3))

@@ -31,9 +31,9 @@ class GradientError(ValueError):
 
 
 def gradient(output: Tensor, inputs, head: Tensor | None = None) -> list[Tensor]:
-    """The adjoints of ``output`` with respect to each of ``inputs`` (a tensor or a list)."""
-    single = isinstance(inputs, Tensor)
-    inputs = [inputs] if single else list(inputs)
+    """The adjoints of ``output`` with respect to each of ``inputs`` (a tensor or a list), as a
+    list in the order of ``inputs`` (TVM's, for one tensor too)."""
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if not is_float(output.dtype):
         raise GradientError(f"te.gradient: {output.name} is {output.dtype}; only float outputs "
                             "have a gradient")
@@ -63,8 +63,7 @@ def gradient(output: Tensor, inputs, head: Tensor | None = None) -> list[Tensor]
         for x in tensor.op.input_tensors:
             if any(_key(x) == _key(t) for t in order):
                 adjoints.setdefault(_key(x), []).extend(_contributions(tensor, x, adjoint, prefix))
-    out = [result.get(_key(x)) or _zeros(prefix, x) for x in inputs]
-    return out[0] if single else out
+    return [result.get(_key(x)) or _zeros(prefix, x) for x in inputs]
 
 
 # ---------------------------------------------------------------------------- the graph

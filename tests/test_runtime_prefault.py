@@ -43,6 +43,7 @@ def test_populate_maps_every_page_of_a_fresh_mapping_and_keeps_its_bytes():
     assert prefault.prefault(memoryview(buf)) == "populate"
     assert _resident_pages(buf) == nbytes // mmap.PAGESIZE
     assert buf[:4] == b"keep" and buf[-4:] == b"tail" and buf[4:-4].count(0) == nbytes - 8
+    assert prefault.prefault(memoryview(buf)) == "resident"     # nothing left to map in
 
 
 def test_touch_maps_the_pages_and_small_views_are_left_alone(monkeypatch):

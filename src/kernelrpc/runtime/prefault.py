@@ -22,23 +22,40 @@ PREFAULT_BYTES = 1 << 20
 MADV_POPULATE_WRITE = 23        # linux/mman.h; not in Python's mmap module before 3.13
 
 _PAGE = mmap.PAGESIZE
-_madvise = None
+_libc = None
 _populate_works = sys.platform.startswith("linux")
 
 
-def _libc_madvise():
-    global _madvise
-    if _madvise is None:
+def _functions():
+    """libc's ``madvise`` and ``mincore``, typed (loaded on first use)."""
+    global _libc
+    if _libc is None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         libc.madvise.restype = ctypes.c_int
-        _madvise = libc.madvise
-    return _madvise
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        libc.mincore.restype = ctypes.c_int
+        _libc = libc
+    return _libc
+
+
+def _libc_madvise():
+    return _functions().madvise
+
+
+def _all_resident(start: int, length: int) -> bool:
+    """Whether every page of ``[start, start + length)`` is mapped in (``mincore``: ~25 µs for
+    64 MiB, where populating pages already there walks them at ~3 ms)."""
+    pages = ctypes.create_string_buffer(-(-length // _PAGE))
+    if _functions().mincore(start, length, pages) != 0:
+        return False
+    return pages.raw.count(0) == 0
 
 
 def prefault(view: memoryview) -> str:
     """Map in the pages under the writable byte view ``view``; returns how ("populate",
-    "touch", or "small" for a view below :data:`PREFAULT_BYTES`, left as it is).
+    "touch", "resident" when every page already was, or "small" for a view below
+    :data:`PREFAULT_BYTES`, left as it is).
 
     Where the kernel has no ``MADV_POPULATE_WRITE`` (older than 5.14, not Linux), one byte per
     page is written instead; the caller overwrites the whole view next, so the zeros written
@@ -52,6 +69,8 @@ def prefault(view: memoryview) -> str:
         address = ctypes.addressof((ctypes.c_char * nbytes).from_buffer(view))
         start = address - address % _PAGE
         end = address + nbytes
+        if _all_resident(start, end - start):
+            return "resident"               # a buffer written before (a copyto target, reused)
         if _libc_madvise()(start, end - start, MADV_POPULATE_WRITE) == 0:
             return "populate"
         if ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):

@@ -135,8 +135,11 @@ def test_errors_are_one_line_naming_the_address(tmp_path):
 
 def test_error_line_keeps_the_first_line_and_counts_the_rest():
     from kernelrpc import cli
-    assert cli.error_line("kernelrpc x", RuntimeError("did not start\nline 1\nline 2")) == (
-        "kernelrpc x: error: did not start [2 more lines] (RuntimeError); --log-level debug shows the traceback")
+    assert cli.error_line("kernelrpc x", RuntimeError("did not start; output:\nline 1\n\nline 2\n")) == (
+        "kernelrpc x: error: did not start; output: [1 more line] line 2 (RuntimeError); --log-level debug "
+        "shows the traceback")
+    assert cli.error_line("kernelrpc x", OSError()) == (
+        "kernelrpc x: error: OSError (OSError); --log-level debug shows the traceback")
     assert cli.rerun_command("kernelrpc demo", ["--output", "a b.so"]) == "python -m kernelrpc demo --output 'a b.so'"
 
 

@@ -254,12 +254,17 @@ def run_main(prog: str, main, argv=None) -> int:
 
 
 def error_line(prog: str, exc: BaseException) -> str:
-    """``PROG: error: MESSAGE (TYPE); --log-level debug shows the traceback``, one line."""
-    text = str(exc).strip()
-    first, _, rest = text.partition("\n")
-    more = f" [{rest.count(chr(10)) + 1} more lines]" if rest.strip() else ""
-    message = first or type(exc).__name__
-    return f"{prog}: error: {message}{more} ({type(exc).__name__}); {DEBUG_HINT}"
+    """``PROG: error: MESSAGE (TYPE); --log-level debug shows the traceback``, one line: a
+    message of several lines gives its first and its last (a service that did not start says
+    why in its last line of output)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    message = lines[0] if lines else type(exc).__name__
+    if len(lines) > 2:
+        hidden = len(lines) - 2
+        message += f" [{hidden} more line{'s' if hidden > 1 else ''}] {lines[-1]}"
+    elif len(lines) == 2:
+        message += f" {lines[-1]}"
+    return f"{prog}: error: {message} ({type(exc).__name__}); {DEBUG_HINT}"
 
 
 def rerun_command(module: str, args) -> str:

@@ -1,6 +1,6 @@
 """Session speed against raw Python loopback TCP, measured in the same run.
 
-    PYTHONPATH=src python bench/rpc.py [--calls N] [--block B] [--repeat R] [--no-tvm]
+    PYTHONPATH=src python bench/rpc.py [--calls N] [--block B] [--repeat R] [--no-tvm] [--copies-only]
                                        [--pin same|split|none]
 
 Prints the round trip of a trivial remote call (``testing.echo(1)``) next to a
@@ -171,7 +171,9 @@ def raw_copier(addr, mode: bytes):
 
 
 def copies(raw_addr, addr, repeat: int) -> tuple[dict, dict]:
-    """Best-of-``repeat`` seconds per copy, raw and kernelrpc alternating so both see the same load."""
+    """Seconds of each of ``repeat`` copies per size and direction, raw and kernelrpc alternating
+    so both see the same load, all on one connection each (the first copies of a connection
+    included: the spread is part of the result)."""
     raw, ours = {}, {}
     up_sock, raw_up = raw_copier(raw_addr, b"u")
     down_sock, raw_down = raw_copier(raw_addr, b"d")
@@ -187,7 +189,7 @@ def copies(raw_addr, addr, repeat: int) -> tuple[dict, dict]:
                 for _ in range(repeat):
                     raw_times += timed(raw_fn, 1)
                     our_times += timed(our_fn, 1)
-                raw[(mode, mib)], ours[(mode, mib)] = min(raw_times), min(our_times)
+                raw[(mode, mib)], ours[(mode, mib)] = raw_times, our_times
             assert np.array_equal(remote.numpy(), array)
     return raw, ours
 
@@ -447,7 +449,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=20000, help="timed calls per row (default 20000)")
     parser.add_argument("--block", type=int, default=100, help="calls per interleaved block (default 100)")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=10, help="copies per size and direction (default 10)")
+    parser.add_argument("--copies-only", action="store_true", help="measure the tensor copies only")
     parser.add_argument("--no-tvm", action="store_true")
     parser.add_argument("--tracker-rounds", type=int, default=5,
                         help="fresh interpreters timed for the first connect_tracker() row (default 5)")
@@ -464,6 +467,10 @@ def main() -> None:
         os.sched_setaffinity(0, client_cpu)
     placement = PLACEMENT[args.pin].format(client=cpus[0], server=min(SERVER_CPUS or client_cpu))
     env = dict(os.environ, PYTHONPATH=str(SRC))
+    if args.copies_only:
+        print(f"CPU placement ({args.pin}): {placement}")
+        copies_only(args, env)
+        return
     services = []
     fresh_tvm = None
     try:
@@ -512,20 +519,44 @@ def main() -> None:
     print()
     print_ops(op_samples)
     print()
-    print(f"Tensor copy bandwidth (best of {args.repeat}, raw and kernelrpc alternating; "
-          "raw = loopback TCP into a preallocated buffer)")
-    print(f"{'':24}{'raw MB/s':>12}{'kernelrpc MB/s':>16}{'ratio':>8}" + (f"{'tvm MB/s':>12}" if tvm else ""))
+    print_copies(raw_copies, ours, tvm_copy, args.repeat)
+
+
+def print_copies(raw_copies: dict, ours: dict, tvm_copy: dict, repeat: int) -> None:
+    """The copy table: best of the repeats, and kernelrpc's spread (slowest to fastest copy)."""
+    print(f"Tensor copy bandwidth ({repeat} copies each on one connection, raw and kernelrpc "
+          "alternating; raw = loopback TCP into a preallocated buffer; best, and kernelrpc's "
+          "slowest-fastest)")
+    print(f"{'':24}{'raw MB/s':>12}{'kernelrpc MB/s':>16}{'ratio':>8}{'kernelrpc spread':>20}"
+          + (f"{'tvm MB/s':>12}" if tvm_copy else ""))
     for mode, label in (("up", "host->device"), ("down", "device->host")):
         for mib in SIZES_MIB:
             nbytes = mib << 20
-            raw_bw = nbytes / raw_copies[(mode, mib)] / 1e6
-            our_bw = nbytes / ours[(mode, mib)] / 1e6
-            line = f"{label + f' {mib} MiB':24}{raw_bw:12.0f}{our_bw:16.0f}{our_bw / raw_bw:7.0%} "
-            if tvm:
+            raw_bw = nbytes / min(raw_copies[(mode, mib)]) / 1e6
+            rates = [nbytes / t / 1e6 for t in ours[(mode, mib)]]
+            our_bw = max(rates)
+            spread = f"{min(rates):.0f}-{max(rates):.0f} ({max(rates) / min(rates):.1f}x)"
+            line = f"{label + f' {mib} MiB':24}{raw_bw:12.0f}{our_bw:16.0f}{our_bw / raw_bw:7.0%} {spread:>20}"
+            if tvm_copy:
                 t = tvm_copy.get((mode, mib))
                 line += f"{nbytes / t / 1e6:11.0f}" if t else f"{'-':>11}"
             print(line)
 
+
+def copies_only(args, env) -> None:
+    """``--copies-only``: the copy table alone (a device server and the raw server, no TVM)."""
+    services = []
+    try:
+        server, addr = start([sys.executable, "-m", "kernelrpc.server", "--port", "0", "--log-level",
+                              "WARNING"], r"listening on (\S+):(\d+)", env)
+        services.append(server)
+        raw, raw_addr = start([sys.executable, "-c", RAW_SERVER], r"listening on (\S+):(\d+)")
+        services.append(raw)
+        raw_copies, ours = copies(raw_addr, addr, args.repeat)
+    finally:
+        for proc in services:
+            stop(proc)
+    print_copies(raw_copies, ours, {}, args.repeat)
 
 if __name__ == "__main__":
     main()

@@ -3,14 +3,16 @@
 The template packs B into panels as wide as the column tile, keeps a tile of C in a cache stage
 computed at one of the outer tile loops, and leaves every size and loop annotation to the tuner:
 tile rows and columns, vector width, the reduction split and its unrolling, loop order and which
-loops run in parallel. The tuner measures candidates on every free device of ``--key`` (a local
-tracker and device server are started when no ``--tracker`` is given), logs every measurement to
+loops run in parallel. The tuner measures candidates on every free device of ``--key`` at the
+tracker ``--tracker`` (default ``$KERNELRPC_TRACKER``, else 127.0.0.1:9190); when no tracker
+listens there, a local tracker and ``--devices`` device servers are started for the run (it
+says so) and stopped at the end. It logs every measurement to
 ``--log`` (resumable: run again to continue) and prints the best schedule with its GFLOP/s
 against numpy on the same device.
 
 Run::
 
-    PYTHONPATH=src python examples/tune_gemm.py --size 512 --trials 64
+    PYTHONPATH=src python examples/tune_gemm.py --size 512 --trials 64      # a local fleet if no tracker
     PYTHONPATH=src python examples/tune_gemm.py --tracker 10.0.0.5:9190 --key rpi4 --trials 200
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import time
 
@@ -25,6 +28,7 @@ import numpy as np
 
 import kernelrpc
 from kernelrpc import autotvm, te
+from kernelrpc.deploy.fleet import connect_or_start
 
 
 @autotvm.template("example/gemm")
@@ -79,29 +83,12 @@ def gemm(M, N, K):
 
 @contextlib.contextmanager
 def local_fleet(devices: int, key: str = "local", server_args=lambda index: []):
-    """A tracker and ``devices`` device servers on loopback, stopped afterwards.
+    """A tracker and ``devices`` device servers on loopback, every server registered; stopped
+    afterwards. ``server_args(index)`` are extra options of each server (``["--cpus", "1"]``)."""
+    from kernelrpc.deploy.fleet import LocalFleet
 
-    ``server_args(index)`` are extra options of each server (``["--cpus", "1"]``).
-    """
-    from kernelrpc.deploy.launch import Service
-
-    services = [Service("kernelrpc.tracker", ["--port", "0"])]
-    try:
-        port = services[0].port
-        for index in range(devices):
-            services.append(Service("kernelrpc.server", ["--port", "0", "--key", key,
-                                                         "--tracker", f"127.0.0.1:{port}",
-                                                         *server_args(index)]))
-        with kernelrpc.rpc.connect_tracker("127.0.0.1", port) as tracker:
-            end = time.monotonic() + 30
-            while tracker.summary()["queue_info"].get(key, {}).get("free", 0) < devices:
-                if time.monotonic() > end:
-                    raise RuntimeError("the local device servers did not register")
-                time.sleep(0.05)
-        yield "127.0.0.1", port, key
-    finally:
-        for svc in reversed(services):
-            svc.stop()
+    with LocalFleet(key, devices, server_args) as fleet:
+        yield fleet.host, fleet.port, key
 
 
 def numpy_gflops(M, N, K, repeat: int = 5) -> float:
@@ -139,19 +126,23 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=512, help="M = N = K")
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--tuner", choices=["ga", "model", "random"], default="ga")
-    parser.add_argument("--tracker", metavar="HOST:PORT", help="default: start a local fleet")
-    parser.add_argument("--key", default="local")
-    parser.add_argument("--devices", type=int, default=1, help="local device servers to start")
+    parser.add_argument("--tracker", metavar="HOST:PORT",
+                        default=os.environ.get("KERNELRPC_TRACKER", "127.0.0.1:9190"),
+                        help="the tracker; when none listens there, a local one is started "
+                             "(default: $KERNELRPC_TRACKER or 127.0.0.1:9190)")
+    parser.add_argument("--key", default=os.environ.get("KERNELRPC_KEY", "local"),
+                        help="device key (default: $KERNELRPC_KEY or local)")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="device servers to start when no tracker listens at --tracker")
     parser.add_argument("--log", default="tune_gemm.log", help="JSON-lines log (appended, resumable)")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     M = N = K = opts.size
-    with contextlib.ExitStack() as stack:
-        if opts.tracker:
-            host, _, port = opts.tracker.rpartition(":")
-            host, port, key = host, int(port), opts.key
-        else:
-            host, port, key = stack.enter_context(local_fleet(opts.devices))
+    host, _, port = opts.tracker.rpartition(":")
+    if not host or not port.isdigit():
+        parser.error(f"--tracker takes HOST:PORT, got {opts.tracker!r}")
+    with contextlib.closing(connect_or_start(host, int(port), opts.key, devices=opts.devices)) as tracker:
+        (host, port), key = tracker.addr, opts.key
 
         def progress(tuner, config, result):
             mark = f"{result.gflops:7.1f} GFLOP/s" if result.ok else result.status

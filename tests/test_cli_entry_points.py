@@ -122,3 +122,30 @@ def test_proxy_example_rpc_is_accepted_with_the_reason(start_service):
     proxy = start_service("kernelrpc.proxy", ["--port", "0", "--example-rpc", "1"])
     line = proxy.wait_for_line("--example-rpc")
     assert "WARNING" in line and "has no effect" in line
+
+
+def test_errors_are_one_line_naming_the_address(tmp_path):
+    for module in ("kernelrpc.server", "kernelrpc.tracker"):
+        out = run(module, "--host", "999.1.1.1", "--port", "0", "--log-level", "error")
+        assert out.returncode == 1
+        assert out.stderr.strip().splitlines() == [
+            f"{module}: cannot listen on 999.1.1.1:0: '999.1.1.1' is not an address of this host "
+            "(Name or service not known)"], out.stderr
+
+
+def test_error_line_keeps_the_first_line_and_counts_the_rest():
+    from kernelrpc import cli
+    assert cli.error_line("kernelrpc x", RuntimeError("did not start; output:\nline 1\n\nline 2\n")) == (
+        "kernelrpc x: error: did not start; output: [1 more line] line 2 (RuntimeError); --log-level debug "
+        "shows the traceback")
+    assert cli.error_line("kernelrpc x", OSError()) == (
+        "kernelrpc x: error: OSError (OSError); --log-level debug shows the traceback")
+    assert cli.rerun_command("kernelrpc demo", ["--output", "a b.so"]) == "python -m kernelrpc demo --output 'a b.so'"
+
+
+def test_deploy_bundle_says_where_it_wrote_and_how_to_rebuild(tmp_path):
+    out = run("kernelrpc.deploy", "bundle", "--out", str(tmp_path / "dev.pyz"), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == (
+        f"kernelrpc.deploy bundle: wrote the device bundle to {tmp_path / 'dev.pyz'}; rerun: python -m "
+        f"kernelrpc.deploy bundle --out {tmp_path / 'dev.pyz'}")

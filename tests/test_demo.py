@@ -14,6 +14,24 @@ def test_demo_runs_a_kernel_remotely_through_the_tracker(tmp_path):
     assert re.search(r"device\s+127\.0\.0\.1:\d+ registered as key 'demo'", out.stdout)
     assert re.search(r"max relative error \d\.\de[-+]\d\d", out.stdout)
     assert re.search(r"kernelrpc gemm \(remote\)\s+\d+\.\d+\s+\d+\.\d", out.stdout)
+    # the last line: where the output went, and the command that measures again
+    last = out.stdout.strip().splitlines()[-1]
+    assert last == (f"kernelrpc demo: timings above, compiled library at {lib}; rerun: python -m kernelrpc "
+                    f"demo --size 100 --key demo --repeat 2 --output {lib}")
+
+
+def test_demo_error_is_one_line_and_the_traceback_is_behind_debug(tmp_path):
+    missing = tmp_path / "no-such-dir" / "gemm.so"
+    args = [sys.executable, "-m", "kernelrpc", "demo", "--size", "16", "--repeat", "1", "--output", str(missing)]
+    out = subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=240, cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"kernelrpc demo: error: [Errno 2] No such file or directory: '{missing}' (FileNotFoundError); "
+        "--log-level debug shows the traceback"]
+    debug = subprocess.run(args + ["--log-level", "debug"], capture_output=True, text=True, env=child_env(),
+                           timeout=240, cwd=tmp_path)
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stderr and "FileNotFoundError" in debug.stderr
 
 
 def test_cli_lists_commands():

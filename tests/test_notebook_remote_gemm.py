@@ -3,6 +3,7 @@ device server, and its outputs checked (tables, figures, numbers)."""
 import html
 import math
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,35 @@ def test_remote_gemm_notebook_runs_and_shows_checked_measurements(executed):
     error = re.search(r"max relative error of any step: ([0-9.e+-]+)", table)
     assert error and float(error.group(1)) < 1e-4
     assert f"GEMM {SIZE}x{SIZE}x{SIZE}" in table
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (the OS chose it, and it was closed again)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_with_no_tracker_the_notebook_starts_a_local_fleet_says_so_and_stops_it(monkeypatch, tmp_path):
+    port = _closed_port()
+    monkeypatch.setenv("KERNELRPC_TRACKER", f"127.0.0.1:{port}")
+    monkeypatch.setenv("KERNELRPC_KEY", "fresh")
+    monkeypatch.setenv("KERNELRPC_GEMM_SIZE", "32")
+    nb = run_notebook(nbformat.read(NOTEBOOK, as_version=4), tmp_path)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+    cell = _cell(nb, "tracker.summary_table()")
+    said = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+    match = re.search(rf"cannot reach tracker at 127\.0\.0\.1:{port}: .*: started a local tracker at "
+                      r"127\.0\.0\.1:(\d+) and 1 device server with key 'fresh'", said)
+    assert match, said
+    (summary,) = _outputs(cell, "text/html")
+    assert "fresh" in summary
+    (table,) = _outputs(_cell(nb, "display.compare("), "text/html")
+    assert "GEMM 32x32x32" in table
+    # the last cell closed the session, and the local tracker with it
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=5).close()
 
 
 def test_progress_is_the_notebook_widget_in_jupyter(tmp_path):

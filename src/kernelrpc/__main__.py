@@ -26,8 +26,9 @@ def main(argv=None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     command, rest = argv[0], argv[1:]
     if command == "demo":
+        from . import cli
         from .demo import main as demo_main
-        return demo_main(rest)
+        return cli.run_main("kernelrpc demo", demo_main, rest)
     sys.argv = [f"kernelrpc {command}", *rest]
     runpy.run_module(COMMANDS[command], run_name="__main__", alter_sys=True)
     return 0

@@ -10,6 +10,8 @@ import errno
 import logging
 import os
 import re
+import shlex
+import socket
 import sys
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -117,6 +119,8 @@ def bind_failure(exc: OSError, args: argparse.Namespace) -> str:
     if args.port_end is None and exc.errno in (errno.EADDRINUSE, errno.EACCES):
         return (f"cannot listen on {args.host}:{args.port}: {os.strerror(exc.errno)}. Choose another "
                 f"--port, or pass --port-end to take the first free port in a range")
+    if isinstance(exc, socket.gaierror):
+        return f"cannot listen on {args.host}:{args.port}: {args.host!r} is not an address of this host ({exc.strerror})"
     return str(exc)
 
 
@@ -220,3 +224,57 @@ def auth_token(args: argparse.Namespace, service: str, host: str, exposes: str, 
             log.warning("%s listens on %s without authentication: anyone who can reach it %s. To "
                         "turn authentication on, %s", service, host, exposes, how)
     return token
+
+
+# ---------------------------------------------------------------- what a command says at the end
+
+DEBUG_HINT = "--log-level debug shows the traceback"
+
+
+def run_main(prog: str, main, argv=None) -> int:
+    """``main(argv)`` of a command, with its errors as one line on stderr.
+
+    An exception that escapes ``main`` is printed as ``PROG: error: MESSAGE (TYPE); --log-level
+    debug shows the traceback`` (the message's first line) and the exit status is 1; with
+    ``--log-level debug`` (the root logger at DEBUG once ``main`` set up logging) it propagates
+    with its traceback. Ctrl-C is ``PROG: interrupted`` and 130. ``SystemExit`` (argparse, the
+    start-up checks) passes as it is. The commands run it from their ``__main__``; a command
+    written later (``python -m kernelrpc.model``) does the same.
+    """
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the top of a command: reported, never swallowed
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            raise
+        print(error_line(prog, exc), file=sys.stderr, flush=True)
+        return 1
+
+
+def error_line(prog: str, exc: BaseException) -> str:
+    """``PROG: error: MESSAGE (TYPE); --log-level debug shows the traceback``, one line: a
+    message of several lines gives its first and its last (a service that did not start says
+    why in its last line of output)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    message = lines[0] if lines else type(exc).__name__
+    if len(lines) > 2:
+        hidden = len(lines) - 2
+        message += f" [{hidden} more line{'s' if hidden > 1 else ''}] {lines[-1]}"
+    elif len(lines) == 2:
+        message += f" {lines[-1]}"
+    return f"{prog}: error: {message} ({type(exc).__name__}); {DEBUG_HINT}"
+
+
+def rerun_command(module: str, args) -> str:
+    """The shell command that runs ``python -m MODULE ARGS...`` again (quoted for a shell)."""
+    return shlex.join(["python", "-m", *module.split(" "), *map(str, args)])
+
+
+def report_output(prog: str, where: str, module: str, args) -> str:
+    """Print (and return) the one line a command ends with: where its output went and the
+    command that measures again, ``PROG: WHERE; rerun: python -m MODULE ARGS``."""
+    line = f"{prog}: {where}; rerun: {rerun_command(module, args)}"
+    print(line, flush=True)
+    return line

@@ -71,6 +71,8 @@ def run(size: int, key: str, repeat: int, output: str = "gemm.so") -> int:
         print(f"{'kernelrpc gemm (remote)':<24}{result.median * 1e3:>10.3f}{flops / result.median / 1e9:>10.1f}")
         print(f"{'numpy.dot (local)':<24}{numpy_median * 1e3:>10.3f}{flops / numpy_median / 1e9:>10.1f}")
         print(f"ratio to numpy: {numpy_median / result.median:.2f}x")
+        cli.report_output("kernelrpc demo", f"timings above, compiled library at {lib}", "kernelrpc demo",
+                          ["--size", size, "--key", key, "--repeat", repeat, "--output", lib])
         return 0
     finally:
         if server is not None:

@@ -2,11 +2,12 @@
 ``call_extern`` of C functions linked into the module."""
 from __future__ import annotations
 
-from .compiler.ir import call_extern, call_packed
+from .compiler import ir_builder
+from .compiler.ir import PrimFunc, call_extern, call_packed
 from .compiler.expr import (Cast, FloatImm, IntImm, PrimExpr, Select, Var, all_of as all,
                             any_of as any, const, floordiv, floormod, if_then_else, indexdiv,
                             indexmod, max_value, min_value, truncdiv, truncmod)
 
 __all__ = ["Cast", "FloatImm", "IntImm", "PrimExpr", "Select", "Var", "all", "any", "call_extern",
-           "call_packed", "const", "floordiv", "floormod", "if_then_else", "indexdiv", "indexmod",
+           "call_packed", "const", "ir_builder", "PrimFunc", "floordiv", "floormod", "if_then_else", "indexdiv", "indexmod",
            "max_value", "min_value", "truncdiv", "truncmod"]

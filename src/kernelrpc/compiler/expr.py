@@ -357,7 +357,7 @@ MATH_INTRINSICS = {
     "tanh": 1, "sinh": 1, "cosh": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1,
     "atan": 1, "erf": 1, "fabs": 1, "floor": 1, "ceil": 1, "round": 1, "nearbyint": 1,
     "trunc": 1, "pow": 2, "atan2": 2, "hypot": 2, "copysign": 2, "fmod": 2, "fma": 3,
-    "ldexp": 2, "isnan": 1, "isinf": 1, "isfinite": 1, "clz": 1, "popcount": 1,
+    "ldexp": 2, "nextafter": 2, "isnan": 1, "isinf": 1, "isfinite": 1, "clz": 1, "popcount": 1,
 }
 #: float -> bool (the lanes of the argument)
 FLOAT_PREDICATES = ("isnan", "isinf", "isfinite")

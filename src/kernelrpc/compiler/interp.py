@@ -93,7 +93,7 @@ _MATH = {"exp": "np.exp", "exp2": "np.exp2", "log": "np.log", "log2": "np.log2",
          "log1p": "np.log1p", "sinh": "np.sinh", "cosh": "np.cosh", "tan": "np.tan",
          "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan", "erf": "_erf",
          "nearbyint": "np.rint", "atan2": "np.arctan2", "hypot": "np.hypot",
-         "copysign": "np.copysign", "fmod": "np.fmod", "ldexp": "np.ldexp",
+         "copysign": "np.copysign", "fmod": "np.fmod", "ldexp": "np.ldexp", "nextafter": "np.nextafter",
          "isnan": "np.isnan", "isinf": "np.isinf", "isfinite": "np.isfinite",
          "clz": "_clz", "popcount": "_popcount"}
 

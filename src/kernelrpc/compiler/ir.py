@@ -298,6 +298,13 @@ class PrimFunc:
     def with_body(self, body: Stmt) -> "PrimFunc":
         return PrimFunc(self.name, self.params, body, self.attrs)
 
+    def with_attr(self, key: str, value) -> "PrimFunc":
+        """A copy with attribute ``key`` set (TVM's); ``global_symbol`` also renames it, as
+        the symbol is the function's name in the built module."""
+        attrs = {**self.attrs, key: value}
+        return PrimFunc(str(value) if key == "global_symbol" else self.name, self.params,
+                        self.body, attrs)
+
     def __str__(self):
         return func_to_str(self)
 

@@ -1,6 +1,8 @@
 """Schedules: how each compute stage's loops are split, ordered, annotated and placed."""
 from __future__ import annotations
 
+import warnings
+
 from .expr import Var, convert, if_then_else, logical_and
 from .ir import Mutator, substitute
 from .tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp, Tensor,
@@ -9,6 +11,15 @@ from .tensor import (ComputeOp, ExternOp, IterVar, PlaceholderOp, Reduce, ScanOp
 
 class ScheduleError(ValueError):
     """A schedule primitive was applied to an axis or stage it does not fit."""
+
+
+class SchedulePrimitiveIgnored(UserWarning):
+    """A TVM schedule primitive that is accepted but changes nothing in code for a CPU here
+    (as :class:`~kernelrpc.compiler.target.TargetOptionIgnored` for target options)."""
+
+
+#: Storage scopes that are ordinary memory on a CPU (others name GPU memories).
+CPU_SCOPES = ("global", "local")
 
 
 class Split:
@@ -47,6 +58,8 @@ class Stage:
         self.attach_ivar: IterVar | None = None
         self.scope = "global"
         self.storage_aligns: dict = {}      # dimension -> (factor, offset)
+        self.store_predicate = None         # stores happen only where it holds
+        self.rolling = False                # rolling_buffer(): a circular buffer across iterations
 
     def reset(self) -> None:
         op = self.op
@@ -194,6 +207,45 @@ class Stage:
         if not (isinstance(factor, int) and factor > 0 and isinstance(offset, int)):
             raise ScheduleError("storage_align: factor must be a positive int, offset an int")
         self.storage_aligns[dims[0]] = (factor, offset % factor)
+
+    def set_scope(self, scope: str) -> None:
+        """The storage scope of the buffer lowering allocates for this stage (TVM's set_scope;
+        shown in the lowered IR). "global" and "local" are both host memory on a CPU; a GPU
+        scope ("shared", "warp", ...) is accepted with a SchedulePrimitiveIgnored warning."""
+        if not isinstance(scope, str) or not scope:
+            raise ScheduleError(f"set_scope: scope must be a non-empty str, got {scope!r}")
+        if scope.split(".")[0] not in CPU_SCOPES:
+            _ignored(f"set_scope({scope!r}) on {self.op.name}",
+                     "that storage scope names GPU memory; on a CPU the buffer is ordinary "
+                     "memory (the scope is recorded in the lowered IR)")
+        self.scope = scope
+
+    def set_store_predicate(self, predicate) -> None:
+        """Store this stage's values only where ``predicate`` (an expression of its axes, root or
+        leaf) holds; elsewhere its buffer keeps what it had (TVM's set_store_predicate)."""
+        self._compute_only("set_store_predicate")
+        from .expr import PrimExpr, is_bool
+        predicate = convert(predicate)
+        if not isinstance(predicate, PrimExpr) or not is_bool(predicate.dtype):
+            raise ScheduleError(f"set_store_predicate: expected a condition, got {predicate!r}")
+        self.store_predicate = predicate
+
+    def double_buffer(self) -> None:
+        """TVM's double_buffer: accepted with a SchedulePrimitiveIgnored warning (it overlaps a
+        GPU's copies into shared memory with compute; a CPU has no such copy to overlap)."""
+        _ignored(f"double_buffer() on {self.op.name}",
+                 "double buffering overlaps asynchronous copies into a GPU's shared memory with "
+                 "compute; on a CPU there is no such copy, so the stage keeps one buffer")
+
+    def rolling_buffer(self) -> None:
+        """TVM's rolling_buffer, for a stage computed at a loop (``compute_at``) whose region
+        slides along one axis by a constant step per iteration: its buffer becomes circular
+        along that axis (indexed modulo the region's extent) and lives across the loop's
+        iterations, and each iteration computes only the part of the region the previous one
+        did not (the whole region at the loop's first iteration). A region that does not move
+        is computed once. Checked when lowering."""
+        self._compute_only("rolling_buffer")
+        self.rolling = True
 
     # ------------------------------------------------------------------ placement
     def compute_at(self, parent: "Stage", ivar: IterVar) -> None:
@@ -385,9 +437,68 @@ class Schedule:
             self.outputs[self.outputs.index(op)] = new_op
         return rf
 
+    def create_group(self, outputs, inputs, include_inputs: bool = False) -> "StageGroup":
+        """The stages that compute ``outputs`` from ``inputs`` (TVM's create_group), to be
+        placed together: ``compute_at`` / ``compute_inline`` / ``compute_root`` of the group
+        apply to each of its stages; ``inputs`` themselves are members only with
+        ``include_inputs``."""
+        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+        inputs = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+        stops = {self[t].op for t in inputs}
+        members: list = []
+
+        def visit(op) -> None:
+            stage = self[op]
+            if stage in members:
+                return
+            if op in stops:
+                if include_inputs and not isinstance(op, PlaceholderOp):
+                    members.append(stage)
+                return
+            if isinstance(op, PlaceholderOp):
+                return
+            for t in op.input_tensors:
+                visit(t.op)
+            members.append(stage)
+
+        for t in outputs:
+            visit(self[t].op)
+        if not members:
+            raise ScheduleError("create_group: no stage lies between the outputs and the inputs")
+        return StageGroup(members)
+
     def normalize(self) -> "Schedule":
         """TVM's normalize (loops start at 0): lowering always emits such loops already."""
         return self
+
+
+class StageGroup:
+    """A group of stages from :meth:`Schedule.create_group`, placed as one."""
+
+    def __init__(self, stages):
+        self.stages = list(stages)
+
+    def __repr__(self):
+        return f"group({', '.join(s.op.name for s in self.stages)})"
+
+    def compute_at(self, parent: Stage, ivar: IterVar) -> None:
+        """Every stage of the group computed inside ``parent``'s loop ``ivar``."""
+        if parent in self.stages:
+            raise ScheduleError(f"compute_at: {parent.op.name} is in the group itself")
+        for stage in self.stages:
+            stage.compute_at(parent, ivar)
+
+    def compute_inline(self) -> None:
+        for stage in self.stages:
+            stage.compute_inline()
+
+    def compute_root(self) -> None:
+        for stage in self.stages:
+            stage.compute_root()
+
+
+def _ignored(what: str, why: str) -> None:
+    warnings.warn(f"{what} has no effect here: {why}", SchedulePrimitiveIgnored, stacklevel=3)
 
 
 def _rel_vars(rel) -> tuple:

@@ -316,7 +316,8 @@ def extern(shape, inputs, fcompute, name: str = "extern", dtype=None, tag: str =
     if dtype is None:
         dtype = inputs[0].dtype if inputs else "float32"
     dtypes = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shapes)
-    op = ExternOp(name, shapes, dtypes, inputs, fcompute, tag, attrs)
+    from .tag import resolve
+    op = ExternOp(name, shapes, dtypes, inputs, fcompute, resolve(tag, "te.extern"), attrs)
     return list(op.outputs) if many else op.output(0)
 
 
@@ -401,7 +402,8 @@ def compute(shape, fcompute, name: str = "compute", tag: str = "", attrs=None):
     if not bodies:
         raise TensorError("fcompute returned an empty tuple")
     _check_bodies(bodies)
-    op = ComputeOp(name, axis, bodies, tag, attrs)
+    from .tag import resolve
+    op = ComputeOp(name, axis, bodies, resolve(tag, "te.compute"), attrs)
     return op.output(0) if len(bodies) == 1 else list(op.outputs)
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from .. import cli
 from .bundle import BundleError, build_bundle
 from .rootfs import ARCHES, RootfsError, prepare
 
@@ -62,6 +63,8 @@ def main(argv=None) -> int:
         else:
             out = build_bundle(args.out)
             print(f"{out} ({os.path.getsize(out) // 1024} KB): python3 {out.name} --tracker HOST:PORT --key KEY")
+            cli.report_output("kernelrpc.deploy bundle", f"wrote the device bundle to {out.resolve()}",
+                              "kernelrpc.deploy", ["bundle", "--out", str(out.resolve())])
     except (RootfsError, BundleError, FileNotFoundError, OSError) as exc:
         print(f"kernelrpc.deploy {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -69,4 +72,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run_main("kernelrpc.deploy", main))

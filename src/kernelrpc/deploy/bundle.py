@@ -37,9 +37,9 @@ if sys.version_info < {MIN_PYTHON!r}:
     sys.exit("kernelrpc-device needs Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer; this is Python "
              + sys.version.split()[0])
 
-from kernelrpc.server.__main__ import main
+from kernelrpc.server.__main__ import command
 
-sys.exit(main())
+sys.exit(command())
 '''
 
 

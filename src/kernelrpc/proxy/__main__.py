@@ -142,5 +142,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def command() -> int:
+    """The console script: :func:`main` with its errors as one line (cli.run_main)."""
+    return cli.run_main("kernelrpc.proxy", main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

@@ -24,6 +24,7 @@ import time
 from typing import NoReturn
 
 from ..errors import AllocationFailed, ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
+from ..runtime.prefault import prefault
 from . import protocol as P
 from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame
 from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, GlobalAt, Op, Shutdown
@@ -386,6 +387,7 @@ class Channel:
             if bar is None:
                 self.conn.recv_raw_into(target)
                 return
+            prefault(target)  # the pieces are prefaulted too, but one call for all is cheaper
             with bar:
                 for start in range(0, target.nbytes, _PROGRESS_CHUNK):
                     part = target[start:start + _PROGRESS_CHUNK]

@@ -37,6 +37,11 @@ class TrackerUnreachable(TrackerError):
     """No tracker answers at the address (refused, timed out, or the peer is not a tracker)."""
 
 
+class TrackerNotListening(TrackerUnreachable):
+    """Nothing accepts connections at the address (refused, unreachable, or timed out); a
+    peer that accepts and is no tracker is the parent class."""
+
+
 def connect_tracker(host: str, port: int, connect_timeout: float = 10.0, *,
                     auth_token: bytes | str | None = None,
                     tls: TLSConfig | ssl.SSLContext | None = None) -> TrackerSession:
@@ -80,10 +85,10 @@ class TrackerSession:
         try:
             sock = _open_connection(self.addr, self.connect_timeout)
         except _socket.timeout:
-            raise TrackerUnreachable(f"cannot reach tracker at {self.where}: connection timed out "
+            raise TrackerNotListening(f"cannot reach tracker at {self.where}: connection timed out "
                                      f"after {self.connect_timeout:g} s") from None
         except OSError as exc:
-            raise TrackerUnreachable(f"cannot reach tracker at {self.where}: {exc.strerror or exc}") from None
+            raise TrackerNotListening(f"cannot reach tracker at {self.where}: {exc.strerror or exc}") from None
         sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         where = f"tracker {self.where}"
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 
 from ..errors import ConnectionLost
+from ..runtime.prefault import prefault
 from .protocol import DEFAULT_MAX_FRAME_BYTES, FrameReader
 from .tls import is_tls_socket
 
@@ -127,6 +128,7 @@ class FramedSocket:
         head = self.reader.take(len(view))
         view[:len(head)] = head
         pos = len(head)
+        prefault(view[pos:])  # pages mapped now, not one fault at a time inside recv_into
         try:
             while pos < len(view):
                 n = self.sock.recv_into(view[pos:])

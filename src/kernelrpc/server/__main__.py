@@ -158,7 +158,11 @@ def main(argv=None) -> int:
             log.error("%s", exc)
             return 2
         return 0
-    sock = bind_first_free(config.host, config.port, config.port_end)
+    try:
+        sock = bind_first_free(config.host, config.port, config.port_end)
+    except OSError as exc:
+        print(f"kernelrpc.server: {cli.bind_failure(exc, args)}", file=sys.stderr)
+        return 1
     registration = None
     if config.tracker_addr is not None:
         from .registration import TrackerRegistration
@@ -174,5 +178,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def command() -> int:
+    """The console script: :func:`main` with its errors as one line (cli.run_main)."""
+    return cli.run_main("kernelrpc.server", main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

@@ -26,6 +26,7 @@ from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandl
                           decode_values, nbytes_of)
 from ..runtime.module import Function as Kernel
 from ..runtime.module import PreparedCall
+from ..runtime.prefault import prefault
 from . import canary, registry
 from .config import ServerConfig
 from .workspace import Workspace, WorkspaceError
@@ -493,6 +494,7 @@ class SessionHandler:
         if deadline is None or len(view) <= self.conn.reader.pending:  # no wait: nothing to pace
             self.conn.recv_raw_into(view)
             return
+        prefault(view)  # pieces below prefault's threshold: map the whole target in at once
         for pos in range(0, len(view), _PACE_CHUNK):
             if time.monotonic() > deadline:
                 raise TransferTooSlow(f"a transfer is slower than the server's minimum of "

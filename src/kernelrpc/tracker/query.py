@@ -102,5 +102,10 @@ def main(argv=None) -> int:
     return code
 
 
+def command() -> int:
+    """The console script: :func:`main` with its errors as one line (cli.run_main)."""
+    return cli.run_main("kernelrpc.query", main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

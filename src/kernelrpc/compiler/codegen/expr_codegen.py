@@ -26,7 +26,8 @@ _MATH = {"exp": "exp", "exp2": "exp2", "exp10": "exp10", "log": "log", "log2": "
          "fma": "fma", "copysign": "copysign"}
 #: intrinsic -> C math library function (float name, double name): no LLVM intrinsic exists,
 #: so vectors call it lane by lane
-_LIBM = {"erf": ("erff", "erf"), "log1p": ("log1pf", "log1p"), "hypot": ("hypotf", "hypot")}
+_LIBM = {"erf": ("erff", "erf"), "log1p": ("log1pf", "log1p"), "hypot": ("hypotf", "hypot"),
+         "nextafter": ("nextafterf", "nextafter")}
 _INT_CMP = {E.EQ: "eq", E.NE: "ne", E.LT: "slt", E.LE: "sle", E.GT: "sgt", E.GE: "sge"}
 _FLOAT_CMP = {E.EQ: "oeq", E.NE: "une", E.LT: "olt", E.LE: "ole", E.GT: "ogt", E.GE: "oge"}
 _FLOAT_OPS = {E.Add: "fadd", E.Sub: "fsub", E.Mul: "fmul", E.Div: "fdiv", E.Mod: "frem"}

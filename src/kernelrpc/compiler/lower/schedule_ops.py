@@ -8,7 +8,8 @@ attached stages (and their buffers) placed inside their parent's loops.
 """
 from __future__ import annotations
 
-from ..expr import PrimExpr, Var, all_of, convert, dtype_bits, maximum, minimum
+from ..expr import (PrimExpr, Var, all_of, any_of, convert, dtype_bits, floormod, maximum,
+                    minimum)
 from ..ir import (Allocate, Buffer, BufferPointer, For, IfThenElse, LetStmt, Load, Mutator,
                   Prefetch, PrimFunc,
                   Store, post_order_visit, seq, substitute, vars_in)
@@ -127,6 +128,8 @@ class ScheduleLowering:
                 roots.append(info)
             if len(info.buffers) < len(stage.op.outputs):
                 shape = self._alloc_shape(info)
+                if stage.rolling:
+                    self._roll(info)
                 for out in stage.op.outputs:
                     if out.value_index in info.buffers:
                         continue
@@ -222,11 +225,58 @@ class ScheduleLowering:
             info.offsets = (0,) * len(shape)
         return tuple(shape)
 
+    def _roll(self, info) -> None:
+        """rolling_buffer: make ``info``'s buffer circular along the axis its region slides on
+        in its parent's loop, and guard its stores to the part the previous iteration did not
+        compute (see Stage.rolling_buffer)."""
+        stage = info.stage
+        name = f"rolling_buffer of {stage.op.name}"
+        if stage.attach_type != "scope":
+            raise LowerError(f"{name}: the stage must be computed at a loop (compute_at)")
+        if stage.tensorized is not None:
+            raise LowerError(f"{name}: a tensorized stage cannot roll")
+        parent = self.infos.get(stage.attach_stage)
+        pos = self._leaf_pos(parent, stage)
+        loop = parent.leaves[pos]
+        kind = self._kind(parent.stage, loop)
+        if kind not in ("serial", "unrolled"):
+            raise LowerError(f"{name}: {parent.stage.op.name}'s loop {loop.var.name} is {kind}; a "
+                             "rolling buffer needs its iterations in order")
+        v = loop.var
+        moving = []
+        for d, iv in enumerate(stage.op.axis):
+            lo, extent = info.root_dom[iv]
+            previous = substitute(lo, {v: v - 1})
+            step = const_int(simplify(convert(lo) - previous))
+            if step is None or step < 0:
+                raise LowerError(f"{name}: its region along {iv.var.name} does not move forward by a "
+                                 f"constant step per iteration of {loop.var.name} (starts at {lo})")
+            if step:
+                moving.append((d, iv, previous, extent))
+        if len(moving) > 1:
+            raise LowerError(f"{name}: its region slides along several axes "
+                             f"({', '.join(m[1].var.name for m in moving)}); it may roll along one")
+        first = convert(v) == 0
+        if moving:
+            d, iv, previous, extent = moving[0]
+            offsets = list(info.offsets)
+            offsets[d] = _Circular()
+            info.offsets = tuple(offsets)
+            info.checks.append(any_of(first, info.root_value(iv) >= previous + extent))
+        else:
+            info.checks.append(first)       # the same region every iteration: computed once
+        info.hoisted = True
+
     def _flat(self, buf: Buffer, offsets, indices) -> PrimExpr:
         flat, stride = None, 1
         strides = buf.strides or (None,) * len(buf.shape)
         for dim, off, idx, fixed in reversed(list(zip(buf.shape, offsets, indices, strides))):
             stride = stride if fixed is None else fixed
+            if isinstance(off, _Circular):
+                term = floormod(idx, dim) * stride
+                flat = term if flat is None else term + flat
+                stride = stride * dim
+                continue
             term = (idx - off) * stride
             flat = term if flat is None else term + flat
             stride = stride * dim
@@ -415,6 +465,8 @@ class ScheduleLowering:
         out_index = self._flat(info.buffer, info.offsets, [values[iv.var] for iv in op.axis])
         buffers = [info.buffers[k] for k in range(len(info.bodies))]
         checks = [simplify(c) for c in info.checks]
+        if stage.store_predicate is not None:
+            checks.append(simplify(self._to_load(substitute(stage.store_predicate, values))))
         leaves = info.leaves
         body = info.body
         init = None
@@ -445,6 +497,8 @@ class ScheduleLowering:
                 stmt = seq(init, stmt)
             for child in reversed(info.children.get(pos, [])):
                 stmt = seq(self._build(child), stmt)
+                if getattr(child, "hoisted", False):
+                    continue            # a rolling buffer outlives the iterations: see below
                 for k in sorted(child.buffers, reverse=True):
                     stmt = Allocate(child.buffers[k], stmt)
             if pos in by_level:
@@ -456,6 +510,10 @@ class ScheduleLowering:
                 pragmas = stage.pragmas.get(leaf, {})
                 if pragmas.get("unroll_explicit", True) and "auto_unroll_max_step" in pragmas:
                     stmt = _auto_unroll(stmt, pragmas["auto_unroll_max_step"])
+                for child in info.children.get(pos, []):
+                    if getattr(child, "hoisted", False):
+                        for k in sorted(child.buffers, reverse=True):
+                            stmt = Allocate(child.buffers[k], stmt)
         return stmt
 
     def _tensorized(self, info, values, out_index, by_level) -> tuple:
@@ -638,6 +696,13 @@ def _auto_unroll(stmt, max_step: int):
                 parts.append(child)
         return type(s)(*parts), most
     return visit(stmt)[0]
+
+
+class _Circular:
+    """The offset of a rolling buffer's circular dimension: indexed modulo its extent."""
+
+    def __repr__(self):
+        return "circular"
 
 
 def _level(cond, positions: dict) -> int:

@@ -203,30 +203,27 @@ def run(args) -> dict:
                         f"({entry['relative']:.2g} of its scale){top5}")
             else:
                 say(f"onnxruntime  not compared: {check['why']}")
-        say(f"output       {output}; rerun: python -m kernelrpc.model {' '.join(sys.argv[1:])}"
-            if sys.argv[1:] else f"output       {output}")
         say(f"latency      {format_time(bench.median)} median")
+        if not args.json:
+            cli.report_output("kernelrpc model", f"module at {output}", "kernelrpc.model",
+                              args.argv)
     return result
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     cli.setup_logging(args)
-    from .errors import GraphInputError, RPCError
-    from .relay.errors import ModelError
-    from .deploy.toolchain import ToolchainError
-
-    try:
-        result = run(args)
-    except (ModelError, GraphInputError, RPCError, ToolchainError, OSError) as exc:
-        if args.log_level <= logging.DEBUG:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    result = run(args)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     return 0
 
 
+def command() -> int:
+    """The console script: :func:`main` with its errors as one line (cli.run_main)."""
+    return cli.run_main("kernelrpc.model", main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

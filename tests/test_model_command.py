@@ -8,7 +8,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
-from model_zoo import resnet18  # noqa: E402
+from kernelrpc.relay.testing import resnet18  # noqa: E402
 from servicectl import child_env, start_server  # noqa: E402
 
 

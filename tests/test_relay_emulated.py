@@ -11,7 +11,7 @@ from emulated_boards import need_qemu, start_board  # noqa: E402
 from kernelrpc import relay, rpc  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.deploy.toolchain import ToolchainError  # noqa: E402
-from model_zoo import mobilenet_v2, model_input, onnxruntime_outputs  # noqa: E402
+from kernelrpc.relay.testing import mobilenet_v2, model_input, onnxruntime_outputs  # noqa: E402
 from servicectl import Service  # noqa: E402
 
 pytestmark = pytest.mark.cross

@@ -14,7 +14,7 @@ from kernelrpc import relay, rpc  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.contrib.debugger import debug_executor  # noqa: E402
 from kernelrpc.errors import GraphInputError  # noqa: E402
-from model_zoo import (light_model, light_names, mobilenet_v2, model_input,  # noqa: E402
+from kernelrpc.relay.testing import (light_model, light_names, mobilenet_v2, model_input,  # noqa: E402
                        onnxruntime_outputs, resnet18, set_batch)
 from servicectl import start_server  # noqa: E402
 

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import kernelrpc  # noqa: E402
 from kernelrpc import relay  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
-from model_zoo import onnxruntime_outputs  # noqa: E402
+from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
 RNG = np.random.default_rng(7)
 

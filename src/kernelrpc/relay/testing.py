@@ -1,6 +1,9 @@
-"""Test networks: built in code with ``onnx.helper`` and seeded random weights, or the small
-networks the onnx wheel ships (``onnx/backend/test/data/light``) with their constant weights
-replaced by seeded random ones. Nothing is downloaded."""
+"""Networks for tests and benchmarks (TVM's ``relay.testing``), as ONNX models: built in code
+with ``onnx.helper`` and seeded random weights (:func:`resnet18`, :func:`mobilenet_v2` at any
+width and input size), or the small networks the onnx wheel ships for its own tests
+(``onnx/backend/test/data/light``) with their constant weights replaced by seeded random ones
+(:func:`light_model`). Nothing is downloaded. Needs ``onnx`` (``kernelrpc[onnx]``).
+"""
 from __future__ import annotations
 
 import math
@@ -8,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-onnx = __import__("pytest").importorskip("onnx")
+from .frontend.onnx_model import require_onnx
+
+onnx = require_onnx()
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

@@ -1,0 +1,141 @@
+"""Whole networks: import, build, module size, memory plan, and latency on a device server of
+this host next to onnxruntime on the same machine, same threads, in the same run.
+
+    python bench/models.py [--networks resnet18,mobilenet_v2,squeezenet] [--threads 1,2]
+                           [--batch 1] [--number 5] [--repeat 5]
+
+The device is a real device server (``python -m kernelrpc.server``) behind a tracker on
+loopback; its latency is ``default_run`` timed by the module's native loop. onnxruntime runs in
+this process with ``intra_op_num_threads`` set to the same count, timed with the same
+number/repeat, interleaved with kernelrpc's rounds. "layers" is the per-layer profile's sum
+against the end-to-end median (the executor's own cost per layer in the last column).
+Networks: resnet18 and mobilenet_v2 built in code at full width and 224x224, and the networks
+the onnx wheel ships (resnet50, squeezenet, inception_v1, shufflenet, densenet121, vgg19...)
+with seeded random weights. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT = "resnet18,mobilenet_v2,resnet50,squeezenet,inception_v1,shufflenet,densenet121,vgg19"
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--networks", default=DEFAULT)
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--number", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=5)
+    return p.parse_args(argv)
+
+
+def network(name: str, batch: int):
+    from kernelrpc.relay import testing
+
+    if name == "resnet18":
+        return testing.resnet18(batch=batch, size=224, width=1.0, classes=1000)
+    if name == "mobilenet_v2":
+        return testing.mobilenet_v2(batch=batch, size=224, width=1.0, classes=1000)
+    model = testing.light_model(name)
+    return testing.set_batch(model, batch) if batch != 1 else model
+
+
+def ort_seconds(model, feeds, threads, number, repeat):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    session.run(None, feeds)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            session.run(None, feeds)
+        times.append((time.perf_counter() - start) / number)
+    return statistics.median(times), session.run(None, feeds)[0]
+
+
+def main(opts) -> int:
+    import numpy as np
+
+    from kernelrpc import relay
+    from kernelrpc.contrib import graph_executor
+    from kernelrpc.contrib.debugger import debug_executor
+    from kernelrpc import rpc
+    from kernelrpc.deploy.fleet import LocalFleet
+    from kernelrpc.relay.testing import model_input
+
+    threads = [int(t) for t in opts.threads.split(",")]
+    fleet = LocalFleet("bench-models")
+    rows = []
+    try:
+        tracker = rpc.connect_tracker(fleet.host, fleet.port)
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in opts.networks.split(","):
+                model = network(name, opts.batch)
+                feeds = model_input(model)
+                t = time.perf_counter()
+                mod, params = relay.frontend.from_onnx(model)
+                import_s = time.perf_counter() - t
+                t = time.perf_counter()
+                lib = relay.build(mod, target="llvm", params=params)
+                path = lib.export_library(Path(tmp) / f"{name}.so")
+                build_s = time.perf_counter() - t
+                with tracker.request("bench-models", session_timeout=1800) as remote:
+                    remote.upload(str(path))
+                    rlib = remote.load_module(path.name)
+                    dev = remote.cpu(0)
+                    m = graph_executor.GraphModule(rlib["default"](dev))
+                    m.set_input(**feeds)
+                    for n in threads:
+                        m.module.set_num_threads(n)
+                        ours = m.benchmark(dev, number=opts.number, repeat=opts.repeat)
+                        theirs, ref = ort_seconds(model, feeds, n, opts.number, opts.repeat)
+                        m.run()
+                        got = m.get_output(0).numpy()
+                        err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+                        dbg = debug_executor.create(lib.get_graph_json(), rlib, dev)
+                        dbg.set_input(**feeds)
+                        report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
+                        rows.append([name, n, import_s, build_s, path.stat().st_size,
+                                     lib.executor["workspace_bytes"], lib.executor["naive_bytes"],
+                                     ours.median, theirs, err, report.total,
+                                     report.end_to_end.median, report.overhead_per_layer,
+                                     ours.disturbed])
+                        print(f"{name} threads={n}: kernelrpc {ours.median * 1e3:.2f} ms, "
+                              f"onnxruntime {theirs * 1e3:.2f} ms", flush=True)
+    finally:
+        fleet.close()
+    print()
+    print(f"Networks, batch {opts.batch}, float32, median of {opts.repeat} repeats of "
+          f"{opts.number} runs; kernelrpc on a device server of this host")
+    header = ["network", "thr", "import s", "build s", "module MB", "arena MB", "naive MB",
+              "kernelrpc ms", "onnxruntime ms", "ratio", "max err", "layers ms", "e2e ms",
+              "exec/layer us"]
+    table = [header]
+    for (name, n, imp, bld, size, arena, naive, ours, theirs, err, total, e2e, over,
+         disturbed) in rows:
+        table.append([name + (" (DISTURBED)" if disturbed else ""), str(n), f"{imp:.2f}",
+                      f"{bld:.1f}", f"{size / 1e6:.1f}", f"{arena / 1e6:.1f}",
+                      f"{naive / 1e6:.1f}", f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}",
+                      f"{ours / theirs:.2f}x", f"{err:.1e}", f"{total * 1e3:.2f}",
+                      f"{e2e * 1e3:.2f}", f"{over * 1e6:.1f}"])
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for k, r in enumerate(table):
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(_parse()))

@@ -7,7 +7,7 @@ import unittest
 
 import pytest
 
-onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnx")
 
 import onnx.backend.test  # noqa: E402
 

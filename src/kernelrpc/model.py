@@ -123,7 +123,6 @@ def _agreement(model, feeds, outputs, threads) -> dict:
 
 def run(args) -> dict:
     import numpy as np
-    import onnx
 
     from . import relay
     from .contrib import graph_executor

@@ -33,8 +33,7 @@ def group_tensors(group: Group):
 
 
 def _extents(stage):
-    return [int(iv.extent.value) if hasattr(iv.extent, "value") else int(iv.extent)
-            for iv in stage.op.axis]
+    return [int(getattr(iv.extent, "value", iv.extent)) for iv in stage.op.axis]
 
 
 def _parallel_outer(s, stage):

@@ -6,7 +6,7 @@ import numpy as np
 from ... import te
 from ...compiler import expr as E
 from ..errors import ModelError
-from .registry import register
+from .registry import register, static_shape
 
 
 def broadcast_shape(*shapes) -> tuple:
@@ -19,7 +19,7 @@ def broadcast_shape(*shapes) -> tuple:
 
 def broadcast_index(tensor, out_idx):
     """The element of ``tensor`` that numpy broadcasting pairs with output index ``out_idx``."""
-    shape = [int(d.value) if hasattr(d, "value") else int(d) for d in tensor.shape]
+    shape = static_shape(tensor)
     lead = len(out_idx) - len(shape)
     return tensor[tuple(0 if d == 1 else out_idx[lead + k] for k, d in enumerate(shape))] \
         if shape else tensor[()]

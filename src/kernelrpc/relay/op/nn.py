@@ -12,17 +12,13 @@ import numpy as np
 from ... import te
 from ...compiler import expr as E
 from ..errors import ModelError
-from .registry import register
-
-
-def _dims(t):
-    return [int(d.value) if hasattr(d, "value") else int(d) for d in t.shape]
+from .registry import register, static_shape
 
 
 def pad_stage(data, before, after, value=0.0, name="pad", dilation=None):
     """``data`` padded on its trailing spatial dimensions (``before``/``after`` per dimension;
     negative crops). With ``dilation`` (ConvTranspose), ``s - 1`` zeros between input elements."""
-    shape = _dims(data)
+    shape = static_shape(data)
     nsp = len(before)
     lead = len(shape) - nsp
     strides = dilation or [1] * nsp
@@ -76,7 +72,7 @@ def _conv2d_infer(inputs, attrs):
 def _conv2d(ts, attrs, node):
     data, weight = ts[:2]
     _, oc, oh, ow = node.shape
-    _, cg, kh, kw = _dims(weight)
+    _, cg, kh, kw = static_shape(weight)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     g = attrs["groups"]
     padded = pad_stage(data, [pt, pl], [pb, pr], dilation=list(attrs.get("upsample", (1, 1))))
@@ -112,7 +108,7 @@ def _dense_infer(inputs, attrs):
 
 def _dense(ts, attrs, node):
     x, w = ts
-    k = te.reduce_axis((0, _dims(x)[1]), "k")
+    k = te.reduce_axis((0, static_shape(x)[1]), "k")
     return te.compute(node.shape, lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="dense",
                       tag="dense")
 
@@ -132,7 +128,7 @@ def _bmm_infer(inputs, attrs):
 
 def _bmm(ts, attrs, node):
     a, b = ts
-    ad, bd = _dims(a), _dims(b)
+    ad, bd = static_shape(a), static_shape(b)
     k = te.reduce_axis((0, ad[-1]), "k")
     nb = len(node.shape) - 2
 
@@ -177,7 +173,7 @@ def _pool_infer(inputs, attrs):
 
 def _pool(ts, attrs, node):
     x = ts[0]
-    _, _, h, w = _dims(x)
+    _, _, h, w = static_shape(x)
     (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilation"]
     pt, pl, pb, pr = attrs["padding"]
     oh, ow = node.shape[2:]
@@ -221,7 +217,7 @@ def _global_pool_infer(inputs, attrs):
 
 def _global_pool(ts, attrs, node):
     x = ts[0]
-    dims = _dims(x)
+    dims = static_shape(x)
     axes = [te.reduce_axis((0, d), f"r{k}") for k, d in enumerate(dims[2:])]
     if attrs["kind"] == "max":
         return te.compute(node.shape, lambda *i: te.max(x[(i[0], i[1], *axes)], axis=axes),
@@ -243,7 +239,7 @@ register("nn.global_pool", "anchor", _global_pool_infer, _global_pool,
 def _lrn(ts, attrs, node):
     x = ts[0]
     size, alpha, beta, bias = attrs["size"], attrs["alpha"], attrs["beta"], attrs["bias"]
-    c = _dims(x)[1]
+    c = static_shape(x)[1]
     lo = (size - 1) // 2
     r = te.reduce_axis((0, size), "rc")
     dt = x.dtype
@@ -264,9 +260,8 @@ register("nn.lrn", "anchor", lambda inputs, attrs: (inputs[0].shape, inputs[0].d
 
 def _softmax(ts, attrs, node):
     x = ts[0]
-    dims = _dims(x)
+    dims = static_shape(x)
     axis = attrs["axis"]
-    dt = x.dtype
     red_shape = tuple(1 if k == axis else d for k, d in enumerate(dims))
 
     def at(idx, r):
@@ -303,7 +298,7 @@ def _reduce_infer(inputs, attrs):
 
 def _reduce(ts, attrs, node):
     x = ts[0]
-    dims = _dims(x)
+    dims = static_shape(x)
     axes, kind, keep = attrs["axes"], attrs["kind"], attrs["keepdims"]
     raxes = {a: te.reduce_axis((0, dims[a]), f"r{a}") for a in axes}
     reducer = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min}[kind]

@@ -43,6 +43,11 @@ def get(name: str) -> OpDef:
         raise ModelError(f"no operator {name!r} in kernelrpc's operator table") from None
 
 
+def static_shape(tensor) -> list[int]:
+    """A tensor expression's static shape as ints."""
+    return [int(d.value) if hasattr(d, "value") else int(d) for d in tensor.shape]
+
+
 def node_flops(node) -> int:
     op = OPS.get(node.op)
     if op is None or op.flops is None:

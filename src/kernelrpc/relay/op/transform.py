@@ -8,16 +8,12 @@ import numpy as np
 from ... import te
 from ...compiler import expr as E
 from ..errors import ModelError
-from .registry import register
-
-
-def _dims(t):
-    return [int(d.value) if hasattr(d, "value") else int(d) for d in t.shape]
+from .registry import register, static_shape
 
 
 def _reshape(ts, attrs, node):
     x = ts[0]
-    src = _dims(x)
+    src = static_shape(x)
     out = node.shape
 
     def body(*idx):
@@ -74,7 +70,7 @@ def _concat(ts, attrs, node):
     offsets, total = [], 0
     for t in ts:
         offsets.append(total)
-        total += _dims(t)[axis]
+        total += static_shape(t)[axis]
 
     def body(*idx):
         out = None
@@ -132,7 +128,7 @@ def _pad_infer(inputs, attrs):
 
 def _pad(ts, attrs, node):
     x = ts[0]
-    dims = _dims(x)
+    dims = static_shape(x)
     before, mode = attrs["before"], attrs["mode"]
     dt = x.dtype
 
@@ -173,8 +169,8 @@ def _take_infer(inputs, attrs):
 def _take(ts, attrs, node):
     x, ind = ts
     axis = attrs["axis"]
-    nind = len(_dims(ind))
-    size = _dims(x)[axis]
+    nind = len(static_shape(ind))
+    size = static_shape(x)[axis]
 
     def body(*idx):
         j = ind[tuple(idx[axis:axis + nind])] if nind else ind[()]
@@ -226,7 +222,7 @@ def _nearest(coord, mode):
 
 def _resize(ts, attrs, node):
     x = ts[0]
-    dims = _dims(x)
+    dims = static_shape(x)
     (oh, ow), (sh, sw) = attrs["size"], attrs["scales"]
     mode, coord_mode = attrs["mode"], attrs["coordinate_transformation_mode"]
     ih, iw = dims[2], dims[3]

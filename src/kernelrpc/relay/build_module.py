@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import logging
 import shutil
 import tempfile
@@ -40,8 +41,7 @@ EXECUTOR_FORMAT = "kernelrpc.graph"
 EXECUTOR_VERSION = 1
 
 
-def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "default",
-          executor=None, runtime=None):
+def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "default"):
     """Compile a network (TVM's ``relay.build``); returns a
     :class:`GraphExecutorFactoryModule` (``export_library``, ``get_graph_json``,
     ``get_params``, ``["default"]``)."""
@@ -190,13 +190,9 @@ class GraphExecutorFactoryModule:
 
     def get_params(self) -> dict:
         """The weights as the graph names them (``p0``...), after folding; ndarrays."""
-        out = {}
-        for record in self.executor["params"]:
-            n = int(np.prod(record["shape"], dtype=np.int64)) * np.dtype(record["dtype"]).itemsize
-            out[record["name"]] = np.frombuffer(self._blob, dtype=record["dtype"],
-                                                count=n // np.dtype(record["dtype"]).itemsize,
-                                                offset=record["offset"]).reshape(record["shape"])
-        return out
+        return {r["name"]: np.frombuffer(self._blob, dtype=r["dtype"], count=math.prod(r["shape"]),
+                                         offset=r["offset"]).reshape(r["shape"])
+                for r in self.executor["params"]}
 
     def get_lib(self) -> BuiltModule:
         return self.lib

@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernelrpc import runtime  # noqa: E402
 from kernelrpc.errors import ConnectionLost  # noqa: E402
-from kernelrpc.rpc import protocol as P  # noqa: E402
+from kernelrpc.wire import protocol as P  # noqa: E402
 from kernelrpc.rpc.client import RPCSession  # noqa: E402
 from kernelrpc.rpc.remote import Function, KernelFunction  # noqa: E402
 from kernelrpc.rpc.remote import Tensor as RemoteTensor  # noqa: E402
-from kernelrpc.rpc.requests import OPTIONAL_OPS  # noqa: E402
-from kernelrpc.rpc.transport import FramedSocket  # noqa: E402
-from kernelrpc.rpc.values import DeviceValue, FunctionHandle, TensorHandle  # noqa: E402
+from kernelrpc.wire.requests import OPTIONAL_OPS  # noqa: E402
+from kernelrpc.wire.transport import FramedSocket  # noqa: E402
+from kernelrpc.wire.values import DeviceValue, FunctionHandle, TensorHandle  # noqa: E402
 from kernelrpc.server import registry  # noqa: E402
 from kernelrpc.server.config import ServerConfig  # noqa: E402
 from kernelrpc.server.handler import SessionHandler  # noqa: E402

@@ -41,7 +41,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 SERVER = r'''
 import socket, struct, sys, threading
 sys.path.insert(0, sys.argv[1])
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import protocol as P
 from kernelrpc.server import registry
 
 CALL = struct.Struct("<11sQBq")          # a whole one-int CALL: fixed bytes, function id, tag, value
@@ -116,7 +116,7 @@ class FloorFunction:
     def __init__(self, sock: socket.socket, function_id: int) -> None:
         import threading
 
-        from kernelrpc.rpc import protocol as P
+        from kernelrpc.wire import protocol as P
 
         self.function_id, self.lock, self.sendall, self.recv = function_id, threading.Lock(), sock.sendall, sock.recv
         self.pack, self.call_fixed = struct.Struct("<11sQBq").pack, P.encode_call(0, (0,))[:11]

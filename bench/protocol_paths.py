@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kernelrpc.rpc import protocol as P  # noqa: E402
-from kernelrpc.rpc.convert import Converter  # noqa: E402
-from kernelrpc.rpc.requests import from_values  # noqa: E402
-from kernelrpc.rpc import values as V  # noqa: E402
-from kernelrpc.rpc.values import DeviceValue, FunctionHandle, TensorHandle, decode_values  # noqa: E402
+from kernelrpc.wire import protocol as P  # noqa: E402
+from kernelrpc.wire.convert import Converter  # noqa: E402
+from kernelrpc.wire.requests import from_values  # noqa: E402
+from kernelrpc.wire import values as V  # noqa: E402
+from kernelrpc.wire.values import DeviceValue, FunctionHandle, TensorHandle, decode_values  # noqa: E402
 
 
 def pairs():
@@ -72,7 +72,7 @@ def conversions():
     from kernelrpc import runtime
     from kernelrpc.rpc.client import RPCSession
     from kernelrpc.rpc.remote import Tensor as RemoteTensor
-    from kernelrpc.rpc.requests import OPTIONAL_OPS
+    from kernelrpc.wire.requests import OPTIONAL_OPS
     from kernelrpc.server.handler import HandleTable
 
     table = HandleTable()

@@ -33,7 +33,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from kernelrpc.rpc import handshake as hs  # noqa: E402
+from kernelrpc.wire import handshake as hs  # noqa: E402
 from loopback_hop import measure_hop_us  # noqa: E402
 from procs import recv_exactly  # noqa: E402
 

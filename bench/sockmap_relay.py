@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 from bpf_sockmap import Sockmap, SockmapUnavailable  # noqa: E402
 from kernelrpc.errors import ProtocolError  # noqa: E402
-from kernelrpc.rpc import handshake as hs  # noqa: E402
+from kernelrpc.wire import handshake as hs  # noqa: E402
 
 MIB = 1 << 20
 SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)

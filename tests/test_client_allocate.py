@@ -12,10 +12,10 @@ import pytest
 import kernelrpc
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import channel as channel_module
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import protocol as P
 from kernelrpc.rpc.channel import Channel
-from kernelrpc.rpc.requests import CLIENT_IDS_FIRST, CopyTo, ListGlobals, Op
-from kernelrpc.rpc.values import DeviceValue, TensorHandle, decode_values
+from kernelrpc.wire.requests import CLIENT_IDS_FIRST, CopyTo, ListGlobals, Op
+from kernelrpc.wire.values import DeviceValue, TensorHandle, decode_values
 from test_client_api import kernels, server, session  # noqa: F401 (the client tests' server: tensors up to 1 MB)
 
 CPU = DeviceValue("cpu", 0)

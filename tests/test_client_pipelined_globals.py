@@ -10,10 +10,10 @@ import pytest
 import kernelrpc
 from kernelrpc import rpc
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import protocol as P
 from kernelrpc.rpc.channel import Channel
-from kernelrpc.rpc.requests import CLIENT_IDS_FIRST, GlobalAt, ListGlobals, Op
-from kernelrpc.rpc.values import DeviceValue, FunctionHandle
+from kernelrpc.wire.requests import CLIENT_IDS_FIRST, GlobalAt, ListGlobals, Op
+from kernelrpc.wire.values import DeviceValue, FunctionHandle
 from test_client_allocate import assert_ends_the_session, frames_sent, send_and_read_reply
 from test_client_api import server, session  # noqa: F401 (the client tests' server)
 

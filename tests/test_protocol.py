@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernelrpc.errors import ProtocolError, VersionMismatch
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc.values import (DTYPE_BYTES, MAX_DEPTH, DeviceValue, FunctionHandle, ModuleHandle,
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.values import (DTYPE_BYTES, MAX_DEPTH, DeviceValue, FunctionHandle, ModuleHandle,
                                   TensorHandle, TensorValue, decode_values, encode_values)
 
 devices = st.builds(DeviceValue, st.just("cpu"), st.integers(0, 2**31 - 1))

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from test_protocol import devices, dtypes, handles, values
 
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc import requests as R
-from kernelrpc.rpc.values import FunctionHandle, ModuleHandle, TensorHandle, decode_values
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire import requests as R
+from kernelrpc.wire.values import FunctionHandle, ModuleHandle, TensorHandle, decode_values
 
 module_handles = st.builds(ModuleHandle, handles)
 tensor_handles = st.builds(TensorHandle, handles, dtypes, st.lists(st.integers(0, 2**20), max_size=3).map(tuple),

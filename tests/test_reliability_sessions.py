@@ -244,7 +244,7 @@ def test_checked_mode_names_the_call_that_wrote_past_a_tensor(start_service, tmp
 
 
 def test_a_trickling_upload_does_not_hold_the_device(start_service):
-    from kernelrpc.rpc import protocol as P
+    from kernelrpc.wire import protocol as P
 
     server = start_server(start_service, "--io-timeout", "1", "--min-transfer-rate", str(1 << 20))
     slow = rpc.connect(server.host, server.port, key="dev")
@@ -275,8 +275,8 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
     import socket
 
     from kernelrpc.netutil import receive_until
-    from kernelrpc.rpc import handshake as H
-    from kernelrpc.rpc import protocol as P
+    from kernelrpc.wire import handshake as H
+    from kernelrpc.wire import protocol as P
 
     server = start_server(start_service)
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
@@ -300,7 +300,7 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
                                          ("SessionTimeout", kernelrpc.SessionTimeout),
                                          ("ServerShutdown", kernelrpc.ConnectionLost)])
 def test_the_hello_reply_parser_turns_a_notice_into_its_error_byte_by_byte(kind, error):
-    from kernelrpc.rpc import protocol as P
+    from kernelrpc.wire import protocol as P
 
     notice = P.encode_notice(kind, "gone", signal=9 if kind == "ServerCrashed" else None)
     parser = P.HelloReplyParser()

@@ -9,8 +9,8 @@ import pytest
 
 import kernelrpc
 from kernelrpc import rpc
-from kernelrpc.rpc import handshake as H
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import handshake as H
+from kernelrpc.wire import protocol as P
 
 
 def start_server(start_service, *extra):

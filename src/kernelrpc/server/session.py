@@ -27,9 +27,9 @@ import time
 
 from ..errors import ConnectionLost, ProtocolError, VersionMismatch
 from ..netutil import receive_until
-from ..rpc import protocol as P
-from ..rpc.handshake import ParsedKey
-from ..rpc.transport import FramedSocket
+from ..wire import protocol as P
+from ..wire.handshake import ParsedKey
+from ..wire.transport import FramedSocket
 from . import process_tree, registry
 from .config import ServerConfig
 from .handler import SessionHandler, SessionIdle, TransferTooSlow, socket_timed_out

@@ -54,11 +54,12 @@ import sys
 import threading
 import time
 
-from ..rpc import protocol as P
-from ..rpc.handshake import ParsedKey
-from ..rpc.requests import (CLIENT_IDS_FIRST, Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, GlobalAt, Release,
+from ..wire import protocol as P
+from ..wire.handshake import ParsedKey
+from ..wire.profile import encode_profile
+from ..wire.requests import (CLIENT_IDS_FIRST, Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, GlobalAt, Release,
                              Shutdown)
-from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
+from ..wire.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
 from .config import ServerConfig
@@ -183,7 +184,7 @@ def warm_up_server(config: ServerConfig) -> None:
 
 def _evaluator_warm_up() -> str | None:
     try:
-        P.encode_result(P.encode_profile(*evaluator.warm_up()))
+        P.encode_result(encode_profile(*evaluator.warm_up()))
     except Exception as exc:        # noqa: BLE001 (reported, never fatal)
         return f"the time_evaluator warm-up failed: {type(exc).__name__}: {exc}"
     return None

@@ -32,7 +32,7 @@ import socket
 import ssl
 import time
 
-from ..rpc.handshake import ParsedKey
+from ..wire.handshake import ParsedKey
 from .config import ServerConfig
 from . import process_tree
 from . import session as _session

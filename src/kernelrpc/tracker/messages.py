@@ -13,7 +13,7 @@ import dataclasses
 import json
 
 from ..errors import ProtocolError
-from ..rpc.tracker_codec import TrackerCode
+from ..wire.tracker_codec import TrackerCode
 
 MAX_KEY_CHARS = 256
 MAX_MATCHKEY_CHARS = 1024

@@ -17,6 +17,7 @@ from test_protocol import handles, values
 
 from kernelrpc.errors import ProtocolError
 from kernelrpc.wire import protocol as P
+from kernelrpc.wire.hello import _checked_info
 from kernelrpc.wire.convert import Converter
 from kernelrpc.wire.requests import Call, from_values
 from kernelrpc.wire import values as values_module
@@ -309,7 +310,7 @@ def test_the_sessions_conversion_of_a_call_is_the_general_conversion(data):
     from kernelrpc.rpc.remote import Tensor as RemoteTensor
     from kernelrpc.wire.requests import OPTIONAL_OPS
 
-    info = P._checked_info({"ops": sorted(int(op) for op in OPTIONAL_OPS)})
+    info = _checked_info({"ops": sorted(int(op) for op in OPTIONAL_OPS)})
     pairs = [socket.socketpair() for _ in range(2)]
     try:  # conversion never touches the socket: these sessions send nothing
         session, other = (RPCSession(mine, dict(info), "test") for mine, _ in pairs)

@@ -18,7 +18,7 @@ from ..errors import ConnectionLost, ConnectTimeout, ProtocolError
 from ..netutil import receive_until
 from ..runtime.device import Device
 from ..wire import handshake as H
-from ..wire import protocol as P
+from ..wire.hello import HelloReplyParser, encode_hello
 from ..wire.auth import authenticate, resolve_token
 from .channel import Channel
 from ..wire.convert import PLAIN, Converter, tensor_value
@@ -116,8 +116,8 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
             after_auth = authenticate(sock, auth_token, handshake_key.encode(), where)
         reply = _read_until(sock, H.ReplyParser(), where, "handshake", after_auth)
         reply.raise_for_code(where)
-        sock.sendall(P.encode_hello())
-        hello_parser = P.HelloReplyParser()
+        sock.sendall(encode_hello())
+        hello_parser = HelloReplyParser()
         hello = _read_until(sock, hello_parser, where, "version exchange")
     except socket.timeout:
         raise ConnectTimeout(f"{where} did not complete the handshake in time (is it busy with "

@@ -55,6 +55,7 @@ import threading
 import time
 
 from ..wire import protocol as P
+from ..wire.hello import HelloReplyParser, encode_hello
 from ..wire.handshake import ParsedKey
 from ..wire.profile import encode_profile
 from ..wire.requests import (CLIENT_IDS_FIRST, Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, GlobalAt, Release,
@@ -127,7 +128,7 @@ def _warm_up_script() -> list[tuple[bytes, int]]:
                       + P.encode_call(h, (1,)), 1))
         last = h
     return [
-        (P.encode_hello(), 0),                                      # answered apart
+        (encode_hello(), 0),                                      # answered apart
         (P.encode(GetGlobal("testing.echo")), 1),                   # handle 1
         (P.encode_call(1, (1,)), 1), (P.encode_call(1, (0.5,)), 1), (P.encode_call(1, ["text", 2]), 1),
         *again,
@@ -288,7 +289,7 @@ def lower_priority() -> str | None:
 
 def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | None:
     """Why the warm-up's replies are not the script's (or None): a refusal, an error, too few."""
-    parser = P.HelloReplyParser()
+    parser = HelloReplyParser()
     try:
         if parser.feed(data) is None:
             return "no version exchange"

@@ -72,6 +72,22 @@ def kill_group(pid: int) -> None:
             continue
 
 
+def kill_and_reap(pid: int, *, group: bool = True) -> None:
+    """SIGKILL a child of this process (with ``group``, its process group: :func:`kill_group`)
+    and reap it; a child already gone or reaped is no error."""
+    if group:
+        kill_group(pid)
+    else:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
 class SessionProcess:
     """A session child seen from the parent: wait for it, time it out, clean up after it."""
 

@@ -64,7 +64,7 @@ from ..wire.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
 from .config import ServerConfig
-from .session import (SessionProcess, fork_child, kill_group, new_workspace, peer_of, run_session,
+from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, run_session,
                       start_session)
 from .workspace import Workspace
 
@@ -471,11 +471,7 @@ class Spare:
     def kill(self) -> None:
         if self.done:
             return
-        kill_group(self.pid)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        kill_and_reap(self.pid)
         self._close()
 
     def _close(self) -> None:

@@ -10,7 +10,7 @@ from kernelrpc.wire import protocol as P
 from kernelrpc.wire import hello
 from kernelrpc.wire.hello import HelloParser, HelloReplyParser, check_client_version, encode_hello, encode_hello_accept, encode_hello_refuse
 from kernelrpc.wire.values import (DTYPE_BYTES, MAX_DEPTH, DeviceValue, FunctionHandle, ModuleHandle,
-                                  TensorHandle, TensorValue, decode_values, encode_values)
+                                   TensorHandle, TensorValue, decode_values, encode_values)
 
 devices = st.builds(DeviceValue, st.just("cpu"), st.integers(0, 2**31 - 1))
 dtypes = st.sampled_from(sorted(DTYPE_BYTES))

@@ -22,7 +22,7 @@ from kernelrpc.wire.convert import Converter
 from kernelrpc.wire.requests import Call, from_values
 from kernelrpc.wire import values as values_module
 from kernelrpc.wire.values import (DeviceValue, FunctionHandle, TensorHandle, decode_single, decode_values,
-                                  encode_values)
+                                   encode_values)
 
 MAX_FRAME = 4096
 ints = st.integers(-2**63, 2**63 - 1)

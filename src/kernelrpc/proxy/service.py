@@ -12,7 +12,7 @@ from ..errors import HandshakeError
 from ..netutil import bind_first_free
 from ..wire import device_record
 from ..wire.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
-                             encode_reply, parse_key)
+                              encode_reply, parse_key)
 from ..wire.registration import OfferState
 from ..wire.tls import TLSConfig
 from ..runtime.threads import usable_cores

@@ -20,14 +20,14 @@ from ..runtime.device import Device
 from ..wire import handshake as H
 from ..wire.hello import HelloReplyParser, encode_hello
 from ..wire.auth import authenticate, resolve_token
-from .channel import Channel
 from ..wire.convert import PLAIN, Converter, tensor_value
-from .remote import Function, Module, Tensor, TimeEvaluator, byte_view
 from ..wire.tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
-                  is_tls_socket, refused_after_handshake, wrap_client)
+                        is_tls_socket, refused_after_handshake, wrap_client)
 from ..wire.requests import (Array, Download, Empty, GetGlobal, ListDir, ListGlobals, LoadModule, Op, Remove,
-                       Upload)
+                             Upload)
 from ..wire.values import DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, nbytes_of
+from .channel import Channel
+from .remote import Function, Module, Tensor, TimeEvaluator, byte_view
 
 if TYPE_CHECKING:
     import ssl

@@ -468,7 +468,7 @@ def format_summary(info: dict) -> str:
 
 
 #: What ``auth.resolve_token`` and ``tls.TLSConfig.from_env`` read. Where none of them is set,
-#: and no token or TLS is given, neither module is loaded: ``rpc.tls`` imports ``socket``, and a
+#: and no token or TLS is given, neither module is loaded: ``wire.tls`` imports ``socket``, and a
 #: token loads ``hashlib``; tests/test_runtime_imports.py checks that the names agree.
 AUTH_ENVIRONMENT = ("KERNELRPC_AUTH_TOKEN", "KERNELRPC_AUTH_TOKEN_FILE")
 TLS_ENVIRONMENT = ("KERNELRPC_TLS_CA", "KERNELRPC_TLS_CERT", "KERNELRPC_TLS_KEY")

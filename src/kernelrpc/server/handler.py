@@ -24,7 +24,7 @@ from ..wire.convert import PLAIN, Converter, local_tensor
 from ..wire.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
 from ..wire.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from ..wire.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
-                          decode_values, nbytes_of)
+                           decode_values, nbytes_of)
 from ..runtime.module import Function as Kernel
 from ..runtime.module import PreparedCall
 from . import canary, registry

@@ -93,6 +93,12 @@ def test_no_service_imports_the_client(service):
     assert breaches(lambda source, target: not (source == service and target == CLIENT)) == []
 
 
+def test_no_service_imports_another():
+    """The server, the tracker and the proxy meet on the wire only (a limit two of them share,
+    such as the tracker's MAX_PROTOCOL_CHARS, lives in the wire's codec)."""
+    assert breaches(lambda source, target: not (source in SERVICES and target in SERVICES)) == []
+
+
 def test_the_wire_imports_no_service_and_not_the_client():
     assert breaches(lambda source, target: source != WIRE or target in WIRE_MAY_IMPORT) == []
 

@@ -15,7 +15,7 @@ import ssl
 from ..wire import device_record
 from ..wire import registration as R
 from ..wire.handshake import parse_key
-from ..tracker.messages import MAX_PROTOCOL_CHARS
+from ..wire.tracker_codec import MAX_PROTOCOL_CHARS
 from .pairing import Matchmaker, Waiter
 
 logger = logging.getLogger(__name__)

@@ -16,11 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kernelrpc.rpc import protocol as P  # noqa: E402
-from kernelrpc.rpc.convert import Converter  # noqa: E402
-from kernelrpc.rpc.requests import from_values  # noqa: E402
-from kernelrpc.rpc import values as V  # noqa: E402
-from kernelrpc.rpc.values import DeviceValue, FunctionHandle, TensorHandle, decode_values  # noqa: E402
+from kernelrpc.wire import protocol as P  # noqa: E402
+from kernelrpc.wire.hello import _checked_info  # noqa: E402
+from kernelrpc.wire.convert import Converter  # noqa: E402
+from kernelrpc.wire.requests import from_values  # noqa: E402
+from kernelrpc.wire import values as V  # noqa: E402
+from kernelrpc.wire.values import DeviceValue, FunctionHandle, TensorHandle, decode_values  # noqa: E402
 
 
 def pairs():
@@ -72,7 +73,7 @@ def conversions():
     from kernelrpc import runtime
     from kernelrpc.rpc.client import RPCSession
     from kernelrpc.rpc.remote import Tensor as RemoteTensor
-    from kernelrpc.rpc.requests import OPTIONAL_OPS
+    from kernelrpc.wire.requests import OPTIONAL_OPS
     from kernelrpc.server.handler import HandleTable
 
     table = HandleTable()
@@ -82,7 +83,7 @@ def conversions():
     yield ("server: f(a, b)'s tensors", lambda: table.all_from_wire(handles),
            lambda: Converter.all_from_wire(table, handles))
     mine, peer = socket.socketpair()  # the session only converts: nothing is sent
-    session = RPCSession(mine, P._checked_info({"ops": [int(op) for op in OPTIONAL_OPS]}), "bench")
+    session = RPCSession(mine, _checked_info({"ops": [int(op) for op in OPTIONAL_OPS]}), "bench")
     tensors = tuple(RemoteTensor(session, handle) for handle in handles)
     yield ("client: f(a, b)'s tensors", lambda: session.all_to_wire(tensors),
            lambda: Converter.all_to_wire(session, tensors))

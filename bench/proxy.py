@@ -9,23 +9,23 @@ Two levels, each measured direct and through the proxies side by side:
   call round trip and tensor copies to the device and back.
 
 "TVM proxy" rows use ``python -m tvm.exec.rpc_proxy`` when apache-tvm is installed.
-"kernel sockmap" rows use bench/sockmap_relay.py, a bench-only relay through a BPF
-sockhash (Linux, root): it shows what an in-kernel relay would gain, but it has no
-backpressure, which is why the proxy does not use it (docs/proxy.md).
 Targets (issue 5): round trip at most 1.3x direct, 64 MiB copies at least 70% of direct.
-The last line is the floor under any relay in a third process (bench/loopback_hop.py).
+The last line is the floor under any relay in a third process: one loopback TCP hop between
+two polling C processes (needs ``cc``).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import shutil
 import re
 import socket
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,8 +33,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from kernelrpc.rpc import handshake as hs  # noqa: E402
-from loopback_hop import measure_hop_us  # noqa: E402
+from kernelrpc.wire import handshake as hs  # noqa: E402
 from procs import recv_exactly  # noqa: E402
 
 MIB = 1 << 20
@@ -77,16 +76,6 @@ def start_our_proxy(relay: str, prefix: list[str], spin_us: float | None) -> tup
     return proc, (proc.match.group(1), int(proc.match.group(2)))
 
 
-def start_sockmap_relay() -> tuple[Proc, tuple[str, int]] | None:
-    try:
-        proc = Proc([sys.executable, str(Path(__file__).with_name("sockmap_relay.py")), "--serve"],
-                    r"listening on (\S+):(\d+)")
-    except RuntimeError as exc:
-        print(f"kernel sockmap skipped: {exc}")
-        return None
-    return proc, (proc.match.group(1), int(proc.match.group(2)))
-
-
 def start_tvm_proxy() -> tuple[Proc, tuple[str, int]] | None:
     try:
         import tvm  # noqa: F401
@@ -97,6 +86,95 @@ def start_tvm_proxy() -> tuple[Proc, tuple[str, int]] | None:
                  str(port), "--port-end", str(port + 50), "--web-port", "0"],
                 r"client port bind to (\S+):(\d+)", then="Websock port bind")  # logged once it listens
     return proc, (proc.match.group(1), int(proc.match.group(2)))
+
+
+# -- the floor: one loopback hop ---------------------------------------------
+#: The floor: a C client and a C echo process ping-pong 8 bytes over loopback TCP, both polling
+#: their sockets (``recv(MSG_DONTWAIT)`` in a loop) so that no wake-up is measured, only the
+#: kernel's send and receive path. A round trip is two hops; a relay in a third process adds two
+#: more, so ``2 * hop`` is what any user-space proxy adds to a round trip here. Needs ``cc``.
+HOP_SOURCE = r"""
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+static long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+static void poll_recv(int s, char *b) {
+  for (int got = 0; got < 8;) {
+    int n = recv(s, b + got, 8 - got, MSG_DONTWAIT);
+    if (n == 0) exit(0);
+    if (n > 0) got += n;
+  }
+}
+static int cmp(const void *a, const void *b) {
+  long x = *(const long *)a, y = *(const long *)b;
+  return x < y ? -1 : x > y;
+}
+int main(int argc, char **argv) {
+  int one = 1, n = 100000;
+  struct sockaddr_in addr = {AF_INET, 0, {htonl(INADDR_LOOPBACK)}};
+  socklen_t len = sizeof addr;
+  char b[8] = {0};
+  if (argc > 1) { /* client of the echo process on port argv[1] */
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    addr.sin_port = htons(atoi(argv[1]));
+    if (connect(s, (void *)&addr, len)) { perror("connect"); return 1; }
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    long *t = malloc(n * sizeof *t);
+    for (int i = 0; i < n; i++) {
+      long t0 = now_ns();
+      send(s, b, 8, 0);
+      poll_recv(s, b);
+      t[i] = now_ns() - t0;
+    }
+    qsort(t, n, sizeof *t, cmp);
+    printf("%.3f %.3f\n", t[n / 2] / 1e3, t[n * 9 / 10] / 1e3);
+    return 0;
+  }
+  int l = socket(AF_INET, SOCK_STREAM, 0);
+  bind(l, (void *)&addr, len);
+  listen(l, 1);
+  getsockname(l, (void *)&addr, &len);
+  printf("%d\n", ntohs(addr.sin_port));
+  fflush(stdout);
+  int c = accept(l, 0, 0);
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  for (;;) {
+    poll_recv(c, b);
+    send(c, b, 8, 0);
+  }
+}
+"""
+
+
+def measure_hop_us() -> float | None:
+    """Median microseconds per loopback hop (half a polling round trip), or None without cc."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp, "hop.c"), Path(tmp, "hop")
+        src.write_text(HOP_SOURCE)
+        subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+        echo = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+        try:
+            port = echo.stdout.readline().strip()
+            out = subprocess.run([str(exe), port], check=True, capture_output=True, text=True,
+                                 timeout=120).stdout
+        finally:
+            echo.kill()
+            echo.wait()
+    median_rtt_us = float(out.split()[0])
+    return median_rtt_us / 2
 
 
 # -- raw echo device -----------------------------------------------------------
@@ -290,10 +368,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's proxy")
-    p.add_argument("--relay", nargs="+", default=["native", "splice", "sockmap"],
-                   choices=["native", "splice", "copy", "sockmap"],
-                   help="relays to measure: our proxy's modes and the bench-only kernel "
-                        "sockmap relay (default: all)")
+    p.add_argument("--relay", nargs="+", default=["native", "splice"], choices=["native", "splice", "copy"],
+                   help="our proxy's relays to measure (default: native splice)")
     p.add_argument("--raw-only", action="store_true", help="skip the RPC session level")
     p.add_argument("--pin-proxy", metavar="CPUS",
                    help="run our proxies on these CPUs (taskset list); run the bench itself "
@@ -311,13 +387,9 @@ def main() -> None:
     try:
         paths = [("direct", None)]
         for relay in args.relay:
-            if relay == "sockmap":
-                started, name = start_sockmap_relay(), "kernel sockmap"
-            else:
-                started, name = start_our_proxy(relay, proxy_prefix, args.spin_us), f"ours ({relay})"
-            if started:
-                procs.append(started[0])
-                paths.append((name, started[1]))
+            started = start_our_proxy(relay, proxy_prefix, args.spin_us)
+            procs.append(started[0])
+            paths.append((f"ours ({relay})", started[1]))
         tvm = None if args.no_tvm else start_tvm_proxy()
         if tvm:
             procs.append(tvm[0])
@@ -334,7 +406,7 @@ def main() -> None:
             print("\nRPC session level skipped: kernelrpc.server / kernelrpc.rpc.client not available")
         hop = measure_hop_us()
         if hop is not None:
-            print(f"\nfloor (bench/loopback_hop.py): one loopback TCP hop with both ends polling "
+            print(f"\nfloor: one loopback TCP hop with both ends polling "
                   f"costs {hop:.2f} us; a relay adds two hops, {2 * hop:.1f} us, to every round trip")
     finally:
         for proc in procs:

@@ -29,7 +29,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 from procs import recv_exactly  # noqa: E402
 
 MIB = 1 << 20

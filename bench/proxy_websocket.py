@@ -36,7 +36,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from kernelrpc.proxy import websocket as ws
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 
 MIB = 1 << 20
 KEY = "wsbench"
@@ -52,7 +52,7 @@ def tornado_service(config):
     import tornado.websocket
 
     from kernelrpc.proxy.service import ProxyService
-    from kernelrpc.rpc.handshake import PreambleParser
+    from kernelrpc.wire.handshake import PreambleParser
 
     class TornadoPeer:
         """What the service's pairing asks of a connection, for a tornado handler."""

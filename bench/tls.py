@@ -33,7 +33,7 @@ sys.path.insert(0, str(SRC))
 
 from kernelrpc import nd, rpc  # noqa: E402
 from kernelrpc.deploy.launch import Service  # noqa: E402
-from kernelrpc.rpc.tls import TLSConfig  # noqa: E402
+from kernelrpc.wire.tls import TLSConfig  # noqa: E402
 
 
 def make_certificates(directory: str) -> tuple[str, str]:

@@ -135,7 +135,7 @@ class TLSFiles:
         return flags + (["--tls-require-client-cert"] if client_cert else [])
 
     def client(self, *, with_cert: bool = False):
-        from kernelrpc.rpc.tls import TLSConfig
+        from kernelrpc.wire.tls import TLSConfig
 
         return TLSConfig(cafile=self.ca, certfile=self.client_cert if with_cert else None)
 

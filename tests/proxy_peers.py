@@ -7,8 +7,8 @@ import re
 import socket
 import time
 
-from kernelrpc.rpc import handshake as hs
-from kernelrpc.rpc import tracker_codec as tc
+from kernelrpc.wire import handshake as hs
+from kernelrpc.wire import tracker_codec as tc
 from kernelrpc.server.through_proxy import wait_for_pairing
 
 TVM_TRACKER_READY = re.compile(r"bind to (\S+):(\d+)")

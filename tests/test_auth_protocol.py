@@ -1,10 +1,10 @@
-"""The sans-IO challenge-response (rpc/auth.py): right token, wrong token, replay, garbage."""
+"""The sans-IO challenge-response (wire/auth.py): right token, wrong token, replay, garbage."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from kernelrpc.errors import AuthenticationError, ProtocolError
-from kernelrpc.rpc import auth as A
-from kernelrpc.rpc import handshake as H
+from kernelrpc.wire import auth as A
+from kernelrpc.wire import handshake as H
 
 SECRET = b"correct horse battery staple"
 CONTEXT = b"client:rpi4"

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from kernelrpc import AuthenticationError, rpc
-from kernelrpc.rpc import auth as A
-from kernelrpc.rpc import handshake as H
+from kernelrpc.wire import auth as A
+from kernelrpc.wire import handshake as H
 from servicectl import AUTH_TOKEN as TOKEN, child_env
 
 

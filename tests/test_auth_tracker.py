@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from kernelrpc import AuthenticationError, rpc
-from kernelrpc.rpc import auth as A
-from kernelrpc.rpc.tracker_codec import MAGIC_BYTES
+from kernelrpc.wire import auth as A
+from kernelrpc.wire.tracker_codec import MAGIC_BYTES
 from servicectl import AUTH_TOKEN as TOKEN
 from servicectl import child_env
 

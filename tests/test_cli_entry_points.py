@@ -8,7 +8,7 @@ import time
 import pytest
 
 from servicectl import child_env
-from kernelrpc.rpc import handshake as H
+from kernelrpc.wire import handshake as H
 
 ENTRY_POINTS = ["kernelrpc.server", "kernelrpc.tracker", "kernelrpc.proxy", "kernelrpc.query_rpc_tracker"]
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) [\w.]+: ")

@@ -12,10 +12,11 @@ import pytest
 import kernelrpc
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import channel as channel_module
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.hello import HelloReplyParser, encode_hello_accept
 from kernelrpc.rpc.channel import Channel
-from kernelrpc.rpc.requests import CLIENT_IDS_FIRST, CopyTo, ListGlobals, Op
-from kernelrpc.rpc.values import DeviceValue, TensorHandle, decode_values
+from kernelrpc.wire.requests import CLIENT_IDS_FIRST, CopyTo, ListGlobals, Op
+from kernelrpc.wire.values import DeviceValue, TensorHandle, decode_values
 from test_client_api import kernels, server, session  # noqa: F401 (the client tests' server: tensors up to 1 MB)
 
 CPU = DeviceValue("cpu", 0)
@@ -38,7 +39,7 @@ def frames_sent(peer: socket.socket) -> list:
 @pytest.fixture
 def channel():
     ours, peer = socket.socketpair()
-    info = P.HelloReplyParser().feed(P.encode_hello_accept(
+    info = HelloReplyParser().feed(encode_hello_accept(
         {"max_session_bytes": 100, "max_client_tensors": 2, "max_tensor_bytes": 80})).info
     yield Channel(ours, info, "test"), peer
     ours.close()

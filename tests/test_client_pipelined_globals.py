@@ -10,17 +10,18 @@ import pytest
 import kernelrpc
 from kernelrpc import rpc
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.hello import HelloReplyParser, MAX_GLOBALS_LISTED, encode_hello_accept
 from kernelrpc.rpc.channel import Channel
-from kernelrpc.rpc.requests import CLIENT_IDS_FIRST, GlobalAt, ListGlobals, Op
-from kernelrpc.rpc.values import DeviceValue, FunctionHandle
+from kernelrpc.wire.requests import CLIENT_IDS_FIRST, MAX_NAME_BYTES, GlobalAt, ListGlobals, Op
+from kernelrpc.wire.values import DeviceValue, FunctionHandle
 from test_client_allocate import assert_ends_the_session, frames_sent, send_and_read_reply
 from test_client_api import server, session  # noqa: F401 (the client tests' server)
 
 
 def channel_with(info: dict):
     ours, peer = socket.socketpair()
-    return Channel(ours, P.HelloReplyParser().feed(P.encode_hello_accept(info)).info, "test"), ours, peer
+    return Channel(ours, HelloReplyParser().feed(encode_hello_accept(info)).info, "test"), ours, peer
 
 
 @pytest.fixture
@@ -69,18 +70,18 @@ def test_lookups_and_allocations_share_the_ids_and_the_bound():
     {"max_client_tensors": 2, "globals": ["testing.echo"], "ops": [16, 17, 19, 20]},   # no GLOBAL_AT
 ])
 def test_a_server_that_cannot_take_it_gets_a_get_global(info):
-    checked = P.HelloReplyParser().feed(P.encode_hello_accept(info)).info
+    checked = HelloReplyParser().feed(encode_hello_accept(info)).info
     checked["ops"] = info.get("ops", checked["ops"])     # what a server without GLOBAL_AT lists
     ours, peer = socket.socketpair()
     with ours, peer:
         assert Channel(ours, checked, "test").global_at("testing.echo") is None
 
 
-@pytest.mark.parametrize("names", ["testing.echo", [1], ["x" * (P.MAX_NAME_BYTES + 1)],
-                                   ["f"] * (P.MAX_GLOBALS_LISTED + 1)])
+@pytest.mark.parametrize("names", ["testing.echo", [1], ["x" * (MAX_NAME_BYTES + 1)],
+                                   ["f"] * (MAX_GLOBALS_LISTED + 1)])
 def test_the_hello_lists_the_globals_within_bounds(names):
     with pytest.raises(ProtocolError, match="globals is not a list"):
-        P.HelloReplyParser().feed(P.encode_hello_accept({"globals": names}))
+        HelloReplyParser().feed(encode_hello_accept({"globals": names}))
 
 
 def test_get_function_is_pipelined_and_unknown_names_raise_at_once(session):

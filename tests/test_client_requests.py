@@ -8,9 +8,9 @@ import pytest
 import kernelrpc
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import channel as channel_module
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc.requests import Op
-from kernelrpc.rpc.values import DeviceValue, ModuleHandle, TensorHandle
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.requests import Op
+from kernelrpc.wire.values import DeviceValue, ModuleHandle, TensorHandle
 from test_client_api import server, session  # noqa: F401 (the client tests' server: tensors up to 1 MB)
 
 

@@ -40,13 +40,12 @@ def test_bundle_holds_the_device_runtime_and_nothing_of_the_host_side(pyz):
     assert pyz.read_bytes().startswith(b"#!/usr/bin/env python3\n")
     for needed in ("__main__.py", "kernelrpc/server/__main__.py", "kernelrpc/server/registration.py",
                    "kernelrpc/server/through_proxy.py", "kernelrpc/runtime/module.py",
-                   "kernelrpc/runtime/device_info.py", "kernelrpc/rpc/protocol.py"):
+                   "kernelrpc/runtime/device_info.py", "kernelrpc/wire/protocol.py"):
         assert needed in names, needed
     for name in names:
         assert not name.startswith(("kernelrpc/compiler/", "kernelrpc/te/", "kernelrpc/tracker/",
-                                    "kernelrpc/proxy/", "kernelrpc/deploy/")), name
+                                    "kernelrpc/proxy/", "kernelrpc/deploy/", "kernelrpc/rpc/")), name
         assert name.endswith(".py"), name
-    assert "kernelrpc/rpc/client.py" not in names
 
 
 def test_bundle_serves_sessions_without_numpy_or_the_source_tree(pyz, fixture_module, start_service):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from kernelrpc.errors import HandshakeError, ProtocolError
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 
 
 def test_preamble_bytes_match_tvm_capture():

@@ -7,7 +7,7 @@ import pytest
 from conftest import wait_until
 from servicectl import free_port
 from kernelrpc.errors import QueueTimeout
-from kernelrpc.rpc.protocol import VERSION_STRING
+from kernelrpc.wire.protocol import VERSION_STRING
 from kernelrpc.rpc.tracker_client import connect_tracker
 
 TVM_READY = re.compile(r"bind to (\S+):(\d+)")

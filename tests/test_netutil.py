@@ -39,7 +39,7 @@ def test_ipv6_host_gets_an_ipv6_socket():
 
 def test_receive_until_feeds_initial_bytes_then_reads_until_a_whole_message():
     from kernelrpc.netutil import receive_until
-    from kernelrpc.rpc import handshake as hs
+    from kernelrpc.wire import handshake as hs
 
     reply = hs.encode_reply(hs.RPC_CODE_SUCCESS, "server:dev") + b"after"
     a, b = socket.socketpair()
@@ -54,7 +54,7 @@ def test_receive_until_feeds_initial_bytes_then_reads_until_a_whole_message():
 def test_receive_until_names_the_stage_when_the_peer_closes():
     from kernelrpc.errors import ConnectionLost
     from kernelrpc.netutil import receive_until
-    from kernelrpc.rpc import handshake as hs
+    from kernelrpc.wire import handshake as hs
 
     a, b = socket.socketpair()
     with a:

@@ -13,9 +13,10 @@ from hypothesis import given, settings, strategies as st
 import kernelrpc
 from kernelrpc import nd, rpc
 from kernelrpc.rpc import channel as channel_module
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import profile as profile_codec
+from kernelrpc.wire import protocol as P
 from kernelrpc.rpc.remote import Function
-from kernelrpc.rpc.requests import Op
+from kernelrpc.wire.requests import Op
 from kernelrpc.runtime import ProfileResult
 from kernelrpc.runtime import conditions as conditions_module
 
@@ -71,7 +72,7 @@ def test_the_server_lists_the_packed_form_and_the_client_uses_it(session, module
     timer, result, wire = time_addone(session, module)
     assert type(wire) is bytes and b"string" not in wire   # binary times, no target echoed
     check_result(result, module)
-    decoded = P.decode_profile(wire, module.target, "addone")
+    decoded = profile_codec.decode_profile(wire, module.target, "addone")
     assert decoded == via_json(decoded) and decoded.conditions["threads"]
 
 
@@ -141,7 +142,7 @@ conditions_dicts = st.fixed_dictionaries({
 @given(times, st.integers(1, (1 << 63) - 1), st.text(max_size=40), st.none() | conditions_dicts)
 def test_packed_round_trip_equals_the_json_round_trip(results, number, function, conditions):
     result = ProfileResult(results, number, TARGET, function, conditions_module.check_conditions(conditions))
-    decoded = P.decode_profile(P.encode_profile(number, results, conditions), TARGET, function)
+    decoded = profile_codec.decode_profile(profile_codec.encode_profile(number, results, conditions), TARGET, function)
     assert decoded == via_json(result) == result
     assert decoded.results == tuple(results)  # bit for bit
     assert decoded.conditions == conditions_module.check_conditions(conditions)  # exactly, nulls included
@@ -155,14 +156,14 @@ def test_a_measured_result_round_trips_exactly():
     measurement.batch_started()
     conditions = measurement.report()
     assert conditions["threads"]
-    decoded = P.decode_profile(P.encode_profile(4, [1e-6, 2e-6], conditions), TARGET, "f")
+    decoded = profile_codec.decode_profile(profile_codec.encode_profile(4, [1e-6, 2e-6], conditions), TARGET, "f")
     assert decoded.conditions == conditions
 
 
 def test_values_beyond_the_packed_form_are_refused_on_the_device():
     bad = {**CONDITIONS, "threads": [{"tid": 1 << 40, "cpu": 0, "cpu_s": 0.0}]}
     with pytest.raises(ValueError, match="out of the packed form's range"):
-        P.encode_profile(1, [1e-6], bad)
+        profile_codec.encode_profile(1, [1e-6], bad)
     with pytest.raises(ValueError, match="thread number"):
         conditions_module.check_conditions(bad)
 
@@ -209,9 +210,9 @@ def test_a_bad_packed_result_is_a_clear_protocol_error(name):
     body, message = BAD_BODIES[name]
     if name in CHECKED_ON_ARRIVAL:
         with pytest.raises(kernelrpc.ProtocolError, match=message):
-            P.decode_profile(body, TARGET, "f")
+            profile_codec.decode_profile(body, TARGET, "f")
         return
-    result = P.decode_profile(body, TARGET, "f")
+    result = profile_codec.decode_profile(body, TARGET, "f")
     assert result.results == (1e-6, 2e-6) and result.number == 3
     for _ in range(2):   # at the first read of the conditions, and at every read after
         with pytest.raises(kernelrpc.ProtocolError, match=message):
@@ -223,7 +224,7 @@ def test_a_bad_packed_result_is_a_clear_protocol_error(name):
 
 def test_the_conditions_are_decoded_at_their_first_read():
     body = packed(rest=conditions_part())
-    result = P.decode_profile(body, TARGET, "f")
+    result = profile_codec.decode_profile(body, TARGET, "f")
     assert result._conditions is None and result._decode is not None
     assert result.conditions == CONDITIONS
     assert result._decode is None and result.conditions is result.conditions
@@ -234,7 +235,7 @@ def test_the_conditions_are_decoded_at_their_first_read():
 def test_a_pickled_packed_result_carries_its_conditions():
     import pickle
 
-    result = P.decode_profile(packed(rest=conditions_part()), TARGET, "f")
+    result = profile_codec.decode_profile(packed(rest=conditions_part()), TARGET, "f")
     again = pickle.loads(pickle.dumps(result))
     assert again == result and again.conditions == result.conditions
 
@@ -243,7 +244,7 @@ def test_a_pickled_packed_result_carries_its_conditions():
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_decode_or_give_a_protocol_error(data):
     try:
-        result = P.decode_profile(data, TARGET, "f")
+        result = profile_codec.decode_profile(data, TARGET, "f")
         conditions = result.conditions
     except kernelrpc.ProtocolError:
         return
@@ -253,12 +254,12 @@ def test_arbitrary_bytes_decode_or_give_a_protocol_error(data):
 
 @given(times, st.data())
 def test_a_damaged_packed_result_decodes_or_gives_a_protocol_error(results, data):
-    body = bytearray(P.encode_profile(2, results, CONDITIONS))
+    body = bytearray(profile_codec.encode_profile(2, results, CONDITIONS))
     for _ in range(data.draw(st.integers(1, 4))):
         body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(body)))
     try:
-        result = P.decode_profile(bytes(body[:cut]), TARGET, "f")
+        result = profile_codec.decode_profile(bytes(body[:cut]), TARGET, "f")
     except kernelrpc.ProtocolError:
         return
     try:
@@ -271,10 +272,10 @@ def test_a_damaged_packed_result_decodes_or_gives_a_protocol_error(results, data
 
 
 def test_the_packers_kept_per_shape_are_bounded_and_pack_what_the_format_does():
-    P._PROFILE_SHAPES.clear()
-    for repeat in range(1, P._MAX_PROFILE_SHAPES + 10):
+    profile_codec._PROFILE_SHAPES.clear()
+    for repeat in range(1, profile_codec._MAX_PROFILE_SHAPES + 10):
         results = [i * 1e-7 for i in range(repeat)]
-        body = P.encode_profile(3, results, CONDITIONS)
-        assert len(P._PROFILE_SHAPES) <= P._MAX_PROFILE_SHAPES
+        body = profile_codec.encode_profile(3, results, CONDITIONS)
+        assert len(profile_codec._PROFILE_SHAPES) <= profile_codec._MAX_PROFILE_SHAPES
         assert body == packed(3, results, conditions_part(other=0.0, load=0.0))
-        assert P.decode_profile(body, TARGET, "f").conditions == CONDITIONS
+        assert profile_codec.decode_profile(body, TARGET, "f").conditions == CONDITIONS

@@ -6,9 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernelrpc.errors import ProtocolError, VersionMismatch
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc.values import (DTYPE_BYTES, MAX_DEPTH, DeviceValue, FunctionHandle, ModuleHandle,
-                                  TensorHandle, TensorValue, decode_values, encode_values)
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire import hello
+from kernelrpc.wire.hello import HelloParser, HelloReplyParser, check_client_version, encode_hello, encode_hello_accept, encode_hello_refuse
+from kernelrpc.wire.values import (DTYPE_BYTES, MAX_DEPTH, DeviceValue, FunctionHandle, ModuleHandle,
+                                   TensorHandle, TensorValue, decode_values, encode_values)
 
 devices = st.builds(DeviceValue, st.just("cpu"), st.integers(0, 2**31 - 1))
 dtypes = st.sampled_from(sorted(DTYPE_BYTES))
@@ -104,7 +106,7 @@ def test_arbitrary_bytes_raise_only_protocol_error(data):
             pass
     except ProtocolError:
         pass
-    for parser in (P.HelloParser(), P.HelloReplyParser()):
+    for parser in (HelloParser(), HelloReplyParser()):
         try:
             parser.feed(data)
         except ProtocolError:  # VersionMismatch is a ProtocolError too
@@ -154,39 +156,39 @@ def test_nesting_and_layout_are_validated():
 
 def test_tvm_kinitserver_is_recognised_as_tvm():
     captured = bytes.fromhex("1500000000000000 02000000 0500000000000000 302e382e30 00000000")
-    version = P.HelloParser().feed(captured)
+    version = HelloParser().feed(captured)
     assert version == "0.8.0"
     with pytest.raises(VersionMismatch, match="TVM RPC protocol 0.8.0") as info:
-        P.check_client_version(version)
+        check_client_version(version)
     assert info.value.ours == "kernelrpc/1" and info.value.theirs == "0.8.0"
 
 
 def test_hello_exchange_round_trip():
-    parser = P.HelloParser()
-    hello = P.encode_hello()
+    parser = HelloParser()
+    hello = encode_hello()
     assert parser.feed(hello[:5]) is None
     assert parser.feed(hello[5:] + b"\x01") == P.VERSION_STRING
     assert parser.unused == b"\x01"
-    P.check_client_version(P.VERSION_STRING)
-    reply = P.HelloReplyParser().feed(P.encode_hello_accept({"session_timeout": 3}))
+    check_client_version(P.VERSION_STRING)
+    reply = HelloReplyParser().feed(encode_hello_accept({"session_timeout": 3}))
     assert reply.version == P.VERSION_STRING and reply.info["session_timeout"] == 3
 
 
 def test_refusals_name_both_versions(monkeypatch):
     with pytest.raises(VersionMismatch, match="kernelrpc/0"):
-        P.check_client_version("kernelrpc/0")
-    monkeypatch.setattr(P, "VERSION_STRING", "kernelrpc/2")  # a newer server refusing us
+        check_client_version("kernelrpc/0")
+    monkeypatch.setattr(hello, "VERSION_STRING", "kernelrpc/2")  # a newer server refusing us
     with pytest.raises(VersionMismatch) as info:
-        P.check_client_version("kernelrpc/1")
+        check_client_version("kernelrpc/1")
     monkeypatch.undo()
     with pytest.raises(VersionMismatch, match="kernelrpc/2") as seen:
-        P.HelloReplyParser().feed(P.encode_hello_refuse(str(info.value)))
+        HelloReplyParser().feed(encode_hello_refuse(str(info.value)))
     assert seen.value.theirs == "kernelrpc/2" and seen.value.ours == "kernelrpc/1"
     tvm_text = ("Check failed: client_protocol_ver == server_protocol_ver (kernelrpc/1 vs. 0.8.0) : "
                 "Client protocol version mismatch with the server  server protocol=0.8.0, "
                 "client protocol=kernelrpc/1")
     with pytest.raises(VersionMismatch, match="TVM RPC protocol 0.8.0") as seen:
-        P.HelloReplyParser().feed(P.encode_hello_refuse(tvm_text))
+        HelloReplyParser().feed(encode_hello_refuse(tvm_text))
     assert seen.value.theirs == "0.8.0"
 
 
@@ -203,12 +205,12 @@ def test_error_and_notice_frames():
 def test_a_tvm_server_accepting_the_hello_is_a_version_mismatch():
     tvm_accept = bytes.fromhex("0c00000000000000 04000000 01000000 00000000")  # kReturn [None]
     with pytest.raises(VersionMismatch, match="TVM RPC"):
-        P.HelloReplyParser().feed(tvm_accept)
+        HelloReplyParser().feed(tvm_accept)
 
 
 def test_hello_reply_limits_are_validated():
-    bad = P.encode_hello_accept({"max_frame_bytes": -1})
+    bad = encode_hello_accept({"max_frame_bytes": -1})
     with pytest.raises(ProtocolError, match="max_frame_bytes"):
-        P.HelloReplyParser().feed(bad)
-    info = P.HelloReplyParser().feed(P.encode_hello_accept({})).info
+        HelloReplyParser().feed(bad)
+    info = HelloReplyParser().feed(encode_hello_accept({})).info
     assert info["max_frame_bytes"] == P.DEFAULT_MAX_FRAME_BYTES and info["session_timeout"] == 0

@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 from test_protocol import handles, values
 
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc.convert import Converter
-from kernelrpc.rpc.requests import Call, from_values
-from kernelrpc.rpc import values as values_module
-from kernelrpc.rpc.values import (DeviceValue, FunctionHandle, TensorHandle, decode_single, decode_values,
-                                  encode_values)
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.hello import _checked_info
+from kernelrpc.wire.convert import Converter
+from kernelrpc.wire.requests import Call, from_values
+from kernelrpc.wire import values as values_module
+from kernelrpc.wire.values import (DeviceValue, FunctionHandle, TensorHandle, decode_single, decode_values,
+                                   encode_values)
 
 MAX_FRAME = 4096
 ints = st.integers(-2**63, 2**63 - 1)
@@ -307,9 +308,9 @@ def test_the_sessions_conversion_of_a_call_is_the_general_conversion(data):
 
     from kernelrpc.rpc.client import RPCSession
     from kernelrpc.rpc.remote import Tensor as RemoteTensor
-    from kernelrpc.rpc.requests import OPTIONAL_OPS
+    from kernelrpc.wire.requests import OPTIONAL_OPS
 
-    info = P._checked_info({"ops": sorted(int(op) for op in OPTIONAL_OPS)})
+    info = _checked_info({"ops": sorted(int(op) for op in OPTIONAL_OPS)})
     pairs = [socket.socketpair() for _ in range(2)]
     try:  # conversion never touches the socket: these sessions send nothing
         session, other = (RPCSession(mine, dict(info), "test") for mine, _ in pairs)

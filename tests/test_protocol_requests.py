@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from test_protocol import devices, dtypes, handles, values
 
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc import requests as R
-from kernelrpc.rpc.values import FunctionHandle, ModuleHandle, TensorHandle, decode_values
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.hello import HelloReplyParser, encode_hello_accept
+from kernelrpc.wire import requests as R
+from kernelrpc.wire.values import FunctionHandle, ModuleHandle, TensorHandle, decode_values
 
 module_handles = st.builds(ModuleHandle, handles)
 tensor_handles = st.builds(TensorHandle, handles, dtypes, st.lists(st.integers(0, 2**20), max_size=3).map(tuple),
@@ -195,8 +196,8 @@ def test_allocate_needs_one_tensor_handle():
 
 
 def test_the_hello_announces_what_a_pipelined_empty_needs_within_bounds():
-    info = P.HelloReplyParser().feed(P.encode_hello_accept({})).info
+    info = HelloReplyParser().feed(encode_hello_accept({})).info
     assert info["max_session_bytes"] == 0 and info["max_client_tensors"] == 0  # an older server
     for field in ("max_session_bytes", "max_client_tensors"):
         with pytest.raises(ProtocolError, match=field):
-            P.HelloReplyParser().feed(P.encode_hello_accept({field: -1}))
+            HelloReplyParser().feed(encode_hello_accept({field: -1}))

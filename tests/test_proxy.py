@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from conftest import wait_until
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 from proxy_peers import connect, is_closed, offered_matchkey, read_reply, recv_exactly, wait_for_matches
 
 

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from conftest import wait_until
 from kernelrpc.rpc import connect_tracker
-from kernelrpc.rpc import device_record as D
-from kernelrpc.rpc import registration as R
-from kernelrpc.rpc.backoff import Backoff
-from kernelrpc.rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode
+from kernelrpc.wire import device_record as D
+from kernelrpc.wire import registration as R
+from kernelrpc.wire.backoff import Backoff
+from kernelrpc.wire.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode
 from kernelrpc.runtime import device_info
 from proxy_peers import connect, read_reply, start_tvm_proxy, wait_for_matches
 from servicectl import child_env

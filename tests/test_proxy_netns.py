@@ -25,7 +25,7 @@ pytestmark = pytest.mark.netns
 
 PAIRED = r"""
 import os, socket, sys
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
 sock.sendall(hs.encode_preamble("ROLE:nsdev"))
 print("raw ROLE connected", flush=True)

@@ -15,7 +15,7 @@ import pytest
 from kernelrpc.proxy import relays
 from kernelrpc.proxy.relay import SessionRelay
 from kernelrpc.proxy.tls import TLSLayer
-from kernelrpc.rpc.tls import TLSConfig
+from kernelrpc.wire.tls import TLSConfig
 from proxy_peers import recv_exactly
 
 NATIVE = (sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")

@@ -16,9 +16,9 @@ import pytest
 from conftest import wait_until
 from kernelrpc.errors import AuthenticationError
 from kernelrpc.deploy.launch import child_env
-from kernelrpc.rpc import auth as A
-from kernelrpc.rpc.tls import PLAINTEXT_REFUSAL
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import auth as A
+from kernelrpc.wire.tls import PLAINTEXT_REFUSAL
+from kernelrpc.wire import handshake as hs
 from proxy_peers import connect, is_closed, read_reply, recv_exactly, wait_for_matches
 from servicectl import queue, start_tracker
 

@@ -5,7 +5,7 @@ import re
 import signal
 
 from conftest import wait_until
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 from proxy_peers import connect, read_reply, tracker_request, wait_for_matches
 from servicectl import free_port, queue, start_tracker
 

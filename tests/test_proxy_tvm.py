@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import wait_until
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 from proxy_peers import (connect, offered_matchkey, read_reply, recv_exactly, start_tvm_proxy,
                          start_tvm_tracker, tracker_free_slots, tracker_request, wait_for_matches)
 from servicectl import child_env

@@ -13,7 +13,7 @@ from proxy_peers import connect, is_closed, read_reply, recv_exactly
 from servicectl import child_env
 
 from kernelrpc.proxy import websocket as ws
-from kernelrpc.rpc import handshake as hs
+from kernelrpc.wire import handshake as hs
 
 WEB = re.compile(r"\(websocket (ws://(\S+):(\d+)/ws)\)")
 

@@ -1,12 +1,12 @@
-"""The tracker-registration state machine (kernelrpc.rpc.registration) without sockets."""
+"""The tracker-registration state machine (kernelrpc.wire.registration) without sockets."""
 import random
 
 from hypothesis import given, settings, strategies as st
 
-from kernelrpc.rpc import registration as R
-from kernelrpc.rpc.auth import ServiceAuth, AUTH_CONTEXT
-from kernelrpc.rpc.backoff import Backoff
-from kernelrpc.rpc.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, encode_frame
+from kernelrpc.wire import registration as R
+from kernelrpc.wire.auth import ServiceAuth, AUTH_CONTEXT
+from kernelrpc.wire.backoff import Backoff
+from kernelrpc.wire.tracker_codec import MAGIC_BYTES, FrameDecoder, TrackerCode, encode_frame
 
 SUCCESS = encode_frame(TrackerCode.SUCCESS)
 

@@ -244,7 +244,7 @@ def test_checked_mode_names_the_call_that_wrote_past_a_tensor(start_service, tmp
 
 
 def test_a_trickling_upload_does_not_hold_the_device(start_service):
-    from kernelrpc.rpc import protocol as P
+    from kernelrpc.wire import protocol as P
 
     server = start_server(start_service, "--io-timeout", "1", "--min-transfer-rate", str(1 << 20))
     slow = rpc.connect(server.host, server.port, key="dev")
@@ -275,8 +275,8 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
     import socket
 
     from kernelrpc.netutil import receive_until
-    from kernelrpc.rpc import handshake as H
-    from kernelrpc.rpc import protocol as P
+    from kernelrpc.wire import handshake as H
+    from kernelrpc.wire.hello import HelloReplyParser, encode_hello
 
     server = start_server(start_service)
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
@@ -286,11 +286,11 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
         os.kill(child, signal.SIGKILL)
         wait_until(lambda: child not in children(server.proc.pid), what="the session child reaped")
         try:
-            sock.sendall(P.encode_hello())
+            sock.sendall(encode_hello())
         except OSError:
             pass                                       # the notice was sent before the hello
         with pytest.raises(kernelrpc.ServerCrashed, match="signal 9") as info:
-            receive_until(sock, P.HelloReplyParser(), "server", "the version exchange")
+            receive_until(sock, HelloReplyParser(), "server", "the version exchange")
         assert info.value.signal == signal.SIGKILL
     with rpc.connect(server.host, server.port, key="dev", connect_timeout=10) as sess:
         assert sess.get_function("testing.echo")(1) == 1
@@ -300,10 +300,11 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
                                          ("SessionTimeout", kernelrpc.SessionTimeout),
                                          ("ServerShutdown", kernelrpc.ConnectionLost)])
 def test_the_hello_reply_parser_turns_a_notice_into_its_error_byte_by_byte(kind, error):
-    from kernelrpc.rpc import protocol as P
+    from kernelrpc.wire import protocol as P
+    from kernelrpc.wire.hello import HelloReplyParser
 
     notice = P.encode_notice(kind, "gone", signal=9 if kind == "ServerCrashed" else None)
-    parser = P.HelloReplyParser()
+    parser = HelloReplyParser()
     for i in range(len(notice) - 1):
         assert parser.feed(notice[i:i + 1]) is None
     with pytest.raises(error, match="gone"):

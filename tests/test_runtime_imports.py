@@ -40,12 +40,13 @@ def test_a_first_connect_tracker_loads_the_tracker_client_and_two_c_modules(trac
             t.ping()
             assert "queue_info" in t.summary()
     """), before="from kernelrpc import rpc")
-    assert loaded <= {"kernelrpc.rpc.tracker_client", "kernelrpc.rpc.tracker_codec", "kernelrpc.lazylog",
-                      "_socket", "_json"}, loaded
+    assert loaded <= {"kernelrpc.rpc.tracker_client", "kernelrpc.wire", "kernelrpc.wire.tracker_codec",
+                      "kernelrpc.lazylog", "_socket", "_json"}, loaded
 
 
 def test_the_tracker_client_reads_the_auth_and_tls_variables_their_modules_read():
-    from kernelrpc.rpc import auth, tls, tracker_client
+    from kernelrpc.rpc import tracker_client
+    from kernelrpc.wire import auth, tls
 
     assert tracker_client.AUTH_ENVIRONMENT == (auth.ENV_TOKEN, auth.ENV_TOKEN_FILE)
     assert tracker_client.TLS_ENVIRONMENT == (tls.ENV_CA, tls.ENV_CERT, tls.ENV_KEY)
@@ -58,7 +59,7 @@ def test_a_tracker_query_loads_no_numpy_no_session_codec_and_no_openssl(tracker)
         with rpc.connect_tracker({host!r}, {port}) as t:
             assert "queue_info" in t.summary()
     """))
-    assert not loaded & {*HEAVY, "_hashlib", "kernelrpc.rpc.protocol", "kernelrpc.rpc.client",
+    assert not loaded & {*HEAVY, "_hashlib", "kernelrpc.wire.protocol", "kernelrpc.rpc.client",
                          "kernelrpc.runtime"}, loaded
 
 

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from kernelrpc import runtime
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc import requests as R
-from kernelrpc.rpc.values import DeviceValue, TensorHandle
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire import requests as R
+from kernelrpc.wire.values import DeviceValue, TensorHandle
 from kernelrpc.server.config import ServerConfig
 from kernelrpc.server.handler import AllocationFailed, SessionHandler
 

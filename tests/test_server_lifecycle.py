@@ -9,8 +9,9 @@ import pytest
 
 import kernelrpc
 from kernelrpc import rpc
-from kernelrpc.rpc import handshake as H
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import handshake as H
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.hello import encode_hello
 
 
 def start_server(start_service, *extra):
@@ -170,7 +171,7 @@ def test_tvm_client_hello_gets_an_error_naming_both_versions(start_service):
 
 def test_other_kernelrpc_version_gets_an_error_naming_both_versions(start_service):
     server = start_server(start_service)
-    text = _tvm_exception_text(_raw_session(server, P.encode_hello("kernelrpc/0")))
+    text = _tvm_exception_text(_raw_session(server, encode_hello("kernelrpc/0")))
     assert "kernelrpc/1" in text and "kernelrpc/0" in text
 
 

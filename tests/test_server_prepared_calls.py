@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from kernelrpc import runtime
 from kernelrpc.errors import KernelError
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc import requests as R
-from kernelrpc.rpc.values import DeviceValue, FunctionHandle, TensorHandle, TensorValue
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire import requests as R
+from kernelrpc.wire.values import DeviceValue, FunctionHandle, TensorHandle, TensorValue
 from kernelrpc.server.config import ServerConfig
 from kernelrpc.server.handler import SessionHandler
 

@@ -17,7 +17,7 @@ from conftest import wait_until
 from kernelrpc.server.process_tree import children
 from servicectl import gone
 from kernelrpc import nd, rpc
-from kernelrpc.rpc import protocol as P
+from kernelrpc.wire import profile as profile_codec
 from kernelrpc.runtime import evaluator
 from kernelrpc.runtime.conditions import check_conditions
 from kernelrpc.server.spare import decode_handoff, encode_handoff, is_spare
@@ -167,13 +167,13 @@ def test_the_evaluator_warm_up_measures_real_conditions_and_packs_them():
     assert number == 7 and len(results) == 3 and all(r > 0 for r in results)
     assert check_conditions(conditions) == conditions
     assert conditions["cpus"] and any(t["tid"] == threading.get_native_id() for t in conditions["threads"])
-    profile = P.decode_profile(P.encode_profile(number, results, conditions), {}, "warm-up")
+    profile = profile_codec.decode_profile(profile_codec.encode_profile(number, results, conditions), {}, "warm-up")
     assert profile.results == pytest.approx(results) and profile.conditions["cpus"] == conditions["cpus"]
 
 
 QUICKENED_BY_THE_WARM_UP = r"""
 import os, sys
-from kernelrpc.rpc import protocol
+from kernelrpc.wire import protocol
 from kernelrpc.server import handler, session, spare
 from kernelrpc.server.config import ServerConfig
 from kernelrpc.runtime import evaluator

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from kernelrpc.rpc import connect_tracker
-from kernelrpc.rpc.tracker_codec import MAGIC_BYTES, TrackerCode, encode_frame
+from kernelrpc.wire.tracker_codec import MAGIC_BYTES, TrackerCode, encode_frame
 from conftest import wait_until
 from servicectl import SRC, queue, start_server
 
@@ -233,7 +233,7 @@ def test_the_page_is_served_over_https_with_the_trackers_certificate(tls_files):
     import http.client
     import ssl
 
-    from kernelrpc.rpc.tls import TLSConfig
+    from kernelrpc.wire.tls import TLSConfig
     from kernelrpc.tracker import web
     from kernelrpc.tracker.service import TrackerService
 

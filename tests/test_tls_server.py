@@ -10,8 +10,8 @@ import kernelrpc
 from conftest import wait_until
 from servicectl import gone
 from kernelrpc import rpc
-from kernelrpc.rpc import handshake as H
-from kernelrpc.rpc import tls as T
+from kernelrpc.wire import handshake as H
+from kernelrpc.wire import tls as T
 
 TOKEN = "lab-token-0123456789abcdef"
 

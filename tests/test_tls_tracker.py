@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import wait_until
-from kernelrpc.rpc import tls as T
+from kernelrpc.wire import tls as T
 from kernelrpc.rpc.tracker_client import connect_tracker
-from kernelrpc.rpc.tracker_codec import MAGIC_BYTES
+from kernelrpc.wire.tracker_codec import MAGIC_BYTES
 from servicectl import child_env
 
 TOKEN = "lab-token-0123456789abcdef"

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kernelrpc.errors import ProtocolError
-from kernelrpc.rpc import tracker_codec
-from kernelrpc.rpc.tracker_codec import (
+from kernelrpc.wire import tracker_codec
+from kernelrpc.wire.tracker_codec import (
     MAGIC_BYTES,
     Code,
     FrameDecoder,
@@ -124,7 +124,7 @@ def test_encode_json_refuses_what_json_dumps_refuses():
 
 
 def test_tracker_code_is_the_int_enum_of_the_plain_codes():
-    from kernelrpc.rpc.tracker_codec import TrackerCode
+    from kernelrpc.wire.tracker_codec import TrackerCode
 
     assert {c.name: int(c) for c in TrackerCode} == {k: v for k, v in vars(Code).items() if k.isupper()}
     assert TrackerCode(4) is TrackerCode.REQUEST == Code.REQUEST and tracker_codec.TrackerCode is TrackerCode

@@ -10,7 +10,7 @@ import pytest
 from conftest import wait_until
 from kernelrpc.rpc.tracker_client import connect_tracker
 from kernelrpc.runtime import device_info
-from kernelrpc.rpc.registration import State
+from kernelrpc.wire.registration import State
 from kernelrpc.server.registration import TrackerRegistration
 from servicectl import free_port
 

@@ -4,8 +4,8 @@ import socket
 import pytest
 
 from kernelrpc.errors import ConnectionLost
-from kernelrpc.rpc import protocol as P
-from kernelrpc.rpc.transport import FramedSocket
+from kernelrpc.wire import protocol as P
+from kernelrpc.wire.transport import FramedSocket
 
 
 @pytest.fixture

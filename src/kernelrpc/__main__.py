@@ -9,7 +9,7 @@ COMMANDS = {
     "server": "kernelrpc.server",
     "tracker": "kernelrpc.tracker",
     "proxy": "kernelrpc.proxy",
-    "query": "kernelrpc.tracker.query",
+    "query": "kernelrpc.query_rpc_tracker",
 }
 
 USAGE = "usage: kernelrpc {" + ",".join(COMMANDS) + "} [options]   (kernelrpc COMMAND --help for more; -v: version)"

@@ -145,7 +145,7 @@ def security(args: argparse.Namespace, service: str, host: str, exposes: str, *,
     """``(auth_token, tls_config)`` of a service from :func:`add_security_flags`'s flags (see
     :func:`auth_token` and :func:`tls_config`); a service that ``accepts`` TLS connections
     must be able to load its certificate, or it does not start."""
-    from .rpc.tls import TLSConfigError
+    from .wire.tls import TLSConfigError
 
     tls = tls_config(args, service)
     if tls is not None and accepts:
@@ -174,9 +174,9 @@ def add_tls_flags(p: argparse.ArgumentParser, *, accepts: bool = True) -> None:
 
 
 def tls_config(args: argparse.Namespace, service: str):
-    """The process's :class:`~kernelrpc.rpc.tls.TLSConfig` from its flags or the environment
+    """The process's :class:`~kernelrpc.wire.tls.TLSConfig` from its flags or the environment
     (None: TLS off); a configuration that cannot work stops start-up with a message."""
-    from .rpc.tls import TLSConfig, TLSConfigError
+    from .wire.tls import TLSConfig, TLSConfigError
 
     try:
         if args.tls_ca or args.tls_cert or args.tls_key:
@@ -209,7 +209,7 @@ def auth_token(args: argparse.Namespace, service: str, host: str, exposes: str, 
     says what is exposed (``exposes``) and how to turn authentication on (unless ``warn`` is
     False: mutual TLS already admits only peers with a certificate from the lab's CA).
     """
-    from .rpc.auth import ENV_TOKEN, resolve_token
+    from .wire.auth import ENV_TOKEN, resolve_token
 
     try:
         token = resolve_token(None, args.auth_token_file)

@@ -64,7 +64,7 @@ def device_modules() -> dict[str, Path]:
     return found
 
 
-_HOST_ONLY = ("compiler", "te", "deploy", "tracker", "proxy", "nd")
+_HOST_ONLY = ("compiler", "te", "deploy", "tracker", "proxy", "nd", "rpc")
 
 
 def _stdlib_path() -> list[str]:

@@ -16,9 +16,9 @@ import ssl
 
 from ..errors import ProtocolError
 from ..netutil import enable_keepalive
-from ..rpc.auth import ServiceAuth
-from ..rpc.handshake import MAX_KEY_BYTES, PreambleParser
-from ..rpc.tls import PLAINTEXT_REFUSAL
+from ..wire.auth import ServiceAuth
+from ..wire.handshake import MAX_KEY_BYTES, PreambleParser
+from ..wire.tls import PLAINTEXT_REFUSAL
 from . import websocket as ws
 from .tls import PlaintextPeer, TLSLayer
 

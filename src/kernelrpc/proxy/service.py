@@ -10,11 +10,11 @@ import socket
 from ..acceptor import Acceptor, watch
 from ..errors import HandshakeError
 from ..netutil import bind_first_free
-from ..rpc import device_record
-from ..rpc.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
-                             encode_reply, parse_key)
-from ..rpc.registration import OfferState
-from ..rpc.tls import TLSConfig
+from ..wire import device_record
+from ..wire.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
+                              encode_reply, parse_key)
+from ..wire.registration import OfferState
+from ..wire.tls import TLSConfig
 from ..runtime.threads import usable_cores
 from . import relays
 from . import websocket as ws

@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 import ssl
 
-from ..rpc.tls import is_tls_hello
+from ..wire.tls import is_tls_hello
 from .relay import QueuedBuffer
 
 _READ_CHUNK = 256 << 10   # raw bytes read at most at once in the relay

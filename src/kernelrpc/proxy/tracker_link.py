@@ -1,10 +1,10 @@
-"""The proxy's link to a tracker: the asyncio driver of :class:`~kernelrpc.rpc.registration.ProxyRegistration`.
+"""The proxy's link to a tracker: the asyncio driver of :class:`~kernelrpc.wire.registration.ProxyRegistration`.
 
 The machine decides what to send and when (every waiting device one slot, see
 ``docs/proxy.md``, "With a tracker"); this module owns the connection (plain TCP, or TLS
 when the proxy has a TLS configuration) and the one timer, and tells the machine about
 devices that start or stop waiting.  The machine owns the offers' states
-(:class:`~kernelrpc.rpc.registration.OfferState`); the proxy asks it, never stores them.
+(:class:`~kernelrpc.wire.registration.OfferState`); the proxy asks it, never stores them.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import asyncio
 import logging
 import ssl
 
-from ..rpc import device_record
-from ..rpc import registration as R
-from ..rpc.handshake import parse_key
-from ..tracker.messages import MAX_PROTOCOL_CHARS
+from ..wire import device_record
+from ..wire import registration as R
+from ..wire.handshake import parse_key
+from ..wire.tracker_codec import MAX_PROTOCOL_CHARS
 from .pairing import Matchmaker, Waiter
 
 logger = logging.getLogger(__name__)

@@ -25,11 +25,11 @@ from typing import NoReturn
 
 from ..errors import AllocationFailed, ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
 from ..runtime.prefault import prefault
-from . import protocol as P
-from .protocol import NOT_ONE_FRAME, decode_result, decode_result_frame
-from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, GlobalAt, Op, Shutdown
-from .transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
-from .values import FunctionHandle, TensorHandle, decode_values
+from ..wire import protocol as P
+from ..wire.protocol import NOT_ONE_FRAME, decode_result, decode_result_frame
+from ..wire.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, GlobalAt, Op, Shutdown
+from ..wire.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
+from ..wire.values import FunctionHandle, TensorHandle, decode_values
 
 _PROGRESS_CHUNK = 4 << 20
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout

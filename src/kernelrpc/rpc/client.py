@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING
 from ..errors import ConnectionLost, ConnectTimeout, ProtocolError
 from ..netutil import receive_until
 from ..runtime.device import Device
-from . import handshake as H
-from . import protocol as P
-from .auth import authenticate, resolve_token
+from ..wire import handshake as H
+from ..wire.hello import HelloReplyParser, encode_hello
+from ..wire.auth import authenticate, resolve_token
+from ..wire.convert import PLAIN, Converter, tensor_value
+from ..wire.tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
+                        is_tls_socket, refused_after_handshake, wrap_client)
+from ..wire.requests import (Array, Download, Empty, GetGlobal, ListDir, ListGlobals, LoadModule, Op, Remove,
+                             Upload)
+from ..wire.values import DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, nbytes_of
 from .channel import Channel
-from .convert import PLAIN, Converter, tensor_value
 from .remote import Function, Module, Tensor, TimeEvaluator, byte_view
-from .tls import (TLSConfig, check_plaintext_answer, client_context, describe_failure, is_ssl_error,
-                  is_tls_socket, refused_after_handshake, wrap_client)
-from .requests import (Array, Download, Empty, GetGlobal, ListDir, ListGlobals, LoadModule, Op, Remove,
-                       Upload)
-from .values import DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, nbytes_of
 
 if TYPE_CHECKING:
     import ssl
@@ -68,7 +68,7 @@ def connect(host: str, port: int, key: str = "", session_timeout: float = 0, *,
     ``auth_token`` (default: ``$KERNELRPC_AUTH_TOKEN``, or the file ``$KERNELRPC_AUTH_TOKEN_FILE``
     names) is the shared secret of a server started with ``--auth-token-file``; with a token,
     a server that does not prove it knows the same token is refused.
-    ``tls`` (a :class:`~kernelrpc.rpc.tls.TLSConfig` or an ``ssl.SSLContext``; default: from
+    ``tls`` (a :class:`~kernelrpc.wire.tls.TLSConfig` or an ``ssl.SSLContext``; default: from
     ``$KERNELRPC_TLS_CA``/``_CERT``/``_KEY``, else plain TCP) connects over TLS, checking the
     server's certificate against ``host``.
     """
@@ -116,8 +116,8 @@ def open_session(sock: socket.socket, handshake_key: str, where: str,
             after_auth = authenticate(sock, auth_token, handshake_key.encode(), where)
         reply = _read_until(sock, H.ReplyParser(), where, "handshake", after_auth)
         reply.raise_for_code(where)
-        sock.sendall(P.encode_hello())
-        hello_parser = P.HelloReplyParser()
+        sock.sendall(encode_hello())
+        hello_parser = HelloReplyParser()
         hello = _read_until(sock, hello_parser, where, "version exchange")
     except socket.timeout:
         raise ConnectTimeout(f"{where} did not complete the handshake in time (is it busy with "

@@ -14,11 +14,11 @@ from ..runtime.device import Device
 from ..runtime.graph_executor import factory_for
 from ..runtime.tensor import TensorLayout
 from ..runtime.threads import check_num_threads
-from .convert import PLAIN
-from .protocol import decode_profile, encode_call
-from .requests import CopyFrom, CopyTo, GetFunction, Op, TimeEvaluatorPacked
-from .requests import TimeEvaluator as TimeEvaluatorRequest
-from .values import DTYPE_BYTES, DeviceValue, FunctionHandle, ModuleHandle, TensorHandle
+from ..wire.convert import PLAIN
+from ..wire.protocol import encode_call
+from ..wire.requests import CopyFrom, CopyTo, GetFunction, Op, TimeEvaluatorPacked
+from ..wire.requests import TimeEvaluator as TimeEvaluatorRequest
+from ..wire.values import DTYPE_BYTES, DeviceValue, FunctionHandle, ModuleHandle, TensorHandle
 
 
 def byte_view(array) -> memoryview:
@@ -117,7 +117,7 @@ class TimeEvaluator(KernelFunction):
     """The callable ``Module.time_evaluator`` returns: each call runs the timing on the device.
 
     With ``target`` (the module's, from its metadata) the device answers in the packed form
-    (protocol.decode_profile), else in JSON; the ProfileResult is the same either way.
+    (wire/profile.py, loaded with the first such result), else in JSON; the ProfileResult is the same either way.
     """
 
     __slots__ = ("_target",)
@@ -129,6 +129,8 @@ class TimeEvaluator(KernelFunction):
     def __call__(self, *args):
         result = super().__call__(*args)
         if self._target is not None:
+            from ..wire.profile import decode_profile
+
             return decode_profile(result, self._target, self.name)
         from ..runtime import ProfileResult
 

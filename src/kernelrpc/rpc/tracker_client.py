@@ -18,13 +18,13 @@ import time
 from ..errors import (AuthenticationError, ConnectionLost, ConnectTimeout, HandshakeError, ProtocolError, QueueTimeout,
                       ServerCrashed, SessionTimeout, TrackerError)
 from ..lazylog import LazyLogger
-from .tracker_codec import MAGIC_BYTES, Code, FrameDecoder, check_magic, encode_frame
+from ..wire.tracker_codec import MAGIC_BYTES, Code, FrameDecoder, check_magic, encode_frame
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ssl
 
-    from .tls import TLSConfig
+    from ..wire.tls import TLSConfig
 
 log = LazyLogger(__name__)
 
@@ -49,7 +49,7 @@ def connect_tracker(host: str, port: int, connect_timeout: float = 10.0, *,
 
     ``auth_token`` (default: ``$KERNELRPC_AUTH_TOKEN`` or the file ``$KERNELRPC_AUTH_TOKEN_FILE``)
     authenticates to a tracker started with ``--auth-token-file``, and to the servers it hands out.
-    ``tls`` (a :class:`~kernelrpc.rpc.tls.TLSConfig` or an ``ssl.SSLContext``; default: from
+    ``tls`` (a :class:`~kernelrpc.wire.tls.TLSConfig` or an ``ssl.SSLContext``; default: from
     ``$KERNELRPC_TLS_*``, else plain TCP) is used for the tracker and for the servers it hands out.
     """
     return TrackerSession((host, int(port)), connect_timeout=connect_timeout, auth_token=auth_token, tls=tls)
@@ -93,16 +93,16 @@ class TrackerSession:
         where = f"tracker {self.where}"
         try:
             if self._tls is not None:
-                from .tls import wrap_client
+                from ..wire.tls import wrap_client
 
                 sock = wrap_client(sock, self._tls, self.addr[0], where)
             sock.sendall(MAGIC_BYTES)
             echo = b""
             if self._auth_token is not None:
-                from .auth import AUTH_CONTEXT, authenticate
+                from ..wire.auth import AUTH_CONTEXT, authenticate
 
                 if self._tls is None:     # a TLS tracker's refusal, which is no challenge
-                    from .tls import check_plaintext_answer
+                    from ..wire.tls import check_plaintext_answer
 
                     check_plaintext_answer(sock, where)
                 echo = authenticate(sock, self._auth_token, AUTH_CONTEXT, where)
@@ -119,7 +119,7 @@ class TrackerSession:
         except (OSError, ProtocolError) as exc:
             sock.close()
             if self._tls is not None:
-                from .tls import describe_failure, is_ssl_error, refused_after_handshake
+                from ..wire.tls import describe_failure, is_ssl_error, refused_after_handshake
 
                 if is_ssl_error(exc):        # a mutual-TLS refusal arrives on the first read
                     raise describe_failure(exc, where) from None
@@ -134,8 +134,8 @@ class TrackerSession:
 
     def _refused(self, echo: bytes, where: str) -> None:
         """Raise what the peer's answer to the magic (not the magic) means."""
-        from .auth import CHALLENGE_HEAD, refusal_for_unauthenticated
-        from .tls import PLAINTEXT_REFUSAL, refused_after_handshake, requires_tls
+        from ..wire.auth import CHALLENGE_HEAD, refusal_for_unauthenticated
+        from ..wire.tls import PLAINTEXT_REFUSAL, refused_after_handshake, requires_tls
 
         if not echo and self._tls is not None:
             raise refused_after_handshake(where)
@@ -292,8 +292,8 @@ class TrackerSession:
 
     def _wait_for_match(self, key: str, priority: int, deadline: float | None, timeout: float | None,
                         reconnect_timeout: float):
-        from .backoff import Backoff
-        from .version import VERSION_STRING
+        from ..wire.backoff import Backoff
+        from ..wire.version import VERSION_STRING
 
         lost_at = None
         backoff = Backoff(0.05, 1.0, jitter=0.5)
@@ -381,7 +381,7 @@ class TrackerSession:
 
     def _warn_if_unknown(self, key: str) -> None:
         """Best effort: a request never depends on the summary (a tracker may refuse it)."""
-        from .version import VERSION_STRING
+        from ..wire.version import VERSION_STRING
 
         try:
             info = self.summary()
@@ -473,7 +473,7 @@ def format_summary(info: dict) -> str:
 
 
 #: What ``auth.resolve_token`` and ``tls.TLSConfig.from_env`` read. Where none of them is set,
-#: and no token or TLS is given, neither module is loaded: ``rpc.tls`` imports ``socket``, and a
+#: and no token or TLS is given, neither module is loaded: ``wire.tls`` imports ``socket``, and a
 #: token loads ``hashlib``; tests/test_runtime_imports.py checks that the names agree.
 AUTH_ENVIRONMENT = ("KERNELRPC_AUTH_TOKEN", "KERNELRPC_AUTH_TOKEN_FILE")
 TLS_ENVIRONMENT = ("KERNELRPC_TLS_CA", "KERNELRPC_TLS_CERT", "KERNELRPC_TLS_KEY")
@@ -483,7 +483,7 @@ def _resolve_token(auth_token: bytes | str | None) -> bytes | None:
     """``auth.resolve_token(auth_token)``."""
     if auth_token is None and not any(os.environ.get(name) for name in AUTH_ENVIRONMENT):
         return None
-    from .auth import resolve_token
+    from ..wire.auth import resolve_token
 
     return resolve_token(auth_token)
 
@@ -492,7 +492,7 @@ def _client_context(tls: TLSConfig | ssl.SSLContext | None) -> ssl.SSLContext | 
     """``tls.client_context(tls)``."""
     if tls is None and not any(os.environ.get(name) for name in TLS_ENVIRONMENT):
         return None
-    from .tls import client_context
+    from ..wire.tls import client_context
 
     return client_context(tls)
 

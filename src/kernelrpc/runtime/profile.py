@@ -61,7 +61,7 @@ class ProfileResult:
     def decode_conditions_later(self, decode) -> None:
         """Make ``decode()`` (a callable returning the conditions dict) the source of
         :attr:`conditions`, called when they are first read; the packed wire form's decoder
-        (rpc/protocol.py) checks their lengths and counts before it hands them over."""
+        (wire/protocol.py) checks their lengths and counts before it hands them over."""
         self._conditions = None
         self._decode = decode
 

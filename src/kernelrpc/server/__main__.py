@@ -86,7 +86,7 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
         if not host or not port.isdigit() or not args.key:
             parser.error("--tracker takes HOST:PORT and needs --key")
         tracker_addr = (host.strip("[]"), int(port))
-    from ..rpc.protocol import MIN_MAX_FRAME_BYTES
+    from ..wire.protocol import MIN_MAX_FRAME_BYTES
     if args.max_frame_bytes < MIN_MAX_FRAME_BYTES:
         parser.error(f"--max-frame-bytes must be at least {MIN_MAX_FRAME_BYTES}")
     if (args.max_sessions < 1 or args.max_pending < 1 or args.session_timeout < 0 or args.handshake_timeout <= 0

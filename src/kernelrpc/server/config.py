@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..rpc.protocol import DEFAULT_MAX_FRAME_BYTES
-from ..rpc.tls import TLSConfig
+from ..wire.protocol import DEFAULT_MAX_FRAME_BYTES
+from ..wire.tls import TLSConfig
 from .privileges import SessionUser
 
 

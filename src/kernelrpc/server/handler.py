@@ -1,7 +1,7 @@
 """One session's request loop, run inside the session's child process.
 
 Remote objects live in a handle table; the client holds only their ids. Every
-request (rpc/requests.py) is answered with RETURN, ERROR or DATA, except SHUTDOWN
+request (wire/requests.py) is answered with RETURN, ERROR or DATA, except SHUTDOWN
 and RELEASE, which have no reply. A request that does not decode or check out, and
 an exception raised while serving one, become an ERROR frame with the type,
 message and traceback, and the session goes on; only a request whose raw bytes
@@ -18,12 +18,13 @@ import traceback
 
 from .. import runtime
 from ..errors import ConnectionLost, ProtocolError
-from ..rpc import protocol as P
-from ..rpc.convert import PLAIN, Converter, local_tensor
-from ..rpc.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
-from ..rpc.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
-from ..rpc.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
-                          decode_values, nbytes_of)
+from ..wire import protocol as P
+from ..wire.profile import encode_profile
+from ..wire.convert import PLAIN, Converter, local_tensor
+from ..wire.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
+from ..wire.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
+from ..wire.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
+                           decode_values, nbytes_of)
 from ..runtime.module import Function as Kernel
 from ..runtime.module import PreparedCall
 from ..runtime.prefault import prefault
@@ -550,8 +551,8 @@ class SessionHandler:
 
 
 def _packed(timer):
-    """``timer`` answering with its result packed (protocol.encode_profile) instead of JSON."""
-    encode_profile, run = P.encode_profile, timer.run
+    """``timer`` answering with its result packed (wire/profile.py) instead of JSON."""
+    run = timer.run
 
     def packed_timer(*args):
         results, conditions = run(*args)

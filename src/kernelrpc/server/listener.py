@@ -8,7 +8,7 @@ success reply and their session child.
 
 With TLS (``config.tls``) the TLS handshake runs here too, non-blocking and within
 the same deadline, before the RPC handshake; a first byte that cannot start a TLS
-hello gets :data:`~kernelrpc.rpc.tls.PLAINTEXT_REFUSAL`. The session then runs
+hello gets :data:`~kernelrpc.wire.tls.PLAINTEXT_REFUSAL`. The session then runs
 behind a TLS relay process (:mod:`.tls_relay`), so that crash and timeout notices
 still reach the client.
 
@@ -29,9 +29,9 @@ import time
 
 from ..acceptor import Acceptor
 from ..errors import ProtocolError
-from ..rpc import handshake as H
-from ..rpc.auth import ServiceAuth
-from ..rpc.tls import close_gently, is_tls_hello, refuse_plaintext
+from ..wire import handshake as H
+from ..wire.auth import ServiceAuth
+from ..wire.tls import close_gently, is_tls_hello, refuse_plaintext
 from .config import ServerConfig
 from .session import SessionProcess
 from .spare import WARM_UP_WAIT, Spares

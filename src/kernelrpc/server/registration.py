@@ -1,6 +1,6 @@
 """The device server's driver for the tracker-registration state machine.
 
-:mod:`kernelrpc.rpc.registration` decides what to send and when; this module owns the
+:mod:`kernelrpc.wire.registration` decides what to send and when; this module owns the
 non-blocking socket.  The socket sits in the server listener's selector (:meth:`attach`):
 connect completion and tracker replies wake the server's loop, and the loop calls
 :meth:`tick` when :meth:`next_deadline` passes, so a silent tracker costs no wake-ups
@@ -19,16 +19,16 @@ import socket
 import ssl
 import time
 
-from ..rpc import registration as R
-from ..rpc.backoff import Backoff
-from ..rpc.tls import PLAINTEXT_REFUSAL, describe_failure, requires_tls
+from ..wire import registration as R
+from ..wire.backoff import Backoff
+from ..wire.tls import PLAINTEXT_REFUSAL, describe_failure, requires_tls
 from ..runtime import device_info
 
 log = logging.getLogger(__name__)
 
 
 class TrackerRegistration:
-    """Keeps one server registered at a tracker under ``key``; see :mod:`kernelrpc.rpc.registration`."""
+    """Keeps one server registered at a tracker under ``key``; see :mod:`kernelrpc.wire.registration`."""
 
     def __init__(self, tracker_addr: tuple[str, int], key: str, port: int,
                  custom_addr: str | None = None, *, poll_interval: float = 2.0,

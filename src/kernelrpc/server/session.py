@@ -27,9 +27,10 @@ import time
 
 from ..errors import ConnectionLost, ProtocolError, VersionMismatch
 from ..netutil import receive_until
-from ..rpc import protocol as P
-from ..rpc.handshake import ParsedKey
-from ..rpc.transport import FramedSocket
+from ..wire import protocol as P
+from ..wire.hello import HelloParser, check_client_version, encode_hello_accept, encode_hello_refuse
+from ..wire.handshake import ParsedKey
+from ..wire.transport import FramedSocket
 from . import process_tree, registry
 from .config import ServerConfig
 from .handler import SessionHandler, SessionIdle, TransferTooSlow, socket_timed_out
@@ -69,6 +70,22 @@ def kill_group(pid: int) -> None:
             return
         except (ProcessLookupError, PermissionError):
             continue
+
+
+def kill_and_reap(pid: int, *, group: bool = True) -> None:
+    """SIGKILL a child of this process (with ``group``, its process group: :func:`kill_group`)
+    and reap it; a child already gone or reaped is no error."""
+    if group:
+        kill_group(pid)
+    else:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 class SessionProcess:
@@ -391,14 +408,14 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
     if sock.family != socket.AF_UNIX:   # a TLS relay's socketpair has no Nagle to turn off
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(config.handshake_timeout)
-    parser = P.HelloParser()
+    parser = HelloParser()
     try:
         version = receive_until(sock, parser, "the client", "the version exchange", initial, 4096)
-        P.check_client_version(version)
+        check_client_version(version)
     except (VersionMismatch, ProtocolError) as exc:
         log.warning("refusing session: %s", exc)
         try:
-            sock.sendall(P.encode_hello_refuse(str(exc)))
+            sock.sendall(encode_hello_refuse(str(exc)))
         except OSError:
             pass
         return
@@ -414,7 +431,7 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
             "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     conn = FramedSocket(sock, config.max_frame_bytes, parser.unused)
     try:
-        conn.send(P.encode_hello_accept(info))
+        conn.send(encode_hello_accept(info))
         SessionHandler(conn, workspace, config).serve()
     except (SessionIdle, TransferTooSlow) as exc:
         log.warning("session ended: %s", exc)

@@ -54,15 +54,17 @@ import sys
 import threading
 import time
 
-from ..rpc import protocol as P
-from ..rpc.handshake import ParsedKey
-from ..rpc.requests import (CLIENT_IDS_FIRST, Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, GlobalAt, Release,
+from ..wire import protocol as P
+from ..wire.hello import HelloReplyParser, encode_hello
+from ..wire.handshake import ParsedKey
+from ..wire.profile import encode_profile
+from ..wire.requests import (CLIENT_IDS_FIRST, Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, GlobalAt, Release,
                              Shutdown)
-from ..rpc.values import DeviceValue, FunctionHandle, TensorHandle
+from ..wire.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
 from .config import ServerConfig
-from .session import (SessionProcess, fork_child, kill_group, new_workspace, peer_of, run_session,
+from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, run_session,
                       start_session)
 from .workspace import Workspace
 
@@ -126,7 +128,7 @@ def _warm_up_script() -> list[tuple[bytes, int]]:
                       + P.encode_call(h, (1,)), 1))
         last = h
     return [
-        (P.encode_hello(), 0),                                      # answered apart
+        (encode_hello(), 0),                                      # answered apart
         (P.encode(GetGlobal("testing.echo")), 1),                   # handle 1
         (P.encode_call(1, (1,)), 1), (P.encode_call(1, (0.5,)), 1), (P.encode_call(1, ["text", 2]), 1),
         *again,
@@ -183,7 +185,7 @@ def warm_up_server(config: ServerConfig) -> None:
 
 def _evaluator_warm_up() -> str | None:
     try:
-        P.encode_result(P.encode_profile(*evaluator.warm_up()))
+        P.encode_result(encode_profile(*evaluator.warm_up()))
     except Exception as exc:        # noqa: BLE001 (reported, never fatal)
         return f"the time_evaluator warm-up failed: {type(exc).__name__}: {exc}"
     return None
@@ -287,7 +289,7 @@ def lower_priority() -> str | None:
 
 def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | None:
     """Why the warm-up's replies are not the script's (or None): a refusal, an error, too few."""
-    parser = P.HelloReplyParser()
+    parser = HelloReplyParser()
     try:
         if parser.feed(data) is None:
             return "no version exchange"
@@ -469,11 +471,7 @@ class Spare:
     def kill(self) -> None:
         if self.done:
             return
-        kill_group(self.pid)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        kill_and_reap(self.pid)
         self._close()
 
     def _close(self) -> None:

@@ -6,7 +6,7 @@ flags).  The loop (TVM's, ``docs/tvm-wire-formats.md`` section 4.3):
 1. connect to the proxy and send the preamble with
    ``server:KEY -protocol=kernelrpc/1 -device=RECORD`` (TVM's proxy takes the first word; ours
    tells its tracker which clients may have us and what the device is,
-   :mod:`kernelrpc.rpc.device_record`);
+   :mod:`kernelrpc.wire.device_record`);
 2. wait until the proxy pairs us: it answers SUCCESS and the client's full key, whose
    ``-timeout=`` option limits the session;
 3. serve the session in a child process, exactly as for a direct connection (a spare, forked
@@ -15,7 +15,7 @@ flags).  The loop (TVM's, ``docs/tvm-wire-formats.md`` section 4.3):
 
 A MISMATCH means the proxy gave up waiting for a client (its ``--timeout-server``):
 reconnect at once.  Refused or lost connections (the proxy restarts) are retried with
-jittered exponential backoff (:class:`kernelrpc.rpc.backoff.Backoff`), forever; TVM's
+jittered exponential backoff (:class:`kernelrpc.wire.backoff.Backoff`), forever; TVM's
 server gives up after five failures.  A peer that is not a proxy is not retried:
 :class:`NotAProxy` says what answered instead (a device server answers MISMATCH to a
 ``server:`` key at once; other services send no RPC magic).  TCP keepalive notices a
@@ -35,13 +35,13 @@ import time
 
 from ..errors import AuthenticationError, ConnectionLost, HandshakeError, ProtocolError, RPCError
 from ..netutil import enable_keepalive, receive_until
-from ..rpc import device_record
-from ..rpc import handshake as H
-from ..rpc.auth import authenticate
-from ..rpc.backoff import Backoff
-from ..rpc.protocol import VERSION_STRING
+from ..wire import device_record
+from ..wire import handshake as H
+from ..wire.auth import authenticate
+from ..wire.backoff import Backoff
+from ..wire.protocol import VERSION_STRING
 from .config import ServerConfig
-from ..rpc.tls import check_plaintext_answer, describe_failure, wrap_client
+from ..wire.tls import check_plaintext_answer, describe_failure, wrap_client
 from ..runtime import device_info
 from .spare import WARM_UP_WAIT, Spares
 from .tls_relay import LINGER, start_tls_session
@@ -89,7 +89,7 @@ class ProxyLink:
         self.spares.close()
 
     def _check_not_refused(self, sock: socket.socket, where: str) -> None:
-        """A TLS proxy answers a plain device with TLS_REQUIRED (see :mod:`kernelrpc.rpc.tls`)."""
+        """A TLS proxy answers a plain device with TLS_REQUIRED (see :mod:`kernelrpc.wire.tls`)."""
         if self._tls is None:
             check_plaintext_answer(sock, f"proxy {where}")
 

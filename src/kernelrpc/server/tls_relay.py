@@ -32,7 +32,7 @@ import socket
 import ssl
 import time
 
-from ..rpc.handshake import ParsedKey
+from ..wire.handshake import ParsedKey
 from .config import ServerConfig
 from . import process_tree
 from . import session as _session
@@ -80,14 +80,7 @@ class Relay:
         return True
 
     def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        _session.kill_and_reap(self.pid, group=False)
         self._reaped()
 
     def _reaped(self) -> None:

@@ -13,14 +13,13 @@ import dataclasses
 import json
 
 from ..errors import ProtocolError
-from ..rpc.tracker_codec import TrackerCode
+from ..wire.tracker_codec import MAX_PROTOCOL_CHARS, TrackerCode
 
 MAX_KEY_CHARS = 256
 MAX_MATCHKEY_CHARS = 1024
 MAX_ADDR_CHARS = 255
 MAX_INFO_BYTES = 16 * 1024
 MAX_PRIORITY = 1 << 31
-MAX_PROTOCOL_CHARS = 64
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,7 +1,7 @@
 """The tracker's network layer: one asyncio event loop, one protocol object per connection.
 
 Each connection opens with TVM's tracker magic and then carries JSON frames
-(``kernelrpc.rpc.tracker_codec``).  Replies go out as one ``write`` of length and
+(``kernelrpc.wire.tracker_codec``).  Replies go out as one ``write`` of length and
 JSON together, on sockets with TCP_NODELAY, so no reply waits for a delayed ACK.
 All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
 """
@@ -20,9 +20,9 @@ import time
 
 from ..acceptor import Acceptor, watch
 from ..errors import ProtocolError
-from ..rpc.auth import AUTH_CONTEXT, ServiceAuth
-from ..rpc.tls import is_tls_hello, refuse_plaintext
-from ..rpc.tracker_codec import (
+from ..wire.auth import AUTH_CONTEXT, ServiceAuth
+from ..wire.tls import is_tls_hello, refuse_plaintext
+from ..wire.tracker_codec import (
     MAGIC_BYTES,
     FrameDecoder,
     TrackerCode,
@@ -572,7 +572,7 @@ class TLSOpenings:
     ``max_connections_per_host`` meanwhile: at the cap, the host's oldest unfinished opening
     makes room for the new one, so a flood of peers that never finish the handshake holds
     neither descriptors nor slots for long.  A first byte that cannot start a TLS hello
-    (a plain-TCP peer) is answered with :data:`~kernelrpc.rpc.tls.PLAINTEXT_REFUSAL`.
+    (a plain-TCP peer) is answered with :data:`~kernelrpc.wire.tls.PLAINTEXT_REFUSAL`.
     """
 
     def __init__(self, service: TrackerService, context: ssl.SSLContext) -> None:

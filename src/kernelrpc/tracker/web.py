@@ -223,7 +223,7 @@ def make_app(service):
 
 def start(service, host: str, port: int, tls=None):
     """Serve the status page on ``host:port`` (0: the OS chooses) on the running loop, over
-    HTTPS when ``tls`` (a ``kernelrpc.rpc.tls.TLSConfig``, the tracker's own) is given; with the
+    HTTPS when ``tls`` (a ``kernelrpc.wire.tls.TLSConfig``, the tracker's own) is given; with the
     tracker's auth token, every path requires it. Returns ``(http_server, (host, port))``."""
     require_web_extra()
     import tornado.httpserver

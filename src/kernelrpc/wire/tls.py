@@ -13,7 +13,7 @@ three files:
 
 TLS wraps the TCP stream before any kernelrpc or TVM byte, so with TLS off the
 wire formats stay exactly TVM's; with it on, every peer of that service must
-speak TLS too. Authentication (``rpc.auth``) runs inside the TLS stream when
+speak TLS too. Authentication (``wire.auth``) runs inside the TLS stream when
 both are on.
 
 A TLS service tells a peer that speaks plain TCP to it so instead of failing it on

@@ -24,6 +24,9 @@ except ImportError:                 # not CPython: the json module does it all
 
 MAX_FRAME_BYTES = 1 << 20
 """TVM's tracker limit (``MAX_TRACKER_MSG_BYTES``); also ours."""
+MAX_PROTOCOL_CHARS = 64
+"""The longest ``protocol`` a server's UPDATE_INFO may carry (the tracker refuses a longer one;
+the proxy cuts a device's to it)."""
 
 RPC_TRACKER_MAGIC = 0x2F271
 MAGIC_BYTES = RPC_TRACKER_MAGIC.to_bytes(4, "little")

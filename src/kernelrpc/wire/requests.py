@@ -162,7 +162,7 @@ class TimeEvaluator(NamedTuple):
 
 
 class TimeEvaluatorPacked(TimeEvaluator):
-    """TIME_EVALUATOR whose function returns the packed result (protocol.encode_profile)
+    """TIME_EVALUATOR whose function returns the packed result (wire/profile.py)
     rather than JSON: the repeat times and the device conditions in binary, without the
     target and the function name (the client has them)."""
 

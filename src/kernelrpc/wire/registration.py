@@ -20,7 +20,7 @@ The sequence follows TVM's ``rpc_server --tracker`` and ``rpc_proxy --tracker``
    it changes, then one PUT ``[KEY, [port, matchkey], custom_addr]`` per offer;
 3. every ``poll_interval`` GET_PENDING_MATCHKEYS;
 4. any failure disconnects and reconnects after a jittered exponential backoff
-   (:class:`~kernelrpc.rpc.backoff.Backoff`), so registrations come back by themselves after
+   (:class:`~kernelrpc.wire.backoff.Backoff`), so registrations come back by themselves after
    a tracker restart.
 
 Each offer (:class:`Offer`) is in one :class:`OfferState`.  One match-key rule for server

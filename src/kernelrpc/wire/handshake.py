@@ -113,6 +113,29 @@ class _Parser:
             return None
         return bytes(self._buf[:n])
 
+    def _head(self, data, what: str) -> int | None:
+        """Take ``data``; the message's leading i32 once its four bytes are here."""
+        if self._done:
+            raise ProtocolError(f"{what} already parsed")
+        self._buf += data
+        head = self._take(4)
+        return None if head is None else _I32.unpack(head)[0]
+
+    def _text(self, what: str) -> bytes | None:
+        """The length-prefixed bytes after the leading i32 once they are all here (the message
+        is then finished); the length is checked against MAX_KEY_BYTES first."""
+        raw_len = self._take(8)
+        if raw_len is None:
+            return None
+        n = _I32.unpack(raw_len[4:])[0]
+        if n < 0 or n > MAX_KEY_BYTES:
+            raise ProtocolError(f"{what} length {n} is outside [0, {MAX_KEY_BYTES}]")
+        raw = self._take(8 + n)
+        if raw is None:
+            return None
+        self._finish(8 + n)
+        return raw[8:]
+
     def _finish(self, consumed: int):
         self.unused = bytes(self._buf[consumed:])
         self._buf.clear()
@@ -123,29 +146,18 @@ class PreambleParser(_Parser):
     """Parses ``magic, len, key``. ``feed`` returns the key text once complete, else None."""
 
     def feed(self, data: bytes) -> str | None:
-        if self._done:
-            raise ProtocolError("preamble already parsed")
-        self._buf += data
-        head = self._take(4)
-        if head is None:
+        magic = self._head(data, "preamble")
+        if magic is None:
             return None
-        if _I32.unpack(head)[0] != RPC_MAGIC:
+        if magic != RPC_MAGIC:
             raise ProtocolError(f"bad handshake magic: peer is {_describe_foreign_magic(bytes(self._buf))}")
-        raw_len = self._take(8)
-        if raw_len is None:
-            return None
-        n = _I32.unpack(raw_len[4:])[0]
-        if n < 0 or n > MAX_KEY_BYTES:
-            raise ProtocolError(f"handshake key length {n} is outside [0, {MAX_KEY_BYTES}]")
-        raw = self._take(8 + n)
+        raw = self._text("handshake key")
         if raw is None:
             return None
         try:
-            key = raw[8:].decode()
+            return raw.decode()
         except UnicodeDecodeError:
             raise ProtocolError("handshake key is not valid UTF-8") from None
-        self._finish(8 + n)
-        return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,13 +186,9 @@ class ReplyParser(_Parser):
     """Parses the accepting side's answer; ``feed`` returns a :class:`Reply` once complete."""
 
     def feed(self, data: bytes) -> Reply | None:
-        if self._done:
-            raise ProtocolError("reply already parsed")
-        self._buf += data
-        head = self._take(4)
-        if head is None:
+        code = self._head(data, "reply")
+        if code is None:
             return None
-        code = _I32.unpack(head)[0]
         if code == AUTH_CHALLENGE:
             raise refusal_for_unauthenticated("the server")
         if code != RPC_CODE_SUCCESS:
@@ -188,14 +196,5 @@ class ReplyParser(_Parser):
                 raise ProtocolError(f"bad handshake reply: peer is {_describe_foreign_magic(bytes(self._buf))}")
             self._finish(4)
             return Reply(code)
-        raw_len = self._take(8)
-        if raw_len is None:
-            return None
-        n = _I32.unpack(raw_len[4:])[0]
-        if n < 0 or n > MAX_KEY_BYTES:
-            raise ProtocolError(f"handshake reply key length {n} is outside [0, {MAX_KEY_BYTES}]")
-        raw = self._take(8 + n)
-        if raw is None:
-            return None
-        self._finish(8 + n)
-        return Reply(code, raw[8:].decode(errors="replace"))
+        raw = self._text("handshake reply key")
+        return None if raw is None else Reply(code, raw.decode(errors="replace"))

@@ -124,6 +124,22 @@ def test_network_on_a_device_of_a_tracker(start_service, tracker, tmp_path, mobi
         assert remote.get_function("testing.echo")(5) == 5     # the session goes on
 
 
+def test_a_network_larger_than_the_device_allows_says_what_it_needs(start_service, mobilenet,
+                                                                     tmp_path):
+    from kernelrpc.errors import NetworkTooLarge
+
+    _, lib = mobilenet
+    server = start_service("kernelrpc.server", ["--port", "0", "--key", "small",
+                                                "--max-session-bytes", "1000000"])
+    path = lib.export_library(tmp_path / "net.so")
+    with rpc.connect(server.host, server.port, key="small") as remote:
+        remote.upload(str(path))
+        rlib = remote.load_module("net.so")
+        with pytest.raises(NetworkTooLarge, match="MB weights.*--max-session-bytes"):
+            rlib["default"](remote.cpu(0))
+        assert remote.get_function("testing.echo")(1) == 1
+
+
 def test_set_input_checks_name_shape_and_dtype(mobilenet):
     _, lib = mobilenet
     m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))

@@ -105,3 +105,8 @@ class KernelError(RuntimeError):
 class GraphInputError(ValueError):
     """A value given to a network (``set_input``) has an unknown name or the wrong shape or
     dtype; the message says what the network expects."""
+
+
+class NetworkTooLarge(MemoryError):
+    """A network's tensors (inputs, outputs, weights, activations) do not fit in what the device
+    allows; the message gives each part's size and the device's own refusal."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..errors import GraphInputError, ModuleError
+from ..errors import GraphInputError, ModuleError, NetworkTooLarge, RemoteError
 from .dtype import DTYPES, MAX_NDIM
 
 FORMAT = "kernelrpc.graph"
@@ -73,13 +73,18 @@ class GraphExecutor:
             dev = cpu(0)
         self.module, self.plan, self.device = module, plan, dev
         self.input_names = [t["name"] for t in plan["inputs"]]
-        self._inputs = [_empty(t["shape"], t["dtype"], dev) for t in plan["inputs"]]
-        self._outputs = [_empty(t["shape"], t["dtype"], dev) for t in plan["outputs"]]
-        self._params = _empty([max(plan["params_bytes"], 1)], "uint8", dev)
-        self._workspace = _empty([max(plan["workspace_bytes"], 1)], "uint8", dev)
-        self._params_by_name = {p["name"]: p for p in plan["params"]}
-        self._run = module.get_function("default_run")
-        module.get_function("default_load_params")(self._params)
+        try:
+            self._inputs = [_empty(t["shape"], t["dtype"], dev) for t in plan["inputs"]]
+            self._outputs = [_empty(t["shape"], t["dtype"], dev) for t in plan["outputs"]]
+            self._params = _empty([max(plan["params_bytes"], 1)], "uint8", dev)
+            self._workspace = _empty([max(plan["workspace_bytes"], 1)], "uint8", dev)
+            self._params_by_name = {p["name"]: p for p in plan["params"]}
+            self._run = module.get_function("default_run")
+            module.get_function("default_load_params")(self._params)
+        except (MemoryError, RemoteError) as exc:
+            if isinstance(exc, RemoteError) and exc.type_name != "MemoryError":
+                raise
+            raise NetworkTooLarge(self._too_large(exc)) from exc
 
     # ---------------------------------------------------------------- TVM's GraphModule API
     @property
@@ -171,6 +176,19 @@ class GraphExecutor:
         return [ns / number / 1e9 for ns in nanos[:len(self.plan["kernels"])]]
 
     # ---------------------------------------------------------------- helpers
+    def _too_large(self, exc) -> str:
+        plan = self.plan
+        io = sum(math.prod(t["shape"]) * DTYPES[t["dtype"]].itemsize
+                 for t in plan["inputs"] + plan["outputs"])
+        total = io + plan["params_bytes"] + plan["workspace_bytes"]
+        reason = getattr(exc, "remote_message", None) or str(exc)
+        return (f"the network needs {total / 1e6:.1f} MB on {self.device} ({io / 1e6:.1f} MB "
+                f"inputs and outputs, {plan['params_bytes'] / 1e6:.1f} MB weights, "
+                f"{plan['workspace_bytes'] / 1e6:.1f} MB activations) and the device refused: "
+                f"{reason.splitlines()[0] if reason else exc!r} (raise the server's "
+                "--max-session-bytes / --max-tensor-bytes, or build with a smaller batch)")
+
+
     def _input_position(self, key) -> int:
         if isinstance(key, str):
             if key not in self.input_names:

@@ -57,9 +57,9 @@ class Attrs:
         return [int(v) for v in value] if value is not None else None
 
     def done(self):
-        extra = sorted(set(self._values) - self._read)
+        extra = sorted(map(str, set(self._values) - self._read))
         if extra:
-            raise Unsupported(f"attribute(s) {', '.join(extra)} not implemented")
+            raise Unsupported(f"attribute(s) {', '.join(map(str, extra))} not implemented")
 
 
 class Context:
@@ -155,6 +155,7 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
                                  "no earlier node, input or initializer defines (the graph is not "
                                  "in topological order or is incomplete)")
             args.append(ctx.values[name])
+        onnx_model.check_node_form(node, opset, f"node {ctx.node_name!r} ({node.op_type})")
         attrs = Attrs(node)
         try:
             outputs = CONVERTERS[node.op_type](ctx, args, attrs)
@@ -266,9 +267,11 @@ def _spatial_pads(attrs, in_shape, kernel, strides, dilations, what):
     return begin + end
 
 
-def _positive(values, what):
-    if any(v <= 0 for v in values):
-        raise ModelError(f"{what} {values} must be positive")
+def _pair(attrs, name, default, lo=1):
+    """A 2-D attribute (strides, dilations, kernel_shape...): two integers of at least ``lo``."""
+    values = attrs.ints(name, default)
+    if values is None or len(values) != 2 or any(v < lo for v in values):
+        raise ModelError(f"{name} {values} must be two integers of at least {lo}")
     return values
 
 
@@ -278,11 +281,13 @@ def _conv(ctx, args, attrs):
     if len(x.shape) != 4:
         raise Unsupported(f"only 2-D convolution (4-D input) is implemented, input is "
                           f"{list(x.shape)}")
-    kernel = attrs.ints("kernel_shape", list(w.shape[2:]))
+    if len(w.shape) != 4:
+        raise ModelError(f"the weight of a 2-D convolution must be 4-D, got {list(w.shape)}")
+    kernel = _pair(attrs, "kernel_shape", list(w.shape[2:]))
     if list(kernel) != list(w.shape[2:]):
         raise ModelError(f"kernel_shape {kernel} does not match the weight {list(w.shape)}")
-    strides = _positive(attrs.ints("strides", [1, 1]), "strides")
-    dilations = _positive(attrs.ints("dilations", [1, 1]), "dilations")
+    strides = _pair(attrs, "strides", [1, 1])
+    dilations = _pair(attrs, "dilations", [1, 1])
     groups = int(attrs.get("group", 1))
     if groups <= 0:
         raise ModelError(f"group {groups} must be positive")
@@ -305,13 +310,15 @@ def _conv_transpose(ctx, args, attrs):
     if groups <= 0 or c % groups or c != x.shape[1]:
         raise ModelError(f"weight {list(weight.shape)}, {x.shape[1]} input channels and "
                          f"group={groups} do not agree")
-    kernel = attrs.ints("kernel_shape", [kh, kw])
+    kernel = _pair(attrs, "kernel_shape", [kh, kw])
     if list(kernel) != [kh, kw]:
         raise ModelError(f"kernel_shape {kernel} does not match the weight")
-    strides = _positive(attrs.ints("strides", [1, 1]), "strides")
-    dilations = _positive(attrs.ints("dilations", [1, 1]), "dilations")
-    out_pad = attrs.ints("output_padding", [0, 0])
+    strides = _pair(attrs, "strides", [1, 1])
+    dilations = _pair(attrs, "dilations", [1, 1])
+    out_pad = _pair(attrs, "output_padding", [0, 0], lo=0)
     out_shape = attrs.ints("output_shape", None)
+    if out_shape is not None and (len(out_shape) not in (2, 4) or min(out_shape) <= 0):
+        raise ModelError(f"output_shape {out_shape} must be 2 (or 4) positive integers")
     auto = attrs.get("auto_pad", "NOTSET")
     pads = attrs.ints("pads", [0, 0, 0, 0])
     if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
@@ -504,11 +511,9 @@ def _pool(ctx, args, attrs, kind):
     x = args[0]
     if len(x.shape) != 4:
         raise Unsupported(f"only 2-D pooling (4-D input) is implemented, input is {list(x.shape)}")
-    kernel = _positive(attrs.ints("kernel_shape", None) or [], "kernel_shape")
-    if len(kernel) != 2:
-        raise ModelError(f"kernel_shape {kernel} must have 2 entries")
-    strides = _positive(attrs.ints("strides", [1, 1]), "strides")
-    dilations = _positive(attrs.ints("dilations", [1, 1]), "dilations")
+    kernel = _pair(attrs, "kernel_shape", None)
+    strides = _pair(attrs, "strides", [1, 1])
+    dilations = _pair(attrs, "dilations", [1, 1])
     pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dilations, ctx.op_type)
     ceil = int(attrs.get("ceil_mode", 0))
     include = int(attrs.get("count_include_pad", 0)) if kind == "avg" else 0

@@ -88,17 +88,13 @@ def tensor_value(proto, where: str) -> np.ndarray:
     dims = list(proto.dims)
     if any(d < 0 for d in dims):
         raise ModelError(f"{where}: negative dimension in {dims}")
-    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(proto.data_type)).itemsize \
-        if proto.data_type else 0
-    if int(np.prod(dims, dtype=np.float64)) * max(itemsize, 1) > MAX_TENSOR_BYTES:
+    itemsize = np.dtype(elem_dtype(proto.data_type, where)).itemsize
+    if int(np.prod(dims, dtype=np.float64)) * itemsize > MAX_TENSOR_BYTES:
         raise ModelError(f"{where}: tensor of shape {dims} is larger than {MAX_TENSOR_BYTES} bytes")
     try:
         value = numpy_helper.to_array(proto)
     except (ValueError, TypeError, KeyError) as exc:
         raise ModelError(f"{where}: tensor data is malformed: {exc}") from None
-    if value.dtype.name not in DTYPES:
-        raise ModelError(f"{where}: dtype {value.dtype} is not supported "
-                         f"(supported: {', '.join(DTYPES)})")
     return value
 
 
@@ -148,3 +144,39 @@ def input_shape(value_info, given) -> tuple:
                 f"--input {name}=1,3,224,224)")
         shape.append(int(d.dim_value))
     return tuple(shape)
+
+
+def check_node_form(node, opset: int, where: str) -> None:
+    """The node has the inputs, outputs and attribute types its operator's ONNX schema
+    defines (the counts, every required input and attribute present, each attribute of its
+    declared type), so that no converter meets a node of another shape."""
+    from onnx import defs
+
+    try:
+        schema = defs.get_schema(node.op_type, opset)
+    except defs.SchemaError:
+        raise ModelError(f"{where}: ONNX opset {opset} defines no operator {node.op_type}") from None
+    count = len(node.input)
+    if not schema.min_input <= count <= schema.max_input:
+        raise ModelError(f"{where}: {node.op_type} takes {schema.min_input} to "
+                         f"{schema.max_input} inputs, the node has {count}")
+    if not schema.min_output <= len(node.output) <= schema.max_output:
+        raise ModelError(f"{where}: {node.op_type} has {schema.min_output} to "
+                         f"{schema.max_output} outputs, the node {len(node.output)}")
+    single = defs.OpSchema.FormalParameterOption.Single
+    for k, formal in enumerate(schema.inputs[:count]):
+        if formal.option == single and not node.input[k]:
+            raise ModelError(f"{where}: required input {k} ({formal.name}) is missing")
+    seen = set()
+    for attr in node.attribute:
+        if attr.name in seen:
+            raise ModelError(f"{where}: attribute {attr.name!r} appears twice")
+        seen.add(attr.name)
+        spec = schema.attributes.get(attr.name)
+        if spec is not None and attr.type != spec.type:
+            raise ModelError(f"{where}: attribute {attr.name!r} is of type {attr.type}, "
+                             f"{node.op_type} defines type {int(spec.type)}")
+    for name, spec in schema.attributes.items():
+        if spec.required and name not in seen:
+            raise ModelError(f"{where}: required attribute {name!r} is missing")
+

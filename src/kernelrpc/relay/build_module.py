@@ -32,7 +32,7 @@ from .executor_codegen import entry_source, params_source
 from .fuse import partition
 from .graph_json import graph_json
 from .memory_plan import plan_memory
-from .schedule import group_tensors, schedule_group
+from .schedule import group_tensors, schedule_group, tiles_for
 from .transform import optimize
 
 log = logging.getLogger("kernelrpc.relay")
@@ -57,6 +57,7 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
     func = _outputs_computed(func)
     groups = partition(func)
     plan = plan_memory(groups, func.inputs, func.outputs)
+    tiles = tiles_for(target)
     kernels, names, calls, records = {}, [], [], []
     primfuncs = []
     for index, group in enumerate(groups):
@@ -64,7 +65,7 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
         if key not in kernels:
             fname = f"k{len(kernels)}_{group.name[6:]}"[:200]
             placeholders, out, anchor = group_tensors(group)
-            s = schedule_group(group, out, anchor)
+            s = schedule_group(group, out, anchor, tiles)
             primfuncs.append(lower(s, placeholders + [out], name=fname))
             kernels[key] = fname
         fname = kernels[key]

@@ -32,6 +32,8 @@ def _parse(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--number", type=int, default=5)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--tiny-layers", type=int, default=200,
+                   help="layers of the network that measures the executor's own cost")
     return p.parse_args(argv)
 
 
@@ -44,6 +46,21 @@ def network(name: str, batch: int):
         return testing.mobilenet_v2(batch=batch, size=224, width=1.0, classes=1000)
     model = testing.light_model(name)
     return testing.set_batch(model, batch) if batch != 1 else model
+
+
+def tiny_layers(count: int):
+    """``count`` chained reductions over a one-element axis of a 16-element tensor: kernels
+    that do almost nothing, so the network's time per layer is the executor's own cost plus
+    one trivial kernel call."""
+    from onnx import TensorProto, helper
+
+    nodes, prev = [], "x"
+    for k in range(count):
+        nodes.append(helper.make_node("ReduceMax", [prev], [f"r{k}"], axes=[0], keepdims=1))
+        prev = f"r{k}"
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def ort_seconds(model, feeds, threads, number, repeat):
@@ -113,6 +130,16 @@ def main(opts) -> int:
                                      ours.disturbed])
                         print(f"{name} threads={n}: kernelrpc {ours.median * 1e3:.2f} ms, "
                               f"onnxruntime {theirs * 1e3:.2f} ms", flush=True)
+            tiny = tiny_layers(opts.tiny_layers)
+            mod, params = relay.frontend.from_onnx(tiny)
+            path = relay.build(mod, params=params).export_library(Path(tmp) / "tiny.so")
+            with tracker.request("bench-models", session_timeout=600) as remote:
+                remote.upload(str(path))
+                rlib = remote.load_module(path.name)
+                m = graph_executor.GraphModule(rlib["default"](remote.cpu(0)))
+                m.module.set_num_threads(1)
+                tiny_run = m.benchmark(remote.cpu(0), number=100, repeat=opts.repeat)
+            tiny_ort, _ = ort_seconds(tiny, model_input(tiny), 1, 100, opts.repeat)
     finally:
         fleet.close()
     print()
@@ -134,6 +161,11 @@ def main(opts) -> int:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
         if k == 0:
             print("  ".join("-" * w for w in widths))
+    n = opts.tiny_layers
+    print(f"\nexecutor: {n} layers of a 16-element reduction, one thread: "
+          f"{tiny_run.median * 1e6:.1f} us per run, {tiny_run.median / n * 1e9:.0f} ns per layer "
+          f"(kernel call included); onnxruntime {tiny_ort * 1e6:.1f} us, "
+          f"{tiny_ort / n * 1e9:.0f} ns per node")
     return 0
 
 

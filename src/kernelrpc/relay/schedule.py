@@ -113,11 +113,14 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles):
     return s
 
 
+def _accumulator(s, anchor, out):
+    """The stage that accumulates the anchor's reduction in the output's tile: the anchor itself
+    when an elementwise tail is the output, else a cache of the output (``cache_write``)."""
+    return s.cache_write(out, "global") if anchor.op is out.op else anchor
+
+
 def _schedule_conv(s, conv, out, tiles: Tiles):
-    if conv.op is out.op:
-        cc = s.cache_write(out, "global")
-    else:
-        cc = conv
+    cc = _accumulator(s, conv, out)
     stage = s[out]
     n, f, y, x = stage.op.axis
     fo, fi = stage.split(f, factor=tiles.conv_channels)
@@ -137,10 +140,7 @@ def _schedule_conv(s, conv, out, tiles: Tiles):
 
 
 def _schedule_dense(s, dense, out, tiles: Tiles):
-    if dense.op is out.op:
-        cc = s.cache_write(out, "global")
-    else:
-        cc = dense
+    cc = _accumulator(s, dense, out)
     stage = s[out]
     m, n = stage.op.axis
     no, ni = stage.split(n, factor=tiles.dense_lanes)

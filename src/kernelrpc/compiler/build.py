@@ -268,7 +268,38 @@ def _partial_link(toolchain, output: Path, objects: list) -> None:
                              f"{done.stderr.strip()}")
 
 
-class BuiltModule:
+class RunsHere:
+    """What an exportable module (``export_library``, ``target``) needs to run in this process:
+    on first use it is linked into a directory of its own, removed with it, and loaded."""
+
+    _loaded = None
+
+    def _runtime_module(self):
+        with self._load_lock:
+            if self._loaded is None:
+                if not self.target.is_host:
+                    raise RuntimeError(f"cannot run code for {self.target.triple} on this host; "
+                                       "export it and load it on a matching device")
+                from .. import runtime
+
+                workdir = tempfile.mkdtemp(prefix="kernelrpc-build-")
+                weakref.finalize(self, shutil.rmtree, workdir, True)
+                path = self.export_library(Path(workdir) / "module.so")
+                self._loaded = runtime.load_module(str(path))
+            return self._loaded
+
+    @property
+    def runtime_module(self):
+        """The loaded ``kernelrpc.runtime.Module`` (linked and loaded on first use)."""
+        return self._runtime_module()
+
+    def get_function(self, name: str):
+        return self._runtime_module().get_function(name)
+
+    __getitem__ = get_function
+
+
+class BuiltModule(RunsHere):
     """Compiled functions of one target, exportable as a shared library and runnable here.
 
     Runtime Module API (host targets): ``mod(*args)`` calls the entry function,
@@ -282,7 +313,6 @@ class BuiltModule:
         self.metadata = metadata
         self.target = compiled.target
         self.funcs = funcs
-        self._loaded = None
         self._load_lock = threading.Lock()
 
     @property
@@ -345,32 +375,8 @@ class BuiltModule:
 
     # ------------------------------------------------------------------ local execution
 
-    def _runtime_module(self):
-        with self._load_lock:
-            if self._loaded is None:
-                if not self.target.is_host:
-                    raise RuntimeError(f"cannot run code for {self.target.triple} on this host; "
-                                       "export it and load it on a matching device")
-                from .. import runtime
-
-                workdir = tempfile.mkdtemp(prefix="kernelrpc-build-")
-                weakref.finalize(self, shutil.rmtree, workdir, True)
-                path = self.export_library(Path(workdir) / "module.so")
-                self._loaded = runtime.load_module(str(path))
-            return self._loaded
-
-    @property
-    def runtime_module(self):
-        """The loaded ``kernelrpc.runtime.Module`` (linked and loaded on first use)."""
-        return self._runtime_module()
-
     def __call__(self, *args):
         return self._runtime_module().get_function(self.entry_name)(*args)
-
-    def get_function(self, name: str):
-        return self._runtime_module().get_function(name)
-
-    __getitem__ = get_function
 
     def time_evaluator(self, name: str, dev=None, *args, **kwargs):
         """``Module.time_evaluator`` of the runtime (TVM semantics; native timing loop)."""

@@ -13,17 +13,15 @@ import hashlib
 import json
 import math
 import logging
-import shutil
 import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from .. import compiler
-from ..compiler.build import BuiltModule, LinkInputs, link_module
+from ..compiler.build import BuiltModule, LinkInputs, RunsHere, link_module
 from ..compiler.lower import lower
 from ..compiler.target import Target
 from . import ir
@@ -162,7 +160,7 @@ def _function_records(executor: dict) -> list:
     ]
 
 
-class GraphExecutorFactoryModule:
+class GraphExecutorFactoryModule(RunsHere):
     """What ``relay.build`` returns (TVM's name): the compiled network, exportable as one
     shared library (kernels, entry points, weights, graph) and runnable here."""
 
@@ -182,8 +180,7 @@ class GraphExecutorFactoryModule:
         self.metadata["entry"] = "default_run"
         self.metadata["executor"] = executor
         self.metadata["graph"] = json.loads(graph)
-        self._loaded = None
-        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
 
     # TVM's accessors
     def get_graph_json(self) -> str:
@@ -226,30 +223,6 @@ class GraphExecutorFactoryModule:
             self.metadata = link_module(path, self.lib._compiled.object_code, self.metadata,
                                         self.target, inputs=LinkInputs(objects=objects))
         return path
-
-    # running here
-    def _runtime_module(self):
-        with self._lock:
-            if self._loaded is None:
-                if not self.target.is_host:
-                    raise RuntimeError(f"this network is built for {self.target.triple}: export "
-                                       "it and load it on a matching device")
-                from .. import runtime
-
-                workdir = tempfile.mkdtemp(prefix="kernelrpc-net-")
-                weakref.finalize(self, shutil.rmtree, workdir, True)
-                self._loaded = runtime.load_module(str(self.export_library(
-                    Path(workdir) / "network.so")))
-            return self._loaded
-
-    @property
-    def runtime_module(self):
-        return self._runtime_module()
-
-    def __getitem__(self, name: str):
-        return self._runtime_module()[name]
-
-    get_function = __getitem__
 
     def __repr__(self) -> str:
         return (f"<GraphExecutorFactoryModule {len(self.executor['kernels'])} kernels for "

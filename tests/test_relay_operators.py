@@ -56,6 +56,8 @@ CONV_CASES = [
     dict(x=(1, 3, 11, 13), w=(5, 3, 3, 3), attrs=dict(pads=[1, 1, 1, 1])),
     dict(x=(2, 4, 9, 9), w=(6, 4, 3, 3), attrs=dict(strides=[2, 2], pads=[0, 1, 2, 1])),
     dict(x=(1, 8, 10, 7), w=(8, 1, 3, 3), attrs=dict(group=8, pads=[1, 1, 1, 1])),   # depthwise
+    dict(x=(2, 5, 13, 19), w=(5, 1, 3, 3), attrs=dict(group=5, strides=[2, 2], pads=[1, 1, 1, 1])),
+    dict(x=(1, 4, 9, 9), w=(8, 1, 5, 5), attrs=dict(group=4, pads=[2, 2, 2, 2])),    # multiplier 2
     dict(x=(1, 6, 9, 9), w=(9, 2, 3, 3), attrs=dict(group=3, dilations=[2, 2])),
     dict(x=(1, 5, 7, 8), w=(7, 5, 1, 1), attrs={}),
     dict(x=(1, 3, 15, 15), w=(4, 3, 5, 5), attrs=dict(auto_pad="SAME_UPPER", strides=[2, 2])),

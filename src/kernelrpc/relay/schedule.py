@@ -137,6 +137,9 @@ def _schedule_conv(s, conv, out, tiles: Tiles):
     for st in s.stages:
         if isinstance(st.op, ComputeOp) and st.op.tag == "pad" and st.attach_type == "root":
             _parallel_outer(s, st)
+            inner = st.op.axis[-1]
+            if _extents(st)[-1] >= tiles.lanes > 1:
+                st.vectorize(st.split(inner, factor=tiles.lanes)[1])
 
 
 def _schedule_dense(s, dense, out, tiles: Tiles):

@@ -69,13 +69,28 @@ def _conv2d_infer(inputs, attrs):
     return (n, oc, oh, ow), data.dtype
 
 
+def phase_stage(data, before, after, strides, name="pad"):
+    """``data`` zero-padded and split into its ``strides`` phases:
+    ``out[n, c, py, px, yy, xx] = padded[n, c, yy * sh + py, xx * sw + px]``. A strided
+    convolution reads each phase at consecutive columns (vector loads) where it would read the
+    padded input every ``sw``-th element (gathers)."""
+    n, c, h, w = static_shape(data)
+    (sh, sw), (pt, pl), (pb, pr) = strides, before, after
+    shape = (n, c, sh, sw, -(-(h + pt + pb) // sh), -(-(w + pl + pr) // sw))
+
+    def body(b, ch, py, px, yy, xx):
+        iy, ix = yy * sh + py - pt, xx * sw + px - pl
+        inside = te.all(iy >= 0, iy < h, ix >= 0, ix < w)
+        return E.if_then_else(inside, data[b, ch, iy, ix], te.const(0, data.dtype))
+    return te.compute(shape, body, name=name, tag="pad")
+
+
 def _conv2d(ts, attrs, node):
     data, weight = ts[:2]
     _, oc, oh, ow = node.shape
     _, cg, kh, kw = static_shape(weight)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     g = attrs["groups"]
-    padded = pad_stage(data, [pt, pl], [pb, pr], dilation=list(attrs.get("upsample", (1, 1))))
     rc = te.reduce_axis((0, cg), "rc")
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
@@ -83,6 +98,13 @@ def _conv2d(ts, attrs, node):
 
     def channel(o):
         return rc if g == 1 else E.floordiv(o, ocg) * cg + rc
+    if (sh, sw) != (1, 1) and "upsample" not in attrs and min(pt, pl, pb, pr) >= 0:
+        phased = phase_stage(data, [pt, pl], [pb, pr], (sh, sw))
+        return te.compute(node.shape, lambda n, o, y, x: te.sum(
+            phased[n, channel(o), E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
+                   y + E.floordiv(ry * dh, sh), x + E.floordiv(rx * dw, sw)]
+            * weight[o, rc, ry, rx], axis=[rc, ry, rx]), name="conv2d", tag="conv2d")
+    padded = pad_stage(data, [pt, pl], [pb, pr], dilation=list(attrs.get("upsample", (1, 1))))
     return te.compute(node.shape, lambda n, o, y, x: te.sum(
         padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] * weight[o, rc, ry, rx],
         axis=[rc, ry, rx]), name="conv2d", tag="conv2d")

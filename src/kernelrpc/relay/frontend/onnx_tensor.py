@@ -1,0 +1,337 @@
+"""ONNX converters of the shape and data-movement operators: Flatten, Reshape, Squeeze,
+Transpose, Concat, Split, Slice, Pad, reductions, Constant, Shape, Gather, Resize..."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import ir
+from ..errors import ModelError
+from . import onnx_model
+from .onnx_common import Unsupported, converter, normalize_axis, reshape
+
+
+@converter("Flatten")
+def _flatten(ctx, args, attrs):
+    x = args[0]
+    axis = int(attrs.get("axis", 1))
+    axis = axis + len(x.shape) if axis < 0 else axis
+    if not 0 <= axis <= len(x.shape):
+        raise ModelError(f"Flatten axis {axis} out of range")
+    return [reshape(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))]
+
+
+@converter("Reshape")
+def _reshape_op(ctx, args, attrs):
+    x = args[0]
+    allowzero = int(attrs.get("allowzero", 0))
+    spec = [int(v) for v in ctx.constant(args[1], "Reshape's shape").reshape(-1)]
+    shape = []
+    for k, d in enumerate(spec):
+        if d == 0 and not allowzero:
+            if k >= len(x.shape):
+                raise ModelError(f"Reshape: 0 at position {k} copies a dimension "
+                                 f"{list(x.shape)} does not have")
+            d = x.shape[k]
+        shape.append(d)
+    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        raise ModelError(f"Reshape: shape {spec} is not valid")
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0 or x.size % known:
+            raise ModelError(f"Reshape of {list(x.shape)} to {spec}: sizes do not divide")
+        shape[shape.index(-1)] = x.size // known
+    return [reshape(ctx, x, shape)]
+
+
+@converter("Squeeze", "Unsqueeze")
+def _squeeze(ctx, args, attrs):
+    x = args[0]
+    if ctx.opset >= 13:
+        axes = [int(v) for v in ctx.constant(args[1], "axes").reshape(-1)] \
+            if len(args) > 1 and args[1] is not None else None
+    else:
+        axes = attrs.ints("axes", None)
+    if ctx.op_type == "Squeeze":
+        ndim = len(x.shape)
+        if axes is None:
+            axes = [k for k, d in enumerate(x.shape) if d == 1]
+        axes = {normalize_axis(a, ndim) for a in axes}
+        if any(x.shape[a] != 1 for a in axes):
+            raise ModelError(f"Squeeze of axes {sorted(axes)} of {list(x.shape)}: not all are 1")
+        shape = [d for k, d in enumerate(x.shape) if k not in axes]
+    else:
+        if axes is None:
+            raise ModelError("Unsqueeze needs axes")
+        ndim = len(x.shape) + len(axes)
+        axes = sorted(normalize_axis(a, ndim) for a in axes)
+        shape = list(x.shape)
+        for a in axes:
+            shape.insert(a, 1)
+    return [reshape(ctx, x, shape)]
+
+
+@converter("Transpose")
+def _transpose(ctx, args, attrs):
+    x = args[0]
+    perm = attrs.ints("perm", list(reversed(range(len(x.shape)))))
+    if sorted(perm) != list(range(len(x.shape))):
+        raise ModelError(f"Transpose perm {perm} is not a permutation of {len(x.shape)} axes")
+    return [ctx.make("transpose", [x], axes=tuple(perm))]
+
+
+@converter("Concat")
+def _concat(ctx, args, attrs):
+    items = [a for a in args if a is not None]
+    if not items:
+        raise ModelError("Concat of nothing")
+    axis = normalize_axis(int(attrs.get("axis")), len(items[0].shape))
+    if len(items) == 1:
+        return [items[0]]
+    return [ctx.make("concatenate", items, axis=axis)]
+
+
+@converter("Split")
+def _split(ctx, args, attrs):
+    x = args[0]
+    axis = normalize_axis(int(attrs.get("axis", 0)), len(x.shape))
+    if ctx.opset >= 13:
+        split = [int(v) for v in ctx.constant(args[1], "Split's split").reshape(-1)] \
+            if len(args) > 1 and args[1] is not None else None
+    else:
+        split = attrs.ints("split", None)
+    num = attrs.get("num_outputs", None) if ctx.opset >= 18 else None
+    if split is None:
+        count = int(num) if num is not None else ctx.outputs_wanted
+        size = x.shape[axis]
+        part = -(-size // count)
+        split = [min(part, size - k * part) for k in range(count)]
+    if sum(split) != x.shape[axis] or any(s <= 0 for s in split):
+        raise ModelError(f"Split of {x.shape[axis]} into {split}")
+    outs, start = [], 0
+    for s in split:
+        outs.append(ctx.make("strided_slice", [x], slices=((axis, start, start + s, 1),)))
+        start += s
+    return outs
+
+
+def _clamp_slice(start, end, step, dim):
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return min(max(start, 0), dim), min(max(end, 0), dim)
+    return min(max(start, -1), dim - 1), min(max(end, -1), dim - 1)
+
+
+@converter("Slice")
+def _slice(ctx, args, attrs):
+    x = args[0]
+    ndim = len(x.shape)
+    if ctx.opset < 10:
+        starts, ends = attrs.ints("starts", None), attrs.ints("ends", None)
+        axes = attrs.ints("axes", list(range(len(starts or []))))
+        steps = [1] * len(starts or [])
+    else:
+        def read(k, what):
+            return [int(v) for v in ctx.constant(args[k], f"Slice's {what}").reshape(-1)] \
+                if len(args) > k and args[k] is not None else None
+        starts, ends, axes, steps = read(1, "starts"), read(2, "ends"), read(3, "axes"), \
+            read(4, "steps")
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+    if starts is None or ends is None or not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ModelError("Slice: starts, ends, axes and steps must have one entry per axis")
+    slices = []
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis = normalize_axis(axis, ndim)
+        if step == 0:
+            raise ModelError("Slice step 0")
+        dim = x.shape[axis]
+        start, end = _clamp_slice(max(min(start, 2**62), -2**62), max(min(end, 2**62), -2**62),
+                                  step, dim)
+        if (start, end, step) != (0, dim, 1):
+            slices.append((axis, start, end, step))
+    if not slices:
+        return [x]
+    return [ctx.make("strided_slice", [x], slices=tuple(slices))]
+
+
+@converter("Pad")
+def _pad(ctx, args, attrs):
+    x = args[0]
+    ndim = len(x.shape)
+    mode = attrs.get("mode", "constant")
+    if mode not in ("constant", "edge", "reflect"):
+        raise Unsupported(f"mode={mode!r}")
+    if ctx.opset < 11:
+        pads = attrs.ints("pads", None)
+        value = float(attrs.get("value", 0.0))
+        axes = list(range(ndim))
+    else:
+        pads = [int(v) for v in ctx.constant(args[1], "Pad's pads").reshape(-1)]
+        value = float(ctx.constant(args[2], "Pad's constant_value").reshape(())) \
+            if len(args) > 2 and args[2] is not None else 0.0
+        axes = [normalize_axis(int(a), ndim) for a in ctx.constant(args[3], "Pad's axes").reshape(-1)] \
+            if len(args) > 3 and args[3] is not None else list(range(ndim))
+    if pads is None or len(pads) != 2 * len(axes):
+        raise ModelError(f"Pad: pads {pads} must have two entries per padded axis")
+    if any(p < 0 for p in pads):
+        raise Unsupported("negative pads (cropping) are not implemented")
+    before, after = [0] * ndim, [0] * ndim
+    for k, a in enumerate(axes):
+        before[a], after[a] = pads[k], pads[k + len(axes)]
+    if not any(before) and not any(after):
+        return [x]
+    return [ctx.make("pad", [x], before=tuple(before), after=tuple(after), mode=mode,
+                     value=value)]
+
+
+_REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
+
+
+@converter(*_REDUCE)
+def _reduce(ctx, args, attrs):
+    x = args[0]
+    ndim = len(x.shape)
+    keep = bool(int(attrs.get("keepdims", 1)))
+    axes_from_input = ctx.opset >= 18 or (ctx.op_type == "ReduceSum" and ctx.opset >= 13)
+    if axes_from_input:
+        noop = int(attrs.get("noop_with_empty_axes", 0))
+        axes = [int(v) for v in ctx.constant(args[1], "axes").reshape(-1)] \
+            if len(args) > 1 and args[1] is not None else []
+        if not axes and noop:
+            return [x]
+    else:
+        axes = attrs.ints("axes", [])
+    axes = sorted({normalize_axis(a, ndim) for a in axes}) if axes else list(range(ndim))
+    return [ctx.make("reduce", [x], kind=_REDUCE[ctx.op_type], axes=tuple(axes), keepdims=keep)]
+
+
+@converter("Dropout")
+def _dropout(ctx, args, attrs):
+    attrs.get("ratio")
+    attrs.get("seed")
+    if ctx.opset >= 12 and len(args) > 2 and args[2] is not None:
+        training = ctx.constant(args[2], "Dropout's training_mode")
+        if bool(training.reshape(())):
+            raise Unsupported("training_mode=True is not implemented (inference only)")
+    return [args[0]]
+
+
+@converter("Identity")
+def _identity(ctx, args, attrs):
+    return [args[0]]
+
+
+@converter("Constant")
+def _constant(ctx, args, attrs):
+    for name in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        value = attrs.get(name)
+        if value is None:
+            continue
+        if name == "value":
+            value = onnx_model.tensor_value(value, f"Constant {ctx.node_name!r}")
+        else:
+            value = np.asarray(value, dtype=np.float32 if "float" in name else np.int64)
+        return [ir.const(value, ctx.node_name)]
+    for name in ("sparse_value", "value_string", "value_strings"):
+        if attrs.get(name) is not None:
+            raise Unsupported(f"Constant with {name}")
+    raise ModelError("Constant without a value")
+
+
+@converter("ConstantOfShape")
+def _constant_of_shape(ctx, args, attrs):
+    shape = [int(v) for v in ctx.constant(args[0], "ConstantOfShape's shape").reshape(-1)]
+    if any(d < 0 for d in shape) or math.prod(shape) > onnx_model.MAX_TENSOR_BYTES // 8:
+        raise ModelError(f"ConstantOfShape of shape {shape}")
+    value = attrs.get("value")
+    fill = onnx_model.tensor_value(value, "ConstantOfShape's value").reshape(-1) \
+        if value is not None else np.zeros(1, np.float32)
+    return [ir.const(np.full(shape, fill[0], dtype=fill.dtype), ctx.node_name)]
+
+
+@converter("Shape")
+def _shape(ctx, args, attrs):
+    dims = list(args[0].shape)
+    start, end = int(attrs.get("start", 0)), attrs.get("end", None)
+    if ctx.opset < 15 and (start != 0 or end is not None):
+        raise ModelError("Shape's start/end need opset 15")
+    return [ir.const(np.asarray(dims[start:None if end is None else int(end)], np.int64),
+                     ctx.node_name)]
+
+
+@converter("Size")
+def _size(ctx, args, attrs):
+    return [ir.const(np.asarray(args[0].size, np.int64), ctx.node_name)]
+
+
+@converter("Gather")
+def _gather(ctx, args, attrs):
+    x, indices = args
+    axis = normalize_axis(int(attrs.get("axis", 0)), len(x.shape))
+    index = ctx.constant(indices, "Gather's indices")
+    if index.dtype.kind not in "iu":
+        raise ModelError("Gather's indices must be integers")
+    dim = x.shape[axis]
+    if index.size and (index.min() < -dim or index.max() >= dim):
+        raise ModelError(f"Gather index out of range for a dimension of {dim}")
+    if x.is_const:
+        return [ir.const(np.take(x.value, index, axis=axis), ctx.node_name)]
+    return [ctx.make("take", [x, ir.const(index.astype(np.int32))], axis=axis)]
+
+
+
+
+@converter("Resize", "Upsample")
+def _resize(ctx, args, attrs):
+    x = args[0]
+    if len(x.shape) != 4:
+        raise Unsupported("only 4-D (NCHW) Resize is implemented")
+    mode = attrs.get("mode", "nearest")
+    if ctx.op_type == "Upsample" or ctx.opset < 11:
+        scales = ctx.constant(args[1], "scales").astype(np.float64) if len(args) > 1 else \
+            np.asarray(attrs.get("scales"), np.float64)
+        sizes, coord, nearest = None, "asymmetric", "floor"
+    else:
+        coord = attrs.get("coordinate_transformation_mode", "half_pixel")
+        nearest = attrs.get("nearest_mode", "round_prefer_floor")
+        if float(attrs.get("cubic_coeff_a", -0.75)) != -0.75 and mode == "cubic":
+            raise Unsupported("cubic Resize")
+        if int(attrs.get("exclude_outside", 0)):
+            raise Unsupported("exclude_outside=1")
+        attrs.get("extrapolation_value")
+        if int(attrs.get("antialias", 0)):
+            raise Unsupported("antialias=1")
+        if attrs.get("axes", None) is not None:
+            raise Unsupported("Resize with axes")
+        if attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            raise Unsupported("keep_aspect_ratio_policy other than 'stretch'")
+        scales = args[2].value.astype(np.float64) if len(args) > 2 and args[2] is not None \
+            and args[2].is_const and args[2].size else None
+        sizes = [int(v) for v in ctx.constant(args[3], "Resize's sizes").reshape(-1)] \
+            if len(args) > 3 and args[3] is not None else None
+        if len(args) > 2 and args[2] is not None and not args[2].is_const:
+            raise Unsupported("scales computed at run time")
+        if coord == "tf_crop_and_resize":
+            raise Unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
+    if mode not in ("nearest", "linear"):
+        raise Unsupported(f"mode={mode!r}")
+    if sizes is None:
+        if scales is None or scales.size != 4:
+            raise ModelError("Resize needs 4 scales or 4 sizes")
+        if scales[0] != 1 or scales[1] != 1:
+            raise Unsupported("resizing the batch or channel dimension")
+        sizes = [int(math.floor(d * s)) for d, s in zip(x.shape, scales)]
+    else:
+        if len(sizes) != 4 or sizes[:2] != list(x.shape[:2]):
+            raise Unsupported("resizing the batch or channel dimension")
+        scales = np.asarray([s / d for s, d in zip(sizes, x.shape)], np.float64)
+    if any(s <= 0 for s in sizes):
+        raise ModelError(f"Resize to {sizes}")
+    return [ctx.make("image.resize2d", [x], size=(sizes[2], sizes[3]),
+                     scales=(float(scales[2]), float(scales[3])),
+                     mode="nearest" if mode == "nearest" else "linear",
+                     coordinate_transformation_mode=coord, nearest_mode=nearest)]
+

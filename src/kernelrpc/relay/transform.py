@@ -42,9 +42,8 @@ def bind_params(func: ir.Function, params: dict | None) -> ir.Function:
         if node.name not in params:
             missing.append(node.name)
             return node
-        value = np.asarray(params[node.name])
-        value = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) \
-            else value
+        given = params[node.name]
+        value = np.asarray(given.numpy() if hasattr(given, "numpy") else given)  # a device tensor too
         if tuple(value.shape) != node.shape or value.dtype.name != node.dtype:
             raise ModelError(f"param {node.name!r} is {value.dtype}{list(value.shape)}, the model "
                              f"expects {node.dtype}{list(node.shape)}")

@@ -87,3 +87,13 @@ def test_build_without_params_says_how():
         relay.build(mod)
     with pytest.raises(ModelError, match="expects float32\\[2\\]"):
         relay.build(mod, params={"w": np.ones(3, np.float32)})
+
+
+def test_batch_normalization_with_a_negative_variance_is_refused():
+    stats = [("s", np.ones(2, np.float32)), ("b", np.zeros(2, np.float32)),
+             ("m", np.zeros(2, np.float32)), ("v", np.array([1, -1], np.float32))]
+    model = model_of([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"],
+                                       name="bn")], [("x", [1, 2, 3, 3])], stats)
+    with pytest.raises(ModelError, match="bn.*var \\+ epsilon must be positive"):
+        relay.frontend.from_onnx(model)
+

@@ -201,7 +201,11 @@ def _batch_norm(ctx, args, attrs):
     if len(x.shape) < 2 or any(v.shape != (x.shape[1],) for v in (scale, bias, mean, var)):
         raise ModelError(f"BatchNormalization of {list(x.shape)}: the statistics must have "
                          f"{x.shape[1] if len(x.shape) > 1 else '?'} entries")
-    a = (scale / np.sqrt(var.astype(np.float64) + eps)).astype(x.dtype)
+    spread = var.astype(np.float64) + eps
+    if not np.all(spread > 0):
+        raise ModelError(f"BatchNormalization: var + epsilon must be positive, got "
+                         f"{float(spread.min())} (the statistics are not a variance)")
+    a = (scale / np.sqrt(spread)).astype(x.dtype)
     b = (bias - mean * a).astype(x.dtype)
     shape = (1, x.shape[1]) + (1,) * (len(x.shape) - 2)
     out = ctx.make("multiply", [x, ir.const(a.reshape(shape))])

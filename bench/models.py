@@ -2,7 +2,7 @@
 this host next to onnxruntime on the same machine, same threads, in the same run.
 
     python bench/models.py [--networks resnet18,mobilenet_v2,squeezenet] [--threads 1,2]
-                           [--batch 1] [--number 5] [--repeat 5]
+                           [--batch 1] [--number 5] [--repeat 5] [--tune TRIALS --log-dir DIR]
 
 The device is a real device server (``python -m kernelrpc.server``) behind a tracker on
 loopback; its latency is ``default_run`` timed by the module's native loop. onnxruntime runs in
@@ -12,11 +12,25 @@ against the end-to-end median (the executor's own cost per layer in the last col
 Networks: resnet18 and mobilenet_v2 built in code at full width and 224x224, and the networks
 the onnx wheel ships (resnet50, squeezenet, inception_v1, shufflenet, densenet121, vgg19...)
 with seeded random weights. Nothing is downloaded.
+
+``--tune TRIALS`` first tunes each network's convolutions and dense layers on the same device
+server (AutoTVM's flow, up to TRIALS configurations per task, logs in ``--log-dir``, resumed
+when they exist) and adds the tuned latency beside the untuned one, and a table of the tuning
+runs: tasks, measurements, wall time, candidates built and measured per second, and the share
+of the time the device waited for builds.
+
+When Apache TVM is installed here, its untuned build of the same ONNX file (``relax`` frontend,
+``tvm.compile`` for this CPU, the relax VM) runs in a child process per thread count
+(``TVM_NUM_THREADS``), timed by its own ``time_evaluator`` with the same number/repeat;
+``--no-tvm`` skips it, ``--tvm-timeout`` bounds each.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +48,65 @@ def _parse(argv=None):
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--tiny-layers", type=int, default=200,
                    help="layers of the network that measures the executor's own cost")
+    p.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                   help="tune every network first, up to TRIALS configurations per task")
+    p.add_argument("--log-dir", default=".", help="where the tuning logs go (NETWORK.log)")
+    p.add_argument("--no-tvm", action="store_true", help="skip Apache TVM's column")
+    p.add_argument("--tvm-timeout", type=float, default=600.0, help="seconds per TVM build and run")
+    p.add_argument("--tvm-worker", nargs=4, metavar=("MODEL", "THREADS", "NUMBER", "REPEAT"),
+                   help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def tvm_worker(path, number, repeat) -> dict:
+    """In a child process with ``TVM_NUM_THREADS`` set: TVM's untuned build of the ONNX file
+    and its median latency, as JSON on stdout."""
+    import numpy as np
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = onnx.load(path)
+    start = time.perf_counter()
+    mod = from_onnx(model, keep_params_in_input=False)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()
+                                if hasattr(tvm.target, "codegen") else "native"})
+    executable = tvm.compile(mod, target=target)
+    build = time.perf_counter() - start
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    rng = np.random.default_rng(1)
+    args = [tvm.runtime.tensor(rng.standard_normal(
+        [d.dim_value for d in i.type.tensor_type.shape.dim]).astype("float32"))
+        for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    timer = vm.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)
+    return {"tvm": tvm.__version__, "build_seconds": build, "median": timer(*args).median}
+
+
+def tvm_seconds(model, threads, opts, tmp) -> float | None:
+    """Apache TVM's untuned latency of ``model`` with ``threads`` threads, or None (not
+    installed, failed or timed out: said on stderr)."""
+    try:
+        import tvm  # noqa: F401
+    except ImportError:
+        return None
+    import onnx
+
+    path = Path(tmp) / "tvm-model.onnx"
+    onnx.save(model, str(path))
+    try:
+        done = subprocess.run([sys.executable, __file__, "--tvm-worker", str(path), str(threads),
+                               str(opts.number), str(opts.repeat)], capture_output=True,
+                              text=True, timeout=opts.tvm_timeout,
+                              env={**os.environ, "TVM_NUM_THREADS": str(threads)})
+    except subprocess.TimeoutExpired:
+        print(f"  Apache TVM: no result within {opts.tvm_timeout:.0f} s", file=sys.stderr)
+        return None
+    if done.returncode != 0:
+        print(f"  Apache TVM could not build or run it: "
+              f"{(done.stderr.strip().splitlines() or ['?'])[-1][:300]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])["median"]
 
 
 def network(name: str, batch: int):
@@ -81,6 +153,20 @@ def ort_seconds(model, feeds, threads, number, repeat):
     return statistics.median(times), session.run(None, feeds)[0]
 
 
+def tune(name, mod, params, fleet, opts):
+    """The network tuned on the fleet's device; returns (tuned module, tuning report)."""
+    from kernelrpc import autotvm, relay
+
+    tasks = autotvm.task.extract_from_program(mod["main"], target="llvm", params=params)
+    option = autotvm.measure_option(runner=autotvm.RPCRunner(
+        "bench-models", fleet.host, fleet.port, number=opts.number, repeat=3))
+    log_file = Path(opts.log_dir) / f"{name}.log"
+    report = autotvm.tune_tasks(tasks, opts.tune, option, log_file)
+    print(f"{name}: tuned {len(tasks)} tasks, log {log_file}\n{report}", flush=True)
+    with autotvm.apply_history_best(str(log_file)):
+        return relay.build(mod, target="llvm", params=params), report
+
+
 def main(opts) -> int:
     import numpy as np
 
@@ -93,7 +179,7 @@ def main(opts) -> int:
 
     threads = [int(t) for t in opts.threads.split(",")]
     fleet = LocalFleet("bench-models")
-    rows = []
+    rows, tunings = [], []
     try:
         tracker = rpc.connect_tracker(fleet.host, fleet.port)
         with tempfile.TemporaryDirectory() as tmp:
@@ -107,19 +193,41 @@ def main(opts) -> int:
                 lib = relay.build(mod, target="llvm", params=params)
                 path = lib.export_library(Path(tmp) / f"{name}.so")
                 build_s = time.perf_counter() - t
+                tuned_path = None
+                if opts.tune:
+                    tuned_lib, report = tune(name, mod, params, fleet, opts)
+                    tunings.append((name, report))
+                    tuned_path = tuned_lib.export_library(Path(tmp) / f"{name}-tuned.so")
                 with tracker.request("bench-models", session_timeout=1800) as remote:
                     remote.upload(str(path))
                     rlib = remote.load_module(path.name)
                     dev = remote.cpu(0)
                     m = graph_executor.GraphModule(rlib["default"](dev))
                     m.set_input(**feeds)
+                    tuned = None
+                    if tuned_path is not None:
+                        remote.upload(str(tuned_path))
+                        tuned = graph_executor.GraphModule(
+                            remote.load_module(tuned_path.name)["default"](dev))
+                        tuned.set_input(**feeds)
                     for n in threads:
                         m.module.set_num_threads(n)
                         ours = m.benchmark(dev, number=opts.number, repeat=opts.repeat)
+                        tuned_s = None
+                        if tuned is not None:
+                            tuned.module.set_num_threads(n)
+                            tuned_s = tuned.benchmark(dev, number=opts.number,
+                                                      repeat=opts.repeat).median
+                            tuned.run()
+                            tuned_out = tuned.get_output(0).numpy()
                         theirs, ref = ort_seconds(model, feeds, n, opts.number, opts.repeat)
+                        tvm_s = None if opts.no_tvm else tvm_seconds(model, n, opts, tmp)
                         m.run()
                         got = m.get_output(0).numpy()
                         err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+                        if tuned_s is not None:
+                            err = max(err, float(np.abs(tuned_out - ref).max() /
+                                                 max(np.abs(ref).max(), 1e-30)))
                         dbg = debug_executor.create(lib.get_graph_json(), rlib, dev)
                         dbg.set_input(**feeds)
                         report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
@@ -127,9 +235,10 @@ def main(opts) -> int:
                                      lib.executor["workspace_bytes"], lib.executor["naive_bytes"],
                                      ours.median, theirs, err, report.total,
                                      report.end_to_end.median, report.overhead_per_layer,
-                                     ours.disturbed])
-                        print(f"{name} threads={n}: kernelrpc {ours.median * 1e3:.2f} ms, "
-                              f"onnxruntime {theirs * 1e3:.2f} ms", flush=True)
+                                     ours.disturbed, tuned_s, tvm_s])
+                        print(f"{name} threads={n}: kernelrpc {ours.median * 1e3:.2f} ms"
+                              + (f" (tuned {tuned_s * 1e3:.2f} ms)" if tuned_s else "") +
+                              f", onnxruntime {theirs * 1e3:.2f} ms", flush=True)
             tiny = tiny_layers(opts.tiny_layers)
             mod, params = relay.frontend.from_onnx(tiny)
             path = relay.build(mod, params=params).export_library(Path(tmp) / "tiny.so")
@@ -144,18 +253,22 @@ def main(opts) -> int:
         fleet.close()
     print()
     print(f"Networks, batch {opts.batch}, float32, median of {opts.repeat} repeats of "
-          f"{opts.number} runs; kernelrpc on a device server of this host")
+          f"{opts.number} runs; kernelrpc on a device server of this host; TVM: Apache TVM's "
+          "untuned build of the same file, when installed")
     header = ["network", "thr", "import s", "build s", "module MB", "arena MB", "naive MB",
-              "kernelrpc ms", "onnxruntime ms", "ratio", "max err", "layers ms", "e2e ms",
-              "exec/layer us"]
+              "kernelrpc ms", "onnxruntime ms", "ratio", "tuned ms", "tuned ratio", "TVM ms",
+              "max err", "layers ms", "e2e ms", "exec/layer us"]
     table = [header]
     for (name, n, imp, bld, size, arena, naive, ours, theirs, err, total, e2e, over,
-         disturbed) in rows:
+         disturbed, tuned_s, tvm_s) in rows:
         table.append([name + (" (DISTURBED)" if disturbed else ""), str(n), f"{imp:.2f}",
                       f"{bld:.1f}", f"{size / 1e6:.1f}", f"{arena / 1e6:.1f}",
                       f"{naive / 1e6:.1f}", f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}",
-                      f"{ours / theirs:.2f}x", f"{err:.1e}", f"{total * 1e3:.2f}",
-                      f"{e2e * 1e3:.2f}", f"{over * 1e6:.1f}"])
+                      f"{ours / theirs:.2f}x",
+                      f"{tuned_s * 1e3:.2f}" if tuned_s else "-",
+                      f"{tuned_s / theirs:.2f}x" if tuned_s else "-",
+                      f"{tvm_s * 1e3:.2f}" if tvm_s else "-", f"{err:.1e}",
+                      f"{total * 1e3:.2f}", f"{e2e * 1e3:.2f}", f"{over * 1e6:.1f}"])
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for k, r in enumerate(table):
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
@@ -166,8 +279,23 @@ def main(opts) -> int:
           f"{tiny_run.median * 1e6:.1f} us per run, {tiny_run.median / n * 1e9:.0f} ns per layer "
           f"(kernel call included); onnxruntime {tiny_ort * 1e6:.1f} us, "
           f"{tiny_ort / n * 1e9:.0f} ns per node")
+    if tunings:
+        print(f"\nTuning runs (up to {opts.tune} configurations per task, one device server of "
+              "this host, builds on the same cores)")
+        print(f"{'network':<14} {'tasks':>5} {'measured':>8} {'wall s':>7} {'built/s':>8} "
+              f"{'measured/s':>10} {'device idle':>11}")
+        for name, report in tunings:
+            t = report.totals()
+            idle = "-" if t["device_idle_fraction"] is None else f"{t['device_idle_fraction']:.0%}"
+            print(f"{name:<14} {t['tasks']:>5} {t['measured']:>8} {t['wall_seconds']:>7.0f} "
+                  f"{t['built_per_second']:>8.2f} {t['measured_per_second']:>10.2f} {idle:>11}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(_parse()))
+    options = _parse()
+    if options.tvm_worker:
+        model_path, _, number, repeat = options.tvm_worker
+        print(json.dumps(tvm_worker(model_path, int(number), int(repeat))))
+        sys.exit(0)
+    sys.exit(main(options))

@@ -6,9 +6,16 @@ its trust report, with ``--profile`` the slowest layers, and, when onnxruntime i
 here, how closely the device's output agrees with onnxruntime's (max error, top-5 match).
 ``--json`` prints one JSON document instead, for scripts.
 
+``--tune TRIALS --log FILE`` first tunes the network's convolutions and dense layers on the
+devices of the key (AutoTVM's flow: one task per distinct layer, up to TRIALS configurations
+each, every measurement appended to FILE, so that a second run continues where the first
+stopped), then builds with the best configuration of each task and times the network untuned
+and tuned in the same session. Without ``--tracker`` it tunes on a device server started here.
+
 Examples:
     python -m kernelrpc.model resnet18.onnx --local --profile
     python -m kernelrpc.model net.onnx --tracker 10.0.0.5:9190 --key rpi4 --input data=1,3,224,224
+    python -m kernelrpc.model resnet18.onnx --tracker 10.0.0.5:9190 --key rpi4 --tune 64 --log r18.log
 """
 from __future__ import annotations
 
@@ -67,7 +74,27 @@ def build_parser():
     p.add_argument("--session-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    tune = p.add_argument_group("tuning")
+    tune.add_argument("--tune", type=_positive, default=0, metavar="TRIALS",
+                      help="tune every task up to TRIALS configurations before building")
+    tune.add_argument("--log", default=None, metavar="FILE",
+                      help="the tuning log (JSON lines): read to resume, appended to; with "
+                           "--tune, or alone to build with its best configurations")
+    tune.add_argument("--tuner", default="ga", choices=["ga", "model", "random", "grid"],
+                      help="search strategy (default: ga)")
+    tune.add_argument("--early-stopping", type=_positive, default=None, metavar="N",
+                      help="stop a task after N trials without a faster configuration")
     return p
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise cli.argparse.ArgumentTypeError(f"{text!r}: give a positive integer")
+    return value
 
 
 def summarize(mod, params) -> dict:
@@ -84,16 +111,32 @@ def summarize(mod, params) -> dict:
             "flops": int(sum(node_flops(n) for n in nodes))}
 
 
-def _session(args):
+def _session(args, tracker):
     from . import rpc
 
-    if args.tracker is None:
+    if tracker is None:
         return rpc.LocalSession(), "this host"
-    if not args.key:
-        raise SystemExit("error: --tracker needs --key (the device key to request)")
-    tracker = rpc.connect_tracker(*args.tracker)
+    host, port = tracker.addr
     return tracker.request(args.key, session_timeout=args.session_timeout), \
-        f"key {args.key!r} of {args.tracker[0]}:{args.tracker[1]}"
+        f"key {args.key!r} of {host}:{port}"
+
+
+def _tracker(args, say):
+    """The tracker session the command uses: ``--tracker``'s; for ``--tune`` without one, a
+    device server and tracker started on loopback; else None (run in this process)."""
+    from . import rpc
+    from .deploy.fleet import FleetTrackerSession, LocalFleet
+
+    if args.tracker is not None:
+        if not args.key:
+            raise SystemExit("error: --tracker needs --key (the device key to request)")
+        return rpc.connect_tracker(*args.tracker)
+    if not args.tune:
+        return None
+    args.key = args.key or "local"
+    fleet = LocalFleet(args.key)
+    say(f"devices      no --tracker: tuning on {fleet.describe()}")
+    return FleetTrackerSession(fleet)
 
 
 def _agreement(model, feeds, outputs, threads) -> dict:
@@ -122,12 +165,8 @@ def _agreement(model, feeds, outputs, threads) -> dict:
 
 
 def run(args) -> dict:
-    import numpy as np
-
     from . import relay
-    from .contrib import graph_executor
-    from .contrib.debugger import debug_executor
-    from .display import format_time, progress
+    from .display import progress
 
     say = (lambda *a: None) if args.json else print
     result: dict = {"model": str(args.model)}
@@ -143,11 +182,69 @@ def run(args) -> dict:
         f"({', '.join(f'{k} {v}' for k, v in list(s['operators'].items())[:8])}"
         f"{', ...' if len(s['operators']) > 8 else ''}), {s['parameters']:,} parameters, "
         f"{s['flops'] / 1e9:.3f} GFLOP per run; imported in {result['import_seconds']:.2f} s")
-    remote, where = _session(args)
+    tracker = _tracker(args, say)
+    try:
+        _run_on_device(args, model, mod, params, tracker, result, steps, say)
+    finally:
+        if tracker is not None:
+            tracker.close()
+    return result
+
+
+def _target_of(args, tracker):
+    if args.target:
+        return args.target
+    with _session(args, tracker)[0] as remote:
+        return remote.target() if hasattr(remote, "target") else None
+
+
+def _tune(args, mod, params, tracker, target, say) -> dict:
+    from . import autotvm
+
+    if not args.log:
+        raise SystemExit("error: --tune needs --log FILE (where the measurements go)")
+    tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
+    say(f"tuning       {len(tasks)} tasks ({sum(t.layers for t in tasks)} layers), up to "
+        f"{args.tune} configurations each, on key {args.key!r}; log {args.log}")
+    host, port = tracker.addr
+    option = autotvm.measure_option(runner=autotvm.RPCRunner(
+        args.key, host, port, number=args.number, repeat=3,
+        session_timeout=args.session_timeout))
+    report = autotvm.tune_tasks(tasks, args.tune, option, args.log, tuner=args.tuner,
+                                early_stopping=args.early_stopping)
+    say(report.table())
+    return {**report.totals(),
+            "tasks": [{"workload": [t.task.name, *t.task.args], "layers": t.task.layers,
+                       "resumed": t.resumed, "measured": t.measured,
+                       "default_seconds": t.default_seconds, "best_seconds": t.best_seconds,
+                       "best_gflops": t.best_gflops} for t in report.tasks]}
+
+
+def _build(args, mod, params, target):
+    from . import autotvm, relay
+
+    if not args.log:
+        return relay.build(mod, target=target, params=params)
+    with autotvm.apply_history_best(args.log):
+        return relay.build(mod, target=target, params=params)
+
+
+def _run_on_device(args, model, mod, params, tracker, result, steps, say):
+    import numpy as np
+
+    from .contrib import graph_executor
+    from .contrib.debugger import debug_executor
+    from .display import format_time
+
+    s = result["summary"]
+    if args.tune:
+        target = _target_of(args, tracker)
+        result["tuning"] = _tune(args, mod, params, tracker, target, say)
+    remote, where = _session(args, tracker)
     with remote:
         target = args.target or (remote.target() if hasattr(remote, "target") else None)
         t = time.perf_counter()
-        lib = relay.build(mod, target=target, params=params)
+        lib = _build(args, mod, params, target)
         output = Path(args.output or Path(args.model).with_suffix(".so").name).resolve()
         lib.export_library(output)
         result["build_seconds"] = time.perf_counter() - t
@@ -161,6 +258,8 @@ def run(args) -> dict:
             f"{result['module']['target']} in {result['build_seconds']:.2f} s -> {output} "
             f"({output.stat().st_size / 1e6:.1f} MB; activations {lib.executor['workspace_bytes'] / 1e6:.2f} MB "
             f"planned, {lib.executor['naive_bytes'] / 1e6:.2f} MB unplanned)")
+        if args.log:
+            result["schedules"] = _schedules(lib, say)
         remote.upload(str(output))
         rlib = remote.load_module(output.name)
         dev = remote.cpu(0)
@@ -202,11 +301,43 @@ def run(args) -> dict:
                         f"({entry['relative']:.2g} of its scale){top5}")
             else:
                 say(f"onnxruntime  not compared: {check['why']}")
+        if args.tune:
+            untuned = _untuned_latency(args, mod, params, target, remote, dev, feeds)
+            result["untuned_latency"] = untuned.to_dict()
+            say(f"untuned      {format_time(untuned.median)} median in the same session: "
+                f"tuned is {untuned.median / bench.median:.2f}x as fast")
         say(f"latency      {format_time(bench.median)} median")
         if not args.json:
             cli.report_output("kernelrpc model", f"module at {output}", "kernelrpc.model",
                               args.argv)
-    return result
+
+
+def _schedules(lib, say) -> dict:
+    """Which layers got a tuned configuration and which kept the default schedule."""
+    kernels = lib.executor["kernels"]
+    tuned = [k["name"] for k in kernels if k["schedule"] == "tuned"]
+    default = [k["name"] for k in kernels if k["schedule"] == "default"]
+    say(f"schedules    {len(tuned)} of {len(tuned) + len(default)} tunable layers tuned"
+        + (f"; on the default schedule: {', '.join(default)}" if default else ""))
+    return {"tuned": tuned, "default": default}
+
+
+def _untuned_latency(args, mod, params, target, remote, dev, feeds):
+    import tempfile
+
+    from . import relay
+    from .contrib import graph_executor
+
+    lib = relay.build(mod, target=target, params=params)
+    with tempfile.TemporaryDirectory(prefix="kernelrpc-model-") as tmp:
+        path = Path(tmp) / "untuned.so"
+        lib.export_library(path)
+        remote.upload(str(path))
+    m = graph_executor.GraphModule(remote.load_module(path.name)["default"](dev))
+    if args.threads:
+        m.module.set_num_threads(args.threads)
+    m.set_input(**feeds)
+    return m.benchmark(dev, number=args.number, repeat=args.repeat)
 
 
 def main(argv=None) -> int:

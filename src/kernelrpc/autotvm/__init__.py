@@ -16,14 +16,18 @@
     with autotvm.apply_history_best("gemm.log"):
         s, args = gemm(M, N, K)
 
-See docs/measure.md.
+A network's layers are tasks too: ``autotvm.task.extract_from_program(mod["main"], target,
+params)``, ``autotvm.tune_tasks(...)``, then ``relay.build`` inside ``apply_history_best``.
+
+See docs/measure.md and docs/models.md.
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from . import record, space, task, tuner
+from . import network, record, space, task, tuner
 from .measure_option import LocalBuilder, RPCRunner, measure_option
+from .network import tune_tasks
 from .record import apply_history_best, load_from_file, log_to_file
 from .space import ConfigEntity, ConfigSpace
 from .task import Task, get_config, template
@@ -32,5 +36,5 @@ callback = SimpleNamespace(log_to_file=log_to_file)
 """TVM's ``autotvm.callback`` namespace."""
 
 __all__ = ["ConfigEntity", "ConfigSpace", "LocalBuilder", "RPCRunner", "Task", "apply_history_best",
-           "callback", "get_config", "load_from_file", "log_to_file", "measure_option", "record",
-           "space", "task", "template", "tuner"]
+           "callback", "get_config", "load_from_file", "log_to_file", "measure_option", "network", "record",
+           "space", "task", "template", "tune_tasks", "tuner"]

@@ -107,11 +107,12 @@ class ApplyHistoryBest(DispatchContext):
             records = load_from_file(records)
         self.best = best_records(records)
 
-    def query(self, template, args):
+    def query(self, template, args, quiet=False):
         record = self.best.get(_key([template.name, *args]))
         if record is None:
-            log.warning("no tuned configuration for %s%s in the log; using the default one",
-                        template.name, tuple(args))
+            if not quiet:
+                log.warning("no tuned configuration for %s%s in the log; using the default one",
+                            template.name, tuple(args))
             return None
         return template.space(tuple(args)).from_values(record["config"]["knobs"])
 

@@ -27,7 +27,9 @@ def _stack() -> list:
 class DispatchContext:
     """Decides the configuration a template gets; a context manager pushing itself on a thread-local stack."""
 
-    def query(self, template: "Template", args: tuple):
+    def query(self, template: "Template", args: tuple, quiet: bool = False):
+        """The configuration for ``template(*args)``, or None for the template's default
+        (``quiet``: the caller reports the defaults itself)."""
         raise NotImplementedError
 
     def __enter__(self):
@@ -36,6 +38,12 @@ class DispatchContext:
 
     def __exit__(self, *exc) -> None:
         _stack().remove(self)
+
+
+def current_context() -> DispatchContext | None:
+    """The innermost dispatch context of this thread (``apply_history_best``...), or None."""
+    stack = _stack()
+    return stack[-1] if stack else None
 
 
 def get_config():
@@ -71,8 +79,8 @@ class Template:
         return space
 
     def __call__(self, *args):
-        stack = _stack()
-        config = stack[-1].query(self, args) if stack else None
+        context = current_context()
+        config = context.query(self, args) if context is not None else None
         if config is None:
             config = self.space(args)        # outside any context: every knob's first choice
         return self.instantiate(config, args)
@@ -141,3 +149,20 @@ def create(name_or_template, args, target=None, *, reference=None, flop=None) ->
             raise KeyError(f"no template named {name_or_template!r}; registered: "
                            f"{', '.join(sorted(TEMPLATES)) or 'none'}") from None
     return Task(tmpl, args, target, reference, flop)
+
+
+#: functions ``(mod, target, params, ops) -> list[Task] | None`` that find the tunable tasks of
+#: a program they know (``kernelrpc.relay`` registers its networks'); autotvm imports no front end
+PROGRAM_EXTRACTORS: list = []
+
+
+def extract_from_program(mod, target, params=None, ops=None) -> list[Task]:
+    """The tunable tasks of a program (TVM's ``autotvm.task.extract_from_program``): for a
+    network of ``kernelrpc.relay``, one task per distinct workload of its convolutions and
+    dense layers (docs/models.md, "Tuning a network")."""
+    for extract in PROGRAM_EXTRACTORS:
+        tasks = extract(mod, target, params, ops)
+        if tasks is not None:
+            return tasks
+    raise TypeError(f"extract_from_program takes a network (the IRModule relay.frontend.from_onnx "
+                    f"returned, or its ['main']), got {type(mod).__name__}")

@@ -29,7 +29,10 @@ class Tuner:
         self.best_config: ConfigEntity | None = None
         self.best_flops = 0.0
         self.best_seconds = float("inf")
+        self.default_seconds: float | None = None
+        self.seconds: dict[int, float] = {}   # fastest time of each configuration measured
         self.trials = 0
+        self.rounds: list[dict] = []          # each measured batch's stats()
 
     # -- to be provided by a strategy --------------------------------------------------------
 
@@ -46,6 +49,11 @@ class Tuner:
 
     def _record(self, config: ConfigEntity, result) -> None:
         self.visited.add(config.index)
+        if result.status == OK:
+            seconds = min(result.profile.median, self.seconds.get(config.index, float("inf")))
+            self.seconds[config.index] = seconds
+            if config.index == 0:
+                self.default_seconds = seconds
         if result.status == OK and result.profile.median < self.best_seconds:
             self.best_seconds = result.profile.median
             self.best_flops = result.gflops or 0.0
@@ -76,11 +84,15 @@ class Tuner:
         return count
 
     def tune(self, n_trial: int, measure_option: dict, early_stopping: int | None = None,
-             callbacks=(), batch_size: int | None = None, inputs=None) -> ConfigEntity | None:
+             callbacks=(), batch_size: int | None = None, inputs=None,
+             confirm: int = 0) -> ConfigEntity | None:
         """Measure up to ``n_trial`` new configurations; returns the best configuration seen.
 
         ``early_stopping``: stop after that many trials without a better result. ``inputs``:
         arrays for the leading arguments (default: seeded random values of the argument shapes).
+        ``confirm``: afterwards, measure the default and the ``confirm`` fastest configurations
+        once more (logged too); each configuration's time is the fastest of its measurements,
+        so that one measurement slowed by another process on the device does not decide.
         """
         runner, builder = measure_option["runner"], measure_option["builder"]
         task = self.task
@@ -99,46 +111,68 @@ class Tuner:
         if own_executor:
             from ..measure import default_executor
             executor = default_executor()          # one pool for every round: workers start once
+
+        def measure_batch(configs):
+            return self._measure(configs, runner, executor, inputs, reference, callbacks)
         try:
-            self._tune(n_trial, runner, executor, early_stopping, callbacks, batch_size, inputs, reference)
+            self._tune(n_trial, measure_batch, early_stopping, batch_size)
+            if confirm > 0:
+                ranked = sorted(self.seconds, key=self.seconds.get)[:confirm]
+                again = [0, *(i for i in ranked if i != 0)] if 0 in self.visited else ranked
+                for _ in measure_batch([self.space.get(i) for i in again]):
+                    pass
         finally:
             if own_executor:
                 executor.shutdown(wait=False, cancel_futures=True)
         return self.best_config
 
-    def _tune(self, n_trial, runner, executor, early_stopping, callbacks, batch_size, inputs, reference):
+    def _measure(self, configs, runner, executor, inputs, reference, callbacks):
+        """Measure ``configs`` in one batch; yields each ``(config, result)`` once recorded."""
         task = self.task
+        by_name = {}
+        candidates = []
+        for config in configs:
+            fn = task.candidate(config)
+            by_name[fn.__name__] = config
+            candidates.append((fn.__name__, fn))
+        batch = measure(candidates, key=runner.key, tracker=(runner.host, runner.port),
+                        inputs=inputs, reference=reference, target=task.target, name="main",
+                        number=runner.number, repeat=runner.repeat,
+                        min_repeat_ms=runner.min_repeat_ms, timeout=runner.timeout,
+                        session_timeout=runner.session_timeout, executor=executor,
+                        max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
+                        atol=runner.atol, priority=runner.priority)
+        for result in batch:
+            config = by_name[result.name]
+            self._record(config, result)
+            for callback in callbacks:
+                callback(self, config, result)
+            yield config, result
+        self.rounds.append(batch.stats())
+
+    def _tune(self, n_trial, measure_batch, early_stopping, batch_size):
         since_best = 0
         measured = 0
         while measured < n_trial and self.has_next():
-            configs = self.next_batch(min(batch_size, n_trial - measured))
+            configs = self._with_default(self.next_batch(min(batch_size, n_trial - measured)))
             if not configs:
                 break
-            by_name = {}
-            candidates = []
-            for config in configs:
-                fn = task.candidate(config)
-                by_name[fn.__name__] = config
-                candidates.append((fn.__name__, fn))
-            batch = measure(candidates, key=runner.key, tracker=(runner.host, runner.port),
-                            inputs=inputs, reference=reference, target=task.target, name="main",
-                            number=runner.number, repeat=runner.repeat,
-                            min_repeat_ms=runner.min_repeat_ms, timeout=runner.timeout,
-                            session_timeout=runner.session_timeout, executor=executor,
-                            max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
-                            atol=runner.atol, priority=runner.priority)
-            for result in batch:
-                config = by_name[result.name]
-                before = self.best_seconds
-                self._record(config, result)
+            before = self.best_seconds
+            for _ in measure_batch(configs):
                 measured += 1
                 self.trials += 1
                 since_best = 0 if self.best_seconds < before else since_best + 1
-                for callback in callbacks:
-                    callback(self, config, result)
+                before = self.best_seconds
             if early_stopping is not None and since_best >= early_stopping:
                 log.info("no better configuration in %d trials: stopping", since_best)
                 break
+
+    def _with_default(self, batch: list) -> list[ConfigEntity]:
+        """The batch, led by the template's default configuration (every knob's first choice)
+        until it has been measured: a tuned result is never worse than the default's."""
+        if 0 in self.visited or any(c.index == 0 for c in batch):
+            return batch
+        return [self.space.get(0), *batch[:-1]] if batch else batch
 
     def _fill_random(self, batch: list, chosen: set, size: int) -> list[ConfigEntity]:
         """``batch`` topped up to ``size`` with random unvisited configurations not in ``chosen``."""

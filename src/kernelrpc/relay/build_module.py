@@ -32,6 +32,7 @@ from .graph_json import graph_json
 from .memory_plan import plan_memory
 from .schedule import group_tensors, schedule_group, tiles_for
 from .transform import optimize
+from .tuning import layer_config
 
 log = logging.getLogger("kernelrpc.relay")
 
@@ -58,12 +59,13 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
     tiles = tiles_for(target)
     kernels, names, calls, records = {}, [], [], []
     primfuncs = []
-    for index, group in enumerate(groups):
+    for group in groups:
         key = _signature(group)
+        cfg, how = layer_config(group, target)
         if key not in kernels:
             fname = f"k{len(kernels)}_{group.name[6:]}"[:200]
             placeholders, out, anchor = group_tensors(group)
-            s = schedule_group(group, out, anchor, tiles)
+            s = schedule_group(group, out, anchor, tiles, cfg)
             primfuncs.append(lower(s, placeholders + [out], name=fname))
             kernels[key] = fname
         fname = kernels[key]
@@ -73,7 +75,9 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
         calls.append((f"__kernelrpc_fn_{fname}", locations))
         records.append({"name": group.name, "func": fname, "ops": group.origin,
                         "fused": [n.op for n in group.nodes], "shape": list(group.output.shape),
-                        "dtype": group.output.dtype, "flops": group.flops})
+                        "dtype": group.output.dtype, "flops": group.flops, "schedule": how,
+                        **({"config": cfg.to_dict()} if cfg is not None else {})})
+    _report_schedules(records)
     if not primfuncs:
         raise ModelError("the network computes nothing")
     built = compiler.build(primfuncs, target=target)
@@ -85,6 +89,20 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
              target.triple, seconds)
     return GraphExecutorFactoryModule(built, executor, graph, blob, calls, func, plan,
                                       build_seconds=seconds)
+
+
+def _report_schedules(records) -> None:
+    """Inside ``apply_history_best``, the layers that kept the default schedule, in one line."""
+    from ..autotvm.task import current_context
+
+    if current_context() is None:
+        return
+    untuned = [r["name"] for r in records if r["schedule"] == "default"]
+    tunable = sum(1 for r in records if r["schedule"])
+    if untuned:
+        log.warning("%d of %d tunable layers have no tuned configuration in the log and use the "
+                    "default schedule: %s", len(untuned), tunable, ", ".join(untuned[:8]) +
+                    (", ..." if len(untuned) > 8 else ""))
 
 
 def _outputs_computed(func: ir.Function) -> ir.Function:

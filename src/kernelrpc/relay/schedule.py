@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import te
+from ..autotvm.space import ConfigSpace
 from ..compiler.tensor import ComputeOp
 from .fuse import Group
 from .op import OPS
@@ -67,8 +68,12 @@ def group_tensors(group: Group):
     return placeholders, tensors[id(group.output)], tensors.get(id(group.anchor))
 
 
+def _extent(axis) -> int:
+    return int(getattr(axis.extent, "value", axis.extent))
+
+
 def _extents(stage):
-    return [int(getattr(iv.extent, "value", iv.extent)) for iv in stage.op.axis]
+    return [_extent(iv) for iv in stage.op.axis]
 
 
 def _parallel_outer(s, stage):
@@ -86,7 +91,10 @@ def _parallel_outer(s, stage):
         stage.parallel(outer)
 
 
-def schedule_group(group: Group, out, anchor, tiles: Tiles):
+def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
+    """The group's schedule; ``cfg`` the configuration of its anchor (default: the target's
+    default choices)."""
+    cfg = ConfigSpace() if cfg is None else cfg
     s = te.create_schedule(out.op)
     anchor_kind = group.anchor.op if group.anchor is not None else None
     conv = anchor if anchor_kind == "nn.conv2d" else None
@@ -101,9 +109,9 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles):
             continue
         stage.compute_inline()
     if conv is not None:
-        _schedule_conv(s, conv, out, tiles)
+        _schedule_conv(s, conv, out, tiles, cfg)
     elif dense is not None:
-        _schedule_dense(s, dense, out, tiles)
+        _schedule_dense(s, dense, out, tiles, cfg)
     else:
         for stage in s.stages:
             if isinstance(stage.op, ComputeOp) and stage.attach_type == "root" and \
@@ -119,19 +127,59 @@ def _accumulator(s, anchor, out):
     return s.cache_write(out, "global") if anchor.op is out.op else anchor
 
 
-def _schedule_conv(s, conv, out, tiles: Tiles):
+def _choices(default: int, candidates, limit: int) -> list[int]:
+    """``default`` first, then the candidates up to ``limit``, each once."""
+    out = [default]
+    out += [c for c in candidates if c <= limit and c not in out]
+    return out
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def define_conv_knobs(cfg, tiles: Tiles, out_channels: int, out_width: int, kernel_width: int):
+    """The convolution's knobs: output channels and columns of the register tile, the order of
+    the reduction (input channels outside or inside the kernel window), the kernel row's
+    columns unrolled or not."""
+    lanes = tiles.lanes
+    cfg.define_knob("tile_f", _choices(tiles.conv_channels, (4, 8, 12, 16, 24, 32),
+                                       min(out_channels, 2 * tiles.conv_channels)))
+    columns = [max(lanes // 2, 2), lanes, 2 * lanes, 3 * lanes] if lanes > 1 else [2, 4, 8]
+    cfg.define_knob("tile_x", _choices(tiles.conv_columns, columns,
+                                       _round_up(out_width, max(lanes, 2))))
+    cfg.define_knob("reduce_order", ["channels_outer", "window_outer"])
+    cfg.define_knob("unroll_kw", [False, True] if kernel_width > 1 else [False])
+
+
+def define_dense_knobs(cfg, tiles: Tiles, out_features: int, reduction: int):
+    """The dense layer's knobs: outputs per vector tile, the reduction unrolled by a factor."""
+    lanes = max(tiles.lanes, 2)
+    cfg.define_knob("tile_n", _choices(tiles.dense_lanes, (lanes, 2 * lanes, 4 * lanes),
+                                       _round_up(out_features, lanes)))
+    cfg.define_knob("unroll_k", [1] + [f for f in (4, 8) if reduction % f == 0])
+
+
+def _schedule_conv(s, conv, out, tiles: Tiles, cfg):
+    _, channels, _, width = _extents(s[out])
+    define_conv_knobs(cfg, tiles, channels, width, _extent(conv.op.reduce_axis[2]))
     cc = _accumulator(s, conv, out)
     stage = s[out]
     n, f, y, x = stage.op.axis
-    fo, fi = stage.split(f, factor=tiles.conv_channels)
-    xo, xi = stage.split(x, factor=tiles.conv_columns)
+    fo, fi = stage.split(f, factor=cfg["tile_f"].val)
+    xo, xi = stage.split(x, factor=cfg["tile_x"].val)
     stage.reorder(n, fo, y, xo, fi, xi)
     stage.vectorize(xi)
     stage.parallel(stage.fuse(stage.fuse(n, fo), y))
     s[cc].compute_at(stage, xo)
     _, cf, _, cx = s[cc].op.axis
     rc, ry, rx = s[cc].op.reduce_axis
-    s[cc].reorder(rc, ry, rx, cf, cx)
+    if cfg["reduce_order"].val == "channels_outer":
+        s[cc].reorder(rc, ry, rx, cf, cx)
+    else:
+        s[cc].reorder(ry, rx, rc, cf, cx)
+    if cfg["unroll_kw"].val:
+        s[cc].unroll(rx)
     s[cc].unroll(cf)
     s[cc].vectorize(cx)
     for st in s.stages:
@@ -142,16 +190,23 @@ def _schedule_conv(s, conv, out, tiles: Tiles):
                 st.vectorize(st.split(inner, factor=tiles.lanes)[1])
 
 
-def _schedule_dense(s, dense, out, tiles: Tiles):
+def _schedule_dense(s, dense, out, tiles: Tiles, cfg):
+    _, features = _extents(s[out])
+    define_dense_knobs(cfg, tiles, features, _extent(dense.op.reduce_axis[0]))
     cc = _accumulator(s, dense, out)
     stage = s[out]
     m, n = stage.op.axis
-    no, ni = stage.split(n, factor=tiles.dense_lanes)
+    no, ni = stage.split(n, factor=cfg["tile_n"].val)
     stage.reorder(m, no, ni)
     stage.vectorize(ni)
     stage.parallel(stage.fuse(m, no))
     s[cc].compute_at(stage, stage.leaf_iter_vars[0])
     _, cn = s[cc].op.axis
     (k,) = s[cc].op.reduce_axis
-    s[cc].reorder(k, cn)
+    if cfg["unroll_k"].val > 1:
+        ko, ki = s[cc].split(k, factor=cfg["unroll_k"].val)
+        s[cc].reorder(ko, ki, cn)
+        s[cc].unroll(ki)
+    else:
+        s[cc].reorder(k, cn)
     s[cc].vectorize(cn)

@@ -1,0 +1,124 @@
+"""Tuning every task of a network, as TVM's "tune a network" tutorials do, with a resumable log.
+
+::
+
+    tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
+    report = autotvm.tune_tasks(tasks, n_trial=64, log_file="net.log",
+                                measure_option=autotvm.measure_option(
+                                    runner=autotvm.RPCRunner("rpi4", "tracker-host", 9190)))
+    print(report)
+    with autotvm.apply_history_best("net.log"):
+        lib = relay.build(mod, target=target, params=params)
+
+Each task's tuner first takes in what the log already holds of it, so an interrupted run
+continues where it stopped: a task with ``n_trial`` logged measurements is not measured again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from .record import load_from_file, log_to_file
+from .tuner import GATuner, GridSearchTuner, ModelTuner, RandomTuner
+
+log = logging.getLogger(__name__)
+
+TUNERS = {"ga": GATuner, "model": ModelTuner, "random": RandomTuner, "grid": GridSearchTuner}
+
+
+@dataclass
+class TaskTuning:
+    """One task's tuning: measurements (logged before, made now), default and best times."""
+
+    task: object
+    resumed: int
+    measured: int
+    default_seconds: float | None
+    best_seconds: float | None
+    best_gflops: float
+    wall_seconds: float
+    rounds: list = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_seconds is None or not self.best_seconds:
+            return None
+        return self.default_seconds / self.best_seconds
+
+
+@dataclass
+class NetworkTuning:
+    """What ``tune_tasks`` did: a row per task, and the figures of the whole run."""
+
+    tasks: list
+    wall_seconds: float
+
+    def totals(self) -> dict:
+        rounds = [r for t in self.tasks for r in t.rounds]
+        held = sum(d["held_seconds"] for r in rounds for d in r["devices"])
+        busy = sum(d["busy_seconds"] for r in rounds for d in r["devices"])
+        measured = sum(t.measured for t in self.tasks)
+        return {"tasks": len(self.tasks), "measured": measured,
+                "resumed": sum(t.resumed for t in self.tasks),
+                "wall_seconds": self.wall_seconds,
+                "built_per_second": sum(r["candidates"] for r in rounds) / self.wall_seconds
+                if self.wall_seconds else 0.0,
+                "measured_per_second": measured / self.wall_seconds if self.wall_seconds else 0.0,
+                "device_idle_fraction": 1 - busy / held if held > 0 else None}
+
+    def table(self) -> str:
+        from ..display import format_time
+
+        lines = [f"{'task':<4} {'workload':<44} {'layers':>6} {'trials':>9} {'default':>10} "
+                 f"{'tuned':>10} {'GFLOP/s':>8} {'speedup':>7}"]
+        for k, t in enumerate(self.tasks):
+            args = t.task.args
+            shape = f"{t.task.name} {'x'.join(map(str, args[0]))} w{'x'.join(map(str, args[1]))}"
+            lines.append(
+                f"{k:<4} {shape[:44]:<44} {getattr(t.task, 'layers', 1):>6} "
+                f"{f'{t.resumed}+{t.measured}':>9} "
+                f"{format_time(t.default_seconds) if t.default_seconds else '-':>10} "
+                f"{format_time(t.best_seconds) if t.best_seconds else '-':>10} "
+                f"{t.best_gflops:>8.1f} {f'{t.speedup:.2f}x' if t.speedup else '-':>7}")
+        total = self.totals()
+        idle = total["device_idle_fraction"]
+        lines.append(f"{total['measured']} measured ({total['resumed']} from the log) in "
+                     f"{total['wall_seconds']:.0f} s: {total['built_per_second']:.2f} built/s, "
+                     f"{total['measured_per_second']:.2f} measured/s, devices idle "
+                     f"{'-' if idle is None else f'{idle:.0%}'}")
+        return "\n".join(lines)
+
+    __str__ = table
+
+
+def tune_tasks(tasks, n_trial: int, measure_option: dict, log_file, *, tuner: str = "ga",
+               early_stopping: int | None = None, confirm: int = 3,
+               seed: int | None = 0) -> NetworkTuning:
+    """Tune each task up to ``n_trial`` configurations (those in ``log_file`` count), appending
+    every new measurement to ``log_file``; ``confirm``: as ``Tuner.tune``'s, the default and
+    that many of the fastest measured once more at the end of a task."""
+    if tuner not in TUNERS:
+        raise ValueError(f"unknown tuner {tuner!r}; choose one of {', '.join(TUNERS)}")
+    if n_trial < 1:
+        raise ValueError(f"n_trial must be at least 1, got {n_trial}")
+    log_file = os.fspath(log_file)
+    history = load_from_file(log_file) if os.path.exists(log_file) else []
+    started = time.monotonic()
+    rows = []
+    for k, task in enumerate(tasks):
+        t0 = time.monotonic()
+        search = TUNERS[tuner](task, seed=seed)
+        resumed = search.load_history(history)
+        todo = min(n_trial, len(task.config_space)) - resumed
+        if todo > 0:
+            log.info("task %d/%d %s: %d of %d trials to measure", k + 1, len(tasks), task.name,
+                     todo, n_trial)
+            search.tune(todo, measure_option, early_stopping=early_stopping,
+                        callbacks=[log_to_file(log_file)], confirm=confirm)
+        measured = sum(r["candidates"] for r in search.rounds)
+        rows.append(TaskTuning(task, resumed, measured, search.default_seconds,
+                               search.best_seconds if search.best_config is not None else None,
+                               search.best_flops, time.monotonic() - t0, search.rounds))
+    return NetworkTuning(rows, time.monotonic() - started)

@@ -1,6 +1,10 @@
 """A whole network on emulated boards: built on this host for the target each board reports,
 run there through its graph executor, checked against onnxruntime here (the model issue's
-"at least mobilenet-v2 on aarch64 and armv7")."""
+"at least mobilenet-v2 on aarch64 and armv7"), with the default schedules and with every
+layer's last configuration of its tuning space (the largest tiles, the other loop order,
+unrolled)."""
+import json
+
 import numpy as np
 import pytest
 
@@ -8,7 +12,8 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from emulated_boards import need_qemu, start_board  # noqa: E402
-from kernelrpc import relay, rpc  # noqa: E402
+from kernelrpc import autotvm, relay, rpc  # noqa: E402
+from kernelrpc.autotvm.record import VERSION  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.deploy.toolchain import ToolchainError  # noqa: E402
 from kernelrpc.relay.testing import mobilenet_v2, model_input, onnxruntime_outputs  # noqa: E402
@@ -35,6 +40,29 @@ def network():
     return model, mod, params, feeds, onnxruntime_outputs(model, feeds)[0]
 
 
+def last_configurations(mod, params, target) -> list:
+    """A log naming each task's last configuration as its best."""
+    records = []
+    for task in autotvm.task.extract_from_program(mod, target=target, params=params):
+        config = task.config_space.get(len(task.config_space) - 1)
+        records.append(json.loads(json.dumps({
+            "version": VERSION, "workload": [task.name, *task.args], "target": task.target,
+            "config": {"index": config.index, "knobs": config.to_dict()},
+            "result": {"status": "ok", "costs": [1.0], "mean": 1.0}})))
+    return records
+
+
+def run_network(remote, lib, path, feeds):
+    lib.export_library(path)
+    remote.upload(str(path))
+    rlib = remote.load_module(path.name)
+    assert rlib.target["triple"] == lib.target.triple
+    m = graph_executor.GraphModule(rlib["default"](remote.cpu(0)))
+    m.set_input(**feeds)
+    m.run()
+    return m, m.get_output(0).numpy()
+
+
 @pytest.mark.parametrize("board_name", sorted(BOARDS))
 def test_mobilenet_v2_on_an_emulated_board(tracker, tmp_path, network, board_name):
     arch, extra = BOARDS[board_name]
@@ -47,19 +75,17 @@ def test_mobilenet_v2_on_an_emulated_board(tracker, tmp_path, network, board_nam
             target = remote.target()
             lib = relay.build(mod, target=target, params=params)
             try:
-                path = lib.export_library(tmp_path / "mobilenet.so")
+                m, got = run_network(remote, lib, tmp_path / "mobilenet.so", feeds)
             except ToolchainError as exc:
                 pytest.skip(f"cross export for {target} is unavailable here: {exc}")
-            remote.upload(str(path))
-            rlib = remote.load_module(path.name)
-            assert rlib.target["triple"] == lib.target.triple
-            dev = remote.cpu(0)
-            m = graph_executor.GraphModule(rlib["default"](dev))
-            m.set_input(**feeds)
-            m.run()
-            got = m.get_output(0).numpy()
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
                                        err_msg=board_name)
             assert len(m.module.profile_times(1)) == len(lib.executor["kernels"])
+            with autotvm.apply_history_best(last_configurations(mod, params, target)):
+                tuned = relay.build(mod, target=target, params=params)
+            assert {k["schedule"] for k in tuned.executor["kernels"]} == {"tuned", ""}
+            _, got = run_network(remote, tuned, tmp_path / "mobilenet-tuned.so", feeds)
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
+                                       err_msg=f"{board_name}, last configurations")
     finally:
         assert board.stop() == 0, "\n".join(board.lines)

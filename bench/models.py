@@ -58,6 +58,97 @@ def _parse(argv=None):
     return p.parse_args(argv)
 
 
+def fma_peak_gflops(seconds: float = 0.3) -> float:
+    """One core's measured float32 FMA throughput: 12 independent chains of ``llvm.fma`` on the
+    host's widest float vector, JIT-compiled, no memory traffic in the loop."""
+    import ctypes
+
+    from llvmlite import ir
+
+    from kernelrpc.native.jit import jit_function
+    from kernelrpc.native.llvm import host_cpu
+
+    features = host_cpu().features
+    lanes = 16 if "+avx512f" in features else 8 if "+avx" in features else 4
+    chains = 12
+    vec = ir.VectorType(ir.FloatType(), lanes)
+    module = ir.Module("fma_peak")
+    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.IntType(64),
+                                                             ir.FloatType().as_pointer()]),
+                     "fma_loop")
+    count, out = fn.args
+    entry, loop, done = (fn.append_basic_block(n) for n in ("entry", "loop", "done"))
+    b = ir.IRBuilder(entry)
+    seed = b.load(out)
+    a = b.insert_element(ir.Constant(vec, None), seed, ir.Constant(ir.IntType(32), 0))
+    a = b.shuffle_vector(a, a, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(ir.IntType(64))
+    accs = [b.phi(vec) for _ in range(chains)]
+    new = [b.call(fma, [acc, a, a]) for acc in accs]
+    nxt = b.add(i, ir.Constant(ir.IntType(64), 1))
+    i.add_incoming(ir.Constant(ir.IntType(64), 0), entry)
+    i.add_incoming(nxt, loop)
+    for acc, value in zip(accs, new):
+        acc.add_incoming(ir.Constant(vec, None), entry)
+        acc.add_incoming(value, loop)
+    b.cbranch(b.icmp_unsigned("<", nxt, count), loop, done)
+    b.position_at_end(done)
+    total = new[0]
+    for value in new[1:]:
+        total = b.fadd(total, value)
+    b.store(b.extract_element(total, ir.Constant(ir.IntType(32), 0)), out)
+    b.ret_void()
+    func = jit_function(module, "fma_loop", ctypes.CFUNCTYPE(None, ctypes.c_int64,
+                                                             ctypes.POINTER(ctypes.c_float)))
+    cell = (ctypes.c_float * 1)(0.5)
+    n = 1 << 20
+    best = 0.0
+    for _ in range(5):
+        start = time.perf_counter()
+        func(n, cell)
+        elapsed = time.perf_counter() - start
+        best = max(best, 2 * chains * lanes * n / elapsed / 1e9)
+        if elapsed < seconds / 5:
+            n *= 2
+    return best
+
+
+#: operator classes of the per-class table
+CLASSES = ("conv 1x1", "conv 3x3", "conv depthwise", "conv other", "dense", "other")
+
+
+def op_class(record) -> str:
+    workload = record.get("workload")
+    if not workload:
+        return "other"
+    name, _, weight, attrs = workload[:4]
+    if name == "dense":
+        return "dense"
+    groups = dict(attrs).get("groups", 1)
+    if groups > 1 and weight[1] == 1:
+        return "conv depthwise"
+    if groups == 1 and weight[2:] == [1, 1]:
+        return "conv 1x1"
+    if groups == 1 and weight[2:] == [3, 3]:
+        return "conv 3x3"
+    return "conv other"
+
+
+def class_table(kernels, report) -> dict:
+    """Per operator class: layers, seconds and FLOPs of one per-layer profile (``kernels``: the
+    executor's kernel records, in the profile's order)."""
+    out = {c: [0, 0.0, 0] for c in CLASSES}
+    for record, row in zip(kernels, report.rows):
+        entry = out[op_class(record)]
+        entry[0] += 1
+        entry[1] += row["seconds"]
+        entry[2] += row["flops"]
+    return out
+
+
 def tvm_worker(path, number, repeat) -> dict:
     """In a child process with ``TVM_NUM_THREADS`` set: TVM's untuned build of the ONNX file
     and its median latency, as JSON on stdout."""
@@ -179,7 +270,8 @@ def main(opts) -> int:
 
     threads = [int(t) for t in opts.threads.split(",")]
     fleet = LocalFleet("bench-models")
-    rows, tunings = [], []
+    rows, tunings, classes = [], [], []
+    peak = fma_peak_gflops()
     try:
         tracker = rpc.connect_tracker(fleet.host, fleet.port)
         with tempfile.TemporaryDirectory() as tmp:
@@ -207,8 +299,8 @@ def main(opts) -> int:
                     tuned = None
                     if tuned_path is not None:
                         remote.upload(str(tuned_path))
-                        tuned = graph_executor.GraphModule(
-                            remote.load_module(tuned_path.name)["default"](dev))
+                        tuned_rlib = remote.load_module(tuned_path.name)
+                        tuned = graph_executor.GraphModule(tuned_rlib["default"](dev))
                         tuned.set_input(**feeds)
                     for n in threads:
                         m.module.set_num_threads(n)
@@ -231,6 +323,15 @@ def main(opts) -> int:
                         dbg = debug_executor.create(lib.get_graph_json(), rlib, dev)
                         dbg.set_input(**feeds)
                         report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
+                        classes.append((name, n, "untuned",
+                                        class_table(lib.executor["kernels"], report)))
+                        if tuned is not None:
+                            dbg = debug_executor.create(tuned_lib.get_graph_json(),
+                                                        tuned_rlib, dev)
+                            dbg.set_input(**feeds)
+                            tuned_report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
+                            classes.append((name, n, "tuned", class_table(
+                                tuned_lib.executor["kernels"], tuned_report)))
                         rows.append([name, n, import_s, build_s, path.stat().st_size,
                                      lib.executor["workspace_bytes"], lib.executor["naive_bytes"],
                                      ours.median, theirs, err, report.total,
@@ -279,6 +380,18 @@ def main(opts) -> int:
           f"{tiny_run.median * 1e6:.1f} us per run, {tiny_run.median / n * 1e9:.0f} ns per layer "
           f"(kernel call included); onnxruntime {tiny_ort * 1e6:.1f} us, "
           f"{tiny_ort / n * 1e9:.0f} ns per node")
+    print(f"\nTime and GFLOP/s per operator class (per-layer profile); one core's measured FMA "
+          f"peak {peak:.1f} GFLOP/s (JIT loop of independent vector FMAs), times the threads")
+    print(f"{'network':<14} {'thr':>3} {'build':<8} {'class':<15} {'layers':>6} {'ms':>8} "
+          f"{'GFLOP/s':>8} {'of peak':>7}")
+    for name, n, kind, table in classes:
+        for cls, (layers, seconds, flops) in table.items():
+            if layers:
+                rate = flops / seconds / 1e9 if seconds and flops else 0.0
+                print(f"{name:<14} {n:>3} {kind:<8} {cls:<15} {layers:>6} {seconds * 1e3:>8.2f} "
+                      f"{rate:>8.1f} {rate / (peak * n):>7.0%}" if flops else
+                      f"{name:<14} {n:>3} {kind:<8} {cls:<15} {layers:>6} {seconds * 1e3:>8.2f} "
+                      f"{'-':>8} {'-':>7}")
     if tunings:
         print(f"\nTuning runs (up to {opts.tune} configurations per task, one device server of "
               "this host, builds on the same cores)")

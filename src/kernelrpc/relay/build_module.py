@@ -61,7 +61,7 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
     primfuncs = []
     for group in groups:
         key = _signature(group)
-        cfg, how = layer_config(group, target)
+        cfg, how, workload = layer_config(group, target)
         if key not in kernels:
             fname = f"k{len(kernels)}_{group.name[6:]}"[:200]
             placeholders, out, anchor = group_tensors(group)
@@ -76,6 +76,7 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
         records.append({"name": group.name, "func": fname, "ops": group.origin,
                         "fused": [n.op for n in group.nodes], "shape": list(group.output.shape),
                         "dtype": group.output.dtype, "flops": group.flops, "schedule": how,
+                        **({"workload": list(workload[:4])} if workload else {}),
                         **({"config": cfg.to_dict()} if cfg is not None else {})})
     _report_schedules(records)
     if not primfuncs:

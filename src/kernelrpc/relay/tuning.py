@@ -164,22 +164,21 @@ def extract_tasks(func: ir.Function, target, params=None) -> list[Task]:
 
 
 def layer_config(group: Group, target):
-    """``(configuration, how)`` for a layer: its tuned configuration and ``"tuned"`` when the
-    dispatch context (``apply_history_best``) has one; None and ``"default"`` when it has none
-    (or none outside a context); None and ``""`` for a layer that is not tunable. A logged
-    configuration that no longer fits the template is logged and the default used."""
-    if group.anchor is None:
-        return None, ""
-    wkl = workload(group.anchor, target)
+    """``(configuration, how, workload)`` of a layer: its tuned configuration and ``"tuned"``
+    when the dispatch context (``apply_history_best``) has one; None and ``"default"`` when
+    it has none (or outside a context); None, ``""`` and None for a layer that is not
+    tunable. A logged configuration that no longer fits the template is logged and the
+    default used."""
+    wkl = None if group.anchor is None else workload(group.anchor, target)
     if wkl is None:
-        return None, ""
+        return None, "", None
     context = current_context()
     if context is None:
-        return None, "default"
+        return None, "default", wkl
     try:
         config = context.query(autotvm.task.TEMPLATES[wkl[0]], wkl[1:], quiet=True)
     except ValueError as exc:
         log.warning("the tuned configuration of %s does not fit its template (%s); it uses the "
                     "default schedule", group.name, exc)
-        return None, "default"
-    return (config, "tuned") if config is not None else (None, "default")
+        return None, "default", wkl
+    return config, ("tuned" if config is not None else "default"), wkl

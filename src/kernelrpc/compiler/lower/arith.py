@@ -291,6 +291,16 @@ def _div_mod(e, ranges):
             return from_linear(q_terms, qk, e.dtype)
     elif same_block:
         return from_linear(r_terms, rk - (r_lo // c) * c, e.dtype)
+    blocked = _common_block(r_terms, rk, c, ranges, e.dtype)
+    if blocked is not None:
+        g, outer, small_terms, small_k = blocked
+        if is_div:
+            part = _div_mod(FloorDiv(outer, IntImm(c // g, e.dtype)), ranges)
+            q_terms[skey(part)] = [part, 1]
+            return from_linear(q_terms, qk, e.dtype)
+        part = _div_mod(FloorMod(outer, IntImm(c // g, e.dtype)), ranges)
+        small_terms[skey(part)] = [part, g]
+        return from_linear(small_terms, small_k, e.dtype)
     if not fits((r_lo, r_hi), e.dtype):
         return e
     rest = from_linear(r_terms, rk, e.dtype)
@@ -298,6 +308,23 @@ def _div_mod(e, ranges):
         return FloorMod(rest, e.b)
     q_terms[skey(rest)] = [FloorDiv(rest, e.b), 1]
     return from_linear(q_terms, qk, e.dtype)
+
+
+def _common_block(terms: dict, k: int, c: int, ranges: dict, dtype: str):
+    """``terms + k`` as ``g * outer + small`` with ``g`` dividing ``c`` and ``0 <= small < g``,
+    or None: then ``(g*outer + small) // c == outer // (c/g)`` and
+    ``(g*outer + small) % c == g * (outer % (c/g)) + small`` (a tile of ``g`` channels inside
+    one group of ``c``: ``(fo*8 + fi) // 136 == fo // 17`` for ``0 <= fi < 8``)."""
+    for g in sorted({math.gcd(coeff, c) for _, coeff in terms.values()} - {1, c}, reverse=True):
+        big = {key: [atom, coeff // g] for key, (atom, coeff) in terms.items() if coeff % g == 0}
+        small = {key: [atom, coeff] for key, (atom, coeff) in terms.items() if coeff % g}
+        if not big:
+            continue
+        small_k = k % g
+        lo, hi = linear_bound(small, small_k, ranges)
+        if 0 <= lo and hi < g:
+            return g, from_linear(big, k // g, dtype), small, small_k
+    return None
 
 
 def rewrite(e: PrimExpr, ranges: dict) -> PrimExpr:

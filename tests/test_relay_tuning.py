@@ -213,3 +213,26 @@ def test_model_command_tunes_resumes_and_builds_with_the_log(tmp_path):
 
     no_log = run_model(str(path), "--tune", "3", cwd=tmp_path)
     assert no_log.returncode != 0 and "--tune needs --log" in no_log.stderr
+
+
+def test_tune_network_example_runs_without_a_tracker(tmp_path):
+    import os
+    import socket
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]          # closed once the block ends: nothing listens
+    env = dict(child_env(), PYTHONPATH=str(root / "src"))
+    env.pop("KERNELRPC_TRACKER", None)
+    log_file = tmp_path / "net.log"
+    done = subprocess.run([sys.executable, str(root / "examples" / "tune_network.py"), "--size",
+                           "32", "--width", "0.125", "--trials", "2", "--tracker",
+                           f"127.0.0.1:{port}", "--log", str(log_file)], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "started a local tracker" in done.stdout
+    assert "12 tasks for 21 layers" in done.stdout and "[Task 12/12] dense" in done.stdout
+    assert "untuned: mean" in done.stdout and "tuned:   mean" in done.stdout
+    assert log_file.stat().st_size > 0

@@ -109,6 +109,22 @@ def test_multiply_add_becomes_fma():
     assert "vfmadd" in asm
 
 
+def test_index_arithmetic_is_nsw_and_data_arithmetic_wraps(tmp_path):
+    """An index's signed adds and multiplies carry ``nsw`` (a wrapped index is out of bounds),
+    the stored value's do not: int32 data still wraps as numpy's does."""
+    A = ir.Buffer("A", (64,), "int32")
+    B = ir.Buffer("B", (16,), "int32")
+    x = E.Var("x")
+    value = E.Mul(ir.Load(A, x * 3 + 1), c(1 << 30, "int32"))
+    f = ir.PrimFunc("nsw", [A, B], ir.For(x, c(0), c(16), "serial", ir.Store(B, value, x)))
+    text = build(f).get_source("ll")
+    assert re.search(r"(mul|add) nsw i32", text)
+    assert re.search(r"mul i32 %\S+, 1073741824", text)
+    a = np.arange(64, dtype=np.int32)
+    _, out = run(f, a, np.zeros(16, np.int32), tmp_path=tmp_path)
+    np.testing.assert_array_equal(out, a[np.arange(16) * 3 + 1] * np.int32(1 << 30))
+
+
 def test_strided_and_broadcast_indices_gather_and_scatter(tmp_path):
     A, B, C = ir.Buffer("A", (64,)), ir.Buffer("B", (32,)), ir.Buffer("C", (8,))
     x = E.Var("x")

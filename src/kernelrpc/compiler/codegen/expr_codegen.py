@@ -2,9 +2,12 @@
 
 Float arithmetic carries the ``contract`` flag so that LLVM fuses a multiply
 feeding an add into one FMA. Integer arithmetic wraps (no ``nsw``: an int8 sum that
-overflows must give numpy's answer, not poison; measured, index arithmetic is not
-slower without it). Integer constants are folded here, reduced to their dtype, so
-that unrolled loops give SROA constant offsets into local accumulators.
+overflows must give numpy's answer, not poison), except inside the index of a load or a
+store (``MemoryCodegen.index``): an index that wrapped would be out of bounds, so its signed
+adds and multiplies are ``nsw`` and LLVM folds their sign extension into the addressing
+(without it a convolution's unrolled register tile spent three integer instructions on the
+address of each weight it broadcast). Integer constants are folded here, reduced to their
+dtype, so that unrolled loops give SROA constant offsets into local accumulators.
 """
 from __future__ import annotations
 
@@ -197,12 +200,13 @@ class ExprCodegen(MemoryCodegen):
             return simple
         ty = llvm_type(dtype)
         signed = is_signed(dtype)
+        nsw = " nsw" if self.in_index and signed else ""
         if op is E.Add:
-            return self.fn.assign(ty, f"add {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+            return self.fn.assign(ty, f"add{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
         if op is E.Sub:
-            return self.fn.assign(ty, f"sub {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
+            return self.fn.assign(ty, f"sub{nsw} {ty} {a.ref}, {b.ref}", div=join_div(a.div, b.div))
         if op is E.Mul:
-            return self.fn.assign(ty, f"mul {ty} {a.ref}, {b.ref}", div=a.div * b.div)
+            return self.fn.assign(ty, f"mul{nsw} {ty} {a.ref}, {b.ref}", div=a.div * b.div)
         if op in (E.Min, E.Max):
             name = ("s" if signed else "u") + ("min" if op is E.Min else "max")
             return self._call_intrinsic(name, dtype, [a, b])

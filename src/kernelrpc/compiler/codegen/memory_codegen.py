@@ -21,6 +21,19 @@ def _mangle(llvm_scalar: str) -> str:
 class MemoryCodegen:
     """Memory access methods of :class:`ExprCodegen` (which provides env, fn, module, mask)."""
 
+    #: inside an index expression: signed arithmetic is ``nsw`` (an in-bounds index cannot wrap)
+    in_index = False
+
+    def index(self, node) -> Value:
+        """An index expression's value, its signed adds and multiplies marked ``nsw`` so that
+        LLVM folds the sign extension into the address (a wrapped index would be out of
+        bounds: undefined already)."""
+        outer, self.in_index = self.in_index, True
+        try:
+            return self(node)
+        finally:
+            self.in_index = outer
+
     def address(self, buffer, index: Value) -> Value:
         base = self.env.get(buffer)
         if base is None:
@@ -39,7 +52,7 @@ class MemoryCodegen:
     def lane_indices(self, index_node, lanes: int) -> list[Value]:
         """Scalar index of every lane of a vector index (for gathers and scatters)."""
         if isinstance(index_node, ir.Ramp):
-            base, stride = self(index_node.base), self(index_node.stride)
+            base, stride = self.index(index_node.base), self.index(index_node.stride)
             elem = index_node.base.dtype
             out = []
             for k in range(lanes):
@@ -47,8 +60,8 @@ class MemoryCodegen:
                 out.append(self._int_binary(E.Add, elem, base, step))
             return out
         if isinstance(index_node, ir.Broadcast):
-            return [self(index_node.value)] * lanes
-        vec = self(index_node)
+            return [self.index(index_node.value)] * lanes
+        vec = self.index(index_node)
         elem_ty = scalar_type(dtype_element(index_node.dtype))
         return [self.fn.assign(elem_ty, f"extractelement {vec}, i32 {k}") for k in range(lanes)]
 
@@ -59,13 +72,13 @@ class MemoryCodegen:
         nbytes = element_bytes(buffer.dtype)
         contiguous = self._contiguous_base(node.index)
         if lanes == 1:
-            index = self(node.index)
+            index = self.index(node.index)
             ptr = self.address(buffer, index)
             raw = self.fn.assign(mty, f"load {mty}, ptr {ptr.ref}, align {nbytes}")
             return self._from_memory(raw, buffer.dtype)
         vty = f"<{lanes} x {mty}>"
         if contiguous is not None:
-            base = self(contiguous)
+            base = self.index(contiguous)
             ptr = self.address(buffer, base)
             align = alignment(base.div, nbytes)
             if self.mask is None:
@@ -74,8 +87,8 @@ class MemoryCodegen:
                 raw = self._masked("load", vty, f"ptr {ptr.ref}, i32 {align}")
             return self._from_memory(raw, node.dtype)
         if self.mask is not None:
-            index = self(node.index) if not isinstance(node.index, ir.Broadcast) else \
-                self.splat(self(node.index.value), lanes)
+            index = self.index(node.index) if not isinstance(node.index, ir.Broadcast) else \
+                self.splat(self.index(node.index.value), lanes)
             wide = f"<{lanes} x i64>"
             if index.type != wide:
                 index = self.fn.assign(wide, f"sext {index} to {wide}")
@@ -130,12 +143,12 @@ class MemoryCodegen:
         nbytes = element_bytes(buffer.dtype)
         value = self.to_memory(self(node.value), node.value.dtype)
         if lanes == 1:
-            ptr = self.address(buffer, self(node.index))
+            ptr = self.address(buffer, self.index(node.index))
             self.fn.emit(f"store {value}, ptr {ptr.ref}, align {nbytes}")
             return
         contiguous = self._contiguous_base(node.index)
         if contiguous is not None:
-            base = self(contiguous)
+            base = self.index(contiguous)
             ptr = self.address(buffer, base)
             self.fn.emit(f"store {value}, ptr {ptr.ref}, align {alignment(base.div, nbytes)}")
             return

@@ -59,62 +59,37 @@ def _parse(argv=None):
     return p.parse_args(argv)
 
 
-def fma_peak_gflops(seconds: float = 0.3) -> float:
-    """One core's measured float32 FMA throughput: 12 independent chains of ``llvm.fma`` on the
-    host's widest float vector, JIT-compiled, no memory traffic in the loop."""
-    import ctypes
+def fma_peak_gflops(target=None) -> float:
+    """One core's measured float32 FMA throughput: a kernel of kernelrpc's compiler whose inner
+    loop is 12 independent vector accumulations of loop-invariant operands (no memory traffic),
+    the vector as wide as the target's (docs/models.md's tiles), timed on one thread."""
+    import numpy as np
 
-    from llvmlite import ir
+    import kernelrpc
+    from kernelrpc import nd, te
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.relay.schedule import tiles_for
 
-    from kernelrpc.native.jit import jit_function
-    from kernelrpc.native.llvm import host_cpu
-
-    features = host_cpu().features
-    lanes = 16 if "+avx512f" in features else 8 if "+avx" in features else 4
-    chains = 12
-    vec = ir.VectorType(ir.FloatType(), lanes)
-    module = ir.Module("fma_peak")
-    fma = ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.IntType(64),
-                                                             ir.FloatType().as_pointer()]),
-                     "fma_loop")
-    count, out = fn.args
-    entry, loop, done = (fn.append_basic_block(n) for n in ("entry", "loop", "done"))
-    b = ir.IRBuilder(entry)
-    seed = b.load(out)
-    a = b.insert_element(ir.Constant(vec, None), seed, ir.Constant(ir.IntType(32), 0))
-    a = b.shuffle_vector(a, a, ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(ir.IntType(64))
-    accs = [b.phi(vec) for _ in range(chains)]
-    new = [b.call(fma, [acc, a, a]) for acc in accs]
-    nxt = b.add(i, ir.Constant(ir.IntType(64), 1))
-    i.add_incoming(ir.Constant(ir.IntType(64), 0), entry)
-    i.add_incoming(nxt, loop)
-    for acc, value in zip(accs, new):
-        acc.add_incoming(ir.Constant(vec, None), entry)
-        acc.add_incoming(value, loop)
-    b.cbranch(b.icmp_unsigned("<", nxt, count), loop, done)
-    b.position_at_end(done)
-    total = new[0]
-    for value in new[1:]:
-        total = b.fadd(total, value)
-    b.store(b.extract_element(total, ir.Constant(ir.IntType(32), 0)), out)
-    b.ret_void()
-    func = jit_function(module, "fma_loop", ctypes.CFUNCTYPE(None, ctypes.c_int64,
-                                                             ctypes.POINTER(ctypes.c_float)))
-    cell = (ctypes.c_float * 1)(0.5)
-    n = 1 << 20
-    best = 0.0
-    for _ in range(5):
-        start = time.perf_counter()
-        func(n, cell)
-        elapsed = time.perf_counter() - start
-        best = max(best, 2 * chains * lanes * n / elapsed / 1e9)
-        if elapsed < seconds / 5:
-            n *= 2
-    return best
+    target = Target(target)
+    lanes, chains, steps = max(tiles_for(target).lanes, 4), 12, 1 << 16
+    a = te.placeholder((lanes,), name="a")
+    b = te.placeholder((chains,), name="b")
+    k = te.reduce_axis((0, steps), "k")
+    c = te.compute((1, chains, lanes), lambda _, j, l: te.sum(a[l] * b[j], axis=k), name="c")
+    s = te.create_schedule(c.op)
+    acc = s.cache_write(c, "global")
+    s[acc].compute_at(s[c], s[c].op.axis[0])
+    _, j, l = s[acc].op.axis
+    s[acc].reorder(k, j, l)
+    s[acc].unroll(j)
+    s[acc].vectorize(l)
+    lib = kernelrpc.build(s, [a, b, c], target=target)
+    lib.runtime_module.set_num_threads(1)
+    args = [nd.array(np.full(lanes, 0.5, "float32")), nd.array(np.full(chains, 0.5, "float32")),
+            nd.empty((1, chains, lanes), "float32")]
+    timer = lib.runtime_module.time_evaluator(lib.metadata["functions"][0]["name"],
+                                              kernelrpc.cpu(0), number=20, repeat=5)
+    return 2 * chains * lanes * steps / min(timer(*args).results) / 1e9
 
 
 #: operator classes of the per-class table
@@ -380,7 +355,7 @@ def main(opts) -> int:
           f"(kernel call included); onnxruntime {tiny_ort * 1e6:.1f} us, "
           f"{tiny_ort / n * 1e9:.0f} ns per node")
     print(f"\nTime and GFLOP/s per operator class (per-layer profile); one core's measured FMA "
-          f"peak {peak:.1f} GFLOP/s (JIT loop of independent vector FMAs), times the threads")
+          f"peak {peak:.1f} GFLOP/s (12 independent vector FMA chains in registers), times the threads")
     print(f"{'network':<14} {'thr':>3} {'build':<8} {'class':<15} {'layers':>6} {'ms':>8} "
           f"{'GFLOP/s':>8} {'of peak':>7}")
     for name, n, kind, table in classes:

@@ -355,7 +355,7 @@ def main(opts) -> int:
           f"(kernel call included); onnxruntime {tiny_ort * 1e6:.1f} us, "
           f"{tiny_ort / n * 1e9:.0f} ns per node")
     print(f"\nTime and GFLOP/s per operator class (per-layer profile); one core's measured FMA "
-          f"peak {peak:.1f} GFLOP/s (12 independent vector FMA chains in registers), times the threads")
+          f"peak {peak:.1f} GFLOP/s (12 vector FMA chains in registers), times the threads")
     print(f"{'network':<14} {'thr':>3} {'build':<8} {'class':<15} {'layers':>6} {'ms':>8} "
           f"{'GFLOP/s':>8} {'of peak':>7}")
     for name, n, kind, table in classes:

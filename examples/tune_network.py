@@ -11,7 +11,7 @@ server are started for the run.
 
 Run::
 
-    PYTHONPATH=src python examples/tune_network.py --trials 32            # a local fleet if no tracker
+    PYTHONPATH=src python examples/tune_network.py --trials 32      # a local fleet if no tracker
     PYTHONPATH=src python examples/tune_network.py --tracker 10.0.0.5:9190 --key rpi4 \\
         --model resnet18.onnx --trials 200 --log resnet18-rpi4.log
 """

@@ -87,7 +87,8 @@ def test_the_numpy_reference_is_onnxruntime_s_convolution():
     w = rng.standard_normal((8, 4, 3, 2)).astype("float32")
     node = helper.make_node("Conv", ["x", "w"], ["y"], group=2, strides=[2, 1], dilations=[1, 2],
                             pads=[1, 0, 2, 1])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])

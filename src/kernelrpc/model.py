@@ -15,7 +15,7 @@ and tuned in the same session. Without ``--tracker`` it tunes on a device server
 Examples:
     python -m kernelrpc.model resnet18.onnx --local --profile
     python -m kernelrpc.model net.onnx --tracker 10.0.0.5:9190 --key rpi4 --input data=1,3,224,224
-    python -m kernelrpc.model resnet18.onnx --tracker 10.0.0.5:9190 --key rpi4 --tune 64 --log r18.log
+    python -m kernelrpc.model r18.onnx --tracker 10.0.0.5:9190 --key rpi4 --tune 64 --log r18.log
 """
 from __future__ import annotations
 

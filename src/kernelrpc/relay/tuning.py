@@ -89,7 +89,8 @@ def conv2d_reference(data, weight, *, strides, padding, dilation, groups, upsamp
         data = spread
     pt, pl, pb, pr = padding
     data = np.pad(data, ((0, 0), (0, 0), (max(pt, 0), max(pb, 0)), (max(pl, 0), max(pr, 0))))
-    data = data[:, :, max(-pt, 0):data.shape[2] - max(-pb, 0), max(-pl, 0):data.shape[3] - max(-pr, 0)]
+    h, w = data.shape[2:]
+    data = data[:, :, max(-pt, 0):h - max(-pb, 0), max(-pl, 0):w - max(-pr, 0)]
     oc, cg, kh, kw = weight.shape
     (sh, sw), (dh, dw) = strides, dilation
     windows = np.lib.stride_tricks.sliding_window_view(

@@ -206,3 +206,18 @@ def test_the_client_counts_what_the_server_counts(steps):
         assert (conn.account.tensor_bytes, conn.account.client_tensors) == \
             (handler.account.tensor_bytes, handler.account.client_tensors)
     handler._drop(list(handler._objects))
+
+
+def test_keeping_a_repeated_call_again_keeps_its_own_frame():
+    """A prepared call that cannot run (its tensor freed outside the table) is prepared again and
+    kept anew: with its own frame, not the last one decoded for another function."""
+    conn = server()
+    a = TensorHandle(5, "float32", (1,), CPU)
+    first, other = P.encode_call(1, [a]), P.encode_call(2, [a, a])
+    conn.keep_call(*conn.call_from_read(first))
+    conn.call_from_read(other)                           # another function's call in between
+    for lane in (fast, general):
+        repeated = lane(conn, first)
+        assert type(repeated) is RepeatedCall
+        conn.keep_call(1, repeated.args, "prepared again")
+        assert conn.kept[1].frame == first and lane(conn, first) is conn.kept[1]

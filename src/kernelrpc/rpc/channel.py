@@ -11,8 +11,8 @@ else as a FREE whose reply is read first. A finalizer never touches the socket.
 
 A zero-filled tensor the server will accept for certain is allocated the same way
 (:meth:`allocate`): an ALLOCATE under an id the client chose, queued in order with the frees.
-To know "for certain" the channel counts the bytes of the tensors the session made, as the
-server counts them against its ``max_session_bytes``.
+To know "for certain" the channel's connection counts the bytes of the tensors the session
+made, as the server counts them against its ``max_session_bytes``.
 
 The protocol is the channel's :class:`~kernelrpc.wire.connection.ClientConnection`: framing,
 the reply decoding and its fast lane, the queue that goes out ahead of a request and the limits'

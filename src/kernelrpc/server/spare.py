@@ -55,6 +55,7 @@ import threading
 import time
 
 from ..errors import RemoteError
+from ..wire import connection as wire_connection
 from ..wire import protocol as P
 from ..wire.connection import ClientConnection
 from ..wire.hello import HelloReplyParser, encode_hello, encode_hello_accept
@@ -217,9 +218,9 @@ def _serve_script(config: ServerConfig, workspace: Workspace) -> str | None:
     return _check_replies(replies, connection, sum(n for _, n in script))
 
 
-_MODULE_CALL_CODE = (module, tensor, buffer, handler)
+_MODULE_CALL_CODE = (module, tensor, buffer, handler, wire_connection)
 """What a session's first module call and time_evaluator run that no warm-up can run without a
-compiled module."""
+compiled module (the connection's kept calls among them)."""
 
 
 def _touch_code(modules) -> None:

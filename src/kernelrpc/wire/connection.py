@@ -118,7 +118,7 @@ class ServerConnection(FrameReader):
         #: function id -> its kept call; ``kept_ids``: the ids they name (a few more, maybe)
         self.kept: dict[int, RepeatedCall] = {}
         self.kept_ids: set[int] = set()
-        self._call_frame = b""      # the last CALL frame decoded (what keep_call keeps)
+        self._call_frame = b""      # the last CALL frame read, repeated or not (what keep_call keeps)
 
     def call_from_read(self, data: bytes):
         """Fast lane of :meth:`request_of`: the CALL that ``data`` is, if it is exactly one whole
@@ -142,10 +142,10 @@ class ServerConnection(FrameReader):
             return None
         if tag != T_FUNCTION or count == 0:
             raise ProtocolError("CALL needs a function handle first")
+        self._call_frame = data
         kept = self.kept.get(function_id)
         if kept is not None and kept.frame == data:
             return kept
-        self._call_frame = data
         return function_id, decode_items(data, _CALL_HEAD_SIZE, count - 1)
 
     def request_of(self, body: bytes):
@@ -153,11 +153,10 @@ class ServerConnection(FrameReader):
         :class:`RepeatedCall`; ProtocolError if it does not check out."""
         request = decode_request(body)
         if type(request) is Call:
-            frame = _HEADER.pack(len(body), REQUEST) + body
+            self._call_frame = frame = _HEADER.pack(len(body), REQUEST) + body
             kept = self.kept.get(request.function_id)
             if kept is not None and kept.frame == frame:
                 return kept
-            self._call_frame = frame
         return request
 
     def keep_call(self, function_id: int, args: list, prepared=None) -> None:

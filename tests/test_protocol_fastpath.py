@@ -136,6 +136,7 @@ def check_agrees(data: bytes) -> None:
         assert general_frame is None or general_frame[0] != P.RETURN
     else:
         assert general_frame is not None and fast_result == outcome(P.decode_result, general_frame[1])
+        assert fast_result == outcome(lambda _: CLIENT.result_of(general_frame), data)  # the general lane
     reader = P.FrameReader(MAX_FRAME)
     whole = reader.whole_frame(data)
     try:

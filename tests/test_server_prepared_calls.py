@@ -287,7 +287,8 @@ def test_any_sequence_of_allocations_frees_and_calls_computes_what_unprepared_ca
                 else:
                     with pytest.raises(LookupError, match="freed already"):
                         call(h, f, source, target)
-        for function_id, (_, _, args, kept) in h.connection.kept.items():
+        for function_id, kept_call in h.connection.kept.items():
+            args, kept = kept_call.args, kept_call.prepared
             assert function_id == f and f in h.connection.kept_ids
             if kept is not None:
                 assert {arg.id for arg in args} <= h.connection.kept_ids and all(arg.id in model for arg in args)

@@ -174,7 +174,7 @@ class ServerConnection(FrameReader):
             ids.update(map(_ID, args))
 
     def forget(self, handle_id: int) -> None:
-        """Drop the kept call of the function ``handle_id`` and the prepared ones with a tensor
+        """Drop the kept call of the function ``handle_id`` and the kept calls with a tensor
         ``handle_id`` (the server dropped it: an id never names another object before)."""
         kept = self.kept
         kept.pop(handle_id, None)

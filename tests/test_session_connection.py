@@ -18,6 +18,7 @@ from kernelrpc.server.handler import SessionHandler
 from kernelrpc.wire import protocol as P
 from kernelrpc.wire.connection import (MAX_KEPT_CALLS, ClientConnection, RepeatedCall, ServerConnection,
                                        SessionAccount)
+from kernelrpc.wire.requests import CLIENT_IDS_FIRST as FIRST
 from kernelrpc.wire.requests import OP_OF, OPTIONAL_OPS, Allocate, Free, GlobalAt, Release
 from kernelrpc.wire.values import DeviceValue, FunctionHandle, TensorHandle
 
@@ -221,3 +222,18 @@ def test_keeping_a_repeated_call_again_keeps_its_own_frame():
         assert type(repeated) is RepeatedCall
         conn.keep_call(1, repeated.args, "prepared again")
         assert conn.kept[1].frame == first and lane(conn, first) is conn.kept[1]
+
+
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 4), st.integers(0, 60), st.integers(0, 5))
+def test_the_clients_admit_is_the_two_refusals(max_tensor, max_session, max_entries, nbytes, entries):
+    """SessionAccount.admit (the client's fast lane) admits exactly what neither bytes_refused
+    nor entry_refused refuses, and then counts as add does."""
+    fast, general = (SessionAccount(max_tensor, max_session, max_entries) for _ in range(2))
+    for i in range(entries):
+        for account in (fast, general):
+            account.add(FIRST + 100 + i, 1)
+    expected = general.bytes_refused(nbytes) is None and general.entry_refused() is None
+    assert fast.admit(FIRST, nbytes) == expected
+    if expected:
+        general.add(FIRST, nbytes)
+    assert (fast.tensor_bytes, fast.client_tensors) == (general.tensor_bytes, general.client_tensors)

@@ -30,7 +30,7 @@ from typing import NoReturn
 from ..errors import ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
 from ..runtime.prefault import prefault
 from ..wire import protocol as P
-from ..wire.connection import NOT_ONE_FRAME, ClientConnection
+from ..wire.connection import MAX_QUEUED, NOT_ONE_FRAME, ClientConnection
 from ..wire.requests import Free, Op, Shutdown
 from ..wire.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from ..wire.values import FunctionHandle, TensorHandle
@@ -80,20 +80,22 @@ class Channel:
         None, and the caller sends an ARRAY, whose reply has the server's verdict. Only a genuine
         failure on the device is then heard late (AllocationFailed, from the first use)."""
         with self._lock:
-            return self._queued_ahead(None if self._closed else
-                                      self.connection.allocate(dtype, shape, device, nbytes))
+            handle = None if self._closed else self.connection.allocate(dtype, shape, device, nbytes)
+            if handle is not None and len(self.connection.queued) >= MAX_QUEUED:  # nothing else to send them with
+                self._send(b"")
+        return handle
 
     def global_at(self, name: str) -> FunctionHandle | None:
         """The handle of the global function ``name``, whose GLOBAL_AT goes out with the next
         request, if the server listed ``name`` in its hello (it has it: the lookup cannot fail);
         else None, and the caller sends a GET_GLOBAL, whose reply has the server's verdict."""
+        connection = self.connection
+        if name not in connection.globals:  # (the connection's own test, without the lock)
+            return None
         with self._lock:
-            return self._queued_ahead(None if self._closed else self.connection.global_at(name))
-
-    def _queued_ahead(self, handle):
-        """``handle`` (its frame queued, or None); the queue sent now if full. Under the lock."""
-        if handle is not None and self.connection.queue_full:  # nothing else to send them with
-            self._send(b"")
+            handle = None if self._closed else connection.global_at(name)
+            if handle is not None and len(connection.queued) >= MAX_QUEUED:  # nothing else to send them with
+                self._send(b"")
         return handle
 
     def call(self, frame: bytes) -> object:
@@ -216,7 +218,7 @@ class Channel:
     def release(self, handle) -> None:
         """Free ``handle`` with the next request (for finalizers: never touches the socket)."""
         if not self._closed:
-            self.connection.release(handle)
+            self.connection.queued.append(handle)  # ClientConnection.release, one call less
 
     def free(self, handle) -> None:
         """Free ``handle`` now."""

@@ -23,13 +23,13 @@ from __future__ import annotations
 import operator
 
 from ..errors import AllocationFailed, ProtocolError, RemoteError
-from .protocol import (ALLOCATE, CALL, ERROR, FRAME_NAMES, HEADER_SIZE, NOTICE, REQUEST, RETURN, FrameReader,
+from .protocol import (ALLOCATE, CALL, ERROR, GLOBAL_AT, FRAME_NAMES, HEADER_SIZE, NOTICE, REQUEST, RETURN, FrameReader,
                        _CALL_HEAD, _CALL_HEAD_SIZE, _CALL_INT_FRAME_SIZE, _CALL_INT_PREFIX, _HEADER, _NONE_RESULT,
                        _OP_OFFSET, RELEASE, _RESULT_INT_FRAME_SIZE, _RESULT_INT_PREFIX, _unpack_call_int_frame,
                        _unpack_result_int_frame, decode_data_header, decode_error, decode_notice,
                        decode_request, decode_result, encode, encode_request, notice_error)  # ops as ints:
 # reading ``Op.RELEASE`` costs ~0.3 us on a per-request path
-from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Call, Free, GlobalAt, Op
+from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Call, Free, Op
 from .values import T_FUNCTION, T_INT, FunctionHandle, TensorHandle, decode_items, decode_values
 
 MAX_KEPT_CALLS = 64   # calls kept for RepeatedCall (one per function), per session
@@ -74,6 +74,18 @@ class SessionAccount:
                     "the server's limit (max_client_tensors)")
         return None
 
+    def admit(self, handle_id: int, nbytes: int) -> bool:
+        """Fast lane of ``bytes_refused`` and ``entry_refused`` for the client's pipelined requests:
+        whether a new entry of ``nbytes`` under the client's id ``handle_id`` is within the limits,
+        and then counted (the same tests, without building the reason)."""
+        if (nbytes > self.max_tensor_bytes or self.tensor_bytes + nbytes > self.max_session_bytes
+                or self.client_tensors >= self.max_client_tensors):
+            return False
+        self._sizes[handle_id] = nbytes
+        self.tensor_bytes += nbytes
+        self.client_tensors += 1
+        return True
+
     def add(self, handle_id: int, nbytes: int) -> None:
         """Count the entry ``handle_id`` of ``nbytes`` (an entry under a client's id counts once)."""
         self._sizes[handle_id] = nbytes
@@ -88,6 +100,12 @@ class SessionAccount:
             self.tensor_bytes -= nbytes
             if handle_id >= CLIENT_IDS_FIRST:
                 self.client_tensors -= 1
+
+    def remove_all(self, handle_ids: list) -> None:
+        """Uncount each of ``handle_ids`` (one call for a client's queue, which holds hundreds)."""
+        for handle_id in handle_ids:
+            if handle_id in self._sizes:
+                self.remove(handle_id)
 
 
 # ---------------------------------------------------------------- the server's side
@@ -242,7 +260,8 @@ class ClientConnection(FrameReader):
         if handle_id is None:
             return None
         handle = TensorHandle(handle_id, dtype, shape, device)
-        self._queue(encode_request(ALLOCATE, [handle]))
+        self.queued.append(encode_request(ALLOCATE, [handle]))
+        self._seen = len(self.queued)
         return handle
 
     def global_at(self, name: str) -> FunctionHandle | None:
@@ -254,31 +273,23 @@ class ClientConnection(FrameReader):
         if handle_id is None:
             return None
         handle = FunctionHandle(handle_id)
-        self._queue(encode(GlobalAt(name, handle)))
+        self.queued.append(encode_request(GLOBAL_AT, [name, handle]))  # GlobalAt's wire values
+        self._seen = len(self.queued)
         return handle
 
-    @property
-    def queue_full(self) -> bool:
-        """Whether the queue should go out now, with no request to carry it."""
-        return len(self.queued) >= MAX_QUEUED
-
     def _client_id(self, nbytes: int) -> int | None:
-        account = self.account
         queued = self.queued
-        for item in queued[self._seen:]:   # freed already, as the server will see it first
-            if type(item) is not bytes:
-                account.remove(item.id)
-        self._seen = len(queued)
+        if len(queued) > self._seen:   # freed since, as the server will see it first
+            remove = self.account.remove
+            for item in queued[self._seen:]:
+                if type(item) is not bytes:
+                    remove(item.id)
+            self._seen = len(queued)
         handle_id = self._next_client_id
-        if handle_id > CLIENT_IDS_LAST or account.bytes_refused(nbytes) or account.entry_refused():
+        if handle_id > CLIENT_IDS_LAST or not self.account.admit(handle_id, nbytes):
             return None
         self._next_client_id = handle_id + 1
-        account.add(handle_id, nbytes)
         return handle_id
-
-    def _queue(self, frame: bytes) -> None:
-        self.queued.append(frame)
-        self._seen = len(self.queued)
 
     def take_queued(self) -> tuple[bytes, bool]:
         """What goes out in front of the next request, and whether it is a FREE whose RETURN
@@ -290,18 +301,20 @@ class ClientConnection(FrameReader):
             return encode(Free(tuple(queued))), True
         if not self.allocate_op and not self.globals:   # handles only, none counted
             return encode_request(RELEASE, [handle.id for handle in queued]), False
-        account, parts, ids = self.account, [], []
+        parts, ids, freed = [], [], []
         for item in queued:
             if type(item) is bytes:
                 if ids:
                     parts.append(encode_request(RELEASE, ids))
+                    freed += ids
                     ids = []
                 parts.append(item)
             else:
                 ids.append(item.id)
-                account.remove(item.id)
         if ids:
             parts.append(encode_request(RELEASE, ids))
+            freed += ids
+        self.account.remove_all(freed)
         return b"".join(parts), False
 
     # ------------------------------------------------------------ replies

@@ -8,7 +8,6 @@
   sends against the order the client queued it in, with the account as the server counts it;
 * the client's ``SessionAccount`` against the server's, driven by the same requests.
 """
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

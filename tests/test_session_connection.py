@@ -10,6 +10,7 @@
 """
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_protocol_fastpath import MAX_FRAME, general_whole_frame
 
 from kernelrpc.errors import ProtocolError
 from kernelrpc.server.config import ServerConfig
@@ -21,7 +22,6 @@ from kernelrpc.wire.requests import CLIENT_IDS_FIRST as FIRST
 from kernelrpc.wire.requests import OP_OF, OPTIONAL_OPS, Allocate, Free, GlobalAt, Release
 from kernelrpc.wire.values import DeviceValue, FunctionHandle, TensorHandle
 
-MAX_FRAME = 4096
 CPU = DeviceValue("cpu", 0)
 tensor_handles = st.builds(lambda i, n: TensorHandle(i, "float32", (n,), CPU),
                            st.integers(1, 2**40), st.integers(0, 64))
@@ -39,13 +39,8 @@ def client(**info) -> ClientConnection:
 
 def general(conn: ServerConnection, data: bytes):
     """What the general path makes of ``data`` if it is one whole REQUEST frame, else None."""
-    reader = P.FrameReader(MAX_FRAME)
-    try:
-        reader.feed(data)
-        frame = reader.next_frame()
-    except ProtocolError:
-        return None
-    if frame is None or reader.pending or frame.type != P.REQUEST or frame.body[:1] != bytes([P.CALL]):
+    frame = general_whole_frame(data)
+    if frame is None or frame.type != P.REQUEST or frame.body[:1] != bytes([P.CALL]):
         return None
     try:
         return conn.request_of(frame.body)

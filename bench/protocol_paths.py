@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernelrpc.wire import protocol as P  # noqa: E402
+from kernelrpc.wire.connection import ClientConnection, ServerConnection, SessionAccount  # noqa: E402
 from kernelrpc.wire.hello import _checked_info  # noqa: E402
 from kernelrpc.wire.convert import Converter  # noqa: E402
 from kernelrpc.wire.requests import from_values  # noqa: E402
@@ -35,14 +36,17 @@ def pairs():
         return reader.next_frame()
 
     one_read = P.FrameReader()
+    server = ServerConnection(1 << 20, SessionAccount(0, 0, 0))
+    client = ClientConnection({"max_frame_bytes": 1 << 20, "max_tensor_bytes": 0, "max_session_bytes": 0,
+                               "max_client_tensors": 0, "globals": []})
     yield ("encode CALL echo(1)", lambda: P.encode_call(3, (1,)),
            lambda: P.encode_request(P.CALL, [FunctionHandle(3), 1]))
     yield ("decode CALL echo(1)", lambda: P.decode_call(body), lambda: from_values(body[0], decode_values(body, 1)))
     yield ("encode RETURN 1", lambda: P.encode_result(1), lambda: P.encode_return([1]))
     yield ("frame from one read", lambda: one_read.whole_frame(result), reassembled)
-    yield ("CALL frame from one read", lambda: P.decode_call_frame(call, 1 << 20),
+    yield ("CALL frame from one read", lambda: server.call_from_read(call),
            lambda: P.decode_call(one_read.whole_frame(call)[1]))
-    yield ("RETURN frame from one read", lambda: P.decode_result_frame(result, 1 << 20),
+    yield ("RETURN frame from one read", lambda: client.result_from_read(result),
            lambda: P.decode_result(one_read.whole_frame(result)[1]))
     yield ("encode CALL echo('x')", lambda: P.encode_call(3, ("x",)),
            lambda: P.encode_request(P.CALL, [FunctionHandle(3), "x"]))
@@ -52,12 +56,16 @@ def pairs():
     def without_memo():
         V._HANDLES.clear()  # the memos of decoded tensor handles and lists, emptied: decoded in full
         V._LISTS.clear()
-        return P.decode_call_frame(kernel_call, 1 << 20)
+        return server.call_from_read(kernel_call)
 
-    yield ("CALL f(a, b), memos", lambda: P.decode_call_frame(kernel_call, 1 << 20), without_memo)
+    yield ("CALL f(a, b), memos", lambda: server.call_from_read(kernel_call), without_memo)
+    kept = ServerConnection(1 << 20, SessionAccount(0, 0, 0))
+    kept.keep_call(*kept.call_from_read(kernel_call))
+    yield ("CALL f(a, b) again, kept", lambda: kept.call_from_read(kernel_call),
+           lambda: server.call_from_read(kernel_call))
     none_result = P.encode_result(None)
     yield ("encode RETURN None", lambda: P.encode_result(None), lambda: P.encode_return([None]))
-    yield ("RETURN None from one read", lambda: P.decode_result_frame(none_result, 1 << 20),
+    yield ("RETURN None from one read", lambda: client.result_from_read(none_result),
            lambda: P.decode_result(one_read.whole_frame(none_result)[1]))
     to_wire = Converter().all_to_wire  # what a session's Function passes: plain values stay as they are
     yield ("CALL echo(1), to_wire given", lambda: P.encode_call(3, (1,), 1 << 20, to_wire),

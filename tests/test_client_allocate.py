@@ -11,7 +11,7 @@ import pytest
 
 import kernelrpc
 from kernelrpc import nd, rpc
-from kernelrpc.rpc import channel as channel_module
+from kernelrpc.wire import connection as connection_module
 from kernelrpc.wire import protocol as P
 from kernelrpc.wire.hello import HelloReplyParser, encode_hello_accept
 from kernelrpc.rpc.channel import Channel
@@ -60,22 +60,22 @@ def test_allocations_go_out_with_the_next_request_in_order_with_the_frees(channe
     assert ch.request(ListGlobals()) == [[]]
     assert frames_sent(peer) == [(Op.ALLOCATE, [first]), (Op.RELEASE, [first.id]), (Op.ALLOCATE, [second]),
                                  (Op.ALLOCATE, [third]), (Op.LIST_GLOBALS, [])]
-    assert (ch.tensor_bytes, ch.client_tensors) == (68, 2)
+    assert (ch.account.tensor_bytes, ch.account.client_tensors) == (68, 2)
     ch.release(second)
     ch.release(third)
     peer.sendall(P.encode_return([[]]))
     ch.request(ListGlobals())
     assert frames_sent(peer) == [(Op.RELEASE, [second.id, third.id]), (Op.LIST_GLOBALS, [])]
-    assert (ch.tensor_bytes, ch.client_tensors) == (0, 0)
+    assert (ch.account.tensor_bytes, ch.account.client_tensors) == (0, 0)
 
 
 def test_allocations_without_any_request_are_sent_before_the_queue_grows_long(channel):
     ch, peer = channel
-    for _ in range(channel_module._MAX_QUEUED):
+    for _ in range(connection_module.MAX_QUEUED):
         ch.release(ch.allocate("float32", (1,), CPU, 4))
     sent = frames_sent(peer)
     assert sent and {op for op, _ in sent} == {Op.ALLOCATE, Op.RELEASE}
-    assert len(ch._released) < channel_module._MAX_QUEUED
+    assert len(ch.connection.queued) < connection_module.MAX_QUEUED
 
 
 def test_a_device_or_layout_the_client_cannot_vouch_for_is_not_pipelined(channel):
@@ -85,11 +85,11 @@ def test_a_device_or_layout_the_client_cannot_vouch_for_is_not_pipelined(channel
 
 
 def test_an_older_server_gets_an_array_with_a_reply(server, monkeypatch):
-    monkeypatch.setattr(channel_module, "served_optional_ops",
+    monkeypatch.setattr(connection_module, "served_optional_ops",
                         lambda info: frozenset({Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED}))
     with rpc.connect(server.host, server.port) as sess:
         tensor = nd.empty((3,), "int32", sess.cpu(0))
-        assert tensor._handle.id < CLIENT_IDS_FIRST and not sess.channel._released
+        assert tensor._handle.id < CLIENT_IDS_FIRST and not sess.channel.connection.queued
         np.testing.assert_array_equal(tensor.numpy(), np.zeros(3, "int32"))
 
 
@@ -97,7 +97,7 @@ def test_empty_is_pipelined_and_its_tensor_works_as_any_other(session, kernels):
     live = session.get_function("session.live_handles")
     before = live()
     a = nd.empty((1024,), "float32", session.cpu(0))
-    assert a._handle.id >= CLIENT_IDS_FIRST and session.channel._released   # waiting for the next request
+    assert a._handle.id >= CLIENT_IDS_FIRST and session.channel.connection.queued   # waiting for the next request
     b = nd.empty((1024,), "float32", session.cpu(0)).copyfrom(np.arange(1024, dtype="float32"))
     assert live() == before + 2
     np.testing.assert_array_equal(a.numpy(), np.zeros(1024))
@@ -107,7 +107,7 @@ def test_empty_is_pipelined_and_its_tensor_works_as_any_other(session, kernels):
     del b
     gc.collect()
     assert live() == before
-    assert session.channel.tensor_bytes == 0
+    assert session.channel.account.tensor_bytes == 0
 
 
 def test_the_errors_of_empty_arise_at_empty(session):

@@ -46,13 +46,13 @@ def test_a_listed_name_is_looked_up_with_the_next_request_in_order_with_the_free
     assert frames_sent(peer) == [(Op.GLOBAL_AT, ["testing.echo", first]), (Op.RELEASE, [first.id]),
                                  (Op.GLOBAL_AT, ["runtime.device_info", second]),
                                  (Op.GLOBAL_AT, ["testing.echo", third]), (Op.LIST_GLOBALS, [])]
-    assert ch.client_tensors == 2 and ch.tensor_bytes == 0
+    assert ch.account.client_tensors == 2 and ch.account.tensor_bytes == 0
     ch.release(second)
     ch.release(third)
     peer.sendall(P.encode_return([[]]))
     ch.request(ListGlobals())
     assert frames_sent(peer) == [(Op.RELEASE, [second.id, third.id]), (Op.LIST_GLOBALS, [])]
-    assert ch.client_tensors == 0
+    assert ch.account.client_tensors == 0
 
 
 def test_lookups_and_allocations_share_the_ids_and_the_bound():
@@ -61,7 +61,7 @@ def test_lookups_and_allocations_share_the_ids_and_the_bound():
         tensor = ch.allocate("float32", (1,), DeviceValue("cpu", 0), 4)
         function = ch.global_at("testing.echo")
         assert (tensor.id, function.id) == (CLIENT_IDS_FIRST, CLIENT_IDS_FIRST + 1)
-        assert ch.global_at("testing.echo") is None and ch.client_tensors == 2
+        assert ch.global_at("testing.echo") is None and ch.account.client_tensors == 2
 
 
 @pytest.mark.parametrize("info", [
@@ -87,7 +87,7 @@ def test_the_hello_lists_the_globals_within_bounds(names):
 def test_get_function_is_pipelined_and_unknown_names_raise_at_once(session):
     assert set(session.info["globals"]) >= {"testing.echo", "runtime.device_info"}
     echo = session.get_function("testing.echo")
-    assert echo._handle.id >= CLIENT_IDS_FIRST and session.channel._released   # queued, not sent
+    assert echo._handle.id >= CLIENT_IDS_FIRST and session.channel.connection.queued   # queued, not sent
     assert echo(5) == 5 and echo("text") == "text"
     with pytest.raises(kernelrpc.RemoteError, match="no global function 'no.such.function'"):
         session.get_function("no.such.function")

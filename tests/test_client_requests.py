@@ -7,7 +7,7 @@ import pytest
 
 import kernelrpc
 from kernelrpc import nd, rpc
-from kernelrpc.rpc import channel as channel_module
+from kernelrpc.wire import connection as connection_module
 from kernelrpc.wire import protocol as P
 from kernelrpc.wire.requests import Op
 from kernelrpc.wire.values import DeviceValue, ModuleHandle, TensorHandle
@@ -65,7 +65,7 @@ def test_a_refused_array_keeps_the_stream_in_step(session):
 
 
 def test_the_server_lists_its_optional_requests_and_the_client_uses_them(session):
-    assert session.channel.ops == {Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED, Op.ALLOCATE, Op.GLOBAL_AT}
+    assert session.channel.connection.ops == {Op.RELEASE, Op.ARRAY, Op.TIME_EVALUATOR_PACKED, Op.ALLOCATE, Op.GLOBAL_AT}
     live = session.get_function("session.live_handles")
     before = live()
     arrays = [nd.array(np.full(3, i, "int32"), session.cpu(0)) for i in range(5)]
@@ -88,9 +88,9 @@ def test_array_round_trips_every_dtype_and_zero_sized_tensors(session, dtype):
 
 
 def test_a_server_without_the_optional_requests_gets_free_and_empty(server, monkeypatch):
-    monkeypatch.setattr(channel_module, "served_optional_ops", lambda info: frozenset())
+    monkeypatch.setattr(connection_module, "served_optional_ops", lambda info: frozenset())
     with rpc.connect(server.host, server.port) as sess:
-        assert sess.channel.ops == frozenset()
+        assert sess.channel.connection.ops == frozenset()
         live = sess.get_function("session.live_handles")
         before = live()
         tensor = nd.array(np.arange(5, dtype="int64"), sess.cpu(0))
@@ -105,12 +105,12 @@ def test_a_server_without_the_optional_requests_gets_free_and_empty(server, monk
 
 
 def test_the_hello_ops_list_is_checked():
-    assert channel_module.served_optional_ops({}) == frozenset()
-    assert channel_module.served_optional_ops({"ops": [16, 999]}) == {Op.RELEASE}
+    assert connection_module.served_optional_ops({}) == frozenset()
+    assert connection_module.served_optional_ops({"ops": [16, 999]}) == {Op.RELEASE}
     with pytest.raises(kernelrpc.ProtocolError, match="ops"):
-        channel_module.served_optional_ops({"ops": "16"})
+        connection_module.served_optional_ops({"ops": "16"})
     with pytest.raises(kernelrpc.ProtocolError, match="ops"):
-        channel_module.served_optional_ops({"ops": list(range(1000))})
+        connection_module.served_optional_ops({"ops": list(range(1000))})
 
 
 def test_a_whole_call_frame_without_a_function_handle_is_an_error_reply(session):

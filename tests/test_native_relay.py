@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
-import importlib.util
 import os
 import platform
+import re
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,21 +22,27 @@ from proxy_peers import recv_exactly
 #: Where the relay must run: decided here, not by the code under test, so that a
 #: broken relay fails these tests instead of skipping them.
 SUPPORTED = (sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
-             and importlib.util.find_spec("llvmlite") is not None)
+             and any(shutil.which(cc) for cc in ("cc", "gcc", "clang")))
 if not SUPPORTED:  # pragma: no cover - other platforms
     pytest.skip(f"no native relay on {sys.platform}/{platform.machine()}", allow_module_level=True)
 STOPPED = 1  # kernelrpc_relay's return value when told to stop (native_loop.STOPPED)
 
 
-def test_the_relay_compiles_here_and_its_abi_is_declared_once():
-    from kernelrpc.native.llvm import host_cpu
+C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "char *": ctypes.c_void_p,
+           "int32_t *": ctypes.c_void_p, "int64_t *": ctypes.c_void_p}
+
+
+def test_the_relay_compiles_here_and_its_abi_is_the_c_signature():
     from kernelrpc.proxy import native_loop
 
     function = native_relay.relay_function()  # raises, never skips, on a supported platform
-    assert native_loop.STOPPED == STOPPED
-    assert function.jit.function.argtypes == tuple(p.c_type for p in native_loop.PARAMS)
-    ir_params = native_loop.relay_module(host_cpu().arch).get_global(native_loop.NAME).args
-    assert [a.name for a in ir_params] == [p.name for p in native_loop.PARAMS]
+    assert function.function.argtypes == tuple(p.c_type for p in native_loop.PARAMS)
+    source = native_loop.SOURCE.read_text()
+    assert f"#define STOPPED {STOPPED} " in source and native_loop.STOPPED == STOPPED
+    signature = re.search(r"int64_t kernelrpc_relay\(([^)]*)\)", source).group(1)
+    params = [re.match(r"(.*?)\s*(\w+)$", p.strip()).groups() for p in signature.split(",")]
+    assert [name for _, name in params] == [p.name for p in native_loop.PARAMS]
+    assert [C_TYPES[kind] for kind, _ in params] == [p.c_type for p in native_loop.PARAMS]
     with pytest.raises(TypeError, match="takes"):
         native_loop.arguments(a=1, b=2)
 
@@ -170,23 +178,30 @@ def test_a_reset_ends_the_relay_with_the_error():
         stop(loop)
 
 
-def test_a_broken_relay_is_an_error_even_for_auto(monkeypatch):
-    """Only "not supported here" may fall back; a module LLVM rejects must fail loudly."""
-    from llvmlite import ir
-
+def test_a_broken_relay_is_an_error_even_for_auto(monkeypatch, tmp_path):
+    """Only "not supported here" (no C compiler) may fall back; a source the compiler rejects
+    must fail loudly."""
     from kernelrpc.proxy import native_loop, relays
 
-    def with_a_typo(arch):
-        module = native_loop.relay_module(arch)
-        ir.Function(module, ir.FunctionType(ir.IntType(32), []), "typo").append_basic_block()
-        return module  # a block without a terminator: the IR does not parse
-
-    monkeypatch.setattr(native_loop, "relay_module", with_a_typo)
+    broken = tmp_path / "native_relay.c"
+    broken.write_text(native_loop.SOURCE.read_text().replace("return rc;", "return rc"))
+    monkeypatch.setattr(native_loop.compile_relay, "__defaults__", (broken,))
+    monkeypatch.setenv("KERNELRPC_CACHE_DIR", str(tmp_path / "cache"))
     native_relay.relay_function.cache_clear()
     try:
         for requested in ("auto", "native"):
-            with pytest.raises(RuntimeError) as info:
+            with pytest.raises(RuntimeError, match="native_relay.c") as info:
                 relays.choose_relay(requested)
             assert not isinstance(info.value, native_relay.NativeRelayUnavailable), info.value
+    finally:
+        native_relay.relay_function.cache_clear()
+
+
+def test_no_c_compiler_falls_back(monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    native_relay.relay_function.cache_clear()
+    try:
+        with pytest.raises(native_relay.NativeRelayUnavailable, match="C compiler"):
+            native_relay.relay_function()
     finally:
         native_relay.relay_function.cache_clear()

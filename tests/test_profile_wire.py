@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import kernelrpc
 from kernelrpc import nd, rpc
-from kernelrpc.rpc import channel as channel_module
+from kernelrpc.wire import connection as connection_module
 from kernelrpc.wire import profile as profile_codec
 from kernelrpc.wire import protocol as P
 from kernelrpc.rpc.remote import Function
@@ -68,7 +68,7 @@ def check_result(result, module):
 
 
 def test_the_server_lists_the_packed_form_and_the_client_uses_it(session, module):
-    assert Op.TIME_EVALUATOR_PACKED in session.channel.ops
+    assert Op.TIME_EVALUATOR_PACKED in session.channel.connection.ops
     timer, result, wire = time_addone(session, module)
     assert type(wire) is bytes and b"string" not in wire   # binary times, no target echoed
     check_result(result, module)
@@ -80,7 +80,7 @@ def test_the_server_lists_the_packed_form_and_the_client_uses_it(session, module
                                     frozenset({Op.RELEASE, Op.ARRAY, 18})],     # the earlier one (op 18)
                          ids=["no-packed-form", "earlier-packed-form"])
 def test_without_the_packed_form_the_result_comes_as_json(server, fixture_module, monkeypatch, served):
-    monkeypatch.setattr(channel_module, "served_optional_ops", lambda info: served)
+    monkeypatch.setattr(connection_module, "served_optional_ops", lambda info: served)
     with rpc.connect(server.host, server.port, key="dev") as sess:
         sess.upload(fixture_module, "kernels.so")
         module = sess.load_module("kernels.so")
@@ -99,7 +99,7 @@ def time_on_a_new_session(server, fixture_module):
 
 def test_both_paths_give_the_same_profile_result(server, fixture_module, monkeypatch):
     new, wire = time_on_a_new_session(server, fixture_module)
-    monkeypatch.setattr(channel_module, "served_optional_ops", lambda info: frozenset())
+    monkeypatch.setattr(connection_module, "served_optional_ops", lambda info: frozenset())
     old, old_wire = time_on_a_new_session(server, fixture_module)
     assert type(old_wire) is str and type(wire) is bytes
     # timings differ from run to run: everything else is the same, and the same values give equal results
@@ -115,7 +115,7 @@ def test_both_paths_give_the_same_profile_result(server, fixture_module, monkeyp
 def test_a_server_serves_no_earlier_packed_form_and_names_it_in_the_error(session, module):
     """A client of the earlier packed form (op 18) sends it only to a server that lists it; this
     one does not, and a stray one is refused by number."""
-    assert 18 not in session.channel.ops
+    assert 18 not in session.channel.connection.ops
     with pytest.raises(kernelrpc.RemoteError, match="18"):
         session.channel._exchange(P.encode_request(18, [module._handle, "addone"]))
     assert session.get_function("testing.echo")(5) == 5      # the session goes on

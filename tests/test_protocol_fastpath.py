@@ -1,7 +1,8 @@
 """The fast paths agree with the general codec they mirror, on every input.
 
 ``encode_call``/``decode_call``/``encode_result``/``decode_result`` (with their one-pack scalar
-cases), ``decode_call_frame``/``decode_result_frame`` (a whole frame straight from one read) and
+cases), the session connections' ``call_from_read``/``result_from_read`` (a whole frame straight
+from one read; tests/test_session_connection.py has their kept calls) and
 ``FrameReader.whole_frame`` exist for speed (docs/performance.md), as do the decoder's memo of
 tensor handles and of lists, a handle's kept encoding, and each side's conversion of a call's
 arguments (``HandleTable.all_from_wire``, ``RPCSession.all_to_wire``); these differential tests
@@ -17,6 +18,7 @@ from test_protocol import handles, values
 
 from kernelrpc.errors import ProtocolError
 from kernelrpc.wire import protocol as P
+from kernelrpc.wire.connection import NOT_ONE_FRAME, ClientConnection, ServerConnection, SessionAccount
 from kernelrpc.wire.hello import _checked_info
 from kernelrpc.wire.convert import Converter
 from kernelrpc.wire.requests import Call, from_values
@@ -25,6 +27,9 @@ from kernelrpc.wire.values import (DeviceValue, FunctionHandle, TensorHandle, de
                                    encode_values)
 
 MAX_FRAME = 4096
+SERVER = ServerConnection(MAX_FRAME, SessionAccount(0, 0, 0))
+CLIENT = ClientConnection({"max_frame_bytes": MAX_FRAME, "max_tensor_bytes": 0, "max_session_bytes": 0,
+                           "max_client_tensors": 0, "globals": []})
 ints = st.integers(-2**63, 2**63 - 1)
 edge_ints = st.sampled_from([0, 1, -1, 2**31, -2**31, 2**32, 2**63 - 1, -2**63])
 floats = st.floats(allow_nan=False) | st.sampled_from([0.0, -0.0, math.inf, -math.inf, 5e-324])
@@ -36,7 +41,7 @@ def outcome(decode, data: bytes):
         got = decode(data)
     except ProtocolError:
         return ProtocolError
-    if type(got) in (Call, tuple):  # decode_call_frame's (function_id, args) pair, decode_call's Call;
+    if type(got) in (Call, tuple):  # call_from_read's (function_id, args) pair, decode_call's Call;
         got = (got[0], list(got[1]))  # the one-unpack path gives a tuple of arguments, the general one a list
     return repr(got)  # repr: NaN equals NaN, and -0.0 differs from 0.0
 
@@ -120,17 +125,18 @@ def check_agrees(data: bytes) -> None:
         assert outcome(P.decode_call, body) == outcome(general_call, body)
     assert outcome(P.decode_result, body) == outcome(decode_single, body)
     general_frame = general_whole_frame(data)
-    fast_call = outcome(lambda d: P.decode_call_frame(d, MAX_FRAME), data)
+    fast_call = outcome(SERVER.call_from_read, data)
     if fast_call == repr(None):  # left to the general path: then it is not one valid CALL frame
         assert general_frame is None or general_frame[0] != P.REQUEST or general_frame[1][:1] != bytes([P.CALL]) \
             or outcome(P.decode_call, general_frame[1]) is ProtocolError
     else:
         assert general_frame is not None and fast_call == outcome(P.decode_call, general_frame[1])
-    fast_result = outcome(lambda d: P.decode_result_frame(d, MAX_FRAME), data)
-    if fast_result == repr(P.NOT_ONE_FRAME):
+    fast_result = outcome(CLIENT.result_from_read, data)
+    if fast_result == repr(NOT_ONE_FRAME):
         assert general_frame is None or general_frame[0] != P.RETURN
     else:
         assert general_frame is not None and fast_result == outcome(P.decode_result, general_frame[1])
+        assert fast_result == outcome(lambda _: CLIENT.result_of(general_frame), data)  # the general lane
     reader = P.FrameReader(MAX_FRAME)
     whole = reader.whole_frame(data)
     try:
@@ -159,15 +165,15 @@ def test_whole_frame_leaves_everything_but_one_frame_to_the_reader():
 
 def test_the_one_read_decoders_leave_everything_but_one_frame_to_the_general_path():
     call, result = P.encode_call(3, [1]), P.encode_result(1)
-    assert P.decode_call_frame(call, MAX_FRAME) == (3, (1,))
-    assert P.decode_result_frame(result, MAX_FRAME) == 1
+    assert SERVER.call_from_read(call) == (3, (1,))
+    assert CLIENT.result_from_read(result) == 1
     for data in (call[:-1], call + call, call + b"\0", result, b"", call[:4],
                  P.encode_request(P.FREE, [FunctionHandle(3)])):
-        assert P.decode_call_frame(data, MAX_FRAME) is None
+        assert SERVER.call_from_read(data) is None
     for data in (result[:-1], result + result, result + b"\0", call, P.encode_error("E", "m"), b""):
-        assert P.decode_result_frame(data, MAX_FRAME) is P.NOT_ONE_FRAME
+        assert CLIENT.result_from_read(data) is NOT_ONE_FRAME
     with pytest.raises(ProtocolError):
-        P.decode_call_frame(P.encode_request(P.CALL, [1, 1]), MAX_FRAME)
+        SERVER.call_from_read(P.encode_request(P.CALL, [1, 1]))
 
 
 @given(handles, scalar_args | st.lists(values, max_size=4))

@@ -44,9 +44,9 @@ def test_an_allocation_under_a_client_id_is_a_zeroed_tensor_counted_like_arrays_
     assert allocate(h, FIRST, 4) is None            # no reply
     tensor = use(h, FIRST, 4)
     assert type(tensor) is runtime.Tensor and bytes(tensor.buffer) == bytes(16)
-    assert h.tensor_bytes == 16 and h.client_tensors == 1
+    assert h.account.tensor_bytes == 16 and h.account.client_tensors == 1
     release(h, FIRST)
-    assert h.tensor_bytes == 0 and h.client_tensors == 0 and tensor.freed
+    assert h.account.tensor_bytes == 0 and h.account.client_tensors == 0 and tensor.freed
     with pytest.raises(LookupError, match="no tensor with handle"):
         use(h, FIRST, 4)
 
@@ -59,9 +59,9 @@ def test_a_failed_allocation_is_raised_by_each_use_until_freed():
         with pytest.raises(AllocationFailed, match=rf"tensor {FIRST + 1} \(float32\[12\]\).*--max-session-bytes") as info:
             use(h, FIRST + 1, 12)
         assert isinstance(info.value.__cause__, MemoryError)   # the allocation's own error, with its traceback
-    assert h.tensor_bytes == 32 and h.client_tensors == 2
+    assert h.account.tensor_bytes == 32 and h.account.client_tensors == 2
     release(h, FIRST + 1)
-    assert h.client_tensors == 1
+    assert h.account.client_tensors == 1
     with pytest.raises(LookupError, match="no tensor with handle"):
         use(h, FIRST + 1, 12)
 
@@ -74,7 +74,7 @@ def test_an_id_outside_the_client_range_is_refused(handle_id, message):
     h = handler()
     with pytest.raises(ProtocolError, match=message):
         allocate(h, handle_id, 1)
-    assert h._objects == {} and h.client_tensors == 0
+    assert h._objects == {} and h.account.client_tensors == 0
 
 
 def test_an_id_in_use_and_one_past_the_count_are_refused_and_leave_the_table_alone():
@@ -93,7 +93,7 @@ def test_an_id_in_use_and_one_past_the_count_are_refused_and_leave_the_table_alo
         allocate(h, FIRST + MAX_TENSORS, 0)
     release(h, FIRST + 1)
     allocate(h, FIRST + MAX_TENSORS, 0)             # room again
-    assert h.client_tensors == MAX_TENSORS
+    assert h.account.client_tensors == MAX_TENSORS
 
 
 actions = st.lists(st.tuples(st.sampled_from(["allocate", "release"]),
@@ -118,8 +118,8 @@ def test_any_sequence_of_allocations_and_frees_keeps_the_counts(steps):
             allocate(h, handle_id, elements)
             held = sum(n for n in model.values() if n is not None)
             model[handle_id] = 4 * elements if held + 4 * elements <= LIMIT else None
-        assert h.client_tensors == len(model)
-        assert h.tensor_bytes == sum(n for n in model.values() if n is not None) <= LIMIT
+        assert h.account.client_tensors == len(model)
+        assert h.account.tensor_bytes == sum(n for n in model.values() if n is not None) <= LIMIT
     for handle_id, nbytes in model.items():
         elements = (nbytes or 0) // 4
         if nbytes is None:

@@ -54,13 +54,14 @@ def call(h: SessionHandler, function_id: int, *args):
     """A CALL as the server's loop runs it: its frame decoded (the decoder's memos included), then
     handled; an int of the client's range stands for the handle of the tensor under that id."""
     args = [handle(a) if type(a) is int and a >= FIRST else a for a in args]
-    request = P.decode_call_frame(P.encode_call(function_id, args), 1 << 20)
+    request = h.connection.call_from_read(P.encode_call(function_id, args))
     assert P.decode_result(h._call(request)[P.HEADER_SIZE:]) is None
 
 
 def prepared(h: SessionHandler, function_id: int):
     """The function's PreparedCall, or None."""
-    return h._kernel_calls.get(function_id, (None, None))[1]
+    kept = h.connection.kept.get(function_id)
+    return None if kept is None else kept.prepared
 
 
 def values(h: SessionHandler, handle_id: int) -> np.ndarray:
@@ -100,12 +101,12 @@ def test_a_call_with_the_same_handles_runs_prepared_on_their_current_memory(kern
         call(h, f, FIRST, FIRST + 1)
         np.testing.assert_array_equal(values(h, FIRST + 1), np.arange(N) * step + 1)
         assert (prepared(h, f) is None) == (step == 0)  # prepared from the second call in a row
-    assert h._kernel_calls[f][0] == [handle(FIRST), handle(FIRST + 1)]
+    assert h.connection.kept[f].args == [handle(FIRST), handle(FIRST + 1)]
     for step in range(2):                           # other handles: kept, then prepared, anew
         call(h, f, FIRST + 1, FIRST + 1)
         np.testing.assert_array_equal(values(h, FIRST + 1), np.arange(N) * 3 + 2 + step)
         assert (prepared(h, f) is None) == (step == 0)
-    assert h._kernel_calls[f][0] == [handle(FIRST + 1), handle(FIRST + 1)]
+    assert h.connection.kept[f].args == [handle(FIRST + 1), handle(FIRST + 1)]
 
 
 def test_calls_alternating_between_tensors_are_never_prepared(kernels):
@@ -123,7 +124,7 @@ def test_a_freed_tensor_drops_the_prepared_call_keeps_none_of_its_memory_and_is_
     raw = h.handles.tensor(handle(FIRST + 1))._buf._raw
     assert id(raw) in reachable(prepared(h, f))     # what the check below looks for is found
     release(h, FIRST + 1)
-    assert f not in h._kernel_calls and id(raw) not in reachable(h)
+    assert f not in h.connection.kept and id(raw) not in reachable(h)
     del raw
     with pytest.raises(LookupError, match=f"no tensor with handle {FIRST + 1} .*freed already"):
         call(h, f, FIRST, FIRST + 1)                # the same handles again, as a stale client sends them
@@ -177,7 +178,7 @@ def test_wrong_handles_after_a_prepared_call_raise_as_before_and_it_goes_on(kern
 def test_releasing_the_function_drops_its_prepared_call(kernels):
     h, f = prepared_session(kernels)
     release(h, f)
-    assert h._kernel_calls == {} and h._kernel_call_ids == set()
+    assert h.connection.kept == {} and h.connection.kept_ids == set()
     with pytest.raises(LookupError, match=f"no function with handle {f}"):
         call(h, f, FIRST, FIRST + 1)
 
@@ -189,13 +190,13 @@ def test_inline_tensors_and_kernels_with_scalars_are_not_kept(kernels):
     for _ in range(2):                              # an inline tensor lives for its call only
         call(h, f, inline, FIRST)
         np.testing.assert_array_equal(values(h, FIRST), 3)
-    assert h._kernel_calls == {}
+    assert h.connection.kept == {}
     axpy = h.handles.put(kernels.get_function("axpy"))
     allocate(h, FIRST + 1)
     for step in range(2):
         call(h, axpy, 2.0, FIRST, FIRST + 1, N)     # Y = alpha * X + Y
         np.testing.assert_array_equal(values(h, FIRST + 1), 6 * (step + 1))
-    assert h._kernel_calls == {}
+    assert h.connection.kept == {}
 
 
 def test_checked_mode_checks_the_pads_after_every_prepared_call(kernels):
@@ -286,10 +287,11 @@ def test_any_sequence_of_allocations_frees_and_calls_computes_what_unprepared_ca
                 else:
                     with pytest.raises(LookupError, match="freed already"):
                         call(h, f, source, target)
-        for function_id, (args, kept) in h._kernel_calls.items():
-            assert function_id == f and f in h._kernel_call_ids
+        for function_id, kept_call in h.connection.kept.items():
+            args, kept = kept_call.args, kept_call.prepared
+            assert function_id == f and f in h.connection.kept_ids
             if kept is not None:
-                assert {arg.id for arg in args} <= h._kernel_call_ids and all(arg.id in model for arg in args)
+                assert {arg.id for arg in args} <= h.connection.kept_ids and all(arg.id in model for arg in args)
                 assert not any(tensor.freed for tensor in kept.tensors)
         for held, expected in model.items():
             np.testing.assert_array_equal(values(h, held), expected)

@@ -413,3 +413,18 @@ def test_a_through_proxy_session_is_handed_to_the_spare(start_service, proxy):
     spare = spare_of(device)
     device.stop(signal.SIGTERM)
     wait_until(lambda: gone(spare), timeout=10, what="the spare gone with its server")
+
+
+@pytest.mark.parametrize("limits", [{}, {"max_client_tensors": 0}])
+def test_the_scripted_session_goes_as_scripted_whatever_the_servers_limits(tmp_path, limits):
+    """The warm-up's client speaks through a ClientConnection made from what this server's hello
+    would say: a server that takes no pipelined lookup gets none."""
+    from kernelrpc.server import spare
+    from kernelrpc.server.config import ServerConfig
+    from kernelrpc.server.workspace import Workspace
+
+    workspace = Workspace.create(tmp_path)
+    try:
+        assert spare._serve_script(ServerConfig(**limits), workspace) is None
+    finally:
+        workspace.remove()

@@ -5,6 +5,7 @@ import pytest
 
 from kernelrpc.errors import ConnectionLost
 from kernelrpc.wire import protocol as P
+from kernelrpc.wire.connection import NOT_ONE_FRAME, ClientConnection
 from kernelrpc.wire.transport import FramedSocket
 
 
@@ -12,7 +13,9 @@ from kernelrpc.wire.transport import FramedSocket
 def pair():
     a, b = socket.socketpair()
     with a, b:
-        yield a, FramedSocket(b)
+        yield a, FramedSocket(b, reader=ClientConnection({
+            "max_frame_bytes": P.DEFAULT_MAX_FRAME_BYTES, "max_tensor_bytes": 0, "max_session_bytes": 0,
+            "max_client_tensors": 0, "globals": []}))
 
 
 def test_a_small_frame_arrives_in_one_read(pair):
@@ -23,7 +26,7 @@ def test_a_small_frame_arrives_in_one_read(pair):
     assert conn.reader.pending == 0
     sender.sendall(P.encode_result(8))
     chunk = conn.recv_chunk()
-    assert P.decode_result_frame(chunk, P.DEFAULT_MAX_FRAME_BYTES) == 8
+    assert conn.reader.result_from_read(chunk) == 8
 
 
 def test_a_chunk_handed_back_goes_through_the_reader(pair):
@@ -32,7 +35,7 @@ def test_a_chunk_handed_back_goes_through_the_reader(pair):
     sender.sendall(reply + P.encode_result(1))
     chunk = conn.recv_chunk()
     assert len(chunk) < len(reply)
-    assert P.decode_result_frame(chunk, P.DEFAULT_MAX_FRAME_BYTES) is P.NOT_ONE_FRAME
+    assert conn.reader.result_from_read(chunk) is NOT_ONE_FRAME
     assert P.decode_result(conn.recv_frame(chunk)[1]) == "x" * 200_000
     assert conn.recv_chunk() is None  # the next frame is buffered: recv_frame takes it
     assert P.decode_result(conn.recv_frame()[1]) == 1

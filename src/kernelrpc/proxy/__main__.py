@@ -62,8 +62,8 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
                    help="accepted for TVM's command lines: TVM serves its web runtime's example "
                         "page with it; kernelrpc has no such page (see the warning)")
     p.add_argument("--relay", choices=RELAYS, default="auto",
-                   help="native: a JIT-compiled loop, one thread per session (64-bit Linux with "
-                        "llvmlite; start-up fails elsewhere); splice: Python moves bytes "
+                   help="native: a C loop, one thread per session (64-bit Linux with a C "
+                        "compiler; start-up fails elsewhere); splice: Python moves bytes "
                         "kernel-side with splice(2); copy: Python recv_into/send through a 1 MiB "
                         "buffer; auto (default): native where it runs, else splice with a warning. "
                         "With TLS every pair is relayed by copy through the TLS layer (native "

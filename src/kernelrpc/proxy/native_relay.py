@@ -2,9 +2,10 @@
 
 On loopback a Python relay costs two event-loop wake-ups and a few dozen
 bytecodes per message; at session round trips of ~20 us that is most of the
-proxy's overhead.  This module JIT-compiles (with llvmlite, already a dependency)
-the loop over ``recv``/``send``/``poll`` that ``native_loop.py`` builds and runs it
-in a thread through ``ctypes``, which releases the GIL for the whole session.
+proxy's overhead.  This module runs the loop over ``recv``/``send``/``poll`` in C
+(``native_relay.c``, compiled by the host's C compiler as the module runtime is:
+``native_loop.py``) in a thread through ``ctypes``, which releases the GIL for the
+whole session.
 
 After it has relayed a short message (a request or a reply) the loop keeps
 polling its two sockets for up to ``spin_ns`` before it sleeps in ``poll(2)``:
@@ -39,28 +40,28 @@ logger = logging.getLogger(__name__)
 
 
 class NativeRelayUnavailable(RuntimeError):
-    """The native relay cannot run here: not 64-bit Linux, or llvmlite is not installed."""
+    """The native relay cannot run here: not 64-bit Linux, or no C compiler is installed."""
 
 
 @functools.lru_cache(maxsize=1)
 def relay_function():
-    """JIT-compile the relay loop (``native_loop.py``) for this process, once.
+    """The relay loop (``native_loop.py``) compiled for this host and loaded, once a process.
 
     Raises:
-        NativeRelayUnavailable: the platform cannot run it (the only failure a caller
-            may turn into a fallback).  Anything else -- LLVM rejecting the module, a
-            bug in building it -- is raised as it is.
+        NativeRelayUnavailable: the platform cannot run it, or there is no C compiler (the
+            only failures a caller may turn into a fallback).  Anything else -- the compiler
+            rejecting the source, a failed link -- is raised as it is (a ToolchainError).
     """
     if not sys.platform.startswith("linux") or struct.calcsize("P") != 8:
         raise NativeRelayUnavailable("the native relay needs 64-bit Linux")
-    try:
-        import llvmlite.binding  # noqa: F401
-        import llvmlite.ir  # noqa: F401
-    except ImportError as exc:
-        raise NativeRelayUnavailable(f"the native relay needs llvmlite: {exc}") from None
+    from ..deploy.toolchain import Toolchain, ToolchainError, find_host_cc
     from .native_loop import compile_relay
 
-    return compile_relay()
+    try:
+        argv = tuple(find_host_cc())
+    except ToolchainError as exc:
+        raise NativeRelayUnavailable(f"the native relay needs a C compiler: {exc}") from None
+    return compile_relay(Toolchain(os.path.basename(argv[0]), argv))
 
 
 class NativeRelay:

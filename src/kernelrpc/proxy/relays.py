@@ -59,7 +59,7 @@ def choose_relay(requested: str, *, tls: bool = False) -> str:
 def describe(mode: str, spin_us: float) -> str:
     """``mode`` named first, then what it does: the proxy's start-up line."""
     mib = BUFFER_BYTES >> 20
-    how = {"native": f"a JIT-compiled loop, recv/send through {mib} MiB buffers, polling {spin_us:g} us "
+    how = {"native": f"a C loop, recv/send through {mib} MiB buffers, polling {spin_us:g} us "
                      "after short messages",
            "splice": f"splice(2) through {mib} MiB pipes",
            "copy": f"recv_into/send through {mib} MiB buffers",

@@ -11,8 +11,12 @@ else as a FREE whose reply is read first. A finalizer never touches the socket.
 
 A zero-filled tensor the server will accept for certain is allocated the same way
 (:meth:`allocate`): an ALLOCATE under an id the client chose, queued in order with the frees.
-To know "for certain" the channel counts the bytes of the tensors the session made, as the
-server counts them against its ``max_session_bytes``.
+To know "for certain" the channel's connection counts the bytes of the tensors the session
+made, as the server counts them against its ``max_session_bytes``.
+
+The protocol is the channel's :class:`~kernelrpc.wire.connection.ClientConnection`: framing,
+the reply decoding and its fast lane, the queue that goes out ahead of a request and the limits'
+accounting. The channel is the thin layer of sockets, lock, deadline and progress bars around it.
 
 The user-facing objects (session, tensor, module, function; client.py and remote.py) use only
 the public methods here.
@@ -23,27 +27,16 @@ import threading
 import time
 from typing import NoReturn
 
-from ..errors import AllocationFailed, ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
+from ..errors import ConnectionLost, ProtocolError, RemoteError, RPCError, SessionTimeout
 from ..runtime.prefault import prefault
 from ..wire import protocol as P
-from ..wire.protocol import NOT_ONE_FRAME, decode_result, decode_result_frame
-from ..wire.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Free, GlobalAt, Op, Shutdown
+from ..wire.connection import MAX_QUEUED, NOT_ONE_FRAME, ClientConnection
+from ..wire.requests import Free, Op, Shutdown
 from ..wire.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
-from ..wire.values import FunctionHandle, TensorHandle, decode_values
+from ..wire.values import FunctionHandle, TensorHandle
 
 _PROGRESS_CHUNK = 4 << 20
 _TIMEOUT_SLACK = 1.0  # a connection lost this close to the session deadline is the timeout
-_MAX_OPS_LISTED = 256
-_MAX_QUEUED = 256   # frees and ALLOCATEs held for the next request at most
-_RETURN = P.RETURN
-
-
-def served_optional_ops(info: dict) -> frozenset:
-    """The optional requests the server lists in its hello (none from servers that predate them)."""
-    listed = info.get("ops", [])
-    if not isinstance(listed, list) or len(listed) > _MAX_OPS_LISTED:
-        raise ProtocolError("session hello reply: ops is not a short list")
-    return frozenset(op for op in OPTIONAL_OPS if op.value in listed)
 
 
 class Channel:
@@ -53,11 +46,13 @@ class Channel:
                  progress_min_bytes: int = 16 << 20) -> None:
         self.info = info
         self.address = where
-        self.max_frame_bytes = int(info["max_frame_bytes"])
-        self.ops = served_optional_ops(info)
-        self._release_op = Op.RELEASE in self.ops
-        self.conn = FramedSocket(sock, self.max_frame_bytes, initial)
-        self._sendall, self._recv, self._reader = sock.sendall, sock.recv, self.conn.reader  # call()'s
+        #: The session connection: framing, replies, the queue ahead of a request, the accounting.
+        self.connection = connection = ClientConnection(info)
+        self.max_frame_bytes = connection.max_frame_bytes
+        self.account = connection.account
+        self.conn = FramedSocket(sock, initial=initial, reader=connection)
+        self._sendall, self._recv = sock.sendall, sock.recv  # call()'s
+        self._result_from_read = connection.result_from_read
         self.timeout = float(info["session_timeout"])
         self.deadline = time.monotonic() + self.timeout if self.timeout else None
         #: Progress bars for large transfers: None = where someone watches, True/False = always/never.
@@ -65,85 +60,43 @@ class Channel:
         self.progress_min_bytes = progress_min_bytes  # transfers at least this large may show a bar
         self._lock = threading.Lock()
         self._closed = False
-        self._released: list = []       # handles to free, and ALLOCATE and GLOBAL_AT frames, in the order they came
-        self._seen = 0                  # how far allocate() has read _released
-        #: Pipelined allocations: only with a server that announces its limits for them.
-        self._allocate_op = (Op.ALLOCATE in self.ops and self._release_op and info["max_session_bytes"] > 0
-                             and info["max_client_tensors"] > 0)
-        self.tensor_bytes = 0           # of the live tensors ARRAY and ALLOCATE made, as the server counts
-        self.client_tensors = 0         # of those, the ones under ids this client chose
-        self._sizes: dict = {}          # their ids -> bytes (0 for a function under a client's id)
-        self._next_client_id = CLIENT_IDS_FIRST
-        #: Pipelined get_function (GLOBAL_AT): the names the server listed, with a server that has it.
-        self._globals = (frozenset(info["globals"]) if Op.GLOBAL_AT in self.ops and self._release_op
-                         and info["max_client_tensors"] > 0 else frozenset())
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def serves(self, op: Op) -> bool:
-        return op not in OPTIONAL_OPS or op in self.ops
+        return self.connection.serves(op)
 
     # ------------------------------------------------------------ requests
 
     def request(self, request) -> list:
         """Send ``request`` and return the values of its RETURN reply."""
-        return decode_values(self._exchange(P.encode(request)))
+        return self._exchange(P.encode(request))
 
     def allocate(self, dtype: str, shape: tuple, device, nbytes: int | None) -> TensorHandle | None:
         """The handle of a new zero-filled tensor whose ALLOCATE goes out with the next request, if
         the server's checks will pass it (its layout checked already, ``nbytes`` its size); else
         None, and the caller sends an ARRAY, whose reply has the server's verdict. Only a genuine
         failure on the device is then heard late (AllocationFailed, from the first use)."""
-        if not self._allocate_op or nbytes is None or device.device_type != "cpu":
-            return None
         with self._lock:
-            handle_id = self._client_id(nbytes)
-            if handle_id is None:
-                return None
-            handle = TensorHandle(handle_id, dtype, shape, device)
-            self._queue(P.encode_request(P.ALLOCATE, [handle]))
+            handle = None if self._closed else self.connection.allocate(dtype, shape, device, nbytes)
+            if handle is not None and len(self.connection.queued) >= MAX_QUEUED:  # nothing else to send them with
+                self._send(b"")
         return handle
 
     def global_at(self, name: str) -> FunctionHandle | None:
         """The handle of the global function ``name``, whose GLOBAL_AT goes out with the next
         request, if the server listed ``name`` in its hello (it has it: the lookup cannot fail);
         else None, and the caller sends a GET_GLOBAL, whose reply has the server's verdict."""
-        if name not in self._globals:
+        connection = self.connection
+        if name not in connection.globals:  # (the connection's own test, without the lock)
             return None
         with self._lock:
-            handle_id = self._client_id(0)
-            if handle_id is None:
-                return None
-            handle = FunctionHandle(handle_id)
-            self._queue(P.encode(GlobalAt(name, handle)))
+            handle = None if self._closed else connection.global_at(name)
+            if handle is not None and len(connection.queued) >= MAX_QUEUED:  # nothing else to send them with
+                self._send(b"")
         return handle
-
-    def _client_id(self, nbytes: int) -> int | None:
-        """A new id of this client's for an entry of ``nbytes`` (0: a function), counted as the
-        server will count it, or None if the server would refuse it. Under the lock."""
-        released, sizes = self._released, self._sizes
-        for queued in released[self._seen:]:   # freed already, as the server will see it first
-            if type(queued) is not bytes and queued.id in sizes:
-                self._uncount(queued.id)
-        handle_id = self._next_client_id
-        if (self._closed or nbytes > self.info["max_tensor_bytes"] or handle_id > CLIENT_IDS_LAST
-                or self.tensor_bytes + nbytes > self.info["max_session_bytes"]
-                or self.client_tensors >= self.info["max_client_tensors"]):
-            return None
-        self._next_client_id = handle_id + 1
-        self.client_tensors += 1
-        self._count(handle_id, nbytes)
-        return handle_id
-
-    def _queue(self, frame: bytes) -> None:
-        """Send ``frame`` (no reply) with the next request, in order with the queued frees."""
-        released = self._released
-        released.append(frame)
-        self._seen = len(released)
-        if len(released) >= _MAX_QUEUED:  # nothing else to send them with: send them now
-            self._send(b"")
 
     def call(self, frame: bytes) -> object:
         """Send a CALL request, ``frame`` (protocol.encode_call, under ``max_frame_bytes``: a remote
@@ -151,20 +104,20 @@ class Channel:
 
         Fast path (docs/performance.md): the send and the first read of the reply are made here
         (FramedSocket.recv_chunk's read, with its errors), and a reply that arrives whole in that
-        read is decoded straight from it (protocol.decode_result_frame); anything else goes the
-        general way.
+        read is decoded straight from it (ClientConnection.result_from_read); anything else goes
+        the general way (ClientConnection.result_of).
         """
         lock = self._lock
         lock.acquire()  # not ``with``: half the cost on a path that is timed against raw sockets
         try:
-            if self._released or self._closed:
+            if self.connection.queued or self._closed:
                 frame = self._with_frees(frame)
             try:
                 self._sendall(frame)
             except OSError as exc:
                 raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
             chunk = None
-            if not self._reader.pending:
+            if not self.connection.pending:
                 try:
                     chunk = self._recv(FIRST_READ)
                 except OSError as exc:
@@ -174,26 +127,23 @@ class Channel:
                     raise
                 if not chunk:
                     raise self._lost(ConnectionLost(PEER_CLOSED))
-                result = decode_result_frame(chunk, self.max_frame_bytes)
+                result = self._result_from_read(chunk)
                 if result is not NOT_ONE_FRAME:
                     return result
             reply = self._receive(chunk)
-            if reply[0] != _RETURN:
-                self._fail(reply, _RETURN)
+            if reply[0] != P.RETURN:
+                self._fail(reply, P.RETURN)
         finally:
             lock.release()
-        return decode_result(reply[1])
+        return self.connection.result_of(reply)
 
-    def _exchange(self, frame: bytes, freeing: int | None = None) -> bytes:
-        """Send an encoded request (that frees the tensor ``freeing``); the body of its RETURN reply."""
+    def _exchange(self, frame: bytes, freeing: int | None = None) -> list:
+        """Send an encoded request (that frees the tensor ``freeing``); the values of its RETURN reply."""
         with self._lock:
             if freeing is not None:
-                self._uncount(freeing)
+                self.account.remove(freeing)
             self._send(frame)
-            reply = self._receive(None)
-            if reply[0] != _RETURN:
-                self._fail(reply, _RETURN)
-        return reply[1]
+            return self.expect(self._receive(None), P.RETURN)
 
     def request_with_raw(self, request, view: memoryview, describe, new_tensor: int | None = None) -> list:
         """Send ``request`` followed by the raw bytes of ``view`` (in pieces under a progress bar
@@ -211,8 +161,9 @@ class Channel:
                         self._send_raw(part)
                         bar.update(part.nbytes)
             values = self.expect(self.receive(), P.RETURN)
-            if new_tensor is not None and self._allocate_op and len(values) == 1 and type(values[0]) is int:
-                self._count(values[0], new_tensor)
+            if new_tensor is not None and self.connection.allocate_op and len(values) == 1 \
+                    and type(values[0]) is int:
+                self.account.add(values[0], new_tensor)
             return values
 
     def upload_file(self, request, file, size: int, describe) -> None:
@@ -267,23 +218,12 @@ class Channel:
     def release(self, handle) -> None:
         """Free ``handle`` with the next request (for finalizers: never touches the socket)."""
         if not self._closed:
-            self._released.append(handle)
+            self.connection.queued.append(handle)  # ClientConnection.release, one call less
 
     def free(self, handle) -> None:
         """Free ``handle`` now."""
         if not self._closed:
             self._exchange(P.encode(Free((handle,))), handle.id)
-
-    def _count(self, handle_id: int, nbytes: int) -> None:
-        self._sizes[handle_id] = nbytes
-        self.tensor_bytes += nbytes
-
-    def _uncount(self, handle_id: int) -> None:
-        nbytes = self._sizes.pop(handle_id, None)
-        if nbytes is not None:
-            self.tensor_bytes -= nbytes
-            if handle_id >= CLIENT_IDS_FIRST:
-                self.client_tensors -= 1
 
     # ------------------------------------------------------------ lifetime
 
@@ -310,7 +250,7 @@ class Channel:
 
     def _send(self, frame: bytes, raw=None) -> None:
         """Send a request frame (and raw bytes after it), with the queued frees in front."""
-        if self._released or self._closed:
+        if self.connection.queued or self._closed:
             frame = self._with_frees(frame)
         try:
             if raw is None:
@@ -324,14 +264,11 @@ class Channel:
     def _with_frees(self, frame: bytes) -> bytes:
         if self._closed:
             raise ConnectionLost(f"the session with {self.address} is closed")
-        released, self._released = self._released, []
-        self._seen = 0
-        if self._release_op:
-            if not self._allocate_op and not self._globals:   # handles only: no frame queued
-                return P.encode_request(P.RELEASE, [h.id for h in released]) + frame  # Release's wire values
-            return self._in_order(released) + frame
+        ahead, answered = self.connection.take_queued()
+        if not answered:
+            return ahead + frame
         try:  # a server without RELEASE answers the FREE: read that reply before the request's
-            self.conn.sock.sendall(P.encode(Free(tuple(released))))
+            self.conn.sock.sendall(ahead)
         except OSError as exc:
             raise self._lost(ConnectionLost(f"connection lost while sending: {exc}")) from None
         try:
@@ -340,27 +277,6 @@ class Channel:
             self.mark_closed()
             raise
         return frame
-
-    def _in_order(self, released: list) -> bytes:
-        """The queued frees (as RELEASEs), ALLOCATEs and GLOBAL_ATs in the order they came, the freed
-        entries under this client's ids uncounted."""
-        sizes, parts, ids = self._sizes, [], []
-        for queued in released:
-            if type(queued) is bytes:
-                if ids:
-                    parts.append(P.encode_request(P.RELEASE, ids))
-                    ids = []
-                parts.append(queued)
-            else:
-                handle_id = queued.id
-                ids.append(handle_id)
-                if handle_id in sizes:
-                    self._uncount(handle_id)
-        if ids:
-            if not parts:
-                return P.encode_request(P.RELEASE, ids)
-            parts.append(P.encode_request(P.RELEASE, ids))
-        return b"".join(parts)
 
     def _send_raw(self, part) -> None:
         try:
@@ -398,24 +314,16 @@ class Channel:
 
     def expect(self, frame: tuple[int, bytes], frame_type: int):
         """The RETURN values or DATA length of a reply frame, or the error that it stands for."""
-        got, body = frame
-        if got != frame_type:
+        if frame[0] != frame_type:
             self._fail(frame, frame_type)
-        if frame_type == P.RETURN:
-            return decode_values(body)
-        return P.decode_data_header(body)
+        return self.connection.reply_of(frame, frame_type)
 
     def _fail(self, frame: tuple[int, bytes], frame_type: int) -> NoReturn:
-        """Raise the error that a reply other than the expected ``frame_type`` stands for."""
-        got, body = frame
-        if got == P.ERROR:
-            type_name, message, traceback_text = P.decode_error(body)
-            kind = AllocationFailed if type_name == "AllocationFailed" else RemoteError
-            raise kind(type_name, message, traceback_text)
-        self.mark_closed()
-        if got == P.NOTICE:
-            raise P.notice_error(*P.decode_notice(body))
-        raise ProtocolError(f"expected {P.FRAME_NAMES[frame_type]}, got {P.FRAME_NAMES[got]}")
+        """Raise the error that a reply other than the expected ``frame_type`` stands for (after
+        anything but an ERROR the session is over)."""
+        if frame[0] != P.ERROR:
+            self.mark_closed()
+        raise self.connection.failure(frame, frame_type)  # no local: a traceback cycle would keep its frames
 
     def _lost(self, exc: Exception) -> RPCError:
         self.mark_closed()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import operator
 import os
 import time
 import traceback
@@ -21,12 +20,12 @@ from ..errors import ConnectionLost, ProtocolError
 from ..wire import protocol as P
 from ..wire.profile import encode_profile
 from ..wire.convert import PLAIN, Converter, local_tensor
+from ..wire.connection import RepeatedCall, ServerConnection, SessionAccount
 from ..wire.requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, NO_REPLY, WITH_RAW_INPUT, Op, TimeEvaluatorPacked
 from ..wire.transport import FIRST_READ, PEER_CLOSED, FramedSocket, receive_failed
 from ..wire.values import (DeviceValue, FunctionHandle, ModuleHandle, TensorHandle, TensorValue,
                            decode_values, nbytes_of)
 from ..runtime.module import Function as Kernel
-from ..runtime.module import PreparedCall
 from ..runtime.prefault import prefault
 from . import canary, registry
 from .config import ServerConfig
@@ -35,9 +34,7 @@ from .workspace import Workspace, WorkspaceError
 log = logging.getLogger(__name__)
 _encode_result = P.encode_result  # a module global: one lookup on the CALL path, not two
 _NONE_RETURN = P.encode_result(None)
-_MAX_KERNEL_CALLS = 64  # kernels whose last call is kept (prepared if repeated), per session
 _HANDLES_ONLY = frozenset([TensorHandle])
-_ID = operator.attrgetter("id")
 
 
 class SessionIdle(ConnectionLost):
@@ -148,9 +145,22 @@ class HandleTable(Converter):
         return value
 
 
+def session_connection(config: ServerConfig) -> ServerConnection:
+    """The server's side of a new session, with the server's limits."""
+    return ServerConnection(config.max_frame_bytes, SessionAccount(
+        config.max_tensor_bytes, config.max_session_bytes, config.max_client_tensors))
+
+
 class SessionHandler:
-    def __init__(self, conn: FramedSocket, workspace: Workspace, config: ServerConfig) -> None:
+    """The session's operations over its connection: ``conn`` is the transport (FramedSocket)
+    whose reader is the session's ServerConnection (None: driven without a network, tests)."""
+
+    def __init__(self, conn: FramedSocket | None, workspace: Workspace, config: ServerConfig) -> None:
         self.conn = conn
+        #: The session connection: framing, requests, the kept calls, the limits' accounting.
+        self.connection = conn.reader if conn is not None else session_connection(config)
+        #: The tensors EMPTY, ARRAY and ALLOCATE made and the entries under the client's ids.
+        self.account = self.connection.account
         self.workspace = workspace
         self.config = config
         self.handles = HandleTable()
@@ -158,15 +168,6 @@ class SessionHandler:
         self._checked = config.checked_tensors
         #: Globals that look at this session (handle leaks show up here during long runs).
         self._session_globals = {"session.live_handles": lambda: len(self._objects) - 1}  # minus itself
-        self.tensor_bytes = 0           # held by the tensors this session allocated (max_session_bytes)
-        self._allocated: dict[int, int] = {}    # handle -> bytes, for the tensors EMPTY, ARRAY, ALLOCATE made
-        self.client_tensors = 0         # entries under ids the client chose (ALLOCATE, GLOBAL_AT), failed ones too
-        #: function id -> each kernel's last call with tensor handles only (one or more): the
-        #: handles and, once the call was repeated with them, its PreparedCall; dropped with the
-        #: function or any of those tensors (``_drop``: an id never names another object before
-        #: it is dropped).
-        self._kernel_calls: dict[int, tuple[list, PreparedCall | None]] = {}
-        self._kernel_call_ids: set[int] = set()    # the ids those name (and maybe a few more)
         self._handlers = {op.value: handler for op, handler in {
             Op.GET_GLOBAL: self._get_global, Op.LIST_GLOBALS: self._list_globals,
             Op.LOAD_MODULE: self._load_module, Op.GET_FUNCTION: self._get_function, Op.CALL: self._call,
@@ -181,15 +182,15 @@ class SessionHandler:
         """Answer requests until the client shuts the session down or disconnects.
 
         Fast path (docs/performance.md): a CALL that arrives whole in one read is decoded
-        straight from it (protocol.decode_call_frame) and goes to ``_call`` without the table.
+        straight from it (ServerConnection.call_from_read) and goes to ``_call`` without the table.
         """
-        conn = self.conn
-        reader, recv, first_read = conn.reader, conn.sock.recv, FIRST_READ
+        conn, connection = self.conn, self.connection
+        recv, first_read = conn.sock.recv, FIRST_READ
         recv_frame, send = conn.recv_frame, conn.sock.sendall
-        handlers, decode_request, shutdown = self._handlers, P.decode_request, P.SHUTDOWN
-        call, decode_call_frame, max_frame_bytes = self._call, P.decode_call_frame, self.config.max_frame_bytes
+        handlers, request_of, shutdown = self._handlers, connection.request_of, P.SHUTDOWN
+        call, call_from_read = self._call, connection.call_from_read
         while True:
-            if reader.pending:  # frame bytes buffered: the reader takes those first
+            if connection.pending:  # frame bytes buffered: the reader takes those first
                 frame_type, body = recv_frame()
             else:
                 try:
@@ -201,7 +202,7 @@ class SessionHandler:
                     if not chunk:
                         raise ConnectionLost(PEER_CLOSED)
                     try:
-                        request = decode_call_frame(chunk, max_frame_bytes)
+                        request = call_from_read(chunk)
                         reply = None if request is None else call(request)
                     except ConnectionLost:
                         raise
@@ -220,7 +221,7 @@ class SessionHandler:
             if op == shutdown:
                 return
             try:
-                request = decode_request(body)  # first: it names an unknown op
+                request = request_of(body)  # first: it names an unknown op
                 reply = handlers[op](request)
             except ConnectionLost:
                 raise
@@ -278,21 +279,18 @@ class SessionHandler:
     # ------------------------------------------------------------ operations
 
     def _call(self, request):
+        if type(request) is RepeatedCall:  # a kernel's call kept by the connection: prepared if repeated
+            prepared = request.prepared
+            if prepared is not None and prepared.run():
+                if self._checked:
+                    canary.check_arguments(prepared.tensors)
+                return _NONE_RETURN
+            return self._call_kernel(request.function_id, self._objects[request.function_id], request.args, True)
         function_id, args = request
         func = self._objects.get(function_id)
         if func is None:
             raise LookupError(f"no function with handle {function_id} in this session (freed already?)")
-        if type(args) is not tuple:  # a tuple is decode_call's one int or float argument
-            last = self._kernel_calls.get(function_id)
-            # the decoder hands out the same handle objects for the same bytes: a different first
-            # one is told without TensorHandle.__eq__ (~0.5 us)
-            if last is not None and args and last[0][0] is args[0] and last[0] == args:
-                prepared = last[1]
-                if prepared is not None and prepared.run():
-                    if self._checked:
-                        canary.check_arguments(prepared.tensors)
-                    return _NONE_RETURN
-                return self._call_kernel(function_id, func, args, True)
+        if type(args) is not tuple:  # a tuple is call_from_read's one int argument
             if type(func) is Kernel:
                 return self._call_kernel(function_id, func, args, False)
             args = self.handles.all_from_wire(args)
@@ -302,10 +300,10 @@ class SessionHandler:
         return _encode_result(result if type(result) in PLAIN else self.handles.to_wire(result))
 
     def _call_kernel(self, function_id: int, kernel: Kernel, args: list, again: bool) -> bytes:
-        """A kernel's call. One whose arguments are all tensor handles is kept as the function's
-        last; the second in a row with the same handles (``again``) is prepared (``Kernel.prepare``:
-        the tensors checked and the argument array filled once), and the calls with those handles
-        after it run prepared."""
+        """A kernel's call. One whose arguments are all tensor handles is kept by the connection as
+        the function's last (``keep_call``); the second in a row with the same handles (``again``:
+        a RepeatedCall) is prepared (``Kernel.prepare``: the tensors checked and the argument
+        array filled once), and kept with it: the calls with those handles after it run prepared."""
         objects = self.handles.all_from_wire(args)
         if not args or not _HANDLES_ONLY.issuperset(map(type, args)):  # (inline tensors live for one call)
             kernel(*objects)
@@ -315,14 +313,7 @@ class SessionHandler:
                 kernel(*objects)
             else:
                 prepared.run()
-            calls, ids = self._kernel_calls, self._kernel_call_ids
-            if len(calls) >= _MAX_KERNEL_CALLS and function_id not in calls:
-                calls.clear()
-                ids.clear()
-            calls[function_id] = args, prepared
-            ids.add(function_id)
-            if prepared is not None:
-                ids.update(map(_ID, args))
+            self.connection.keep_call(function_id, args, prepared)
         if self._checked:
             canary.check_arguments(objects)
         return _NONE_RETURN
@@ -351,41 +342,22 @@ class SessionHandler:
         return None
 
     def _drop(self, ids) -> None:
-        kernel_call_ids = self._kernel_call_ids
+        kept_ids, account = self.connection.kept_ids, self.account
         for handle_id in ids:
             obj = self._objects.pop(handle_id, None)
-            if handle_id in kernel_call_ids:
-                self._forget_kernel_calls(handle_id)
-            if handle_id >= CLIENT_IDS_FIRST and obj is not None:
-                self.client_tensors -= 1
+            if handle_id in kept_ids:
+                self.connection.forget(handle_id)
+            account.remove(handle_id)
             if isinstance(obj, runtime.Tensor):
-                self.tensor_bytes -= self._allocated.pop(handle_id, 0)
                 obj.free()
-
-    def _forget_kernel_calls(self, handle_id: int) -> None:
-        """Drop the last call of the function ``handle_id`` and the calls with a tensor ``handle_id``."""
-        calls = self._kernel_calls
-        calls.pop(handle_id, None)
-        for function_id in [function_id for function_id, (args, _) in calls.items()
-                            if any(arg.id == handle_id for arg in args)]:
-            del calls[function_id]
-        ids = self._kernel_call_ids
-        ids.clear()
-        ids.update(calls)
-        ids.update(arg.id for args, prepared in calls.values() if prepared is not None for arg in args)
 
     def _allocate(self, shape, dtype: str, device: DeviceValue, nbytes: int,
                   handle_id: int | None = None) -> tuple[int, runtime.Tensor]:
         """A new zero-filled tensor of ``nbytes`` (its checked layout's size) in the handle table,
         within the server's limits, under ``handle_id`` (a client's, free) or a new id."""
-        if nbytes > self.config.max_tensor_bytes:
-            raise MemoryError(f"tensor of {nbytes} bytes exceeds the server's limit of "
-                              f"{self.config.max_tensor_bytes} bytes (max_tensor_bytes)")
-        if self.tensor_bytes + nbytes > self.config.max_session_bytes:
-            raise MemoryError(f"a tensor of {nbytes} bytes would bring this session's tensors to "
-                              f"{self.tensor_bytes + nbytes} bytes, beyond the server's limit of "
-                              f"{self.config.max_session_bytes} bytes per session (--max-session-bytes); "
-                              "free tensors you no longer need")
+        refused = self.account.bytes_refused(nbytes)
+        if refused:
+            raise MemoryError(refused)
         tensor = runtime.Tensor(tuple(shape), dtype, runtime.Device(device.device_type, device.device_id))
         if self.config.checked_tensors:
             canary.guard(tensor)
@@ -393,8 +365,7 @@ class SessionHandler:
             handle_id = self.handles.put(tensor)
         else:
             self._objects[handle_id] = tensor
-        self._allocated[handle_id] = nbytes
-        self.tensor_bytes += nbytes
+        self.account.add(handle_id, nbytes)
         return handle_id, tensor
 
     def _empty(self, request):
@@ -416,8 +387,8 @@ class SessionHandler:
                 raise
         return P.encode_return([handle_id])
 
-    def _take_client_id(self, name: str, handle_id: int) -> None:
-        """Count ``handle_id`` as an entry under an id the client chose (ALLOCATE, GLOBAL_AT); a
+    def _check_client_id(self, name: str, handle_id: int) -> None:
+        """Check ``handle_id`` for a new entry under an id the client chose (ALLOCATE, GLOBAL_AT); a
         ProtocolError (the session ends, _error_reply) if it is outside their range, in use, or
         past the server's ``max_client_tensors``."""
         if not CLIENT_IDS_FIRST <= handle_id <= CLIENT_IDS_LAST:
@@ -425,31 +396,32 @@ class SessionHandler:
                                 f"[{CLIENT_IDS_FIRST}, {CLIENT_IDS_LAST}]")
         if handle_id in self._objects:
             raise ProtocolError(f"{name}: id {handle_id} is in use")
-        if self.client_tensors >= self.config.max_client_tensors:
-            raise ProtocolError(f"{name}: the client holds {self.client_tensors} tensors and functions under "
-                                f"ids it chose, the server's limit (max_client_tensors)")
-        self.client_tensors += 1
+        refused = self.account.entry_refused()
+        if refused:
+            raise ProtocolError(f"{name}: {refused}")
 
     def _allocate_at(self, request):
         """ALLOCATE: no reply; a failure to allocate is kept under the id (Unallocated), a bad id
         ends the session (_error_reply)."""
         tensor = request.tensor
         handle_id = tensor.id
-        self._take_client_id("ALLOCATE", handle_id)
+        self._check_client_id("ALLOCATE", handle_id)
         try:
             self._allocate(tensor.shape, tensor.dtype, tensor.device, nbytes_of(tensor.dtype, tensor.shape),
                            handle_id)
         except (MemoryError, OSError) as exc:   # the server's limits, or the device's memory
             log.debug("ALLOCATE of %d failed", handle_id, exc_info=True)
             self._objects[handle_id] = Unallocated(exc, f"{tensor.dtype}{list(tensor.shape)}")
+            self.account.add(handle_id, 0)      # an entry under the client's id all the same
         return None
 
     def _global_at(self, request):
         """GLOBAL_AT: no reply; the client sends it only for a name the hello listed, so an
         unknown name, like a bad id, ends the session (_error_reply)."""
         func = registry.get(request.name)
-        self._take_client_id("GLOBAL_AT", request.function.id)
+        self._check_client_id("GLOBAL_AT", request.function.id)
         self._objects[request.function.id] = func
+        self.account.add(request.function.id, 0)
         return None
 
     def _tensor_range(self, request) -> memoryview:

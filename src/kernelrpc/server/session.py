@@ -33,7 +33,7 @@ from ..wire.handshake import ParsedKey
 from ..wire.transport import FramedSocket
 from . import process_tree, registry
 from .config import ServerConfig
-from .handler import SessionHandler, SessionIdle, TransferTooSlow, socket_timed_out
+from .handler import SessionHandler, SessionIdle, TransferTooSlow, session_connection, socket_timed_out
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -401,6 +401,15 @@ def _max_fd() -> int:
         return 4096
 
 
+def session_info(config: ServerConfig, timeout: float | None) -> dict:
+    """What the server's hello tells the client: the session's limits and global functions."""
+    return {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
+            "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
+            "max_session_bytes": config.max_session_bytes, "max_client_tensors": config.max_client_tensors,
+            "globals": registry.names(), "server": "kernelrpc", "pid": os.getpid(),
+            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+
+
 def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
                 timeout: float | None, initial: bytes = b"") -> None:
     """The child's whole life: version exchange, then requests, until the session ends."""
@@ -424,14 +433,9 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
         return
     sock.settimeout(None)
     _set_socket_timeouts(sock, config.socket_timeout())
-    info = {"session_timeout": timeout or 0, "max_frame_bytes": config.max_frame_bytes,
-            "max_upload_bytes": config.max_upload_bytes, "max_tensor_bytes": config.max_tensor_bytes,
-            "max_session_bytes": config.max_session_bytes, "max_client_tensors": config.max_client_tensors,
-            "globals": registry.names(), "server": "kernelrpc", "pid": os.getpid(),
-            "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
-    conn = FramedSocket(sock, config.max_frame_bytes, parser.unused)
+    conn = FramedSocket(sock, initial=parser.unused, reader=session_connection(config))
     try:
-        conn.send(encode_hello_accept(info))
+        conn.send(encode_hello_accept(session_info(config, timeout)))
         SessionHandler(conn, workspace, config).serve()
     except (SessionIdle, TransferTooSlow) as exc:
         log.warning("session ended: %s", exc)

@@ -54,18 +54,20 @@ import sys
 import threading
 import time
 
+from ..errors import RemoteError
+from ..wire import connection as wire_connection
 from ..wire import protocol as P
-from ..wire.hello import HelloReplyParser, encode_hello
+from ..wire.connection import ClientConnection
+from ..wire.hello import HelloReplyParser, encode_hello, encode_hello_accept
 from ..wire.handshake import ParsedKey
 from ..wire.profile import encode_profile
-from ..wire.requests import (CLIENT_IDS_FIRST, Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, GlobalAt, Release,
-                             Shutdown)
+from ..wire.requests import Array, CopyFrom, CopyTo, Empty, Free, GetGlobal, Shutdown
 from ..wire.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
 from .config import ServerConfig
 from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, run_session,
-                      start_session)
+                      session_info, start_session)
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -116,29 +118,39 @@ request on, and a spare's own warm-up only has to take its copy-on-write faults
 (docs/performance.md, "A new session's first requests")."""
 
 
-def _warm_up_script() -> list[tuple[bytes, int]]:
-    """What the scripted client sends, one message at a time, and the replies each one gets:
-    the requests of a typical first session, the lookup and call ``WARM_UP_LOOKUPS`` times."""
+def _warm_up_script(client: ClientConnection) -> list[tuple[bytes, int]]:
+    """What the scripted client sends, one message at a time, through the client's session
+    connection (the frees and GLOBAL_ATs it queues go out ahead of the next request, as a
+    client's do), and the replies each one gets: the requests of a typical first session, the
+    lookup and call ``WARM_UP_LOOKUPS`` times."""
     cpu = DeviceValue("cpu", 0)
     tensor = TensorHandle(2, "float32", (1,), cpu)
     four = b"\0\0\x80?"
-    again, last = [], 1
-    for h in range(CLIENT_IDS_FIRST, CLIENT_IDS_FIRST + WARM_UP_LOOKUPS - 1):
-        again.append((P.encode(Release((last,))) + P.encode(GlobalAt("testing.echo", FunctionHandle(h)))
-                      + P.encode_call(h, (1,)), 1))
-        last = h
+
+    def send(frame: bytes) -> bytes:
+        return client.take_queued()[0] + frame    # this server serves RELEASE: nothing ahead answers
+
+    again, last = [], FunctionHandle(1)
+    for _ in range(WARM_UP_LOOKUPS - 1):
+        client.release(last)
+        handle = client.global_at("testing.echo")
+        if handle is None:      # a server that takes no pipelined lookup (max_client_tensors 0)
+            break
+        last = handle
+        again.append((send(P.encode_call(last.id, (1,))), 1))
     return [
         (encode_hello(), 0),                                      # answered apart
-        (P.encode(GetGlobal("testing.echo")), 1),                   # handle 1
-        (P.encode_call(1, (1,)), 1), (P.encode_call(1, (0.5,)), 1), (P.encode_call(1, ["text", 2]), 1),
+        (send(P.encode(GetGlobal("testing.echo"))), 1),             # handle 1
+        (send(P.encode_call(1, (1,))), 1), (send(P.encode_call(1, (0.5,))), 1),
+        (send(P.encode_call(1, ["text", 2])), 1),
         *again,
-        (P.encode(Free((FunctionHandle(last),))), 1),
-        (P.encode(Empty([1], "float32", cpu)), 1),                  # handle 2
-        (P.encode(CopyTo(tensor, 0, 4)), 0), (four, 1),
-        (P.encode(CopyFrom(tensor, 0, 4)), 1),
-        (P.encode(Array([1], "float32", cpu, 4)), 0), (four, 1),    # handle 3
-        (P.encode(Free((tensor, TensorHandle(3, "float32", (1,), cpu)))), 1),
-        (P.encode(Shutdown()), 0),
+        (send(P.encode(Free((last,)))), 1),
+        (send(P.encode(Empty([1], "float32", cpu))), 1),           # handle 2
+        (send(P.encode(CopyTo(tensor, 0, 4))), 0), (four, 1),
+        (send(P.encode(CopyFrom(tensor, 0, 4))), 1),
+        (send(P.encode(Array([1], "float32", cpu, 4))), 0), (four, 1),    # handle 3
+        (send(P.encode(Free((tensor, TensorHandle(3, "float32", (1,), cpu))))), 1),
+        (send(P.encode(Shutdown())), 0),
     ]
 
 
@@ -194,9 +206,11 @@ def _evaluator_warm_up() -> str | None:
 def _serve_script(config: ServerConfig, workspace: Workspace) -> str | None:
     """Serve the scripted session (:func:`_warm_up_script`); why its replies are not the
     script's, or None."""
+    info = HelloReplyParser().feed(encode_hello_accept(session_info(config, None))).info  # as the client hears it
+    connection = ClientConnection(info)
     served, client = _scripted_socketpair()
     with served, client:
-        script = _warm_up_script()
+        script = _warm_up_script(connection)
         for message, _ in script:
             client.sendall(message)
         client.shutdown(socket.SHUT_WR)     # whatever goes wrong, the session ends
@@ -204,12 +218,12 @@ def _serve_script(config: ServerConfig, workspace: Workspace) -> str | None:
         served.close()
         client.settimeout(1.0)
         replies = b"".join(iter(lambda: client.recv(1 << 16), b""))
-    return _check_replies(replies, config.max_frame_bytes, sum(n for _, n in script))
+    return _check_replies(replies, connection, sum(n for _, n in script))
 
 
-_MODULE_CALL_CODE = (module, tensor, buffer, handler)
+_MODULE_CALL_CODE = (module, tensor, buffer, handler, wire_connection)
 """What a session's first module call and time_evaluator run that no warm-up can run without a
-compiled module."""
+compiled module (the connection's kept calls among them)."""
 
 
 def _touch_code(modules) -> None:
@@ -287,27 +301,28 @@ def lower_priority() -> str | None:
         return None
 
 
-def _check_replies(data: bytes, max_frame_bytes: int, expected: int) -> str | None:
-    """Why the warm-up's replies are not the script's (or None): a refusal, an error, too few."""
+def _check_replies(data: bytes, client: ClientConnection, expected: int) -> str | None:
+    """Why the warm-up's replies, read by the scripted client's connection, are not the script's
+    (or None): a refusal, an error, too few."""
     parser = HelloReplyParser()
     try:
         if parser.feed(data) is None:
             return "no version exchange"
-        reader = P.FrameReader(max_frame_bytes)
-        reader.feed(parser.unused)
-        frames = []
+        client.feed(parser.unused)
+        count = 0
         while True:
-            frame = reader.next_frame()
+            frame = client.next_frame()
             if frame is None:
                 break
-            if frame.type == P.ERROR:
-                return "%s: %s" % P.decode_error(frame.body)[:2]
-            frames.append(frame)
+            reply = client.reply_of(frame, P.DATA if frame.type == P.DATA else P.RETURN)
+            count += 1
             if frame.type == P.DATA:
-                reader.take(P.decode_data_header(frame.body))
+                client.take(reply)
+    except RemoteError as exc:
+        return f"{exc.type_name}: {exc.remote_message}"
     except Exception as exc:        # noqa: BLE001 (reported, never fatal)
         return f"{type(exc).__name__}: {exc}"
-    return None if len(frames) == expected else f"{len(frames)} replies, not {expected}"
+    return None if count == expected else f"{count} replies, not {expected}"
 
 
 def _receive_handoff(control: socket.socket) -> tuple[socket.socket, float | None, bytes] | None:

@@ -165,7 +165,8 @@ def decode_request(body):
 # They make and accept exactly the bytes of encode(Call(...)) / encode_return([result]) (tests
 # check this on every input), with one struct operation for the head instead of a value each, and
 # one for the whole message in the commonest case: no argument or one int or float, an int or
-# float result (the gains are in docs/performance.md).
+# float result (the gains are in docs/performance.md). The decoders of a whole CALL or RETURN
+# frame straight from one read are the session connection's fast lanes (connection.py).
 _SCALAR_LENGTH = 9  # an int or float value: tag and 8 bytes
 _CALL_INT = struct.Struct(_CALL_HEAD.format + "Bq")      # a whole CALL with one int argument
 _CALL_FLOAT = struct.Struct(_CALL_HEAD.format + "Bd")
@@ -228,31 +229,6 @@ def decode_call(body: bytes) -> Call:
     return _tuple_new(Call, (function_id, decode_items(body, _CALL_FIXED, count - 1)))
 
 
-def decode_call_frame(data: bytes, max_frame_bytes: int) -> tuple[int, tuple | list] | None:
-    """Fast path: ``(function_id, args)`` of the CALL that ``data`` is, if it is exactly one whole
-    CALL frame, else None.
-
-    For the server's read that holds one request (what a measurement loop sends): it decodes
-    straight from the read, without the frame reader's buffer and a copy of the body, a call
-    with one int argument in one struct operation. The pair is a plain tuple, not a Call (building
-    the NamedTuple cost ~0.1 us a message): its fields are the Call's. None leaves everything else
-    (part of a frame, several, another op, a bad header) to FrameReader and decode_request, which
-    judge it alike (tests/test_protocol_fastpath.py).
-    """
-    if len(data) == _CALL_INT_FRAME_SIZE:
-        prefix, function_id, value_tag, value = _unpack_call_int_frame(data)
-        if prefix == _CALL_INT_PREFIX and value_tag == T_INT:
-            return function_id, (value,)
-    if len(data) < _CALL_HEAD_SIZE or data[_OP_OFFSET] != CALL:
-        return None
-    length, frame_type, _, count, tag, function_id = _CALL_HEAD.unpack_from(data)
-    if length + HEADER_SIZE != len(data) or frame_type != REQUEST or length > max_frame_bytes:
-        return None
-    if tag != T_FUNCTION or count == 0:
-        raise ProtocolError("CALL needs a function handle first")
-    return function_id, decode_items(data, _CALL_HEAD_SIZE, count - 1)
-
-
 def encode_result(value) -> bytes:
     """A RETURN frame carrying the one value of a CALL's result."""
     kind = type(value)
@@ -273,30 +249,6 @@ _NONE_RESULT = _RESULT_HEAD.pack(5, RETURN, 1) + encode_items((None,))
 
 decode_result = decode_single
 """The one value of a CALL's RETURN body (a shortcut for one int here gained ~50 ns: folded back)."""
-
-
-NOT_ONE_FRAME = object()
-"""What ``decode_result_frame`` returns for bytes that are not exactly one whole RETURN frame."""
-
-
-def decode_result_frame(data: bytes, max_frame_bytes: int):
-    """Fast path: the result in ``data`` if it is exactly one whole RETURN frame, else NOT_ONE_FRAME.
-
-    The client's counterpart of decode_call_frame: a malformed value in a whole RETURN frame
-    raises ProtocolError, as decode_result does.
-    """
-    if len(data) == _RESULT_INT_FRAME_SIZE:
-        prefix, value = _unpack_result_int_frame(data)
-        if prefix == _RESULT_INT_PREFIX:
-            return value
-    elif data == _NONE_RESULT:  # a kernel's result
-        return None
-    if len(data) < HEADER_SIZE:
-        return NOT_ONE_FRAME
-    length, frame_type = _HEADER.unpack_from(data)
-    if length + HEADER_SIZE != len(data) or frame_type != RETURN or length > max_frame_bytes:
-        return NOT_ONE_FRAME
-    return decode_result(data[HEADER_SIZE:])
 
 
 def encode_return(values=()) -> bytes:

@@ -33,9 +33,11 @@ class FramedSocket:
     """Blocking frame I/O over a connected socket. Socket errors surface as ConnectionLost."""
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 initial: bytes = b"") -> None:
+                 initial: bytes = b"", reader: FrameReader | None = None) -> None:
+        """``reader``: the session connection that takes the bytes (connection.py), else a frame
+        reader of ``max_frame_bytes``."""
         self.sock = sock
-        self.reader = FrameReader(max_frame_bytes)
+        self.reader = FrameReader(max_frame_bytes) if reader is None else reader
         self._scratch = bytearray(_RECV_CHUNK)
         self._gather = not is_tls_socket(sock)  # TLS sockets have no sendmsg
         if initial:
@@ -72,8 +74,8 @@ class FramedSocket:
         are buffered (``recv_frame`` must take those first).
 
         The first read of every frame. A request or reply of a measurement loop arrives whole in
-        it; a caller with a fast decoder for that case (protocol.decode_call_frame,
-        decode_result_frame) decodes the chunk itself, and hands anything else back with
+        it; the session connection's fast lanes (connection.py: ``call_from_read``,
+        ``result_from_read``) decode the chunk, and anything else is handed back with
         ``recv_frame(chunk)``. The server's request loop and the client's channel make this
         read themselves, with the same errors (``receive_failed``, ``PEER_CLOSED``): one Python
         call less per message.

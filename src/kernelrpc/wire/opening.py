@@ -1,0 +1,299 @@
+"""Sans-IO state machine for the accepting side's opening of a connection, written once for
+the device server, the proxy and the tracker.
+
+From the first byte a peer sends until it has said who it is, every service runs the same
+steps (``docs/tvm-wire-formats.md`` sections 2.1 and 3, ``wire/tls.py``, ``wire/auth.py``):
+
+1. with TLS on (:attr:`OpeningConfig.tls`), the first byte must start a TLS hello (0x16):
+   a plain-TCP peer gets :data:`~kernelrpc.wire.tls.PLAINTEXT_REFUSAL` and is closed gently;
+   else the driver runs the TLS handshake and reports :class:`TLSEstablished` (or
+   :class:`TLSFailed`);
+2. the preamble (:class:`Preamble`): TVM's RPC ``magic, len, key`` (server, proxy) or the
+   tracker's 4-byte magic;
+3. with an auth token, the HMAC challenge-response (:class:`~kernelrpc.wire.auth.ServiceAuth`)
+   bound to the key (RPC) or to :data:`~kernelrpc.wire.auth.AUTH_CONTEXT` (tracker);
+4. :class:`Accept`, with the bytes the peer sent after its opening; the tracker's magic echo is
+   part of the opening, an RPC reply is the service's (it depends on the key).
+
+Events go in through :meth:`OpeningMachine.handle` (:class:`DataReceived`,
+:class:`TLSEstablished`, :class:`TLSFailed`, :class:`TimerFired`, :class:`ConnectionClosed`),
+with the monotonic time; actions come out (:class:`Send`, :class:`StartTLS`,
+:class:`NeedData`, :class:`Accept`, :class:`Reject`). :attr:`OpeningMachine.deadline` is when
+the whole opening must be done. The machine never touches a socket or a clock, so arbitrary
+bytes and events are tested without a network: they end in an :class:`Accept`, a typed
+:class:`Reject` (a :class:`Refusal`), or a :class:`NeedData` within :data:`MAX_OPENING_BYTES`,
+never in an exception or an unbounded buffer. The server (``server/listener.py``, selectors),
+the proxy (``proxy/connection.py``, loop readers) and the tracker (``tracker/service.py``,
+asyncio protocols) drive it; each logs a rejection in its own words.
+
+Stdlib only: the device server imports it.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ..errors import HandshakeError, ProtocolError
+from .auth import AUTH_CONTEXT, MAC_BYTES, NONCE_BYTES, ServiceAuth
+from .handshake import MAX_KEY_BYTES, PreambleParser
+from .tls import PLAINTEXT_REFUSAL, is_tls_hello
+from .tracker_codec import MAGIC_BYTES
+
+MAX_OPENING_BYTES = 8 + MAX_KEY_BYTES + NONCE_BYTES + MAC_BYTES
+"""The most the machine ever holds of a peer's bytes (an RPC preamble, then the auth answer)."""
+
+
+class Preamble(enum.Enum):
+    RPC = "rpc"             # TVM's ``i32 RPC_MAGIC, i32 len, key``
+    TRACKER = "tracker"     # TVM's tracker magic, alone
+
+
+class OpeningConfig(NamedTuple):
+    """One service's opening: fixed when the service starts.
+
+    ``check_key(key)`` (RPC only) vets a key before any challenge, raising
+    :class:`~kernelrpc.errors.ProtocolError` or :class:`~kernelrpc.errors.HandshakeError`
+    to refuse it; what it returns is :attr:`Accept.checked`.
+    """
+
+    preamble: Preamble
+    tls: bool = False
+    auth_token: bytes | None = None
+    timeout: float = 10.0
+    check_key: Callable[[str], object] | None = None
+
+
+# -- events in (NamedTuples: one per read on the hot side of a service, so cheap) ------------
+class DataReceived(NamedTuple):
+    data: bytes
+
+
+class TLSEstablished(NamedTuple):
+    pass
+
+
+class TLSFailed(NamedTuple):
+    detail: str
+
+
+class TimerFired(NamedTuple):
+    pass
+
+
+class ConnectionClosed(NamedTuple):
+    pass
+
+
+# -- actions out -----------------------------------------------------------------------------
+class Send(NamedTuple):
+    data: bytes
+
+
+class StartTLS(NamedTuple):
+    """The bytes fed so far start a TLS hello: they are TLS's (a driver that peeked leaves them
+    in the socket; one that read them hands them to its TLS layer)."""
+
+
+class NeedData(NamedTuple):
+    at_most: int        # bytes the opening may still take; more are the session's (leftover)
+
+
+class Accept(NamedTuple):
+    key: str            # the RPC key ("" for a tracker peer)
+    leftover: bytes     # what the peer sent after its opening
+    checked: object = None   # OpeningConfig.check_key's answer
+
+
+class Refusal(enum.Enum):
+    PLAINTEXT = "plain TCP to a TLS service"
+    TLS_FAILED = "the TLS handshake failed"
+    TLS_UNEXPECTED = "a TLS hello to a service without TLS"
+    BAD_PREAMBLE = "not this service's preamble"
+    BAD_KEY = "a key check_key refused"
+    AUTH_FAILED = "a wrong answer to the auth challenge"
+    TIMEOUT = "no opening within the time allowed"
+    CLOSED = "the peer closed the connection"
+
+
+class Reject(NamedTuple):
+    """Send ``reply`` (may be empty), then close; ``gently``: without a reset, so that the
+    reply is not lost (see :func:`~kernelrpc.wire.tls.close_gently`)."""
+
+    refusal: Refusal
+    detail: str
+    reply: bytes = b""
+    gently: bool = False
+
+
+class State(enum.Enum):
+    SNIFF = "sniff"          # TLS on: waiting for the first byte
+    TLS = "tls"              # the driver runs the TLS handshake
+    PREAMBLE = "preamble"
+    AUTH = "auth"            # challenge sent, waiting for the answer
+    OPEN = "open"            # accepted (final)
+    REFUSED = "refused"      # rejected (final)
+
+
+class OpeningMachine:
+    """One accepted connection's opening. Feed :meth:`handle`, honour the actions in order."""
+
+    __slots__ = ("config", "state", "deadline", "_parser", "_head", "_auth", "_key", "_checked", "_out")
+
+    def __init__(self, config: OpeningConfig, now: float) -> None:
+        self.config = config
+        self.state = State.SNIFF if config.tls else State.PREAMBLE
+        self.deadline = now + config.timeout
+        self._parser = PreambleParser() if config.preamble is Preamble.RPC else None
+        self._head = b""             # a tracker peer's magic so far
+        self._auth: ServiceAuth | None = None
+        self._key = ""
+        self._checked = None
+        self._out: list = []
+
+    @property
+    def done(self) -> bool:
+        return self.state is State.OPEN or self.state is State.REFUSED
+
+    @property
+    def buffered(self) -> int:
+        """Peer bytes held until they complete a step (at most :data:`MAX_OPENING_BYTES`)."""
+        if self.state is State.AUTH:
+            return len(self._auth._buf)
+        return len(self._parser._buf) if self._parser is not None else len(self._head)
+
+    def handle(self, event, now: float) -> list:
+        """Apply ``event`` at monotonic time ``now``; the actions to perform, in order."""
+        self._out = out = []
+        handler = _TABLE.get((self.state, type(event)))
+        if handler is not None:
+            try:
+                handler(self, event, now)
+            except (ProtocolError, HandshakeError) as exc:
+                self._reject(Refusal.BAD_PREAMBLE, str(exc))
+            if self.state in _READING:
+                out.append(NeedData(self._wants()))
+        return out
+
+    # -- transitions ------------------------------------------------------------------------
+    def _sniff(self, event: DataReceived, now: float) -> None:
+        if not event.data:
+            return
+        if is_tls_hello(event.data):
+            self.state = State.TLS
+            self._out.append(StartTLS())
+        else:
+            self._reject(Refusal.PLAINTEXT, f"first byte {event.data[:1].hex()}", PLAINTEXT_REFUSAL,
+                         gently=True)
+
+    def _tls_established(self, _event, now: float) -> None:
+        self.state = State.PREAMBLE
+
+    def _tls_failed(self, event: TLSFailed, now: float) -> None:
+        self._reject(Refusal.TLS_FAILED, event.detail, gently=True)
+
+    def _preamble(self, event: DataReceived, now: float) -> None:
+        if self._parser is None:
+            self._tracker_magic(event.data)
+            return
+        try:
+            key = self._parser.feed(event.data)
+        except ProtocolError as exc:
+            self._refuse_preamble(bytes(self._parser._buf[:4]), str(exc))
+            return
+        if key is None:
+            return
+        check = self.config.check_key
+        if check is not None:
+            try:
+                self._checked = check(key)
+            except (ProtocolError, HandshakeError) as exc:
+                self._reject(Refusal.BAD_KEY, str(exc))
+                return
+        self._key = key
+        self._opened(key.encode(), self._parser.unused)
+
+    def _tracker_magic(self, data: bytes) -> None:
+        head = self._head + data
+        if len(head) < 4:
+            self._head = head
+            return
+        self._head = b""
+        if head[:4] != MAGIC_BYTES:
+            self._refuse_preamble(head[:4], f"first bytes {head[:4].hex(' ')}")
+            return
+        self._opened(AUTH_CONTEXT, head[4:])
+
+    def _refuse_preamble(self, head: bytes, detail: str) -> None:
+        if not self.config.tls and is_tls_hello(head):
+            self._reject(Refusal.TLS_UNEXPECTED, detail)
+        else:
+            self._reject(Refusal.BAD_PREAMBLE, detail)
+
+    def _opened(self, context: bytes, rest: bytes) -> None:
+        """The preamble is complete: challenge the peer, or accept it."""
+        token = self.config.auth_token
+        if token is None:
+            self._accept(rest)
+            return
+        self._auth = ServiceAuth(token, context)
+        self.state = State.AUTH
+        self._out.append(Send(self._auth.challenge()))
+        if rest:
+            self._answer(DataReceived(rest), 0.0)
+
+    def _answer(self, event: DataReceived, now: float) -> None:
+        verdict = self._auth.feed(event.data)
+        if verdict is None:
+            return
+        if not self._auth.ok:
+            self._reject(Refusal.AUTH_FAILED, "it does not know the auth token", verdict)
+            return
+        self._out.append(Send(verdict))
+        self._accept(self._auth.unused)
+
+    def _accept(self, leftover: bytes) -> None:
+        self.state = State.OPEN
+        if self.config.preamble is Preamble.TRACKER:
+            self._out.append(Send(MAGIC_BYTES))      # the tracker's answer: its magic, echoed
+        self._out.append(Accept(self._key, leftover, self._checked))
+
+    def _timer(self, _event, now: float) -> None:
+        if now >= self.deadline:
+            self._reject(Refusal.TIMEOUT, f"no opening within {self.config.timeout:g} s")
+
+    def _closed(self, _event, now: float) -> None:
+        self._reject(Refusal.CLOSED, "the peer closed the connection")
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _reject(self, refusal: Refusal, detail: str, reply: bytes = b"", gently: bool = False) -> None:
+        self.state = State.REFUSED
+        self._parser = None
+        self._auth = None
+        self._out.append(Reject(refusal, detail, reply, gently))
+
+    def _wants(self) -> int:
+        if self.state is State.SNIFF:
+            return 1
+        if self.state is State.AUTH:
+            return NONCE_BYTES + MAC_BYTES - len(self._auth._buf)
+        if self._parser is None:
+            return 4 - len(self._head)
+        return 8 + MAX_KEY_BYTES - len(self._parser._buf)
+
+
+_READING = frozenset({State.SNIFF, State.PREAMBLE, State.AUTH})
+_M = OpeningMachine
+# (state, event) -> transition. Pairs not listed are ignored (anything after the end, bytes
+# while the driver runs TLS).
+_TABLE = {
+    (State.SNIFF, DataReceived): _M._sniff,
+    (State.TLS, TLSEstablished): _M._tls_established,
+    (State.TLS, TLSFailed): _M._tls_failed,
+    (State.PREAMBLE, DataReceived): _M._preamble,
+    (State.AUTH, DataReceived): _M._answer,
+}
+for _state in (State.SNIFF, State.TLS, State.PREAMBLE, State.AUTH):
+    _TABLE[(_state, TimerFired)] = _M._timer
+    _TABLE[(_state, ConnectionClosed)] = _M._closed
+del _state

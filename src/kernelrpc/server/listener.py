@@ -28,10 +28,11 @@ import ssl
 import time
 
 from ..acceptor import Acceptor
-from ..errors import ProtocolError
 from ..wire import handshake as H
-from ..wire.auth import ServiceAuth
-from ..wire.tls import close_gently, is_tls_hello, refuse_plaintext
+from ..wire.opening import (Accept, ConnectionClosed, DataReceived, OpeningConfig, OpeningMachine, Preamble,
+                            Refusal, Reject, Send, StartTLS, TimerFired, TLSEstablished, TLSFailed)
+from ..wire.opening import State as OpeningState
+from ..wire.tls import close_gently
 from .config import ServerConfig
 from .session import SessionProcess
 from .spare import WARM_UP_WAIT, Spares
@@ -59,17 +60,30 @@ def dispatch(selector: selectors.BaseSelector, events) -> None:
 class _Pending:
     """A connection in the middle of the handshake."""
 
-    def __init__(self, sock: socket.socket, addr, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, addr, opening: OpeningMachine) -> None:
         self.sock = sock
         self.peer = "%s:%s" % addr[:2]
-        self.deadline = deadline
-        self.parser = H.PreambleParser()
-        self.key: H.ParsedKey | None = None
+        self.opening = opening
+        self.key: H.ParsedKey | None = None    # set once its opening is accepted
         self.extra = b""
-        self.auth: ServiceAuth | None = None   # set while the peer answers our challenge
-        self.offered: H.ParsedKey | None = None  # the key it sent, admitted once authenticated
-        self.tls_opening = False                 # TLS on, and its handshake not finished yet
         self.admitted = 0.0                      # when its key matched (it waits for a slot from then)
+
+
+def _check_key(key: str) -> H.ParsedKey:
+    parsed = H.parse_key(key)
+    parsed.timeout  # validates -timeout= now, while we can still refuse cleanly
+    return parsed
+
+
+_REFUSALS = {
+    Refusal.PLAINTEXT: "it spoke plain TCP to this TLS server (%s); told it TLS is required",
+    Refusal.TLS_FAILED: "the TLS handshake failed: %s",
+    Refusal.TLS_UNEXPECTED: "it speaks TLS, and this server runs without TLS (--tls-cert)%.0s",
+    Refusal.BAD_PREAMBLE: "%s",
+    Refusal.BAD_KEY: "%s",
+    Refusal.AUTH_FAILED: "%s",
+}
+"""How the server logs each refusal (the detail fills the %s)."""
 
 
 class Server:
@@ -85,6 +99,8 @@ class Server:
         self._ending: dict[SessionProcess, int | None] = {}  # session -> its status pipe until it says it ends
         self.relays: list[Relay] = []                  # TLS sessions' relay processes
         self.tls = config.tls.server_context() if config.tls is not None else None
+        self._opening_config = OpeningConfig(Preamble.RPC, tls=self.tls is not None, auth_token=config.auth_token,
+                                             timeout=config.handshake_timeout, check_key=_check_key)
         self.spares = Spares(config)
         self._spare_watched: list = []                 # the spare's pidfd, and its link until it is warm
         self._stopping = False
@@ -149,7 +165,7 @@ class Server:
     # ------------------------------------------------------------ loop plumbing
 
     def _next_timeout(self) -> float:
-        deadlines = [p.deadline for p in self.pending.values() if p.key is None]
+        deadlines = [p.opening.deadline for p in self.pending.values() if p.key is None]
         deadlines += [s.deadline for s in self.sessions if s.deadline is not None]
         if any(s not in self._watched for s in self.sessions):
             deadlines.append(time.monotonic() + 0.05)
@@ -167,9 +183,8 @@ class Server:
 
     def _on_tick(self) -> None:
         now = time.monotonic()
-        for pending in [p for p in self.pending.values() if p.key is None and now >= p.deadline]:
-            log.info("dropping %s: no handshake within %.1fs", pending.peer, self.config.handshake_timeout)
-            self._drop(pending)
+        for pending in [p for p in self.pending.values() if p.key is None and now >= p.opening.deadline]:
+            self._opening(pending, TimerFired())
         for session in list(self.sessions):
             if session.expire_if_due(now) or (session not in self._watched and session.poll()):
                 self._session_over(session)
@@ -231,14 +246,14 @@ class Server:
             sock.close()
             return
         sock.setblocking(False)
-        pending = _Pending(sock, addr, time.monotonic() + self.config.handshake_timeout)
-        pending.tls_opening = self.tls is not None
+        pending = _Pending(sock, addr, OpeningMachine(self._opening_config, time.monotonic()))
         self.pending[sock] = pending
         self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
 
     def _read_pending(self, sock: socket.socket) -> None:
         pending = self.pending[sock]
-        if pending.tls_opening:
+        state = pending.opening.state
+        if state is OpeningState.SNIFF or state is OpeningState.TLS:
             if not self._open_tls(pending):
                 return
             sock = pending.sock
@@ -255,35 +270,19 @@ class Server:
                 return
 
     def _open_tls(self, pending: _Pending) -> bool:
-        """Advance the TLS handshake by what has arrived; True once it is done."""
-        sock = pending.sock
-        if not isinstance(sock, ssl.SSLSocket):
+        """Look at the first byte (left in the socket), then advance the TLS handshake by what
+        has arrived; True once it is done."""
+        if pending.opening.state is OpeningState.SNIFF:
             try:
-                first = sock.recv(1, socket.MSG_PEEK)
+                first = pending.sock.recv(1, socket.MSG_PEEK)
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError:
                 first = b""
-            if not first:
-                self._drop(pending)
+            self._opening(pending, ConnectionClosed() if not first else DataReceived(first))
+            if pending.opening.state is not OpeningState.TLS:
                 return False
-            if not is_tls_hello(first):
-                log.warning("refusing %s: it spoke plain TCP to this TLS server (first byte %s); told it "
-                            "TLS is required", pending.peer, first.hex())
-                del self.pending[sock]
-                self.selector.unregister(sock)
-                refuse_plaintext(sock)
-                return False
-            del self.pending[sock]
-            self.selector.unregister(sock)
-            try:
-                sock = pending.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-            except OSError as exc:
-                log.info("dropping %s: %s", pending.peer, exc)
-                sock.close()
-                return False
-            self.pending[sock] = pending
-            self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
+        sock = pending.sock
         try:
             sock.do_handshake()
         except ssl.SSLWantReadError:
@@ -293,62 +292,68 @@ class Server:
             self.selector.modify(sock, selectors.EVENT_WRITE, self._read_pending)
             return False
         except OSError as exc:      # ssl.SSLError included: no or a wrong client certificate, not TLS
-            log.warning("refusing %s: the TLS handshake failed: %s", pending.peer, exc)
-            del self.pending[sock]
-            self.selector.unregister(sock)
-            close_gently(sock)      # the alert that says why must not be lost to a reset
+            self._opening(pending, TLSFailed(str(exc)))
             return False
-        pending.tls_opening = False
+        self._opening(pending, TLSEstablished())
         self.selector.modify(sock, selectors.EVENT_READ, self._read_pending)
+        return True
+
+    def _start_tls(self, pending: _Pending) -> bool:
+        """Put the TLS socket in the plain one's place (its first bytes are still unread)."""
+        sock = pending.sock
+        del self.pending[sock]
+        self.selector.unregister(sock)
+        try:
+            pending.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except OSError as exc:
+            log.info("dropping %s: %s", pending.peer, exc)
+            sock.close()
+            return False
+        self.pending[pending.sock] = pending
+        self.selector.register(pending.sock, selectors.EVENT_READ, self._read_pending)
         return True
 
     def _received(self, pending: _Pending, data: bytes) -> None:
         if not data:
             self._drop(pending)
-            return
-        if pending.key is not None:  # bytes sent before our reply: keep them for the session
+        elif pending.key is not None:  # bytes sent before our reply: keep them for the session
             pending.extra += data
             if len(pending.extra) > 1 << 16:
                 self._drop(pending)
-            return
-        if pending.auth is not None:
-            self._read_auth(pending, data)
-            return
-        try:
-            key = pending.parser.feed(data)
-            if key is None:
-                return
-            parsed = H.parse_key(key)
-            parsed.timeout  # validates -timeout= now, while we can still refuse cleanly
-        except (ProtocolError, H.HandshakeError) as exc:
-            if is_tls_hello(data):
-                log.warning("refusing %s: it speaks TLS, and this server runs without TLS (--tls-cert)",
-                            pending.peer)
-            else:
-                log.info("refusing %s: %s", pending.peer, exc)
-            self._drop(pending)
-            return
-        if self.config.auth_token is None:
-            self._admit(pending, parsed, pending.parser.unused)
-            return
-        pending.offered = parsed
-        pending.auth = ServiceAuth(self.config.auth_token, key.encode())
-        if not self._reply(pending, pending.auth.challenge()):
-            self._drop(pending)
-        elif pending.parser.unused:
-            self._read_auth(pending, pending.parser.unused)
+        else:
+            self._opening(pending, DataReceived(data))
 
-    def _read_auth(self, pending: _Pending, data: bytes) -> None:
-        """The peer's answer to our challenge; only a peer that knows the token is admitted."""
-        verdict = pending.auth.feed(data)
-        if verdict is None:
-            return
-        if not pending.auth.ok:
-            log.warning("refusing %s: it does not know the auth token", pending.peer)
-        if not self._reply(pending, verdict) or not pending.auth.ok:
+    def _opening(self, pending: _Pending, event) -> None:
+        """Drive the opening machine (wire/opening.py) with ``event``; do what it says."""
+        for action in pending.opening.handle(event, time.monotonic()):
+            kind = type(action)
+            if kind is Send:
+                if not self._reply(pending, action.data):
+                    self._drop(pending)
+                    return
+            elif kind is StartTLS:
+                if not self._start_tls(pending):
+                    pending.opening.handle(ConnectionClosed(), 0.0)
+                    return
+            elif kind is Accept:
+                self._admit(pending, action.checked, action.leftover)
+            elif kind is Reject:
+                self._rejected(pending, action)
+
+    def _rejected(self, pending: _Pending, reject: Reject) -> None:
+        message = _REFUSALS.get(reject.refusal)
+        if message is not None:
+            level = logging.INFO if reject.refusal in (Refusal.BAD_PREAMBLE, Refusal.BAD_KEY) else logging.WARNING
+            log.log(level, "refusing %s: " + message, pending.peer, reject.detail)
+        elif reject.refusal is Refusal.TIMEOUT:
+            log.info("dropping %s: no handshake within %.1fs", pending.peer, self.config.handshake_timeout)
+        if reject.reply:
+            self._reply(pending, reject.reply)
+        if not reject.gently:
             self._drop(pending)
-            return
-        self._admit(pending, pending.offered, pending.auth.unused)
+        elif self.pending.pop(pending.sock, None) is not None:
+            self.selector.unregister(pending.sock)
+            close_gently(pending.sock)      # the refusal or the alert that says why must not be lost to a reset
 
     def _admit(self, pending: _Pending, parsed: H.ParsedKey, extra: bytes) -> None:
         pending.key = parsed

@@ -171,7 +171,7 @@ class OpeningMachine:
                 handler(self, event, now)
             except (ProtocolError, HandshakeError) as exc:
                 self._reject(Refusal.BAD_PREAMBLE, str(exc))
-            if self.state in _READING:
+            if type(event) is DataReceived and self.state in _READING:
                 out.append(NeedData(self._wants()))
         return out
 

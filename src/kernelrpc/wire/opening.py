@@ -165,7 +165,7 @@ class OpeningMachine:
     def handle(self, event, now: float) -> list:
         """Apply ``event`` at monotonic time ``now``; the actions to perform, in order."""
         self._out = out = []
-        handler = _TABLE.get((self.state, type(event)))
+        handler = _TABLE[self.state].get(type(event))
         if handler is not None:
             try:
                 handler(self, event, now)
@@ -284,16 +284,14 @@ class OpeningMachine:
 
 _READING = frozenset({State.SNIFF, State.PREAMBLE, State.AUTH})
 _M = OpeningMachine
-# (state, event) -> transition. Pairs not listed are ignored (anything after the end, bytes
-# while the driver runs TLS).
+_EVERY_STEP = {TimerFired: _M._timer, ConnectionClosed: _M._closed}
 _TABLE = {
-    (State.SNIFF, DataReceived): _M._sniff,
-    (State.TLS, TLSEstablished): _M._tls_established,
-    (State.TLS, TLSFailed): _M._tls_failed,
-    (State.PREAMBLE, DataReceived): _M._preamble,
-    (State.AUTH, DataReceived): _M._answer,
+    State.SNIFF: {DataReceived: _M._sniff, **_EVERY_STEP},
+    State.TLS: {TLSEstablished: _M._tls_established, TLSFailed: _M._tls_failed, **_EVERY_STEP},
+    State.PREAMBLE: {DataReceived: _M._preamble, **_EVERY_STEP},
+    State.AUTH: {DataReceived: _M._answer, **_EVERY_STEP},
+    State.OPEN: {},
+    State.REFUSED: {},
 }
-for _state in (State.SNIFF, State.TLS, State.PREAMBLE, State.AUTH):
-    _TABLE[(_state, TimerFired)] = _M._timer
-    _TABLE[(_state, ConnectionClosed)] = _M._closed
-del _state
+"""state -> {event type: transition}. Events not listed are ignored (anything after the end,
+bytes while the driver runs TLS)."""

@@ -1,6 +1,7 @@
 """The tracker's network layer: one asyncio event loop, one protocol object per connection.
 
-Each connection opens with TVM's tracker magic and then carries JSON frames
+Each connection opens with TVM's tracker magic (the opening machine of
+``kernelrpc.wire.opening``: TLS, the magic, the auth challenge) and then carries JSON frames
 (``kernelrpc.wire.tracker_codec``).  Replies go out as one ``write`` of length and
 JSON together, on sockets with TCP_NODELAY, so no reply waits for a delayed ACK.
 All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
@@ -561,8 +562,9 @@ class TLSOpeningFailed(Exception):
 class TLSOpenings:
     """TLS connections between ``accept`` and ``connection_made``, bounded like plain ones.
 
-    A connection has ``opening_timeout`` in all for its first byte and the TLS handshake
-    (asyncio's ``ssl_handshake_timeout`` gets what is left), and counts against its host's
+    A connection has ``opening_timeout`` in all for its first byte, the TLS handshake
+    (asyncio's ``ssl_handshake_timeout`` gets what is left) and the magic: one opening machine
+    (``wire/opening.py``) spans them, handed to its :class:`TrackerConnection`. It counts against its host's
     ``max_connections_per_host`` meanwhile: at the cap, the host's oldest unfinished opening
     makes room for the new one, so a flood of peers that never finish the handshake holds
     neither descriptors nor slots for long.  A first byte that cannot start a TLS hello

@@ -284,3 +284,22 @@ def test_any_events_end_in_one_typed_outcome_or_ask_for_more(config, script):
             assert m.done
     assert len(ends) <= 1 and m.done == bool(ends)
     assert all(isinstance(e.refusal, O.Refusal) for e in ends if isinstance(e, O.Reject))
+
+
+def test_the_key_bound_is_the_handshake_codec_s():
+    from kernelrpc.wire import handshake
+
+    assert O.MAX_KEY_BYTES == handshake.MAX_KEY_BYTES
+
+
+def test_records_are_immutable_values():
+    config = O.OpeningConfig(O.Preamble.RPC, timeout=3.0)
+    assert config == O.OpeningConfig(O.Preamble.RPC, False, None, 3.0) and hash(config) == hash(config._replace())
+    assert config._replace(tls=True).tls and not config.tls
+    with pytest.raises(AttributeError):
+        config.tls = True
+    with pytest.raises(TypeError):
+        O.Send()
+    with pytest.raises(TypeError):
+        O.Send(b"", extra=1)
+    assert repr(O.Accept("k", b"")) == "Accept(key='k', leftover=b'', checked=None)"

@@ -32,16 +32,52 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import NamedTuple
 
 from ..errors import HandshakeError, ProtocolError
 from .auth import AUTH_CONTEXT, MAC_BYTES, NONCE_BYTES, ServiceAuth
-from .handshake import MAX_KEY_BYTES, PreambleParser
 from .tls import PLAINTEXT_REFUSAL, is_tls_hello
 from .tracker_codec import MAGIC_BYTES
 
+MAX_KEY_BYTES = 4096
+"""``wire.handshake.MAX_KEY_BYTES`` (a test checks): that module is imported for an RPC
+opening only, so that the tracker's start does not pay for it."""
 MAX_OPENING_BYTES = 8 + MAX_KEY_BYTES + NONCE_BYTES + MAC_BYTES
 """The most the machine ever holds of a peer's bytes (an RPC preamble, then the auth answer)."""
+
+
+class _Record:
+    """An immutable record with value equality, fields in ``__slots__``: what a NamedTuple
+    gives, at a tenth of its cost to define (this module is on the start-up path of the
+    tracker and the device server)."""
+
+    __slots__ = ()
+    _defaults: dict = {}
+
+    def __init__(self, *args, **kwargs) -> None:
+        names = self.__slots__
+        values = {**self._defaults, **dict(zip(names, args)), **kwargs}
+        if len(args) > len(names) or values.keys() != set(names):
+            raise TypeError(f"{type(self).__name__} takes {', '.join(names) or 'no fields'}")
+        for name in names:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name, value) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def _replace(self, **changes):
+        return type(self)(**{**dict(zip(self.__slots__, self._values())), **changes})
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other._values() == self._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={v!r}' for n, v in zip(self.__slots__, self._values()))})"
 
 
 class Preamble(enum.Enum):
@@ -49,60 +85,70 @@ class Preamble(enum.Enum):
     TRACKER = "tracker"     # TVM's tracker magic, alone
 
 
-class OpeningConfig(NamedTuple):
-    """One service's opening: fixed when the service starts.
+class OpeningConfig(_Record):
+    """One service's opening, fixed when the service starts: ``preamble``, ``tls`` (the
+    driver has a server context: the first byte must start a TLS hello), ``auth_token``,
+    ``timeout`` (seconds for the whole opening) and ``check_key``.
 
     ``check_key(key)`` (RPC only) vets a key before any challenge, raising
     :class:`~kernelrpc.errors.ProtocolError` or :class:`~kernelrpc.errors.HandshakeError`
     to refuse it; what it returns is :attr:`Accept.checked`.
     """
 
+    __slots__ = ("preamble", "tls", "auth_token", "timeout", "check_key")
+    _defaults = {"tls": False, "auth_token": None, "timeout": 10.0, "check_key": None}
     preamble: Preamble
-    tls: bool = False
-    auth_token: bytes | None = None
-    timeout: float = 10.0
-    check_key: Callable[[str], object] | None = None
+    tls: bool
+    auth_token: bytes | None
+    timeout: float
+    check_key: Callable[[str], object] | None
 
 
-# -- events in (NamedTuples: one per read on the hot side of a service, so cheap) ------------
-class DataReceived(NamedTuple):
-    data: bytes
+# -- events in --------------------------------------------------------------------------------
+class DataReceived(_Record):
+    __slots__ = ("data",)
 
 
-class TLSEstablished(NamedTuple):
-    pass
+class TLSEstablished(_Record):
+    __slots__ = ()
 
 
-class TLSFailed(NamedTuple):
-    detail: str
+class TLSFailed(_Record):
+    __slots__ = ("detail",)
 
 
-class TimerFired(NamedTuple):
-    pass
+class TimerFired(_Record):
+    __slots__ = ()
 
 
-class ConnectionClosed(NamedTuple):
-    pass
+class ConnectionClosed(_Record):
+    __slots__ = ()
 
 
 # -- actions out -----------------------------------------------------------------------------
-class Send(NamedTuple):
-    data: bytes
+class Send(_Record):
+    __slots__ = ("data",)
 
 
-class StartTLS(NamedTuple):
+class StartTLS(_Record):
     """The bytes fed so far start a TLS hello: they are TLS's (a driver that peeked leaves them
     in the socket; one that read them hands them to its TLS layer)."""
 
-
-class NeedData(NamedTuple):
-    at_most: int        # bytes the opening may still take; more are the session's (leftover)
+    __slots__ = ()
 
 
-class Accept(NamedTuple):
-    key: str            # the RPC key ("" for a tracker peer)
-    leftover: bytes     # what the peer sent after its opening
-    checked: object = None   # OpeningConfig.check_key's answer
+class NeedData(_Record):
+    """``at_most``: bytes the opening may still take; more are the session's (leftover)."""
+
+    __slots__ = ("at_most",)
+
+
+class Accept(_Record):
+    """``key``: the RPC key ("" for a tracker peer); ``leftover``: what the peer sent after its
+    opening; ``checked``: :attr:`OpeningConfig.check_key`'s answer."""
+
+    __slots__ = ("key", "leftover", "checked")
+    _defaults = {"checked": None}
 
 
 class Refusal(enum.Enum):
@@ -116,14 +162,13 @@ class Refusal(enum.Enum):
     CLOSED = "the peer closed the connection"
 
 
-class Reject(NamedTuple):
+class Reject(_Record):
     """Send ``reply`` (may be empty), then close; ``gently``: without a reset, so that the
-    reply is not lost (see :func:`~kernelrpc.wire.tls.close_gently`)."""
+    reply is not lost (see :func:`~kernelrpc.wire.tls.close_gently`). ``refusal`` says why,
+    ``detail`` in words."""
 
-    refusal: Refusal
-    detail: str
-    reply: bytes = b""
-    gently: bool = False
+    __slots__ = ("refusal", "detail", "reply", "gently")
+    _defaults = {"reply": b"", "gently": False}
 
 
 class State(enum.Enum):
@@ -144,7 +189,10 @@ class OpeningMachine:
         self.config = config
         self.state = State.SNIFF if config.tls else State.PREAMBLE
         self.deadline = now + config.timeout
-        self._parser = PreambleParser() if config.preamble is Preamble.RPC else None
+        self._parser = None
+        if config.preamble is Preamble.RPC:
+            from .handshake import PreambleParser     # here: a tracker needs none of that module
+            self._parser = PreambleParser()
         self._head = b""             # a tracker peer's magic so far
         self._auth: ServiceAuth | None = None
         self._key = ""

@@ -55,6 +55,10 @@ class _Record:
 
     def __init__(self, *args, **kwargs) -> None:
         names = self.__slots__
+        if not kwargs and len(args) == len(names):      # the usual case, kept quick
+            for name, value in zip(names, args):
+                object.__setattr__(self, name, value)
+            return
         values = {**self._defaults, **dict(zip(names, args)), **kwargs}
         if len(args) > len(names) or values.keys() != set(names):
             raise TypeError(f"{type(self).__name__} takes {', '.join(names) or 'no fields'}")
@@ -183,16 +187,13 @@ class State(enum.Enum):
 class OpeningMachine:
     """One accepted connection's opening. Feed :meth:`handle`, honour the actions in order."""
 
-    __slots__ = ("config", "state", "deadline", "_parser", "_head", "_auth", "_key", "_checked", "_out")
+    __slots__ = ("config", "state", "deadline", "_on", "_parser", "_head", "_auth", "_key", "_checked", "_out")
 
     def __init__(self, config: OpeningConfig, now: float) -> None:
         self.config = config
-        self.state = State.SNIFF if config.tls else State.PREAMBLE
+        self._enter(State.SNIFF if config.tls else State.PREAMBLE)
         self.deadline = now + config.timeout
-        self._parser = None
-        if config.preamble is Preamble.RPC:
-            from .handshake import PreambleParser     # here: a tracker needs none of that module
-            self._parser = PreambleParser()
+        self._parser = _preamble_parser() if config.preamble is Preamble.RPC else None
         self._head = b""             # a tracker peer's magic so far
         self._auth: ServiceAuth | None = None
         self._key = ""
@@ -213,13 +214,13 @@ class OpeningMachine:
     def handle(self, event, now: float) -> list:
         """Apply ``event`` at monotonic time ``now``; the actions to perform, in order."""
         self._out = out = []
-        handler = _TABLE[self.state].get(type(event))
+        handler = self._on.get(type(event))
         if handler is not None:
             try:
                 handler(self, event, now)
             except (ProtocolError, HandshakeError) as exc:
                 self._reject(Refusal.BAD_PREAMBLE, str(exc))
-            if type(event) is DataReceived and self.state in _READING:
+            if type(event) is DataReceived and DataReceived in self._on:     # still reading
                 out.append(NeedData(self._wants()))
         return out
 
@@ -228,14 +229,14 @@ class OpeningMachine:
         if not event.data:
             return
         if is_tls_hello(event.data):
-            self.state = State.TLS
+            self._enter(State.TLS)
             self._out.append(StartTLS())
         else:
             self._reject(Refusal.PLAINTEXT, f"first byte {event.data[:1].hex()}", PLAINTEXT_REFUSAL,
                          gently=True)
 
     def _tls_established(self, _event, now: float) -> None:
-        self.state = State.PREAMBLE
+        self._enter(State.PREAMBLE)
 
     def _tls_failed(self, event: TLSFailed, now: float) -> None:
         self._reject(Refusal.TLS_FAILED, event.detail, gently=True)
@@ -285,7 +286,7 @@ class OpeningMachine:
             self._accept(rest)
             return
         self._auth = ServiceAuth(token, context)
-        self.state = State.AUTH
+        self._enter(State.AUTH)
         self._out.append(Send(self._auth.challenge()))
         if rest:
             self._answer(DataReceived(rest), 0.0)
@@ -301,7 +302,7 @@ class OpeningMachine:
         self._accept(self._auth.unused)
 
     def _accept(self, leftover: bytes) -> None:
-        self.state = State.OPEN
+        self._enter(State.OPEN)
         if self.config.preamble is Preamble.TRACKER:
             self._out.append(Send(MAGIC_BYTES))      # the tracker's answer: its magic, echoed
         self._out.append(Accept(self._key, leftover, self._checked))
@@ -314,8 +315,12 @@ class OpeningMachine:
         self._reject(Refusal.CLOSED, "the peer closed the connection")
 
     # -- helpers ----------------------------------------------------------------------------
+    def _enter(self, state: State) -> None:
+        self.state = state
+        self._on = _TABLE[state]
+
     def _reject(self, refusal: Refusal, detail: str, reply: bytes = b"", gently: bool = False) -> None:
-        self.state = State.REFUSED
+        self._enter(State.REFUSED)
         self._parser = None
         self._auth = None
         self._out.append(Reject(refusal, detail, reply, gently))
@@ -330,7 +335,18 @@ class OpeningMachine:
         return 8 + MAX_KEY_BYTES - len(self._parser._buf)
 
 
-_READING = frozenset({State.SNIFF, State.PREAMBLE, State.AUTH})
+_PARSER = []
+
+
+def _preamble_parser():
+    """A new ``wire.handshake.PreambleParser``: that module is loaded with the first RPC
+    opening, not by the tracker, which needs none of it."""
+    if not _PARSER:
+        from .handshake import PreambleParser
+        _PARSER.append(PreambleParser)
+    return _PARSER[0]()
+
+
 _M = OpeningMachine
 _EVERY_STEP = {TimerFired: _M._timer, ConnectionClosed: _M._closed}
 _TABLE = {

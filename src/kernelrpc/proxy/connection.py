@@ -1,4 +1,4 @@
-"""One TCP peer of the proxy until it is paired: reads the handshake preamble, then waits.
+"""One TCP peer of the proxy until it is paired: drives its opening (``wire/opening.py``), then waits.
 
 The socket is driven directly with the event loop's ``add_reader`` (no asyncio
 transport), so that on pairing it can be handed to a relay as is.  At a TLS proxy
@@ -13,16 +13,27 @@ import asyncio
 import logging
 import socket
 import ssl
+import time
 
 from ..errors import ProtocolError
 from ..netutil import enable_keepalive
-from ..wire.auth import ServiceAuth
-from ..wire.handshake import MAX_KEY_BYTES, PreambleParser
-from ..wire.tls import PLAINTEXT_REFUSAL
+from ..wire.handshake import MAX_KEY_BYTES
+from ..wire.opening import (Accept, DataReceived, OpeningMachine, Refusal, Reject, Send, TimerFired,
+                            TLSEstablished, TLSFailed)
+from ..wire.opening import State as OpeningState
 from . import websocket as ws
-from .tls import PlaintextPeer, TLSLayer
+from .tls import TLSLayer
 
 logger = logging.getLogger(__name__)
+
+_REFUSALS = {
+    Refusal.PLAINTEXT: "it speaks plain TCP, and this proxy takes TLS peers only",
+    Refusal.TLS_FAILED: "TLS handshake failed ({})",
+    Refusal.TLS_UNEXPECTED: "it speaks TLS, and this proxy has TLS off (--tls-cert turns it on)",
+    Refusal.BAD_PREAMBLE: "{}",
+    Refusal.TIMEOUT: "no complete handshake within {timeout:g}s",
+}
+"""How the proxy logs a refusal of a peer's opening (as the reason it closes the peer)."""
 
 _READ_BYTES = MAX_KEY_BYTES + 16
 
@@ -36,9 +47,8 @@ class PeerConnection:
         self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         self.sock = sock
         self.name = f"{addr[0]}:{addr[1]}" if addr else "?"
-        self._parser: PreambleParser | None = PreambleParser()
-        self._auth: ServiceAuth | None = None
-        self._auth_key = ""
+        config = service.opening if tls is None else service.opening._replace(tls=True)
+        self.opening = OpeningMachine(config, time.monotonic())
         self.waiter = None
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
@@ -68,73 +78,63 @@ class PeerConnection:
 
     def _decrypt(self, raw: bytes) -> bytes:
         """Plaintext from a TLS peer's bytes; sends what TLS answers (the handshake)."""
+        opening = self.opening
+        if opening.state is OpeningState.SNIFF and not self._opening(DataReceived(raw)):
+            return b""
         try:
             data = self.tls.receive(raw)
-        except PlaintextPeer:
-            self._send_raw(PLAINTEXT_REFUSAL)
-            self.fail("it speaks plain TCP, and this proxy takes TLS peers only", gently=True)
-            return b""
         except ssl.SSLError as exc:
             self._send_raw(self.tls.take())       # the alert that tells the peer why
-            if self.tls.handshake_done:
-                self.fail(f"broken TLS stream: {exc}")
+            if opening.state is OpeningState.TLS:
+                self._opening(TLSFailed(str(exc.reason or exc)))
             else:
-                self.fail(f"TLS handshake failed ({exc.reason or exc})", gently=True)
+                self.fail(f"broken TLS stream: {exc}")
             return b""
         self._send_raw(self.tls.take())
         if self.tls.closed:
             self._lost()
             return b""
+        if opening.state is OpeningState.TLS and self.tls.handshake_done:
+            self._opening(TLSEstablished())
         return bytes(data)
 
     def _received(self, data: bytes) -> None:
-        """Stream bytes from the peer: the preamble (and, with a token, the answer to our
-        challenge), then nothing until it is paired."""
-        if self._auth is not None:
-            self._read_auth(data)
-            return
-        if self._parser is None:
+        """Stream bytes from the peer: its opening, then nothing until it is paired."""
+        if self.opening.done:
             self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
-            return
-        try:
-            key = self._parser.feed(data)
-        except ProtocolError as exc:
-            reason = str(exc)
-            if self.tls is None and data[:2] == b"\x16\x03":     # a TLS ClientHello
-                reason = "it speaks TLS, and this proxy has TLS off (--tls-cert turns it on)"
-            self.fail(reason)
-            return
-        if key is None:
-            return
-        unused, self._parser = self._parser.unused, None
-        token = self._service.config.auth_token
-        if token is not None:
-            self._auth_key = key
-            self._auth = ServiceAuth(token, key.encode())
-            self.send_stream(self._auth.challenge())
-            if unused:
-                self._read_auth(unused)
-            return
-        if unused:
-            self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
-            return
-        self._service.handshake_done(self, key)
+        else:
+            self._opening(DataReceived(data))
 
-    def _read_auth(self, data: bytes) -> None:
-        """The peer's answer to our challenge: only a peer that knows the token reaches pairing."""
-        verdict = self._auth.feed(data)
-        if verdict is None:
+    def _opening(self, event) -> bool:
+        """Drive the opening machine (wire/opening.py) with ``event``; False once it refused
+        the peer (which is closed then)."""
+        for action in self.opening.handle(event, time.monotonic()):
+            kind = type(action)
+            if kind is Send:
+                self.send_stream(action.data)
+            elif kind is Accept:
+                if action.leftover:
+                    self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
+                else:
+                    self._service.handshake_done(self, action.key)
+            elif kind is Reject:
+                if action.refusal is Refusal.AUTH_FAILED:
+                    logger.warning("refusing %s: it does not know the auth token", self.name)
+                    self.refuse(action.reply)
+                else:
+                    self._send_raw(action.reply)     # PLAINTEXT_REFUSAL: in plain TCP, before any TLS
+                    self.fail(_REFUSALS[action.refusal].format(action.detail, timeout=self.opening.config.timeout),
+                              gently=action.gently)
+                return False
+        return True
+
+    def opening_timer(self) -> None:
+        """The opening's deadline has come (by the loop's clock): refuse the peer if it has not
+        finished by the machine's, else look again then."""
+        self.timer = None
+        if not self._opening(TimerFired()) or self.closed or self.opening.done:
             return
-        if not self._auth.ok:
-            logger.warning("refusing %s: it does not know the auth token", self.name)
-            self.refuse(verdict)
-            return
-        self.send_stream(verdict)
-        auth, self._auth = self._auth, None
-        if auth.unused:
-            self.fail("sent data before it was paired (TVM peers wait for the pairing reply)")
-            return
-        self._service.handshake_done(self, self._auth_key)
+        self.timer = self._loop.call_at(self.opening.deadline, self.opening_timer)
 
     def send_stream(self, data: bytes) -> None:
         """Bytes of the RPC stream before pairing (framed by a WebSocket peer)."""

@@ -13,6 +13,7 @@ from ..netutil import bind_first_free
 from ..wire import device_record
 from ..wire.handshake import (RPC_CODE_DUPLICATE, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS,
                               encode_reply, parse_key)
+from ..wire.opening import OpeningConfig, Preamble
 from ..wire.registration import OfferState
 from ..wire.tls import TLSConfig
 from ..runtime.threads import usable_cores
@@ -68,6 +69,7 @@ class ProxyService:
         self.address: tuple[str, int] | None = None
         self.relay_mode: str | None = None  # the relay in use, chosen by start()
         self.web_address: tuple[str, int] | None = None
+        self.opening = OpeningConfig(Preamble.RPC, auth_token=config.auth_token, timeout=config.handshake_timeout)
 
     async def start(self) -> tuple[str, int]:
         self._loop = asyncio.get_running_loop()
@@ -132,15 +134,9 @@ class ProxyService:
             return
         conn = connection_type(self, sock, addr)
         self.connections.add(conn)
-        conn.timer = self._loop.call_later(self.config.handshake_timeout,
-                                           self._handshake_expired, conn)
+        conn.timer = self._loop.call_at(conn.opening.deadline, conn.opening_timer)
 
     # -- called by PeerConnection -------------------------------------------
-    def _handshake_expired(self, conn: PeerConnection) -> None:
-        conn.timer = None
-        if conn.waiter is None:
-            conn.fail(f"no complete handshake within {self.config.handshake_timeout:g}s")
-
     def handshake_done(self, conn: PeerConnection, key: str) -> None:
         conn.timer.cancel()
         conn.timer = None

@@ -15,15 +15,10 @@ from __future__ import annotations
 import socket
 import ssl
 
-from ..wire.tls import is_tls_hello
 from .relay import QueuedBuffer
 
 _READ_CHUNK = 256 << 10   # raw bytes read at most at once in the relay
 _MAX_RECORD = 16384 + 2048   # a TLS record's plaintext, and then some
-
-
-class PlaintextPeer(Exception):
-    """The peer's first bytes are not a TLS handshake: it speaks plain TCP."""
 
 
 class TLSLayer:
@@ -34,7 +29,6 @@ class TLSLayer:
         self._outgoing = ssl.MemoryBIO()
         self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
         self._plain = bytearray(0)   # decrypted bytes, reused from read to read
-        self._started = False        # the first bytes were a TLS handshake record
         self.handshake_done = False
         self.closed = False   # the peer ended TLS (close_notify)
 
@@ -43,13 +37,8 @@ class TLSLayer:
         until the next call).
 
         Raises:
-            PlaintextPeer: the first bytes are not a TLS handshake.
             ssl.SSLError: a certificate the context refuses, a broken record.
         """
-        if not self._started:
-            if not is_tls_hello(raw):
-                raise PlaintextPeer()
-            self._started = True
         self._incoming.write(raw)
         if not self.handshake_done:
             try:

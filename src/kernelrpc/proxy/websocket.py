@@ -112,19 +112,16 @@ def accept_response(request: UpgradeRequest) -> bytes:
             f"Sec-WebSocket-Accept: {accept_key(request.key)}\r\n\r\n").encode()
 
 
-@dataclasses.dataclass(frozen=True)
-class Data:
-    payload: bytes
+def _payload_event(name: str):
+    """A frame event that carries its payload: one shape, three names."""
+    event = dataclasses.make_dataclass(name, [("payload", bytes)], frozen=True)
+    event.__module__ = __name__
+    return event
 
 
-@dataclasses.dataclass(frozen=True)
-class Ping:
-    payload: bytes
-
-
-@dataclasses.dataclass(frozen=True)
-class Pong:
-    payload: bytes
+Data = _payload_event("Data")
+Ping = _payload_event("Ping")
+Pong = _payload_event("Pong")
 
 
 @dataclasses.dataclass(frozen=True)

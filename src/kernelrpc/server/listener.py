@@ -1,16 +1,10 @@
-"""The server's accept loop: non-blocking handshakes, one child process per session.
+"""The server's loop: one child process per session, for the clients whose opening succeeded.
 
-A connection first completes TVM's handshake here, without blocking: a peer
-that stays silent is dropped at its deadline and never holds up others. Clients
-whose key matches wait in arrival order for a free session slot
-(``max_sessions``, default 1, so measurements never overlap), then get the
-success reply and their session child.
-
-With TLS (``config.tls``) the TLS handshake runs here too, non-blocking and within
-the same deadline, before the RPC handshake; a first byte that cannot start a TLS
-hello gets :data:`~kernelrpc.wire.tls.PLAINTEXT_REFUSAL`. The session then runs
-behind a TLS relay process (:mod:`.tls_relay`), so that crash and timeout notices
-still reach the client.
+A connection's opening (TLS, TVM's handshake, the auth challenge) runs in :mod:`.openings`,
+without blocking. Clients whose key matches wait in arrival order for a free session slot
+(``max_sessions``, default 1, so measurements never overlap), then get the success reply and
+their session child. A TLS session runs behind a TLS relay process (:mod:`.tls_relay`), so that
+crash and timeout notices still reach the client.
 
 Each session's child is normally a spare (:mod:`.spare`): forked and warmed up ahead, then handed
 the connection. The next spare is forked when a slot is free, or as soon as a session's child
@@ -27,12 +21,9 @@ import socket
 import ssl
 import time
 
-from ..acceptor import Acceptor
-from ..errors import ProtocolError
 from ..wire import handshake as H
-from ..wire.auth import ServiceAuth
-from ..wire.tls import close_gently, is_tls_hello, refuse_plaintext
 from .config import ServerConfig
+from .openings import Openings, Pending
 from .session import SessionProcess
 from .spare import WARM_UP_WAIT, Spares
 from .tls_relay import Relay, start_tls_session
@@ -56,41 +47,21 @@ def dispatch(selector: selectors.BaseSelector, events) -> None:
             key.data(key.fileobj)
 
 
-class _Pending:
-    """A connection in the middle of the handshake."""
-
-    def __init__(self, sock: socket.socket, addr, deadline: float) -> None:
-        self.sock = sock
-        self.peer = "%s:%s" % addr[:2]
-        self.deadline = deadline
-        self.parser = H.PreambleParser()
-        self.key: H.ParsedKey | None = None
-        self.extra = b""
-        self.auth: ServiceAuth | None = None   # set while the peer answers our challenge
-        self.offered: H.ParsedKey | None = None  # the key it sent, admitted once authenticated
-        self.tls_opening = False                 # TLS on, and its handshake not finished yet
-        self.admitted = 0.0                      # when its key matched (it waits for a slot from then)
-
-
 class Server:
     def __init__(self, config: ServerConfig, listen_sock: socket.socket, registration=None) -> None:
         self.config = config
         self.listen_sock = listen_sock
         self.registration = registration
         self.selector = selectors.DefaultSelector()
-        self.pending: dict[socket.socket, _Pending] = {}
-        self.waiting: collections.deque[_Pending] = collections.deque()
+        self.openings = Openings(config, self.selector, listen_sock, self._admit)
+        self.waiting: collections.deque[Pending] = collections.deque()
         self.sessions: list[SessionProcess] = []
         self._watched: dict[SessionProcess, int] = {}  # session -> its registered pidfd
         self._ending: dict[SessionProcess, int | None] = {}  # session -> its status pipe until it says it ends
         self.relays: list[Relay] = []                  # TLS sessions' relay processes
-        self.tls = config.tls.server_context() if config.tls is not None else None
         self.spares = Spares(config)
         self._spare_watched: list = []                 # the spare's pidfd, and its link until it is warm
         self._stopping = False
-        listen_sock.setblocking(False)
-        self.acceptor = Acceptor(listen_sock)
-        self.selector.register(listen_sock, selectors.EVENT_READ, self._accept)
         if registration is not None:
             registration.attach(self.selector)   # tracker replies wake the loop; no polling
         remove_stale(config.workspace_root)
@@ -139,37 +110,32 @@ class Server:
         for relay in self.relays:
             relay.reap(max(0.01, deadline - time.monotonic()))
         self.relays.clear()
-        for pending in list(self.pending.values()):
-            self._drop(pending)
+        self.openings.close()
         if self.registration is not None:
             self.registration.close()
         self.selector.close()
-        self.listen_sock.close()
 
     # ------------------------------------------------------------ loop plumbing
 
     def _next_timeout(self) -> float:
-        deadlines = [p.deadline for p in self.pending.values() if p.key is None]
+        deadlines = [self.openings.next_deadline()]
         deadlines += [s.deadline for s in self.sessions if s.deadline is not None]
         if any(s not in self._watched for s in self.sessions):
             deadlines.append(time.monotonic() + 0.05)
         if self.registration is not None:
             deadlines.append(self.registration.next_deadline())
-        if self.acceptor.paused_until is not None:
-            deadlines.append(self.acceptor.paused_until)
         if self.spares.next_fill() is not None:
             deadlines.append(self.spares.next_fill())
         if self.waiting and self._spare_warming():
             deadlines.append(self.waiting[0].admitted + WARM_UP_WAIT)
+        deadlines = [d for d in deadlines if d is not None]
         if not deadlines:
             return 1.0
         return max(0.0, min(deadlines) - time.monotonic())
 
     def _on_tick(self) -> None:
         now = time.monotonic()
-        for pending in [p for p in self.pending.values() if p.key is None and now >= p.deadline]:
-            log.info("dropping %s: no handshake within %.1fs", pending.peer, self.config.handshake_timeout)
-            self._drop(pending)
+        self.openings.tick(now)
         for session in list(self.sessions):
             if session.expire_if_due(now) or (session not in self._watched and session.poll()):
                 self._session_over(session)
@@ -177,9 +143,6 @@ class Server:
             self.relays = [relay for relay in self.relays if not relay.reap()]
         if self.registration is not None:
             self.registration.tick()
-        if self.acceptor.paused_until is not None and now >= self.acceptor.paused_until:
-            self.acceptor.resume()
-            self.selector.register(self.listen_sock, selectors.EVENT_READ, self._accept)
         self._start_waiting()
         running = len(self.sessions) - sum(fd is None for fd in self._ending.values())
         if running < self.config.max_sessions and not self._stopping:
@@ -219,145 +182,13 @@ class Server:
             self.selector.unregister(watched)
         self._spare_watched.clear()
 
-    def _accept(self, listen_sock: socket.socket) -> None:
-        conn = self.acceptor.accept()
-        if conn is None:
-            if self.acceptor.paused_until is not None:  # out of descriptors: serve the sessions we have
-                self.selector.unregister(listen_sock)
-            return
-        sock, addr = conn
-        if len(self.pending) >= self.config.max_pending and not self._evict_unfinished_handshake():
-            log.warning("refusing %s: %d connections already wait for a session", addr, len(self.pending))
-            sock.close()
-            return
-        sock.setblocking(False)
-        pending = _Pending(sock, addr, time.monotonic() + self.config.handshake_timeout)
-        pending.tls_opening = self.tls is not None
-        self.pending[sock] = pending
-        self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
-
-    def _read_pending(self, sock: socket.socket) -> None:
-        pending = self.pending[sock]
-        if pending.tls_opening:
-            if not self._open_tls(pending):
-                return
-            sock = pending.sock
-        while True:
-            try:
-                data = sock.recv(4096)
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                return
-            except OSError:
-                data = b""
-            self._received(pending, data)
-            # bytes TLS decrypted ahead wait in the SSL object, where the selector cannot see them
-            if not (isinstance(sock, ssl.SSLSocket) and sock.pending() and self.pending.get(sock) is pending):
-                return
-
-    def _open_tls(self, pending: _Pending) -> bool:
-        """Advance the TLS handshake by what has arrived; True once it is done."""
-        sock = pending.sock
-        if not isinstance(sock, ssl.SSLSocket):
-            try:
-                first = sock.recv(1, socket.MSG_PEEK)
-            except (BlockingIOError, InterruptedError):
-                return False
-            except OSError:
-                first = b""
-            if not first:
-                self._drop(pending)
-                return False
-            if not is_tls_hello(first):
-                log.warning("refusing %s: it spoke plain TCP to this TLS server (first byte %s); told it "
-                            "TLS is required", pending.peer, first.hex())
-                del self.pending[sock]
-                self.selector.unregister(sock)
-                refuse_plaintext(sock)
-                return False
-            del self.pending[sock]
-            self.selector.unregister(sock)
-            try:
-                sock = pending.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-            except OSError as exc:
-                log.info("dropping %s: %s", pending.peer, exc)
-                sock.close()
-                return False
-            self.pending[sock] = pending
-            self.selector.register(sock, selectors.EVENT_READ, self._read_pending)
-        try:
-            sock.do_handshake()
-        except ssl.SSLWantReadError:
-            self.selector.modify(sock, selectors.EVENT_READ, self._read_pending)
-            return False
-        except ssl.SSLWantWriteError:
-            self.selector.modify(sock, selectors.EVENT_WRITE, self._read_pending)
-            return False
-        except OSError as exc:      # ssl.SSLError included: no or a wrong client certificate, not TLS
-            log.warning("refusing %s: the TLS handshake failed: %s", pending.peer, exc)
-            del self.pending[sock]
-            self.selector.unregister(sock)
-            close_gently(sock)      # the alert that says why must not be lost to a reset
-            return False
-        pending.tls_opening = False
-        self.selector.modify(sock, selectors.EVENT_READ, self._read_pending)
-        return True
-
-    def _received(self, pending: _Pending, data: bytes) -> None:
-        if not data:
-            self._drop(pending)
-            return
-        if pending.key is not None:  # bytes sent before our reply: keep them for the session
-            pending.extra += data
-            if len(pending.extra) > 1 << 16:
-                self._drop(pending)
-            return
-        if pending.auth is not None:
-            self._read_auth(pending, data)
-            return
-        try:
-            key = pending.parser.feed(data)
-            if key is None:
-                return
-            parsed = H.parse_key(key)
-            parsed.timeout  # validates -timeout= now, while we can still refuse cleanly
-        except (ProtocolError, H.HandshakeError) as exc:
-            if is_tls_hello(data):
-                log.warning("refusing %s: it speaks TLS, and this server runs without TLS (--tls-cert)",
-                            pending.peer)
-            else:
-                log.info("refusing %s: %s", pending.peer, exc)
-            self._drop(pending)
-            return
-        if self.config.auth_token is None:
-            self._admit(pending, parsed, pending.parser.unused)
-            return
-        pending.offered = parsed
-        pending.auth = ServiceAuth(self.config.auth_token, key.encode())
-        if not self._reply(pending, pending.auth.challenge()):
-            self._drop(pending)
-        elif pending.parser.unused:
-            self._read_auth(pending, pending.parser.unused)
-
-    def _read_auth(self, pending: _Pending, data: bytes) -> None:
-        """The peer's answer to our challenge; only a peer that knows the token is admitted."""
-        verdict = pending.auth.feed(data)
-        if verdict is None:
-            return
-        if not pending.auth.ok:
-            log.warning("refusing %s: it does not know the auth token", pending.peer)
-        if not self._reply(pending, verdict) or not pending.auth.ok:
-            self._drop(pending)
-            return
-        self._admit(pending, pending.offered, pending.auth.unused)
-
-    def _admit(self, pending: _Pending, parsed: H.ParsedKey, extra: bytes) -> None:
-        pending.key = parsed
+    def _admit(self, pending: Pending) -> None:
+        """Its opening is accepted: it waits for a session if its key matches."""
         pending.admitted = time.monotonic()
-        pending.extra = extra
-        if not self._key_matches(parsed):
-            log.info("key mismatch from %s (role %r)", pending.peer, parsed.role)
-            self._reply(pending, H.encode_reply(H.RPC_CODE_MISMATCH))
-            self._drop(pending)
+        if not self._key_matches(pending.key):
+            log.info("key mismatch from %s (role %r)", pending.peer, pending.key.role)
+            pending.reply(H.encode_reply(H.RPC_CODE_MISMATCH))
+            self.openings.drop(pending)
             return
         self.waiting.append(pending)
 
@@ -367,22 +198,21 @@ class Server:
     def _start_waiting(self) -> None:
         while self.waiting and len(self.sessions) < self.config.max_sessions:
             pending = self.waiting[0]
-            if pending.sock in self.pending and self._spare_warming() \
+            if pending.sock in self.openings.pending and self._spare_warming() \
                     and time.monotonic() < pending.admitted + WARM_UP_WAIT:
                 return    # the spare is almost warm: worth waiting for (spare.WARM_UP_WAIT)
             self.waiting.popleft()
-            if pending.sock not in self.pending:
+            if pending.sock not in self.openings.pending:
                 continue  # it hung up while waiting
             if not self._key_matches(pending.key):  # the matchkey rotated while it waited
-                self._reply(pending, H.encode_reply(H.RPC_CODE_MISMATCH))
-                self._drop(pending)
+                pending.reply(H.encode_reply(H.RPC_CODE_MISMATCH))
+                self.openings.drop(pending)
                 continue
-            self.selector.unregister(pending.sock)
-            del self.pending[pending.sock]
+            self.openings.take(pending)
             success = H.encode_reply(H.RPC_CODE_SUCCESS, "server:" + self.config.key)
             self._unwatch_spare()       # its pidfd is the session's now, or closed (the tick watches a kept one)
             if isinstance(pending.sock, ssl.SSLSocket):   # the reply first: then the relay owns the stream
-                if not self._reply(pending, success):
+                if not pending.reply(success):
                     pending.sock.close()
                     continue
                 session, relay = start_tls_session(pending.sock, pending.key, self.config, pending.extra,
@@ -390,7 +220,7 @@ class Server:
                 self.relays.append(relay)
             else:   # the child first: a spare wakes up while the reply travels and the hello comes back
                 session = self.spares.start(pending.sock, pending.key, self.config, pending.extra)
-                if not self._reply(pending, success):
+                if not pending.reply(success):
                     session.kill()
                     continue
             log.info("session for %s starts (child %d)", pending.peer, session.pid)
@@ -428,29 +258,3 @@ class Server:
             self.selector.unregister(status)
         if self.registration is not None:
             self.registration.session_finished()
-
-    @staticmethod
-    def _reply(pending: _Pending, data: bytes) -> bool:
-        """Send a short handshake reply; a peer whose buffer is full is not worth waiting for."""
-        try:
-            return pending.sock.send(data) == len(data)
-        except OSError:
-            return False
-
-    def _evict_unfinished_handshake(self) -> bool:
-        """Make room by dropping the oldest peer that has not finished its handshake.
-
-        A flood of silent connections then cannot use up the server's descriptors or keep a
-        client that completes its handshake promptly from getting in.
-        """
-        for pending in self.pending.values():
-            if pending.key is None:
-                log.info("dropping %s: too many unfinished handshakes", pending.peer)
-                self._drop(pending)
-                return True
-        return False
-
-    def _drop(self, pending: _Pending) -> None:
-        if self.pending.pop(pending.sock, None) is not None:
-            self.selector.unregister(pending.sock)
-        pending.sock.close()

@@ -1,6 +1,7 @@
 """The tracker's network layer: one asyncio event loop, one protocol object per connection.
 
-Each connection opens with TVM's tracker magic and then carries JSON frames
+Each connection opens with TVM's tracker magic (the opening machine of
+``kernelrpc.wire.opening``: TLS, the magic, the auth challenge) and then carries JSON frames
 (``kernelrpc.wire.tracker_codec``).  Replies go out as one ``write`` of length and
 JSON together, on sockets with TCP_NODELAY, so no reply waits for a delayed ACK.
 All matching is done by :class:`~kernelrpc.tracker.scheduler.Scheduler`.
@@ -20,10 +21,11 @@ import time
 
 from ..acceptor import Acceptor, watch
 from ..errors import ProtocolError
-from ..wire.auth import AUTH_CONTEXT, ServiceAuth
-from ..wire.tls import is_tls_hello, refuse_plaintext
+from ..wire.opening import (Accept, ConnectionClosed, DataReceived, OpeningConfig, OpeningMachine, Preamble,
+                            Refusal, Reject, Send, TimerFired, TLSEstablished)
+from ..wire.opening import State as OpeningState
+from ..wire.tls import refuse_plaintext
 from ..wire.tracker_codec import (
-    MAGIC_BYTES,
     FrameDecoder,
     TrackerCode,
     encode_address_reply,
@@ -66,6 +68,14 @@ class Limits:
     max_connections_per_host: int = 512         # past it, that host's longest-idle empty connection goes
 
 
+_REFUSALS = {
+    Refusal.TLS_UNEXPECTED: "%s speaks TLS, and this tracker runs without TLS (--tls-cert); closing%.0s",
+    Refusal.BAD_PREAMBLE: "%s is not a tracker peer (%s); closing",
+    Refusal.AUTH_FAILED: "%s does not know the auth token; closing%.0s",
+}
+"""How the tracker logs a refusal of a peer's opening (name, then the machine's detail)."""
+
+
 class TrackerConnection(asyncio.BufferedProtocol):
     """One peer: a server, a client, a status tool, or several of these at once.
 
@@ -76,21 +86,19 @@ class TrackerConnection(asyncio.BufferedProtocol):
     and ``buffer_updated`` copies the bytes out before it returns.
     """
 
-    def __init__(self, service: TrackerService) -> None:
+    def __init__(self, service: TrackerService, opening: OpeningMachine | None = None) -> None:
         self.service = service
         self.transport: asyncio.Transport | None = None
         self.host = ""
         self.name = "?"
         self.info: dict = {}
-        self._opening = bytearray()
-        self._opened = False
-        self._auth: ServiceAuth | None = None   # while the peer answers our challenge
+        self.connected_at = self.last_message = self.partial_since = time.monotonic()
+        self._opening: OpeningMachine | None = opening or OpeningMachine(service.opening, self.connected_at)
         self._decoder = FrameDecoder()
         self._held: list[bytes] | None = None
         self._held_bytes = 0
         self._inbox: collections.deque = collections.deque()
         self._write_paused = False
-        self.connected_at = self.last_message = self.partial_since = time.monotonic()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -101,6 +109,8 @@ class TrackerConnection(asyncio.BufferedProtocol):
         self.host = str(peer[0])
         self.name = f"{peer[0]}:{peer[1]}"
         transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+        if self._opening.state is OpeningState.TLS:       # (TLSOpenings finished it)
+            self._opening.handle(TLSEstablished(), self.connected_at)
         self.service.connected(self)
 
     def close(self, why: str) -> None:
@@ -115,38 +125,10 @@ class TrackerConnection(asyncio.BufferedProtocol):
         self.data_received(self.service.read_buffer[:nbytes])
 
     def data_received(self, data) -> None:
-        if not self._opened and self._auth is None:
-            self._opening += data
-            if len(self._opening) < 4:
+        if self._opening is not None:
+            data = self._opened_with(bytes(data))
+            if data is None:
                 return
-            if bytes(self._opening[:4]) != MAGIC_BYTES:
-                if is_tls_hello(self._opening):
-                    log.warning("%s speaks TLS, and this tracker runs without TLS (--tls-cert); closing",
-                                self.name)
-                else:
-                    log.warning("%s is not a tracker peer (first bytes %s); closing",
-                                self.name, bytes(self._opening[:4]).hex(" "))
-                self.transport.close()
-                return
-            data = bytes(self._opening[4:])
-            self._opening.clear()
-            token = self.service.auth_token
-            if token is None:
-                self._open()
-            else:
-                self._auth = ServiceAuth(token, AUTH_CONTEXT)
-                self.transport.write(self._auth.challenge())
-        if self._auth is not None and not self._opened:
-            verdict = self._auth.feed(data)
-            if verdict is None:
-                return
-            self.transport.write(verdict)
-            if not self._auth.ok:
-                log.warning("%s does not know the auth token; closing", self.name)
-                self.transport.close()
-                return
-            self._open()
-            data = self._auth.unused
         had_partial = self._decoder.buffered
         try:
             batch = self._decoder.feed(data)
@@ -168,9 +150,21 @@ class TrackerConnection(asyncio.BufferedProtocol):
         self._inbox.extend(batch)
         self._run_inbox()
 
-    def _open(self) -> None:
-        self._opened = True
-        self.transport.write(MAGIC_BYTES)
+    def _opened_with(self, data: bytes) -> bytes | None:
+        """Drive the opening machine (wire/opening.py) with ``data``: the bytes that follow the
+        opening once the peer is accepted, else None."""
+        for action in self._opening.handle(DataReceived(data), time.monotonic()):
+            kind = type(action)
+            if kind is Send:
+                self.transport.write(action.data)
+            elif kind is Accept:
+                self._opening = None
+                return action.leftover
+            elif kind is Reject:
+                self.transport.write(action.reply)
+                log.warning(_REFUSALS[action.refusal], self.name, action.detail)
+                self.transport.close()
+        return None
 
     def _run_inbox(self) -> None:
         """Handle waiting messages until none is left or the peer stops taking its replies;
@@ -225,8 +219,8 @@ class TrackerConnection(asyncio.BufferedProtocol):
 
     def timed_out(self, now: float, limits: Limits) -> str | None:
         """Why the connection should be closed now, if it should."""
-        if not self._opened:
-            if now - self.connected_at > limits.opening_timeout:
+        if self._opening is not None:
+            if self._opening.handle(TimerFired(), now):      # [Reject(TIMEOUT)] once it is due
                 return f"sent no tracker magic within {limits.opening_timeout:g} s"
             return None
         if self._decoder.buffered and limits.frame_timeout and now - self.partial_since > limits.frame_timeout:
@@ -252,8 +246,9 @@ class TrackerService:
     def __init__(self, lease_timeout: float = 5.0, clock=time.monotonic, limits: Limits | None = None,
                  auth_token: bytes | None = None) -> None:
         self.auth_token = auth_token
-        self.scheduler = Scheduler(lease_timeout=lease_timeout)
         self.limits = limits or Limits()
+        self.opening = OpeningConfig(Preamble.TRACKER, auth_token=auth_token, timeout=self.limits.opening_timeout)
+        self.scheduler = Scheduler(lease_timeout=lease_timeout)
         self.connections: set[TrackerConnection] = set()
         self._by_host: dict[str, set[TrackerConnection]] = {}
         self.read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
@@ -567,8 +562,9 @@ class TLSOpeningFailed(Exception):
 class TLSOpenings:
     """TLS connections between ``accept`` and ``connection_made``, bounded like plain ones.
 
-    A connection has ``opening_timeout`` in all for its first byte and the TLS handshake
-    (asyncio's ``ssl_handshake_timeout`` gets what is left), and counts against its host's
+    A connection has ``opening_timeout`` in all for its first byte, the TLS handshake
+    (asyncio's ``ssl_handshake_timeout`` gets what is left) and the magic: one opening machine
+    (``wire/opening.py``) spans them, handed to its :class:`TrackerConnection`. It counts against its host's
     ``max_connections_per_host`` meanwhile: at the cap, the host's oldest unfinished opening
     makes room for the new one, so a flood of peers that never finish the handshake holds
     neither descriptors nor slots for long.  A first byte that cannot start a TLS hello
@@ -606,21 +602,22 @@ class TLSOpenings:
 
     async def _open(self, conn: socket.socket, name: str) -> None:
         loop = asyncio.get_running_loop()
-        timeout = self.service.limits.opening_timeout
-        deadline = loop.time() + timeout
-        first = await _first_byte(loop, conn, timeout)
-        if not first:
-            log.info("%s: closed or sent nothing within %g s; closing", name, timeout)
-            conn.close()
+        opening = OpeningMachine(self.service.opening._replace(tls=True), time.monotonic())
+        first = await _first_byte(loop, conn, opening.config.timeout)
+        actions = opening.handle(DataReceived(first) if first else ConnectionClosed(), time.monotonic())
+        if type(actions[0]) is Reject:
+            if actions[0].refusal is Refusal.PLAINTEXT:
+                log.warning("%s spoke plain TCP to this TLS tracker (%s); told it TLS is required",
+                            name, actions[0].detail)
+                refuse_plaintext(conn)
+            else:
+                log.info("%s: closed or sent nothing within %g s; closing", name, opening.config.timeout)
+                conn.close()
             return
-        if not is_tls_hello(first):
-            log.warning("%s spoke plain TCP to this TLS tracker (first byte %s); told it TLS is required",
-                        name, first.hex())
-            refuse_plaintext(conn)
-            return
-        try:
-            await loop.connect_accepted_socket(lambda: TrackerConnection(self.service), conn, ssl=self.context,
-                                               ssl_handshake_timeout=max(0.01, deadline - loop.time()))
+        try:           # StartTLS: the first byte is still in the socket, for the handshake
+            await loop.connect_accepted_socket(lambda: TrackerConnection(self.service, opening), conn,
+                                               ssl=self.context,
+                                               ssl_handshake_timeout=max(0.01, opening.deadline - time.monotonic()))
         except (OSError, ssl.SSLError) as exc:
             raise TLSOpeningFailed(f"refusing {name}: the TLS handshake failed: {exc}") from None
 

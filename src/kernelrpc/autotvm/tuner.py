@@ -29,7 +29,6 @@ class Tuner:
         self.best_config: ConfigEntity | None = None
         self.best_flops = 0.0
         self.best_seconds = float("inf")
-        self.default_seconds: float | None = None
         self.seconds: dict[int, float] = {}   # fastest time of each configuration measured
         self.trials = 0
         self.rounds: list[dict] = []          # each measured batch's stats()
@@ -47,17 +46,20 @@ class Tuner:
     def has_next(self) -> bool:
         return len(self.visited) < len(self.space)
 
+    @property
+    def default_seconds(self) -> float | None:
+        """The fastest time of the template's default configuration (index 0), once measured."""
+        return self.seconds.get(0)
+
     def _record(self, config: ConfigEntity, result) -> None:
         self.visited.add(config.index)
         if result.status == OK:
-            seconds = min(result.profile.median, self.seconds.get(config.index, float("inf")))
-            self.seconds[config.index] = seconds
-            if config.index == 0:
-                self.default_seconds = seconds
-        if result.status == OK and result.profile.median < self.best_seconds:
-            self.best_seconds = result.profile.median
-            self.best_flops = result.gflops or 0.0
-            self.best_config = config
+            median = result.profile.median
+            self.seconds[config.index] = min(median, self.seconds.get(config.index, median))
+            if median < self.best_seconds:
+                self.best_seconds = median
+                self.best_flops = result.gflops or 0.0
+                self.best_config = config
         self.update(config, result)
 
     def load_history(self, records) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import compiler
+from ..autotvm.task import current_context
 from ..compiler.build import BuiltModule, LinkInputs, RunsHere, link_module
 from ..compiler.lower import lower
 from ..compiler.target import Target
@@ -94,8 +95,6 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
 
 def _report_schedules(records) -> None:
     """Inside ``apply_history_best``, the layers that kept the default schedule, in one line."""
-    from ..autotvm.task import current_context
-
     if current_context() is None:
         return
     untuned = [r["name"] for r in records if r["schedule"] == "default"]

@@ -275,6 +275,7 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
     import socket
 
     from kernelrpc.netutil import receive_until
+    from kernelrpc.server.forker import is_forker
     from kernelrpc.wire import handshake as H
     from kernelrpc.wire.hello import HelloReplyParser, encode_hello
 
@@ -282,7 +283,8 @@ def test_a_session_child_killed_before_the_hello_is_reported_as_a_crash(start_se
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(H.encode_preamble(H.make_key("client", "dev")))
         receive_until(sock, H.ReplyParser(), "server", "the handshake").raise_for_code()
-        (child,) = wait_until(lambda: children(server.proc.pid), what="the session child")
+        (child,) = wait_until(lambda: [c for c in children(server.proc.pid) if not is_forker(c)],
+                              what="the session child")
         os.kill(child, signal.SIGKILL)
         wait_until(lambda: child not in children(server.proc.pid), what="the session child reaped")
         try:

@@ -14,6 +14,7 @@ import numpy as np
 
 import kernelrpc
 from conftest import wait_until
+from kernelrpc.server.forker import is_forker
 from kernelrpc.server.process_tree import children
 from servicectl import gone
 from kernelrpc import nd, rpc
@@ -229,10 +230,14 @@ def test_the_next_spare_is_forked_when_a_session_ends_before_its_child_is_reaped
         spare = spare_of(server)
         with rpc.connect(server.host, server.port, key="dev") as sess:
             assert sess.info["pid"] == spare
-        peer = re.search(r"session for (\S+) starts", server.wait_for_line(rf"starts \(child {spare}\)")).group(1)
+        starts = server.wait_for_line(rf"starts \(child {spare}\)")
+        peer = re.search(r"session for (\S+) starts", starts).group(1)
         finished = server.wait_for_line(rf"session from {re.escape(peer)} finished")
         following = spare_of(server, other_than=(spare,))
-        forked = server.wait_for_line(rf"spare session child {following} forked")
+        server.wait_for_line(rf"spare session child {following} forked")
+        after = server.lines[server.lines.index(starts):]
+        # forked by the server itself, or asked of its forker (whose answer may come later)
+        forked = next(line for line in after if re.search(r"spare session child (asked of the forker|\d+ forked)", line))
         early += server.lines.index(forked) < server.lines.index(finished)
     assert early, "the next spare was forked only after the session's child was reaped, 5 times in a row"
 
@@ -428,3 +433,55 @@ def test_the_scripted_session_goes_as_scripted_whatever_the_servers_limits(tmp_p
         assert spare._serve_script(ServerConfig(**limits), workspace) is None
     finally:
         workspace.remove()
+
+
+# ---------------------------------------------------------------- the forker
+def forker_of(server):
+    return wait_until(lambda: next((c for c in children(server.proc.pid) if is_forker(c)), None),
+                      timeout=10, what="the server's forker")
+
+
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+def test_spares_come_from_the_forker_and_the_server_writes_no_shared_page_per_session(start_service):
+    """The server forks once (its forker), so a session cycle costs it no copy-on-write faults:
+    with a fork per spare it took some 500 per session (docs/performance.md)."""
+    server = start_server(start_service)
+    forker_of(server)
+    spare = spare_of(server)
+    assert parent_of(spare) == server.proc.pid                  # adopted: reaped and watched by the server
+    for _ in range(3):                                          # past the first writes of each page
+        with rpc.connect(server.host, server.port, key="dev") as sess:
+            sess.get_function("testing.echo")(1)
+        spare = spare_of(server, other_than=(spare,))
+    before, sessions = minor_faults(server.proc.pid), 10
+    for _ in range(sessions):
+        with rpc.connect(server.host, server.port, key="dev") as sess:
+            assert sess.info["pid"] == spare
+            sess.get_function("testing.echo")(1)
+        spare = spare_of(server, other_than=(spare,))
+    assert (minor_faults(server.proc.pid) - before) / sessions < 100
+
+
+def test_a_server_whose_forker_is_gone_forks_its_spares_itself(start_service):
+    server = start_server(start_service)
+    forker = forker_of(server)
+    os.kill(forker, signal.SIGKILL)
+    with rpc.connect(server.host, server.port, key="dev") as sess:     # its spare was forked already
+        assert sess.get_function("testing.echo")(1) == 1
+    server.wait_for_line(rf"the forker \({forker}\) has gone.*; the server forks its spares itself from now on")
+    spare = spare_of(server)
+    with rpc.connect(server.host, server.port, key="dev") as sess:
+        assert sess.info["pid"] == spare
+        assert sess.get_function("testing.echo")("still") == "still"
+
+
+def test_a_server_killed_takes_its_forker_along(start_service):
+    server = start_server(start_service)
+    forker = forker_of(server)
+    server.stop(signal.SIGKILL)
+    wait_until(lambda: gone(forker), timeout=10, what="the forker gone with its server")

@@ -191,11 +191,13 @@ def test_server_killed_mid_tls_session_takes_its_relay_along(tls_server, tls_fil
 
 
 def _children(pid: int, spares: bool = True) -> list[int]:
-    """The server's child processes; without its spare session child (server/spare.py) if not ``spares``."""
+    """The server's child processes but its forker (server/forker.py); without its spare
+    session child (server/spare.py) if not ``spares``."""
+    from kernelrpc.server.forker import is_forker
     from kernelrpc.server.process_tree import children
     from kernelrpc.server.spare import is_spare
 
-    return [child for child in children(pid) if spares or not is_spare(child)]
+    return [child for child in children(pid) if not is_forker(child) and (spares or not is_spare(child))]
 
 
 def test_relays_are_reaped_after_their_sessions(tls_server, tls_files):

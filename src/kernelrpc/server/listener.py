@@ -9,7 +9,9 @@ crash and timeout notices still reach the client.
 Each session's child is normally a spare (:mod:`.spare`): forked and warmed up ahead, then handed
 the connection. The next spare is forked when a slot is free, or as soon as a session's child
 says the session is over, before it exits and is reaped, so that a client that connects again
-at once finds it warm (or almost: it waits a little for it).
+at once finds it warm (or almost: it waits a little for it). The spares are forked by the
+server's forker (:mod:`.forker`), whose answer the loop takes as it comes: the server itself
+forks once.
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ class Server:
         self.spares = Spares(config)
         self._spare_watched: list = []                 # the spare's pidfd, and its link until it is warm
         self._stopping = False
+        self.spares.watch_forker(self.selector)
         if registration is not None:
             registration.attach(self.selector)   # tracker replies wake the loop; no polling
         remove_stale(config.workspace_root)
@@ -152,7 +155,7 @@ class Server:
     def _watch_spare(self) -> None:
         """Watch the spare for its death and for the end of its warm-up."""
         spare = self.spares.spare
-        if spare is None or self._spare_watched:
+        if spare is None or spare.pid is None or self._spare_watched:
             return
         if spare.fileno() is not None:
             self.selector.register(spare.fileno(), selectors.EVENT_READ, self._spare_event)

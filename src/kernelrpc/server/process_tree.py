@@ -181,3 +181,20 @@ def end_orphans(keep) -> list[int]:
             break
         time.sleep(0.001)
     return orphans
+
+
+def process_name(pid: int | str = "self") -> bytes | None:
+    """The name (``comm``) of process ``pid``, this one by default; None where there is none."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb", buffering=0) as f:
+            return f.read().rstrip(b"\n")
+    except OSError:
+        return None
+
+
+def set_process_name(name: bytes) -> None:
+    try:
+        with open("/proc/self/comm", "wb", buffering=0) as f:
+            f.write(name)
+    except OSError:
+        pass

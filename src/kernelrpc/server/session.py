@@ -47,6 +47,8 @@ _TREE_SIGNAL = signal.SIGRTMIN + 1 if hasattr(signal, "SIGRTMIN") and hasattr(si
 """The session child's parent-death signal: nothing else sends it."""
 _STOP_SIGNAL = _TREE_SIGNAL + 1 if _TREE_SIGNAL is not None else None
 """What a session child sends the thread that waits for :data:`_TREE_SIGNAL` to end it."""
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 1 << 24
 WATCH_STOP_WAIT = 1.0
 """Seconds a session child waits for that thread to end before it exits anyway."""
 
@@ -261,19 +263,25 @@ def peer_of(sock: socket.socket, peer: str | None = None) -> str:
         return "?"
 
 
+def become_subreaper() -> bool:
+    """Make the server the subreaper of its session children (once); whether it is."""
+    global _server_subreaper
+    if not _server_subreaper:
+        _server_subreaper = process_tree.set_child_subreaper()
+    return _server_subreaper
+
+
 def fork_child(config: ServerConfig, keep_fds, status_fd: int, body) -> int:
     """Fork a session child that keeps only ``keep_fds`` open and runs ``body()``; returns its pid.
 
     ``body`` returns True when it served a session to its end (the child then writes
     :data:`_CLEAN_END` to ``status_fd``). Used for a session's child and for a spare (``spare``).
     """
-    global _server_subreaper
-    if not _server_subreaper:
-        _server_subreaper = process_tree.set_child_subreaper()
+    become_subreaper()
     server_pid = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _child_main(config, keep_fds, status_fd, body, server_pid)
+        child_main(config, keep_fds, status_fd, body, server_pid)
     own_child(pid)
     try:
         os.setpgid(pid, pid)            # also done by the child: whichever runs first
@@ -347,7 +355,8 @@ class _ServerWatch:
         return False
 
 
-def _child_main(config: ServerConfig, keep_fds, status_fd: int, body, server_pid: int) -> None:
+def child_main(config: ServerConfig, keep_fds, status_fd: int, body, server_pid: int) -> None:
+    """A session child's life (a spare's too, forked here or by the ``forker``): never returns."""
     code = EXIT_INTERNAL
     watch = None
     gc.freeze()     # the server's objects: a full collection would touch (and copy) all their pages
@@ -381,6 +390,29 @@ def close_all_but(keep_fds) -> None:
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, _max_fd())
+
+
+def _linger(sock: socket.socket) -> None:
+    """After the last frame of a session the server ends: wait up to :data:`LINGER_SECONDS` for
+    the client to hang up, dropping what it sends meanwhile (at most :data:`LINGER_BYTES`). A
+    socket closed with unread bytes resets the connection, and the client's kernel may then
+    drop the error frame before the client reads it (a client that sent its next request
+    before the error came)."""
+    deadline = time.monotonic() + LINGER_SECONDS
+    taken = 0
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while taken < LINGER_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            sock.settimeout(left)
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            taken += len(data)
+    except OSError:
+        pass
 
 
 def _set_socket_timeouts(sock: socket.socket, seconds: float) -> None:
@@ -453,4 +485,5 @@ def run_session(sock: socket.socket, workspace: Workspace, config: ServerConfig,
         try:
             conn.send(P.encode_error("ProtocolError", str(exc)))
         except ConnectionLost:
-            pass
+            return
+        _linger(sock)

@@ -14,8 +14,9 @@ itself, before its first fork (:func:`warm_up_server`), often enough that the in
 quickened that code: every child inherits it so, and a spare's warm-up is there for its
 copy-on-write faults.
 
-The server forks the next spare as soon as the session before it is over, while its child still
-exits (:mod:`.listener`). A spare forked while other sessions run (``max_sessions`` above 1)
+The server asks for the next spare as soon as the session before it is over, while its child
+still exits (:mod:`.listener`); its forker (:mod:`.forker`) forks it, so that the server's own
+pages are never shared with a new child, and the spare is the server's child like any other. A spare forked while other sessions run (``max_sessions`` above 1)
 warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session wants), in a
 thread of its own (:func:`_warm_up_in_background`), so that the thread that serves its session
 keeps its priority; the spare goes on once that thread has ended in the kernel too
@@ -47,6 +48,7 @@ import logging
 import os
 import resource
 import select
+import selectors
 import signal
 import socket
 import struct
@@ -66,6 +68,7 @@ from ..wire.values import DeviceValue, FunctionHandle, TensorHandle
 from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
 from .config import ServerConfig
+from .forker import Forker, ForkerGone
 from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, run_session,
                       session_info, start_session)
 from .workspace import Workspace
@@ -348,54 +351,46 @@ def _receive_handoff(control: socket.socket) -> tuple[socket.socket, float | Non
     return socket.socket(fileno=fds[0]), timeout, initial
 
 
-def _process_name() -> bytes | None:
-    """This process's name (``comm``); None where there is none to set."""
-    try:
-        with open("/proc/self/comm", "rb", buffering=0) as f:
-            return f.read().rstrip(b"\n")
-    except OSError:
-        return None
-
-
-def _set_process_name(name: bytes) -> None:
-    try:
-        with open("/proc/self/comm", "wb", buffering=0) as f:
-            f.write(name)
-    except OSError:
-        pass
-
-
 def is_spare(pid: int, ready: bool = False) -> bool:
     """Whether process ``pid`` is a spare session child before its session (Linux); with
     ``ready``, one that is warm (the next session is handed to it)."""
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            name = f.read().rstrip(b"\n")
-    except OSError:
-        return False
+    name = process_tree.process_name(pid)
     return name == PROCESS_NAME or (not ready and name == WARMING_NAME)
 
 
 def _spare_main(control: socket.socket, config: ServerConfig, workspace: Workspace, idle: bool) -> bool:
-    own_name = _process_name()
+    try:
+        os.chdir(workspace.root)
+    except FileNotFoundError:       # the server gave this spare up before the forker's answer came
+        return False
+    own_name = process_tree.process_name()
     if own_name is not None:
-        _set_process_name(WARMING_NAME)
-    os.chdir(workspace.root)
+        process_tree.set_process_name(WARMING_NAME)
     faults = _warm_up_in_background(config, workspace) if idle else warm_up(config, workspace)
-    gc.freeze()                     # what the warm-up left, too (see session._child_main)
+    gc.freeze()                     # what the warm-up left, too (see session.child_main)
     log.debug("spare session child %d warmed up (%d page faults)", os.getpid(), faults)
     control.sendall(READY)
     if own_name is not None:
-        _set_process_name(PROCESS_NAME)
+        process_tree.set_process_name(PROCESS_NAME)
     handoff = _receive_handoff(control)
     if handoff is None:
         return False
     control.close()
     if own_name is not None:
-        _set_process_name(own_name)     # a session child like any other
+        process_tree.set_process_name(own_name)     # a session child like any other
     sock, timeout, initial = handoff
     run_session(sock, workspace, config, timeout, initial)
     return True
+
+
+def _spare_payload(workspace: Workspace, idle: bool) -> bytes:
+    return (b"1" if idle else b"0") + os.fsencode(workspace.root)
+
+
+def _spare_body(config: ServerConfig, fds: list[int], payload: bytes):
+    """What a spare forked by the forker runs (``fds``: its link, its status pipe)."""
+    idle, root = payload[:1] == b"1", os.fsdecode(payload[1:])
+    return lambda: _spare_main(socket.socket(fileno=fds[0]), config, Workspace(root), idle)
 
 
 class SpareGone(Exception):
@@ -405,14 +400,20 @@ class SpareGone(Exception):
 class Spare:
     """The server's view of one spare child, from its fork to its handoff."""
 
-    def __init__(self, config: ServerConfig, idle: bool = False) -> None:
-        """``idle``: it warms up at the lowest CPU priority from the start (sessions run)."""
+    def __init__(self, config: ServerConfig, idle: bool = False, forker: Forker | None = None) -> None:
+        """``idle``: it warms up at the lowest CPU priority from the start (sessions run);
+        ``forker``: the process that forks it (else the server does), its pid then unknown
+        until the forker answers (:meth:`forked`)."""
         self.workspace = new_workspace(config)
         control, child_end = socket.socketpair()
         status_r, status_w = os.pipe()
+        pid = None
         try:
-            self.pid = fork_child(config, (child_end.fileno(), status_w), status_w,
-                                  lambda: _spare_main(child_end, config, self.workspace, idle))
+            if forker is not None:
+                forker.request([child_end.fileno(), status_w], _spare_payload(self.workspace, idle))
+            else:
+                pid = fork_child(config, (child_end.fileno(), status_w), status_w,
+                                 lambda: _spare_main(child_end, config, self.workspace, idle))
         except BaseException:
             self.workspace.remove()
             control.close()
@@ -424,12 +425,19 @@ class Spare:
         os.set_blocking(status_r, False)
         control.setblocking(False)
         self.control = control
+        self.pid: int | None = None
         self.done = False               # reaped, or handed over (then its session's)
         self._ready = False             # it said so (READY)
         self._link_closed = False
         self._status_fd = status_r
+        self._pidfd = None
+        if pid is not None:
+            self.forked(pid)
+
+    def forked(self, pid: int) -> None:
+        self.pid = pid
         try:
-            self._pidfd = os.pidfd_open(self.pid)
+            self._pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):
             self._pidfd = None
 
@@ -438,8 +446,8 @@ class Spare:
         return self._pidfd
 
     def ready(self) -> bool:
-        """Whether the spare has warmed up (it said so on its link)."""
-        if not self._ready and not self._link_closed:
+        """Whether the spare has warmed up (it said so on its link) and is the server's child."""
+        if not self._ready and not self._link_closed and self.pid is not None:
             try:
                 data = self.control.recv(1)
             except OSError:     # nothing yet (BlockingIOError), or the link broke
@@ -454,7 +462,13 @@ class Spare:
 
     def exited(self) -> int | None:
         """The spare's wait status once it has exited (it is reaped then), else None."""
-        if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if self.pid is None:
+            return None
+        try:
+            running = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:       # forked by the forker, not adopted yet
+            return None
+        if running:
             return None
         kill_group(self.pid)                    # what it started, if anything
         _, status = os.waitpid(self.pid, 0)
@@ -484,14 +498,17 @@ class Spare:
         return SessionProcess(self.pid, sock, self.workspace, timeout, peer_of(sock, peer), self._status_fd)
 
     def kill(self) -> None:
+        """End it; one not forked yet ends at its closed link (or the server's orphan sweep)."""
         if self.done:
             return
-        kill_and_reap(self.pid)
+        if self.pid is not None:
+            kill_and_reap(self.pid)
         self._close()
 
     def _close(self) -> None:
         self.done = True
-        _session.child_ended(self.pid)
+        if self.pid is not None:
+            _session.child_ended(self.pid)
         self.workspace.remove()
         self.control.close()
         os.close(self._status_fd)
@@ -510,17 +527,25 @@ def _describe(status: int) -> str:
     return f"exit code {os.WEXITSTATUS(status)}"
 
 
+FORKER_ANSWER_WAIT = 5.0
+"""Seconds a blocking server waits for the forker's answer (forking takes a few milliseconds)."""
+
+
 class Spares:
     """At most one spare session child, and the start of every session: through the spare when
     there is one and it is warm, else by a child forked for it (logged: ``fallbacks`` counts
     them); a spare that is still warming up is kept for the next session."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, blocking: bool = False) -> None:
         """Also the server's own warm-up (:func:`warm_up_server`): before the first session child
-        is forked, whether a spare or at connect."""
+        is forked, whether a spare or at connect. ``blocking``: :meth:`fill` waits for the
+        forker's answer (a server with no selector to watch for it: through a proxy)."""
         warm_up_server(config)
         self.config = config
+        self.blocking = blocking
         self.enabled = config.spare_session
+        self.forker = self._start_forker() if self.enabled else None
+        self._selector: selectors.BaseSelector | None = None
         self.spare: Spare | None = None
         self.fallbacks = 0
         self._refill_at = 0.0
@@ -532,12 +557,64 @@ class Spares:
         if not self.enabled or self.spare is not None or time.monotonic() < self._refill_at:
             return None
         try:
-            self.spare = Spare(self.config, idle)
+            try:
+                self.spare = Spare(self.config, idle, self.forker)
+            except ForkerGone as exc:
+                self._forker_gone(exc)
+                self.spare = Spare(self.config, idle)
         except OSError as exc:         # no memory or processes left, the workspace root full
             self._lost(f"could not fork a spare session child: {exc}")
             return None
-        log.debug("spare session child %d forked", self.spare.pid)
+        if self.spare.pid is None:
+            log.debug("spare session child asked of the forker")
+            if self.blocking:
+                self._await_answer(time.monotonic() + FORKER_ANSWER_WAIT)
+        else:
+            log.debug("spare session child %d forked", self.spare.pid)
         return self.spare
+
+    def forked(self) -> None:
+        """Take the forker's answer (its socket is readable)."""
+        spare = self.spare if self.spare is not None and self.spare.pid is None else None
+        try:
+            pid = self.forker.answer()
+        except ForkerGone as exc:
+            self._forker_gone(exc)
+            if spare is not None:
+                spare.kill()
+                self.spare = None       # the next fill forks one
+            return
+        except OSError as exc:
+            if spare is not None:
+                spare.kill()
+                self._lost(f"could not fork a spare session child: {exc}")
+            return
+        if pid is None:
+            return
+        if spare is None:               # asked for by a spare that is no more
+            kill_and_reap(pid)
+            _session.child_ended(pid)
+        else:
+            spare.forked(pid)
+            log.debug("spare session child %d forked by the forker", pid)
+
+    def _await_answer(self, deadline: float) -> None:
+        while self.spare is not None and self.spare.pid is None and time.monotonic() < deadline:
+            select.select([self.forker.fileno()], [], [], deadline - time.monotonic())
+            self.forked()
+
+    def watch_forker(self, selector: selectors.BaseSelector) -> None:
+        """Take the forker's answers as they come (:meth:`forked`), in the server's loop."""
+        if self.forker is not None:
+            selector.register(self.forker.fileno(), selectors.EVENT_READ, lambda _: self.forked())
+            self._selector = selector
+
+    def _forker_gone(self, exc: ForkerGone) -> None:
+        log.warning("%s; the server forks its spares itself from now on", exc)
+        if self._selector is not None:
+            self._selector.unregister(self.forker.fileno())     # before its number is someone else's
+        self.forker.close()
+        self.forker = None
 
     def next_fill(self) -> float | None:
         """When ``fill`` will fork again after a spare died (None: not waiting for that)."""
@@ -595,11 +672,26 @@ class Spares:
         """Wait up to ``timeout`` seconds for the spare to end its warm-up (a server that serves
         one session at a time, blocking: through a proxy)."""
         deadline = time.monotonic() + timeout
-        while self.spare is not None and self.spare.listening() and time.monotonic() < deadline:
-            select.select([self.spare.control], [], [], deadline - time.monotonic())
+        while self.spare is not None and time.monotonic() < deadline:
+            if self.spare.pid is None:
+                self._await_answer(deadline)
+            elif self.spare.listening():
+                select.select([self.spare.control], [], [], deadline - time.monotonic())
+            else:
+                break
 
     def close(self) -> None:
-        """End the spare (the server stops)."""
+        """End the spare and the forker (the server stops)."""
         if self.spare is not None:
             self.spare.kill()
             self.spare = None
+        if self.forker is not None:
+            self.forker.close()
+            self.forker = None
+
+    def _start_forker(self) -> Forker | None:
+        try:
+            return Forker(self.config, lambda fds, payload: _spare_body(self.config, fds, payload))
+        except OSError as exc:
+            log.info("no forker (%s): the server forks its spares itself", exc)
+            return None

@@ -82,7 +82,7 @@ class ProxyLink:
         self._tls = config.tls.client_context() if config.tls is not None else None
         self.key = (f"{H.make_key('server', config.key)} -protocol={VERSION_STRING}"
                     + device_record.key_option(device_info.describe()))
-        self.spares = Spares(config)
+        self.spares = Spares(config, blocking=True)
 
     def close(self) -> None:
         """End the spare session child (the server stops)."""

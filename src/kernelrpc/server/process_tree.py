@@ -164,9 +164,10 @@ def end_orphans(keep) -> list[int]:
     and reap them; returns their pids.
 
     A server is the subreaper of its session children: when one ends (or is killed), what its
-    session started and left running is adopted by the server. The server starts no other
-    processes, so every such child is an orphan of a session that ended. Children that are
-    not dead within 0.1 s are reaped on a later call.
+    session started and left running is adopted by the server. Its other children (session
+    children, TLS relays, its forker and the spares it forked) are in ``keep`` from the moment
+    the server knows them, so every other child is an orphan of a session that ended.
+    Children that are not dead within 0.1 s are reaped on a later call.
     """
     me = os.getpid()
     orphans = [pid for pid in children(me) if pid not in keep and pid not in _unreaped]

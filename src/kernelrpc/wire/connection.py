@@ -23,12 +23,13 @@ from __future__ import annotations
 import operator
 
 from ..errors import AllocationFailed, ProtocolError, RemoteError
-from .protocol import (ALLOCATE, CALL, ERROR, GLOBAL_AT, FRAME_NAMES, HEADER_SIZE, NOTICE, REQUEST, RETURN, FrameReader,
-                       _CALL_HEAD, _CALL_HEAD_SIZE, _CALL_INT_FRAME_SIZE, _CALL_INT_PREFIX, _HEADER, _NONE_RESULT,
-                       _OP_OFFSET, RELEASE, _RESULT_INT_FRAME_SIZE, _RESULT_INT_PREFIX, _unpack_call_int_frame,
-                       _unpack_result_int_frame, decode_data_header, decode_error, decode_notice,
-                       decode_request, decode_result, encode, encode_request, notice_error)  # ops as ints:
+from .protocol import (ALLOCATE, CALL, ERROR, FRAME_NAMES, GLOBAL_AT, HEADER_SIZE, NOTICE, RELEASE, REQUEST, RETURN,
+                       FrameReader, decode_data_header, decode_error, decode_notice, decode_request, decode_result,
+                       encode, encode_request, notice_error)  # ops as ints:
 # reading ``Op.RELEASE`` costs ~0.3 us on a per-request path
+from .protocol import (CALL_HEAD, CALL_HEAD_SIZE, CALL_INT_FRAME_SIZE, CALL_INT_PREFIX, FRAME_HEADER,  # frame layouts
+                       NONE_RESULT, OP_OFFSET, RESULT_INT_FRAME_SIZE, RESULT_INT_PREFIX, unpack_call_int_frame,
+                       unpack_result_int_frame)
 from .requests import CLIENT_IDS_FIRST, CLIENT_IDS_LAST, OPTIONAL_OPS, Call, Free, Op
 from .values import T_FUNCTION, T_INT, FunctionHandle, TensorHandle, decode_items, decode_values
 
@@ -150,13 +151,13 @@ class ServerConnection(FrameReader):
         everything else (part of a frame, several, another op, a bad header) to ``feed``,
         ``next_frame`` and ``request_of``, which judge it alike.
         """
-        if len(data) == _CALL_INT_FRAME_SIZE:
-            prefix, function_id, value_tag, value = _unpack_call_int_frame(data)
-            if prefix == _CALL_INT_PREFIX and value_tag == T_INT:
+        if len(data) == CALL_INT_FRAME_SIZE:
+            prefix, function_id, value_tag, value = unpack_call_int_frame(data)
+            if prefix == CALL_INT_PREFIX and value_tag == T_INT:
                 return function_id, (value,)
-        if len(data) < _CALL_HEAD_SIZE or data[_OP_OFFSET] != CALL:
+        if len(data) < CALL_HEAD_SIZE or data[OP_OFFSET] != CALL:
             return None
-        length, frame_type, _, count, tag, function_id = _CALL_HEAD.unpack_from(data)
+        length, frame_type, _, count, tag, function_id = CALL_HEAD.unpack_from(data)
         if length + HEADER_SIZE != len(data) or frame_type != REQUEST or length > self.max_frame_bytes:
             return None
         if tag != T_FUNCTION or count == 0:
@@ -165,14 +166,14 @@ class ServerConnection(FrameReader):
         kept = self.kept.get(function_id)
         if kept is not None and kept.frame == data:
             return kept
-        return function_id, decode_items(data, _CALL_HEAD_SIZE, count - 1)
+        return function_id, decode_items(data, CALL_HEAD_SIZE, count - 1)
 
     def request_of(self, body: bytes):
         """The request in a REQUEST frame's body (protocol.decode_request), a kept call's
         :class:`RepeatedCall`; ProtocolError if it does not check out."""
         request = decode_request(body)
         if type(request) is Call:
-            self._call_frame = frame = _HEADER.pack(len(body), REQUEST) + body
+            self._call_frame = frame = FRAME_HEADER.pack(len(body), REQUEST) + body
             kept = self.kept.get(request.function_id)
             if kept is not None and kept.frame == frame:
                 return kept
@@ -324,15 +325,15 @@ class ClientConnection(FrameReader):
         RETURN frame (one read), else NOT_ONE_FRAME (for ``feed`` and ``next_frame``, which judge
         it alike); a malformed value in a whole RETURN frame raises ProtocolError, as
         ``result_of`` does."""
-        if len(data) == _RESULT_INT_FRAME_SIZE:
-            prefix, value = _unpack_result_int_frame(data)
-            if prefix == _RESULT_INT_PREFIX:
+        if len(data) == RESULT_INT_FRAME_SIZE:
+            prefix, value = unpack_result_int_frame(data)
+            if prefix == RESULT_INT_PREFIX:
                 return value
-        elif data == _NONE_RESULT:  # a kernel's result
+        elif data == NONE_RESULT:  # a kernel's result
             return None
         if len(data) < HEADER_SIZE:
             return NOT_ONE_FRAME
-        length, frame_type = _HEADER.unpack_from(data)
+        length, frame_type = FRAME_HEADER.unpack_from(data)
         if length + HEADER_SIZE != len(data) or frame_type != RETURN or length > self.max_frame_bytes:
             return NOT_ONE_FRAME
         return decode_result(data[HEADER_SIZE:])

@@ -36,8 +36,8 @@ NOTICE_TIMEOUT = "SessionTimeout"
 NOTICE_CRASHED = "ServerCrashed"
 NOTICE_SHUTDOWN = "ServerShutdown"
 
-_HEADER = struct.Struct("<IB")
-HEADER_SIZE = _HEADER.size
+FRAME_HEADER = struct.Struct("<IB")
+HEADER_SIZE = FRAME_HEADER.size
 _U64 = struct.Struct("<Q")
 
 
@@ -52,12 +52,12 @@ _tuple_new = tuple.__new__  # builds a NamedTuple without its Python-level __new
 # ---------------------------------------------------------------- frames
 
 def encode_frame(frame_type: int, body: bytes = b"") -> bytes:
-    return _HEADER.pack(len(body), frame_type) + body
+    return FRAME_HEADER.pack(len(body), frame_type) + body
 
 
 def parse_header(header, max_frame_bytes: int) -> tuple[int, int]:
     """Return ``(type, body_length)`` of a 5-byte frame header, checking both."""
-    length, frame_type = _HEADER.unpack(header)
+    length, frame_type = FRAME_HEADER.unpack(header)
     if frame_type not in FRAME_NAMES:
         raise ProtocolError(f"unknown frame type {frame_type} (header {bytes(header).hex(' ')}); "
                             "the peer does not speak kernelrpc's session protocol")
@@ -89,7 +89,7 @@ class FrameReader:
         avail = len(self._buf) - pos
         if avail < HEADER_SIZE:
             return None
-        length, frame_type = _HEADER.unpack_from(self._buf, pos)
+        length, frame_type = FRAME_HEADER.unpack_from(self._buf, pos)
         if frame_type not in FRAME_NAMES or length > self.max_frame_bytes:
             parse_header(self._buf[pos:pos + HEADER_SIZE], self.max_frame_bytes)  # raises
         if avail < HEADER_SIZE + length:
@@ -106,7 +106,7 @@ class FrameReader:
         """
         if len(chunk) < HEADER_SIZE:
             return None
-        length, frame_type = _HEADER.unpack_from(chunk)
+        length, frame_type = FRAME_HEADER.unpack_from(chunk)
         if length + HEADER_SIZE != len(chunk) or frame_type not in FRAME_NAMES \
                 or length > self.max_frame_bytes:
             return None
@@ -134,7 +134,7 @@ class FrameReader:
 
 _REQUEST_HEAD = struct.Struct("<IBB")  # frame header, op
 _CALL_BODY = struct.Struct("<BIBQ")    # op, value count, function handle (tag, id)
-_CALL_HEAD = struct.Struct("<IB" + _CALL_BODY.format[1:])  # the same after the frame header
+CALL_HEAD = struct.Struct("<IB" + _CALL_BODY.format[1:])  # the same after the frame header
 _CALL_FIXED = _CALL_BODY.size
 _RESULT_HEAD = struct.Struct("<IBI")  # frame header, value count (1)
 
@@ -166,26 +166,27 @@ def decode_request(body):
 # check this on every input), with one struct operation for the head instead of a value each, and
 # one for the whole message in the commonest case: no argument or one int or float, an int or
 # float result (the gains are in docs/performance.md). The decoders of a whole CALL or RETURN
-# frame straight from one read are the session connection's fast lanes (connection.py).
+# frame straight from one read are the session connection's fast lanes (connection.py), which reads
+# the layouts below (public for it).
 _SCALAR_LENGTH = 9  # an int or float value: tag and 8 bytes
-_CALL_INT = struct.Struct(_CALL_HEAD.format + "Bq")      # a whole CALL with one int argument
-_CALL_FLOAT = struct.Struct(_CALL_HEAD.format + "Bd")
+_CALL_INT = struct.Struct(CALL_HEAD.format + "Bq")      # a whole CALL with one int argument
+_CALL_FLOAT = struct.Struct(CALL_HEAD.format + "Bd")
 _RESULT_INT = struct.Struct(_RESULT_HEAD.format + "Bq")  # a whole RETURN of one int
 _RESULT_FLOAT = struct.Struct(_RESULT_HEAD.format + "Bd")
 _SCALAR_CALL_LENGTH = _CALL_FIXED + _SCALAR_LENGTH
 _SCALAR_RESULT_LENGTH = 4 + _SCALAR_LENGTH
-_OP_OFFSET = HEADER_SIZE
+OP_OFFSET = HEADER_SIZE
 # The whole-frame checks of the one-int CALL and RETURN: the bytes that do not vary (header, op,
 # count, tags) compared at once, the rest unpacked in the same struct operation.
-_CALL_INT_PREFIX = _CALL_INT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, 0, T_INT, 0)[:_CALL_HEAD.size - 8]
-_CALL_INT_FRAME = struct.Struct(f"<{len(_CALL_INT_PREFIX)}sQBq")    # prefix, function id, tag, value
-_RESULT_INT_PREFIX = _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, 0)[:HEADER_SIZE + 5]
-_RESULT_INT_FRAME = struct.Struct(f"<{len(_RESULT_INT_PREFIX)}sq")  # prefix, value
+CALL_INT_PREFIX = _CALL_INT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, 0, T_INT, 0)[:CALL_HEAD.size - 8]
+_CALL_INT_FRAME = struct.Struct(f"<{len(CALL_INT_PREFIX)}sQBq")    # prefix, function id, tag, value
+RESULT_INT_PREFIX = _RESULT_INT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_INT, 0)[:HEADER_SIZE + 5]
+_RESULT_INT_FRAME = struct.Struct(f"<{len(RESULT_INT_PREFIX)}sq")  # prefix, value
 # Their methods and sizes as module globals: one lookup each on the per-message paths, not two.
-_pack_call_int_frame, _unpack_call_int_frame = _CALL_INT_FRAME.pack, _CALL_INT_FRAME.unpack
-_pack_result_int_frame, _unpack_result_int_frame = _RESULT_INT_FRAME.pack, _RESULT_INT_FRAME.unpack
-_CALL_INT_FRAME_SIZE, _RESULT_INT_FRAME_SIZE = _CALL_INT_FRAME.size, _RESULT_INT_FRAME.size
-_CALL_HEAD_SIZE = _CALL_HEAD.size
+_pack_call_int_frame, unpack_call_int_frame = _CALL_INT_FRAME.pack, _CALL_INT_FRAME.unpack
+_pack_result_int_frame, unpack_result_int_frame = _RESULT_INT_FRAME.pack, _RESULT_INT_FRAME.unpack
+CALL_INT_FRAME_SIZE, RESULT_INT_FRAME_SIZE = _CALL_INT_FRAME.size, _RESULT_INT_FRAME.size
+CALL_HEAD_SIZE = CALL_HEAD.size
 
 
 def encode_call(function_id: int, args=(), max_frame_bytes: int | None = None, to_wire=None) -> bytes:
@@ -200,7 +201,7 @@ def encode_call(function_id: int, args=(), max_frame_bytes: int | None = None, t
         kind = type(args[0])
         try:
             if kind is int:  # the constant bytes in one piece: fewer arguments to pack
-                return _pack_call_int_frame(_CALL_INT_PREFIX, function_id, T_INT, args[0])
+                return _pack_call_int_frame(CALL_INT_PREFIX, function_id, T_INT, args[0])
             if kind is float:
                 return _CALL_FLOAT.pack(_SCALAR_CALL_LENGTH, REQUEST, CALL, 2, T_FUNCTION, function_id,
                                         T_FLOAT, args[0])
@@ -213,7 +214,7 @@ def encode_call(function_id: int, args=(), max_frame_bytes: int | None = None, t
         raise ValueError(f"the arguments of this call take {HEADER_SIZE + _CALL_FIXED + len(payload)} "
                          f"bytes, more than the server's frame limit of {max_frame_bytes} bytes; pass "
                          "large arrays as remote tensors (sess.empty(...).copyfrom(array))")
-    return _CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
+    return CALL_HEAD.pack(_CALL_FIXED + len(payload), REQUEST, CALL, len(args) + 1, T_FUNCTION,
                            function_id) + payload
 
 
@@ -234,18 +235,18 @@ def encode_result(value) -> bytes:
     kind = type(value)
     if kind is int:
         try:
-            return _pack_result_int_frame(_RESULT_INT_PREFIX, value)
+            return _pack_result_int_frame(RESULT_INT_PREFIX, value)
         except struct.error:
             pass  # out of range: encode_items below says so
     elif kind is float:
         return _RESULT_FLOAT.pack(_SCALAR_RESULT_LENGTH, RETURN, 1, T_FLOAT, value)
     elif value is None:  # a kernel's result
-        return _NONE_RESULT
+        return NONE_RESULT
     payload = encode_items((value,))
     return _RESULT_HEAD.pack(len(payload) + 4, RETURN, 1) + payload
 
 
-_NONE_RESULT = _RESULT_HEAD.pack(5, RETURN, 1) + encode_items((None,))
+NONE_RESULT = _RESULT_HEAD.pack(5, RETURN, 1) + encode_items((None,))
 
 decode_result = decode_single
 """The one value of a CALL's RETURN body (a shortcut for one int here gained ~50 ns: folded back)."""

@@ -201,8 +201,6 @@ def _target_of(args, tracker):
 def _tune(args, mod, params, tracker, target, say) -> dict:
     from . import autotvm
 
-    if not args.log:
-        raise SystemExit("error: --tune needs --log FILE (where the measurements go)")
     tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
     say(f"tuning       {len(tasks)} tasks ({sum(t.layers for t in tasks)} layers), up to "
         f"{args.tune} configurations each, on key {args.key!r}; log {args.log}")
@@ -341,7 +339,10 @@ def _untuned_latency(args, mod, params, target, remote, dev, feeds):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.tune and not args.log:
+        parser.error("--tune needs --log FILE (where the measurements go)")
     args.argv = list(sys.argv[1:] if argv is None else argv)
     cli.setup_logging(args)
     result = run(args)

@@ -544,7 +544,8 @@ class Spares:
         self.config = config
         self.blocking = blocking
         self.enabled = config.spare_session
-        self.forker = self._start_forker() if self.enabled else None
+        self.forker: Forker | None = None        # started with the first spare, after the ready line
+        self._forker_started = False
         self._selector: selectors.BaseSelector | None = None
         self.spare: Spare | None = None
         self.fallbacks = 0
@@ -556,6 +557,8 @@ class Spares:
         ``idle``: sessions run, so it warms up at the lowest CPU priority."""
         if not self.enabled or self.spare is not None or time.monotonic() < self._refill_at:
             return None
+        if not self._forker_started:
+            self._start_forker()
         try:
             try:
                 self.spare = Spare(self.config, idle, self.forker)
@@ -605,9 +608,7 @@ class Spares:
 
     def watch_forker(self, selector: selectors.BaseSelector) -> None:
         """Take the forker's answers as they come (:meth:`forked`), in the server's loop."""
-        if self.forker is not None:
-            selector.register(self.forker.fileno(), selectors.EVENT_READ, lambda _: self.forked())
-            self._selector = selector
+        self._selector = selector
 
     def _forker_gone(self, exc: ForkerGone) -> None:
         log.warning("%s; the server forks its spares itself from now on", exc)
@@ -689,9 +690,12 @@ class Spares:
             self.forker.close()
             self.forker = None
 
-    def _start_forker(self) -> Forker | None:
+    def _start_forker(self) -> None:
+        self._forker_started = True
         try:
-            return Forker(self.config, lambda fds, payload: _spare_body(self.config, fds, payload))
+            self.forker = Forker(self.config, lambda fds, payload: _spare_body(self.config, fds, payload))
         except OSError as exc:
             log.info("no forker (%s): the server forks its spares itself", exc)
-            return None
+            return
+        if self._selector is not None:
+            self._selector.register(self.forker.fileno(), selectors.EVENT_READ, lambda _: self.forked())

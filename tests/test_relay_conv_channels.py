@@ -146,7 +146,8 @@ def test_channels_layout_not_offered(data, weight, attrs, target):
 
 
 def test_default_layout_follows_the_reduction():
-    """Channels by default for a long reduction, columns for a short one or a strided window."""
+    """Channels by default for a long reduction (input channels x window), columns for a
+    short one, a longer one counting as short on a wide map."""
     tiles = schedule.tiles_for(Target("llvm -mcpu=znver4"))
 
     def default(data, weight, **attrs):
@@ -156,7 +157,10 @@ def test_default_layout_follows_the_reduction():
     assert default((1, 512, 7, 7), (512, 512, 1, 1)) == "channels"
     assert default((1, 64, 56, 56), (256, 64, 1, 1)) == "columns"
     assert default((1, 256, 28, 28), (512, 256, 1, 1), strides=(2, 2)) == "channels"
-    assert default((1, 64, 56, 56), (128, 64, 3, 3), strides=(2, 2)) == "columns"
+    assert default((1, 64, 56, 56), (128, 64, 3, 3), strides=(2, 2)) == "channels"
+    assert default((1, 32, 28, 28), (192, 32, 1, 1)) == "columns"
+    assert default((1, 256, 56, 56), (64, 256, 1, 1)) == "channels"
+    assert default((1, 3, 229, 229), (64, 3, 7, 7), strides=(2, 2)) == "columns"
 
 
 def test_tuning_task_packs_its_oihw_argument():

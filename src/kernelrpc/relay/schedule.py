@@ -219,19 +219,23 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def channels_default(node, tiles_c) -> bool:
-    """Whether the ``channels`` layout is the default: where it is offered, for a reduction of
-    at least 128 (input channels x window) and not a strided window.
+    """Whether the ``channels`` layout is the default: where it is offered, for a reduction
+    (input channels x window) of at least 96 on maps up to 28 columns wide, of at least 256 on
+    wider ones (whose rows fill the columns' vectors better).
 
     Measured on znver4, one core, conv + bias + relu, the fastest of 9 interleaved runs,
     columns -> channels GFLOP/s: 7x7 maps 512->512 3x3 70 -> 105, 256->256 1x1 71 -> 101,
     576->160 1x1 76 -> 108, 160->960 1x1 54 -> 90; 14x14 1024->256 1x1 42 -> 111, 256->256
-    3x3 96 -> 113, 384->96 1x1 79 -> 89; 28x28 512->128 1x1 71 -> 111, 128->128 3x3 97 -> 112;
-    56x56 64->64 3x3 102 -> 108, 256->64 1x1 97 -> 98. Slower, so kept on columns: a short
-    reduction, whose tile's write-back (a transpose to NCHW) is not amortized (56x56 64->256
-    1x1 92 -> 80, 28x28 32->192 1x1 94 -> 81), and a strided 3x3 (56x56 64->128 76 -> 72)."""
+    3x3 96 -> 113, 384->96 1x1 79 -> 89, 96->576 1x1 97 -> 102; 28x28 512->128 1x1 71 -> 111,
+    128->128 3x3 97 -> 112, 32->64 3x3 97 -> 107; strided 3x3 to 28x28 64->128 88 -> 99, to
+    7x7 256->512 78 -> 110; 56x56 256->64 1x1 97 -> 98 (in ResNet-50 79 -> 93). A short
+    reduction does not amortize the tile's write-back (a transpose to NCHW), so it keeps the
+    columns: 14x14 64->384 1x1 95 -> 95, 56x56 64->256 1x1 104 -> 93, 16->64 3x3 110 -> 105,
+    28x28 32->192 1x1 93 -> 81, 112x112 16->96 1x1 107 -> 61, ResNet's 7x7 stem (3 input
+    channels, 147 a window) 102 -> 89."""
     _, inputs, kh, kw = node.inputs[1].shape[:4]
-    strided = tuple(node.attrs["strides"]) != (1, 1) and kh * kw > 1
-    return bool(tiles_c) and inputs * kh * kw >= 128 and not strided
+    reduction, width = inputs * kh * kw, node.shape[3]
+    return bool(tiles_c) and reduction >= (96 if width <= 28 else 256)
 
 
 def _define_layout_knobs(cfg, tiles: Tiles, node) -> None:

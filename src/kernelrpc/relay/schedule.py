@@ -188,10 +188,13 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
     """The register tiles of the ``channels`` layout, ``"VxRxC"``: ``V`` vectors of output
     channels x ``R`` rows x ``C`` columns of outputs, each dividing its extent (no tails
     inside the register tile), rows of at least 4 columns (or the whole row); accumulators
-    and weight vectors at most the vector registers less 3 (the broadcast input, spare).
-    Best first: most accumulators, then rows of at least 7 columns, then the shorter rows
-    (znver4, 28x28 512->128 1x1: 1x4x7 111 GFLOP/s, 1x2x14 and 1x1x28 88; 2x1x14, 28
-    accumulators and 2 weight vectors, spills: 14x14 58 against 1x2x14's 113). Empty where
+    and weight vectors at most the vector registers less 3, and with ``V > 1`` the broadcast
+    inputs too: each feeds ``V`` FMAs, so LLVM keeps it in a register (2x1x14, 28
+    accumulators, spills: 14x14 3x3 58 GFLOP/s against 1x2x14's 113; 2x1x13 on 13x13 55
+    against 1x1x13's 70-99). Best first: rows of at least 7 columns (LLVM unrolls a 3-wide
+    window and keeps the inputs the columns share in registers: 1x5x5 on 55x55 3x3 48-58,
+    1x1x11 86-101), then most accumulators, then the shorter rows (28x28 512->128 1x1: 1x4x7
+    111, 1x2x14 and 1x1x28 88). Empty where
     the layout is not offered: grouped or depthwise convolutions (their input channel would
     vary across the vector), output channels not a multiple of the lanes, a scalar target,
     other than float32 (the lanes are float32 lanes)."""
@@ -208,8 +211,9 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
             for c in _divisors(width, 28):
                 if c < min(width, 4):
                     continue
-                if 4 <= v * r * c and v * r * c + v <= tiles.registers - 3:
-                    found.append((v * r * c, c >= 7, -c, -v, r))
+                held = r * c if v > 1 else 0      # broadcasts LLVM keeps for several FMAs
+                if 4 <= v * r * c and v * r * c + v + held <= tiles.registers - 3:
+                    found.append((c >= 7, v * r * c, -c, -v, r))
     found.sort(reverse=True)
     return [f"{-v}x{r}x{-c}" for _, _, c, v, r in found[:8]]
 

@@ -194,10 +194,9 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
     against 1x1x13's 70-99). Best first: rows of at least 7 columns (LLVM unrolls a 3-wide
     window and keeps the inputs the columns share in registers: 1x5x5 on 55x55 3x3 48-58,
     1x1x11 86-101), then most accumulators, then the shorter rows (28x28 512->128 1x1: 1x4x7
-    111, 1x2x14 and 1x1x28 88). Empty where
-    the layout is not offered: grouped or depthwise convolutions (their input channel would
-    vary across the vector), output channels not a multiple of the lanes, a scalar target,
-    other than float32 (the lanes are float32 lanes)."""
+    111, 1x2x14 and 1x1x28 88). Empty where the layout is not offered: grouped or depthwise
+    convolutions (their input channel would vary across the vector), output channels not a
+    multiple of the lanes, a scalar target, other than float32 (the lanes are float32 lanes)."""
     lanes = tiles.lanes
     _, out_channels, height, width = node.shape
     if lanes < 2 or node.attrs["groups"] != 1 or out_channels % lanes or \
@@ -291,8 +290,14 @@ def _schedule_conv(s, conv, out, tiles: Tiles, cfg):
         s[cc].unroll(rx)
     s[cc].unroll(cf)
     s[cc].vectorize(cx)
+    _schedule_inputs(s, tiles)
+
+
+def _schedule_inputs(s, tiles: Tiles):
+    """The padded input (and a tuning task's packed weight) at the root: parallel, vectorized."""
     for st in s.stages:
-        if isinstance(st.op, ComputeOp) and st.op.tag == "pad" and st.attach_type == "root":
+        if isinstance(st.op, ComputeOp) and st.op.tag in ("pad", "weight_pack") and \
+                st.attach_type == "root":
             _parallel_outer(s, st)
             inner = st.op.axis[-1]
             if _extents(st)[-1] >= tiles.lanes > 1:
@@ -329,13 +334,7 @@ def _schedule_conv_channels(s, blocked, out, tiles: Tiles, cfg):
     for axis in (cb, cy, cx):
         s[blocked].unroll(axis)
     s[blocked].vectorize(cv)
-    for st in s.stages:
-        if isinstance(st.op, ComputeOp) and st.op.tag in ("pad", "weight_pack") and \
-                st.attach_type == "root":
-            _parallel_outer(s, st)
-            inner = st.op.axis[-1]
-            if _extents(st)[-1] >= tiles.lanes > 1:
-                st.vectorize(st.split(inner, factor=tiles.lanes)[1])
+    _schedule_inputs(s, tiles)
 
 
 def _schedule_dense(s, dense, out, tiles: Tiles, cfg):

@@ -96,7 +96,8 @@ def packed_lanes(attrs) -> int:
 def pack_weight(weight, lanes: int):
     """An OIHW weight array as ``[O/V][I][KH][KW][V]`` (what ``kernel_layout`` names)."""
     o, i, kh, kw = weight.shape
-    return np.ascontiguousarray(weight.reshape(o // lanes, lanes, i, kh, kw).transpose(0, 2, 3, 4, 1))
+    blocked = weight.reshape(o // lanes, lanes, i, kh, kw)
+    return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1))
 
 
 def _conv2d(ts, attrs, node):
@@ -138,8 +139,9 @@ def _conv2d(ts, attrs, node):
                          f"output channels a multiple of {lanes}")
     # the output channels blocked ([n][O/V][h][w][V]: a vector of V channels per position),
     # read back as NCHW by the (inlined) output stage
-    blocked = te.compute((node.shape[0], oc // lanes, oh, ow, lanes), lambda n, ob, y, x, v: te.sum(
-        window(n, ob * lanes + v, y, x) * weight[ob, rc, ry, rx, v], axis=[rc, ry, rx]),
+    blocked = te.compute(
+        (node.shape[0], oc // lanes, oh, ow, lanes), lambda n, ob, y, x, v: te.sum(
+            window(n, ob * lanes + v, y, x) * weight[ob, rc, ry, rx, v], axis=[rc, ry, rx]),
         name="conv2d_blocked", tag="conv2d")
     return te.compute(node.shape, lambda n, o, y, x: blocked[
         n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")

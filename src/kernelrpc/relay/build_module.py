@@ -28,10 +28,12 @@ from ..compiler.target import Target
 from . import ir
 from .errors import ModelError
 from .executor_codegen import entry_source, params_source
-from .fuse import partition
+from . import transform
+from .fuse import Group, partition
 from .graph_json import graph_json
 from .memory_plan import plan_memory
-from .schedule import group_tensors, schedule_group, tiles_for
+from .op.nn import pack_weight
+from .schedule import conv_layout, group_tensors, schedule_group, tiles_for
 from .transform import optimize
 from .tuning import layer_config
 
@@ -55,14 +57,15 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
     started = time.perf_counter()
     func = optimize(func, params)
     func = _outputs_computed(func)
+    tiles = tiles_for(target)
+    func, configs = _pack_weights(func, target, tiles)
     groups = partition(func)
     plan = plan_memory(groups, func.inputs, func.outputs)
-    tiles = tiles_for(target)
     kernels, names, calls, records = {}, [], [], []
     primfuncs = []
     for group in groups:
         key = _signature(group)
-        cfg, how, workload = layer_config(group, target)
+        cfg, how, workload = configs.get(id(group.anchor)) or layer_config(group, target)
         if key not in kernels:
             fname = f"k{len(kernels)}_{group.name[6:]}"[:200]
             placeholders, out, anchor = group_tensors(group)
@@ -91,6 +94,30 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
              target.triple, seconds)
     return GraphExecutorFactoryModule(built, executor, graph, blob, calls, func, plan,
                                       build_seconds=seconds)
+
+
+def _pack_weights(func: ir.Function, target, tiles):
+    """Each convolution's weight packed once, here, for the layout its configuration chooses
+    (``kernel_layout``, see ``schedule.conv_layout``); returns the function and the layers'
+    configurations by node (``layer_config``'s answer, asked once per layer)."""
+    configs = {}
+
+    def visit(node, inputs):
+        node = transform._clone(node, inputs)
+        if node.op != "nn.conv2d" or not node.inputs[1].is_const:
+            return node
+        layer = Group(nodes=[node], anchor=node)
+        answer = layer_config(layer, target)
+        lanes = conv_layout(layer, tiles, answer[0])
+        if lanes:
+            data, weight = node.inputs[:2]
+            packed = ir.const(pack_weight(weight.value, lanes), weight.name)
+            node = ir.Node(node.op, (data, packed, *node.inputs[2:]),
+                           {**node.attrs, "kernel_layout": f"OIHW{lanes}o"}, node.shape,
+                           node.dtype, node.name, origin=node.origin)
+        configs[id(node)] = answer
+        return node
+    return transform._rewrite(func, visit), configs
 
 
 def _report_schedules(records) -> None:

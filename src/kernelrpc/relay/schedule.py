@@ -15,6 +15,7 @@ from ..autotvm.space import ConfigSpace
 from ..compiler.tensor import ComputeOp
 from .fuse import Group
 from .op import OPS
+from .op.nn import packed_lanes
 
 _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
                 "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
@@ -25,12 +26,14 @@ _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "ic
 class Tiles:
     """Register tiles of the default schedules for one target: a convolution keeps
     ``conv_channels`` output channels x ``conv_columns`` output columns (whole vectors) in
-    registers over its reduction; a dense layer vectors of ``dense_lanes`` outputs."""
+    registers over its reduction; a dense layer vectors of ``dense_lanes`` outputs;
+    ``registers`` vector registers bound the tiles of a convolution's ``channels`` layout."""
 
     lanes: int
     conv_channels: int
     conv_columns: int
     dense_lanes: int
+    registers: int
 
 
 def tiles_for(target) -> Tiles:
@@ -43,15 +46,15 @@ def tiles_for(target) -> Tiles:
     features = set(target.features.split(",")) if target.features else set()
     if target.arch == "x86_64":
         if "+avx512f" in features or target.cpu in _AVX512_CPUS:
-            return Tiles(16, 16, 16, 16)          # 16 of 32 zmm registers
+            return Tiles(16, 16, 16, 16, 32)      # 16 of 32 zmm registers
         if "+avx2" in features or "+avx" in features or not features:
-            return Tiles(8, 6, 16, 16)            # 12 of 16 ymm registers
-        return Tiles(4, 6, 8, 8)                  # SSE: 12 of 16 xmm registers
+            return Tiles(8, 6, 16, 16, 16)        # 12 of 16 ymm registers
+        return Tiles(4, 6, 8, 8, 16)              # SSE: 12 of 16 xmm registers
     if target.arch == "aarch64":
-        return Tiles(4, 12, 8, 16)                # 24 of 32 q registers
+        return Tiles(4, 12, 8, 16, 32)            # 24 of 32 q registers
     if target.arch.startswith("arm") and "+neon" in features:
-        return Tiles(4, 4, 8, 8)                  # 8 of 16 q registers
-    return Tiles(1, 4, 4, 4)                      # scalar FPU registers
+        return Tiles(4, 4, 8, 8, 16)              # 8 of 16 q registers
+    return Tiles(1, 4, 4, 4, 16)                  # scalar FPU registers
 
 
 def group_tensors(group: Group):
@@ -100,20 +103,22 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
     conv = anchor if anchor_kind == "nn.conv2d" else None
     dense = anchor if anchor_kind == "nn.dense" else None
     if conv is not None:
-        _, channels, _, width = _extents(s[out])
+        if conv.op.tag == "conv2d_unblock":
+            conv = conv.op.input_tensors[0]
         padded = any(isinstance(st.op, ComputeOp) and st.op.tag == "pad" for st in s.stages)
-        define_conv_knobs(cfg, tiles, channels, width, _extent(conv.op.reduce_axis[2]),
-                          padded, _depthwise_stride_one(group.anchor))
+        define_conv_knobs(cfg, tiles, group.anchor, padded)
     for stage in list(s.stages):
         op = stage.op
         if not isinstance(op, ComputeOp) or op is out.op:
             continue
-        if op.reduce_axis:
+        if op.reduce_axis or op.tag == "weight_pack":
             continue
         if op.tag == "pad" and conv is not None and cfg["pad"].val == "stage":
             continue
         stage.compute_inline()
-    if conv is not None:
+    if conv is not None and packed_lanes(group.anchor.attrs):  # see conv_layout
+        _schedule_conv_channels(s, conv, out, tiles, cfg)
+    elif conv is not None:
         _schedule_conv(s, conv, out, tiles, cfg)
     elif dense is not None:
         _schedule_dense(s, dense, out, tiles, cfg)
@@ -148,16 +153,23 @@ def _depthwise_stride_one(node) -> bool:
         tuple(node.attrs["strides"]) == (1, 1)
 
 
-def define_conv_knobs(cfg, tiles: Tiles, out_channels: int, out_width: int, kernel_width: int,
-                      padded: bool, depthwise_stride_one: bool):
+def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
     """The convolution's knobs: output channels and columns of the register tile, the order of
     the reduction (input channels outside or inside the kernel window), the kernel row's
     columns unrolled or not, and the padded input a stage of its own or read in place through
     its bounds checks. The default inlines the padding of a stride-1 depthwise convolution
     (each padded value is read by one output channel only: MobileNet-v2's 56x56 layer 296 ->
     217 us, 7x7 64 -> 35 us on one core) and keeps the stage elsewhere (a stride-2 depthwise
-    layer 380 us staged, 534 inlined)."""
+    layer 380 us staged, 534 inlined).
+
+    The ``layout`` knob: ``"columns"`` (the tile above: output columns in the vector) or
+    ``"channels"`` (output channels in the vector, the weight packed at build time, the tile
+    ``channel_tile``: see :func:`_schedule_conv_channels`), offered where the output channels
+    fill whole vectors of an ungrouped convolution."""
+    _, out_channels, _, out_width = node.shape
+    kernel_width = node.inputs[1].shape[3]
     lanes = tiles.lanes
+    _define_layout_knobs(cfg, tiles, node)
     cfg.define_knob("tile_f", _choices(tiles.conv_channels, (4, 8, 12, 16, 24, 32),
                                        min(out_channels, 2 * tiles.conv_channels)))
     columns = [max(lanes // 2, 2), lanes, 2 * lanes, 3 * lanes] if lanes > 1 else [2, 4, 8]
@@ -168,7 +180,86 @@ def define_conv_knobs(cfg, tiles: Tiles, out_channels: int, out_width: int, kern
     if not padded:
         cfg.define_knob("pad", ["stage"])
     else:
-        cfg.define_knob("pad", ["inline", "stage"] if depthwise_stride_one else ["stage", "inline"])
+        cfg.define_knob("pad", ["inline", "stage"] if _depthwise_stride_one(node)
+                        else ["stage", "inline"])
+
+
+def channel_tiles(tiles: Tiles, node) -> list[str]:
+    """The register tiles of the ``channels`` layout, ``"VxRxC"``: ``V`` vectors of output
+    channels x ``R`` rows x ``C`` columns of outputs, each dividing its extent (no tails
+    inside the register tile), rows of at least 4 columns (or the whole row); accumulators
+    and weight vectors at most the vector registers less 3, and with ``V > 1`` the broadcast
+    inputs too: each feeds ``V`` FMAs, so LLVM keeps it in a register (2x1x14, 28
+    accumulators, spills: 14x14 3x3 58 GFLOP/s against 1x2x14's 113; 2x1x13 on 13x13 55
+    against 1x1x13's 70-99). Best first: rows of at least 7 columns (LLVM unrolls a 3-wide
+    window and keeps the inputs the columns share in registers: 1x5x5 on 55x55 3x3 48-58,
+    1x1x11 86-101), then most accumulators, then the shorter rows (28x28 512->128 1x1: 1x4x7
+    111, 1x2x14 and 1x1x28 88). Empty where the layout is not offered: grouped or depthwise
+    convolutions (their input channel would vary across the vector), output channels not a
+    multiple of the lanes, a scalar target, other than float32 (the lanes are float32 lanes)."""
+    lanes = tiles.lanes
+    _, out_channels, height, width = node.shape
+    if lanes < 2 or node.attrs["groups"] != 1 or out_channels % lanes or \
+            node.inputs[1].dtype != "float32":
+        return []
+    found = []
+    for v in (1, 2, 3, 4):
+        if out_channels % (v * lanes):
+            continue
+        for r in _divisors(height, 8):
+            for c in _divisors(width, 28):
+                if c < min(width, 4):
+                    continue
+                held = r * c if v > 1 else 0      # broadcasts LLVM keeps for several FMAs
+                if 4 <= v * r * c and v * r * c + v + held <= tiles.registers - 3:
+                    found.append((c >= 7, v * r * c, -c, -v, r))
+    found.sort(reverse=True)
+    return [f"{-v}x{r}x{-c}" for _, _, c, v, r in found[:8]]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def channels_default(node, tiles_c) -> bool:
+    """Whether the ``channels`` layout is the default: where it is offered, for a reduction
+    (input channels x window) of at least 96 on maps up to 28 columns wide, of at least 256 on
+    wider ones (whose rows fill the columns' vectors better).
+
+    Measured on znver4, one core, conv + bias + relu, the fastest of 9 interleaved runs,
+    columns -> channels GFLOP/s: 7x7 maps 512->512 3x3 70 -> 105, 256->256 1x1 71 -> 101,
+    576->160 1x1 76 -> 108, 160->960 1x1 54 -> 90; 14x14 1024->256 1x1 42 -> 111, 256->256
+    3x3 96 -> 113, 384->96 1x1 79 -> 89, 96->576 1x1 97 -> 102; 28x28 512->128 1x1 71 -> 111,
+    128->128 3x3 97 -> 112, 32->64 3x3 97 -> 107; strided 3x3 to 28x28 64->128 88 -> 99, to
+    7x7 256->512 78 -> 110; 56x56 256->64 1x1 97 -> 98 (in ResNet-50 79 -> 93). A short
+    reduction does not amortize the tile's write-back (a transpose to NCHW), so it keeps the
+    columns: 14x14 64->384 1x1 95 -> 95, 56x56 64->256 1x1 104 -> 93, 16->64 3x3 110 -> 105,
+    28x28 32->192 1x1 93 -> 81, 112x112 16->96 1x1 107 -> 61, ResNet's 7x7 stem (3 input
+    channels, 147 a window) 102 -> 89."""
+    _, inputs, kh, kw = node.inputs[1].shape[:4]
+    reduction, width = inputs * kh * kw, node.shape[3]
+    return bool(tiles_c) and reduction >= (96 if width <= 28 else 256)
+
+
+def _define_layout_knobs(cfg, tiles: Tiles, node) -> None:
+    tiles_c = channel_tiles(tiles, node)
+    cfg.define_knob("layout", (["channels", "columns"] if channels_default(node, tiles_c)
+                               else ["columns", "channels"]) if tiles_c else ["columns"])
+    if tiles_c:
+        cfg.define_knob("channel_tile", tiles_c)
+
+
+def conv_layout(group: Group, tiles: Tiles, cfg) -> int:
+    """The lanes to pack the weight of the group's OIHW convolution by for its configuration
+    (``cfg``; None or a space being defined: the default), 0 to keep it OIHW. Decided before
+    the group's tensors are made: the packed weight is another tensor."""
+    node = group.anchor
+    if node is None or node.op != "nn.conv2d" or packed_lanes(node.attrs):
+        return 0
+    if cfg is None or isinstance(cfg, ConfigSpace):
+        cfg = ConfigSpace()
+        _define_layout_knobs(cfg, tiles, node)
+    return tiles.lanes if cfg["layout"].val == "channels" else 0
 
 
 def define_dense_knobs(cfg, tiles: Tiles, out_features: int, reduction: int):
@@ -199,12 +290,51 @@ def _schedule_conv(s, conv, out, tiles: Tiles, cfg):
         s[cc].unroll(rx)
     s[cc].unroll(cf)
     s[cc].vectorize(cx)
+    _schedule_inputs(s, tiles)
+
+
+def _schedule_inputs(s, tiles: Tiles):
+    """The padded input (and a tuning task's packed weight) at the root: parallel, vectorized."""
     for st in s.stages:
-        if isinstance(st.op, ComputeOp) and st.op.tag == "pad" and st.attach_type == "root":
+        if isinstance(st.op, ComputeOp) and st.op.tag in ("pad", "weight_pack") and \
+                st.attach_type == "root":
             _parallel_outer(s, st)
             inner = st.op.axis[-1]
             if _extents(st)[-1] >= tiles.lanes > 1:
                 st.vectorize(st.split(inner, factor=tiles.lanes)[1])
+
+
+def _schedule_conv_channels(s, blocked, out, tiles: Tiles, cfg):
+    """Output channels in the vector: ``blocked`` (``[n][O/V][h][w][V]``, the weight packed as
+    ``[O/V][I][KH][KW][V]``) accumulates a tile of ``V`` vectors x ``R`` rows x ``C`` columns
+    in registers over the reduction, each step one weight vector load per channel vector and
+    one broadcast input value per position; the output stage writes the tile back as NCHW with
+    the group's tail."""
+    vectors, rows, cols = (int(v) for v in cfg["channel_tile"].val.split("x"))
+    lanes = tiles.lanes
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=vectors * lanes)
+    yo, yi = stage.split(y, factor=rows)
+    xo, xi = stage.split(x, factor=cols)
+    stage.reorder(n, fo, yo, xo, fi, yi, xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
+    stage.unroll(yi)
+    if cols > 1:
+        stage.vectorize(xi)
+    s[blocked].compute_at(stage, xo)
+    _, cb, cy, cx, cv = s[blocked].op.axis
+    rc, ry, rx = s[blocked].op.reduce_axis
+    if cfg["reduce_order"].val == "channels_outer":
+        s[blocked].reorder(rc, ry, rx, cb, cy, cx, cv)
+    else:
+        s[blocked].reorder(ry, rx, rc, cb, cy, cx, cv)
+    if cfg["unroll_kw"].val:
+        s[blocked].unroll(rx)
+    for axis in (cb, cy, cx):
+        s[blocked].unroll(axis)
+    s[blocked].vectorize(cv)
+    _schedule_inputs(s, tiles)
 
 
 def _schedule_dense(s, dense, out, tiles: Tiles, cfg):

@@ -22,7 +22,8 @@ from ..compiler.target import Target
 from . import ir
 from .fuse import Group, partition
 from .op import node_flops
-from .schedule import group_tensors, schedule_group, tiles_for
+from .op.nn import packed_lanes
+from .schedule import conv_layout, group_tensors, schedule_group, tiles_for
 from .transform import optimize
 
 log = logging.getLogger("kernelrpc.relay")
@@ -45,8 +46,12 @@ def workload(anchor: ir.Node, target) -> tuple | None:
     if name is None:
         return None
     data, weight = anchor.inputs[:2]
-    attrs = [[k, _jsonable(v)] for k, v in sorted(anchor.attrs.items())]
-    return (name, list(data.shape), list(weight.shape), attrs, anchor.dtype, str(target))
+    shape, attrs = list(weight.shape), dict(anchor.attrs)
+    if packed_lanes(attrs):             # packed by relay.build: the layer's OIHW workload
+        shape = [shape[0] * shape[4], *shape[1:4]]
+        del attrs["kernel_layout"]
+    attrs = [[k, _jsonable(v)] for k, v in sorted(attrs.items())]
+    return (name, list(data.shape), shape, attrs, anchor.dtype, str(target))
 
 
 def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
@@ -62,8 +67,13 @@ def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
 
 def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
     group = _anchor_group(op, data_shape, weight_shape, attrs, dtype)
+    cfg, tiles = autotvm.get_config(), tiles_for(Target(target))
+    lanes = conv_layout(group, tiles, cfg) if op == "nn.conv2d" else 0
+    if lanes:   # the OIHW argument is packed inside the kernel (a network packs it once)
+        group = _anchor_group(op, data_shape, weight_shape,
+                              [*attrs, ["kernel_layout", f"OIHW{lanes}o"]], dtype)
     placeholders, out, anchor = group_tensors(group)
-    s = schedule_group(group, out, anchor, tiles_for(Target(target)), autotvm.get_config())
+    s = schedule_group(group, out, anchor, tiles, cfg)
     return s, [*placeholders, out]
 
 

@@ -85,12 +85,32 @@ def phase_stage(data, before, after, strides, name="pad"):
     return te.compute(shape, body, name=name, tag="pad")
 
 
+def packed_lanes(attrs) -> int:
+    """The lanes ``V`` of a weight packed as ``[O/V][I][KH][KW][V]`` (attribute
+    ``kernel_layout="OIHW{V}o"``, set by ``relay.build`` for a layer scheduled with its output
+    channels in the vector); 0 for the plain OIHW weight."""
+    layout = attrs.get("kernel_layout", "OIHW")
+    return 0 if layout == "OIHW" else int(layout[4:-1])
+
+
+def pack_weight(weight, lanes: int):
+    """An OIHW weight array as ``[O/V][I][KH][KW][V]`` (what ``kernel_layout`` names)."""
+    o, i, kh, kw = weight.shape
+    blocked = weight.reshape(o // lanes, lanes, i, kh, kw)
+    return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1))
+
+
 def _conv2d(ts, attrs, node):
     data, weight = ts[:2]
     _, oc, oh, ow = node.shape
-    _, cg, kh, kw = static_shape(weight)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     g = attrs["groups"]
+    lanes = packed_lanes(attrs)
+    if lanes and len(weight.shape) == 4:   # a tuning task's OIHW argument: packed per call
+        weight = te.compute((oc // lanes, *static_shape(weight)[1:], lanes),
+                            lambda ob, i, y, x, v: weight[ob * lanes + v, i, y, x],
+                            name="weight_pack", tag="weight_pack")
+    _, cg, kh, kw = static_shape(weight)[:4]
     rc = te.reduce_axis((0, cg), "rc")
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
@@ -100,19 +120,36 @@ def _conv2d(ts, attrs, node):
         return rc if g == 1 else E.floordiv(o, ocg) * cg + rc
     if (sh, sw) != (1, 1) and "upsample" not in attrs and min(pt, pl, pb, pr) >= 0:
         phased = phase_stage(data, [pt, pl], [pb, pr], (sh, sw))
+
+        def window(n, o, y, x):
+            return phased[n, channel(o), E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
+                          y + E.floordiv(ry * dh, sh), x + E.floordiv(rx * dw, sw)]
+    else:
+        padded = pad_stage(data, [pt, pl], [pb, pr],
+                           dilation=list(attrs.get("upsample", (1, 1))))
+
+        def window(n, o, y, x):
+            return padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw]
+    if not lanes:
         return te.compute(node.shape, lambda n, o, y, x: te.sum(
-            phased[n, channel(o), E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
-                   y + E.floordiv(ry * dh, sh), x + E.floordiv(rx * dw, sw)]
-            * weight[o, rc, ry, rx], axis=[rc, ry, rx]), name="conv2d", tag="conv2d")
-    padded = pad_stage(data, [pt, pl], [pb, pr], dilation=list(attrs.get("upsample", (1, 1))))
-    return te.compute(node.shape, lambda n, o, y, x: te.sum(
-        padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] * weight[o, rc, ry, rx],
-        axis=[rc, ry, rx]), name="conv2d", tag="conv2d")
+            window(n, o, y, x) * weight[o, rc, ry, rx], axis=[rc, ry, rx]),
+            name="conv2d", tag="conv2d")
+    if g != 1 or oc % lanes:
+        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs groups=1 and "
+                         f"output channels a multiple of {lanes}")
+    # the output channels blocked ([n][O/V][h][w][V]: a vector of V channels per position),
+    # read back as NCHW by the (inlined) output stage
+    blocked = te.compute(
+        (node.shape[0], oc // lanes, oh, ow, lanes), lambda n, ob, y, x, v: te.sum(
+            window(n, ob * lanes + v, y, x) * weight[ob, rc, ry, rx, v], axis=[rc, ry, rx]),
+        name="conv2d_blocked", tag="conv2d")
+    return te.compute(node.shape, lambda n, o, y, x: blocked[
+        n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")
 
 
 def _conv2d_flops(node):
     weight = node.inputs[1]
-    return 2 * node.size * math.prod(weight.shape[1:])
+    return 2 * node.size * math.prod(weight.shape[1:4])     # I*KH*KW, OIHW or packed
 
 
 register("nn.conv2d", "anchor", _conv2d_infer, _conv2d, flops=_conv2d_flops)

@@ -1,0 +1,190 @@
+"""The convolution's ``channels`` layout (output channels in the vector, the weight packed once
+by relay.build): every tile it offers computes the convolution, in a network (packed weight,
+the group's tail) and as a tuning task (the OIHW argument packed in the kernel); where it is
+not offered (grouped, depthwise, channels not a multiple of the lanes, a scalar target) the
+knob has the columns layout alone."""
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import kernelrpc  # noqa: E402
+from kernelrpc import autotvm, nd, relay  # noqa: E402
+from kernelrpc.autotvm.task import DispatchContext  # noqa: E402
+from kernelrpc.compiler.target import Target  # noqa: E402
+from kernelrpc.contrib import graph_executor  # noqa: E402
+from kernelrpc.relay import ir, schedule, tuning  # noqa: E402
+from kernelrpc.relay.op import OPS  # noqa: E402
+
+TARGET = Target(None)
+RNG = np.random.default_rng(3)
+
+
+class Knobs(DispatchContext):
+    """Every convolution gets the default configuration with ``values`` in place."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def query(self, template, args, quiet=False):
+        space = autotvm.task.create(template.name, args).config_space
+        knobs = {**space.get(0).to_dict(), **self.values}
+        return space.from_values(knobs)
+
+
+def conv_model(x, w, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1,
+               residual=False):
+    """Conv + bias + relu (+ a residual input added), its inputs and numpy's answer."""
+    weight = RNG.standard_normal(w).astype("float32")
+    bias = RNG.standard_normal(w[0]).astype("float32")
+    data = RNG.standard_normal(x).astype("float32")
+    attrs = dict(strides=list(strides), pads=list(pads), dilations=list(dilations), group=group)
+    expect = tuning.conv2d_reference(data, weight, strides=strides, dilation=dilations,
+                                     groups=group, padding=(pads[0], pads[1], pads[2], pads[3]))
+    expect = np.maximum(expect + bias.reshape(1, -1, 1, 1), 0)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+             helper.make_node("Relu", ["c"], ["r" if residual else "y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x)]
+    feeds = {"x": data}
+    if residual:
+        feeds["s"] = RNG.standard_normal(expect.shape).astype("float32")
+        expect = expect + feeds["s"]
+        nodes.append(helper.make_node("Add", ["r", "s"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, expect.shape))
+    graph = helper.make_graph(nodes, "conv", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w"),
+                               numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model, feeds, expect
+
+
+def run(lib, feeds):
+    m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+    m.set_input(**feeds)
+    m.run()
+    return m.get_output(0).numpy()
+
+
+def conv_node(data, weight, groups=1, strides=(1, 1)):
+    x = ir.Node("input", (), {}, tuple(data), "float32", "x")
+    w = ir.Node("input", (), {}, tuple(weight), "float32", "w")
+    attrs = {"strides": strides, "dilation": (1, 1), "padding": (0, 0, 0, 0), "groups": groups}
+    shape, dtype = OPS["nn.conv2d"].infer([x, w], attrs)
+    return ir.Node("nn.conv2d", (x, w), attrs, tuple(shape), dtype, "conv")
+
+
+CASES = {
+    "1x1": dict(x=(1, 24, 7, 7), w=(32, 24, 1, 1)),
+    "1x1 residual": dict(x=(2, 20, 6, 10), w=(16, 20, 1, 1), residual=True),
+    "3x3 padded": dict(x=(1, 8, 14, 14), w=(32, 8, 3, 3), pads=(1, 1, 1, 1)),
+    "3x3 strided": dict(x=(1, 8, 15, 13), w=(16, 8, 3, 3), strides=(2, 2), pads=(1, 0, 2, 1)),
+    "1x1 strided": dict(x=(1, 16, 14, 14), w=(48, 16, 1, 1), strides=(2, 2)),
+    "3x3 dilated": dict(x=(1, 4, 12, 9), w=(16, 4, 3, 3), dilations=(2, 2), pads=(2, 2, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_channel_tile_computes_the_convolution_in_a_network(case):
+    model, feeds, expect = conv_model(**CASES[case])
+    mod, params = relay.frontend.from_onnx(model)
+    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    tiles = schedule.channel_tiles(schedule.tiles_for(TARGET), conv)
+    assert tiles, "the layout should be offered for this shape"
+    for tile in tiles:
+        with Knobs(layout="channels", channel_tile=tile):
+            lib = relay.build(mod, target=TARGET, params=params)
+        (record,) = lib.executor["kernels"]
+        assert record["config"]["layout"] == "channels" and record["workload"][2] == \
+            list(CASES[case]["w"])
+        packed = [p for p in lib.get_params().values() if p.ndim == 5]
+        assert len(packed) == 1 and packed[0].shape[-1] == schedule.tiles_for(TARGET).lanes
+        got = run(lib, feeds)
+        np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4 * np.abs(expect).max(),
+                                   err_msg=f"{case}, tile {tile}")
+    with Knobs(layout="columns"):
+        lib = relay.build(mod, target=TARGET, params=params)
+    assert all(p.ndim == 4 for p in lib.get_params().values() if p.ndim > 1)
+    np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                               atol=1e-4 * np.abs(expect).max())
+
+
+def test_channels_layout_on_fewer_lanes():
+    """AVX2 (8 lanes, 16 registers): the tiles fit its registers, and compute the same."""
+    target = Target("llvm -mcpu=haswell")
+    tiles = schedule.tiles_for(target)
+    assert tiles.lanes == 8
+    model, feeds, expect = conv_model(**CASES["3x3 padded"])
+    mod, params = relay.frontend.from_onnx(model)
+    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    choices = schedule.channel_tiles(tiles, conv)
+    assert choices and all(int(v) * int(r) * int(c) + int(v) <= 13
+                           for v, r, c in (t.split("x") for t in choices))
+    for tile in choices[:3]:
+        with Knobs(layout="channels", channel_tile=tile):
+            lib = relay.build(mod, target=target, params=params)
+        np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                                   atol=1e-4 * np.abs(expect).max(), err_msg=tile)
+
+
+@pytest.mark.parametrize("data, weight, attrs, target", [
+    ((1, 16, 7, 7), (16, 1, 3, 3), dict(groups=16), None),            # depthwise
+    ((1, 16, 7, 7), (32, 8, 3, 3), dict(groups=2), None),             # grouped
+    ((1, 16, 7, 7), (24, 16, 1, 1), {}, None),                        # 24 channels, 16 lanes
+    ((1, 16, 7, 7), (32, 16, 1, 1), {}, "llvm -mtriple=riscv64-linux-gnu"),   # scalar target
+])
+def test_channels_layout_not_offered(data, weight, attrs, target):
+    node = conv_node(data, weight, **attrs)
+    tiles = schedule.tiles_for(Target(target))
+    assert schedule.channel_tiles(tiles, node) == []
+    space = autotvm.ConfigSpace()
+    schedule.define_conv_knobs(space, tiles, node, padded=True)
+    assert [e.val for e in space.space_map["layout"].entities] == ["columns"]
+    assert "channel_tile" not in space.space_map
+
+
+def test_default_layout_follows_the_reduction():
+    """Channels by default for a long reduction (input channels x window), columns for a
+    short one, a longer one counting as short on a wide map."""
+    tiles = schedule.tiles_for(Target("llvm -mcpu=znver4"))
+
+    def default(data, weight, **attrs):
+        space = autotvm.ConfigSpace()
+        schedule.define_conv_knobs(space, tiles, conv_node(data, weight, **attrs), padded=False)
+        return space["layout"].val
+    assert default((1, 512, 7, 7), (512, 512, 1, 1)) == "channels"
+    assert default((1, 64, 56, 56), (256, 64, 1, 1)) == "columns"
+    assert default((1, 256, 28, 28), (512, 256, 1, 1), strides=(2, 2)) == "channels"
+    assert default((1, 64, 56, 56), (128, 64, 3, 3), strides=(2, 2)) == "channels"
+    assert default((1, 32, 28, 28), (192, 32, 1, 1)) == "columns"
+    assert default((1, 256, 56, 56), (64, 256, 1, 1)) == "channels"
+    assert default((1, 3, 229, 229), (64, 3, 7, 7), strides=(2, 2)) == "columns"
+
+
+def test_tuning_task_packs_its_oihw_argument():
+    """The task's weight argument stays OIHW for every configuration; a channels one packs it
+    inside the kernel and computes the same as numpy."""
+    data, weight = [1, 32, 7, 7], [32, 32, 3, 3]
+    attrs = {"dilation": [1, 1], "groups": 1, "padding": [1, 1, 1, 1], "strides": [1, 1]}
+    wkl = ("conv2d_nchw", data, weight, [[k, v] for k, v in sorted(attrs.items())], "float32",
+           str(TARGET))
+    task = tuning.task_of(wkl, flop=1.0)
+    assert task.arg_specs[1] == (tuple(weight), "float32")
+    inputs = [RNG.standard_normal(data).astype("float32"),
+              RNG.standard_normal(weight).astype("float32")]
+    expect = task.reference(*inputs)
+    space = task.config_space
+    names = list(space.space_map)
+    for tile in space.space_map["channel_tile"].entities:
+        indices = [0] * len(names)
+        indices[names.index("layout")] = [e.val for e in
+                                          space.space_map["layout"].entities].index("channels")
+        indices[names.index("channel_tile")] = space.space_map["channel_tile"].index_of(tile.val)
+        config = space.get(space.index_of(indices))
+        s, args = task.instantiate(config)
+        lib = kernelrpc.build(s, args, target=TARGET)
+        out = nd.empty(task.arg_specs[-1][0], "float32")
+        lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
+        np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4, err_msg=str(config))

@@ -71,22 +71,26 @@ class NetworkTuning:
         its end, and *busy* while it uploads, loads, checks and times a candidate; its idle
         share is the rest of the held time (waiting for builds, the inputs' upload, the
         tuner's turn between candidates). Between rounds the device is back at the tracker,
-        free for anyone: not held. ``built`` counts builds run, not candidates taken from a
-        task's build cache (``cached``)."""
+        free for anyone: not held; ``measuring_share`` is the busy time against the whole run
+        (``wall_seconds`` times the devices used), what the devices did for this run at all.
+        ``built`` counts builds run, not candidates taken from a task's build cache
+        (``cached``)."""
         rounds = [r for t in self.tasks for r in t.rounds]
         held = sum(d["held_seconds"] for r in rounds for d in r["devices"])
         busy = sum(d["busy_seconds"] for r in rounds for d in r["devices"])
         measured = sum(t.measured for t in self.tasks)
         built = sum(r.get("built", r["candidates"]) for r in rounds)
         wall = self.wall_seconds
+        devices = len({d["address"] for r in rounds for d in r["devices"]})
         return {"tasks": len(self.tasks), "measured": measured,
                 "resumed": sum(t.resumed for t in self.tasks),
                 "wall_seconds": wall, "built": built,
                 "cached": sum(r.get("cached", 0) for r in rounds),
                 "built_per_second": built / wall if wall else 0.0,
                 "measured_per_second": measured / wall if wall else 0.0,
-                "held_seconds": held, "busy_seconds": busy,
-                "device_idle_fraction": 1 - busy / held if held > 0 else None}
+                "devices": devices, "held_seconds": held, "busy_seconds": busy,
+                "device_idle_fraction": 1 - busy / held if held > 0 else None,
+                "measuring_share": busy / (wall * devices) if wall and devices else None}
 
     def table(self) -> str:
         from ..display import format_time
@@ -94,8 +98,7 @@ class NetworkTuning:
         lines = [f"{'task':<4} {'workload':<44} {'layers':>6} {'trials':>9} {'default':>10} "
                  f"{'tuned':>10} {'GFLOP/s':>8} {'speedup':>7}"]
         for k, t in enumerate(self.tasks):
-            args = t.task.args
-            shape = f"{t.task.name} {'x'.join(map(str, args[0]))} w{'x'.join(map(str, args[1]))}"
+            shape = _describe(t.task)
             lines.append(
                 f"{k:<4} {shape[:44]:<44} {getattr(t.task, 'layers', 1):>6} "
                 f"{f'{t.resumed}+{t.measured}':>9} "
@@ -109,10 +112,20 @@ class NetworkTuning:
                      f"({total['built_per_second']:.2f}/s, {total['cached']} more from the build "
                      f"cache), {total['measured_per_second']:.2f} measured/s; devices held "
                      f"{total['held_seconds']:.0f} s, measuring {total['busy_seconds']:.0f} s: "
-                     f"idle {'-' if idle is None else f'{idle:.0%}'} of the time held")
+                     f"idle {'-' if idle is None else f'{idle:.0%}'} of the time held"
+                     + ("" if total["measuring_share"] is None else
+                        f", measuring {total['measuring_share']:.0%} of the run"))
         return "\n".join(lines)
 
     __str__ = table
+
+
+def _describe(task) -> str:
+    """``conv2d_nchw 1x64x56x56 w64x64x3x3`` for a layer's task, the arguments for another."""
+    args = task.args
+    if len(args) >= 2 and all(isinstance(a, (list, tuple)) for a in args[:2]):
+        return f"{task.name} {'x'.join(map(str, args[0]))} w{'x'.join(map(str, args[1]))}"
+    return f"{task.name} {', '.join(map(str, args))}"
 
 
 def tune_tasks(tasks, n_trial: int, measure_option: dict, log_file, *, tuner: str = "ga",

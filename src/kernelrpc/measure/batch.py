@@ -82,6 +82,10 @@ class _WorkQueue:
             self._builds_left -= 1
             self._cond.notify_all()
 
+    def pending_builds(self) -> int:
+        with self._cond:
+            return max(self._builds_left, 0)
+
     def requeue(self, job: Job) -> None:
         with self._cond:
             self._items.appendleft(job)
@@ -236,6 +240,7 @@ class MeasureBatch:
         self._build_seconds = 0.0
         self._built = 0
         self._cached = 0
+        self._last_built_at = 0.0
 
     # -- running ---------------------------------------------------------------------------
 
@@ -294,6 +299,7 @@ class MeasureBatch:
         if fresh:
             self._build_seconds += output.seconds
             self._built += output.library is not None
+        self._last_built_at = time.monotonic()
         if output.library is None:
             self._deliver(R.MeasureResult(index, name, R.COMPILE_ERROR, error=output.error,
                                           detail=output.traceback, build_seconds=output.seconds,
@@ -469,7 +475,9 @@ class MeasureBatch:
         return min(ok, key=lambda r: r.profile.median, default=None)
 
     def stats(self) -> dict:
-        """Throughput and device idleness of the batch so far (wall-clock seconds)."""
+        """Throughput and device idleness of the batch so far (wall-clock seconds; a device's
+        ``opened_after`` and ``builds_done_after``, when the last build finished, count from
+        the batch's start)."""
         end = self._end_time or time.monotonic()
         wall = max(end - self._start_time, 1e-9) if self._started else 0.0
         held = sum((d.closed_at or end) - d.opened_at for d in self._devices)
@@ -480,8 +488,11 @@ class MeasureBatch:
                 "built_per_second": self._built / wall if wall else 0.0,
                 "build_seconds_total": self._build_seconds,
                 "measured_per_second": sum(d.count for d in self._devices) / wall if wall else 0.0,
+                "builds_done_after": self._last_built_at - self._start_time
+                if self._last_built_at and not self._queue.pending_builds() else None,
                 "devices": [{"address": d.address, "cpus": d.cpus, "measured": d.count,
-                             "busy_seconds": d.busy, "held_seconds": (d.closed_at or end) - d.opened_at}
+                             "busy_seconds": d.busy, "held_seconds": (d.closed_at or end) - d.opened_at,
+                             "opened_after": d.opened_at - self._start_time}
                             for d in self._devices],
                 "device_idle_fraction": 1 - busy / held if held > 0 else None,
                 "statuses": dict(counts)}

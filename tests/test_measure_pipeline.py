@@ -117,7 +117,7 @@ def test_tasks_tuned_side_by_side_log_every_trial_and_build_each_configuration_o
     assert totals["measured"] == len(records)
     assert 0 <= totals["device_idle_fraction"] <= 1
     assert totals["busy_seconds"] <= totals["held_seconds"]
-    assert totals["devices"] == 1 and 0 < totals["measuring_share"] <= 1
+    assert 1 <= totals["devices"] <= 2 and 0 < totals["measuring_share"] <= 1   # of the fleet's two
     assert "held" in str(report) and "build cache" in str(report)
     if overlap > 1:                              # every round took its device once all were built
         rounds = [r for t in report.tasks for r in t.rounds]

@@ -4,8 +4,8 @@ A candidate's build is a function of its cloudpickle bytes (the schedule functio
 value it closes over), the target, the function name and the C files it links: the key is a
 digest of exactly those. A tuner measures the default and its fastest configurations once
 more at the end of a task (``confirm``); with a cache those are uploaded from the first
-build's bytes. On a ResNet-18 run with 24 trials per task that is 48 of 317 candidates (15%),
-each 0.3 s of a core. Compile errors are kept too: the same input fails the same way.
+build's bytes. On a ResNet-18 run with 24 trials per task that is 42-44 of 315-317 candidates
+(14%), each 0.23 s of a core; on MobileNet-v2 103-113 of 784-794. Compile errors are kept too: the same input fails the same way.
 """
 from __future__ import annotations
 

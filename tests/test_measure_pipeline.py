@@ -124,6 +124,23 @@ def test_tasks_tuned_side_by_side_log_every_trial_and_build_each_configuration_o
         assert all(d["opened_after"] >= r["builds_done_after"] for r in rounds for d in r["devices"])
 
 
+def test_a_failing_task_stops_the_run_and_no_further_task_starts(fleet, tmp_path):
+    tracker, _ = fleet
+
+    def broken_reference(a):
+        raise RuntimeError("broken reference")
+    tasks = [autotvm.task.create("test/pipeline_offset", args=(n,),
+                                 reference=broken_reference if n == 48 else lambda a: a + 1.0)
+             for n in (32, 48, 64, 80)]
+    option = autotvm.measure_option(runner=autotvm.RPCRunner("board", "127.0.0.1", tracker.port,
+                                                             number=1, repeat=1, max_devices=1))
+    log = tmp_path / "tasks.log"
+    with pytest.raises(RuntimeError, match="broken reference"):
+        autotvm.tune_tasks(tasks, 6, option, log, confirm=1, overlap=2)
+    logged = {r["workload"][1] for r in autotvm.load_from_file(log)} if log.exists() else set()
+    assert logged <= {32}                        # the task running beside it ends its round
+
+
 def test_tune_tasks_refuses_an_overlap_below_one(fleet, tmp_path):
     tracker, _ = fleet
     option = autotvm.measure_option(runner=autotvm.RPCRunner("board", "127.0.0.1", tracker.port))

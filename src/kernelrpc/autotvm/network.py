@@ -183,8 +183,14 @@ def tune_tasks(tasks, n_trial: int, measure_option: dict, log_file, *, tuner: st
 def _in_threads(tune_one, tasks, overlap: int, stop: threading.Event) -> list:
     """``tune_one(k, task)`` of every task, ``overlap`` at a time, in the tasks' order. On an
     error or Ctrl-C no further task or round starts; the running rounds end first."""
+    def guarded(k: int, task) -> TaskTuning:
+        try:
+            return tune_one(k, task)
+        except BaseException:      # at once, not when the caller reaches this task's result
+            stop.set()
+            raise
     pool = concurrent.futures.ThreadPoolExecutor(overlap, thread_name_prefix="kernelrpc-tune")
-    futures = [pool.submit(tune_one, k, task) for k, task in enumerate(tasks)]
+    futures = [pool.submit(guarded, k, task) for k, task in enumerate(tasks)]
     try:
         return [future.result() for future in futures]
     except BaseException:

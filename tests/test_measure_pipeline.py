@@ -82,6 +82,52 @@ def test_wait_for_builds_takes_the_device_once_every_candidate_is_built(fleet):
     assert stats["devices"][0]["opened_after"] >= stats["builds_done_after"]
 
 
+def test_a_kernel_lowered_to_the_same_ir_is_linked_once(tmp_path):
+    from kernelrpc.compiler.build import build_library
+
+    first = build_library(*scaled(8)(), reuse_dir=tmp_path)
+    again = build_library(*scaled(8, pause=0.01)(), reuse_dir=tmp_path)   # another function
+    other = build_library(*scaled(16)(), reuse_dir=tmp_path)
+    assert first[2] is False and again[2] is True and other[2] is False
+    assert again[0] == first[0] and again[1] == first[1] and other[0] != first[0]
+    assert build_library(*scaled(8)())[2] is False                      # no directory: built
+    assert len(list(tmp_path.iterdir())) == 2                           # two kernels, whole files
+
+
+def test_a_batch_reuses_the_kernels_its_workers_linked_before(fleet, tmp_path):
+    tracker, _ = fleet
+    cache = BuildCache(directory=tmp_path)
+    first = run(tracker, {"s8": scaled(8)}, build_cache=cache)
+    assert [r.status for r in first.wait()] == [OK] and first.stats()["reused"] == 0
+    again = run(tracker, {"s8_again": scaled(8, pause=0.01)}, build_cache=cache)
+    assert [r.status for r in again.wait()] == [OK]
+    assert again.stats()["built"] == 1 and again.stats()["reused"] == 1
+
+
+@autotvm.template("test/pipeline_ignored_knob")
+def ignored_knob_template(n):
+    cfg = autotvm.get_config()
+    A = te.placeholder((n,), name="A")
+    B = te.compute((n,), lambda i: A[i] + 1.0, name="B")
+    s = te.create_schedule(B.op)
+    cfg.define_knob("factor", [4, 8])
+    cfg.define_knob("ignored", [0, 1, 2])       # changes nothing: three configurations, one kernel
+    s[B].split(B.op.axis[0], factor=cfg["factor"].val)
+    return s, [A, B]
+
+
+def test_a_tuner_builds_configurations_of_one_kernel_once(fleet):
+    tracker, _ = fleet
+    task = autotvm.task.create("test/pipeline_ignored_knob", args=(32,), reference=lambda a: a + 1.0)
+    option = autotvm.measure_option(runner=autotvm.RPCRunner("board", "127.0.0.1", tracker.port,
+                                                             number=1, repeat=1))
+    tuner = autotvm.tuner.GridSearchTuner(task)
+    tuner.tune(6, option, batch_size=6)
+    stats = tuner.rounds[0]
+    assert stats["statuses"] == {"ok": 6} and stats["built"] == 6
+    assert 1 <= stats["reused"] <= 4             # two workers may link a kernel at the same time
+
+
 @autotvm.template("test/pipeline_offset")
 def offset_template(n):
     cfg = autotvm.get_config()

@@ -77,7 +77,8 @@ class NetworkTuning:
         free for anyone: not held; ``measuring_share`` is the busy time against the whole run
         (``wall_seconds`` times the devices used), what the devices did for this run at all.
         ``built`` counts builds run, not candidates taken from a task's build cache
-        (``cached``)."""
+        (``cached``); ``reused``: builds whose kernel had been compiled and linked before, by
+        another configuration that lowers to the same code."""
         rounds = [r for t in self.tasks for r in t.rounds]
         held = sum(d["held_seconds"] for r in rounds for d in r["devices"])
         busy = sum(d["busy_seconds"] for r in rounds for d in r["devices"])
@@ -89,6 +90,7 @@ class NetworkTuning:
                 "resumed": sum(t.resumed for t in self.tasks),
                 "wall_seconds": wall, "built": built,
                 "cached": sum(r.get("cached", 0) for r in rounds),
+                "reused": sum(r.get("reused", 0) for r in rounds),
                 "built_per_second": built / wall if wall else 0.0,
                 "measured_per_second": measured / wall if wall else 0.0,
                 "devices": devices, "held_seconds": held, "busy_seconds": busy,
@@ -112,8 +114,9 @@ class NetworkTuning:
         idle = total["device_idle_fraction"]
         lines.append(f"{total['measured']} measured ({total['resumed']} from the log) in "
                      f"{total['wall_seconds']:.0f} s: {total['built']} built "
-                     f"({total['built_per_second']:.2f}/s, {total['cached']} more from the build "
-                     f"cache), {total['measured_per_second']:.2f} measured/s; devices held "
+                     f"({total['built_per_second']:.2f}/s, {total['reused']} of them the same "
+                     f"kernel as another's, {total['cached']} more from the build cache), "
+                     f"{total['measured_per_second']:.2f} measured/s; devices held "
                      f"{total['held_seconds']:.0f} s, measuring {total['busy_seconds']:.0f} s: "
                      f"idle {'-' if idle is None else f'{idle:.0%}'} of the time held"
                      + ("" if total["measuring_share"] is None else

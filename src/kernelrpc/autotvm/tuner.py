@@ -96,7 +96,8 @@ class Tuner:
         once more (logged too); each configuration's time is the fastest of its measurements,
         so that one measurement slowed by another process on the device does not decide.
         Those are not built again: every build of the call is kept (a ``BuildCache``) by
-        what it was built from. ``wait_for_builds``: a round requests its devices once all its
+        what it was built from, and on a process pool configurations that lower to the same
+        kernel share one compile and link. ``wait_for_builds``: a round requests its devices once all its
         candidates are built (``kernelrpc.measure``'s option; ``tune_tasks`` builds one task's
         round while another's measures). ``stop``: a ``threading.Event``; once set, no
         further round starts.
@@ -119,7 +120,8 @@ class Tuner:
             from ..measure import default_executor
             executor = default_executor()          # one pool for every round: workers start once
 
-        cache = BuildCache()
+        kernels = _shared_directory(executor)
+        cache = BuildCache(directory=kernels and kernels.name)
 
         def measure_batch(configs):
             return self._measure(configs, runner, executor, inputs, reference, callbacks,
@@ -134,6 +136,8 @@ class Tuner:
         finally:
             if own_executor:
                 executor.shutdown(wait=False, cancel_futures=True)
+            if kernels is not None:
+                kernels.cleanup()
         return self.best_config
 
     def _measure(self, configs, runner, executor, inputs, reference, callbacks, cache=None,
@@ -206,6 +210,20 @@ class Tuner:
             if index not in self.visited and index not in exclude:
                 return self.space.get(index)
         return None
+
+
+def _shared_directory(executor):
+    """A directory for the libraries the build workers link (``BuildCache(directory=)``), when
+    they are processes of this host; None for another executor (a Dask cluster's), which then
+    builds every candidate, as logged."""
+    import concurrent.futures
+    import tempfile
+
+    if isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+        return tempfile.TemporaryDirectory(prefix="kernelrpc-kernels-")
+    log.info("builds on %s: kernels that lower to the same code are each built (the build "
+             "cache's directory is for a process pool of this host)", type(executor).__name__)
+    return None
 
 
 class RandomTuner(Tuner):

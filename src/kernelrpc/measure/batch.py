@@ -240,6 +240,7 @@ class MeasureBatch:
         self._build_seconds = 0.0
         self._built = 0
         self._cached = 0
+        self._reused = 0
         self._last_built_at = 0.0
 
     # -- running ---------------------------------------------------------------------------
@@ -251,6 +252,7 @@ class MeasureBatch:
         if self._executor is None:
             self._executor = default_executor()
         self._queue.expect(len(self.candidates))
+        shared = None if self.build_cache is None else self.build_cache.directory
         for index, (name, fn) in enumerate(self.candidates):
             key = None
             try:
@@ -263,7 +265,7 @@ class MeasureBatch:
                         self._built_one(index, name, cached, fresh=False)
                         continue
                 future = self._executor.submit(build_candidate, payload, self.target, self.spec.name,
-                                               self.link or None)
+                                               self.link or None, shared)
             except Exception as exc:  # cannot be pickled or submitted: this candidate's build error
                 self._built_one(index, name, BuildOutput(None, [], 0.0, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -299,6 +301,7 @@ class MeasureBatch:
         if fresh:
             self._build_seconds += output.seconds
             self._built += output.library is not None
+            self._reused += output.reused
         self._last_built_at = time.monotonic()
         if output.library is None:
             self._deliver(R.MeasureResult(index, name, R.COMPILE_ERROR, error=output.error,
@@ -475,7 +478,9 @@ class MeasureBatch:
         return min(ok, key=lambda r: r.profile.median, default=None)
 
     def stats(self) -> dict:
-        """Throughput and device idleness of the batch so far (wall-clock seconds; a device's
+        """Throughput and device idleness of the batch so far (wall-clock seconds; ``built``
+        counts the builds run, ``reused`` those of them that found their kernel in the build
+        cache's directory, ``cached`` the candidates not built at all; a device's
         ``opened_after`` and ``builds_done_after``, when the last build finished, count from
         the batch's start)."""
         end = self._end_time or time.monotonic()
@@ -484,7 +489,7 @@ class MeasureBatch:
         busy = sum(d.busy for d in self._devices)
         counts = collections.Counter(r.status for r in self.results)
         return {"candidates": len(self.candidates), "wall_seconds": wall,
-                "built": self._built, "cached": self._cached,
+                "built": self._built, "cached": self._cached, "reused": self._reused,
                 "built_per_second": self._built / wall if wall else 0.0,
                 "build_seconds_total": self._build_seconds,
                 "measured_per_second": sum(d.count for d in self._devices) / wall if wall else 0.0,

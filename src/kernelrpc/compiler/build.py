@@ -109,10 +109,16 @@ def build_library(s, args=None, target=None, name: str = "main", sources=(), obj
     with tempfile.TemporaryDirectory(prefix="kernelrpc-library-") as tmp:
         library = module.export_library(Path(tmp) / f"{name}.so").read_bytes()
     if path is not None:
-        fd, partial = tempfile.mkstemp(dir=reuse_dir, suffix=".so.tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(library)
-        os.replace(partial, path)
+        try:
+            fd, partial = tempfile.mkstemp(dir=reuse_dir, suffix=".so.tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(library)
+            os.replace(partial, path)
+        except OSError as exc:   # the library is good; only its reuse is lost
+            import logging
+            logging.getLogger(__name__).warning(
+                "build_library: cannot keep %s in %s (%s); later candidates with the same "
+                "kernel build it again", name, reuse_dir, exc)
     return library, records, False
 
 

@@ -20,9 +20,10 @@ and ``overlap`` tasks tune at once, each in its own thread with its own tuner, s
 round builds while another's measures; a round asks for its device once all its candidates
 are built, and gives it back when they are measured. Each task's search is the same as alone
 (its own seeded tuner, its rounds in order); only the order of the log's lines mixes. On a
-2-core machine with the device server on it, ResNet-18 with 24 trials per task went from
-104-140 s (devices idle 48% of the time held) to 74-98 s (idle 1%), MobileNet-v2 from
-211-267 s (idle 76-78%) to 151-159 s (idle 2%), runs taking turns on a loaded machine.
+2-core machine with the device server on it (and other work: load average 4), with 24 trials
+per task and the build cache and kernel reuse of ``Tuner.tune``, ResNet-18 went from 121-142 s
+(devices idle 46-49% of the time held) to 88-95 s (idle 1%), MobileNet-v2 from 142-158 s
+(idle 75-76%) to 62-76 s (idle 2%), runs taking turns.
 """
 from __future__ import annotations
 

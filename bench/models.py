@@ -16,8 +16,9 @@ with seeded random weights. Nothing is downloaded.
 ``--tune TRIALS`` first tunes each network's convolutions and dense layers on the same device
 server (AutoTVM's flow, up to TRIALS configurations per task, logs in ``--log-dir``, resumed
 when they exist) and adds the tuned latency beside the untuned one, and a table of the tuning
-runs: tasks, measurements, wall time, candidates built and measured per second, and the share
-of the time the device waited for builds.
+runs: tasks, measurements, builds run and candidates taken from the build cache, wall time,
+builds and measurements per second, the seconds the device was held, the share of those it
+did not measure ("device idle") and the share of the run it measured.
 
 When Apache TVM is installed here, its untuned build of the same ONNX file (``relax`` frontend,
 ``tvm.compile`` for this CPU, the relax VM) runs once per network in a child process, timed by
@@ -369,13 +370,17 @@ def main(opts) -> int:
     if tunings:
         print(f"\nTuning runs (up to {opts.tune} configurations per task, one device server of "
               "this host, builds on the same cores)")
-        print(f"{'network':<14} {'tasks':>5} {'measured':>8} {'wall s':>7} {'built/s':>8} "
-              f"{'measured/s':>10} {'device idle':>11}")
+        print(f"{'network':<14} {'tasks':>5} {'measured':>8} {'built':>5} {'cached':>6} "
+              f"{'wall s':>7} {'built/s':>8} {'measured/s':>10} {'held s':>7} {'device idle':>11} "
+              f"{'measuring':>9}")
         for name, report in tunings:
             t = report.totals()
             idle = "-" if t["device_idle_fraction"] is None else f"{t['device_idle_fraction']:.0%}"
-            print(f"{name:<14} {t['tasks']:>5} {t['measured']:>8} {t['wall_seconds']:>7.0f} "
-                  f"{t['built_per_second']:>8.2f} {t['measured_per_second']:>10.2f} {idle:>11}")
+            share = "-" if t["measuring_share"] is None else f"{t['measuring_share']:.0%}"
+            print(f"{name:<14} {t['tasks']:>5} {t['measured']:>8} {t['built']:>5} {t['cached']:>6} "
+                  f"{t['wall_seconds']:>7.0f} {t['built_per_second']:>8.2f} "
+                  f"{t['measured_per_second']:>10.2f} {t['held_seconds']:>7.0f} {idle:>11} "
+                  f"{share:>9}")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 from ..measure.result import OK
@@ -72,12 +73,15 @@ def load_from_file(path) -> list[dict]:
 
 
 def log_to_file(path):
-    """A tuner callback appending every measurement to ``path`` (flushed line by line)."""
+    """A tuner callback appending every measurement to ``path`` (flushed line by line; one
+    line at a time when tuners of several tasks share the callback from their threads)."""
     path = os.fspath(path)
+    lock = threading.Lock()
 
     def callback(tuner, config, result) -> None:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(encode(tuner.task, config, result) + "\n")
+        line = encode(tuner.task, config, result) + "\n"
+        with lock, open(path, "a", encoding="utf-8") as f:
+            f.write(line)
     return callback
 
 

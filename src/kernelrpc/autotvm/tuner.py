@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 
-from ..measure import measure
+from ..measure import BuildCache, measure
 from ..measure.result import OK
 from .space import ConfigEntity
 
@@ -87,7 +87,7 @@ class Tuner:
 
     def tune(self, n_trial: int, measure_option: dict, early_stopping: int | None = None,
              callbacks=(), batch_size: int | None = None, inputs=None,
-             confirm: int = 0) -> ConfigEntity | None:
+             confirm: int = 0, wait_for_builds: bool = False, stop=None) -> ConfigEntity | None:
         """Measure up to ``n_trial`` new configurations; returns the best configuration seen.
 
         ``early_stopping``: stop after that many trials without a better result. ``inputs``:
@@ -95,6 +95,12 @@ class Tuner:
         ``confirm``: afterwards, measure the default and the ``confirm`` fastest configurations
         once more (logged too); each configuration's time is the fastest of its measurements,
         so that one measurement slowed by another process on the device does not decide.
+        Those are not built again: every build of the call is kept (a ``BuildCache``) by
+        what it was built from, and on a process pool configurations that lower to the same
+        kernel share one compile and link. ``wait_for_builds``: a round requests its devices once all its
+        candidates are built (``kernelrpc.measure``'s option; ``tune_tasks`` builds one task's
+        round while another's measures). ``stop``: a ``threading.Event``; once set, no
+        further round starts.
         """
         runner, builder = measure_option["runner"], measure_option["builder"]
         task = self.task
@@ -114,11 +120,15 @@ class Tuner:
             from ..measure import default_executor
             executor = default_executor()          # one pool for every round: workers start once
 
+        kernels = _shared_directory(executor)
+        cache = BuildCache(directory=kernels and kernels.name)
+
         def measure_batch(configs):
-            return self._measure(configs, runner, executor, inputs, reference, callbacks)
+            return self._measure(configs, runner, executor, inputs, reference, callbacks,
+                                 cache, wait_for_builds)
         try:
-            self._tune(n_trial, measure_batch, early_stopping, batch_size)
-            if confirm > 0:
+            self._tune(n_trial, measure_batch, early_stopping, batch_size, stop)
+            if confirm > 0 and not (stop is not None and stop.is_set()):
                 ranked = sorted(self.seconds, key=self.seconds.get)[:confirm]
                 again = [0, *(i for i in ranked if i != 0)] if 0 in self.visited else ranked
                 for _ in measure_batch([self.space.get(i) for i in again]):
@@ -126,9 +136,12 @@ class Tuner:
         finally:
             if own_executor:
                 executor.shutdown(wait=False, cancel_futures=True)
+            if kernels is not None:
+                kernels.cleanup()
         return self.best_config
 
-    def _measure(self, configs, runner, executor, inputs, reference, callbacks):
+    def _measure(self, configs, runner, executor, inputs, reference, callbacks, cache=None,
+                 wait_for_builds=False):
         """Measure ``configs`` in one batch; yields each ``(config, result)`` once recorded."""
         task = self.task
         by_name = {}
@@ -143,7 +156,8 @@ class Tuner:
                         min_repeat_ms=runner.min_repeat_ms, timeout=runner.timeout,
                         session_timeout=runner.session_timeout, executor=executor,
                         max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
-                        atol=runner.atol, priority=runner.priority)
+                        atol=runner.atol, priority=runner.priority, build_cache=cache,
+                        wait_for_builds=wait_for_builds)
         for result in batch:
             config = by_name[result.name]
             self._record(config, result)
@@ -152,10 +166,10 @@ class Tuner:
             yield config, result
         self.rounds.append(batch.stats())
 
-    def _tune(self, n_trial, measure_batch, early_stopping, batch_size):
+    def _tune(self, n_trial, measure_batch, early_stopping, batch_size, stop=None):
         since_best = 0
         measured = 0
-        while measured < n_trial and self.has_next():
+        while measured < n_trial and self.has_next() and not (stop is not None and stop.is_set()):
             configs = self._with_default(self.next_batch(min(batch_size, n_trial - measured)))
             if not configs:
                 break
@@ -196,6 +210,20 @@ class Tuner:
             if index not in self.visited and index not in exclude:
                 return self.space.get(index)
         return None
+
+
+def _shared_directory(executor):
+    """A directory for the libraries the build workers link (``BuildCache(directory=)``), when
+    they are processes of this host; None for another executor (a Dask cluster's), which then
+    builds every candidate, as logged."""
+    import concurrent.futures
+    import tempfile
+
+    if isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+        return tempfile.TemporaryDirectory(prefix="kernelrpc-kernels-")
+    log.info("builds on %s: kernels that lower to the same code are each built (the build "
+             "cache's directory is for a process pool of this host)", type(executor).__name__)
+    return None
 
 
 class RandomTuner(Tuner):

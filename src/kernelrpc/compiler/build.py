@@ -30,7 +30,7 @@ from .libc_floor import glibc_floor
 from .target import Target
 from ..deploy.toolchain import ToolchainError
 
-__all__ = ["BuiltModule", "UndefinedSymbolError", "build", "module_metadata"]
+__all__ = ["BuiltModule", "UndefinedSymbolError", "build", "build_library", "module_metadata"]
 
 FORMAT_VERSION = 1
 
@@ -58,16 +58,84 @@ def build(s, args=None, target=None, name: str = "main",
         TargetError: the target string is malformed.
     """
     target = Target(target)
+    funcs, text = _emit(s, args, target, name)
+    compiled = compile_ir([text], target, _options(target, options))
+    return BuiltModule(compiled, module_metadata(funcs, target), funcs,
+                       LinkInputs.of(sources, objects, funcs))
+
+
+def _emit(s, args, target: Target, name: str) -> tuple[list, str]:
+    """The PrimFuncs of ``s`` and their LLVM IR text, before LLVM sees it."""
     funcs = _as_primfuncs(s, args, name)
     module = ModuleBuilder(size_type=f"i{target.pointer_bits}")
     for func in funcs:
         emit_primfunc(module, func)
-    if options is None:
-        options = CompileOptions() if target.opt_level is None else CompileOptions(
-            opt_level=target.opt_level)
-    compiled = compile_ir([module.text()], target, options)
-    return BuiltModule(compiled, module_metadata(funcs, target), funcs,
-                       LinkInputs.of(sources, objects, funcs))
+    return funcs, module.text()
+
+
+def _options(target: Target, options: CompileOptions | None) -> CompileOptions:
+    if options is not None:
+        return options
+    return CompileOptions() if target.opt_level is None else CompileOptions(opt_level=target.opt_level)
+
+
+def build_library(s, args=None, target=None, name: str = "main", sources=(), objects=(),
+                  reuse_dir=None) -> tuple[bytes, list, bool]:
+    """``build(...)`` exported: the shared library's bytes, the entry function's argument
+    records, and whether the library was linked before.
+
+    ``reuse_dir``: a directory of libraries keyed by everything the library is made of (the
+    LLVM IR text, the target, the compile options, the metadata, the bytes of ``sources`` and
+    ``objects``); one linked there before from the same input is read back instead of
+    compiled and linked again, and a new one is written there (whole files only, so build
+    processes can share the directory). Its entries assume one toolchain: a directory lives
+    for one run (a tuner's task, whose configurations often lower to the same kernel: a knob
+    that changes nothing for its shape, as the kernel-width unroll of a 1x1 convolution).
+    """
+    target = Target(target)
+    funcs, text = _emit(s, args, target, name)
+    options = _options(target, None)
+    metadata = module_metadata(funcs, target)
+    inputs = LinkInputs.of(sources, objects, funcs)
+    records = metadata["functions"][0]["args"]
+    path = None
+    if reuse_dir is not None:
+        path = Path(reuse_dir) / f"{_library_key(text, target, options, metadata, inputs)}.so"
+        try:
+            return path.read_bytes(), records, True
+        except FileNotFoundError:
+            pass
+    module = BuiltModule(compile_ir([text], target, options), metadata, funcs, inputs)
+    with tempfile.TemporaryDirectory(prefix="kernelrpc-library-") as tmp:
+        library = module.export_library(Path(tmp) / f"{name}.so").read_bytes()
+    if path is not None:
+        try:
+            fd, partial = tempfile.mkstemp(dir=reuse_dir, suffix=".so.tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(library)
+            os.replace(partial, path)
+        except OSError as exc:   # the library is good; only its reuse is lost
+            import logging
+            logging.getLogger(__name__).warning(
+                "build_library: cannot keep %s in %s (%s); later candidates with the same "
+                "kernel build it again", name, reuse_dir, exc)
+    return library, records, False
+
+
+def _library_key(text: str, target: Target, options: CompileOptions, metadata: dict,
+                 inputs: "LinkInputs") -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    parts = [text, json.dumps(target.to_dict(), sort_keys=True), repr(options),
+             json.dumps(metadata, sort_keys=True)]
+    for part in parts:
+        data = part.encode()
+        digest.update(len(data).to_bytes(8, "little") + data)
+    for path in (*inputs.sources, *inputs.objects):
+        data = path.read_bytes()
+        digest.update(str(path).encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
 
 
 def _as_primfuncs(s, args, name: str) -> list:

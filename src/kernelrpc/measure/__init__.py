@@ -10,10 +10,11 @@ import sys
 import types
 
 from .batch import MeasureBatch, default_executor, measure
+from .cache import BuildCache
 from .result import (COMPILE_ERROR, OK, RUNTIME_ERROR, STATUSES, TIMEOUT, WRONG_RESULT,
                      MeasureResult, format_seconds)
 
-__all__ = ["COMPILE_ERROR", "OK", "RUNTIME_ERROR", "STATUSES", "TIMEOUT", "WRONG_RESULT",
+__all__ = ["BuildCache", "COMPILE_ERROR", "OK", "RUNTIME_ERROR", "STATUSES", "TIMEOUT", "WRONG_RESULT",
            "MeasureBatch", "MeasureResult", "default_executor", "format_seconds", "measure"]
 
 

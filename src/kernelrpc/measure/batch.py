@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import RPCError, TrackerError
 from . import result as R
 from .build import BuildOutput, LinkFiles, build_candidate, dumps_candidate
+from .cache import BuildCache
 from .device import DeviceSession, Requeue
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,10 @@ class _WorkQueue:
             self._builds_left -= 1
             self._cond.notify_all()
 
+    def pending_builds(self) -> int:
+        with self._cond:
+            return max(self._builds_left, 0)
+
     def requeue(self, job: Job) -> None:
         with self._cond:
             self._items.appendleft(job)
@@ -95,10 +100,11 @@ class _WorkQueue:
     def _finished(self) -> bool:
         return self.cancelled or (not self._items and self._builds_left <= 0 and self._running <= 0)
 
-    def wait_for_work(self) -> bool:
-        """Block until a job is ready (True) or the batch is over (False)."""
+    def wait_for_work(self, all_built: bool = False) -> bool:
+        """Block until a job is ready (True) or the batch is over (False); ``all_built``: until
+        every build of the batch has finished too (then nothing the device does waits for one)."""
         with self._cond:
-            while not self._items and not self._finished():
+            while not self._finished() and (not self._items or (all_built and self._builds_left > 0)):
                 self._cond.wait()
             return bool(self._items) and not self.cancelled
 
@@ -198,7 +204,8 @@ class MeasureBatch:
                  timeout: float = 60.0, session_timeout: float = 600.0, executor=None,
                  max_devices: int | None = None, flops: float | None = None, rtol: float = 1e-4,
                  atol: float = 1e-4, priority: int = 1, progress: bool | None = None,
-                 sources=(), objects=()) -> None:
+                 sources=(), objects=(), build_cache: BuildCache | None = None,
+                 wait_for_builds: bool = False) -> None:
         self.candidates = _normalize(candidates)
         self.link = LinkFiles(sources, objects)
         self.key = key
@@ -215,6 +222,8 @@ class MeasureBatch:
         self.priority = priority
         self.max_devices = max_devices
         self.progress = progress
+        self.build_cache = build_cache
+        self.wait_for_builds = wait_for_builds
         self.results: list[R.MeasureResult] = []
         self._executor = executor
         self._own_executor = executor is None
@@ -230,6 +239,9 @@ class MeasureBatch:
         self._start_time = self._end_time = 0.0
         self._build_seconds = 0.0
         self._built = 0
+        self._cached = 0
+        self._reused = 0
+        self._last_built_at = 0.0
 
     # -- running ---------------------------------------------------------------------------
 
@@ -240,15 +252,24 @@ class MeasureBatch:
         if self._executor is None:
             self._executor = default_executor()
         self._queue.expect(len(self.candidates))
+        shared = None if self.build_cache is None else self.build_cache.directory
         for index, (name, fn) in enumerate(self.candidates):
+            key = None
             try:
                 payload = dumps_candidate(fn)
+                if self.build_cache is not None:
+                    key = BuildCache.key(payload, self.target, self.spec.name, self.link or None)
+                    cached = self.build_cache.get(key)
+                    if cached is not None:
+                        self._cached += 1
+                        self._built_one(index, name, cached, fresh=False)
+                        continue
                 future = self._executor.submit(build_candidate, payload, self.target, self.spec.name,
-                                               self.link or None)
+                                               self.link or None, shared)
             except Exception as exc:  # cannot be pickled or submitted: this candidate's build error
                 self._built_one(index, name, BuildOutput(None, [], 0.0, f"{type(exc).__name__}: {exc}"))
                 continue
-            future.add_done_callback(lambda f, i=index, n=name: self._build_finished(i, n, f))
+            future.add_done_callback(lambda f, i=index, n=name, k=key: self._build_finished(i, n, f, k))
         for _ in range(devices):
             thread = threading.Thread(target=self._device_loop, daemon=True,
                                       name=f"kernelrpc-measure-{self.key}")
@@ -265,22 +286,29 @@ class MeasureBatch:
                         *self.tracker_addr)
         return max(1, min(servers, self.max_devices or servers or 1))
 
-    def _build_finished(self, index: int, name: str, future) -> None:
+    def _build_finished(self, index: int, name: str, future, key: bytes | None = None) -> None:
         try:
             output = future.result()
         except BaseException as exc:  # the worker died or the executor could not run it
             output = BuildOutput(None, [], 0.0, f"{type(exc).__name__}: {exc}")
+        else:                          # a worker that died says nothing of the input: not kept
+            if key is not None:
+                self.build_cache.put(key, output)
         self._built_one(index, name, output)
 
-    def _built_one(self, index: int, name: str, output: BuildOutput) -> None:
-        self._build_seconds += output.seconds
+    def _built_one(self, index: int, name: str, output: BuildOutput, fresh: bool = True) -> None:
+        """A candidate's build is in (``fresh``: built now, not taken from the cache)."""
+        if fresh:
+            self._build_seconds += output.seconds
+            self._built += output.library is not None
+            self._reused += output.reused
+        self._last_built_at = time.monotonic()
         if output.library is None:
             self._deliver(R.MeasureResult(index, name, R.COMPILE_ERROR, error=output.error,
                                           detail=output.traceback, build_seconds=output.seconds,
                                           flops=self.spec.flops))
             self._queue.put(None)
         else:
-            self._built += 1
             self._queue.put(Job(index, name, output))
 
     def _deliver(self, res: R.MeasureResult) -> None:
@@ -295,7 +323,7 @@ class MeasureBatch:
         from ..rpc.tracker_client import TrackerSession
 
         failing_since = None
-        while self._queue.wait_for_work():
+        while self._queue.wait_for_work(all_built=self.wait_for_builds):
             tracker = None
             try:
                 tracker = TrackerSession(self.tracker_addr)
@@ -450,18 +478,26 @@ class MeasureBatch:
         return min(ok, key=lambda r: r.profile.median, default=None)
 
     def stats(self) -> dict:
-        """Throughput and device idleness of the batch so far (wall-clock seconds)."""
+        """Throughput and device idleness of the batch so far (wall-clock seconds; ``built``
+        counts the builds run, ``reused`` those of them that found their kernel in the build
+        cache's directory, ``cached`` the candidates not built at all; a device's
+        ``opened_after`` and ``builds_done_after``, when the last build finished, count from
+        the batch's start)."""
         end = self._end_time or time.monotonic()
         wall = max(end - self._start_time, 1e-9) if self._started else 0.0
         held = sum((d.closed_at or end) - d.opened_at for d in self._devices)
         busy = sum(d.busy for d in self._devices)
         counts = collections.Counter(r.status for r in self.results)
         return {"candidates": len(self.candidates), "wall_seconds": wall,
+                "built": self._built, "cached": self._cached, "reused": self._reused,
                 "built_per_second": self._built / wall if wall else 0.0,
                 "build_seconds_total": self._build_seconds,
                 "measured_per_second": sum(d.count for d in self._devices) / wall if wall else 0.0,
+                "builds_done_after": self._last_built_at - self._start_time
+                if self._last_built_at and not self._queue.pending_builds() else None,
                 "devices": [{"address": d.address, "cpus": d.cpus, "measured": d.count,
-                             "busy_seconds": d.busy, "held_seconds": (d.closed_at or end) - d.opened_at}
+                             "busy_seconds": d.busy, "held_seconds": (d.closed_at or end) - d.opened_at,
+                             "opened_after": d.opened_at - self._start_time}
                             for d in self._devices],
                 "device_idle_fraction": 1 - busy / held if held > 0 else None,
                 "statuses": dict(counts)}
@@ -503,7 +539,10 @@ def measure(candidates, *, key: str, tracker, inputs, reference=None, **options)
             GFLOP/s), ``rtol``/``atol``, ``priority``, ``progress`` (a tqdm bar; default: on in a
             terminal or a notebook), ``sources``/``objects`` (C files and objects every candidate
             links, as in ``kernelrpc.build``: for kernels that call C functions with
-            ``tir.call_extern``).
+            ``tir.call_extern``), ``build_cache`` (a :class:`~kernelrpc.measure.cache.BuildCache`:
+            a candidate built before from the same input is not built again), ``wait_for_builds``
+            (request the devices only once every candidate is built, so that no device is held
+            while it waits for builds: for callers that build a batch while another measures).
 
     Returns:
         A :class:`MeasureBatch`: iterate it for :class:`MeasureResult` objects as they finish, or

@@ -22,6 +22,7 @@ class BuildOutput:
     seconds: float
     error: str = ""       # "Type: message" of a compile error
     traceback: str = ""
+    reused: bool = False  # the library was linked before from the same LLVM IR (``reuse_dir``)
 
 
 class LinkFiles:
@@ -72,14 +73,14 @@ def dumps_candidate(fn) -> bytes:
 
 
 def build_candidate(payload: bytes, target: str | None, name: str,
-                    link: LinkFiles | None = None) -> BuildOutput:
+                    link: LinkFiles | None = None, reuse_dir: str | None = None) -> BuildOutput:
     """Unpickle a schedule function, call it for ``(schedule, args)`` and build a shared library
-    (linking ``link``'s C sources and objects)."""
+    (linking ``link``'s C sources and objects); ``reuse_dir``: see ``compiler.build_library``."""
     start = time.perf_counter()
     try:
         import cloudpickle
 
-        from ..compiler import build
+        from ..compiler.build import build_library
 
         fn = cloudpickle.loads(payload)
         produced = fn()
@@ -88,11 +89,10 @@ def build_candidate(payload: bytes, target: str | None, name: str,
         else:
             raise TypeError(f"a candidate must return (schedule, args), got {type(produced).__name__}")
         with tempfile.TemporaryDirectory(prefix="kernelrpc-measure-") as tmp:
-            module = build(s, args, target=target, name=name, **(link.paths(tmp) if link else {}))
-            path = module.export_library(os.path.join(tmp, f"{name}.so"))
-            library = path.read_bytes()
-        records = module.metadata["functions"][0]["args"]
-        return BuildOutput(library, records, time.perf_counter() - start)
+            library, records, reused = build_library(s, args, target=target, name=name,
+                                                     reuse_dir=reuse_dir,
+                                                     **(link.paths(tmp) if link else {}))
+        return BuildOutput(library, records, time.perf_counter() - start, reused=reused)
     except Exception as exc:  # every failure is this candidate's compile error
         return BuildOutput(None, [], time.perf_counter() - start, f"{type(exc).__name__}: {exc}",
                            traceback.format_exc())

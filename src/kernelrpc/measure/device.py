@@ -26,9 +26,9 @@ class DeviceSession:
         cpus = session.info.get("cpus")            # from the network: kept only if plausible
         self.cpus = cpus if isinstance(cpus, list) and len(cpus) <= 4096 and \
             all(type(c) is int for c in cpus) else None
+        self.opened_at = time.monotonic()      # held from here: uploading inputs is not measuring
         self.dev = session.cpu(0)
         self.inputs = [session.array(a, self.dev) for a in inputs]
-        self.opened_at = time.monotonic()
         self.closed_at: float | None = None
         self.deadline = self.opened_at + session_timeout if session_timeout else None
         self._outputs: dict = {}

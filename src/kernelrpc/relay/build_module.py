@@ -103,7 +103,7 @@ def _pack_weights(func: ir.Function, target, tiles):
     configs = {}
 
     def visit(node, inputs):
-        node = transform._clone(node, inputs)
+        node = transform.with_inputs(node, inputs)
         if node.op != "nn.conv2d" or not node.inputs[1].is_const:
             return node
         layer = Group(nodes=[node], anchor=node)
@@ -117,7 +117,7 @@ def _pack_weights(func: ir.Function, target, tiles):
                            node.dtype, node.name, origin=node.origin)
         configs[id(node)] = answer
         return node
-    return transform._rewrite(func, visit), configs
+    return transform.rewrite(func, visit), configs
 
 
 def _report_schedules(records) -> None:

@@ -12,7 +12,7 @@ from .errors import ModelError
 from .op import get as get_op
 
 
-def _rewrite(func: ir.Function, visit, uses: dict | None = None) -> ir.Function:
+def rewrite(func: ir.Function, visit, uses: dict | None = None) -> ir.Function:
     """Rebuild ``func`` bottom-up; ``visit(node, new_inputs)`` returns the replacement. With
     ``uses`` (see :func:`_consumers`), each replacement takes its original's count of uses."""
     new = {}
@@ -25,7 +25,8 @@ def _rewrite(func: ir.Function, visit, uses: dict | None = None) -> ir.Function:
                        func.name)
 
 
-def _clone(node: ir.Node, inputs) -> ir.Node:
+def with_inputs(node: ir.Node, inputs) -> ir.Node:
+    """``node`` over ``inputs`` (itself when they are its own)."""
     if inputs == node.inputs:
         return node
     return ir.Node(node.op, inputs, node.attrs, node.shape, node.dtype, node.name, node.value,
@@ -38,7 +39,7 @@ def bind_params(func: ir.Function, params: dict | None) -> ir.Function:
 
     def visit(node, inputs):
         if node.op != "param":
-            return _clone(node, inputs)
+            return with_inputs(node, inputs)
         if node.name not in params:
             missing.append(node.name)
             return node
@@ -48,7 +49,7 @@ def bind_params(func: ir.Function, params: dict | None) -> ir.Function:
             raise ModelError(f"param {node.name!r} is {value.dtype}{list(value.shape)}, the model "
                              f"expects {node.dtype}{list(node.shape)}")
         return ir.const(value, node.name)
-    out = _rewrite(func, visit)
+    out = rewrite(func, visit)
     if missing:
         raise ModelError(f"no value for param(s) {', '.join(map(repr, missing))}: pass "
                          "relay.build(mod, params=params) with the params from_onnx returned")
@@ -61,8 +62,8 @@ def fold_constants(func: ir.Function) -> ir.Function:
         if opdef is not None and inputs and all(i.is_const for i in inputs) and opdef.fold:
             value = np.asarray(opdef.fold([i.value for i in inputs], node.attrs))
             return ir.const(value.astype(node.dtype, copy=False).reshape(node.shape), node.name)
-        return _clone(node, inputs)
-    return _rewrite(func, visit)
+        return with_inputs(node, inputs)
+    return rewrite(func, visit)
 
 
 def _consumers(func: ir.Function) -> dict:
@@ -102,7 +103,7 @@ def fold_scale_axis(func: ir.Function) -> ir.Function:
         return None
 
     def visit(node, inputs):
-        node = _clone(node, inputs)
+        node = with_inputs(node, inputs)
         if node.op == "multiply":
             for k in (0, 1):
                 y, c = node.inputs[k], node.inputs[1 - k]
@@ -140,7 +141,7 @@ def fold_scale_axis(func: ir.Function) -> ir.Function:
                     return ir.Node("add", (y.inputs[0], ir.const(merged)), {}, node.shape,
                                    node.dtype, node.name, origin=y.origin + node.origin)
         return node
-    return _rewrite(func, visit, uses)
+    return rewrite(func, visit, uses)
 
 
 def optimize(func: ir.Function, params: dict | None) -> ir.Function:

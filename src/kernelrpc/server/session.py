@@ -53,6 +53,15 @@ WATCH_STOP_WAIT = 1.0
 """Seconds a session child waits for that thread to end before it exits anyway."""
 
 
+def pidfd_of(pid: int) -> int | None:
+    """A descriptor that becomes readable when process ``pid`` exits; None where there is none
+    (Linux before 5.3, or no such process)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def own_child(pid: int) -> None:
     """Count ``pid`` among the server's live children: the orphan sweep after a session leaves
     it alone (session children, and the TLS relays of live sessions)."""
@@ -104,10 +113,7 @@ class SessionProcess:
         self.started = time.monotonic()
         self.deadline = self.started + timeout if timeout else None
         self.done = False
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
+        self._pidfd = pidfd_of(pid)
 
     def fileno(self) -> int | None:
         """A descriptor that becomes readable when the child exits (None: poll instead)."""

@@ -69,7 +69,7 @@ from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
 from .config import ServerConfig
 from .forker import Forker, ForkerGone
-from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, run_session,
+from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, pidfd_of, run_session,
                       session_info, start_session)
 from .workspace import Workspace
 
@@ -436,10 +436,7 @@ class Spare:
 
     def forked(self, pid: int) -> None:
         self.pid = pid
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
+        self._pidfd = pidfd_of(pid)
 
     def fileno(self) -> int | None:
         """A descriptor that becomes readable when the spare exits (None: ask ``exited``)."""

@@ -16,9 +16,9 @@ copy-on-write faults.
 
 The server asks for the next spare as soon as the session before it is over, while its child
 still exits (:mod:`.listener`); its forker (:mod:`.forker`) forks it, so that the server's own
-pages are never shared with a new child, and the spare is the server's child like any other. A spare forked while other sessions run (``max_sessions`` above 1)
-warms up at the lowest CPU priority (``SCHED_IDLE``: only on CPU time no session wants), in a
-thread of its own (:func:`_warm_up_in_background`), so that the thread that serves its session
+pages are never shared with a new child, and the spare is the server's child like any other.
+A spare forked while other sessions run (``max_sessions`` above 1) warms up at the lowest CPU
+priority (``SCHED_IDLE``: only on CPU time no session wants), in a thread of its own (:func:`_warm_up_in_background`), so that the thread that serves its session
 keeps its priority; the spare goes on once that thread has ended in the kernel too
 (:func:`~.process_tree.thread_gone`). Only a warm spare is handed a session: a client that arrives
 while it warms up waits for it up to :data:`WARM_UP_WAIT`, then gets a child forked for it, and
@@ -69,8 +69,8 @@ from ..runtime import buffer, evaluator, module, tensor
 from . import handler, process_tree, session as _session
 from .config import ServerConfig
 from .forker import Forker, ForkerGone
-from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, pidfd_of, run_session,
-                      session_info, start_session)
+from .session import (SessionProcess, fork_child, kill_and_reap, kill_group, new_workspace, peer_of, pidfd_of,
+                      run_session, session_info, start_session)
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)

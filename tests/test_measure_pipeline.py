@@ -10,22 +10,23 @@ from kernelrpc import autotvm, te
 from kernelrpc.compiler.expr import DTypeError, parse_dtype
 from kernelrpc.measure import OK, BuildCache
 from kernelrpc.measure.build import BuildOutput, LinkFiles, dumps_candidate
+from test_measure import addone
 
 pytest.importorskip("cloudpickle")
 
 N = 64
 
 
-def scaled(factor, offset=1.0, pause=0.0):
-    """A candidate: B = A + offset split by ``factor``; ``pause`` seconds spent building it."""
+def scaled(factor, pause=0.0):
+    """test_measure's candidate, its build ``pause`` seconds longer (with a pause, another
+    function: another cache key, the same kernel)."""
+    if not pause:
+        return addone(factor)
+    inner = addone(factor)
+
     def schedule():
         time.sleep(pause)
-        A = te.placeholder((N,), name="A")
-        B = te.compute((N,), lambda i: A[i] + offset, name="B")
-        s = te.create_schedule(B.op)
-        _, inner = s[B].split(B.op.axis[0], factor=factor)
-        s[B].vectorize(inner)
-        return s, [A, B]
+        return inner()
     return schedule
 
 

@@ -29,6 +29,7 @@ import errno
 import gc
 import logging
 import os
+import select
 import signal
 import socket
 import struct
@@ -36,7 +37,7 @@ import time
 from collections.abc import Callable
 
 from . import process_tree
-from .session import EXIT_INTERNAL, become_subreaper, child_main, close_all_but, own_child
+from .session import EXIT_INTERNAL, become_subreaper, child_main, close_all_but, own_child, pidfd_of
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,17 @@ def _child_of_request(link: socket.socket, config, body_for, server_pid: int, na
 
 
 def _await_adoption(server_pid: int) -> None:
+    """Wait until the server has adopted this process: its middle parent's exit (a kernel
+    reparents the children of a process before its exit shows on a pidfd); polled where there
+    is no pidfd."""
+    middle = os.getppid()
+    pidfd = pidfd_of(middle) if middle != server_pid else None
+    if pidfd is not None:
+        try:
+            if os.getppid() == middle:      # (not a reused pid)
+                select.select([pidfd], [], [], ADOPTION_WAIT)
+        finally:
+            os.close(pidfd)
     deadline = time.monotonic() + ADOPTION_WAIT
     while os.getppid() != server_pid:
         if time.monotonic() > deadline:

@@ -345,3 +345,74 @@ def test_guarded_loads_never_touch_memory_past_the_end(tmp_path):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the kernel read past the end of A"
+
+
+def _strided_copy(stride: int, lanes: int, dtype: str, masked: bool, end_on_last_lane=False):
+    """``B[x*lanes + k] = A[x*stride*lanes + k*stride]`` (under ``masked``: lanes whose element
+    is at or past ``limit`` give -1), ``x`` over 3 vectors; ``end_on_last_lane``: ``A`` ends
+    on the last lane's element."""
+    n = 3 * stride * lanes - (stride - 1 if end_on_last_lane else 0)
+    A, B = ir.Buffer("A", (n,), dtype), ir.Buffer("B", (3 * lanes,), dtype)
+    x, limit = E.Var("x"), E.Var("limit")
+    index = ir.Ramp(x * (stride * lanes), c(stride), lanes)
+    value = ir.Load(A, index)
+    if masked:
+        value = E.Select(index < ir.Broadcast(limit, lanes), value,
+                         ir.Broadcast(c(-1, dtype), lanes))
+    body = ir.For(x, c(0), c(3), "serial", ir.Store(B, value, vec(x * lanes, lanes)))
+    return ir.PrimFunc("strided", [A, B, limit], body), n
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("stride, lanes, dtype", [
+    (2, 16, "float32"), (2, 9, "float32"), (3, 8, "float32"), (4, 4, "float32"),
+    (2, 8, "float64"), (3, 16, "int8"), (2, 4, "int32"), (4, 16, "float32")])
+def test_strided_loads_match_the_lane_by_lane_path(tmp_path, monkeypatch, stride, lanes, dtype,
+                                                   masked):
+    """A constant-stride vector load (contiguous loads and a shuffle) computes what the general
+    lane-by-lane path computes, masked and not, and the fast path is what the module holds."""
+    from kernelrpc.compiler.codegen import memory_codegen
+
+    f, n = _strided_copy(stride, lanes, dtype, masked)
+    a = (np.arange(n) % 97 - 40).astype(dtype)
+    limit = n - stride * lanes // 2
+    expect = a[::stride].copy()
+    if masked:
+        expect[np.arange(0, n, stride) >= limit] = -1
+    outputs = {}
+    for fast in (True, False):
+        monkeypatch.setattr(memory_codegen, "STRIDED_LOADS", fast)
+        text = build(f).get_source("ll")
+        picks = rf"shufflevector <\d+ x \w+> %\S+, <\d+ x \w+> poison, <{lanes} x i32> <i32 0,"
+        assert (re.search(picks, text) is not None) == fast
+        _, outputs[fast] = run(f, a, np.zeros(3 * lanes), limit, tmp_path=tmp_path,
+                               name=f"strided_{fast}")
+    np.testing.assert_array_equal(outputs[True], expect)
+    np.testing.assert_array_equal(outputs[False], outputs[True])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("stride", [2, 3, 4])
+def test_strided_loads_never_read_past_their_last_lane(tmp_path, stride):
+    """The last vector's last lane is the buffer's last element, against an inaccessible page:
+    the contiguous loads stay within the lanes' span."""
+    lanes = 16
+    f, n = _strided_copy(stride, lanes, "float32", masked=False, end_on_last_lane=True)
+    path = build(f, target="llvm -mcpu=x86-64").export_library(tmp_path / "strided.so")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 1
+        try:
+            region, a = _guarded_array(n)
+            a[:] = np.arange(n, dtype="float32")
+            b = aligned_copy(np.zeros(3 * lanes, "float32"))
+            limit = ctypes.c_int64(n)
+            argv = (ctypes.c_void_p * 3)(a.ctypes.data, b.ctypes.data, ctypes.addressof(limit))
+            if ctypes.CDLL(str(path)).__kernelrpc_fn_strided(argv) == 0 and \
+                    (b == np.arange(0, n, stride)).all():
+                code = 0
+            del region
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the kernel read past the end of A"

@@ -130,7 +130,6 @@ def test_channels_layout_on_fewer_lanes():
 
 
 @pytest.mark.parametrize("data, weight, attrs, target", [
-    ((1, 16, 7, 7), (16, 1, 3, 3), dict(groups=16), None),            # depthwise
     ((1, 16, 7, 7), (32, 8, 3, 3), dict(groups=2), None),             # grouped
     ((1, 16, 7, 7), (24, 16, 1, 1), {}, None),                        # 24 channels, 16 lanes
     ((1, 16, 7, 7), (32, 16, 1, 1), {}, "llvm -mtriple=riscv64-linux-gnu"),   # scalar target
@@ -143,6 +142,16 @@ def test_channels_layout_not_offered(data, weight, attrs, target):
     schedule.define_conv_knobs(space, tiles, node, padded=True)
     assert [e.val for e in space.space_map["layout"].entities] == ["columns"]
     assert "channel_tile" not in space.space_map
+
+
+def test_depthwise_convolutions_have_their_own_tiles():
+    """A depthwise convolution is never packed: its knobs are one channel's rows and columns."""
+    node = conv_node((1, 16, 7, 7), (16, 1, 3, 3), groups=16)
+    tiles = schedule.tiles_for(TARGET)
+    assert schedule.channel_tiles(tiles, node) == []
+    space = autotvm.ConfigSpace()
+    schedule.define_conv_knobs(space, tiles, node, padded=True)
+    assert set(space.space_map) == {"tile_y", "tile_x", "pad"}
 
 
 def test_default_layout_follows_the_reduction():

@@ -118,6 +118,8 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
         stage.compute_inline()
     if conv is not None and packed_lanes(group.anchor.attrs):  # see conv_layout
         _schedule_conv_channels(s, conv, out, tiles, cfg)
+    elif conv is not None and _depthwise(group.anchor):
+        _schedule_depthwise(s, conv, out, tiles, cfg)
     elif conv is not None:
         _schedule_conv(s, conv, out, tiles, cfg)
     elif dense is not None:
@@ -148,24 +150,26 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _depthwise_stride_one(node) -> bool:
-    return node.attrs["groups"] > 1 and node.inputs[1].shape[1] == 1 and \
-        tuple(node.attrs["strides"]) == (1, 1)
+def _depthwise(node) -> bool:
+    """Each output channel reads one input channel (a grouped convolution of one input
+    channel per group)."""
+    return node.attrs["groups"] > 1 and node.inputs[1].shape[1] == 1
 
 
 def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
     """The convolution's knobs: output channels and columns of the register tile, the order of
     the reduction (input channels outside or inside the kernel window), the kernel row's
-    columns unrolled or not, and the padded input a stage of its own or read in place through
-    its bounds checks. The default inlines the padding of a stride-1 depthwise convolution
-    (each padded value is read by one output channel only: MobileNet-v2's 56x56 layer 296 ->
-    217 us, 7x7 64 -> 35 us on one core) and keeps the stage elsewhere (a stride-2 depthwise
-    layer 380 us staged, 534 inlined).
+    columns unrolled or not, and the padded input a stage of its own (the default: each padded
+    value is read by many output channels) or read in place through its bounds checks. A
+    depthwise convolution has knobs of its own (:func:`define_depthwise_knobs`).
 
     The ``layout`` knob: ``"columns"`` (the tile above: output columns in the vector) or
     ``"channels"`` (output channels in the vector, the weight packed at build time, the tile
     ``channel_tile``: see :func:`_schedule_conv_channels`), offered where the output channels
     fill whole vectors of an ungrouped convolution."""
+    if _depthwise(node):
+        define_depthwise_knobs(cfg, tiles, node, padded)
+        return
     _, out_channels, _, out_width = node.shape
     kernel_width = node.inputs[1].shape[3]
     lanes = tiles.lanes
@@ -177,11 +181,41 @@ def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
                                        _round_up(out_width, max(lanes, 2))))
     cfg.define_knob("reduce_order", ["channels_outer", "window_outer"])
     cfg.define_knob("unroll_kw", [False, True] if kernel_width > 1 else [False])
-    if not padded:
-        cfg.define_knob("pad", ["stage"])
-    else:
-        cfg.define_knob("pad", ["inline", "stage"] if _depthwise_stride_one(node)
-                        else ["stage", "inline"])
+    cfg.define_knob("pad", ["stage", "inline"] if padded else ["stage"])
+
+
+def depthwise_tile(tiles: Tiles, node) -> tuple[int, int]:
+    """The default ``(rows, columns)`` of a depthwise convolution's register tile: one vector
+    of columns (two on maps at least 6 vectors wide), 7 rows on maps of 7, 14 or 28 rows, else
+    4, fewer where the accumulators and the window's weights would not fit the registers.
+
+    Measured on znver4, one core, MobileNet-v2's depthwise layers with bias and clip, rows x
+    columns -> us: 32 channels 112x112 4x32 69, 4x16 79, 2x16 98; 144 56x56 4x16 87, 7x16 95,
+    4x32 116; 96 112x112 stride 2 4x16 143, 7x16 156, 4x32 239; 144 56x56 stride 2 7x16 64,
+    4x16 72; 192 28x28 7x16 31, 4x16 36, 2x16 40; 384 14x14 7x16 19, 4x16 20, 2x16 22;
+    960 7x7 7x16 13.5, 4x16 19, 2x16 17 (the columns schedule before it: 158, 187, 785, 285,
+    69, 35, 27)."""
+    _, _, height, width = node.shape
+    kernel_height, kernel_width = node.inputs[1].shape[2:4]
+    lanes = max(tiles.lanes, 2)
+    columns = 2 * lanes if width >= 6 * lanes else lanes
+    rows = 7 if height % 7 == 0 and height <= 28 else 4
+    budget = tiles.registers - kernel_height * kernel_width - 2
+    return max(1, min(rows, budget // (columns // lanes), height)), columns
+
+
+def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool):
+    """A depthwise convolution's knobs: the output rows (``tile_y``) and columns (``tile_x``,
+    whole vectors) of one channel's register tile (:func:`depthwise_tile`), and the padded
+    input read in place (the default: each padded value is read by one output channel only)
+    or a stage of its own."""
+    _, _, out_height, out_width = node.shape
+    lanes = max(tiles.lanes, 2)
+    rows, columns = depthwise_tile(tiles, node)
+    cfg.define_knob("tile_y", _choices(rows, (1, 2, 4, 7, 8), out_height))
+    cfg.define_knob("tile_x", _choices(columns, (lanes // 2, lanes, 2 * lanes),
+                                       _round_up(out_width, lanes)))
+    cfg.define_knob("pad", ["inline", "stage"] if padded else ["stage"])
 
 
 def channel_tiles(tiles: Tiles, node) -> list[str]:
@@ -254,7 +288,7 @@ def conv_layout(group: Group, tiles: Tiles, cfg) -> int:
     (``cfg``; None or a space being defined: the default), 0 to keep it OIHW. Decided before
     the group's tensors are made: the packed weight is another tensor."""
     node = group.anchor
-    if node is None or node.op != "nn.conv2d" or packed_lanes(node.attrs):
+    if node is None or node.op != "nn.conv2d" or packed_lanes(node.attrs) or _depthwise(node):
         return 0
     if cfg is None or isinstance(cfg, ConfigSpace):
         cfg = ConfigSpace()
@@ -289,6 +323,29 @@ def _schedule_conv(s, conv, out, tiles: Tiles, cfg):
     if cfg["unroll_kw"].val:
         s[cc].unroll(rx)
     s[cc].unroll(cf)
+    s[cc].vectorize(cx)
+    _schedule_inputs(s, tiles)
+
+
+def _schedule_depthwise(s, conv, out, tiles: Tiles, cfg):
+    """One channel's tile of ``tile_y`` rows x ``tile_x`` columns in registers, its window
+    unrolled: the rows' and the window's loads of one input row are the same load, so an
+    input vector feeds up to ``KH`` rows' FMAs, and the channel's weights stay in registers."""
+    cc = _accumulator(s, conv, out)
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    yo, yi = stage.split(y, factor=cfg["tile_y"].val)
+    xo, xi = stage.split(x, factor=cfg["tile_x"].val)
+    stage.reorder(n, f, yo, xo, yi, xi)
+    stage.parallel(stage.fuse(n, f))
+    stage.unroll(yi)
+    stage.vectorize(xi)
+    s[cc].compute_at(stage, xo)
+    _, _, cy, cx = s[cc].op.axis
+    rc, ry, rx = s[cc].op.reduce_axis
+    s[cc].reorder(rc, ry, rx, cy, cx)
+    for axis in (ry, rx, cy):
+        s[cc].unroll(axis)
     s[cc].vectorize(cx)
     _schedule_inputs(s, tiles)
 

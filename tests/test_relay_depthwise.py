@@ -1,0 +1,59 @@
+"""Depthwise convolutions' schedule (one channel's rows x columns in registers, the window
+unrolled): every tile its knobs offer computes the convolution with the group's tail, on
+shapes whose rows and columns the tiles do not divide, strided, dilated, unpadded and with a
+channel multiplier, against numpy."""
+import pytest
+
+pytest.importorskip("onnx")
+
+import numpy as np  # noqa: E402
+
+from kernelrpc import autotvm, relay  # noqa: E402
+from kernelrpc.relay import schedule  # noqa: E402
+
+from kernelrpc.compiler.target import Target  # noqa: E402
+
+from test_relay_conv_channels import TARGET, Knobs, conv_model, conv_node, run  # noqa: E402
+
+CASES = {
+    "3x3 padded": dict(x=(1, 24, 13, 19), w=(24, 1, 3, 3), pads=(1, 1, 1, 1), group=24),
+    "3x3 stride 2": dict(x=(1, 16, 15, 22), w=(16, 1, 3, 3), strides=(2, 2),
+                         pads=(1, 1, 1, 1), group=16),
+    "5x5 dilated": dict(x=(1, 8, 12, 11), w=(8, 1, 5, 5), dilations=(2, 2),
+                        pads=(4, 4, 4, 4), group=8),
+    "3x3 unpadded, multiplier 2": dict(x=(2, 6, 9, 33), w=(12, 1, 3, 3), group=6),
+    "stride 2 asymmetric padding": dict(x=(1, 32, 14, 14), w=(32, 1, 3, 3), strides=(2, 2),
+                                        pads=(0, 0, 1, 1), group=32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_depthwise_tile_computes_the_convolution(case):
+    model, feeds, expect = conv_model(**CASES[case])
+    mod, params = relay.frontend.from_onnx(model)
+    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    space = autotvm.ConfigSpace()
+    schedule.define_conv_knobs(space, schedule.tiles_for(TARGET), conv, padded=True)
+    values = {name: [e.val for e in knob.entities] for name, knob in space.space_map.items()}
+    configs = [dict(tile_y=y, tile_x=x) for y in values["tile_y"] for x in values["tile_x"]]
+    configs += [dict(pad=p) for p in values["pad"][1:]]
+    for knobs in configs:
+        with Knobs(**knobs):
+            lib = relay.build(mod, target=TARGET, params=params)
+        (record,) = lib.executor["kernels"]
+        assert {k: record["config"][k] for k in knobs} == knobs
+        np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                                   atol=1e-4 * np.abs(expect).max(), err_msg=f"{case} {knobs}")
+
+
+def test_depthwise_tile_fits_the_registers():
+    """7 rows on 28-row maps, 4 on 56, two vectors on wide maps; fewer rows where the
+    accumulators and the window's weights would not fit AVX2's 16 registers."""
+    avx512, avx2 = (schedule.tiles_for(Target(t)) for t in ("llvm -mcpu=znver4",
+                                                            "llvm -mcpu=haswell"))
+    assert schedule.depthwise_tile(avx512, conv_node((1, 8, 30, 30), (8, 1, 3, 3), 8)) == (7, 16)
+    assert schedule.depthwise_tile(avx512, conv_node((1, 8, 58, 58), (8, 1, 3, 3), 8)) == (4, 16)
+    assert schedule.depthwise_tile(avx512, conv_node((1, 8, 114, 114), (8, 1, 3, 3), 8)) == \
+        (4, 32)
+    assert schedule.depthwise_tile(avx2, conv_node((1, 8, 30, 30), (8, 1, 3, 3), 8)) == (5, 8)
+    assert schedule.depthwise_tile(avx2, conv_node((1, 8, 32, 32), (8, 1, 5, 5), 8)) == (1, 8)

@@ -147,7 +147,7 @@ class MemoryCodegen:
         the mask keeps."""
         mty = memory_type(buffer.dtype)
         nbytes = element_bytes(buffer.dtype)
-        stride, elem = ramp.stride.value, ramp.base.dtype
+        stride = ramp.stride.value
         span = (lanes - 1) * stride + 1
         offsets = [min(j * lanes, span - lanes) for j in range(-(-span // lanes))]
         vty = f"<{lanes} x {mty}>"

@@ -305,7 +305,7 @@ def test_the_handle_tables_conversion_of_a_call_is_the_general_conversion(data):
     same_conversion(converted(lambda values: [table.from_wire(v) for v in values], args), general)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_the_sessions_conversion_of_a_call_is_the_general_conversion(data):
     import socket

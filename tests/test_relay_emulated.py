@@ -16,7 +16,8 @@ from kernelrpc import autotvm, relay, rpc  # noqa: E402
 from kernelrpc.autotvm.record import VERSION  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.deploy.toolchain import ToolchainError  # noqa: E402
-from kernelrpc.relay.testing import mobilenet_v2, model_input, onnxruntime_outputs  # noqa: E402
+from kernelrpc.relay.testing import (mobilenet_v2, model_input, onnxruntime_outputs,  # noqa: E402
+                                     resnet18)
 from servicectl import Service  # noqa: E402
 
 pytestmark = pytest.mark.cross
@@ -87,5 +88,32 @@ def test_mobilenet_v2_on_an_emulated_board(tracker, tmp_path, network, board_nam
             _, got = run_network(remote, tuned, tmp_path / "mobilenet-tuned.so", feeds)
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
                                        err_msg=f"{board_name}, last configurations")
+    finally:
+        assert board.stop() == 0, "\n".join(board.lines)
+
+
+@pytest.mark.parametrize("board_name", ["aarch64", "armv7"])
+def test_winograd_layers_on_an_emulated_board(tracker, tmp_path, board_name):
+    """ResNet-18's 3x3 layers run as Winograd's F(4x4) and F(2x2) on the 4-lane NEON targets."""
+    arch, extra = BOARDS[board_name]
+    need_qemu(arch)
+    model = resnet18(size=64, width=0.25, classes=20)
+    mod, params = relay.frontend.from_onnx(model)
+    feeds = model_input(model)
+    expected = onnxruntime_outputs(model, feeds)[0]
+    board = start_board(arch, tracker.port, board_name, *extra)
+    try:
+        with rpc.connect_tracker("127.0.0.1", tracker.port).request(
+                board_name, session_timeout=600) as remote:
+            lib = relay.build(mod, target=remote.target(), params=params)
+            transformed = {p.shape[0] - 2 for p in lib.get_params().values()
+                           if p.ndim == 5 and p.shape[0] == p.shape[1]}
+            assert transformed == {2, 4}, "F(4x4) and F(2x2) layers expected"
+            try:
+                _, got = run_network(remote, lib, tmp_path / "resnet.so", feeds)
+            except ToolchainError as exc:
+                pytest.skip(f"cross export is unavailable here: {exc}")
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
+                                       err_msg=board_name)
     finally:
         assert board.stop() == 0, "\n".join(board.lines)

@@ -32,6 +32,7 @@ from . import transform
 from .fuse import Group, partition
 from .graph_json import graph_json
 from .memory_plan import plan_memory
+from .op import winograd
 from .op.nn import pack_weight
 from .schedule import conv_layout, group_tensors, schedule_group, tiles_for
 from .transform import optimize
@@ -97,9 +98,10 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
 
 
 def _pack_weights(func: ir.Function, target, tiles):
-    """Each convolution's weight packed once, here, for the layout its configuration chooses
-    (``kernel_layout``, see ``schedule.conv_layout``); returns the function and the layers'
-    configurations by node (``layer_config``'s answer, asked once per layer)."""
+    """Each convolution's weight packed (or transformed) once, here, for the layout its
+    configuration chooses (``kernel_layout``, see ``schedule.conv_layout``); returns the
+    function and the layers' configurations by node (``layer_config``'s answer, asked once
+    per layer)."""
     configs = {}
 
     def visit(node, inputs):
@@ -108,12 +110,14 @@ def _pack_weights(func: ir.Function, target, tiles):
             return node
         layer = Group(nodes=[node], anchor=node)
         answer = layer_config(layer, target)
-        lanes = conv_layout(layer, tiles, answer[0])
-        if lanes:
+        layout = conv_layout(layer, tiles, answer[0])
+        if layout != "OIHW":
             data, weight = node.inputs[:2]
-            packed = ir.const(pack_weight(weight.value, lanes), weight.name)
-            node = ir.Node(node.op, (data, packed, *node.inputs[2:]),
-                           {**node.attrs, "kernel_layout": f"OIHW{lanes}o"}, node.shape,
+            transformed = winograd.layout_of({"kernel_layout": layout})
+            value = winograd.transform_weight(weight.value, *transformed) if transformed else \
+                pack_weight(weight.value, tiles.lanes)
+            node = ir.Node(node.op, (data, ir.const(value, weight.name), *node.inputs[2:]),
+                           {**node.attrs, "kernel_layout": layout}, node.shape,
                            node.dtype, node.name, origin=node.origin)
         configs[id(node)] = answer
         return node

@@ -15,6 +15,7 @@ from ..autotvm.space import ConfigSpace
 from ..compiler.tensor import ComputeOp
 from .fuse import Group
 from .op import OPS
+from .op import winograd
 from .op.nn import packed_lanes
 
 _AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
@@ -107,16 +108,22 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
             conv = conv.op.input_tensors[0]
         padded = any(isinstance(st.op, ComputeOp) and st.op.tag == "pad" for st in s.stages)
         define_conv_knobs(cfg, tiles, group.anchor, padded)
+    transformed = conv is not None and winograd.layout_of(group.anchor.attrs)
     for stage in list(s.stages):
         op = stage.op
         if not isinstance(op, ComputeOp) or op is out.op:
             continue
         if op.reduce_axis or op.tag == "weight_pack":
             continue
-        if op.tag == "pad" and conv is not None and cfg["pad"].val == "stage":
+        if transformed and (op.tag.startswith("wino_") or op is conv.op):
+            continue
+        if op.tag == "pad" and conv is not None and not transformed and \
+                cfg["pad"].val == "stage":
             continue
         stage.compute_inline()
-    if conv is not None and packed_lanes(group.anchor.attrs):  # see conv_layout
+    if transformed:
+        _schedule_winograd(s, out, tiles, cfg)
+    elif conv is not None and packed_lanes(group.anchor.attrs):  # see conv_layout
         _schedule_conv_channels(s, conv, out, tiles, cfg)
     elif conv is not None and _depthwise(group.anchor):
         _schedule_depthwise(s, conv, out, tiles, cfg)
@@ -170,6 +177,9 @@ def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
     if _depthwise(node):
         define_depthwise_knobs(cfg, tiles, node, padded)
         return
+    if winograd_plan(tiles, node):
+        define_winograd_knobs(cfg, tiles, node)
+        return
     _, out_channels, _, out_width = node.shape
     kernel_width = node.inputs[1].shape[3]
     lanes = tiles.lanes
@@ -182,6 +192,66 @@ def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
     cfg.define_knob("reduce_order", ["channels_outer", "window_outer"])
     cfg.define_knob("unroll_kw", [False, True] if kernel_width > 1 else [False])
     cfg.define_knob("pad", ["stage", "inline"] if padded else ["stage"])
+
+
+#: most bytes of a Winograd layer's transformed input (and of its products)
+WINOGRAD_BYTES = 8 << 20
+
+
+def winograd_plan(tiles: Tiles, node) -> tuple[int, int] | None:
+    """``(m, rows)`` of a layer that runs as Winograd's F(m x m, 3 x 3) by default, else None:
+    an eligible 3x3 convolution (:func:`kernelrpc.relay.op.winograd.eligible`) on a vector
+    target whose output channels fill whole vectors, whose tiles' count has a divisor for the
+    matrix products' register tile (``rows`` positions x one vector of output channels).
+    ``m`` is 4, or 2 on maps under 8 rows or columns (an F(4x4) tile would be mostly padding);
+    the transformed input and the products (each ``(m+2)^2 x tiles x channels`` floats) at
+    most :data:`WINOGRAD_BYTES`, beyond which the stages stream through memory.
+
+    Measured on znver5, one core, 3x3 convolution, direct (the default before it) -> F(4x4)
+    us: 64->64 56x56 1038 -> 451, 128->128 28x28 1003 -> 365, 256->256 14x14 907 -> 386
+    (F(2x2) 496), 512->512 7x7 1233 -> F(2x2) 669 (F(4x4) 1003), 128->128 8x8 70 -> 39,
+    8->32 56x56 72 -> 56, 16->64 55x55 288 -> 139, 32->128 27x27 222 -> 102, 64->256 13x13
+    193 -> 109; by the size of a stage: 256->256 56x56 (7.2 MB) 15693 -> 5410, 64->64
+    112x112 (7.2 MB) 4007 -> 1886, 128->128 112x112 (14.4 MB) 15930 -> 17560, 64->64
+    224x224 (29 MB) 16691 -> 33419."""
+    if tiles.lanes < 4 or node.op != "nn.conv2d":
+        return None
+    transformed = winograd.layout_of(node.attrs)          # relay.build transformed its weight
+    batch, out_channels, height, width = node.shape
+    if transformed is None and (not winograd.eligible(node) or out_channels % tiles.lanes or
+                                node.inputs[0].shape[1] < 8):
+        return None
+    m = transformed[0] if transformed else 4 if min(height, width) >= 8 else 2
+    th, tw = winograd.tiles(m, height, width)
+    positions = batch * th * tw
+    channels = max(out_channels, node.inputs[0].shape[1])
+    if transformed is None and (m + 2) ** 2 * positions * channels * 4 > WINOGRAD_BYTES:
+        return None
+    rows = _winograd_rows(tiles, positions)
+    return (m, rows[0]) if rows else None
+
+
+def _winograd_rows(tiles: Tiles, positions: int) -> list[int]:
+    """Register tiles of the matrix products: divisors of the tile count from 4 up to what
+    the registers hold, largest first."""
+    limit = min(14, tiles.registers - 4)
+    return [d for d in range(limit, 3, -1) if positions % d == 0]
+
+
+def define_winograd_knobs(cfg, tiles: Tiles, node):
+    """A Winograd layer's knobs: the matrix products' register tile, ``gemm_rows`` tile
+    positions x ``gemm_vectors`` vectors of output channels. The algorithm and ``m`` stay
+    the default's (``layout`` has the one choice): the transformed weight's shape is ``m``'s,
+    and a tuning task's weight argument is already transformed."""
+    m, rows = winograd_plan(tiles, node)
+    batch, out_channels, height, width = node.shape
+    th, tw = winograd.tiles(m, height, width)
+    cfg.define_knob("layout", ["winograd"])
+    cfg.define_knob("gemm_rows", [rows] + [r for r in _winograd_rows(tiles, batch * th * tw)
+                                           if r != rows] +
+                    [r for r in (2, 3) if (batch * th * tw) % r == 0])
+    blocks = out_channels // tiles.lanes
+    cfg.define_knob("gemm_vectors", [1, 2] if blocks % 2 == 0 else [1])
 
 
 def depthwise_tile(tiles: Tiles, node) -> tuple[int, int]:
@@ -276,6 +346,9 @@ def channels_default(node, tiles_c) -> bool:
 
 
 def _define_layout_knobs(cfg, tiles: Tiles, node) -> None:
+    if winograd_plan(tiles, node):
+        define_winograd_knobs(cfg, tiles, node)
+        return
     tiles_c = channel_tiles(tiles, node)
     cfg.define_knob("layout", (["channels", "columns"] if channels_default(node, tiles_c)
                                else ["columns", "channels"]) if tiles_c else ["columns"])
@@ -283,17 +356,22 @@ def _define_layout_knobs(cfg, tiles: Tiles, node) -> None:
         cfg.define_knob("channel_tile", tiles_c)
 
 
-def conv_layout(group: Group, tiles: Tiles, cfg) -> int:
-    """The lanes to pack the weight of the group's OIHW convolution by for its configuration
-    (``cfg``; None or a space being defined: the default), 0 to keep it OIHW. Decided before
-    the group's tensors are made: the packed weight is another tensor."""
+def conv_layout(group: Group, tiles: Tiles, cfg) -> str:
+    """The ``kernel_layout`` the weight of the group's OIHW convolution takes for its
+    configuration (``cfg``; None or a space being defined: the default): ``"OIHW"`` (kept),
+    ``"OIHW{V}o"`` (packed for the ``channels`` layout) or ``"winograd{m}_{V}o"``
+    (transformed). Decided before the group's tensors are made: the packed weight is another
+    tensor."""
     node = group.anchor
-    if node is None or node.op != "nn.conv2d" or packed_lanes(node.attrs) or _depthwise(node):
-        return 0
+    if node is None or node.op != "nn.conv2d" or len(node.inputs[1].shape) != 4 or \
+            packed_lanes(node.attrs) or _depthwise(node):
+        return "OIHW"
     if cfg is None or isinstance(cfg, ConfigSpace):
         cfg = ConfigSpace()
         _define_layout_knobs(cfg, tiles, node)
-    return tiles.lanes if cfg["layout"].val == "channels" else 0
+    if cfg["layout"].val == "winograd":
+        return winograd.kernel_layout(winograd_plan(tiles, node)[0], tiles.lanes)
+    return f"OIHW{tiles.lanes}o" if cfg["layout"].val == "channels" else "OIHW"
 
 
 def define_dense_knobs(cfg, tiles: Tiles, out_features: int, reduction: int):
@@ -392,6 +470,72 @@ def _schedule_conv_channels(s, blocked, out, tiles: Tiles, cfg):
         s[blocked].unroll(axis)
     s[blocked].vectorize(cv)
     _schedule_inputs(s, tiles)
+
+
+def _schedule_winograd(s, out, tiles: Tiles, cfg):
+    """Each stage of :mod:`kernelrpc.relay.op.winograd` at the root, parallel: the input
+    transform per tile and vector of input channels (the tile and its rows' transform in
+    registers, every tile position unrolled), the matrix products a register tile of
+    ``gemm_rows`` tiles x ``gemm_vectors`` vectors of output channels over the input
+    channels, the output transform inside the output stage's ``m x m`` tile per vector of
+    output channels, which writes the tile back as NCHW with the group's tail."""
+    stages = {st.op.tag: st for st in s.stages if isinstance(st.op, ComputeOp)}
+    lanes = tiles.lanes
+    source = stages["wino_input"]
+    e1, e2, p, c = source.op.axis
+    co, ci = source.split(c, factor=lanes)
+    source.reorder(p, co, e1, e2, ci)
+    source.parallel(p)
+    for axis in (e1, e2):
+        source.unroll(axis)
+    source.vectorize(ci)
+    for tag in ("wino_rows", "wino_tile"):
+        stage = stages[tag]
+        stage.compute_at(source, co)
+        _, i, j, c = stage.op.axis
+        stage.unroll(i)
+        stage.unroll(j)
+        stage.vectorize(c)
+    gemm = stages["wino_gemm"]
+    acc = s.cache_write(gemm.op.output(0), "global")
+    e1, e2, kb, p, kv = gemm.op.axis
+    kbo, kbi = gemm.split(kb, factor=cfg["gemm_vectors"].val)
+    po, pi = gemm.split(p, factor=cfg["gemm_rows"].val)
+    gemm.reorder(e1, e2, kbo, po, kbi, pi, kv)
+    gemm.parallel(gemm.fuse(gemm.fuse(e1, e2), kbo))
+    gemm.vectorize(kv)
+    s[acc].compute_at(gemm, po)
+    _, _, akb, ap, akv = s[acc].op.axis
+    (rc,) = s[acc].op.reduce_axis
+    s[acc].reorder(rc, akb, ap, akv)
+    s[acc].unroll(akb)
+    s[acc].unroll(ap)
+    s[acc].vectorize(akv)
+    m = _extent(stages["wino_cols"].op.axis[3])
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=lanes)
+    yo, yi = stage.split(y, factor=m)
+    xo, xi = stage.split(x, factor=m)
+    stage.reorder(n, fo, yo, xo, fi, yi, xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
+    stage.unroll(yi)
+    stage.vectorize(xi)
+    for tag in ("conv2d", "wino_cols"):
+        inner = stages[tag]
+        inner.compute_at(stage, xo)
+        *_, a, b, v = inner.op.axis
+        inner.unroll(a)
+        inner.unroll(b)
+        inner.vectorize(v)
+    if "weight_pack" in stages:         # a tuning task's OIHW weight, transformed in the kernel
+        weight = stages["weight_pack"]
+        e1, e2, kb, c, kv = weight.op.axis
+        weight.reorder(kb, c, e1, e2, kv)
+        weight.parallel(kb)
+        weight.unroll(e1)
+        weight.unroll(e2)
+        weight.vectorize(kv)
 
 
 def _schedule_dense(s, dense, out, tiles: Tiles, cfg):

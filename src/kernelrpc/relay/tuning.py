@@ -22,8 +22,9 @@ from ..compiler.target import Target
 from . import ir
 from .fuse import Group, partition
 from .op import node_flops
+from .op import winograd
 from .op.nn import packed_lanes
-from .schedule import conv_layout, group_tensors, schedule_group, tiles_for
+from .schedule import conv_layout, group_tensors, schedule_group, tiles_for, winograd_plan
 from .transform import optimize
 
 log = logging.getLogger("kernelrpc.relay")
@@ -50,6 +51,9 @@ def workload(anchor: ir.Node, target) -> tuple | None:
     if packed_lanes(attrs):             # packed by relay.build: the layer's OIHW workload
         shape = [shape[0] * shape[4], *shape[1:4]]
         del attrs["kernel_layout"]
+    elif winograd.layout_of(attrs):     # transformed by relay.build
+        shape = winograd.oihw_shape(shape)
+        del attrs["kernel_layout"]
     attrs = [[k, _jsonable(v)] for k, v in sorted(attrs.items())]
     return (name, list(data.shape), shape, attrs, anchor.dtype, str(target))
 
@@ -68,10 +72,20 @@ def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
 def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
     group = _anchor_group(op, data_shape, weight_shape, attrs, dtype)
     cfg, tiles = autotvm.get_config(), tiles_for(Target(target))
-    lanes = conv_layout(group, tiles, cfg) if op == "nn.conv2d" else 0
-    if lanes:   # the OIHW argument is packed inside the kernel (a network packs it once)
-        group = _anchor_group(op, data_shape, weight_shape,
-                              [*attrs, ["kernel_layout", f"OIHW{lanes}o"]], dtype)
+    layout = conv_layout(group, tiles, cfg) if op == "nn.conv2d" else "OIHW"
+    if layout != "OIHW":
+        # the channels layout's OIHW argument is packed inside the kernel (a network packs it
+        # once); a Winograd layer's argument is its transformed weight, as in the network
+        node = group.anchor
+        transformed = winograd.layout_of({"kernel_layout": layout})
+        if transformed:
+            m, lanes = transformed
+            a = m + 2
+            weight_shape = (a, a, weight_shape[0] // lanes, weight_shape[1], lanes)
+        weight = ir.Node("input", (), {}, tuple(weight_shape), dtype, "weight")
+        node = ir.Node(op, (node.inputs[0], weight), {**node.attrs, "kernel_layout": layout},
+                       node.shape, node.dtype, op)
+        group = Group(nodes=[node], anchor=node)
     placeholders, out, anchor = group_tensors(group)
     s = schedule_group(group, out, anchor, tiles, cfg)
     return s, [*placeholders, out]
@@ -113,12 +127,18 @@ def conv2d_reference(data, weight, *, strides, padding, dilation, groups, upsamp
 
 
 def task_of(wkl: tuple, flop: float) -> Task:
-    """The tuning task of a workload, its candidates checked against numpy."""
+    """The tuning task of a workload, its candidates checked against numpy (a Winograd layer's
+    task, whose weight argument is the transformed weight, against numpy's Winograd)."""
     name, data_shape, weight_shape, attrs, dtype, target = wkl
     if name == "conv2d_nchw":
         kwargs = dict(attrs)
+        node = _anchor_group("nn.conv2d", data_shape, weight_shape, attrs, dtype).anchor
+        plan = winograd_plan(tiles_for(Target(target)), node)
 
         def reference(data, weight):
+            if plan:
+                return winograd.reference(data, weight, m=plan[0], padding=kwargs["padding"],
+                                          out_shape=node.shape)
             return conv2d_reference(data, weight, **kwargs)
     else:
         def reference(data, weight):

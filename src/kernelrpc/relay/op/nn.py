@@ -12,6 +12,7 @@ import numpy as np
 from ... import te
 from ...compiler import expr as E
 from ..errors import ModelError
+from . import winograd
 from .registry import register, static_shape
 
 
@@ -90,7 +91,7 @@ def packed_lanes(attrs) -> int:
     ``kernel_layout="OIHW{V}o"``, set by ``relay.build`` for a layer scheduled with its output
     channels in the vector); 0 for the plain OIHW weight."""
     layout = attrs.get("kernel_layout", "OIHW")
-    return 0 if layout == "OIHW" else int(layout[4:-1])
+    return int(layout[4:-1]) if layout.startswith("OIHW") and layout != "OIHW" else 0
 
 
 def pack_weight(weight, lanes: int):
@@ -105,6 +106,13 @@ def _conv2d(ts, attrs, node):
     _, oc, oh, ow = node.shape
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     g = attrs["groups"]
+    transformed = winograd.layout_of(attrs)
+    if transformed:
+        m, lanes = transformed
+        if len(weight.shape) == 4:      # a tuning task's OIHW argument, transformed per call
+            weight = winograd.weight_stage(weight, m, lanes)
+        return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
+                               node, m, lanes)
     lanes = packed_lanes(attrs)
     if lanes and len(weight.shape) == 4:   # a tuning task's OIHW argument: packed per call
         weight = te.compute((oc // lanes, *static_shape(weight)[1:], lanes),
@@ -148,7 +156,10 @@ def _conv2d(ts, attrs, node):
 
 
 def _conv2d_flops(node):
+    """The direct convolution's count, whatever the weight's layout."""
     weight = node.inputs[1]
+    if winograd.layout_of(node.attrs):
+        return 2 * node.size * weight.shape[3] * 9
     return 2 * node.size * math.prod(weight.shape[1:4])     # I*KH*KW, OIHW or packed
 
 

@@ -126,3 +126,24 @@ def test_the_tuning_task_takes_the_transformed_weight():
     mod, params = relay.frontend.from_onnx(model)
     (found,) = autotvm.task.extract_from_program(mod, target=TARGET, params=params)
     assert found.workload == task.workload
+
+
+def test_a_winograd_task_tunes_through_a_tracker(fleet, tmp_path):
+    """Every candidate of a Winograd layer's task measures ``ok`` on a real device server: its
+    outputs are within the task's ``scale_atol`` of numpy's Winograd (F(4x4)'s rounding grows
+    with the output's scale, past the runner's fixed tolerance), and the tuned layer builds."""
+    tracker, _ = fleet
+    model, feeds, expect = conv_model((1, 64, 28, 28), (64, 64, 3, 3), pads=(1, 1, 1, 1))
+    mod, params = relay.frontend.from_onnx(model)
+    (task,) = autotvm.task.extract_from_program(mod, target=TARGET, params=params)
+    assert task.scale_atol == tuning.WINOGRAD_ATOL
+    option = autotvm.measure_option(runner=autotvm.RPCRunner("board", "127.0.0.1", tracker.port,
+                                                             number=1, repeat=1))
+    log = tmp_path / "winograd.log"
+    autotvm.tune_tasks([task], len(task.config_space), option, log)
+    records = autotvm.load_from_file(log)
+    assert records and all(r["result"]["status"] == "ok" for r in records), records
+    with autotvm.apply_history_best(str(log)):
+        lib = relay.build(mod, target=TARGET, params=params)
+    assert lib.executor["kernels"][0]["schedule"] == "tuned"
+    np.testing.assert_allclose(run(lib, feeds), expect, rtol=0, atol=1e-4 * np.abs(expect).max())

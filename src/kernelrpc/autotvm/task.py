@@ -102,8 +102,12 @@ class Task:
     """A template with fixed arguments and target: its space, and how to check a candidate.
 
     ``reference(*inputs)`` returns the expected outputs (e.g. ``lambda a, b: a @ b``); ``flop``
-    (per call) turns times into GFLOP/s.
+    (per call) turns times into GFLOP/s. ``scale_atol``: where set, outputs may differ from
+    the reference by that fraction of its largest magnitude (on top of the runner's ``rtol``
+    and ``atol``), for an algorithm whose rounding grows with the output's scale (Winograd's).
     """
+
+    scale_atol: float | None = None
 
     def __init__(self, tmpl: Template, args: tuple, target=None, reference=None,
                  flop: float | None = None) -> None:

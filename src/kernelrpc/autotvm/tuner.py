@@ -113,6 +113,11 @@ class Tuner:
         if task.reference is None:
             log.warning("task %s has no reference: outputs are not checked", task.name)
         reference = None if task.reference is None else task.reference(*inputs)
+        self._atol = runner.atol
+        if task.scale_atol and reference is not None:
+            outputs = reference if isinstance(reference, (list, tuple)) else [reference]
+            self._atol = max(self._atol, task.scale_atol * max(float(np.abs(o).max())
+                                                                for o in outputs))
         batch_size = batch_size or max(8, 4 * (runner.max_devices or 2))
         executor = builder.executor
         own_executor = executor is None
@@ -156,7 +161,7 @@ class Tuner:
                         min_repeat_ms=runner.min_repeat_ms, timeout=runner.timeout,
                         session_timeout=runner.session_timeout, executor=executor,
                         max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
-                        atol=runner.atol, priority=runner.priority, build_cache=cache,
+                        atol=self._atol, priority=runner.priority, build_cache=cache,
                         wait_for_builds=wait_for_builds)
         for result in batch:
             config = by_name[result.name]

@@ -196,6 +196,8 @@ def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
 
 #: most bytes of a Winograd layer's transformed input (and of its products)
 WINOGRAD_BYTES = 8 << 20
+#: most bytes of a Winograd layer's transformed weight
+WINOGRAD_WEIGHT_BYTES = 6 << 20
 
 
 def winograd_plan(tiles: Tiles, node) -> tuple[int, int] | None:
@@ -203,9 +205,16 @@ def winograd_plan(tiles: Tiles, node) -> tuple[int, int] | None:
     an eligible 3x3 convolution (:func:`kernelrpc.relay.op.winograd.eligible`) on a vector
     target whose output channels fill whole vectors, whose tiles' count has a divisor for the
     matrix products' register tile (``rows`` positions x one vector of output channels).
-    ``m`` is 4, or 2 on maps under 8 rows or columns (an F(4x4) tile would be mostly padding);
+    ``m`` is 4, or 2 on maps under 8 rows or columns (an F(4x4) tile would be mostly padding)
+    or where F(4x4)'s transformed weight would be larger than :data:`WINOGRAD_WEIGHT_BYTES`;
     the transformed input and the products (each ``(m+2)^2 x tiles x channels`` floats) at
     most :data:`WINOGRAD_BYTES`, beyond which the stages stream through memory.
+
+    A network reads each layer's weight from memory once a run, and the transformed weight is
+    ``(m+2)^2 / 9`` times the direct one's: in ResNet-18 (one core, in the network, direct ->
+    F(4x4) -> F(2x2) us) 64->64 56x56 1040 -> 500 -> 710, 128->128 28x28 970 -> 460 -> 600,
+    256->256 14x14 (F(4x4)'s weight 9.4 MB) 935 -> 800 -> 690, 512->512 7x7 (F(2x2)'s
+    weight 16.8 MB) 1025 -> 1130 -> 1240.
 
     Measured on znver5, one core, 3x3 convolution, direct (the default before it) -> F(4x4)
     us: 64->64 56x56 1038 -> 451, 128->128 28x28 1003 -> 365, 256->256 14x14 907 -> 386
@@ -221,14 +230,25 @@ def winograd_plan(tiles: Tiles, node) -> tuple[int, int] | None:
     if transformed is None and (not winograd.eligible(node) or out_channels % tiles.lanes or
                                 node.inputs[0].shape[1] < 8):
         return None
-    m = transformed[0] if transformed else 4 if min(height, width) >= 8 else 2
+    if transformed:
+        sizes = [transformed[0]]
+    else:
+        in_channels = node.inputs[0].shape[1]
+        channels = max(out_channels, in_channels)
+        sizes = [m for m in ((4, 2) if min(height, width) >= 8 else (2,))
+                 if (m + 2) ** 2 * out_channels * in_channels * 4 <= WINOGRAD_WEIGHT_BYTES and
+                 (m + 2) ** 2 * batch * _tile_count(m, height, width) * channels * 4 <=
+                 WINOGRAD_BYTES]
+    for m in sizes:
+        rows = _winograd_rows(tiles, batch * _tile_count(m, height, width))
+        if rows:
+            return m, rows[0]
+    return None
+
+
+def _tile_count(m: int, height: int, width: int) -> int:
     th, tw = winograd.tiles(m, height, width)
-    positions = batch * th * tw
-    channels = max(out_channels, node.inputs[0].shape[1])
-    if transformed is None and (m + 2) ** 2 * positions * channels * 4 > WINOGRAD_BYTES:
-        return None
-    rows = _winograd_rows(tiles, positions)
-    return (m, rows[0]) if rows else None
+    return th * tw
 
 
 def _winograd_rows(tiles: Tiles, positions: int) -> list[int]:
@@ -245,11 +265,11 @@ def define_winograd_knobs(cfg, tiles: Tiles, node):
     and a tuning task's weight argument is already transformed."""
     m, rows = winograd_plan(tiles, node)
     batch, out_channels, height, width = node.shape
-    th, tw = winograd.tiles(m, height, width)
+    positions = batch * _tile_count(m, height, width)
     cfg.define_knob("layout", ["winograd"])
-    cfg.define_knob("gemm_rows", [rows] + [r for r in _winograd_rows(tiles, batch * th * tw)
+    cfg.define_knob("gemm_rows", [rows] + [r for r in _winograd_rows(tiles, positions)
                                            if r != rows] +
-                    [r for r in (2, 3) if (batch * th * tw) % r == 0])
+                    [r for r in (2, 3) if positions % r == 0])
     blocks = out_channels // tiles.lanes
     cfg.define_knob("gemm_vectors", [1, 2] if blocks % 2 == 0 else [1])
 

@@ -227,6 +227,7 @@ def tune(name, mod, params, fleet, opts):
     option = autotvm.measure_option(runner=autotvm.RPCRunner(
         "bench-models", fleet.host, fleet.port, number=opts.number, repeat=3))
     log_file = Path(opts.log_dir) / f"{name}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     report = autotvm.tune_tasks(tasks, opts.tune, option, log_file)
     print(f"{name}: tuned {len(tasks)} tasks, log {log_file}\n{report}", flush=True)
     with autotvm.apply_history_best(str(log_file)):

@@ -65,7 +65,7 @@ def _kernels():
         return q + np.mod(x, 5) * np.floor_divide(x, 1000003)
     out.append(("int64_divmod", s, [X, Y], [x, None], div_ref, 0))
 
-    big = 40_000        # > 64 KiB intermediate: a heap allocation (aligned_alloc, size_t)
+    big = 40_000        # > 64 KiB intermediate: a heap allocation (the pool, size_t)
     P = te.placeholder((big,), name="P")
     Q = te.compute((big,), lambda i: P[i] * 2.0, name="Q")
     R = te.compute((big,), lambda i: Q[i] + Q[big - 1 - i], name="R")
@@ -156,7 +156,7 @@ def test_gemm_uses_the_pool_and_heap_paths(board):
     _, _, _, built, _, _ = board
     sources = {kernel: module.get_source() for kernel, module, *_ in built}
     assert "@__kernelrpc_parallel_launch" in sources["gemm"]
-    assert "@aligned_alloc" in sources["heap_stage"]
+    assert "@__kernelrpc_workspace_alloc" in sources["heap_stage"]
 
 
 def test_a_module_for_another_board_is_refused_before_dlopen(board, tmp_path):

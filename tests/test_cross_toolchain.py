@@ -121,16 +121,16 @@ def test_contradictory_target_options(text, message):
 
 
 def test_32bit_targets_use_32bit_size_t_and_pointer_slots():
-    n = 40_000                      # the intermediate goes to the heap: aligned_alloc(size_t)
+    n = 40_000                      # the intermediate goes to the heap: the pool's alloc(size_t)
     A = te.placeholder((n,), name="A")
     B = te.compute((n,), lambda i: A[i] + 1.0, name="B")
     C = te.compute((n,), lambda i: B[i] * B[n - 1 - i], name="C")
     s = te.create_schedule(C.op)
     arm = kernelrpc.build(s, [A, C], target=ARM_NO_NEON, name="f")
-    assert "declare noalias ptr @aligned_alloc(i32, i32)" in arm.get_source()
+    assert "declare noalias ptr @__kernelrpc_workspace_alloc(i32)" in arm.get_source()
     assert re.search(r"load ptr, ptr %\S+, align 4", arm.get_source())
     host = kernelrpc.build(s, [A, C], name="f")
-    assert "declare noalias ptr @aligned_alloc(i64, i64)" in host.get_source()
+    assert "declare noalias ptr @__kernelrpc_workspace_alloc(i64)" in host.get_source()
 
 
 def test_the_vfp3d16_target_emits_no_neon_and_the_neon_target_does():

@@ -15,7 +15,9 @@ inlining). The body runs on the module's thread pool through
 
 Small constant-size allocations live in the entry block (``alloca ... align 64``)
 so SROA turns accumulator tiles indexed with constants into registers; larger
-ones use ``aligned_alloc``/``free`` around their scope.
+ones take a 64-byte aligned block from the module runtime's pool of freed blocks
+(``__kernelrpc_workspace_alloc``/``_free`` around their scope; ``aligned_alloc`` when the
+pool has none), so a kernel called again reuses pages already mapped.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from ..expr import Var, dtype_lanes
 from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value
 from .expr_codegen import ExprCodegen
 from .llvm_types import element_bytes, llvm_type, memory_type
-from .runtime_ir import LAUNCH_SYMBOL
+from .runtime_ir import LAUNCH_SYMBOL, WORKSPACE_ALLOC, WORKSPACE_FREE
 
 #: Allocations up to this many bytes go on the stack (and may become registers).
 STACK_ALLOC_LIMIT = 64 * 1024
@@ -130,16 +132,15 @@ class StmtCodegen(ExprCodegen):
         if nbytes >= 1 << (8 * self.module.pointer_bytes - 1):
             raise CodegenError(f"allocation {buffer.name} of {nbytes} bytes does not fit the "
                                f"target's {8 * self.module.pointer_bytes}-bit address space")
-        self.module.declare("aligned_alloc",
-                            f"declare noalias ptr @aligned_alloc({size_t}, {size_t})")
-        self.module.declare("free", "declare void @free(ptr)")
-        rounded = (nbytes + 63) // 64 * 64
-        ptr = self.fn.assign("ptr", f"call noalias ptr @aligned_alloc({size_t} 64, "
-                                    f"{size_t} {rounded})", hint=buffer.name)
+        self.module.declare(WORKSPACE_ALLOC,
+                            f"declare noalias ptr @{WORKSPACE_ALLOC}({size_t})")
+        self.module.declare(WORKSPACE_FREE, f"declare void @{WORKSPACE_FREE}(ptr, {size_t})")
+        ptr = self.fn.assign("ptr", f"call noalias ptr @{WORKSPACE_ALLOC}({size_t} {nbytes})",
+                             hint=buffer.name)
         self.return_if(self.fn.assign("i1", f"icmp eq ptr {ptr.ref}, null"), ERR_OUT_OF_MEMORY)
         with self.bound(buffer, ptr):
             self.stmt(node.body)
-        self.fn.emit(f"call void @free(ptr {ptr.ref})")
+        self.fn.emit(f"call void @{WORKSPACE_FREE}(ptr {ptr.ref}, {size_t} {nbytes})")
 
     def return_if(self, cond: Value, code) -> None:
         """``if (cond) return code;`` (``code`` is an int or an i32 Value)."""

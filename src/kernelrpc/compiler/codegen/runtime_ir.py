@@ -17,6 +17,8 @@ from pathlib import Path
 #: Workers beyond the calling thread (the caller always runs task 0); KRPC_MAX_WORKERS in C.
 MAX_WORKERS = 63
 LAUNCH_SYMBOL = "__kernelrpc_parallel_launch"
+WORKSPACE_ALLOC = "__kernelrpc_workspace_alloc"
+WORKSPACE_FREE = "__kernelrpc_workspace_free"
 METADATA_SECTION = "kernelrpc_metadata"
 RUNTIME_SOURCE = Path(__file__).with_name("module_runtime.c")
 

@@ -228,7 +228,7 @@ def tune(name, mod, params, fleet, opts):
         "bench-models", fleet.host, fleet.port, number=opts.number, repeat=3))
     log_file = Path(opts.log_dir) / f"{name}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    report = autotvm.tune_tasks(tasks, opts.tune, option, log_file)
+    report = autotvm.tune_tasks(tasks, opts.tune, option, log_file, measure_alone=True)
     print(f"{name}: tuned {len(tasks)} tasks, log {log_file}\n{report}", flush=True)
     with autotvm.apply_history_best(str(log_file)):
         return relay.build(mod, target="llvm", params=params), report

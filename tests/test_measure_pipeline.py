@@ -171,6 +171,23 @@ def test_tasks_tuned_side_by_side_log_every_trial_and_build_each_configuration_o
         assert all(d["opened_after"] >= r["builds_done_after"] for r in rounds for d in r["devices"])
 
 
+def test_measured_alone_no_build_runs_beside_a_measurement(fleet, tmp_path):
+    """``measure_alone``: one task at a time, and every round takes its device once all its
+    candidates are built (for devices that share the builds' cores)."""
+    tracker, _ = fleet
+    tasks = [autotvm.task.create("test/pipeline_offset", args=(n,), reference=lambda a: a + 1.0)
+             for n in (32, 48)]
+    option = autotvm.measure_option(runner=autotvm.RPCRunner("board", "127.0.0.1", tracker.port,
+                                                             number=1, repeat=1, max_devices=1))
+    report = autotvm.tune_tasks(tasks, 6, option, tmp_path / "alone.log", confirm=1,
+                                measure_alone=True)
+    rounds = [r for t in report.tasks for r in t.rounds]
+    assert rounds and all(d["opened_after"] >= r["builds_done_after"]
+                          for r in rounds for d in r["devices"])
+    first, second = report.tasks                  # one after the other: their walls add up
+    assert first.wall_seconds + second.wall_seconds <= report.wall_seconds + 1e-3
+
+
 def test_a_failing_task_stops_the_run_and_no_further_task_starts(fleet, tmp_path):
     tracker, _ = fleet
 

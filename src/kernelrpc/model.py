@@ -209,7 +209,8 @@ def _tune(args, mod, params, tracker, target, say) -> dict:
         args.key, host, port, number=args.number, repeat=3,
         session_timeout=args.session_timeout))
     report = autotvm.tune_tasks(tasks, args.tune, option, args.log, tuner=args.tuner,
-                                early_stopping=args.early_stopping)
+                                early_stopping=args.early_stopping,
+                                measure_alone=args.tracker is None)    # a fleet of this host
     say(report.table())
     return {**report.totals(),
             "tasks": [{"workload": [t.task.name, *t.task.args], "layers": t.task.layers,

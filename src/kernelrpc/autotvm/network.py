@@ -137,12 +137,17 @@ def _describe(task) -> str:
 
 def tune_tasks(tasks, n_trial: int, measure_option: dict, log_file, *, tuner: str = "ga",
                early_stopping: int | None = None, confirm: int = 3,
-               seed: int | None = 0, overlap: int = 2) -> NetworkTuning:
+               seed: int | None = 0, overlap: int = 2,
+               measure_alone: bool = False) -> NetworkTuning:
     """Tune each task up to ``n_trial`` configurations (those in ``log_file`` count), appending
     every new measurement to ``log_file``; ``confirm``: as ``Tuner.tune``'s, the default and
     that many of the fastest measured once more at the end of a task. ``overlap``: how many
     tasks tune at once (1: one after the other, each round's device taken as soon as its
-    first candidate is built)."""
+    first candidate is built). ``measure_alone``: no build of the run goes on while one of its
+    candidates is measured (one task at a time, a round's device taken once all its candidates
+    are built), for devices that share the builds' cores (a fleet of this host): measured
+    beside builds, a layer's default ran up to 17x slower than alone and tuning chose by
+    that noise."""
     if tuner not in TUNERS:
         raise ValueError(f"unknown tuner {tuner!r}; choose one of {', '.join(TUNERS)}")
     if n_trial < 1:
@@ -160,7 +165,7 @@ def tune_tasks(tasks, n_trial: int, measure_option: dict, log_file, *, tuner: st
     option = {**measure_option, "builder": dataclasses.replace(builder, executor=executor)}
     callback = log_to_file(log_file)
     stop = threading.Event()
-    overlapping = overlap > 1 and len(tasks) > 1
+    overlapping = overlap > 1 and len(tasks) > 1 and not measure_alone
 
     def tune_one(k: int, task) -> TaskTuning:
         t0 = time.monotonic()
@@ -171,7 +176,8 @@ def tune_tasks(tasks, n_trial: int, measure_option: dict, log_file, *, tuner: st
             log.info("task %d/%d %s: %d of %d trials to measure", k + 1, len(tasks), task.name,
                      todo, n_trial)
             search.tune(todo, option, early_stopping=early_stopping, callbacks=[callback],
-                        confirm=confirm, wait_for_builds=overlapping, stop=stop)
+                        confirm=confirm, wait_for_builds=overlapping or measure_alone,
+                        stop=stop)
         measured = sum(r["candidates"] for r in search.rounds)
         return TaskTuning(task, resumed, measured, search.default_seconds,
                           search.best_seconds if search.best_config is not None else None,

@@ -50,6 +50,7 @@ extern "C" {
 /* Spin iterations (each with a pause hint) before a worker or the caller sleeps:
  * roughly 0.1-1 ms, long enough to bridge back-to-back launches in a timing loop. */
 #define KRPC_SPIN_ITERATIONS 20000
+#define KRPC_YIELD_EVERY 256
 /* "No worker quits after this job." */
 #define KRPC_NO_QUIT (1 << 30)
 
@@ -147,6 +148,7 @@ KRPC_EXPORT void __kernelrpc_cache_flush(const void *ptr, int64_t nbytes) {
 
 /* ------------------------------------------------------------------ thread pool */
 
+static int32_t krpc_pool_lock;          /* the workspace pool's (below) */
 static pthread_mutex_t krpc_mutex = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t krpc_cv_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t krpc_cv_done = PTHREAD_COND_INITIALIZER;
@@ -171,12 +173,18 @@ static struct {
     int32_t job_quit;               /* workers with index >= this exit after the job */
 } krpc __attribute__((aligned(64))) = {0, 0, 1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, KRPC_NO_QUIT};
 
-/* Wait until *word != value: spin first, then sleep on cv with *count raised. */
+/* Wait until *word != value: spin first, then sleep on cv with *count raised. The spin
+ * yields the CPU every KRPC_YIELD_EVERY pauses: a thread the scheduler put on this CPU (a
+ * worker woken or created on its caller's CPU, before the balancer moves it) would otherwise
+ * wait for the spinner's time slice, a millisecond or more a launch. */
 static void krpc_wait_change(int32_t *word, int32_t value, pthread_cond_t *cv, int32_t *count) {
     for (int i = 0; i < KRPC_SPIN_ITERATIONS; ++i) {
         if (LOAD(word, ACQ) != value)
             return;
-        krpc_pause();
+        if (i % KRPC_YIELD_EVERY == KRPC_YIELD_EVERY - 1)
+            sched_yield();
+        else
+            krpc_pause();
     }
     pthread_mutex_lock(&krpc_mutex);
     __atomic_fetch_add(count, 1, SEQ);
@@ -309,6 +317,7 @@ static void krpc_after_fork_child(void) {
     krpc.busy = 0;
     krpc.nthreads = 1;
     STORE(&krpc.state, 0, REL);
+    STORE(&krpc_pool_lock, 0, REL);
 }
 
 static void krpc_ensure_pool(void) {
@@ -374,7 +383,6 @@ KRPC_EXPORT int32_t __kernelrpc_set_num_threads(int32_t want) {
 #define KRPC_POOL_SLOTS 32
 #define KRPC_POOL_BYTES ((size_t)128 << 20)
 
-static int32_t krpc_pool_lock;
 static struct {
     void *ptr;
     size_t size;

@@ -113,7 +113,7 @@ def _pack_weights(func: ir.Function, target, tiles):
         layout = conv_layout(layer, tiles, answer[0])
         if layout != "OIHW":
             data, weight = node.inputs[:2]
-            transformed = winograd.layout_of({"kernel_layout": layout})
+            transformed = winograd.parse_layout(layout)
             value = winograd.transform_weight(weight.value, *transformed) if transformed else \
                 pack_weight(weight.value, tiles.lanes)
             node = ir.Node(node.op, (data, ir.const(value, weight.name), *node.inputs[2:]),

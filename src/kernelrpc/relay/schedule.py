@@ -548,14 +548,6 @@ def _schedule_winograd(s, out, tiles: Tiles, cfg):
         inner.unroll(a)
         inner.unroll(b)
         inner.vectorize(v)
-    if "weight_pack" in stages:         # a tuning task's OIHW weight, transformed in the kernel
-        weight = stages["weight_pack"]
-        e1, e2, kb, c, kv = weight.op.axis
-        weight.reorder(kb, c, e1, e2, kv)
-        weight.parallel(kb)
-        weight.unroll(e1)
-        weight.unroll(e2)
-        weight.vectorize(kv)
 
 
 def _schedule_dense(s, dense, out, tiles: Tiles, cfg):

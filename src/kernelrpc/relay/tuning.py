@@ -81,7 +81,7 @@ def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
         # the channels layout's OIHW argument is packed inside the kernel (a network packs it
         # once); a Winograd layer's argument is its transformed weight, as in the network
         node = group.anchor
-        transformed = winograd.layout_of({"kernel_layout": layout})
+        transformed = winograd.parse_layout(layout)
         if transformed:
             m, lanes = transformed
             a = m + 2

@@ -108,11 +108,8 @@ def _conv2d(ts, attrs, node):
     g = attrs["groups"]
     transformed = winograd.layout_of(attrs)
     if transformed:
-        m, lanes = transformed
-        if len(weight.shape) == 4:      # a tuning task's OIHW argument, transformed per call
-            weight = winograd.weight_stage(weight, m, lanes)
         return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
-                               node, m, lanes)
+                               node, *transformed)
     lanes = packed_lanes(attrs)
     if lanes and len(weight.shape) == 4:   # a tuning task's OIHW argument: packed per call
         weight = te.compute((oc // lanes, *static_shape(weight)[1:], lanes),

@@ -50,10 +50,15 @@ def kernel_layout(m: int, lanes: int) -> str:
     return f"winograd{m}_{lanes}o"
 
 
+def parse_layout(layout: str) -> tuple[int, int] | None:
+    """``(m, lanes)`` of a Winograd ``kernel_layout``, else None."""
+    found = _LAYOUT.fullmatch(layout)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
 def layout_of(attrs) -> tuple[int, int] | None:
     """``(m, lanes)`` of a layer with a Winograd-transformed weight, else None."""
-    found = _LAYOUT.fullmatch(attrs.get("kernel_layout", ""))
-    return (int(found.group(1)), int(found.group(2))) if found else None
+    return parse_layout(attrs.get("kernel_layout", ""))
 
 
 def eligible(node) -> bool:
@@ -103,22 +108,12 @@ def _combination(rows, index, term):
     return expr
 
 
-def weight_stage(weight, m: int, lanes: int):
-    """``G g G^T`` of an OIHW weight argument inside the kernel (a tuning task's weight)."""
-    out_channels, in_channels = static_shape(weight)[:2]
-    _, g, _ = MATRICES[m]
-    a = m + 2
-
-    def body(e1, e2, kb, c, kv):
-        k = kb * lanes + kv
-        return _combination(g, e1, lambda i: _combination(g, e2, lambda j: weight[k, c, i, j]))
-    return te.compute((a, a, out_channels // lanes, in_channels, lanes), body,
-                      name="weight_pack", tag="weight_pack")
-
-
 def conv2d(padded_input, u, node, m: int, lanes: int):
     """The layer's NCHW output from its input (``padded_input(before, after)`` the input padded
-    by those rows and columns) and its transformed weight ``u``."""
+    by those rows and columns) and its transformed weight ``u`` (:func:`transform_weight`)."""
+    if len(static_shape(u)) != 5:
+        raise ModelError(f"conv2d: kernel_layout {kernel_layout(m, lanes)} needs the transformed "
+                         f"weight [a][a][O/V][I][V], got shape {static_shape(u)}")
     n, in_channels, height, width = static_shape(node.inputs[0])
     _, out_channels, out_height, out_width = node.shape
     if out_channels % lanes:

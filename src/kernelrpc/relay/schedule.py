@@ -394,12 +394,44 @@ def conv_layout(group: Group, tiles: Tiles, cfg) -> str:
     return f"OIHW{tiles.lanes}o" if cfg["layout"].val == "channels" else "OIHW"
 
 
+#: most outputs of a ``rows`` dense layer's block (its accumulators, in L1)
+DENSE_ROWS_BLOCK = 1024
+
+
 def define_dense_knobs(cfg, tiles: Tiles, out_features: int, reduction: int):
-    """The dense layer's knobs: outputs per vector tile, the reduction unrolled by a factor."""
+    """The dense layer's knobs: the order of the weight's reads (``order``), outputs per
+    vector tile, the reduction unrolled by a factor.
+
+    ``"rows"`` (the default where :func:`dense_rows_block` finds a block): a block of outputs
+    accumulates in memory (L1) while the reduction streams the weight's rows, each a
+    contiguous slice. ``"columns"``: a vector tile of ``tile_n`` outputs in registers over
+    the whole reduction, which walks down the weight's columns (one cache line per row, rows
+    apart by the row's length). Measured on znver5, one core, columns -> rows: VGG-19's
+    25088 x 4096 48.8 -> 21.5 ms (two cores 26.7 -> 12.3), 4096 x 4096 7.5 -> 3.1 ms, 9216 x
+    4096 17.6 -> 8.0 ms; classifiers x 1000: 4096 256 -> 169 us, 2048 122 -> 77, 1280 74 ->
+    47, 512 27 -> 19, 320 21 -> 11."""
     lanes = max(tiles.lanes, 2)
+    cfg.define_knob("order", ["rows", "columns"] if dense_rows_block(tiles, out_features)
+                    else ["columns"])
     cfg.define_knob("tile_n", _choices(tiles.dense_lanes, (lanes, 2 * lanes, 4 * lanes),
                                        _round_up(out_features, lanes)))
     cfg.define_knob("unroll_k", [1] + [f for f in (4, 8) if reduction % f == 0])
+
+
+def dense_rows_block(tiles: Tiles, out_features: int) -> tuple[int, int] | None:
+    """``(outputs, lanes)`` of a ``rows`` dense layer's block: the largest divisor of the
+    outputs made of whole vectors (of the target's lanes, or half as many) up to
+    :data:`DENSE_ROWS_BLOCK` and, where that leaves blocks of at least 64 outputs, to a
+    quarter of the outputs (blocks for several threads); None where no block has 64."""
+    for lanes in (tiles.lanes, tiles.lanes // 2):
+        if lanes < 2 or out_features % lanes:
+            continue
+        blocks = [d for d in range(lanes, min(out_features, DENSE_ROWS_BLOCK) + 1, lanes)
+                  if out_features % d == 0 and d >= 64]
+        if blocks:
+            shared = [d for d in blocks if 4 * d <= out_features]
+            return max(shared or blocks), lanes
+    return None
 
 
 def _schedule_conv(s, conv, out, tiles: Tiles, cfg):
@@ -556,6 +588,18 @@ def _schedule_dense(s, dense, out, tiles: Tiles, cfg):
     cc = _accumulator(s, dense, out)
     stage = s[out]
     m, n = stage.op.axis
+    if cfg["order"].val == "rows":
+        block, lanes = dense_rows_block(tiles, features)
+        no, ni = stage.split(n, factor=block)
+        stage.parallel(stage.fuse(m, no))
+        stage.vectorize(stage.split(ni, factor=lanes)[1])
+        s[cc].compute_at(stage, stage.leaf_iter_vars[0])
+        _, cn = s[cc].op.axis
+        (k,) = s[cc].op.reduce_axis
+        cno, cni = s[cc].split(cn, factor=lanes)
+        s[cc].reorder(k, cno, cni)
+        s[cc].vectorize(cni)
+        return
     no, ni = stage.split(n, factor=cfg["tile_n"].val)
     stage.reorder(m, no, ni)
     stage.vectorize(ni)

@@ -7,7 +7,8 @@ this host next to onnxruntime on the same machine, same threads, in the same run
 The device is a real device server (``python -m kernelrpc.server``) behind a tracker on
 loopback; its latency is ``default_run`` timed by the module's native loop. onnxruntime runs in
 this process with ``intra_op_num_threads`` set to the same count, timed with the same
-number/repeat, interleaved with kernelrpc's rounds. "layers" is the per-layer profile's sum
+number/repeat, its rounds taking turns with kernelrpc's (untuned, tuned, onnxruntime, then
+again: a disturbance of the machine falls on all alike). "layers" is the per-layer profile's sum
 against the end-to-end median (the executor's own cost per layer in the last column).
 Networks: resnet18 and mobilenet_v2 built in code at full width and 224x224, and the networks
 the onnx wheel ships (resnet50, squeezenet, inception_v1, shufflenet, densenet121, vgg19...)
@@ -201,22 +202,50 @@ def tiny_layers(count: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def ort_seconds(model, feeds, threads, number, repeat):
-    import onnxruntime as ort
+class OrtSession:
+    """onnxruntime on the model with ``threads`` intra-op threads, timed ``number`` runs at a
+    time."""
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    session.run(None, feeds)
-    times = []
-    for _ in range(repeat):
+    def __init__(self, model, feeds, threads):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+        self.feeds = feeds
+        self.output = self.session.run(None, feeds)[0]
+
+    def seconds(self, number: int) -> float:
         start = time.perf_counter()
         for _ in range(number):
-            session.run(None, feeds)
-        times.append((time.perf_counter() - start) / number)
-    return statistics.median(times), session.run(None, feeds)[0]
+            self.session.run(None, self.feeds)
+        return (time.perf_counter() - start) / number
+
+
+def ort_seconds(model, feeds, threads, number, repeat):
+    session = OrtSession(model, feeds, threads)
+    return statistics.median(session.seconds(number) for _ in range(repeat)), session.output
+
+
+#: seconds between two timers' turns: the thread pools of the one before (onnxruntime's, a
+#: module's) spin for a while after their last run, and would take the next one's cores
+TURN_PAUSE = 0.05
+
+
+def interleaved(rounds: int, timers: dict) -> dict:
+    """Each timer's median over ``rounds`` rounds, the timers taking turns within each round
+    (so that a disturbance of the machine falls on all of them alike), :data:`TURN_PAUSE`
+    apart. A timer times its runs after as many untimed ones (after a pause, a module's first
+    two or three runs on two threads take up to 2.7 times as long: its pool's worker wakes on
+    the caller's CPU until the scheduler moves it)."""
+    times = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            time.sleep(TURN_PAUSE)
+            times[name].append(timer())
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def tune(name, mod, params, fleet, opts):
@@ -281,15 +310,27 @@ def main(opts) -> int:
                         tuned.set_input(**feeds)
                     for n in threads:
                         m.module.set_num_threads(n)
-                        ours = m.benchmark(dev, number=opts.number, repeat=opts.repeat)
-                        tuned_s = None
+                        ort_session = OrtSession(model, feeds, n)
+                        disturbed = []
+
+                        def kernelrpc_round(module):
+                            result = module.benchmark(dev, number=opts.number, repeat=2)
+                            disturbed.append(result.disturbed)
+                            return result.results[-1]
+
+                        def ort_round():
+                            ort_session.seconds(opts.number)
+                            return ort_session.seconds(opts.number)
+                        timers = {"ours": lambda: kernelrpc_round(m), "theirs": ort_round}
                         if tuned is not None:
                             tuned.module.set_num_threads(n)
-                            tuned_s = tuned.benchmark(dev, number=opts.number,
-                                                      repeat=opts.repeat).median
+                            timers["tuned"] = lambda: kernelrpc_round(tuned)
+                        medians = interleaved(opts.repeat, timers)
+                        theirs, ref = medians["theirs"], ort_session.output
+                        tuned_s = medians.get("tuned")
+                        if tuned is not None:
                             tuned.run()
                             tuned_out = tuned.get_output(0).numpy()
-                        theirs, ref = ort_seconds(model, feeds, n, opts.number, opts.repeat)
                         m.run()
                         got = m.get_output(0).numpy()
                         err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
@@ -310,10 +351,10 @@ def main(opts) -> int:
                                 tuned_lib.executor["kernels"], tuned_report)))
                         rows.append([name, n, import_s, build_s, path.stat().st_size,
                                      lib.executor["workspace_bytes"], lib.executor["naive_bytes"],
-                                     ours.median, theirs, err, report.total,
+                                     medians["ours"], theirs, err, report.total,
                                      report.end_to_end.median, report.overhead_per_layer,
-                                     ours.disturbed, tuned_s, tvm_s])
-                        print(f"{name} threads={n}: kernelrpc {ours.median * 1e3:.2f} ms"
+                                     any(disturbed), tuned_s, tvm_s])
+                        print(f"{name} threads={n}: kernelrpc {medians['ours'] * 1e3:.2f} ms"
                               + (f" (tuned {tuned_s * 1e3:.2f} ms)" if tuned_s else "") +
                               f", onnxruntime {theirs * 1e3:.2f} ms", flush=True)
             tiny = tiny_layers(opts.tiny_layers)

@@ -15,7 +15,7 @@ from kernelrpc.autotvm.task import DispatchContext  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import ir, schedule, tuning  # noqa: E402
-from kernelrpc.relay.op import OPS  # noqa: E402
+from kernelrpc.relay.op import OPS, nn  # noqa: E402
 
 TARGET = Target(None)
 RNG = np.random.default_rng(3)
@@ -172,27 +172,36 @@ def test_default_layout_follows_the_reduction():
     assert default((1, 3, 229, 229), (64, 3, 7, 7), strides=(2, 2)) == "columns"
 
 
-def test_tuning_task_packs_its_oihw_argument():
-    """The task's weight argument stays OIHW for every configuration; a channels one packs it
-    inside the kernel and computes the same as numpy."""
+def test_tuning_task_takes_the_weight_and_its_packed_copy():
+    """Where the channels layout is offered, the task's arguments are the OIHW weight and its
+    packed copy (made from it on the host): a columns configuration reads the one, a channels
+    one the other, and neither packs inside the kernel it is timed by."""
     data, weight = [1, 4, 7, 7], [32, 4, 3, 3]
     attrs = {"dilation": [1, 1], "groups": 1, "padding": [1, 1, 1, 1], "strides": [1, 1]}
     wkl = ("conv2d_nchw", data, weight, [[k, v] for k, v in sorted(attrs.items())], "float32",
            str(TARGET))
     task = tuning.task_of(wkl, flop=1.0)
-    assert task.arg_specs[1] == (tuple(weight), "float32")
-    inputs = [RNG.standard_normal(data).astype("float32"),
-              RNG.standard_normal(weight).astype("float32")]
+    lanes = schedule.tiles_for(TARGET).lanes
+    assert [spec[0] for spec in task.arg_specs[:3]] == [
+        tuple(data), tuple(weight), (32 // lanes, 4, 3, 3, lanes)]
+    random_inputs = [RNG.standard_normal(shape).astype(dtype)
+                     for shape, dtype in task.arg_specs[:3]]
+    inputs = task.prepare_inputs(random_inputs)
+    np.testing.assert_array_equal(inputs[2], nn.pack_weight(inputs[1], lanes))
     expect = task.reference(*inputs)
     space = task.config_space
     names = list(space.space_map)
+    layouts = [e.val for e in space.space_map["layout"].entities]
+    configs = [space.get(0)]
     for tile in space.space_map["channel_tile"].entities:
         indices = [0] * len(names)
-        indices[names.index("layout")] = [e.val for e in
-                                          space.space_map["layout"].entities].index("channels")
+        indices[names.index("layout")] = layouts.index("channels")
         indices[names.index("channel_tile")] = space.space_map["channel_tile"].index_of(tile.val)
-        config = space.get(space.index_of(indices))
+        configs.append(space.get(space.index_of(indices)))
+    assert {c["layout"].val for c in configs} == {"columns", "channels"}
+    for config in configs:
         s, args = task.instantiate(config)
+        assert not any(getattr(st.op, "tag", "") == "weight_pack" for st in s.stages)
         lib = kernelrpc.build(s, args, target=TARGET)
         out = nd.empty(task.arg_specs[-1][0], "float32")
         lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)

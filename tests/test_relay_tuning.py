@@ -70,7 +70,10 @@ def test_extract_from_program_gives_one_task_per_distinct_layer(small_resnet):
 def test_every_sampled_configuration_computes_the_convolution(data, weight, attrs):
     task = tuning.task_of(conv_workload(data, weight, **attrs), flop=1.0)
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in task.arg_specs[:2]]
+    inputs = [rng.standard_normal(shape).astype(dtype)
+              for shape, dtype in task.arg_specs[:task.n_inputs]]
+    if task.prepare_inputs is not None:
+        inputs = task.prepare_inputs(inputs)
     expect = task.reference(*inputs)
     space = task.config_space
     for index in {0, len(space) - 1, *random.Random(1).sample(range(len(space)),

@@ -108,6 +108,9 @@ class Task:
     """
 
     scale_atol: float | None = None
+    #: where set, ``prepare_inputs(inputs)`` gives the inputs a candidate runs on from random
+    #: ones of the argument shapes (an argument that must be derived from another)
+    prepare_inputs = None
 
     def __init__(self, tmpl: Template, args: tuple, target=None, reference=None,
                  flop: float | None = None) -> None:

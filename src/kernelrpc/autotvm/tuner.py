@@ -110,6 +110,8 @@ class Tuner:
             inputs = [data_rng.random(shape).astype(dtype) if np.dtype(dtype).kind == "f"
                       else data_rng.integers(0, 8, shape).astype(dtype)
                       for shape, dtype in task.arg_specs[:n_in]]
+            if task.prepare_inputs is not None:
+                inputs = task.prepare_inputs(inputs)
         if task.reference is None:
             log.warning("task %s has no reference: outputs are not checked", task.name)
         reference = None if task.reference is None else task.reference(*inputs)

@@ -113,7 +113,7 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
         op = stage.op
         if not isinstance(op, ComputeOp) or op is out.op:
             continue
-        if op.reduce_axis or op.tag == "weight_pack":
+        if op.reduce_axis:
             continue
         if transformed and (op.tag.startswith("wino_") or op is conv.op):
             continue
@@ -481,9 +481,9 @@ def _schedule_depthwise(s, conv, out, tiles: Tiles, cfg):
 
 
 def _schedule_inputs(s, tiles: Tiles):
-    """The padded input (and a tuning task's packed weight) at the root: parallel, vectorized."""
+    """The padded input at the root: parallel, vectorized."""
     for st in s.stages:
-        if isinstance(st.op, ComputeOp) and st.op.tag in ("pad", "weight_pack") and \
+        if isinstance(st.op, ComputeOp) and st.op.tag == "pad" and \
                 st.attach_type == "root":
             _parallel_outer(s, st)
             inner = st.op.axis[-1]

@@ -16,15 +16,16 @@ import logging
 
 import numpy as np
 
-from .. import autotvm
+from .. import autotvm, te
 from ..autotvm.task import Task, current_context
 from ..compiler.target import Target
 from . import ir
 from .fuse import Group, partition
 from .op import node_flops
 from .op import winograd
-from .op.nn import packed_lanes
-from .schedule import conv_layout, group_tensors, schedule_group, tiles_for, winograd_plan
+from .op.nn import pack_weight, packed_lanes
+from .schedule import (channel_tiles, conv_layout, group_tensors, schedule_group, tiles_for,
+                       winograd_plan)
 from .transform import optimize
 
 log = logging.getLogger("kernelrpc.relay")
@@ -74,25 +75,44 @@ def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
 
 
 def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
+    """The template's schedule and arguments: the layer's own (a Winograd layer's weight
+    argument is its transformed weight, as in the network); where the ``channels`` layout is
+    offered, the OIHW weight and its packed copy (``[O/V][I][KH][KW][V]``) both, each
+    configuration reading the one its layout reads (a network packs the weight at build time,
+    so neither is timed packing it)."""
     group = _anchor_group(op, data_shape, weight_shape, attrs, dtype)
     cfg, tiles = autotvm.get_config(), tiles_for(Target(target))
     layout = conv_layout(group, tiles, cfg) if op == "nn.conv2d" else "OIHW"
-    if layout != "OIHW":
-        # the channels layout's OIHW argument is packed inside the kernel (a network packs it
-        # once); a Winograd layer's argument is its transformed weight, as in the network
-        node = group.anchor
-        transformed = winograd.parse_layout(layout)
-        if transformed:
-            m, lanes = transformed
-            a = m + 2
-            weight_shape = (a, a, weight_shape[0] // lanes, weight_shape[1], lanes)
-        weight = ir.Node("input", (), {}, tuple(weight_shape), dtype, "weight")
-        node = ir.Node(op, (node.inputs[0], weight), {**node.attrs, "kernel_layout": layout},
-                       node.shape, node.dtype, op)
-        group = Group(nodes=[node], anchor=node)
+    node = group.anchor
+    transformed = winograd.parse_layout(layout)
+    if transformed:
+        m, lanes = transformed
+        a = m + 2
+        group = _with_weight(node, (a, a, weight_shape[0] // lanes, weight_shape[1], lanes),
+                             layout)
+    elif layout != "OIHW":
+        group = _with_weight(node, _packed_shape(weight_shape, tiles.lanes), layout)
     placeholders, out, anchor = group_tensors(group)
     s = schedule_group(group, out, anchor, tiles, cfg)
+    if not transformed and op == "nn.conv2d" and channel_tiles(tiles, node):
+        other = te.placeholder(_packed_shape(weight_shape, tiles.lanes) if layout == "OIHW"
+                               else tuple(weight_shape), name="unused_weight", dtype=dtype)
+        data, weight = placeholders
+        placeholders = [data, weight, other] if layout == "OIHW" else [data, other, weight]
     return s, [*placeholders, out]
+
+
+def _packed_shape(weight_shape, lanes: int) -> tuple:
+    out_channels, *rest = weight_shape
+    return (out_channels // lanes, *rest, lanes)
+
+
+def _with_weight(node: ir.Node, shape, layout: str) -> Group:
+    """The layer with a weight argument of ``shape`` in ``layout``."""
+    weight = ir.Node("input", (), {}, tuple(shape), node.dtype, "weight")
+    node = ir.Node(node.op, (node.inputs[0], weight), {**node.attrs, "kernel_layout": layout},
+                   node.shape, node.dtype, node.op)
+    return Group(nodes=[node], anchor=node)
 
 
 @autotvm.template("conv2d_nchw")
@@ -139,7 +159,7 @@ def task_of(wkl: tuple, flop: float) -> Task:
         node = _anchor_group("nn.conv2d", data_shape, weight_shape, attrs, dtype).anchor
         plan = winograd_plan(tiles_for(Target(target)), node)
 
-        def reference(data, weight):
+        def reference(data, weight, *packed):
             if plan:
                 return winograd.reference(data, weight, m=plan[0], padding=kwargs["padding"],
                                           out_shape=node.shape)
@@ -152,7 +172,15 @@ def task_of(wkl: tuple, flop: float) -> Task:
     task = autotvm.task.create(name, args=wkl[1:], target=target, reference=reference, flop=flop)
     if name == "conv2d_nchw" and plan:
         task.scale_atol = WINOGRAD_ATOL
+    elif task.n_inputs == 3:              # the OIHW weight and its packed copy
+        task.prepare_inputs = _pack_second
     return task
+
+
+def _pack_second(inputs: list) -> list:
+    """The task's inputs with the packed weight made from the OIHW one."""
+    data, weight, packed = inputs
+    return [data, weight, pack_weight(weight, packed.shape[-1])]
 
 
 def extract_from_program(mod, target, params=None, ops=None) -> list[Task] | None:

@@ -111,10 +111,6 @@ def _conv2d(ts, attrs, node):
         return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
                                node, *transformed)
     lanes = packed_lanes(attrs)
-    if lanes and len(weight.shape) == 4:   # a tuning task's OIHW argument: packed per call
-        weight = te.compute((oc // lanes, *static_shape(weight)[1:], lanes),
-                            lambda ob, i, y, x, v: weight[ob * lanes + v, i, y, x],
-                            name="weight_pack", tag="weight_pack")
     _, cg, kh, kw = static_shape(weight)[:4]
     rc = te.reduce_axis((0, cg), "rc")
     ry = te.reduce_axis((0, kh), "ry")
@@ -139,9 +135,9 @@ def _conv2d(ts, attrs, node):
         return te.compute(node.shape, lambda n, o, y, x: te.sum(
             window(n, o, y, x) * weight[o, rc, ry, rx], axis=[rc, ry, rx]),
             name="conv2d", tag="conv2d")
-    if g != 1 or oc % lanes:
-        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs groups=1 and "
-                         f"output channels a multiple of {lanes}")
+    if g != 1 or oc % lanes or len(weight.shape) != 5:
+        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs groups=1, "
+                         f"output channels a multiple of {lanes} and the packed weight")
     # the output channels blocked ([n][O/V][h][w][V]: a vector of V channels per position),
     # read back as NCHW by the (inlined) output stage
     blocked = te.compute(

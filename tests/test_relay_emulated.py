@@ -3,6 +3,7 @@ run there through its graph executor, checked against onnxruntime here (the mode
 "at least mobilenet-v2 on aarch64 and armv7"), with the default schedules and with every
 layer's last configuration of its tuning space (the largest tiles, the other loop order,
 unrolled)."""
+import contextlib
 import json
 
 import numpy as np
@@ -64,57 +65,58 @@ def run_network(remote, lib, path, feeds):
     return m, m.get_output(0).numpy()
 
 
-@pytest.mark.parametrize("board_name", sorted(BOARDS))
-def test_mobilenet_v2_on_an_emulated_board(tracker, tmp_path, network, board_name):
+def run_checked(remote, lib, path, feeds, expected, what):
+    """The network run on the board and its output checked against onnxruntime's; skipped
+    where this host cannot link for the board."""
+    try:
+        m, got = run_network(remote, lib, path, feeds)
+    except ToolchainError as exc:
+        pytest.skip(f"cross export for {lib.target.triple} is unavailable here: {exc}")
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
+                               err_msg=what)
+    return m
+
+
+@contextlib.contextmanager
+def board_session(tracker, board_name):
+    """A session on an emulated board started for the test (stopped after it)."""
     arch, extra = BOARDS[board_name]
     need_qemu(arch)
-    model, mod, params, feeds, expected = network
     board = start_board(arch, tracker.port, board_name, *extra)
     try:
         with rpc.connect_tracker("127.0.0.1", tracker.port).request(
                 board_name, session_timeout=600) as remote:
-            target = remote.target()
-            lib = relay.build(mod, target=target, params=params)
-            try:
-                m, got = run_network(remote, lib, tmp_path / "mobilenet.so", feeds)
-            except ToolchainError as exc:
-                pytest.skip(f"cross export for {target} is unavailable here: {exc}")
-            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
-                                       err_msg=board_name)
-            assert len(m.module.profile_times(1)) == len(lib.executor["kernels"])
-            with autotvm.apply_history_best(last_configurations(mod, params, target)):
-                tuned = relay.build(mod, target=target, params=params)
-            assert {k["schedule"] for k in tuned.executor["kernels"]} == {"tuned", ""}
-            _, got = run_network(remote, tuned, tmp_path / "mobilenet-tuned.so", feeds)
-            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
-                                       err_msg=f"{board_name}, last configurations")
+            yield remote
     finally:
         assert board.stop() == 0, "\n".join(board.lines)
+
+
+@pytest.mark.parametrize("board_name", sorted(BOARDS))
+def test_mobilenet_v2_on_an_emulated_board(tracker, tmp_path, network, board_name):
+    model, mod, params, feeds, expected = network
+    with board_session(tracker, board_name) as remote:
+        target = remote.target()
+        lib = relay.build(mod, target=target, params=params)
+        m = run_checked(remote, lib, tmp_path / "mobilenet.so", feeds, expected, board_name)
+        assert len(m.module.profile_times(1)) == len(lib.executor["kernels"])
+        with autotvm.apply_history_best(last_configurations(mod, params, target)):
+            tuned = relay.build(mod, target=target, params=params)
+        assert {k["schedule"] for k in tuned.executor["kernels"]} == {"tuned", ""}
+        run_checked(remote, tuned, tmp_path / "mobilenet-tuned.so", feeds, expected,
+                    f"{board_name}, last configurations")
 
 
 @pytest.mark.parametrize("board_name", ["aarch64", "armv7"])
 def test_winograd_layers_on_an_emulated_board(tracker, tmp_path, board_name):
     """ResNet-18's 3x3 layers run as Winograd's F(4x4) and F(2x2) on the 4-lane NEON targets,
     its dense layer in the ``rows`` order."""
-    arch, extra = BOARDS[board_name]
-    need_qemu(arch)
     model = resnet18(size=64, width=0.25, classes=128)        # its dense layer reads by rows
     mod, params = relay.frontend.from_onnx(model)
     feeds = model_input(model)
     expected = onnxruntime_outputs(model, feeds)[0]
-    board = start_board(arch, tracker.port, board_name, *extra)
-    try:
-        with rpc.connect_tracker("127.0.0.1", tracker.port).request(
-                board_name, session_timeout=600) as remote:
-            lib = relay.build(mod, target=remote.target(), params=params)
-            transformed = {p.shape[0] - 2 for p in lib.get_params().values()
-                           if p.ndim == 5 and p.shape[0] == p.shape[1]}
-            assert transformed == {2, 4}, "F(4x4) and F(2x2) layers expected"
-            try:
-                _, got = run_network(remote, lib, tmp_path / "resnet.so", feeds)
-            except ToolchainError as exc:
-                pytest.skip(f"cross export is unavailable here: {exc}")
-            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-3 * np.abs(expected).max(),
-                                       err_msg=board_name)
-    finally:
-        assert board.stop() == 0, "\n".join(board.lines)
+    with board_session(tracker, board_name) as remote:
+        lib = relay.build(mod, target=remote.target(), params=params)
+        transformed = {p.shape[0] - 2 for p in lib.get_params().values()
+                       if p.ndim == 5 and p.shape[0] == p.shape[1] and p.shape[0] in (4, 6)}
+        assert transformed == {2, 4}, "F(4x4) and F(2x2) layers expected"
+        run_checked(remote, lib, tmp_path / "resnet.so", feeds, expected, board_name)

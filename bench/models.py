@@ -237,9 +237,8 @@ TURN_PAUSE = 0.05
 def interleaved(rounds: int, timers: dict) -> dict:
     """Each timer's median over ``rounds`` rounds, the timers taking turns within each round
     (so that a disturbance of the machine falls on all of them alike), :data:`TURN_PAUSE`
-    apart. A timer times its runs after as many untimed ones (after a pause, a module's first
-    two or three runs on two threads take up to 2.7 times as long: its pool's worker wakes on
-    the caller's CPU until the scheduler moves it)."""
+    apart. A timer times its runs after as many untimed ones, as a warm-up of its caches and
+    threads."""
     times = {name: [] for name in timers}
     for _ in range(rounds):
         for name, timer in timers.items():

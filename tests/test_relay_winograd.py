@@ -72,6 +72,30 @@ def test_every_register_tile_computes_the_convolution_in_a_network(case):
                                        err_msg=f"{case}, {r.val} rows x {v.val} vectors")
 
 
+@pytest.mark.parametrize("data, weight, band", [
+    ((1, 64, 224, 224), (64, 64, 3, 3), 4),       # a row of 56 tiles: 516 KB a stage
+    ((1, 256, 112, 112), (64, 256, 3, 3), 2),     # 1 MB a row of 28 tiles
+    ((1, 64, 56, 56), (64, 64, 3, 3), 14),        # 129 KB a row: the whole map
+    ((2, 16, 20, 20), (32, 16, 3, 3), 5),         # the whole map of each image
+])
+def test_large_maps_run_band_by_band(data, weight, band):
+    node = conv_node(data, weight)
+    m, _ = schedule.winograd_plan(schedule.tiles_for(TARGET), node)
+    assert schedule.winograd_band(m, node) == band
+
+
+def test_a_banded_layer_computes_the_convolution():
+    """Bands of 19 of the map's 38 tile rows, the last one's tiles past the map's edge."""
+    model, feeds, expect = conv_model((1, 64, 150, 38), (64, 64, 3, 3), pads=(1, 1, 1, 1),
+                                      residual=True)
+    mod, params = relay.frontend.from_onnx(model)
+    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    m, _ = schedule.winograd_plan(schedule.tiles_for(TARGET), conv)
+    assert m == 4 and schedule.winograd_band(m, conv) < winograd.tiles(m, 150, 38)[0]
+    lib = relay.build(mod, target=TARGET, params=params)
+    np.testing.assert_allclose(run(lib, feeds), expect, rtol=0, atol=1e-4 * np.abs(expect).max())
+
+
 def test_avx2_tiles_fit_its_registers():
     target = Target("llvm -mcpu=haswell")
     tiles = schedule.tiles_for(target)
@@ -91,7 +115,7 @@ def test_avx2_tiles_fit_its_registers():
     ((1, 4, 14, 14), (32, 4, 3, 3), {}, None),                               # 4 input channels
     ((1, 16, 14, 14), (24, 16, 3, 3), {}, None),                             # 24 of 16 lanes
     ((1, 16, 14, 14), (32, 16, 1, 1), {}, None),                             # 1x1
-    ((1, 64, 224, 224), (64, 64, 3, 3), {}, None),                           # 29 MB a stage
+    ((1, 512, 7, 7), (512, 512, 3, 3), {}, None),                            # 16.8 MB weight
     ((1, 16, 14, 14), (32, 16, 3, 3), {}, "llvm -mtriple=riscv64-linux-gnu"),  # scalar target
 ])
 def test_layers_it_does_not_cover_keep_the_direct_schedules(data, weight, attrs, target):

@@ -122,7 +122,7 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
             continue
         stage.compute_inline()
     if transformed:
-        _schedule_winograd(s, out, tiles, cfg)
+        _schedule_winograd(s, out, winograd_band(transformed[0], group.anchor), tiles, cfg)
     elif conv is not None and packed_lanes(group.anchor.attrs):  # see conv_layout
         _schedule_conv_channels(s, conv, out, tiles, cfg)
     elif conv is not None and _depthwise(group.anchor):
@@ -194,8 +194,9 @@ def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
     cfg.define_knob("pad", ["stage", "inline"] if padded else ["stage"])
 
 
-#: most bytes of a Winograd layer's transformed input (and of its products)
-WINOGRAD_BYTES = 8 << 20
+#: most bytes of a Winograd layer's transformed input (and of its products) for one band of
+#: tile rows: the stages run band by band, each band's in cache
+WINOGRAD_BAND_BYTES = 2 << 20
 #: most bytes of a Winograd layer's transformed weight
 WINOGRAD_WEIGHT_BYTES = 6 << 20
 
@@ -203,12 +204,11 @@ WINOGRAD_WEIGHT_BYTES = 6 << 20
 def winograd_plan(tiles: Tiles, node) -> tuple[int, int] | None:
     """``(m, rows)`` of a layer that runs as Winograd's F(m x m, 3 x 3) by default, else None:
     an eligible 3x3 convolution (:func:`kernelrpc.relay.op.winograd.eligible`) on a vector
-    target whose output channels fill whole vectors, whose tiles' count has a divisor for the
-    matrix products' register tile (``rows`` positions x one vector of output channels).
-    ``m`` is 4, or 2 on maps under 8 rows or columns (an F(4x4) tile would be mostly padding)
-    or where F(4x4)'s transformed weight would be larger than :data:`WINOGRAD_WEIGHT_BYTES`;
-    the transformed input and the products (each ``(m+2)^2 x tiles x channels`` floats) at
-    most :data:`WINOGRAD_BYTES`, beyond which the stages stream through memory.
+    target whose output channels fill whole vectors, a band of whose tiles
+    (:func:`winograd_band`) has a divisor for the matrix products' register tile (``rows``
+    positions x one vector of output channels). ``m`` is 4, or 2 on maps under 8 rows or
+    columns (an F(4x4) tile would be mostly padding) or where F(4x4)'s transformed weight
+    would be larger than :data:`WINOGRAD_WEIGHT_BYTES`, and none where F(2x2)'s would be.
 
     A network reads each layer's weight from memory once a run, and the transformed weight is
     ``(m+2)^2 / 9`` times the direct one's: in ResNet-18 (one core, in the network, direct ->
@@ -220,13 +220,16 @@ def winograd_plan(tiles: Tiles, node) -> tuple[int, int] | None:
     us: 64->64 56x56 1038 -> 451, 128->128 28x28 1003 -> 365, 256->256 14x14 907 -> 386
     (F(2x2) 496), 512->512 7x7 1233 -> F(2x2) 669 (F(4x4) 1003), 128->128 8x8 70 -> 39,
     8->32 56x56 72 -> 56, 16->64 55x55 288 -> 139, 32->128 27x27 222 -> 102, 64->256 13x13
-    193 -> 109; by the size of a stage: 256->256 56x56 (7.2 MB) 15693 -> 5410, 64->64
-    112x112 (7.2 MB) 4007 -> 1886, 128->128 112x112 (14.4 MB) 15930 -> 17560, 64->64
-    224x224 (29 MB) 16691 -> 33419."""
+    193 -> 109; run band by band (:func:`winograd_band`) where whole stages would stream
+    through memory (whole stages -> bands, direct in brackets): 128->128 112x112 (14.4 MB a
+    stage) 17560 -> 6413 (15930), 64->64 224x224 (29 MB) 33419 -> 9766 (16691), 64->64
+    112x112 (7.2 MB) 1886 -> 1787 (4007); 256->256 56x56 F(2x2) 8544 (15693). Bands of
+    512 KB ran ResNet-18 on two threads 5% slower than whole stages (more, smaller parallel
+    loops), bands of 2 MB as fast."""
     if tiles.lanes < 4 or node.op != "nn.conv2d":
         return None
     transformed = winograd.layout_of(node.attrs)          # relay.build transformed its weight
-    batch, out_channels, height, width = node.shape
+    _, out_channels, height, width = node.shape
     if transformed is None and (not winograd.eligible(node) or out_channels % tiles.lanes or
                                 node.inputs[0].shape[1] < 8):
         return None
@@ -234,26 +237,33 @@ def winograd_plan(tiles: Tiles, node) -> tuple[int, int] | None:
         sizes = [transformed[0]]
     else:
         in_channels = node.inputs[0].shape[1]
-        channels = max(out_channels, in_channels)
         sizes = [m for m in ((4, 2) if min(height, width) >= 8 else (2,))
-                 if (m + 2) ** 2 * out_channels * in_channels * 4 <= WINOGRAD_WEIGHT_BYTES and
-                 (m + 2) ** 2 * batch * _tile_count(m, height, width) * channels * 4 <=
-                 WINOGRAD_BYTES]
+                 if (m + 2) ** 2 * out_channels * in_channels * 4 <= WINOGRAD_WEIGHT_BYTES]
     for m in sizes:
-        rows = _winograd_rows(tiles, batch * _tile_count(m, height, width))
+        rows = _winograd_rows(tiles, _band_positions(m, node))
         if rows:
             return m, rows[0]
     return None
 
 
-def _tile_count(m: int, height: int, width: int) -> int:
+def winograd_band(m: int, node) -> int:
+    """Tile rows of a band of a Winograd layer: the most that divide the map's tile rows
+    with the band's transformed input (``(m+2)^2 x tiles x channels`` floats, and as many
+    products) within :data:`WINOGRAD_BAND_BYTES`, at least one."""
+    _, out_channels, height, width = node.shape
     th, tw = winograd.tiles(m, height, width)
-    return th * tw
+    channels = max(out_channels, node.inputs[0].shape[1])
+    fits = WINOGRAD_BAND_BYTES // ((m + 2) ** 2 * tw * channels * 4)
+    return max(d for d in range(1, th + 1) if th % d == 0 and (d <= fits or d == 1))
+
+
+def _band_positions(m: int, node) -> int:
+    return winograd_band(m, node) * winograd.tiles(m, *node.shape[2:])[1]
 
 
 def _winograd_rows(tiles: Tiles, positions: int) -> list[int]:
-    """Register tiles of the matrix products: divisors of the tile count from 4 up to what
-    the registers hold, largest first."""
+    """Register tiles of the matrix products: divisors of a band's tile count from 4 up to
+    what the registers hold, largest first."""
     limit = min(14, tiles.registers - 4)
     return [d for d in range(limit, 3, -1) if positions % d == 0]
 
@@ -264,13 +274,12 @@ def define_winograd_knobs(cfg, tiles: Tiles, node):
     the default's (``layout`` has the one choice): the transformed weight's shape is ``m``'s,
     and a tuning task's weight argument is already transformed."""
     m, rows = winograd_plan(tiles, node)
-    batch, out_channels, height, width = node.shape
-    positions = batch * _tile_count(m, height, width)
+    positions = _band_positions(m, node)
     cfg.define_knob("layout", ["winograd"])
     cfg.define_knob("gemm_rows", [rows] + [r for r in _winograd_rows(tiles, positions)
                                            if r != rows] +
                     [r for r in (2, 3) if positions % r == 0])
-    blocks = out_channels // tiles.lanes
+    blocks = node.shape[1] // tiles.lanes
     cfg.define_knob("gemm_vectors", [1, 2] if blocks % 2 == 0 else [1])
 
 
@@ -524,53 +533,25 @@ def _schedule_conv_channels(s, blocked, out, tiles: Tiles, cfg):
     _schedule_inputs(s, tiles)
 
 
-def _schedule_winograd(s, out, tiles: Tiles, cfg):
-    """Each stage of :mod:`kernelrpc.relay.op.winograd` at the root, parallel: the input
-    transform per tile and vector of input channels (the tile and its rows' transform in
-    registers, every tile position unrolled), the matrix products a register tile of
-    ``gemm_rows`` tiles x ``gemm_vectors`` vectors of output channels over the input
-    channels, the output transform inside the output stage's ``m x m`` tile per vector of
-    output channels, which writes the tile back as NCHW with the group's tail."""
+def _schedule_winograd(s, out, band: int, tiles: Tiles, cfg):
+    """The stages of :mod:`kernelrpc.relay.op.winograd` band by band of ``band`` tile rows
+    (the output stage's outer loop), each stage parallel inside it: the input transform per
+    tile and vector of input channels (the tile and its rows' transform in registers, every
+    tile position unrolled), the matrix products a register tile of ``gemm_rows`` tiles x
+    ``gemm_vectors`` vectors of output channels over the input channels, and the output
+    transform inside the output stage's ``m x m`` tile per vector of output channels, which
+    writes the tile back as NCHW with the group's tail."""
     stages = {st.op.tag: st for st in s.stages if isinstance(st.op, ComputeOp)}
     lanes = tiles.lanes
-    source = stages["wino_input"]
-    e1, e2, p, c = source.op.axis
-    co, ci = source.split(c, factor=lanes)
-    source.reorder(p, co, e1, e2, ci)
-    source.parallel(p)
-    for axis in (e1, e2):
-        source.unroll(axis)
-    source.vectorize(ci)
-    for tag in ("wino_rows", "wino_tile"):
-        stage = stages[tag]
-        stage.compute_at(source, co)
-        _, i, j, c = stage.op.axis
-        stage.unroll(i)
-        stage.unroll(j)
-        stage.vectorize(c)
-    gemm = stages["wino_gemm"]
-    acc = s.cache_write(gemm.op.output(0), "global")
-    e1, e2, kb, p, kv = gemm.op.axis
-    kbo, kbi = gemm.split(kb, factor=cfg["gemm_vectors"].val)
-    po, pi = gemm.split(p, factor=cfg["gemm_rows"].val)
-    gemm.reorder(e1, e2, kbo, po, kbi, pi, kv)
-    gemm.parallel(gemm.fuse(gemm.fuse(e1, e2), kbo))
-    gemm.vectorize(kv)
-    s[acc].compute_at(gemm, po)
-    _, _, akb, ap, akv = s[acc].op.axis
-    (rc,) = s[acc].op.reduce_axis
-    s[acc].reorder(rc, akb, ap, akv)
-    s[acc].unroll(akb)
-    s[acc].unroll(ap)
-    s[acc].vectorize(akv)
     m = _extent(stages["wino_cols"].op.axis[3])
     stage = s[out]
     n, f, y, x = stage.op.axis
+    yb, yr = stage.split(y, factor=m * band)
     fo, fi = stage.split(f, factor=lanes)
-    yo, yi = stage.split(y, factor=m)
+    yo, yi = stage.split(yr, factor=m)
     xo, xi = stage.split(x, factor=m)
-    stage.reorder(n, fo, yo, xo, fi, yi, xi)
-    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
+    stage.reorder(n, yb, fo, yo, xo, fi, yi, xi)
+    stage.parallel(stage.fuse(fo, yo))
     stage.unroll(yi)
     stage.vectorize(xi)
     for tag in ("conv2d", "wino_cols"):
@@ -580,6 +561,33 @@ def _schedule_winograd(s, out, tiles: Tiles, cfg):
         inner.unroll(a)
         inner.unroll(b)
         inner.vectorize(v)
+    gemm = stages["wino_gemm"]
+    gemm.compute_at(stage, yb)
+    e1, e2, kb, p, kv = gemm.op.axis
+    (rc,) = gemm.op.reduce_axis
+    kbo, kbi = gemm.split(kb, factor=cfg["gemm_vectors"].val)
+    po, pi = gemm.split(p, factor=cfg["gemm_rows"].val)
+    gemm.reorder(e1, e2, kbo, po, rc, kbi, pi, kv)
+    gemm.parallel(gemm.fuse(gemm.fuse(e1, e2), kbo))
+    gemm.unroll(kbi)
+    gemm.unroll(pi)
+    gemm.vectorize(kv)
+    source = stages["wino_input"]
+    source.compute_at(stage, yb)
+    e1, e2, p, c = source.op.axis
+    co, ci = source.split(c, factor=lanes)
+    source.reorder(p, co, e1, e2, ci)
+    source.parallel(p)
+    for axis in (e1, e2):
+        source.unroll(axis)
+    source.vectorize(ci)
+    for tag in ("wino_rows", "wino_tile"):
+        inner = stages[tag]
+        inner.compute_at(source, co)
+        _, i, j, c = inner.op.axis
+        inner.unroll(i)
+        inner.unroll(j)
+        inner.vectorize(c)
 
 
 def _schedule_dense(s, dense, out, tiles: Tiles, cfg):

@@ -237,8 +237,7 @@ TURN_PAUSE = 0.05
 def interleaved(rounds: int, timers: dict) -> dict:
     """Each timer's median over ``rounds`` rounds, the timers taking turns within each round
     (so that a disturbance of the machine falls on all of them alike), :data:`TURN_PAUSE`
-    apart. A timer times its runs after as many untimed ones, as a warm-up of its caches and
-    threads."""
+    apart."""
     times = {name: [] for name in timers}
     for _ in range(rounds):
         for name, timer in timers.items():
@@ -312,6 +311,8 @@ def main(opts) -> int:
                         ort_session = OrtSession(model, feeds, n)
                         disturbed = []
 
+                        # each turn times its runs after as many untimed ones (a warm-up
+                        # of caches and threads after the pause)
                         def kernelrpc_round(module):
                             result = module.benchmark(dev, number=opts.number, repeat=2)
                             disturbed.append(result.disturbed)

@@ -115,11 +115,10 @@ class Tuner:
         if task.reference is None:
             log.warning("task %s has no reference: outputs are not checked", task.name)
         reference = None if task.reference is None else task.reference(*inputs)
-        self._atol = runner.atol
+        atol = runner.atol
         if task.scale_atol and reference is not None:
             outputs = reference if isinstance(reference, (list, tuple)) else [reference]
-            self._atol = max(self._atol, task.scale_atol * max(float(np.abs(o).max())
-                                                                for o in outputs))
+            atol = max(atol, task.scale_atol * max(float(np.abs(o).max()) for o in outputs))
         batch_size = batch_size or max(8, 4 * (runner.max_devices or 2))
         executor = builder.executor
         own_executor = executor is None
@@ -132,7 +131,7 @@ class Tuner:
 
         def measure_batch(configs):
             return self._measure(configs, runner, executor, inputs, reference, callbacks,
-                                 cache, wait_for_builds)
+                                 cache, wait_for_builds, atol)
         try:
             self._tune(n_trial, measure_batch, early_stopping, batch_size, stop)
             if confirm > 0 and not (stop is not None and stop.is_set()):
@@ -148,8 +147,9 @@ class Tuner:
         return self.best_config
 
     def _measure(self, configs, runner, executor, inputs, reference, callbacks, cache=None,
-                 wait_for_builds=False):
-        """Measure ``configs`` in one batch; yields each ``(config, result)`` once recorded."""
+                 wait_for_builds=False, atol=None):
+        """Measure ``configs`` in one batch (outputs within ``atol``, default the runner's, of
+        the reference); yields each ``(config, result)`` once recorded."""
         task = self.task
         by_name = {}
         candidates = []
@@ -163,7 +163,8 @@ class Tuner:
                         min_repeat_ms=runner.min_repeat_ms, timeout=runner.timeout,
                         session_timeout=runner.session_timeout, executor=executor,
                         max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
-                        atol=self._atol, priority=runner.priority, build_cache=cache,
+                        atol=runner.atol if atol is None else atol,
+                        priority=runner.priority, build_cache=cache,
                         wait_for_builds=wait_for_builds)
         for result in batch:
             config = by_name[result.name]

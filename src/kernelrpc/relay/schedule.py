@@ -177,13 +177,11 @@ def define_conv_knobs(cfg, tiles: Tiles, node, padded: bool):
     if _depthwise(node):
         define_depthwise_knobs(cfg, tiles, node, padded)
         return
-    if winograd_plan(tiles, node):
-        define_winograd_knobs(cfg, tiles, node)
+    if _define_layout_knobs(cfg, tiles, node) == "winograd":
         return
     _, out_channels, _, out_width = node.shape
     kernel_width = node.inputs[1].shape[3]
     lanes = tiles.lanes
-    _define_layout_knobs(cfg, tiles, node)
     cfg.define_knob("tile_f", _choices(tiles.conv_channels, (4, 8, 12, 16, 24, 32),
                                        min(out_channels, 2 * tiles.conv_channels)))
     columns = [max(lanes // 2, 2), lanes, 2 * lanes, 3 * lanes] if lanes > 1 else [2, 4, 8]
@@ -374,15 +372,18 @@ def channels_default(node, tiles_c) -> bool:
     return bool(tiles_c) and reduction >= (96 if width <= 28 else 256)
 
 
-def _define_layout_knobs(cfg, tiles: Tiles, node) -> None:
+def _define_layout_knobs(cfg, tiles: Tiles, node) -> str:
+    """The ``layout`` knob (and the knobs of the layout it implies); returns its default."""
     if winograd_plan(tiles, node):
         define_winograd_knobs(cfg, tiles, node)
-        return
+        return "winograd"
     tiles_c = channel_tiles(tiles, node)
-    cfg.define_knob("layout", (["channels", "columns"] if channels_default(node, tiles_c)
-                               else ["columns", "channels"]) if tiles_c else ["columns"])
+    layouts = (["channels", "columns"] if channels_default(node, tiles_c)
+               else ["columns", "channels"]) if tiles_c else ["columns"]
+    cfg.define_knob("layout", layouts)
     if tiles_c:
         cfg.define_knob("channel_tile", tiles_c)
+    return layouts[0]
 
 
 def conv_layout(group: Group, tiles: Tiles, cfg) -> str:

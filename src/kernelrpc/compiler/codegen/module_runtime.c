@@ -442,37 +442,35 @@ KRPC_HIDDEN void *__kernelrpc_workspace_alloc(size_t nbytes) {
 
 KRPC_HIDDEN void __kernelrpc_workspace_free(void *ptr, size_t nbytes) {
     size_t size = (nbytes + 63) / 64 * 64;
-    void *evicted = ptr;
-    if (size <= KRPC_POOL_BYTES) {
-        krpc_pool_enter();
-        for (;;) {
-            int empty = -1, oldest = -1;
-            for (int i = 0; i < KRPC_POOL_SLOTS; ++i) {
-                if (!krpc_pool[i].ptr)
-                    empty = i;
-                else if (oldest < 0 || krpc_pool[i].age < krpc_pool[oldest].age)
-                    oldest = i;
-            }
-            if (empty >= 0 && krpc_pool_bytes + size <= KRPC_POOL_BYTES) {
-                krpc_pool[empty].ptr = ptr;
-                krpc_pool[empty].size = size;
-                krpc_pool[empty].age = ++krpc_pool_clock;
-                krpc_pool_bytes += size;
-                evicted = NULL;
-                break;
-            }
-            /* give the oldest back (outside the lock), then look again */
-            evicted = krpc_pool[oldest].ptr;
-            krpc_pool[oldest].ptr = NULL;
-            krpc_pool_bytes -= krpc_pool[oldest].size;
-            krpc_pool_leave();
-            free(evicted);
-            krpc_pool_enter();
-            evicted = ptr;
-        }
-        krpc_pool_leave();
+    if (size > KRPC_POOL_BYTES) {
+        free(ptr);
+        return;
     }
-    free(evicted);
+    krpc_pool_enter();
+    for (;;) {
+        int empty = -1, oldest = -1;
+        for (int i = 0; i < KRPC_POOL_SLOTS; ++i) {
+            if (!krpc_pool[i].ptr)
+                empty = i;
+            else if (oldest < 0 || krpc_pool[i].age < krpc_pool[oldest].age)
+                oldest = i;
+        }
+        if (empty >= 0 && krpc_pool_bytes + size <= KRPC_POOL_BYTES) {
+            krpc_pool[empty].ptr = ptr;
+            krpc_pool[empty].size = size;
+            krpc_pool[empty].age = ++krpc_pool_clock;
+            krpc_pool_bytes += size;
+            krpc_pool_leave();
+            return;
+        }
+        /* give the oldest back (outside the lock), then look again */
+        void *old = krpc_pool[oldest].ptr;
+        krpc_pool[oldest].ptr = NULL;
+        krpc_pool_bytes -= krpc_pool[oldest].size;
+        krpc_pool_leave();
+        free(old);
+        krpc_pool_enter();
+    }
 }
 
 #ifdef __cplusplus

@@ -6,17 +6,17 @@ import pytest
 
 import kernelrpc
 from kernelrpc import nd
-from kernelrpc.compiler.target import Target
 from kernelrpc.relay import schedule, tuning
+from target_families import family_params
 
-TARGET = Target(None)
 
 
+@pytest.mark.parametrize("target", family_params())
 @pytest.mark.parametrize("batch, reduction, features", [(1, 512, 1000), (3, 37, 96), (2, 64, 4096),
                                                         (1, 7, 13)])
-def test_every_configuration_computes_the_product(batch, reduction, features):
+def test_every_configuration_computes_the_product(batch, reduction, features, target):
     task = tuning.task_of(("dense", [batch, reduction], [reduction, features], [], "float32",
-                           str(TARGET)), flop=1.0)
+                           str(target)), flop=1.0)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, reduction)).astype("float32")
     w = rng.standard_normal((reduction, features)).astype("float32")
@@ -24,10 +24,10 @@ def test_every_configuration_computes_the_product(batch, reduction, features):
     space = task.config_space
     orders = [e.val for e in space.space_map["order"].entities]
     assert orders == (["rows", "columns"] if schedule.dense_rows_block(
-        schedule.tiles_for(TARGET), features) else ["columns"])
+        schedule.tiles_for(target), features) else ["columns"])
     for index in range(len(space)):
         s, args = task.instantiate(space.get(index))
-        lib = kernelrpc.build(s, args, target=TARGET)
+        lib = kernelrpc.build(s, args, target=target)
         out = nd.empty((batch, features), "float32")
         lib[lib.metadata["functions"][0]["name"]](nd.array(x), nd.array(w), out)
         np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4,

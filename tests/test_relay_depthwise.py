@@ -13,7 +13,8 @@ from kernelrpc.relay import schedule  # noqa: E402
 
 from kernelrpc.compiler.target import Target  # noqa: E402
 
-from test_relay_conv_channels import TARGET, Knobs, conv_model, conv_node, run  # noqa: E402
+from target_families import family_params  # noqa: E402
+from test_relay_conv_channels import Knobs, conv_model, conv_node, run  # noqa: E402
 
 CASES = {
     "3x3 padded": dict(x=(1, 24, 13, 19), w=(24, 1, 3, 3), pads=(1, 1, 1, 1), group=24),
@@ -27,23 +28,24 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("target", family_params())
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_depthwise_tile_computes_the_convolution(case):
+def test_every_depthwise_tile_computes_the_convolution(case, target):
     model, feeds, expect = conv_model(**CASES[case])
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
     space = autotvm.ConfigSpace()
-    schedule.define_conv_knobs(space, schedule.tiles_for(TARGET), conv, padded=True)
+    schedule.define_conv_knobs(space, schedule.tiles_for(target), conv, padded=True)
     values = {name: [e.val for e in knob.entities] for name, knob in space.space_map.items()}
     configs = [dict(tile_y=y, tile_x=x) for y in values["tile_y"] for x in values["tile_x"]]
     configs += [dict(pad=p) for p in values["pad"][1:]]
     for knobs in configs:
         with Knobs(**knobs):
-            lib = relay.build(mod, target=TARGET, params=params)
+            lib = relay.build(mod, target=target, params=params)
         (record,) = lib.executor["kernels"]
         assert {k: record["config"][k] for k in knobs} == knobs
         np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
-                                   atol=1e-4 * np.abs(expect).max(), err_msg=f"{case} {knobs}")
+                                   atol=1e-4 * np.abs(expect).max(), err_msg=f"{case} {knobs} {target}")
 
 
 def test_depthwise_tile_fits_the_registers():

@@ -13,15 +13,11 @@ from dataclasses import dataclass
 from .. import te
 from ..autotvm.space import ConfigSpace
 from ..compiler.tensor import ComputeOp
+from ..compiler.vector_isa import vector_isa
 from .fuse import Group
 from .op import OPS
 from .op import winograd
 from .op.nn import packed_lanes
-
-_AVX512_CPUS = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-                "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
-                "graniterapids", "znver4", "znver5", "x86-64-v4"}
-
 
 @dataclass(frozen=True)
 class Tiles:
@@ -38,24 +34,25 @@ class Tiles:
 
 
 def tiles_for(target) -> Tiles:
-    """Tiles from the target's vector registers (float32 lanes, how many registers).
+    """Tiles from the target's vector unit (:func:`kernelrpc.compiler.vector_isa.vector_isa`:
+    float32 lanes, how many registers), never from the host's.
 
     Measured on AVX-512 (znver5, one thread): 16 channels x 16 columns ran ResNet-18 at
     224x224 in 32 ms, 8 x 16 in 40, 24 x 16 in 43, 16 x 8 in 45 (docs/models.md). The
     other targets' tiles keep the same share of their register file for accumulators
     (emulated boards prove them correct, not fast)."""
-    features = set(target.features.split(",")) if target.features else set()
-    if target.arch == "x86_64":
-        if "+avx512f" in features or target.cpu in _AVX512_CPUS:
-            return Tiles(16, 16, 16, 16, 32)      # 16 of 32 zmm registers
-        if "+avx2" in features or "+avx" in features or not features:
-            return Tiles(8, 6, 16, 16, 16)        # 12 of 16 ymm registers
-        return Tiles(4, 6, 8, 8, 16)              # SSE: 12 of 16 xmm registers
-    if target.arch == "aarch64":
-        return Tiles(4, 12, 8, 16, 32)            # 24 of 32 q registers
-    if target.arch.startswith("arm") and "+neon" in features:
+    isa = vector_isa(target)
+    if isa.lanes == 16:
+        return Tiles(16, 16, 16, 16, 32)          # 16 of 32 zmm registers
+    if isa.lanes == 8:
+        return Tiles(8, 6, 16, 16, 16)            # 12 of 16 ymm registers
+    if isa.lanes == 4 and isa.registers == 32:
+        return Tiles(4, 12, 8, 16, 32)            # aarch64: 24 of 32 q registers
+    if isa.lanes == 4 and target.arch.startswith(("arm", "thumb")):
         return Tiles(4, 4, 8, 8, 16)              # 8 of 16 q registers
-    return Tiles(1, 4, 4, 4, 16)                  # scalar FPU registers
+    if isa.lanes == 4:
+        return Tiles(4, 6, 8, 8, 16)              # SSE: 12 of 16 xmm registers
+    return Tiles(1, 4, 4, 4, isa.registers)       # scalar floating-point registers
 
 
 def group_tensors(group: Group):

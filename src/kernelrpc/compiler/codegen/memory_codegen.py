@@ -94,7 +94,7 @@ class MemoryCodegen:
             if self.mask is None:
                 raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {align}")
             else:
-                raw = self._masked("load", vty, f"ptr {ptr.ref}, i32 {align}")
+                raw = self._masked("load", vty, ptr, align)
             return self._from_memory(raw, node.dtype)
         stride = self._load_stride(node.index, lanes)
         if stride:
@@ -107,7 +107,7 @@ class MemoryCodegen:
                 index = self.fn.assign(wide, f"sext {index} to {wide}")
             ptrs = self.fn.assign(f"<{lanes} x ptr>", f"getelementptr inbounds {mty}, "
                                   f"ptr {self.env[buffer].ref}, {index}")
-            raw = self._masked("gather", vty, f"{ptrs}, i32 {nbytes}")
+            raw = self._masked("gather", vty, ptrs, nbytes)
             return self._from_memory(raw, node.dtype)
         if isinstance(node.index, ir.Broadcast):
             scalar = self.visit_Load(ir.Load(buffer, node.index.value))
@@ -121,14 +121,35 @@ class MemoryCodegen:
             result = self.fn.assign(vty, f"insertelement {result}, {lane}, i32 {k}")
         return result
 
-    def _masked(self, kind: str, vty: str, operands: str) -> Value:
+    def _masked(self, kind: str, vty: str, pointer: Value, align: int) -> Value:
+        """A masked load (``pointer`` a ``ptr``) or gather (a vector of pointers) under
+        ``self.mask``. A width that is not a power of two is done at the next power of two,
+        the added lanes masked off: LLVM 22's x86 backend miscompiles ``<11 x float>`` masked
+        loads on AVX/AVX2 (lanes 8-10 of a depthwise tile of 11 columns came out wrong)."""
         lanes, elem = vty[1:-1].split(" x ")
-        suffix = f"v{lanes}{_mangle(elem)}"
+        lanes = int(lanes)
+        mask = self.mask
+        wide = 1 << (lanes - 1).bit_length()
+        if wide != lanes:
+            widen = ", ".join(f"i32 {min(k, lanes)}" for k in range(wide))
+            mask = self.fn.assign(f"<{wide} x i1>", f"shufflevector {mask}, <{lanes} x i1> "
+                                  f"zeroinitializer, <{wide} x i32> <{widen}>")
+            if kind != "load":
+                keep = ", ".join(f"i32 {min(k, lanes - 1)}" for k in range(wide))
+                pointer = self.fn.assign(f"<{wide} x ptr>", f"shufflevector {pointer}, "
+                                         f"<{lanes} x ptr> poison, <{wide} x i32> <{keep}>")
+        wty = f"<{wide} x {elem}>"
+        suffix = f"v{wide}{_mangle(elem)}"
         name = (f"llvm.masked.load.{suffix}.p0" if kind == "load"
-                else f"llvm.masked.gather.{suffix}.v{lanes}p0")
-        ptr_ty = "ptr" if kind == "load" else f"<{lanes} x ptr>"
-        self.module.declare(name, f"declare {vty} @{name}({ptr_ty}, i32, <{lanes} x i1>, {vty})")
-        return self.fn.assign(vty, f"call {vty} @{name}({operands}, {self.mask}, {vty} poison)")
+                else f"llvm.masked.gather.{suffix}.v{wide}p0")
+        ptr_ty = "ptr" if kind == "load" else f"<{wide} x ptr>"
+        self.module.declare(name, f"declare {wty} @{name}({ptr_ty}, i32, <{wide} x i1>, {wty})")
+        raw = self.fn.assign(wty, f"call {wty} @{name}({pointer}, i32 {align}, {mask}, "
+                                  f"{wty} poison)")
+        if wide == lanes:
+            return raw
+        first = ", ".join(f"i32 {k}" for k in range(lanes))
+        return self.fn.assign(vty, f"shufflevector {raw}, {wty} poison, <{lanes} x i32> <{first}>")
 
     @staticmethod
     def _load_stride(index_node, lanes: int) -> int:
@@ -168,7 +189,7 @@ class MemoryCodegen:
                                   f"zeroinitializer, <{lanes} x i32> <{order}>")
             outer, self.mask = self.mask, mask
             try:
-                parts.append(self._masked("load", vty, f"ptr {ptr.ref}, i32 {nbytes}"))
+                parts.append(self._masked("load", vty, ptr, nbytes))
             finally:
                 self.mask = outer
         width = lanes

@@ -383,7 +383,8 @@ def test_strided_loads_match_the_lane_by_lane_path(tmp_path, monkeypatch, stride
     for fast in (True, False):
         monkeypatch.setattr(memory_codegen, "STRIDED_LOADS", fast)
         text = build(f).get_source("ll")
-        picks = rf"shufflevector <\d+ x \w+> %\S+, <\d+ x \w+> poison, <{lanes} x i32> <i32 0,"
+        picks = (rf"shufflevector <\d+ x \w+> %\S+, <\d+ x \w+> poison, <{lanes} x i32> "
+                 rf"<i32 0, i32 {stride},")
         assert (re.search(picks, text) is not None) == fast
         _, outputs[fast] = run(f, a, np.zeros(3 * lanes), limit, tmp_path=tmp_path,
                                name=f"strided_{fast}")

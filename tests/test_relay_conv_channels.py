@@ -14,8 +14,10 @@ from kernelrpc import autotvm, nd, relay  # noqa: E402
 from kernelrpc.autotvm.task import DispatchContext  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
-from kernelrpc.relay import ir, schedule, tuning  # noqa: E402
-from kernelrpc.relay.op import OPS, nn  # noqa: E402
+from kernelrpc.relay import ir, strategy, tuning  # noqa: E402
+from kernelrpc.relay.op import OPS  # noqa: E402
+from kernelrpc.relay.op.reference import conv2d_reference  # noqa: E402
+from kernelrpc.relay.op.weight_layout import WeightLayout  # noqa: E402
 from target_families import family_params  # noqa: E402
 
 TARGET = Target(None)
@@ -41,7 +43,7 @@ def conv_model(x, w, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=
     bias = RNG.standard_normal(w[0]).astype("float32")
     data = RNG.standard_normal(x).astype("float32")
     attrs = dict(strides=list(strides), pads=list(pads), dilations=list(dilations), group=group)
-    expect = tuning.conv2d_reference(data, weight, strides=strides, dilation=dilations,
+    expect = conv2d_reference(data, weight, strides=strides, dilation=dilations,
                                      groups=group, padding=(pads[0], pads[1], pads[2], pads[3]))
     expect = np.maximum(expect + bias.reshape(1, -1, 1, 1), 0)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
@@ -93,8 +95,8 @@ def test_every_channel_tile_computes_the_convolution_in_a_network(case, target):
     model, feeds, expect = conv_model(**CASES[case])
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
-    tiles = schedule.channel_tiles(schedule.tiles_for(target), conv)
-    if schedule.tiles_for(target).lanes == 1:
+    tiles = strategy.channel_tiles(strategy.tiles_for(target), conv)
+    if strategy.tiles_for(target).lanes == 1:
         assert tiles == []
         pytest.skip("the channels layout is not offered on a scalar target")
     assert tiles, "the layout should be offered for this shape"
@@ -105,7 +107,7 @@ def test_every_channel_tile_computes_the_convolution_in_a_network(case, target):
         assert record["config"]["layout"] == "channels" and record["workload"][2] == \
             list(CASES[case]["w"])
         packed = [p for p in lib.get_params().values() if p.ndim == 5]
-        assert len(packed) == 1 and packed[0].shape[-1] == schedule.tiles_for(target).lanes
+        assert len(packed) == 1 and packed[0].shape[-1] == strategy.tiles_for(target).lanes
         got = run(lib, feeds)
         np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4 * np.abs(expect).max(),
                                    err_msg=f"{case}, tile {tile}, {target}")
@@ -119,12 +121,12 @@ def test_every_channel_tile_computes_the_convolution_in_a_network(case, target):
 def test_channels_layout_on_fewer_lanes():
     """AVX2 (8 lanes, 16 registers): the tiles fit its registers, and compute the same."""
     target = Target("llvm -mcpu=haswell")
-    tiles = schedule.tiles_for(target)
+    tiles = strategy.tiles_for(target)
     assert tiles.lanes == 8
     model, feeds, expect = conv_model(**CASES["3x3 padded"])
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
-    choices = schedule.channel_tiles(tiles, conv)
+    choices = strategy.channel_tiles(tiles, conv)
     assert choices and all(int(v) * int(r) * int(c) + int(v) <= 13
                            for v, r, c in (t.split("x") for t in choices))
     for tile in choices[:3]:
@@ -141,10 +143,10 @@ def test_channels_layout_on_fewer_lanes():
 ])
 def test_channels_layout_not_offered(data, weight, attrs, target):
     node = conv_node(data, weight, **attrs)
-    tiles = schedule.tiles_for(Target(target))
-    assert schedule.channel_tiles(tiles, node) == []
+    tiles = strategy.tiles_for(Target(target))
+    assert strategy.channel_tiles(tiles, node) == []
     space = autotvm.ConfigSpace()
-    schedule.define_conv_knobs(space, tiles, node, padded=True)
+    strategy.define_conv_knobs(space, tiles, node, padded=True)
     assert [e.val for e in space.space_map["layout"].entities] == ["columns"]
     assert "channel_tile" not in space.space_map
 
@@ -152,21 +154,21 @@ def test_channels_layout_not_offered(data, weight, attrs, target):
 def test_depthwise_convolutions_have_their_own_tiles():
     """A depthwise convolution is never packed: its knobs are one channel's rows and columns."""
     node = conv_node((1, 16, 7, 7), (16, 1, 3, 3), groups=16)
-    tiles = schedule.tiles_for(TARGET)
-    assert schedule.channel_tiles(tiles, node) == []
+    tiles = strategy.tiles_for(TARGET)
+    assert strategy.channel_tiles(tiles, node) == []
     space = autotvm.ConfigSpace()
-    schedule.define_conv_knobs(space, tiles, node, padded=True)
+    strategy.define_conv_knobs(space, tiles, node, padded=True)
     assert set(space.space_map) == {"tile_y", "tile_x", "pad"}
 
 
 def test_default_layout_follows_the_reduction():
     """Channels by default for a long reduction (input channels x window), columns for a
     short one, a longer one counting as short on a wide map."""
-    tiles = schedule.tiles_for(Target("llvm -mcpu=znver4"))
+    tiles = strategy.tiles_for(Target("llvm -mcpu=znver4"))
 
     def default(data, weight, **attrs):
         space = autotvm.ConfigSpace()
-        schedule.define_conv_knobs(space, tiles, conv_node(data, weight, **attrs), padded=False)
+        strategy.define_conv_knobs(space, tiles, conv_node(data, weight, **attrs), padded=False)
         return space["layout"].val
     assert default((1, 512, 7, 7), (512, 512, 1, 1)) == "channels"
     assert default((1, 64, 56, 56), (256, 64, 1, 1)) == "columns"
@@ -186,13 +188,13 @@ def test_tuning_task_takes_the_weight_and_its_packed_copy():
     wkl = ("conv2d_nchw", data, weight, [[k, v] for k, v in sorted(attrs.items())], "float32",
            str(TARGET))
     task = tuning.task_of(wkl, flop=1.0)
-    lanes = schedule.tiles_for(TARGET).lanes
+    lanes = strategy.tiles_for(TARGET).lanes
     assert [spec[0] for spec in task.arg_specs[:3]] == [
         tuple(data), tuple(weight), (32 // lanes, 4, 3, 3, lanes)]
     random_inputs = [RNG.standard_normal(shape).astype(dtype)
                      for shape, dtype in task.arg_specs[:3]]
     inputs = task.prepare_inputs(random_inputs)
-    np.testing.assert_array_equal(inputs[2], nn.pack_weight(inputs[1], lanes))
+    np.testing.assert_array_equal(inputs[2], WeightLayout.packed(lanes).transform(inputs[1]))
     expect = task.reference(*inputs)
     space = task.config_space
     names = list(space.space_map)

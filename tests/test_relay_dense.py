@@ -6,7 +6,7 @@ import pytest
 
 import kernelrpc
 from kernelrpc import nd
-from kernelrpc.relay import schedule, tuning
+from kernelrpc.relay import strategy, tuning
 from target_families import family_params
 
 
@@ -23,8 +23,8 @@ def test_every_configuration_computes_the_product(batch, reduction, features, ta
     expect = task.reference(x, w)
     space = task.config_space
     orders = [e.val for e in space.space_map["order"].entities]
-    assert orders == (["rows", "columns"] if schedule.dense_rows_block(
-        schedule.tiles_for(target), features) else ["columns"])
+    assert orders == (["rows", "columns"] if strategy.dense_rows_block(
+        strategy.tiles_for(target), features) else ["columns"])
     for index in range(len(space)):
         s, args = task.instantiate(space.get(index))
         lib = kernelrpc.build(s, args, target=target)
@@ -42,5 +42,5 @@ def test_every_configuration_computes_the_product(batch, reduction, features, ta
     (1000, 1, None),               # a scalar target
 ])
 def test_the_rows_block(features, lanes, expect):
-    tiles = schedule.Tiles(lanes, 4, 4, 16, 32)
-    assert schedule.dense_rows_block(tiles, features) == expect
+    tiles = strategy.Tiles(lanes, 4, 4, 16, 32)
+    assert strategy.dense_rows_block(tiles, features) == expect

@@ -9,7 +9,7 @@ pytest.importorskip("onnx")
 import numpy as np  # noqa: E402
 
 from kernelrpc import autotvm, relay  # noqa: E402
-from kernelrpc.relay import schedule  # noqa: E402
+from kernelrpc.relay import strategy  # noqa: E402
 
 from kernelrpc.compiler.target import Target  # noqa: E402
 
@@ -35,7 +35,7 @@ def test_every_depthwise_tile_computes_the_convolution(case, target):
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
     space = autotvm.ConfigSpace()
-    schedule.define_conv_knobs(space, schedule.tiles_for(target), conv, padded=True)
+    strategy.define_conv_knobs(space, strategy.tiles_for(target), conv, padded=True)
     values = {name: [e.val for e in knob.entities] for name, knob in space.space_map.items()}
     configs = [dict(tile_y=y, tile_x=x) for y in values["tile_y"] for x in values["tile_x"]]
     configs += [dict(pad=p) for p in values["pad"][1:]]
@@ -51,11 +51,11 @@ def test_every_depthwise_tile_computes_the_convolution(case, target):
 def test_depthwise_tile_fits_the_registers():
     """7 rows on 28-row maps, 4 on 56, two vectors on wide maps; fewer rows where the
     accumulators and the window's weights would not fit AVX2's 16 registers."""
-    avx512, avx2 = (schedule.tiles_for(Target(t)) for t in ("llvm -mcpu=znver4",
+    avx512, avx2 = (strategy.tiles_for(Target(t)) for t in ("llvm -mcpu=znver4",
                                                             "llvm -mcpu=haswell"))
-    assert schedule.depthwise_tile(avx512, conv_node((1, 8, 30, 30), (8, 1, 3, 3), 8)) == (7, 16)
-    assert schedule.depthwise_tile(avx512, conv_node((1, 8, 58, 58), (8, 1, 3, 3), 8)) == (4, 16)
-    assert schedule.depthwise_tile(avx512, conv_node((1, 8, 114, 114), (8, 1, 3, 3), 8)) == \
+    assert strategy.depthwise_tile(avx512, conv_node((1, 8, 30, 30), (8, 1, 3, 3), 8)) == (7, 16)
+    assert strategy.depthwise_tile(avx512, conv_node((1, 8, 58, 58), (8, 1, 3, 3), 8)) == (4, 16)
+    assert strategy.depthwise_tile(avx512, conv_node((1, 8, 114, 114), (8, 1, 3, 3), 8)) == \
         (4, 32)
-    assert schedule.depthwise_tile(avx2, conv_node((1, 8, 30, 30), (8, 1, 3, 3), 8)) == (5, 8)
-    assert schedule.depthwise_tile(avx2, conv_node((1, 8, 32, 32), (8, 1, 5, 5), 8)) == (1, 8)
+    assert strategy.depthwise_tile(avx2, conv_node((1, 8, 30, 30), (8, 1, 3, 3), 8)) == (5, 8)
+    assert strategy.depthwise_tile(avx2, conv_node((1, 8, 32, 32), (8, 1, 5, 5), 8)) == (1, 8)

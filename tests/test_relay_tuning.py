@@ -19,6 +19,7 @@ from kernelrpc.autotvm.record import VERSION  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import tuning  # noqa: E402
+from kernelrpc.relay.op.reference import conv2d_reference  # noqa: E402
 from kernelrpc.relay.testing import model_input, onnxruntime_outputs, resnet18  # noqa: E402
 from servicectl import child_env  # noqa: E402
 
@@ -96,7 +97,7 @@ def test_the_numpy_reference_is_onnxruntime_s_convolution():
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     (expect,) = onnxruntime_outputs(model, {"x": x})
-    got = tuning.conv2d_reference(x, w, strides=[2, 1], padding=[1, 0, 2, 1], dilation=[1, 2],
+    got = conv2d_reference(x, w, strides=[2, 1], padding=[1, 0, 2, 1], dilation=[1, 2],
                                   groups=2)
     np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
 

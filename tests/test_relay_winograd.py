@@ -12,8 +12,9 @@ import kernelrpc  # noqa: E402
 from kernelrpc import autotvm, nd  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc import relay  # noqa: E402
-from kernelrpc.relay import schedule, tuning  # noqa: E402
+from kernelrpc.relay import strategy, tuning  # noqa: E402
 from kernelrpc.relay.op import winograd  # noqa: E402
+from kernelrpc.relay.op.reference import conv2d_reference  # noqa: E402
 from target_families import family_params  # noqa: E402
 from test_relay_conv_channels import Knobs, conv_model, conv_node, run  # noqa: E402
 
@@ -30,7 +31,7 @@ def test_the_transformed_weight_computes_the_convolution(m, data, padding):
     check stands for the convolution itself)."""
     x = RNG.standard_normal(data).astype("float32")
     w = RNG.standard_normal((8, data[1], 3, 3)).astype("float32")
-    expect = tuning.conv2d_reference(x, w, strides=(1, 1), padding=padding, dilation=(1, 1),
+    expect = conv2d_reference(x, w, strides=(1, 1), padding=padding, dilation=(1, 1),
                                      groups=1)
     u = winograd.transform_weight(w, m, lanes=4)
     assert u.shape == (m + 2, m + 2, 2, data[1], 4)
@@ -52,11 +53,11 @@ def test_every_register_tile_computes_the_convolution_in_a_network(case, target)
     model, feeds, expect = conv_model(**CASES[case])
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
-    tiles = schedule.tiles_for(target)
+    tiles = strategy.tiles_for(target)
     if tiles.lanes == 1:
-        assert schedule.winograd_plan(tiles, conv) is None
+        assert strategy.winograd_plan(tiles, conv) is None
         pytest.skip("Winograd is not offered on a scalar target")
-    m, rows = schedule.winograd_plan(tiles, conv)
+    m, rows = strategy.winograd_plan(tiles, conv)
     assert m == (2 if min(conv.shape[2:]) < 8 else 4)
     lib = relay.build(mod, target=target, params=params)
     (weight,) = [p for p in lib.get_params().values() if p.ndim == 5]
@@ -65,7 +66,7 @@ def test_every_register_tile_computes_the_convolution_in_a_network(case, target)
     np.testing.assert_allclose(run(lib, feeds), expect, rtol=0,
                                atol=1e-4 * np.abs(expect).max(), err_msg=f"{case}, default, {target}")
     space = autotvm.ConfigSpace()
-    schedule.define_conv_knobs(space, tiles, conv, padded=True)
+    strategy.define_conv_knobs(space, tiles, conv, padded=True)
     assert [e.val for e in space.space_map["layout"].entities] == ["winograd"]
     for r in space.space_map["gemm_rows"].entities:
         for v in space.space_map["gemm_vectors"].entities:
@@ -85,8 +86,8 @@ def test_every_register_tile_computes_the_convolution_in_a_network(case, target)
 ])
 def test_large_maps_run_band_by_band(data, weight, band):
     node = conv_node(data, weight)
-    m, _ = schedule.winograd_plan(schedule.tiles_for(TARGET), node)
-    assert schedule.winograd_band(m, node) == band
+    m, _ = strategy.winograd_plan(strategy.tiles_for(TARGET), node)
+    assert strategy.winograd_band(m, node) == band
 
 
 def test_a_banded_layer_computes_the_convolution():
@@ -95,20 +96,20 @@ def test_a_banded_layer_computes_the_convolution():
                                       residual=True)
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
-    m, _ = schedule.winograd_plan(schedule.tiles_for(TARGET), conv)
-    assert m == 4 and schedule.winograd_band(m, conv) < winograd.tiles(m, 150, 38)[0]
+    m, _ = strategy.winograd_plan(strategy.tiles_for(TARGET), conv)
+    assert m == 4 and strategy.winograd_band(m, conv) < winograd.tiles(m, 150, 38)[0]
     lib = relay.build(mod, target=TARGET, params=params)
     np.testing.assert_allclose(run(lib, feeds), expect, rtol=0, atol=1e-4 * np.abs(expect).max())
 
 
 def test_avx2_tiles_fit_its_registers():
     target = Target("llvm -mcpu=haswell")
-    tiles = schedule.tiles_for(target)
+    tiles = strategy.tiles_for(target)
     model, feeds, expect = conv_model(**CASES["56x56"])
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
     space = autotvm.ConfigSpace()
-    schedule.define_conv_knobs(space, tiles, conv, padded=True)
+    strategy.define_conv_knobs(space, tiles, conv, padded=True)
     assert max(e.val for e in space.space_map["gemm_rows"].entities) <= tiles.registers - 4
     lib = relay.build(mod, target=target, params=params)
     np.testing.assert_allclose(run(lib, feeds), expect, rtol=0, atol=1e-4 * np.abs(expect).max())
@@ -125,10 +126,10 @@ def test_avx2_tiles_fit_its_registers():
 ])
 def test_layers_it_does_not_cover_keep_the_direct_schedules(data, weight, attrs, target):
     node = conv_node(data, weight, **attrs)
-    tiles = schedule.tiles_for(Target(target))
-    assert schedule.winograd_plan(tiles, node) is None
+    tiles = strategy.tiles_for(Target(target))
+    assert strategy.winograd_plan(tiles, node) is None
     space = autotvm.ConfigSpace()
-    schedule.define_conv_knobs(space, tiles, node, padded=True)
+    strategy.define_conv_knobs(space, tiles, node, padded=True)
     assert "gemm_rows" not in space.space_map
 
 
@@ -140,7 +141,7 @@ def test_the_tuning_task_takes_the_transformed_weight():
     wkl = ("conv2d_nchw", [1, 16, 10, 10], [32, 16, 3, 3],
            [[k, v] for k, v in sorted(attrs.items())], "float32", str(TARGET))
     task = tuning.task_of(wkl, flop=1.0)
-    lanes = schedule.tiles_for(TARGET).lanes
+    lanes = strategy.tiles_for(TARGET).lanes
     assert task.arg_specs[1] == ((6, 6, 32 // lanes, 16, lanes), "float32")
     inputs = [RNG.standard_normal(shape).astype(dtype) for shape, dtype in task.arg_specs[:2]]
     expect = task.reference(*inputs)
@@ -165,7 +166,7 @@ def test_a_winograd_task_tunes_through_a_tracker(fleet, tmp_path):
     model, feeds, expect = conv_model((1, 64, 28, 28), (64, 64, 3, 3), pads=(1, 1, 1, 1))
     mod, params = relay.frontend.from_onnx(model)
     (task,) = autotvm.task.extract_from_program(mod, target=TARGET, params=params)
-    assert task.scale_atol == tuning.WINOGRAD_ATOL
+    assert task.scale_atol == strategy.WINOGRAD.scale_atol
     option = autotvm.measure_option(runner=autotvm.RPCRunner("board", "127.0.0.1", tracker.port,
                                                              number=1, repeat=1))
     log = tmp_path / "winograd.log"

@@ -3,7 +3,7 @@ import pytest
 
 from kernelrpc.compiler.target import Target
 from kernelrpc.compiler.vector_isa import vector_isa
-from kernelrpc.relay import schedule
+from kernelrpc.relay import strategy
 
 
 @pytest.mark.parametrize("spec, name, lanes, registers, fma", [
@@ -23,11 +23,11 @@ from kernelrpc.relay import schedule
 def test_the_vector_unit_is_the_target_s(spec, name, lanes, registers, fma):
     isa = vector_isa(Target(spec))
     assert (isa.name, isa.lanes, isa.registers, isa.fma) == (name, lanes, registers, fma)
-    assert schedule.tiles_for(Target(spec)).lanes == lanes
+    assert strategy.tiles_for(Target(spec)).lanes == lanes
 
 
 def test_a_cpu_name_alone_is_not_read_as_the_host():
     """``-mcpu=x86-64`` with no ``-mattr`` is SSE2's 4 lanes on any host (its features are the
     CPU's own, an empty string in the target)."""
     assert Target("llvm -mcpu=x86-64").features == ""
-    assert schedule.tiles_for(Target("llvm -mcpu=x86-64")).lanes == 4
+    assert strategy.tiles_for(Target("llvm -mcpu=x86-64")).lanes == 4

@@ -23,17 +23,38 @@ See docs/measure.md and docs/models.md.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
+import importlib
 
-from . import network, record, space, task, tuner
-from .measure_option import LocalBuilder, RPCRunner, measure_option
-from .network import tune_tasks
-from .record import apply_history_best, load_from_file, log_to_file
+from . import space, task
 from .space import ConfigEntity, ConfigSpace
 from .task import Task, get_config, template
 
-callback = SimpleNamespace(log_to_file=log_to_file)
-"""TVM's ``autotvm.callback`` namespace."""
+#: names loaded on first use: the tuners, the log and the measurement options bring in the
+#: measurement side (``kernelrpc.measure``), which building a network does not need
+_LAZY = {"network": ("network", None), "record": ("record", None), "tuner": ("tuner", None),
+         "LocalBuilder": ("measure_option", "LocalBuilder"),
+         "RPCRunner": ("measure_option", "RPCRunner"),
+         "measure_option": ("measure_option", "measure_option"),
+         "tune_tasks": ("network", "tune_tasks"),
+         "apply_history_best": ("record", "apply_history_best"),
+         "load_from_file": ("record", "load_from_file"),
+         "log_to_file": ("record", "log_to_file")}
+
+
+def __getattr__(name: str):
+    if name == "callback":
+        from types import SimpleNamespace
+
+        value = SimpleNamespace(log_to_file=__getattr__("log_to_file"))
+    elif name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        value = module if attribute is None else getattr(module, attribute)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = ["ConfigEntity", "ConfigSpace", "LocalBuilder", "RPCRunner", "Task", "apply_history_best",
            "callback", "get_config", "load_from_file", "log_to_file", "measure_option", "network", "record",

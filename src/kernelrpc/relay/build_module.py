@@ -25,6 +25,8 @@ from ..autotvm.task import current_context
 from ..compiler.build import BuiltModule, LinkInputs, RunsHere, link_module
 from ..compiler.lower import lower
 from ..compiler.target import Target
+from ..runtime import calling_convention as convention
+from ..runtime.calling_convention import KernelCall, entry_functions
 from . import ir
 from .errors import ModelError
 from .executor_codegen import entry_source, params_source
@@ -32,16 +34,12 @@ from . import transform
 from .fuse import Group, partition
 from .graph_json import graph_json
 from .memory_plan import plan_memory
-from .op import winograd
-from .op.nn import pack_weight
-from .schedule import conv_layout, group_tensors, schedule_group, tiles_for
+from .schedule import group_tensors, schedule_group
+from .strategy import strategy_for, tiles_for
 from .transform import optimize
 from .tuning import layer_config
 
 log = logging.getLogger("kernelrpc.relay")
-
-EXECUTOR_FORMAT = "kernelrpc.graph"
-EXECUTOR_VERSION = 1
 
 
 def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "default"):
@@ -77,7 +75,7 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
         names.append(fname)
         locations = [plan.locations[id(i)] for i in group.inputs()] + \
             [plan.locations[id(group.output)]]
-        calls.append((f"__kernelrpc_fn_{fname}", locations))
+        calls.append(KernelCall(convention.symbol(fname), tuple(locations)))
         records.append({"name": group.name, "func": fname, "ops": group.origin,
                         "fused": [n.op for n in group.nodes], "shape": list(group.output.shape),
                         "dtype": group.output.dtype, "flops": group.flops, "schedule": how,
@@ -98,26 +96,23 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
 
 
 def _pack_weights(func: ir.Function, target, tiles):
-    """Each convolution's weight packed (or transformed) once, here, for the layout its
-    configuration chooses (``kernel_layout``, see ``schedule.conv_layout``); returns the
-    function and the layers' configurations by node (``layer_config``'s answer, asked once
-    per layer)."""
+    """Each convolution's constant weight put once, here, in the layout of the strategy its
+    configuration chooses (:class:`~kernelrpc.relay.op.weight_layout.WeightLayout`, recorded
+    as the node's ``kernel_layout``); returns the function and the layers' configurations by
+    node (``layer_config``'s answer, asked once per layer)."""
     configs = {}
 
     def visit(node, inputs):
         node = transform.with_inputs(node, inputs)
         if node.op != "nn.conv2d" or not node.inputs[1].is_const:
             return node
-        layer = Group(nodes=[node], anchor=node)
-        answer = layer_config(layer, target)
-        layout = conv_layout(layer, tiles, answer[0])
-        if layout != "OIHW":
+        answer = layer_config(Group(nodes=[node], anchor=node), target)
+        layout = strategy_for(tiles, node, answer[0]).weight_layout(tiles, node)
+        if layout:
             data, weight = node.inputs[:2]
-            transformed = winograd.parse_layout(layout)
-            value = winograd.transform_weight(weight.value, *transformed) if transformed else \
-                pack_weight(weight.value, tiles.lanes)
-            node = ir.Node(node.op, (data, ir.const(value, weight.name), *node.inputs[2:]),
-                           {**node.attrs, "kernel_layout": layout}, node.shape,
+            node = ir.Node(node.op, (data, ir.const(layout.transform(weight.value), weight.name),
+                                     *node.inputs[2:]),
+                           {**node.attrs, "kernel_layout": layout.attr}, node.shape,
                            node.dtype, node.name, origin=node.origin)
         configs[id(node)] = answer
         return node
@@ -174,7 +169,7 @@ def _tensor_record(node, name) -> dict:
 
 def _executor_record(func, plan, kernels) -> dict:
     return {
-        "format": EXECUTOR_FORMAT, "version": EXECUTOR_VERSION,
+        "format": convention.FORMAT, "version": convention.VERSION,
         "inputs": [_tensor_record(n, n.name) for n in func.inputs],
         "outputs": [_tensor_record(n, f"output{k}") for k, n in enumerate(func.outputs)],
         "params": [dict(_tensor_record(n, f"p{k}"), offset=plan.locations[id(n)].index)
@@ -184,29 +179,6 @@ def _executor_record(func, plan, kernels) -> dict:
         "naive_bytes": plan.naive_bytes,
         "kernels": kernels,
     }
-
-
-def _function_records(executor: dict) -> list:
-    def tensor(name, shape, dtype):
-        return {"name": name, "kind": "tensor", "dtype": dtype, "shape": shape}
-    common = [tensor(t["name"], t["shape"], t["dtype"]) for t in executor["inputs"]]
-    common += [tensor(t["name"], t["shape"], t["dtype"]) for t in executor["outputs"]]
-    common += [tensor("params", [max(executor["params_bytes"], 1)], "uint8"),
-               tensor("workspace", [max(executor["workspace_bytes"], 1)], "uint8")]
-    nkernels = max(len(executor["kernels"]), 1)
-    return [
-        {"name": "default_run", "symbol": "__kernelrpc_fn_default_run", "args": common},
-        {"name": "default_profile", "symbol": "__kernelrpc_fn_default_profile",
-         "args": common + [tensor("times", [nkernels], "int64"),
-                           {"name": "number", "kind": "scalar", "dtype": "int64"}]},
-        {"name": "default_load_params", "symbol": "__kernelrpc_fn_default_load_params",
-         "args": [tensor("params", [max(executor["params_bytes"], 1)], "uint8")]},
-        {"name": "default_set_param", "symbol": "__kernelrpc_fn_default_set_param",
-         "args": [tensor("params", [max(executor["params_bytes"], 1)], "uint8"),
-                  tensor("value", ["n"], "uint8"),
-                  {"name": "n", "kind": "scalar", "dtype": "int64"},
-                  {"name": "offset", "kind": "scalar", "dtype": "int64"}]},
-    ]
 
 
 class GraphExecutorFactoryModule(RunsHere):
@@ -225,8 +197,8 @@ class GraphExecutorFactoryModule(RunsHere):
         self.build_seconds = build_seconds
         self.target = built.target
         self.metadata = dict(built.metadata)
-        self.metadata["functions"] = built.metadata["functions"] + _function_records(executor)
-        self.metadata["entry"] = "default_run"
+        self.metadata["functions"] = built.metadata["functions"] + entry_functions(executor)
+        self.metadata["entry"] = convention.RUN
         self.metadata["executor"] = executor
         self.metadata["graph"] = json.loads(graph)
         self._load_lock = threading.Lock()

@@ -8,7 +8,7 @@ tensor, and ``default_set_param`` overwrites a slice of it (``set_input`` of a w
 """
 from __future__ import annotations
 
-ERR_RANGE = 4    # default_set_param: the slice is outside the params buffer
+from ..runtime import calling_convention as convention
 
 
 def _pointer(loc, ninputs: int) -> str:
@@ -20,8 +20,10 @@ def _pointer(loc, ninputs: int) -> str:
 
 
 def entry_source(calls, ninputs: int, noutputs: int, params_bytes: int) -> str:
-    """``calls``: ``(symbol, [Location of each argument])`` per kernel, in order."""
-    symbols = sorted({symbol for symbol, _ in calls})
+    """``calls``: a :class:`~kernelrpc.runtime.calling_convention.KernelCall` per kernel call,
+    in order."""
+    symbols = sorted({call.symbol for call in calls})
+    arg = convention.run_arguments(ninputs, noutputs)
     lines = ["#include <stdint.h>", "#include <string.h>", "#include <time.h>", "",
              '#define KRPC_EXPORT __attribute__((visibility("default")))', ""]
     lines += [f"extern int32_t {s}(void **args);" for s in symbols]
@@ -32,41 +34,40 @@ def entry_source(calls, ninputs: int, noutputs: int, params_bytes: int) -> str:
               "    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;",
               "}", "",
               "static inline int32_t krpc_network(void **args, int64_t *times) {",
-              f"    char *P = (char *)args[{ninputs + noutputs}];",
-              f"    char *W = (char *)args[{ninputs + noutputs + 1}];",
+              f"    char *P = (char *)args[{arg['params']}];",
+              f"    char *W = (char *)args[{arg['workspace']}];",
               "    int32_t rc;",
               "    int64_t t0 = 0;",
               "    (void)P; (void)W; (void)t0;"]
-    for k, (symbol, locations) in enumerate(calls):
-        pointers = ", ".join(_pointer(loc, ninputs) for loc in locations)
+    for k, call in enumerate(calls):
+        pointers = ", ".join(_pointer(loc, ninputs) for loc in call.locations)
         lines += ["    {",
                   f"        void *a[] = {{{pointers}}};",
                   "        if (times) t0 = krpc_now_ns();",
-                  f"        rc = {symbol}(a);",
+                  f"        rc = {call.symbol}(a);",
                   "        if (rc) return rc;",
                   f"        if (times) times[{k}] += krpc_now_ns() - t0;",
                   "    }"]
-    n = ninputs + noutputs + 2
     lines += ["    return 0;", "}", "",
-              "KRPC_EXPORT int32_t __kernelrpc_fn_default_run(void **args) {",
+              f"KRPC_EXPORT int32_t {convention.symbol(convention.RUN)}(void **args) {{",
               "    return krpc_network(args, 0);", "}", "",
-              "KRPC_EXPORT int32_t __kernelrpc_fn_default_profile(void **args) {",
-              f"    int64_t *times = (int64_t *)args[{n}];",
-              f"    int64_t number = *(const int64_t *)args[{n + 1}];",
+              f"KRPC_EXPORT int32_t {convention.symbol(convention.PROFILE)}(void **args) {{",
+              f"    int64_t *times = (int64_t *)args[{arg['times']}];",
+              f"    int64_t number = *(const int64_t *)args[{arg['number']}];",
               f"    memset(times, 0, sizeof(int64_t) * {max(len(calls), 1)});",
               "    for (int64_t i = 0; i < number; ++i) {",
               "        int32_t rc = krpc_network(args, times);",
               "        if (rc) return rc;",
               "    }",
               "    return 0;", "}", "",
-              "KRPC_EXPORT int32_t __kernelrpc_fn_default_load_params(void **args) {",
+              f"KRPC_EXPORT int32_t {convention.symbol(convention.LOAD_PARAMS)}(void **args) {{",
               f"    memcpy(args[0], __kernelrpc_params_blob, {params_bytes});",
               "    return 0;", "}", "",
-              "KRPC_EXPORT int32_t __kernelrpc_fn_default_set_param(void **args) {",
+              f"KRPC_EXPORT int32_t {convention.symbol(convention.SET_PARAM)}(void **args) {{",
               "    int64_t n = *(const int64_t *)args[2];",
               "    int64_t offset = *(const int64_t *)args[3];",
               f"    if (n < 0 || offset < 0 || offset > {params_bytes} || "
-              f"n > {params_bytes} - offset) return {ERR_RANGE};",
+              f"n > {params_bytes} - offset) return {convention.ERR_RANGE};",
               "    memcpy((char *)args[0] + offset, args[1], (size_t)n);",
               "    return 0;", "}", ""]
     return "\n".join(lines)

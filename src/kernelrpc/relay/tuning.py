@@ -22,17 +22,12 @@ from ..compiler.target import Target
 from . import ir
 from .fuse import Group, partition
 from .op import node_flops
-from .op import winograd
-from .op.nn import pack_weight, packed_lanes
-from .schedule import (channel_tiles, conv_layout, group_tensors, schedule_group, tiles_for,
-                       winograd_plan)
+from .op.weight_layout import WeightLayout
+from .schedule import group_tensors, schedule_group
+from .strategy import CHANNELS, as_modelled, candidates, strategy_for, tiles_for
 from .transform import optimize
 
 log = logging.getLogger("kernelrpc.relay")
-
-#: how far a Winograd candidate's outputs may be from numpy's, of their largest magnitude
-#: (F(4x4)'s rounding: up to 2e-5 measured on 512 input channels)
-WINOGRAD_ATOL = 1e-4
 
 #: the template of each tunable operator
 TEMPLATES = {"nn.conv2d": "conv2d_nchw", "nn.dense": "dense"}
@@ -51,15 +46,10 @@ def workload(anchor: ir.Node, target) -> tuple | None:
     name = TEMPLATES.get(anchor.op)
     if name is None:
         return None
+    anchor = as_modelled(anchor) if anchor.op == "nn.conv2d" else anchor   # laid out by build
     data, weight = anchor.inputs[:2]
-    shape, attrs = list(weight.shape), dict(anchor.attrs)
-    if packed_lanes(attrs):             # packed by relay.build: the layer's OIHW workload
-        shape = [shape[0] * shape[4], *shape[1:4]]
-        del attrs["kernel_layout"]
-    elif winograd.layout_of(attrs):     # transformed by relay.build
-        shape = winograd.oihw_shape(shape)
-        del attrs["kernel_layout"]
-    attrs = [[k, _jsonable(v)] for k, v in sorted(attrs.items())]
+    attrs = [[k, _jsonable(v)] for k, v in sorted(anchor.attrs.items())]
+    shape = list(weight.shape)
     return (name, list(data.shape), shape, attrs, anchor.dtype, str(target))
 
 
@@ -75,42 +65,36 @@ def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
 
 
 def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
-    """The template's schedule and arguments: the layer's own (a Winograd layer's weight
-    argument is its transformed weight, as in the network); where the ``channels`` layout is
-    offered, the OIHW weight and its packed copy (``[O/V][I][KH][KW][V]``) both, each
-    configuration reading the one its layout reads (a network packs the weight at build time,
-    so neither is timed packing it)."""
+    """The template's schedule and arguments: the layer's own, its weight argument in its
+    strategy's layout (as in the network); where the ``channels`` layout is offered, the
+    OIHW weight and its packed copy both, each configuration reading the one its layout reads
+    (a network lays the weight out at build time, so neither is timed packing it)."""
     group = _anchor_group(op, data_shape, weight_shape, attrs, dtype)
     cfg, tiles = autotvm.get_config(), tiles_for(Target(target))
-    layout = conv_layout(group, tiles, cfg) if op == "nn.conv2d" else "OIHW"
     node = group.anchor
-    transformed = winograd.parse_layout(layout)
-    if transformed:
-        m, lanes = transformed
-        a = m + 2
-        group = _with_weight(node, (a, a, weight_shape[0] // lanes, weight_shape[1], lanes),
-                             layout)
-    elif layout != "OIHW":
-        group = _with_weight(node, _packed_shape(weight_shape, tiles.lanes), layout)
+    layout = strategy_for(tiles, node, cfg).weight_layout(tiles, node)
+    if layout:
+        group = _with_weight(node, layout.shape(weight_shape), layout)
     placeholders, out, anchor = group_tensors(group)
     s = schedule_group(group, out, anchor, tiles, cfg)
-    if not transformed and op == "nn.conv2d" and channel_tiles(tiles, node):
-        other = te.placeholder(_packed_shape(weight_shape, tiles.lanes) if layout == "OIHW"
-                               else tuple(weight_shape), name="unused_weight", dtype=dtype)
+    if _takes_packed_copy(tiles, node):
+        packed = WeightLayout.packed(tiles.lanes)
+        other = te.placeholder(packed.shape(weight_shape) if not layout else tuple(weight_shape),
+                               name="unused_weight", dtype=dtype)
         data, weight = placeholders
-        placeholders = [data, weight, other] if layout == "OIHW" else [data, other, weight]
+        placeholders = [data, weight, other] if not layout else [data, other, weight]
     return s, [*placeholders, out]
 
 
-def _packed_shape(weight_shape, lanes: int) -> tuple:
-    out_channels, *rest = weight_shape
-    return (out_channels // lanes, *rest, lanes)
+def _takes_packed_copy(tiles, node) -> bool:
+    """The task of a layer that may take the ``channels`` layout has both weights."""
+    return node.op == "nn.conv2d" and CHANNELS in candidates(tiles, node)
 
 
-def _with_weight(node: ir.Node, shape, layout: str) -> Group:
+def _with_weight(node: ir.Node, shape, layout: WeightLayout) -> Group:
     """The layer with a weight argument of ``shape`` in ``layout``."""
     weight = ir.Node("input", (), {}, tuple(shape), node.dtype, "weight")
-    node = ir.Node(node.op, (node.inputs[0], weight), {**node.attrs, "kernel_layout": layout},
+    node = ir.Node(node.op, (node.inputs[0], weight), {**node.attrs, "kernel_layout": layout.attr},
                    node.shape, node.dtype, node.op)
     return Group(nodes=[node], anchor=node)
 
@@ -127,52 +111,21 @@ def dense(data_shape, weight_shape, attrs, dtype, target):
     return _instantiate("nn.dense", data_shape, weight_shape, attrs, dtype, target)
 
 
-def conv2d_reference(data, weight, *, strides, padding, dilation, groups, upsample=(1, 1)):
-    """numpy's convolution (NCHW, OIHW, grouped, strided, dilated, padded), the check of a
-    tuning candidate."""
-    if tuple(upsample) != (1, 1):
-        n, c, h, w = data.shape
-        spread = np.zeros((n, c, (h - 1) * upsample[0] + 1, (w - 1) * upsample[1] + 1), data.dtype)
-        spread[:, :, ::upsample[0], ::upsample[1]] = data
-        data = spread
-    pt, pl, pb, pr = padding
-    data = np.pad(data, ((0, 0), (0, 0), (max(pt, 0), max(pb, 0)), (max(pl, 0), max(pr, 0))))
-    h, w = data.shape[2:]
-    data = data[:, :, max(-pt, 0):h - max(-pb, 0), max(-pl, 0):w - max(-pr, 0)]
-    oc, cg, kh, kw = weight.shape
-    (sh, sw), (dh, dw) = strides, dilation
-    windows = np.lib.stride_tricks.sliding_window_view(
-        data, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
-    n, c, oh, ow = windows.shape[:4]
-    windows = windows.reshape(n, groups, cg, oh, ow, kh, kw)
-    w = weight.reshape(groups, oc // groups, cg, kh, kw)
-    out = np.einsum("ngchwyx,gocyx->ngohw", windows.astype(np.float64), w.astype(np.float64))
-    return out.reshape(n, oc, oh, ow).astype(data.dtype)
-
-
 def task_of(wkl: tuple, flop: float) -> Task:
-    """The tuning task of a workload, its candidates checked against numpy (a Winograd layer's
-    task, whose weight argument is the transformed weight, against numpy's Winograd)."""
+    """The tuning task of a workload, its candidates checked against its default strategy's
+    numpy reference (a Winograd layer's task, whose weight argument is the transformed
+    weight, against numpy's Winograd)."""
     name, data_shape, weight_shape, attrs, dtype, target = wkl
-    if name == "conv2d_nchw":
-        kwargs = dict(attrs)
-        node = _anchor_group("nn.conv2d", data_shape, weight_shape, attrs, dtype).anchor
-        plan = winograd_plan(tiles_for(Target(target)), node)
+    op = next(op for op, template in TEMPLATES.items() if template == name)
+    node = _anchor_group(op, data_shape, weight_shape, attrs, dtype).anchor
+    tiles = tiles_for(Target(target))
+    strategy = strategy_for(tiles, node)
 
-        def reference(data, weight, *packed):
-            if plan:
-                return winograd.reference(data, weight, m=plan[0], padding=kwargs["padding"],
-                                          out_shape=node.shape)
-            return conv2d_reference(data, weight, **kwargs)
-    else:
-        plan = None
-
-        def reference(data, weight):
-            return (data.astype(np.float64) @ weight.astype(np.float64)).astype(data.dtype)
+    def reference(data, weight, *packed):
+        return strategy.reference(data, weight, node)
     task = autotvm.task.create(name, args=wkl[1:], target=target, reference=reference, flop=flop)
-    if name == "conv2d_nchw" and plan:
-        task.scale_atol = WINOGRAD_ATOL
-    elif task.n_inputs == 3:              # the OIHW weight and its packed copy
+    task.scale_atol = strategy.scale_atol
+    if task.n_inputs == 3:              # the OIHW weight and its packed copy
         task.prepare_inputs = _pack_second
     return task
 
@@ -180,7 +133,7 @@ def task_of(wkl: tuple, flop: float) -> Task:
 def _pack_second(inputs: list) -> list:
     """The task's inputs with the packed weight made from the OIHW one."""
     data, weight, packed = inputs
-    return [data, weight, pack_weight(weight, packed.shape[-1])]
+    return [data, weight, WeightLayout.packed(packed.shape[-1]).transform(weight)]
 
 
 def extract_from_program(mod, target, params=None, ops=None) -> list[Task] | None:

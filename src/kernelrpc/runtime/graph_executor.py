@@ -16,10 +16,9 @@ import math
 import time
 
 from ..errors import GraphInputError, ModuleError, NetworkTooLarge, RemoteError
+from . import calling_convention as convention
 from .dtype import DTYPES, MAX_NDIM
 
-FORMAT = "kernelrpc.graph"
-VERSION = 1
 MAX_ITEMS = 1 << 16
 MAX_BYTES = 1 << 44
 
@@ -79,8 +78,8 @@ class GraphExecutor:
             self._params = _empty([max(plan["params_bytes"], 1)], "uint8", dev)
             self._workspace = _empty([max(plan["workspace_bytes"], 1)], "uint8", dev)
             self._params_by_name = {p["name"]: p for p in plan["params"]}
-            self._run = module.get_function("default_run")
-            module.get_function("default_load_params")(self._params)
+            self._run = module.get_function(convention.RUN)
+            module.get_function(convention.LOAD_PARAMS)(self._params)
         except (MemoryError, RemoteError) as exc:
             if isinstance(exc, RemoteError) and exc.type_name != "MemoryError":
                 raise
@@ -146,7 +145,7 @@ class GraphExecutor:
             raise ValueError("benchmark times func_name='run' only")
         device = device or self.device
         if not end_to_end:
-            timer = self.module.time_evaluator("default_run", device, number=number,
+            timer = self.module.time_evaluator(convention.RUN, device, number=number,
                                                repeat=repeat, min_repeat_ms=min_repeat_ms,
                                                **kwargs)
             return timer(*self.run_args)
@@ -171,7 +170,7 @@ class GraphExecutor:
         if not isinstance(number, int) or not 1 <= number <= 1 << 20:
             raise ValueError(f"number must be an integer in [1, {1 << 20}], got {number!r}")
         times = _empty([max(len(self.plan["kernels"]), 1)], "int64", self.device)
-        self.module.get_function("default_profile")(*self.run_args, times, number)
+        self.module.get_function(convention.PROFILE)(*self.run_args, times, number)
         nanos = list(memoryview(_buffer_of(times)).cast("q"))
         return [ns / number / 1e9 for ns in nanos[:len(self.plan["kernels"])]]
 
@@ -220,7 +219,7 @@ class GraphExecutor:
             memoryview(value.tobytes())
         staging = _empty([data.nbytes], "uint8", self.device)
         staging.copyfrom(data)
-        self.module.get_function("default_set_param")(self._params, staging, data.nbytes,
+        self.module.get_function(convention.SET_PARAM)(self._params, staging, data.nbytes,
                                                       spec["offset"])
 
 
@@ -282,10 +281,11 @@ def _tensors(items, what, with_offset=False) -> None:
 
 
 def _check_plan(plan) -> None:
-    if not isinstance(plan, dict) or plan.get("format") != FORMAT:
-        _fail(f"'format' must be {FORMAT!r}")
-    if _int(plan.get("version"), "version", 1, 1 << 20) > VERSION:
-        _fail(f"version {plan['version']} is newer than this runtime's ({VERSION}); update "
+    if not isinstance(plan, dict) or plan.get("format") != convention.FORMAT:
+        _fail(f"'format' must be {convention.FORMAT!r}")
+    if _int(plan.get("version"), "version", 1, 1 << 20) > convention.VERSION:
+        _fail(f"version {plan['version']} is newer than this runtime's "
+              f"({convention.VERSION}); update "
               "kernelrpc on the device")
     _tensors(plan.get("inputs"), "inputs")
     _tensors(plan.get("outputs"), "outputs")

@@ -14,6 +14,7 @@ from ...compiler import expr as E
 from ..errors import ModelError
 from . import winograd
 from .registry import register, static_shape
+from .weight_layout import WeightLayout
 
 
 def pad_stage(data, before, after, value=0.0, name="pad", dilation=None):
@@ -86,31 +87,16 @@ def phase_stage(data, before, after, strides, name="pad"):
     return te.compute(shape, body, name=name, tag="pad")
 
 
-def packed_lanes(attrs) -> int:
-    """The lanes ``V`` of a weight packed as ``[O/V][I][KH][KW][V]`` (attribute
-    ``kernel_layout="OIHW{V}o"``, set by ``relay.build`` for a layer scheduled with its output
-    channels in the vector); 0 for the plain OIHW weight."""
-    layout = attrs.get("kernel_layout", "OIHW")
-    return int(layout[4:-1]) if layout.startswith("OIHW") and layout != "OIHW" else 0
-
-
-def pack_weight(weight, lanes: int):
-    """An OIHW weight array as ``[O/V][I][KH][KW][V]`` (what ``kernel_layout`` names)."""
-    o, i, kh, kw = weight.shape
-    blocked = weight.reshape(o // lanes, lanes, i, kh, kw)
-    return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1))
-
-
 def _conv2d(ts, attrs, node):
     data, weight = ts[:2]
     _, oc, oh, ow = node.shape
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     g = attrs["groups"]
-    transformed = winograd.layout_of(attrs)
-    if transformed:
+    layout = WeightLayout.of(attrs)
+    if layout.kind == "winograd":
         return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
-                               node, *transformed)
-    lanes = packed_lanes(attrs)
+                               node, layout.m, layout.lanes)
+    lanes = layout.lanes
     _, cg, kh, kw = static_shape(weight)[:4]
     rc = te.reduce_axis((0, cg), "rc")
     ry = te.reduce_axis((0, kh), "ry")
@@ -151,7 +137,7 @@ def _conv2d(ts, attrs, node):
 def _conv2d_flops(node):
     """The direct convolution's count, whatever the weight's layout."""
     weight = node.inputs[1]
-    if winograd.layout_of(node.attrs):
+    if WeightLayout.of(node.attrs).kind == "winograd":
         return 2 * node.size * weight.shape[3] * 9
     return 2 * node.size * math.prod(weight.shape[1:4])     # I*KH*KW, OIHW or packed
 

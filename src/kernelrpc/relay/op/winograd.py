@@ -21,8 +21,6 @@ those positions, so each select folds to its one sum.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ... import te
@@ -41,25 +39,6 @@ MATRICES = {
          [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
         [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
 }
-
-_LAYOUT = re.compile(r"winograd(\d+)_(\d+)o")
-
-
-def kernel_layout(m: int, lanes: int) -> str:
-    """The ``kernel_layout`` attribute of a layer whose weight :func:`transform_weight` made."""
-    return f"winograd{m}_{lanes}o"
-
-
-def parse_layout(layout: str) -> tuple[int, int] | None:
-    """``(m, lanes)`` of a Winograd ``kernel_layout``, else None."""
-    found = _LAYOUT.fullmatch(layout)
-    return (int(found.group(1)), int(found.group(2))) if found else None
-
-
-def layout_of(attrs) -> tuple[int, int] | None:
-    """``(m, lanes)`` of a layer with a Winograd-transformed weight, else None."""
-    return parse_layout(attrs.get("kernel_layout", ""))
-
 
 def eligible(node) -> bool:
     """A float32 3x3 convolution of stride 1, dilation 1, one group and no negative padding."""
@@ -86,12 +65,6 @@ def transform_weight(weight: np.ndarray, m: int, lanes: int) -> np.ndarray:
     return np.ascontiguousarray(u.astype(weight.dtype))
 
 
-def oihw_shape(shape) -> list[int]:
-    """The OIHW shape of a transformed weight's shape."""
-    _, _, blocks, in_channels, lanes = shape
-    return [blocks * lanes, in_channels, 3, 3]
-
-
 def _combination(rows, index, term):
     """``sum_k rows[index][k] * term(k)`` for a symbolic ``index``: a select over its values
     of sums written out with the constant coefficients (zero terms left out)."""
@@ -112,12 +85,12 @@ def conv2d(padded_input, u, node, m: int, lanes: int):
     """The layer's NCHW output from its input (``padded_input(before, after)`` the input padded
     by those rows and columns) and its transformed weight ``u`` (:func:`transform_weight`)."""
     if len(static_shape(u)) != 5:
-        raise ModelError(f"conv2d: kernel_layout {kernel_layout(m, lanes)} needs the transformed "
-                         f"weight [a][a][O/V][I][V], got shape {static_shape(u)}")
+        raise ModelError(f"conv2d: a Winograd F({m}x{m}) layer needs the transformed weight "
+                         f"[a][a][O/V][I][V], got shape {static_shape(u)}")
     n, in_channels, height, width = static_shape(node.inputs[0])
     _, out_channels, out_height, out_width = node.shape
     if out_channels % lanes:
-        raise ModelError(f"conv2d: kernel_layout {kernel_layout(m, lanes)} needs output channels "
+        raise ModelError(f"conv2d: a Winograd layer of {lanes} lanes needs output channels "
                          f"a multiple of {lanes}, got {out_channels}")
     bt, _, at = MATRICES[m]
     a = m + 2

@@ -1,0 +1,98 @@
+"""The weight layout a convolution's strategy reads, as one value.
+
+``relay.build`` packs or transforms a convolution's constant weight once, at build time, into
+the layout its strategy reads; the graph node records it in its ``kernel_layout`` attribute
+(a string, so that nodes stay hashable and a workload stays JSON). :class:`WeightLayout` is the
+only place that string is written or read.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ModelError
+from . import winograd
+
+_PACKED = re.compile(r"OIHW(\d+)o")
+_WINOGRAD = re.compile(r"winograd(\d+)_(\d+)o")
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """``kind``: ``"OIHW"`` (as the model has it), ``"packed"`` (``[O/V][I][KH][KW][V]``:
+    ``lanes`` output channels in the vector) or ``"winograd"`` (``U = G g G^T`` of F(``m`` x
+    ``m``, 3 x 3), ``[a][a][O/V][I][V]`` with ``a = m + 2``)."""
+
+    kind: str = "OIHW"
+    lanes: int = 0
+    m: int = 0
+
+    @classmethod
+    def packed(cls, lanes: int) -> "WeightLayout":
+        return cls("packed", lanes)
+
+    @classmethod
+    def winograd(cls, m: int, lanes: int) -> "WeightLayout":
+        return cls("winograd", lanes, m)
+
+    @classmethod
+    def parse(cls, attr: str) -> "WeightLayout":
+        if attr == "OIHW":
+            return cls()
+        found = _PACKED.fullmatch(attr)
+        if found:
+            return cls.packed(int(found.group(1)))
+        found = _WINOGRAD.fullmatch(attr)
+        if found:
+            return cls.winograd(int(found.group(1)), int(found.group(2)))
+        raise ModelError(f"conv2d: unknown kernel_layout {attr!r}")
+
+    @classmethod
+    def of(cls, attrs) -> "WeightLayout":
+        """The layout of a node's weight (its ``kernel_layout`` attribute, OIHW without one)."""
+        return cls.parse(attrs.get("kernel_layout", "OIHW"))
+
+    @property
+    def attr(self) -> str:
+        """The ``kernel_layout`` attribute's value."""
+        if self.kind == "packed":
+            return f"OIHW{self.lanes}o"
+        if self.kind == "winograd":
+            return f"winograd{self.m}_{self.lanes}o"
+        return "OIHW"
+
+    def __bool__(self) -> bool:
+        """False for the model's own OIHW layout."""
+        return self.kind != "OIHW"
+
+    def shape(self, oihw) -> tuple:
+        """The weight's shape in this layout, from its OIHW shape."""
+        out_channels, in_channels, kh, kw = oihw
+        if self.kind == "packed":
+            return (out_channels // self.lanes, in_channels, kh, kw, self.lanes)
+        if self.kind == "winograd":
+            a = self.m + 2
+            return (a, a, out_channels // self.lanes, in_channels, self.lanes)
+        return tuple(oihw)
+
+    def oihw_shape(self, shape) -> list[int]:
+        """The OIHW shape of a weight of ``shape`` in this layout."""
+        if self.kind == "packed":
+            blocks, in_channels, kh, kw, lanes = shape
+            return [blocks * lanes, in_channels, kh, kw]
+        if self.kind == "winograd":
+            _, _, blocks, in_channels, lanes = shape
+            return [blocks * lanes, in_channels, 3, 3]
+        return list(shape)
+
+    def transform(self, weight: np.ndarray) -> np.ndarray:
+        """An OIHW weight array in this layout."""
+        if self.kind == "packed":
+            o, i, kh, kw = weight.shape
+            blocked = weight.reshape(o // self.lanes, self.lanes, i, kh, kw)
+            return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1))
+        if self.kind == "winograd":
+            return winograd.transform_weight(weight, self.m, self.lanes)
+        return weight

@@ -1,0 +1,47 @@
+"""Strategies: for each tunable operator class, its implementations as records
+(:class:`Strategy`) and the one rule that picks the default.
+
+A new kernel family (int8, batched matmul...) is a new record in its class's table, and
+its class's rule says when it is the default. Target facts come from :func:`tiles_for`
+(the target's vector unit). Below :mod:`kernelrpc.relay.build_module` and
+:mod:`kernelrpc.relay.tuning`, above the operators (:mod:`kernelrpc.relay.op`).
+"""
+from __future__ import annotations
+
+from .. import ir
+from .channels import channel_tiles, channels_default
+from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, WINOGRAD, as_modelled, candidates, \
+    conv2d_strategy, define_conv_knobs
+from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
+from .depthwise import depthwise_tile, is_depthwise
+from .record import Strategy
+from .tiles import Tiles, tiles_for
+from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band, winograd_plan
+
+
+#: each tunable operator's implementations
+STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,)}
+
+
+def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
+    """The implementation of a tunable layer (see :func:`conv2d_strategy`)."""
+    if node.op == "nn.conv2d":
+        return conv2d_strategy(tiles, node, cfg)
+    (only,) = STRATEGIES[node.op]
+    return only
+
+
+def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
+    """The knobs of a tunable layer's space."""
+    if node.op == "nn.conv2d":
+        define_conv_knobs(cfg, tiles, node, padded)
+    else:
+        strategy_for(tiles, node).define_knobs(cfg, tiles, node, padded)
+
+
+__all__ = ["CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE", "DIRECT", "STRATEGIES",
+           "Strategy", "Tiles", "WINOGRAD", "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES",
+           "as_modelled", "candidates", "channel_tiles", "channels_default", "conv2d_strategy",
+           "define_conv_knobs", "define_dense_knobs", "define_knobs", "dense_rows_block",
+           "depthwise_tile", "is_depthwise", "strategy_for", "tiles_for", "winograd_band",
+           "winograd_plan"]

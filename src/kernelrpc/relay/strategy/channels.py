@@ -1,0 +1,88 @@
+"""The ``channels`` layout: output channels in the vector, the weight packed at build time
+(``[O/V][I][KH][KW][V]``), a tile of vectors x rows x columns of outputs in registers."""
+from __future__ import annotations
+
+from .common import schedule_inputs
+from .tiles import Tiles
+
+
+def channel_tiles(tiles: Tiles, node) -> list[str]:
+    """The register tiles of the ``channels`` layout, ``"VxRxC"``: ``V`` vectors of output
+    channels x ``R`` rows x ``C`` columns of outputs, each dividing its extent (no tails
+    inside the register tile), rows of at least 4 columns (or the whole row); accumulators
+    and weight vectors at most the vector registers less 3, and with ``V > 1`` the broadcast
+    inputs too: each feeds ``V`` FMAs, so LLVM keeps it in a register (2x1x14, 28
+    accumulators, spills: 14x14 3x3 58 GFLOP/s against 1x2x14's 113; 2x1x13 on 13x13 55
+    against 1x1x13's 70-99). Best first: rows of at least 7 columns (LLVM unrolls a 3-wide
+    window and keeps the inputs the columns share in registers: 1x5x5 on 55x55 3x3 48-58,
+    1x1x11 86-101), then most accumulators, then the shorter rows (28x28 512->128 1x1: 1x4x7
+    111, 1x2x14 and 1x1x28 88). Empty where the layout is not offered: grouped or depthwise
+    convolutions (their input channel would vary across the vector), output channels not a
+    multiple of the lanes, a scalar target, other than float32 (the lanes are float32 lanes)."""
+    lanes = tiles.lanes
+    _, out_channels, height, width = node.shape
+    if lanes < 2 or node.attrs["groups"] != 1 or out_channels % lanes or \
+            node.inputs[1].dtype != "float32":
+        return []
+    found = []
+    for v in (1, 2, 3, 4):
+        if out_channels % (v * lanes):
+            continue
+        for r in _divisors(height, 8):
+            for c in _divisors(width, 28):
+                if c < min(width, 4):
+                    continue
+                held = r * c if v > 1 else 0      # broadcasts LLVM keeps for several FMAs
+                if 4 <= v * r * c and v * r * c + v + held <= tiles.registers - 3:
+                    found.append((c >= 7, v * r * c, -c, -v, r))
+    found.sort(reverse=True)
+    return [f"{-v}x{r}x{-c}" for _, _, c, v, r in found[:8]]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def channels_default(node, tiles_c) -> bool:
+    """Whether the ``channels`` layout is the default: where it is offered, for a reduction
+    (input channels x window) of at least 96 on maps up to 28 columns wide, of at least 256 on
+    wider ones (whose rows fill the columns' vectors better).
+
+   
+    Measurements: docs/performance.md, "Why the defaults are what they are"."""
+    _, inputs, kh, kw = node.inputs[1].shape[:4]
+    reduction, width = inputs * kh * kw, node.shape[3]
+    return bool(tiles_c) and reduction >= (96 if width <= 28 else 256)
+
+
+def schedule_channels(s, blocked, out, tiles: Tiles, cfg, node):
+    """Output channels in the vector: ``blocked`` (``[n][O/V][h][w][V]``, the weight packed as
+    ``[O/V][I][KH][KW][V]``) accumulates a tile of ``V`` vectors x ``R`` rows x ``C`` columns
+    in registers over the reduction, each step one weight vector load per channel vector and
+    one broadcast input value per position; the output stage writes the tile back as NCHW with
+    the group's tail."""
+    vectors, rows, cols = (int(v) for v in cfg["channel_tile"].val.split("x"))
+    lanes = tiles.lanes
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=vectors * lanes)
+    yo, yi = stage.split(y, factor=rows)
+    xo, xi = stage.split(x, factor=cols)
+    stage.reorder(n, fo, yo, xo, fi, yi, xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
+    stage.unroll(yi)
+    if cols > 1:
+        stage.vectorize(xi)
+    s[blocked].compute_at(stage, xo)
+    _, cb, cy, cx, cv = s[blocked].op.axis
+    rc, ry, rx = s[blocked].op.reduce_axis
+    if cfg["reduce_order"].val == "channels_outer":
+        s[blocked].reorder(rc, ry, rx, cb, cy, cx, cv)
+    else:
+        s[blocked].reorder(ry, rx, rc, cb, cy, cx, cv)
+    if cfg["unroll_kw"].val:
+        s[blocked].unroll(rx)
+    for axis in (cb, cy, cx):
+        s[blocked].unroll(axis)
+    s[blocked].vectorize(cv)
+    schedule_inputs(s, tiles)

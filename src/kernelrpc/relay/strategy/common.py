@@ -1,0 +1,62 @@
+"""What the strategies' schedules share: knob choices, the parallel outer loop, the
+accumulator stage, the padded input's stage."""
+from __future__ import annotations
+
+from ...compiler.tensor import ComputeOp
+from .tiles import Tiles
+
+
+def extent(axis) -> int:
+    return int(getattr(axis.extent, "value", axis.extent))
+
+
+def extents(stage):
+    return [extent(iv) for iv in stage.op.axis]
+
+
+def parallel_outer(s, stage, lanes: int = 1):
+    """Parallel over the leading axes (fused while they are short); with ``lanes`` > 1 the
+    last axis in vectors of that many lanes (a stage without a reduction of its own)."""
+    axes = list(stage.op.axis)
+    if not axes:
+        return
+    sizes = extents(stage)
+    if lanes > 1 and sizes[-1] >= lanes and not stage.op.reduce_axis:
+        last, inner = stage.split(axes[-1], factor=lanes)
+        stage.vectorize(inner)
+        axes[-1], sizes[-1] = last, -(-sizes[-1] // lanes)
+    outer, size, k = axes[0], sizes[0], 1
+    while size < 16 and k < len(axes) - 1:
+        outer = stage.fuse(outer, axes[k])
+        size *= sizes[k]
+        k += 1
+    if size > 1:
+        stage.parallel(outer)
+
+
+def accumulator(s, anchor, out):
+    """The stage that accumulates the anchor's reduction in the output's tile: the anchor itself
+    when an elementwise tail is the output, else a cache of the output (``cache_write``)."""
+    return s.cache_write(out, "global") if anchor.op is out.op else anchor
+
+
+def choices(default: int, candidates, limit: int) -> list[int]:
+    """``default`` first, then the candidates up to ``limit``, each once."""
+    out = [default]
+    out += [c for c in candidates if c <= limit and c not in out]
+    return out
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def schedule_inputs(s, tiles: Tiles):
+    """The padded input at the root: parallel, vectorized."""
+    for st in s.stages:
+        if isinstance(st.op, ComputeOp) and st.op.tag == "pad" and \
+                st.attach_type == "root":
+            parallel_outer(s, st)
+            inner = st.op.axis[-1]
+            if extents(st)[-1] >= tiles.lanes > 1:
+                st.vectorize(st.split(inner, factor=tiles.lanes)[1])

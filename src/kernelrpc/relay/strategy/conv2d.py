@@ -1,0 +1,122 @@
+"""The convolution's strategy table, and the one rule that picks its default.
+
+``direct`` (columns in the vector), ``channels`` (output channels in the vector, packed
+weight), ``winograd`` (F(m x m, 3 x 3), transformed weight) and ``depthwise`` (one channel's
+rows x columns). :func:`candidates` is the default's rule; the ``layout`` knob chooses among
+the candidates, default first; once ``relay.build`` has put a layer's weight in a strategy's
+layout, the layout names the strategy.
+"""
+from __future__ import annotations
+
+from ...autotvm.space import ConfigSpace
+from .. import ir
+from ..op import winograd as winograd_op
+from ..op.reference import conv2d_reference
+from ..op.weight_layout import WeightLayout
+from .channels import channel_tiles, channels_default, schedule_channels
+from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
+from .direct import define_direct_knobs, schedule_direct
+from .record import Strategy
+from .tiles import Tiles
+from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
+
+
+#: how far a Winograd candidate's outputs may be from numpy's, of their largest magnitude
+#: (F(4x4)'s rounding: up to 2e-5 measured on 512 input channels)
+WINOGRAD_ATOL = 1e-4
+
+
+def _conv_reference(data, weight, node):
+    return conv2d_reference(data, weight, **{k: node.attrs[k] for k in
+                                             ("strides", "padding", "dilation", "groups")})
+
+
+def _winograd_reference(data, weight, node):
+    """numpy's Winograd with the transformed weight (``[a][a][O/V][I][V]``, ``a = m + 2``)."""
+    return winograd_op.reference(data, weight, m=weight.shape[0] - 2,
+                                 padding=node.attrs["padding"], out_shape=node.shape)
+
+
+DIRECT = Strategy(
+    "columns", "nn.conv2d", applies=lambda tiles, node: not is_depthwise(node),
+    define_knobs=define_direct_knobs, schedule=schedule_direct, reference=_conv_reference)
+CHANNELS = Strategy(
+    "channels", "nn.conv2d", applies=lambda tiles, node: bool(channel_tiles(tiles, node)),
+    define_knobs=lambda cfg, tiles, node, padded: cfg.define_knob(
+        "channel_tile", channel_tiles(tiles, node)),
+    schedule=schedule_channels, reference=_conv_reference,
+    weight_layout=lambda tiles, node: WeightLayout.packed(tiles.lanes))
+WINOGRAD = Strategy(
+    "winograd", "nn.conv2d", applies=lambda tiles, node: winograd_plan(tiles, node) is not None,
+    define_knobs=lambda cfg, tiles, node, padded: define_winograd_knobs(cfg, tiles, node),
+    schedule=schedule_winograd, reference=_winograd_reference,
+    weight_layout=lambda tiles, node: WeightLayout.winograd(winograd_plan(tiles, node)[0],
+                                                           tiles.lanes),
+    scale_atol=WINOGRAD_ATOL)
+DEPTHWISE = Strategy(
+    "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),
+    define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference)
+
+
+#: the table, in the order the candidates' knobs are defined
+CONV2D = (WINOGRAD, CHANNELS, DIRECT, DEPTHWISE)
+_BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD}
+
+
+def as_modelled(node: ir.Node) -> ir.Node:
+    """The layer with the model's OIHW weight (the weight ``relay.build`` packed or transformed
+    seen in its OIHW shape): what the rule and the knobs are decided on, so that a layer's
+    space is the same before and after its weight is laid out."""
+    layout = WeightLayout.of(node.attrs)
+    if not layout:
+        return node
+    data, weight = node.inputs[:2]
+    oihw = ir.Node("input", (), {}, tuple(layout.oihw_shape(weight.shape)), weight.dtype,
+                   weight.name)
+    attrs = {k: v for k, v in node.attrs.items() if k != "kernel_layout"}
+    return ir.Node(node.op, (data, oihw, *node.inputs[2:]), attrs, node.shape, node.dtype,
+                   node.name, origin=node.origin)
+
+
+def candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
+    """The strategies the ``layout`` knob offers for a convolution, the default first: a
+    depthwise one has its own; Winograd where :func:`winograd_plan` has a plan (then alone:
+    its weight is the transformed one); else the direct schedule, and the ``channels`` layout
+    beside it where it is offered, first where :func:`channels_default` says."""
+    node = as_modelled(node)
+    if DEPTHWISE.applies(tiles, node):
+        return [DEPTHWISE]
+    if WINOGRAD.applies(tiles, node):
+        return [WINOGRAD]
+    if not CHANNELS.applies(tiles, node):
+        return [DIRECT]
+    if channels_default(node, channel_tiles(tiles, node)):
+        return [CHANNELS, DIRECT]
+    return [DIRECT, CHANNELS]
+
+
+def define_conv_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
+    """The ``layout`` knob (not for depthwise layers: they have one strategy) and the knobs of
+    every candidate; ``channels`` reads the direct strategy's ``reduce_order``, ``unroll_kw``
+    and ``pad`` too."""
+    found = candidates(tiles, node)
+    node = as_modelled(node)
+    if found != [DEPTHWISE]:
+        cfg.define_knob("layout", [s.name for s in found])
+    for strategy in CONV2D:
+        if strategy in found:
+            strategy.define_knobs(cfg, tiles, node, padded)
+
+
+def conv2d_strategy(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
+    """The strategy of a convolution: the one its weight's layout names once ``relay.build``
+    laid it out; else the configuration's ``layout`` choice (``cfg`` None or a space being
+    defined: the default)."""
+    layout = WeightLayout.of(node.attrs)
+    if layout:
+        return _BY_LAYOUT[layout.kind]
+    found = candidates(tiles, node)
+    if cfg is None or isinstance(cfg, ConfigSpace) or len(found) == 1:
+        return found[0]
+    chosen = cfg["layout"].val
+    return next(s for s in found if s.name == chosen)

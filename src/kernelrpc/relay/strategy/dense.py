@@ -1,0 +1,88 @@
+"""Dense layers: the weight's rows streamed into a block of outputs (``rows``), or a
+register tile of outputs over the whole reduction (``columns``)."""
+from __future__ import annotations
+
+from ..op.reference import dense_reference
+from .common import accumulator, choices, extents, round_up
+from .record import Strategy
+from .tiles import Tiles
+
+
+#: most outputs of a ``rows`` dense layer's block (its accumulators, in L1)
+DENSE_ROWS_BLOCK = 1024
+
+
+def define_dense_knobs(cfg, tiles: Tiles, out_features: int, reduction: int):
+    """The dense layer's knobs: the order of the weight's reads (``order``), outputs per
+    vector tile, the reduction unrolled by a factor.
+
+    ``"rows"`` (the default where :func:`dense_rows_block` finds a block): a block of outputs
+    accumulates in memory (L1) while the reduction streams the weight's rows, each a
+    contiguous slice. ``"columns"``: a vector tile of ``tile_n`` outputs in registers over
+    the whole reduction, which walks down the weight's columns (one cache line per row, rows
+    apart by the row's length).
+    Measurements: docs/performance.md, "Why the defaults are what they are"."""
+    lanes = max(tiles.lanes, 2)
+    cfg.define_knob("order", ["rows", "columns"] if dense_rows_block(tiles, out_features)
+                    else ["columns"])
+    cfg.define_knob("tile_n", choices(tiles.dense_lanes, (lanes, 2 * lanes, 4 * lanes),
+                                       round_up(out_features, lanes)))
+    cfg.define_knob("unroll_k", [1] + [f for f in (4, 8) if reduction % f == 0])
+
+
+def dense_rows_block(tiles: Tiles, out_features: int) -> tuple[int, int] | None:
+    """``(outputs, lanes)`` of a ``rows`` dense layer's block: the largest divisor of the
+    outputs made of whole vectors (of the target's lanes, or half as many) up to
+    :data:`DENSE_ROWS_BLOCK` and, where that leaves blocks of at least 64 outputs, to a
+    quarter of the outputs (blocks for several threads); None where no block has 64."""
+    for lanes in (tiles.lanes, tiles.lanes // 2):
+        if lanes < 2 or out_features % lanes:
+            continue
+        blocks = [d for d in range(lanes, min(out_features, DENSE_ROWS_BLOCK) + 1, lanes)
+                  if out_features % d == 0 and d >= 64]
+        if blocks:
+            shared = [d for d in blocks if 4 * d <= out_features]
+            return max(shared or blocks), lanes
+    return None
+
+
+def schedule_dense(s, dense, out, tiles: Tiles, cfg, node):
+    _, features = extents(s[out])
+    cc = accumulator(s, dense, out)
+    stage = s[out]
+    m, n = stage.op.axis
+    if cfg["order"].val == "rows":
+        block, lanes = dense_rows_block(tiles, features)
+        no, ni = stage.split(n, factor=block)
+        stage.parallel(stage.fuse(m, no))
+        stage.vectorize(stage.split(ni, factor=lanes)[1])
+        s[cc].compute_at(stage, stage.leaf_iter_vars[0])
+        _, cn = s[cc].op.axis
+        (k,) = s[cc].op.reduce_axis
+        cno, cni = s[cc].split(cn, factor=lanes)
+        s[cc].reorder(k, cno, cni)
+        s[cc].vectorize(cni)
+        return
+    no, ni = stage.split(n, factor=cfg["tile_n"].val)
+    stage.reorder(m, no, ni)
+    stage.vectorize(ni)
+    stage.parallel(stage.fuse(m, no))
+    s[cc].compute_at(stage, stage.leaf_iter_vars[0])
+    _, cn = s[cc].op.axis
+    (k,) = s[cc].op.reduce_axis
+    if cfg["unroll_k"].val > 1:
+        ko, ki = s[cc].split(k, factor=cfg["unroll_k"].val)
+        s[cc].reorder(ko, ki, cn)
+        s[cc].unroll(ki)
+    else:
+        s[cc].reorder(k, cn)
+    s[cc].vectorize(cn)
+
+
+def _define_knobs(cfg, tiles: Tiles, node, padded: bool):
+    define_dense_knobs(cfg, tiles, node.shape[1], node.inputs[0].shape[1])
+
+
+DENSE = Strategy("dense", "nn.dense", applies=lambda tiles, node: True,
+                 define_knobs=_define_knobs, schedule=schedule_dense,
+                 reference=lambda data, weight, node: dense_reference(data, weight))

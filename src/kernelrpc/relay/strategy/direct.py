@@ -1,0 +1,48 @@
+"""The direct convolution: a register tile of output channels x output columns (whole
+vectors of columns) over the reduction, the group's tail on the tile in registers."""
+from __future__ import annotations
+
+from .common import accumulator, choices, round_up, schedule_inputs
+from .tiles import Tiles
+
+
+def schedule_direct(s, conv, out, tiles: Tiles, cfg, node):
+    cc = accumulator(s, conv, out)
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=cfg["tile_f"].val)
+    xo, xi = stage.split(x, factor=cfg["tile_x"].val)
+    stage.reorder(n, fo, y, xo, fi, xi)
+    stage.vectorize(xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), y))
+    s[cc].compute_at(stage, xo)
+    _, cf, _, cx = s[cc].op.axis
+    rc, ry, rx = s[cc].op.reduce_axis
+    if cfg["reduce_order"].val == "channels_outer":
+        s[cc].reorder(rc, ry, rx, cf, cx)
+    else:
+        s[cc].reorder(ry, rx, rc, cf, cx)
+    if cfg["unroll_kw"].val:
+        s[cc].unroll(rx)
+    s[cc].unroll(cf)
+    s[cc].vectorize(cx)
+    schedule_inputs(s, tiles)
+
+
+def define_direct_knobs(cfg, tiles: Tiles, node, padded: bool):
+    """The register tile's output channels (``tile_f``) and columns (``tile_x``), the order of
+    the reduction (input channels outside or inside the kernel window), the kernel row's
+    columns unrolled or not, and the padded input a stage of its own (the default: each padded
+    value is read by many output channels) or read in place through its bounds checks. The
+    ``channels`` layout shares the last three."""
+    _, out_channels, _, out_width = node.shape
+    kernel_width = node.inputs[1].shape[3]
+    lanes = tiles.lanes
+    cfg.define_knob("tile_f", choices(tiles.conv_channels, (4, 8, 12, 16, 24, 32),
+                                      min(out_channels, 2 * tiles.conv_channels)))
+    columns = [max(lanes // 2, 2), lanes, 2 * lanes, 3 * lanes] if lanes > 1 else [2, 4, 8]
+    cfg.define_knob("tile_x", choices(tiles.conv_columns, columns,
+                                      round_up(out_width, max(lanes, 2))))
+    cfg.define_knob("reduce_order", ["channels_outer", "window_outer"])
+    cfg.define_knob("unroll_kw", [False, True] if kernel_width > 1 else [False])
+    cfg.define_knob("pad", ["stage", "inline"] if padded else ["stage"])

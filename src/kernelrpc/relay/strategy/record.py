@@ -1,0 +1,29 @@
+"""One implementation of an operator class, as TVM's strategy tables hold them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..op.weight_layout import WeightLayout
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """An implementation of ``op``: ``applies(tiles, node)`` says where it can run (``node``
+    as the model has it, OIHW weight); ``weight_layout(tiles, node)`` is the layout
+    ``relay.build`` puts the constant weight in (the operator's compute, in
+    :mod:`kernelrpc.relay.op`, reads it); ``define_knobs(cfg, tiles, node, padded)`` its
+    tuning knobs; ``schedule(s, anchor, out, tiles, cfg, node)`` its loop schedule, the
+    group's tail fused into it; ``reference(data, weight, node)`` numpy's answer, the check of
+    a tuning candidate (``weight`` in the strategy's layout). ``name`` is the value of the
+    class's ``layout`` knob that picks it."""
+
+    name: str
+    op: str
+    applies: Callable
+    define_knobs: Callable
+    schedule: Callable
+    reference: Callable
+    weight_layout: Callable = lambda tiles, node: WeightLayout()
+    #: a tuning candidate's tolerance, of the reference's largest magnitude (0: the runner's)
+    scale_atol: float = 0.0

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from .. import expr as E
 from .. import ir
-from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype
+from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype, with_lanes
 from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value, join_div
 from .llvm_types import float_literal, int_literal, is_signed, llvm_type, scalar_type
 from .memory_codegen import MemoryCodegen
@@ -487,30 +487,36 @@ class ExprCodegen(MemoryCodegen):
         return result
 
     def _constant_power(self, dtype: str, x: Value, exponent: float) -> Value:
-        """pow(x, n) for a small integer n by squaring (1 / x^|n| below 0), pow(x, +-0.5) by
-        sqrt with pow's special values: pow(-0, 0.5) = +0 and pow(-inf, 0.5) = +inf."""
+        """pow(x, c) for the constants of ``vector_math.CONSTANT_EXPONENTS``: float16 and
+        float32 compute in the next wider float (where x^4 neither overflows nor underflows)
+        and round once; float64 takes (1 / x)^|n| for a negative n."""
+        wider = {"float16": "float32", "float32": "float64"}.get(dtype_element(dtype))
+        if wider is None:
+            return self._power_steps(dtype, x, exponent)
+        wide = with_lanes(wider, dtype_lanes(dtype))
+        return self.cast(self._power_steps(wide, self.cast(x, dtype, wide), exponent), wide, dtype)
+
+    def _power_steps(self, dtype: str, x: Value, exponent: float) -> Value:
+        """x^n by squaring (1 / x first for a negative n); x^+-0.5 by sqrt, with pow's special
+        values pow(-0, 0.5) = +0 and pow(-inf, 0.5) = +inf."""
         ty = llvm_type(dtype)
-        magnitude = abs(exponent)
-        if magnitude == 0.5:
+        one = self.const(1.0, dtype)
+        if abs(exponent) == 0.5:
             root = self._call_intrinsic("sqrt", dtype, [x])
             root = self.fn.assign(ty, f"fadd {root}, {self.const(0.0, dtype).ref}")
-            inf = self.const(float("inf"), dtype)
             minus_inf = self.fn.assign(self._bool_type(dtype),
                                        f"fcmp oeq {x}, {self.const(float('-inf'), dtype).ref}")
-            power = self.fn.assign(ty, f"select {minus_inf}, {inf}, {root}")
-        else:
-            power, square, n = None, x, int(magnitude)
-            while n:
-                if n & 1:
-                    power = square if power is None else self.fn.assign(
-                        ty, f"fmul {power}, {square.ref}")
-                n >>= 1
-                if n:
-                    square = self.fn.assign(ty, f"fmul {square}, {square.ref}")
-            if power is None:
-                return self.const(1.0, dtype)
-        if exponent < 0:
-            return self.fn.assign(ty, f"fdiv {self.const(1.0, dtype)}, {power.ref}")
+            root = self.fn.assign(ty, f"select {minus_inf}, {self.const(float('inf'), dtype)}, "
+                                      f"{root}")
+            return self.fn.assign(ty, f"fdiv {one}, {root.ref}") if exponent < 0 else root
+        base = self.fn.assign(ty, f"fdiv {one}, {x.ref}") if exponent < 0 else x
+        power, n = one, int(abs(exponent))
+        while n:
+            if n & 1:
+                power = base if power is one else self.fn.assign(ty, f"fmul {power}, {base.ref}")
+            n >>= 1
+            if n:
+                base = self.fn.assign(ty, f"fmul {base}, {base.ref}")
         return power
 
     def _call_intrinsic(self, name, dtype, args):

@@ -22,6 +22,9 @@ from .llvm_types import float_literal, llvm_type
 
 #: the functions approximated here, for float32 (float16 and float64 keep LLVM's intrinsics/libm)
 APPROXIMATED = ("exp", "log", "tanh", "erf")
+#: ... and those approximated in scalar code too: a C library's scalar expf and logf (glibc's,
+#: table-driven) are faster than these polynomials, its tanhf and erff are slower
+SCALAR_APPROXIMATED = ("tanh", "erf")
 #: pow(x, c) for these constant exponents becomes multiplications (and a sqrt for +-0.5)
 CONSTANT_EXPONENTS = (-4, -3, -2, -1, -0.5, 0, 0.5, 1, 2, 3, 4)
 
@@ -49,7 +52,9 @@ _ERF_LARGE_POLY = (-1.72853470e-5, 3.83197126e-4, -3.88396438e-3, 2.42546219e-2,
 
 
 def approximates(op: str, dtype: str) -> bool:
-    return op in APPROXIMATED and dtype_element(dtype) == "float32"
+    if op not in APPROXIMATED or dtype_element(dtype) != "float32":
+        return False
+    return dtype_lanes(dtype) > 1 or op in SCALAR_APPROXIMATED
 
 
 class VectorMath:
@@ -113,6 +118,18 @@ class VectorMath:
             acc = self.fma(acc, x, self.f(c))
         return acc
 
+    def estrin(self, x: Value, coefficients) -> Value:
+        """The same polynomial as :meth:`horner` with a shorter dependency chain: pairs of
+        terms first, then pairs of pairs in x^2, x^4, ... (the chain limits a scalar loop)."""
+        terms = [self.f(c) for c in reversed(coefficients)]
+        power = x
+        while len(terms) > 1:
+            paired = [self.fma(terms[k + 1], power, terms[k]) for k in range(0, len(terms) - 1, 2)]
+            terms = paired + terms[len(terms) - len(terms) % 2:]
+            if len(terms) > 1:
+                power = self.op("fmul", power, power)
+        return terms[0]
+
     def where_nan(self, x: Value, result: Value) -> Value:
         """``x`` where it is NaN (the approximations' integer steps would lose it)."""
         return self.select(self.cmp("uno", x, x), x, result)
@@ -130,7 +147,7 @@ class VectorMath:
         nf = self.op("fsub", shifted, self.f(_ROUND_MAGIC))
         r = self.fma(nf, self.f(-_EXP_LN2_HI), clamped)
         r = self.fma(nf, self.f(-_EXP_LN2_LO), r)
-        p = self.horner(r, _EXP_POLY)
+        p = self.estrin(r, _EXP_POLY)
         y = self.fma(p, self.op("fmul", r, r), r)
         y = self.op("fadd", y, self.f(1.0))
         n = self.cast("fptosi", nf, self.ity)
@@ -156,7 +173,7 @@ class VectorMath:
                     self.select(low, m, self.f(0.0)))                      # exact: 2m-1 or m-1
         e = self.cast("sitofp", exponent, self.ty)
         z = self.op("fmul", m, m)
-        y = self.op("fmul", self.op("fmul", self.horner(m, _LOG_POLY), m), z)
+        y = self.op("fmul", self.op("fmul", self.estrin(m, _LOG_POLY), m), z)
         y = self.fma(e, self.f(_EXP_LN2_LO), y)
         y = self.fma(z, self.f(-0.5), y)
         result = self.fma(e, self.f(_EXP_LN2_HI), self.op("fadd", m, y))
@@ -173,8 +190,8 @@ class VectorMath:
         e = self.exp(self.op("fadd", a, a))
         large = self.op("fsub", self.f(1.0),
                         self.op("fdiv", self.f(2.0), self.op("fadd", e, self.f(1.0))))
-        large = self.call("copysign", large, x)
-        return self.select(self.cmp("olt", a, self.f(_TANH_SMALL)), small, large)
+        result = self.select(self.cmp("olt", a, self.f(_TANH_SMALL)), small, large)
+        return self.call("copysign", result, x)          # and tanh(-0) = -0
 
     def erf(self, x: Value) -> Value:
         """N. Juffa's erff: x + x P(x^2) below 0.9277, else 1 - exp(-a + a Q(a)) with x's

@@ -8,7 +8,10 @@
 * what time_evaluator reports per call (native timing loop) against timing the same calls from a
   Python loop with time.perf_counter;
 * host copy bandwidth of ``nd.array(ndarray)`` and ``Tensor.numpy()`` against ``numpy.copy``, and
-  ``tvm.runtime.tensor(ndarray)`` (if installed).
+  ``tvm.runtime.tensor(ndarray)`` (if installed);
+* elementwise math on a float32[197, 1024] tensor at 1 thread (exp, log, tanh, erf, sigmoid,
+  x**3: the compiler's vector polynomials), built vectorized for the host and for
+  ``-mcpu=haswell`` (AVX2, if the host runs it), against numpy and onnxruntime (if installed).
 """
 from __future__ import annotations
 
@@ -25,6 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fixtures.build import build_fixture_module  # noqa: E402
 
 from kernelrpc import nd, runtime  # noqa: E402
+
+#: name -> (te body, numpy function or None, ONNX operator, its exponent input or None)
+MATH = {"exp": (lambda v, te: te.exp(v), np.exp, "Exp", None),
+        "log": (lambda v, te: te.log(v), np.log, "Log", None),
+        "tanh": (lambda v, te: te.tanh(v), np.tanh, "Tanh", None),
+        "erf": (lambda v, te: te.erf(v), None, "Erf", None),
+        "sigmoid": (lambda v, te: 1.0 / (1.0 + te.exp(-v)),
+                    lambda x: 1.0 / (1.0 + np.exp(-x)), "Sigmoid", None),
+        "pow 3": (lambda v, te: te.power(v, 3.0), lambda x: np.power(x, 3), "Pow", 3.0)}
+MATH_SHAPE = (197, 1024)
 
 
 def per_call_us(fn, calls: int = 20000, rounds: int = 5) -> float:
@@ -62,6 +75,65 @@ def tvm_addone():
     mod = tvm.compile(te.create_prim_func([a, b]).with_attr("global_symbol", "addone"),
                       target="llvm").jit()
     return tvm, mod
+
+
+def math_kernel(body, target: str, lanes: int):
+    from kernelrpc import build, te
+
+    a = te.placeholder(MATH_SHAPE, name="A")
+    b = te.compute(MATH_SHAPE, lambda i, j: body(a[i, j], te), name="B")
+    s = te.create_schedule(b.op)
+    _, inner = s[b].split(b.op.axis[1], factor=lanes)
+    s[b].vectorize(inner)
+    return build(s, [a, b], target=target, name="f")
+
+
+def ort_math(op: str, exponent):
+    """An onnxruntime session (1 thread) of the one operator, or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    inputs, inits = ["x"], []
+    if exponent is not None:
+        inputs.append("p")
+        inits.append(numpy_helper.from_array(np.array(exponent, np.float32), "p"))
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, MATH_SHAPE) for n in "xy"]
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"])], op, info[:1], info[1:],
+                              inits)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def elementwise_math() -> list[tuple[str, str]]:
+    from kernelrpc import te
+
+    targets = [("host", "llvm", 16)]
+    if "+avx2" in te.Target("llvm").features.split(","):
+        targets.append(("haswell", "llvm -mcpu=haswell", 8))
+    x = np.random.default_rng(0).standard_normal(MATH_SHAPE).astype(np.float32)
+    dev = runtime.cpu(0)
+    rows = []
+    for name, (body, numpy_fn, op, exponent) in MATH.items():
+        data = np.abs(x) + np.float32(0.01) if name == "log" else x
+        a, b = nd.array(data), nd.empty(MATH_SHAPE)
+        cells = []
+        for _, target, lanes in targets:
+            module = math_kernel(body, target, lanes)
+            module.set_num_threads(1)
+            cells.append(module.time_evaluator("f", dev, number=20, repeat=5)(a, b).median * 1e3)
+        cells.append(per_call_us(lambda: numpy_fn(data), 20) / 1e3 if numpy_fn else None)
+        session = ort_math(op, exponent)
+        cells.append(per_call_us(lambda: session.run(None, {"x": data}), 20) / 1e3
+                     if session else None)
+        rows.append((name, "".join(f"{c:10.3f}" if c is not None else f"{'-':>10}"
+                                   for c in cells)))
+    header = "".join(f"{h:>10}" for h in [t[0] for t in targets] + ["numpy", "ort"])
+    return header, rows
 
 
 def table(title: str, rows: list[tuple[str, str]]) -> None:
@@ -120,6 +192,10 @@ def main() -> None:
             line += f"  {gib_s(mib, best_ms(lambda: tvm_parts[0].runtime.tensor(data))):>24}"
         rows.append((f"{mib:2d} MiB", line))
     table(f"Host copies into and out of a tensor, GiB/s\n  {header}", rows)
+
+    header, rows = elementwise_math()
+    table(f"Elementwise math on float32[197, 1024], 1 thread, ms per call (median of 5 rounds "
+          f"of 20 calls)\n  {'':<7}  {header}", rows)
 
 if __name__ == "__main__":
     main()

@@ -15,12 +15,14 @@ from contextlib import contextmanager
 
 from .. import expr as E
 from .. import ir
-from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype
+from ..expr import dtype_element, dtype_lanes, is_float, parse_dtype, with_lanes
 from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value, join_div
 from .llvm_types import float_literal, int_literal, is_signed, llvm_type, scalar_type
 from .memory_codegen import MemoryCodegen
+from .vector_math import VectorMath, approximates, constant_exponent
 
-#: intrinsic -> LLVM intrinsic (vector forms are legalized by LLVM, to libm calls if need be)
+#: intrinsic -> LLVM intrinsic (vector forms are legalized by LLVM, to libm calls if need be);
+#: float32 exp, log, tanh and erf are polynomials instead (``vector_math``)
 _MATH = {"exp": "exp", "exp2": "exp2", "exp10": "exp10", "log": "log", "log2": "log2",
          "log10": "log10", "sqrt": "sqrt", "tanh": "tanh", "sinh": "sinh", "cosh": "cosh",
          "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
@@ -400,6 +402,12 @@ class ExprCodegen(MemoryCodegen):
     def visit_Call(self, node):
         args = [self(a) for a in node.args]
         op = node.op
+        if approximates(op, node.dtype):
+            return VectorMath(self.module, self.fn, node.dtype).emit(op, args[0])
+        if op == "pow" and is_float(node.dtype):
+            exponent = constant_exponent(node.args[1])
+            if exponent is not None:
+                return self._constant_power(node.dtype, args[0], exponent)
         if op in _MATH:
             return self._call_intrinsic(_MATH[op], node.dtype, args)
         if op in _LIBM:
@@ -477,6 +485,39 @@ class ExprCodegen(MemoryCodegen):
             lane = [self.fn.assign(ety, f"extractelement {a}, i32 {k}") for a in args]
             result = self.fn.assign(result.type, f"insertelement {result}, {scalar(lane)}, i32 {k}")
         return result
+
+    def _constant_power(self, dtype: str, x: Value, exponent: float) -> Value:
+        """pow(x, c) for the constants of ``vector_math.CONSTANT_EXPONENTS``: float16 and
+        float32 compute in the next wider float (where x^4 neither overflows nor underflows)
+        and round once; float64 takes (1 / x)^|n| for a negative n."""
+        wider = {"float16": "float32", "float32": "float64"}.get(dtype_element(dtype))
+        if wider is None:
+            return self._power_steps(dtype, x, exponent)
+        wide = with_lanes(wider, dtype_lanes(dtype))
+        return self.cast(self._power_steps(wide, self.cast(x, dtype, wide), exponent), wide, dtype)
+
+    def _power_steps(self, dtype: str, x: Value, exponent: float) -> Value:
+        """x^n by squaring (1 / x first for a negative n); x^+-0.5 by sqrt, with pow's special
+        values pow(-0, 0.5) = +0 and pow(-inf, 0.5) = +inf."""
+        ty = llvm_type(dtype)
+        one = self.const(1.0, dtype)
+        if abs(exponent) == 0.5:
+            root = self._call_intrinsic("sqrt", dtype, [x])
+            root = self.fn.assign(ty, f"fadd {root}, {self.const(0.0, dtype).ref}")
+            minus_inf = self.fn.assign(self._bool_type(dtype),
+                                       f"fcmp oeq {x}, {self.const(float('-inf'), dtype).ref}")
+            root = self.fn.assign(ty, f"select {minus_inf}, {self.const(float('inf'), dtype)}, "
+                                      f"{root}")
+            return self.fn.assign(ty, f"fdiv {one}, {root.ref}") if exponent < 0 else root
+        base = self.fn.assign(ty, f"fdiv {one}, {x.ref}") if exponent < 0 else x
+        power, n = one, int(abs(exponent))
+        while n:
+            if n & 1:
+                power = base if power is one else self.fn.assign(ty, f"fmul {power}, {base.ref}")
+            n >>= 1
+            if n:
+                base = self.fn.assign(ty, f"fmul {base}, {base.ref}")
+        return power
 
     def _call_intrinsic(self, name, dtype, args):
         ty = llvm_type(dtype)

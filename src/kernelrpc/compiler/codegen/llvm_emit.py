@@ -47,8 +47,18 @@ def _target_machine(target: Target, opt_level: int):
     except RuntimeError as exc:
         raise CodegenError(f"LLVM has no backend for {target.triple}: {exc}") from None
     return llvm_target.create_target_machine(
-        cpu=target.cpu, features=target.features, opt=opt_level, reloc="pic",
+        cpu=target.cpu, features=_llvm_features(target.features), opt=opt_level, reloc="pic",
         codemodel="default", abiname=target.abi)
+
+
+def _llvm_features(features: str) -> str:
+    """``features`` with ``-d32`` added for an ARM FPU of 16 double registers (``+vfp3d16``...):
+    LLVM's armv7 defaults keep d16-d31, and float64 code used them, which traps on such a
+    board (qemu's cortex-r5f, Raspberry Pi OS's VFP baseline)."""
+    enabled = [f[1:] for f in features.split(",") if f.startswith("+")]
+    if any(f.endswith(("d16", "d16sp")) for f in enabled) and "d32" not in features:
+        return features + ",-d32"
+    return features
 
 
 def compile_ir(ir_texts: list[str], target: Target,

@@ -138,7 +138,16 @@ def _power_infer(inputs, attrs):
     return broadcast_shape(inputs[0].shape, inputs[1].shape), inputs[0].dtype
 
 
-register("power", "broadcast", _power_infer,
-         lambda ts, attrs, node: te.compute(node.shape, lambda *i: _power(
-             broadcast_index(ts[0], i), broadcast_index(ts[1], i)), name="power"),
+def _power_compute(ts, attrs, node):
+    exponent = node.inputs[1]
+    if exponent.is_const and exponent.size == 1 and E.is_float(node.dtype):
+        # an immediate exponent: the code generator expands x**2, x**-1, x**0.5 ... inline
+        c = te.const(float(exponent.value.reshape(-1)[0]), node.dtype)
+        return te.compute(node.shape, lambda *i: te.power(broadcast_index(ts[0], i), c),
+                          name="power")
+    return te.compute(node.shape, lambda *i: _power(
+        broadcast_index(ts[0], i), broadcast_index(ts[1], i)), name="power")
+
+
+register("power", "broadcast", _power_infer, _power_compute,
          lambda xs, a: np.power(xs[0], xs[1]).astype(xs[0].dtype))

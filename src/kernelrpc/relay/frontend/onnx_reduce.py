@@ -168,4 +168,4 @@ def _einsum(ctx, args, attrs):
                                   f"{min(d, sizes[letter])} against {max(d, sizes[letter])}")
     if len(args) == 1 and terms[0] == out:
         return [args[0]]
-    return [ctx.make("einsum", args, inputs=tuple(terms), output=out)]
+    return [ctx.make("einsum", args, terms=tuple(terms), output=out)]

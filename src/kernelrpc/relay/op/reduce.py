@@ -106,7 +106,7 @@ def _topk(ts, attrs, node):
     n = static_shape(x)[axis]
     rj = te.reduce_axis((0, n), "rj")
 
-    def before(i):
+    def before(*i):
         other, mine = x[_along(i, axis, rj)], x[i]
         ahead = other > mine if attrs["largest"] else other < mine
         return te.sum(E.if_then_else(ahead | ((other == mine) & (rj.var < i[axis])),
@@ -175,7 +175,7 @@ register("cumsum", "anchor", lambda inputs, a: (inputs[0].shape, inputs[0].dtype
 
 
 def _einsum_infer(inputs, attrs):
-    terms, out = attrs["inputs"], attrs["output"]
+    terms, out = attrs["terms"], attrs["output"]
     sizes = {}
     if len(terms) != len(inputs):
         raise ModelError(f"einsum: {len(terms)} operands in the equation, {len(inputs)} given")
@@ -192,7 +192,7 @@ def _einsum_infer(inputs, attrs):
 
 def _einsum(ts, attrs, node):
     """``out[output letters] = sum over the other letters of the product of the operands``."""
-    terms, out = attrs["inputs"], attrs["output"]
+    terms, out = attrs["terms"], attrs["output"]
     sizes = {}
     for term, t in zip(terms, ts):
         sizes.update(zip(term, static_shape(t)))
@@ -211,13 +211,13 @@ def _einsum(ts, attrs, node):
 
 
 def _einsum_flops(node):
-    letters = set("".join(node.attrs["inputs"]))
+    letters = set("".join(node.attrs["terms"]))
     sizes = {}
-    for term, x in zip(node.attrs["inputs"], node.inputs):
+    for term, x in zip(node.attrs["terms"], node.inputs):
         sizes.update(zip(term, x.shape))
     return 2 * int(np.prod([sizes[letter] for letter in letters]))
 
 
 register("einsum", "anchor", _einsum_infer, _einsum,
-         fold=lambda xs, a: np.einsum(f"{','.join(a['inputs'])}->{a['output']}", *xs),
+         fold=lambda xs, a: np.einsum(f"{','.join(a['terms'])}->{a['output']}", *xs),
          flops=_einsum_flops)

@@ -39,9 +39,10 @@ def _gelu(ctx, args, attrs):
     return _float_unary(ctx, args[0], "gelu", approximate=approximate)
 
 
-@converter("Elu")
-def _elu(ctx, args, attrs):
-    return _float_unary(ctx, args[0], "elu", alpha=float(attrs.get("alpha", 1.0)))
+@converter("Elu", "ThresholdedRelu")
+def _alpha_unary(ctx, args, attrs):
+    op = {"Elu": "elu", "ThresholdedRelu": "thresholded_relu"}[ctx.op_type]
+    return _float_unary(ctx, args[0], op, alpha=float(attrs.get("alpha", 1.0)))
 
 
 @converter("Selu")
@@ -57,11 +58,6 @@ def _celu(ctx, args, attrs):
     if alpha == 0:
         raise Unsupported("Celu with alpha=0 (it divides by alpha)")
     return _float_unary(ctx, args[0], "celu", alpha=alpha)
-
-
-@converter("ThresholdedRelu")
-def _thresholded_relu(ctx, args, attrs):
-    return _float_unary(ctx, args[0], "thresholded_relu", alpha=float(attrs.get("alpha", 1.0)))
 
 
 @converter("Mod")

@@ -11,9 +11,10 @@ import numpy as np
 
 from ... import te
 from ...compiler import expr as E
-from .elemwise import broadcast_index, broadcast_shape
+from .elemwise import _binary_infer as binary_infer
+from .elemwise import _unary as register_unary
+from .elemwise import broadcast_index
 from .registry import register
-from ..errors import ModelError
 
 
 def _c(value, dtype):
@@ -90,30 +91,12 @@ _UNARY = {
 FLOAT_ONLY = frozenset(name for name, (_, _, only) in _UNARY.items() if only)
 
 
-def _unary_infer(inputs, attrs):
-    return inputs[0].shape, inputs[0].dtype
-
-
-def _register_unary(name, body, fold):
-    def compute(ts, attrs, node):
-        x = ts[0]
-        return te.compute(node.shape, lambda *i: body(x[i], attrs, node.dtype), name=name)
-    register(name, "elemwise", _unary_infer, compute,
-             lambda xs, a: np.asarray(fold(xs[0], a)).astype(xs[0].dtype))
-
-
 for _name, (_body, _fold, _) in _UNARY.items():
-    _register_unary(_name, _body, _fold)
+    register_unary(_name, _body, lambda xs, a, fold=_fold: np.asarray(fold(xs[0], a))
+                   .astype(xs[0].dtype))
 
 
 # ------------------------------------------------------------------ modulus
-
-
-def _mod_infer(inputs, attrs):
-    a, b = inputs
-    if a.dtype != b.dtype:
-        raise ModelError(f"Mod of different dtypes ({a.dtype}, {b.dtype})")
-    return broadcast_shape(a.shape, b.shape), a.dtype
 
 
 def _mod(x, y, fmod):
@@ -136,7 +119,7 @@ def _mod_fold(xs, attrs):
     return out.astype(a.dtype)
 
 
-register("mod", "broadcast", _mod_infer,
+register("mod", "broadcast", binary_infer,
          lambda ts, attrs, node: te.compute(node.shape, lambda *i: _mod(
              broadcast_index(ts[0], i), broadcast_index(ts[1], i), attrs["fmod"]), name="mod"),
          _mod_fold)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from .. import ir
 from ..errors import ModelError, UnsupportedOperatorError
 from . import onnx_elementwise, onnx_model, onnx_nn, onnx_tensor  # noqa: F401  (they register)
+from . import onnx_activation, onnx_norm, onnx_reduce  # noqa: F401  (they register)
 from .onnx_common import CONVERTERS, Attrs, Context, Unsupported, supported_operators
 
 __all__ = ["from_onnx", "supported_operators"]

@@ -1,5 +1,5 @@
 """The operators of the network graph (TVM's ``relay.op``)."""
-from . import elemwise, nn, transform  # noqa: F401  (each registers its operators)
+from . import activation, elemwise, nn, norm, reduce, transform  # noqa: F401  (they register)
 from .registry import OPS, OpDef, get, node_flops
 
 __all__ = ["OPS", "OpDef", "get", "node_flops"]

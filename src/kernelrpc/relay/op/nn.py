@@ -335,6 +335,9 @@ register("nn.softmax", "anchor", lambda inputs, attrs: (inputs[0].shape, inputs[
          _softmax, flops=lambda node: 4 * node.size)
 
 
+_product = te.comm_reducer(lambda x, y: x * y, lambda dtype: te.const(1, dtype), "prod")
+
+
 def _reduce_infer(inputs, attrs):
     x = inputs[0]
     axes = attrs["axes"]
@@ -350,7 +353,8 @@ def _reduce(ts, attrs, node):
     dims = static_shape(x)
     axes, kind, keep = attrs["axes"], attrs["kind"], attrs["keepdims"]
     raxes = {a: te.reduce_axis((0, dims[a]), f"r{a}") for a in axes}
-    reducer = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min}[kind]
+    reducer = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min,
+               "prod": _product}[kind]
 
     def body(*idx):
         src, it = [], iter(idx)
@@ -370,7 +374,8 @@ def _reduce(ts, attrs, node):
 
 
 def _reduce_fold(xs, attrs):
-    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[attrs["kind"]]
+    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
+          "prod": np.prod}[attrs["kind"]]
     return fn(xs[0], axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"]).astype(xs[0].dtype)
 
 

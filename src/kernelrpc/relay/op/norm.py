@@ -1,0 +1,96 @@
+"""Normalization over trailing axes: ``nn.normalize`` (zero mean and unit variance, the core of
+layer, instance and group normalization; scale and bias are elementwise operators after it,
+which fuse into its kernel) and ``nn.lp_normalize`` (division by the L1 or L2 norm).
+
+Each reduces a row once for its mean and once for its variance (two passes, not the
+sum-of-squares shortcut, whose cancellation loses digits when the mean is large)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import te
+from ...compiler import expr as E
+from ..errors import ModelError
+from .registry import register, static_shape
+
+
+def _same_infer(inputs, attrs):
+    x = inputs[0]
+    if not 0 <= attrs["axis"] < len(x.shape):
+        raise ModelError(f"normalization axis {attrs['axis']} of {list(x.shape)}")
+    return x.shape, x.dtype
+
+
+def _row_reduce(x, axis, body, name):
+    """A ``[..., 1, 1]`` stage: ``sum(body(x at the row's element))`` over axes ``axis..``."""
+    dims = static_shape(x)
+    raxes = [te.reduce_axis((0, d), f"r{k}") for k, d in enumerate(dims[axis:])]
+    shape = tuple(dims[:axis]) + (1,) * (len(dims) - axis)
+    return te.compute(shape, lambda *i: te.sum(body(i[:axis] + tuple(raxes)), axis=raxes),
+                      name=name, tag="reduce")
+
+
+def _row(i, axis):
+    return tuple(i[:axis]) + (0,) * (len(i) - axis)
+
+
+def _normalize(ts, attrs, node):
+    x = ts[0]
+    axis, dt = attrs["axis"], x.dtype
+    count = te.const(1.0 / math.prod(static_shape(x)[axis:]), dt)
+    total = _row_reduce(x, axis, lambda at: x[at], "normalize_sum")
+    mean = te.compute(total.shape, lambda *i: total[i] * count, name="normalize_mean")
+    squares = _row_reduce(x, axis, lambda at: (x[at] - mean[_row(at, axis)]) *
+                          (x[at] - mean[_row(at, axis)]), "normalize_sqsum")
+    eps = te.const(attrs["epsilon"], dt)
+    return te.compute(node.shape, lambda *i: (x[i] - mean[_row(i, axis)]) / te.sqrt(
+        squares[_row(i, axis)] * count + eps), name="normalize")
+
+
+def _normalize_fold(xs, attrs):
+    x = xs[0]
+    axes = tuple(range(attrs["axis"], x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    return ((x - mean) / np.sqrt(var + attrs["epsilon"])).astype(x.dtype)
+
+
+register("nn.normalize", "anchor", _same_infer, _normalize, fold=_normalize_fold,
+         flops=lambda node: 8 * node.size)
+
+
+def _lp_normalize(ts, attrs, node):
+    """``x / ||x||_p`` along one axis; a zero norm gives 0 (as onnxruntime)."""
+    x = ts[0]
+    axis, dt = attrs["axis"], x.dtype
+    dims = static_shape(x)
+    r = te.reduce_axis((0, dims[axis]), "r")
+    shape = tuple(1 if k == axis else d for k, d in enumerate(dims))
+
+    def at(i):
+        return tuple(r if k == axis else v for k, v in enumerate(i))
+
+    def term(v):
+        return te.abs(v) if attrs["p"] == 1 else v * v
+    total = te.compute(shape, lambda *i: te.sum(term(x[at(i)]), axis=r), name="lp_norm_sum",
+                       tag="reduce")
+
+    def body(*i):
+        s = total[tuple(0 if k == axis else v for k, v in enumerate(i))]
+        norm = s if attrs["p"] == 1 else te.sqrt(s)
+        zero = te.const(0, dt)
+        return E.if_then_else(norm == zero, zero, x[i] / norm)
+    return te.compute(node.shape, body, name="lp_normalize")
+
+
+def _lp_normalize_fold(xs, attrs):
+    x = xs[0]
+    norm = np.linalg.norm(x, ord=attrs["p"], axis=attrs["axis"], keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(norm == 0, 0, x / norm).astype(x.dtype)
+
+
+register("nn.lp_normalize", "anchor", _same_infer, _lp_normalize, fold=_lp_normalize_fold,
+         flops=lambda node: 3 * node.size)

@@ -142,8 +142,9 @@ def test_the_command_lists_compares_and_fails_on_a_regression(tmp_path):
     assert bad.returncode == 1 and "limit must be in" in bad.stderr
 
 
-def test_the_default_database_is_under_xdg_cache_home(tmp_path, monkeypatch):
+def test_the_default_database_is_in_kernelrpcs_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("KERNELRPC_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert store.default_path() == tmp_path / "kernelrpc" / "results.sqlite"
-    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")            # the spec ignores a relative one
-    assert store.default_path().parent.parent.name == ".cache"
+    monkeypatch.setenv("KERNELRPC_CACHE_DIR", str(tmp_path / "own"))
+    assert store.default_path() == tmp_path / "own" / "results.sqlite"

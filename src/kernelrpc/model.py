@@ -85,7 +85,8 @@ def build_parser():
     farm.add_argument("--runs", type=_positive, default=50, metavar="N",
                       help="runs timed one by one for the p50/p90/p99 latency (default: 50)")
     farm.add_argument("--db", type=Path, default=None, metavar="PATH",
-                      help="the results database (default: $XDG_CACHE_HOME/kernelrpc/results.sqlite)")
+                      help="the results database (default: results.sqlite in kernelrpc's cache, "
+                        "$XDG_CACHE_HOME/kernelrpc)")
     farm.add_argument("--no-db", action="store_true", help="keep no record of this run")
     tune = p.add_argument_group("tuning")
     tune.add_argument("--tune", type=_positive, default=0, metavar="TRIALS",

@@ -27,7 +27,8 @@ _CSV_COLUMNS = ["id", *store.COLUMNS]
 def build_parser():
     p = cli.parser("python -m kernelrpc.results", __doc__, silent=False)
     p.add_argument("--db", type=Path, default=None, metavar="PATH",
-                   help="the results database (default: $XDG_CACHE_HOME/kernelrpc/results.sqlite)")
+                   help="the results database (default: results.sqlite in kernelrpc's cache, "
+                        "$XDG_CACHE_HOME/kernelrpc)")
     p.add_argument("--model", default=None, help="only this model (file name, or a prefix of its sha256)")
     p.add_argument("--board", default=None, help="only this board (its address, as listed)")
     p.add_argument("--limit", type=int, default=200, help=f"newest runs read (1 to {store.MAX_ROWS})")
@@ -97,5 +98,10 @@ def main(argv=None) -> int:
     return REGRESSION_STATUS if regressed and args.fail_on_regression else 0
 
 
+def command() -> int:
+    """The console script: :func:`main` with its errors as one line (cli.run_main)."""
+    return cli.run_main("kernelrpc.results", main)
+
+
 if __name__ == "__main__":
-    sys.exit(cli.run_main("kernelrpc.results", main))
+    sys.exit(command())

@@ -1,6 +1,6 @@
 """The results database: one SQLite file, one row per run and board.
 
-Standard library only, and nothing else of kernelrpc: the model command writes it, ``python -m
+Standard library only, and nothing else of kernelrpc but :func:`default_path`: the model command writes it, ``python -m
 kernelrpc.results`` and the tracker's status page read it. Every writer takes SQLite's write
 lock for its one insert (``BEGIN IMMEDIATE``, waiting up to ``BUSY_TIMEOUT_S``), so several
 commands may write one file at once. The file says what it is in its ``meta`` table
@@ -40,10 +40,11 @@ class ResultsError(Exception):
 
 
 def default_path() -> Path:
-    """``$XDG_CACHE_HOME/kernelrpc/results.sqlite`` (``~/.cache`` without the variable)."""
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    return root / "kernelrpc" / "results.sqlite"
+    """``results.sqlite`` in kernelrpc's cache (``deploy.toolchain.cache_dir``:
+    ``$KERNELRPC_CACHE_DIR``, else ``$XDG_CACHE_HOME/kernelrpc``, else ``~/.cache/kernelrpc``)."""
+    from ..deploy.toolchain import cache_dir
+
+    return cache_dir() / "results.sqlite"
 
 
 def _connect(path: Path, readonly: bool) -> sqlite3.Connection:

@@ -133,3 +133,32 @@ def test_percentiles_are_numpys():
     assert got == pytest.approx({f"p{p}": np.percentile(samples, p) for p in (50, 90, 99)})
     with pytest.raises(ValueError):
         trust.percentiles([])
+
+
+def test_the_status_page_shows_the_latest_result_per_board(tmp_path, start_service):
+    pytest.importorskip("tornado")
+    pytest.importorskip("prometheus_client")
+    import urllib.request
+
+    db = tmp_path / "farm.sqlite"
+    conn = store.open_db(db)
+    for recorded, board, p50 in [(1.0, "10.0.0.5:9090", 0.010), (2.0, "10.0.0.5:9090", 0.012),
+                                 (3.0, "10.0.0.6:9090", 0.030)]:
+        store.insert(conn, {"run": "r", "recorded": recorded, "model": "net.onnx", "model_hash": "a",
+                            "build_hash": "b", "key": "rpi4", "board": board, "p50": p50,
+                            "flags": ["hot: 85 °C"] if board.endswith("6:9090") else []})
+    conn.close()
+    tracker = start_service("kernelrpc.tracker", ["--port", "0", "--web-port", "0", "--db", str(db)])
+    page = tracker.wait_for_line(r"status page on http://").split("status page on ", 1)[1].strip()
+    with urllib.request.urlopen(page + "api/status", timeout=10) as response:
+        results = json.loads(response.read())["results"]
+    assert [(r["board"], r["p50"], r["flags"]) for r in results] == [
+        ("10.0.0.5:9090", 0.012, []), ("10.0.0.6:9090", 0.030, ["hot: 85 °C"])]
+    with urllib.request.urlopen(page, timeout=10) as response:
+        assert "Latest result per board" in response.read().decode()
+    db.write_bytes(b"garbage" * 100)
+    with urllib.request.urlopen(page + "api/status", timeout=10) as response:
+        assert "is not a kernelrpc results database" in json.loads(response.read())["results_error"]
+    refused = subprocess.run([sys.executable, "-m", "kernelrpc.tracker", "--port", "0", "--db", str(db)],
+                             capture_output=True, text=True, timeout=60, env=child_env())
+    assert refused.returncode == 2 and "give --web-port too" in refused.stderr

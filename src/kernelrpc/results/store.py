@@ -47,20 +47,21 @@ def default_path() -> Path:
     return cache_dir() / "results.sqlite"
 
 
-def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+def _connect(path: Path, readonly: bool, busy_timeout: float) -> sqlite3.Connection:
     if readonly:
         if not path.is_file():
             raise ResultsError(f"no results database at {path}")
-        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    return sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None)
 
 
-def open_db(path: str | os.PathLike, *, readonly: bool = False) -> sqlite3.Connection:
+def open_db(path: str | os.PathLike, *, readonly: bool = False,
+            busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """A connection to the results database at ``path``; created (when not ``readonly``) if the
-    file is missing or empty."""
+    file is missing or empty. ``busy_timeout``: how long to wait for another writer's lock."""
     path = Path(path)
-    conn = _connect(path, readonly)
+    conn = _connect(path, readonly, busy_timeout)
     try:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables and not readonly:

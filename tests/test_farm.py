@@ -162,3 +162,32 @@ def test_the_status_page_shows_the_latest_result_per_board(tmp_path, start_servi
     refused = subprocess.run([sys.executable, "-m", "kernelrpc.tracker", "--port", "0", "--db", str(db)],
                              capture_output=True, text=True, timeout=60, env=child_env())
     assert refused.returncode == 2 and "give --web-port too" in refused.stderr
+
+
+def test_a_board_killed_during_the_run_is_reported_and_the_others_go_on(tiny_net, tmp_path, start_service,
+                                                                          tracker):
+    servers = [start_server(start_service, tracker, key="shelf") for _ in range(2)]
+    wait_until(lambda: queue(tracker, "shelf")["free"] == 2, what="both servers registered")
+    env = child_env({"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    db = tmp_path / "farm.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "kernelrpc.model", str(tiny_net), "--tracker",
+                             f"127.0.0.1:{tracker.port}", "--key", "shelf", "--all-devices", "--db", str(db),
+                             "--no-check", "--repeat", "1", "--number", "1", "--runs", "3"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stdout:
+            if line.startswith("boards "):           # sessions open, nothing measured yet
+                break
+        victim = next(s for s in servers if f":{s.port}" in line)
+        victim.proc.kill()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert f"board 127.0.0.1:{victim.port} (key 'shelf') FAILED" in out and "1 board side by side" in out
+    conn = store.open_db(db, readonly=True)
+    assert [r["board"] for r in store.rows(conn)] != [f"127.0.0.1:{victim.port}"]
+    assert len(store.rows(conn)) == 1
+    conn.close()

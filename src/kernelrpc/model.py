@@ -104,31 +104,26 @@ def build_parser():
 MAX_RUNS = 1_000_000
 
 
-def _positive(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise cli.argparse.ArgumentTypeError(f"{text!r}: give a positive integer")
+def _number(kind, text: str, low, high, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise cli.argparse.ArgumentTypeError(f"{text!r}: give {what}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _number(int, text, 1, MAX_RUNS, f"a positive integer (at most {MAX_RUNS})")
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_RUNS:
-        raise cli.argparse.ArgumentTypeError(f"{text!r}: give an integer in [0, {MAX_RUNS}]")
-    return value
+    return _number(int, text, 0, MAX_RUNS, f"an integer in [0, {MAX_RUNS}]")
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1e6:
-        raise cli.argparse.ArgumentTypeError(f"{text!r}: give a number of seconds in (0, 1e6]")
-    return value
+    return _number(float, text, 1e-3, 1e6, "a number of seconds in [0.001, 1e6]")
 
 
 def summarize(mod, params) -> dict:

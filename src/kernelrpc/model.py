@@ -383,15 +383,15 @@ def _board_lines(board: dict, bench) -> list[str]:
     versions = " / ".join(f"{name} {f[key]}" for name, key in
                           (("Linux", "kernel"), ("Python", "python"), ("kernelrpc", "kernelrpc")) if key in f)
     lines = [f"ran on       {board['where']}, board {board['board']}",
-             f"board        {f.get('cpu_model') or f.get('machine', '?')}, {f.get('cpus', '?')} cores, "
-             f"{f.get('machine', '?')}{'' if not f.get('emulated') else ' (emulated)'}; {versions}",
+             (f"board        {f.get('cpu_model') or f.get('machine', '?')}, {f.get('cpus', '?')} cores, "
+              f"{f.get('machine', '?')}{'' if not f.get('emulated') else ' (emulated)'}; {versions}"),
              f"             built for {board['target']}",
              f"state        before: {trust.state_text(state['before'])}",
              f"             after:  {trust.state_text(state['after'])}",
              str(bench.table()),
-             f"latency      p50 {format_time(board['p50'])}, p90 {format_time(board['p90'])}, "
-             f"p99 {format_time(board['p99'])} over {board['runs']} runs timed one by one after "
-             f"{board['warmup']} warm-up runs"]
+             (f"latency      p50 {format_time(board['p50'])}, p90 {format_time(board['p90'])}, "
+              f"p99 {format_time(board['p99'])} over {board['runs']} runs timed one by one after "
+              f"{board['warmup']} warm-up runs")]
     if board["peak_rss_bytes"]:
         since = board["state"]["before"].get("peak_rss_since")
         lines.append(f"memory       peak resident {board['peak_rss_bytes'] / 1e6:.1f} MB in the session "

@@ -22,7 +22,7 @@ from . import compat
 # load-time checks and this description.
 from .compat import _AARCH64_HWCAP, _AARCH64_HWCAP2, _ARM_HWCAP
 
-__all__ = ["describe", "board_report", "target_string", "llvm_target"]
+__all__ = ["board_report", "board_state", "describe", "llvm_target", "target_string"]
 
 AT_HWCAP, AT_HWCAP2 = 16, 26
 

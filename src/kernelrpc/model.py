@@ -160,6 +160,8 @@ def _tracker(args, say):
     if args.tracker is not None:
         if not args.key:
             raise SystemExit("error: --tracker needs --key (the device key to request)")
+        if "," in args.key and not args.all_devices:
+            raise SystemExit("error: several keys (--key A,B) need --all-devices")
         return rpc.connect_tracker(*args.tracker)
     if args.all_devices:
         raise SystemExit("error: --all-devices needs --tracker and --key")

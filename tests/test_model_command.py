@@ -13,8 +13,8 @@ from servicectl import child_env, start_server  # noqa: E402
 
 
 def run_model(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "kernelrpc.model", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600, env=child_env())
+    return subprocess.run([sys.executable, "-m", "kernelrpc.model", *args, "--db", str(cwd / "results.sqlite")],
+                          cwd=cwd, capture_output=True, text=True, timeout=600, env=child_env())
 
 
 @pytest.fixture(scope="module")

@@ -174,8 +174,8 @@ def test_tuner_measures_the_default_first(small_resnet):
 
 
 def run_model(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "kernelrpc.model", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600, env=child_env())
+    return subprocess.run([sys.executable, "-m", "kernelrpc.model", *args, "--db", str(cwd / "results.sqlite")],
+                          cwd=cwd, capture_output=True, text=True, timeout=600, env=child_env())
 
 
 def test_model_command_tunes_resumes_and_builds_with_the_log(tmp_path):

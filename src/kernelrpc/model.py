@@ -74,6 +74,20 @@ def build_parser():
     p.add_argument("--session-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    farm = p.add_argument_group("boards and results")
+    farm.add_argument("--all-devices", action="store_true",
+                      help="measure on every board of --key (several: --key rpi4,rpi5) at once, "
+                           "building once per distinct target")
+    farm.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
+                      help="how long to wait for a device of --key (default: until one is free)")
+    farm.add_argument("--warmup", type=_count, default=5, metavar="N",
+                      help="untimed runs before the timed ones (default: 5)")
+    farm.add_argument("--runs", type=_positive, default=50, metavar="N",
+                      help="runs timed one by one for the p50/p90/p99 latency (default: 50)")
+    farm.add_argument("--db", type=Path, default=None, metavar="PATH",
+                      help="the results database (default: results.sqlite in kernelrpc's cache, "
+                        "$XDG_CACHE_HOME/kernelrpc)")
+    farm.add_argument("--no-db", action="store_true", help="keep no record of this run")
     tune = p.add_argument_group("tuning")
     tune.add_argument("--tune", type=_positive, default=0, metavar="TRIALS",
                       help="tune every task up to TRIALS configurations before building")
@@ -87,14 +101,29 @@ def build_parser():
     return p
 
 
-def _positive(text: str) -> int:
+MAX_RUNS = 1_000_000
+
+
+def _number(kind, text: str, low, high, what: str):
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise cli.argparse.ArgumentTypeError(f"{text!r}: give a positive integer")
+        value = None
+    if value is None or not low <= value <= high:
+        raise cli.argparse.ArgumentTypeError(f"{text!r}: give {what}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _number(int, text, 1, MAX_RUNS, f"a positive integer (at most {MAX_RUNS})")
+
+
+def _count(text: str) -> int:
+    return _number(int, text, 0, MAX_RUNS, f"an integer in [0, {MAX_RUNS}]")
+
+
+def _seconds(text: str) -> float:
+    return _number(float, text, 1e-3, 1e6, "a number of seconds in [0.001, 1e6]")
 
 
 def summarize(mod, params) -> dict:
@@ -111,14 +140,15 @@ def summarize(mod, params) -> dict:
             "flops": int(sum(node_flops(n) for n in nodes))}
 
 
-def _session(args, tracker):
+def _session(args, tracker, key: str | None = None):
     from . import rpc
 
     if tracker is None:
         return rpc.LocalSession(), "this host"
     host, port = tracker.addr
-    return tracker.request(args.key, session_timeout=args.session_timeout), \
-        f"key {args.key!r} of {host}:{port}"
+    key = key or args.key
+    return tracker.request(key, session_timeout=args.session_timeout, timeout=args.request_timeout), \
+        f"key {key!r} of {host}:{port}"
 
 
 def _tracker(args, say):
@@ -130,7 +160,11 @@ def _tracker(args, say):
     if args.tracker is not None:
         if not args.key:
             raise SystemExit("error: --tracker needs --key (the device key to request)")
+        if "," in args.key and not args.all_devices:
+            raise SystemExit("error: several keys (--key A,B) need --all-devices")
         return rpc.connect_tracker(*args.tracker)
+    if args.all_devices:
+        raise SystemExit("error: --all-devices needs --tracker and --key")
     if not args.tune:
         return None
     args.key = args.key or "local"
@@ -139,18 +173,24 @@ def _tracker(args, say):
     return FleetTrackerSession(fleet)
 
 
-def _agreement(model, feeds, outputs, threads) -> dict:
-    import numpy as np
-
+def _reference(model, feeds, threads):
+    """onnxruntime's outputs for ``feeds``, or why there are none."""
     try:
         import onnxruntime as ort
     except ImportError:
-        return {"checked": False, "why": "onnxruntime is not installed here"}
+        return "onnxruntime is not installed here"
     options = ort.SessionOptions()
     options.intra_op_num_threads = max(threads, 1) if threads else 0
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    expect = session.run(None, feeds)
+    return session.run(None, feeds)
+
+
+def _agreement(outputs, expect) -> dict:
+    import numpy as np
+
+    if isinstance(expect, str):
+        return {"checked": False, "why": expect}
     report = {"checked": True, "outputs": []}
     for got, ref in zip(outputs, expect):
         scale = float(np.abs(ref).max()) or 1.0
@@ -162,6 +202,18 @@ def _agreement(model, feeds, outputs, threads) -> dict:
             entry["top5_match"] = bool((top_got == top_ref).all())
         report["outputs"].append(entry)
     return report
+
+
+def _agreement_lines(check: dict) -> list[str]:
+    if not check["checked"]:
+        return [f"onnxruntime  not compared: {check['why']}"]
+    lines = []
+    for k, entry in enumerate(check["outputs"]):
+        top5 = "" if "top5_match" not in entry else \
+            f", top-5 {'matches' if entry['top5_match'] else 'DIFFERS'}"
+        lines.append(f"onnxruntime  output {k}: max error {entry['max_abs_error']:.3g} "
+                     f"({entry['relative']:.2g} of its scale){top5}")
+    return lines
 
 
 def run(args) -> dict:
@@ -184,10 +236,21 @@ def run(args) -> dict:
         f"{s['flops'] / 1e9:.3f} GFLOP per run; imported in {result['import_seconds']:.2f} s")
     tracker = _tracker(args, say)
     try:
-        _run_on_device(args, model, mod, params, tracker, result, steps, say)
+        if args.all_devices:
+            steps.close()
+            _run_on_all_devices(args, model, mod, params, tracker, result, say)
+        else:
+            _run_on_device(args, model, mod, params, tracker, result, steps, say)
     finally:
         if tracker is not None:
             tracker.close()
+    if not args.no_db:
+        result["db"] = _record(args, result)
+        say(f"recorded     {len(result['db']['rows'])} result(s) in {result['db']['path']}")
+    if not args.json:
+        paths = [m["path"] for m in result.get("modules", ())]
+        cli.report_output("kernelrpc model", f"module{'s' * (len(paths) > 1)} at {', '.join(paths)}",
+                          "kernelrpc.model", args.argv)
     return result
 
 
@@ -228,11 +291,139 @@ def _build(args, mod, params, target):
         return relay.build(mod, target=target, params=params)
 
 
-def _run_on_device(args, model, mod, params, tracker, result, steps, say):
+def _build_module(args, mod, params, target, output: Path, say):
+    """Build for ``target`` and export to ``output``: the library and what the module is."""
+    t = time.perf_counter()
+    lib = _build(args, mod, params, target)
+    lib.export_library(output)
+    module = {"path": str(output), "bytes": output.stat().st_size,
+              "sha256": _sha256(output), "target": lib.target.to_dict().get("string"),
+              "kernels": len(lib.executor["kernels"]),
+              "arena_bytes": lib.executor["workspace_bytes"],
+              "naive_bytes": lib.executor["naive_bytes"], "build_seconds": time.perf_counter() - t}
+    say(f"built        {module['kernels']} kernel calls for {module['target']} in "
+        f"{module['build_seconds']:.2f} s -> {output} ({module['bytes'] / 1e6:.1f} MB; activations "
+        f"{module['arena_bytes'] / 1e6:.2f} MB planned, {module['naive_bytes'] / 1e6:.2f} MB unplanned)")
+    if args.log:
+        module["schedules"] = _schedules(lib, say)
+    return lib, module
+
+
+def _sha256(path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _feeds(summary: dict) -> dict:
     import numpy as np
 
+    rng = np.random.default_rng(0)
+    return {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"]) for i in summary["inputs"]}
+
+
+def _board_report(remote, reset_peak: bool = False) -> dict:
+    """The device's ``runtime.board_report``; from a server that predates it, its description
+    alone (``state`` empty)."""
+    from .errors import RemoteError
+
+    try:
+        return json.loads(remote.get_function("runtime.board_report")(int(reset_peak)))
+    except (RemoteError, LookupError):
+        facts = remote.device_info() if hasattr(remote, "device_info") else {}
+        return {"facts": facts, "state": {}}
+
+
+def _measure(args, remote, lib, module: dict, feeds: dict, where: str):
+    """Load the built module on one board, run it once for its outputs, warm it up, time it:
+    ``(board, outputs, lines)``, ``board`` with what the board is and its state before and
+    after the run, ``lines`` its table to print."""
     from .contrib import graph_executor
+    from .results import trust
+
+    before = _board_report(remote, reset_peak=True)
+    output = Path(module["path"])
+    remote.upload(str(output))
+    rlib = remote.load_module(output.name)
+    dev = remote.cpu(0)
+    m = graph_executor.GraphModule(rlib["default"](dev))
+    if args.threads:
+        m.module.set_num_threads(args.threads)
+    m.set_input(**feeds)
+    m.run()
+    outputs = [m.get_output(k).numpy() for k in range(m.get_num_outputs())]
+    if args.warmup:
+        m.benchmark(dev, number=args.warmup, repeat=1)
+    bench = m.benchmark(dev, number=args.number, repeat=args.repeat)
+    one_by_one = m.benchmark(dev, number=1, repeat=args.runs)
+    lines = []
+    profile = _profile(args, lib, rlib, dev, feeds, lines) if args.profile else None
+    after = _board_report(remote)
+    facts = before["facts"]
+    address = getattr(remote, "address", "local")
+    board = {"board": f"local:{facts.get('hostname', '')}" if address == "local" else address,
+             "where": where, "facts": facts, "target": module["target"], "build_sha256": module["sha256"],
+             "state": {"before": before["state"], "after": after["state"]},
+             "peak_rss_bytes": after["state"].get("peak_rss_bytes"),
+             "latency": bench.to_dict(), "median": bench.median, "warmup": args.warmup, "runs": args.runs,
+             **trust.percentiles(one_by_one.results),
+             "flags": trust.flags(facts, before["state"], after["state"], bench.disturbance())}
+    if profile is not None:
+        board["profile"] = profile
+    return board, outputs, _board_lines(board, bench) + lines
+
+
+def _board_lines(board: dict, bench) -> list[str]:
+    from .display import format_time
+    from .results import trust
+
+    f, state = board["facts"], board["state"]
+    versions = " / ".join(f"{name} {f[key]}" for name, key in
+                          (("Linux", "kernel"), ("Python", "python"), ("kernelrpc", "kernelrpc")) if key in f)
+    lines = [f"ran on       {board['where']}, board {board['board']}",
+             (f"board        {f.get('cpu_model') or f.get('machine', '?')}, {f.get('cpus', '?')} cores, "
+              f"{f.get('machine', '?')}{'' if not f.get('emulated') else ' (emulated)'}; {versions}"),
+             f"             built for {board['target']}",
+             f"state        before: {trust.state_text(state['before'])}",
+             f"             after:  {trust.state_text(state['after'])}",
+             str(bench.table()),
+             (f"latency      p50 {format_time(board['p50'])}, p90 {format_time(board['p90'])}, "
+              f"p99 {format_time(board['p99'])} over {board['runs']} runs timed one by one after "
+              f"{board['warmup']} warm-up runs")]
+    if board["peak_rss_bytes"]:
+        since = board["state"]["before"].get("peak_rss_since")
+        lines.append(f"memory       peak resident {board['peak_rss_bytes'] / 1e6:.1f} MB in the session "
+                     + ("during the run" if since == "reset" else "since the session started"))
+    lines += [f"WARNING      {flag}" for flag in board["flags"]]
+    return lines
+
+
+def _profile(args, lib, rlib, dev, feeds, lines: list) -> dict:
     from .contrib.debugger import debug_executor
+
+    dbg = debug_executor.create(lib.get_graph_json(), rlib, dev)
+    dbg.set_input(**feeds)
+    report = dbg.profile(number=args.number, repeat=max(1, min(args.repeat, 3)))
+    lines.append(str(report.table(report.slowest(args.top))).replace(
+        "Per-layer profile", f"Slowest {min(args.top, len(report.rows))} layers of the "
+        "per-layer profile"))
+    return {"layers": report.rows, "sum_seconds": report.total,
+            "end_to_end_seconds": report.end_to_end.median,
+            "overhead_per_layer_seconds": report.overhead_per_layer}
+
+
+def _output_path(args, index: int = 0, count: int = 1) -> Path:
+    path = Path(args.output or Path(args.model).with_suffix(".so").name)
+    if count > 1:
+        path = path.with_name(f"{path.stem}-{index}{path.suffix}")
+    return path.resolve()
+
+
+def _run_on_device(args, model, mod, params, tracker, result, steps, say):
     from .display import format_time
 
     s = result["summary"]
@@ -242,73 +433,107 @@ def _run_on_device(args, model, mod, params, tracker, result, steps, say):
     remote, where = _session(args, tracker)
     with remote:
         target = args.target or (remote.target() if hasattr(remote, "target") else None)
-        t = time.perf_counter()
-        lib = _build(args, mod, params, target)
-        output = Path(args.output or Path(args.model).with_suffix(".so").name).resolve()
-        lib.export_library(output)
-        result["build_seconds"] = time.perf_counter() - t
-        result["module"] = {"path": str(output), "bytes": output.stat().st_size,
-                            "target": lib.target.to_dict().get("string"),
-                            "kernels": len(lib.executor["kernels"]),
-                            "arena_bytes": lib.executor["workspace_bytes"],
-                            "naive_bytes": lib.executor["naive_bytes"]}
+        lib, module = _build_module(args, mod, params, target, _output_path(args), say)
+        result["modules"] = [module]
         steps.update()
-        say(f"built        {result['module']['kernels']} kernel calls for "
-            f"{result['module']['target']} in {result['build_seconds']:.2f} s -> {output} "
-            f"({output.stat().st_size / 1e6:.1f} MB; activations {lib.executor['workspace_bytes'] / 1e6:.2f} MB "
-            f"planned, {lib.executor['naive_bytes'] / 1e6:.2f} MB unplanned)")
-        if args.log:
-            result["schedules"] = _schedules(lib, say)
-        remote.upload(str(output))
-        rlib = remote.load_module(output.name)
-        dev = remote.cpu(0)
-        m = graph_executor.GraphModule(rlib["default"](dev))
-        if args.threads:
-            m.module.set_num_threads(args.threads)
-        rng = np.random.default_rng(0)
-        feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(i["dtype"])
-                 for i in s["inputs"]}
-        m.set_input(**feeds)
-        m.run()
-        outputs = [m.get_output(k).numpy() for k in range(m.get_num_outputs())]
-        steps.update()
-        bench = m.benchmark(dev, number=args.number, repeat=args.repeat)
-        result["latency"] = bench.to_dict()
-        result["device"] = where
-        say(f"ran on       {where}")
-        say(str(bench.table()))
-        if args.profile:
-            dbg = debug_executor.create(lib.get_graph_json(), rlib, dev)
-            dbg.set_input(**feeds)
-            report = dbg.profile(number=args.number, repeat=max(1, min(args.repeat, 3)))
-            result["profile"] = {"layers": report.rows, "sum_seconds": report.total,
-                                 "end_to_end_seconds": report.end_to_end.median,
-                                 "overhead_per_layer_seconds": report.overhead_per_layer}
-            say(str(report.table(report.slowest(args.top))).replace(
-                "Per-layer profile", f"Slowest {min(args.top, len(report.rows))} layers of the "
-                "per-layer profile"))
-        steps.update()
+        feeds = _feeds(s)
+        board, outputs, lines = _measure(args, remote, lib, module, feeds, where)
+        steps.update(2)
         steps.close()
+        result["device"] = where
+        for line in lines:
+            say(line)
         if not args.no_check:
-            result["onnxruntime"] = _agreement(model, feeds, outputs, args.threads)
-            check = result["onnxruntime"]
-            if check["checked"]:
-                for k, entry in enumerate(check["outputs"]):
-                    top5 = "" if "top5_match" not in entry else \
-                        f", top-5 {'matches' if entry['top5_match'] else 'DIFFERS'}"
-                    say(f"onnxruntime  output {k}: max error {entry['max_abs_error']:.3g} "
-                        f"({entry['relative']:.2g} of its scale){top5}")
-            else:
-                say(f"onnxruntime  not compared: {check['why']}")
+            board["onnxruntime"] = _agreement(outputs, _reference(model, feeds, args.threads))
+            for line in _agreement_lines(board["onnxruntime"]):
+                say(line)
+        result["boards"] = [board]
         if args.tune:
-            untuned = _untuned_latency(args, mod, params, target, remote, dev, feeds)
+            untuned = _untuned_latency(args, mod, params, target, remote, remote.cpu(0), feeds)
             result["untuned_latency"] = untuned.to_dict()
             say(f"untuned      {format_time(untuned.median)} median in the same session: "
-                f"tuned is {untuned.median / bench.median:.2f}x as fast")
-        say(f"latency      {format_time(bench.median)} median")
-        if not args.json:
-            cli.report_output("kernelrpc model", f"module at {output}", "kernelrpc.model",
-                              args.argv)
+                f"tuned is {untuned.median / board['median']:.2f}x as fast")
+        result.update(module=module, build_seconds=module["build_seconds"], latency=board["latency"],
+                      **{name: board[name] for name in ("onnxruntime", "profile") if name in board})
+        if "schedules" in module:
+            result["schedules"] = module["schedules"]
+        say(f"latency      {format_time(board['median'])} median")
+
+
+def _run_on_all_devices(args, model, mod, params, tracker, result, say):
+    """Every board of the keys at once: one session each, one build per distinct target."""
+    from . import farm
+
+    if args.tune:
+        raise SystemExit("error: --all-devices measures; tune first, then measure with --log")
+    keys = farm.keys_of(args.key)
+    feeds = _feeds(result["summary"])
+    expect = None if args.no_check else _reference(model, feeds, args.threads)
+    built: dict = {}
+
+    def build(target, index, count):
+        built[target] = _build_module(args, mod, params, target, _output_path(args, index, count), say)
+        return built[target]
+
+    def measure(board: farm.Board, artifact):
+        lib, module = artifact
+        measured, outputs, lines = _measure(args, board.remote, lib, module, feeds,
+                                            f"key {board.key!r} of {tracker.where}")
+        measured["key"] = board.key
+        if expect is not None:
+            measured["onnxruntime"] = _agreement(outputs, expect)
+            lines += _agreement_lines(measured["onnxruntime"])
+        return measured, lines
+
+    with farm.open_boards(tracker, keys, session_timeout=args.session_timeout,
+                          request_timeout=args.request_timeout) as boards:
+        say(f"boards       {len(boards)} on key{'s' * (len(keys) > 1)} {', '.join(keys)}: "
+            + ", ".join(b.address for b in boards))
+        outcomes = farm.measure_all(boards, lambda b: args.target or b.remote.target(), build, measure)
+    result["modules"] = [module for _, module in built.values()]
+    result["boards"] = []
+    for board, outcome in outcomes:
+        if isinstance(outcome, Exception):
+            result["boards"].append({"board": board.address, "key": board.key,
+                                     "error": f"{type(outcome).__name__}: {outcome}"})
+            say(f"\nboard {board.address} (key {board.key!r}) FAILED: {outcome}")
+            continue
+        measured, lines = outcome
+        result["boards"].append(measured)
+        say("")
+        for line in lines:
+            say(line)
+    say("")
+    say(str(farm.comparison([b for b in result["boards"] if "error" not in b])))
+
+
+def _record(args, result) -> dict:
+    """One row per measured board in the results database: ``{"path", "run", "rows"}``."""
+    import uuid
+
+    from .results import store
+
+    path = args.db or store.default_path()
+    run, model_hash, rows = uuid.uuid4().hex, _sha256(args.model), []
+    conn = store.open_db(path)
+    try:
+        for board in result["boards"]:
+            if "error" in board:
+                continue
+            check = board.get("onnxruntime", {})
+            errors = [o["relative"] for o in check.get("outputs", ())]
+            facts = board["facts"]
+            rows.append(store.insert(conn, {
+                "run": run, "model": Path(args.model).name[:store.MAX_TEXT], "model_hash": model_hash,
+                "build_hash": board["build_sha256"], "target": board["target"], "key": board.get("key", args.key),
+                "board": board["board"], "machine": facts.get("machine"), "cpu_model": facts.get("cpu_model"),
+                "cpus": facts.get("cpus"), "emulated": bool(facts.get("emulated")),
+                "p50": board["p50"], "p90": board["p90"], "p99": board["p99"], "runs": board["runs"],
+                "peak_rss_bytes": board["peak_rss_bytes"], "max_relative_error": max(errors, default=None),
+                "flags": board["flags"], "facts": facts, "state": board["state"]}))
+    finally:
+        conn.close()
+    return {"path": str(path), "run": run, "rows": rows}
 
 
 def _schedules(lib, say) -> dict:

@@ -22,7 +22,7 @@ from . import compat
 # load-time checks and this description.
 from .compat import _AARCH64_HWCAP, _AARCH64_HWCAP2, _ARM_HWCAP
 
-__all__ = ["describe", "target_string", "llvm_target"]
+__all__ = ["board_report", "board_state", "describe", "llvm_target", "target_string"]
 
 AT_HWCAP, AT_HWCAP2 = 16, 26
 
@@ -211,3 +211,137 @@ def target_string() -> str:
     """The target string to build kernels for this machine (``remote.target()``)."""
     return describe()["target"]
 
+
+
+# -- what a measurement needs besides the target: versions, emulation, the board's state ----------
+
+MAX_CPUS_READ = 1024
+MAX_ZONES = 32
+# Raspberry Pi firmware's get_throttled bits: now (0-3) and since boot (16-19)
+_PI_THROTTLED = {0: "under-voltage", 1: "frequency capped", 2: "throttled", 3: "soft temperature limit"}
+
+
+def _read_text(path: str, limit: int = 4096) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(limit).strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _read_int(path: str, base: int = 10) -> int | None:
+    text = _read_text(path, 64)
+    try:
+        return int(text, base) if text else None
+    except ValueError:
+        return None
+
+
+def _cpu_dirs(sys_root: str) -> list[str]:
+    base = f"{sys_root}/devices/system/cpu"
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("cpu") and n[3:].isdigit()]
+    except OSError:
+        return []
+    return [f"{base}/{n}" for n in sorted(names, key=lambda n: int(n[3:]))[:MAX_CPUS_READ]]
+
+
+def _frequency(cpus: list[str]) -> dict:
+    """Governors and MHz (current: lowest and highest over the CPUs) from cpufreq, where present."""
+    governors, current, lowest, highest = set(), [], [], []
+    for cpu in cpus:
+        governor = _read_text(f"{cpu}/cpufreq/scaling_governor", 64)
+        if governor:
+            governors.add(governor[:32])
+        for name, into in (("scaling_cur_freq", current), ("scaling_min_freq", lowest),
+                           ("scaling_max_freq", highest)):
+            khz = _read_int(f"{cpu}/cpufreq/{name}")
+            if khz is not None and khz > 0:
+                into.append(khz / 1e3)
+    out: dict = {}
+    if governors:
+        out["governor"] = ",".join(sorted(governors))
+    if current:
+        out["cur_mhz"] = [min(current), max(current)]
+    if lowest:
+        out["min_mhz"] = min(lowest)
+    if highest:
+        out["max_mhz"] = max(highest)
+    return out
+
+
+def _temperature(sys_root: str) -> dict:
+    """The hottest thermal zone (°C) and every zone's reading, where /sys/class/thermal has them."""
+    base = f"{sys_root}/class/thermal"
+    try:
+        zones = sorted(n for n in os.listdir(base) if n.startswith("thermal_zone"))[:MAX_ZONES]
+    except OSError:
+        return {}
+    readings = {}
+    for zone in zones:
+        milli = _read_int(f"{base}/{zone}/temp")
+        if milli is not None and -50_000 < milli < 200_000:
+            kind = (_read_text(f"{base}/{zone}/type", 64) or zone)[:32]
+            readings[f"{zone}:{kind}"] = milli / 1e3
+    return {"temp_c": max(readings.values()), "zones_c": readings} if readings else {}
+
+
+def _throttling(sys_root: str, cpus: list[str]) -> dict:
+    """What the board says about throttling: a Raspberry Pi's firmware word, or x86's counts of
+    thermal throttling events (which only grow: compare before and after)."""
+    word = _read_int(f"{sys_root}/devices/platform/soc/soc:firmware/get_throttled", 16)
+    if word is not None:
+        return {"throttled_now": [name for bit, name in _PI_THROTTLED.items() if word >> bit & 1],
+                "throttled_since_boot": [name for bit, name in _PI_THROTTLED.items()
+                                         if word >> (bit + 16) & 1]}
+    counts = [_read_int(f"{cpu}/thermal_throttle/core_throttle_count") for cpu in cpus]
+    counts = [c for c in counts if c is not None]
+    return {"throttle_events": sum(counts)} if counts else {}
+
+
+def _peak_rss(reset: bool, proc_root: str) -> dict:
+    """This process's peak resident memory (VmHWM); ``reset`` first lowers the peak to the
+    current size (writing 5 to clear_refs), so the next reading is the peak since then."""
+    since = "process start"
+    if reset:
+        try:
+            with open(f"{proc_root}/self/clear_refs", "w") as f:
+                f.write("5")
+            since = "reset"
+        except OSError:
+            pass
+    status = _read_text(f"{proc_root}/self/status", 1 << 16) or ""
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            try:
+                return {"peak_rss_bytes": int(line.split()[1]) * 1024, "peak_rss_since": since}
+            except (IndexError, ValueError):
+                break
+    try:
+        import resource
+    except ImportError:
+        return {}
+    return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_since": "process start"}
+
+
+def board_state(*, reset_peak: bool = False, sys_root: str = "/sys", proc_root: str = "/proc") -> dict:
+    """The board's state now: ``governor``, ``cur_mhz`` ([lowest, highest] over the CPUs),
+    ``min_mhz``, ``max_mhz``, ``temp_c`` (hottest zone) and ``zones_c``, throttling
+    (``throttled_now``/``throttled_since_boot`` or ``throttle_events``), and this process's
+    ``peak_rss_bytes``. A key is absent where the system does not expose it (containers, qemu)."""
+    cpus = _cpu_dirs(sys_root)
+    return {**_frequency(cpus), **_temperature(sys_root), **_throttling(sys_root, cpus),
+            **_peak_rss(reset_peak, proc_root)}
+
+
+def board_report(*, reset_peak: bool = False) -> dict:
+    """:func:`describe` with the versions and whether the board is emulated (``facts``), and
+    :func:`board_state` (``state``): what a measurement on this board needs to be trusted."""
+    from .. import __version__
+
+    facts = describe()
+    uname = os.uname()
+    facts.update(hostname=uname.nodename[:64], kernel=uname.release[:128], kernelrpc=__version__,
+                 emulated=bool(facts.get("cpuinfo_foreign")))
+    return {"facts": facts, "state": board_state(reset_peak=reset_peak)}

@@ -64,6 +64,14 @@ def _device_info():
     return json.dumps(device_info.describe())
 
 
+@register("runtime.board_report")
+def _board_report(reset_peak=0):
+    """JSON text of :func:`kernelrpc.runtime.device_info.board_report`: the versions, whether the
+    board is emulated, and its state now (frequency, temperature, throttling, the session's peak
+    resident memory, first lowered to its current size when ``reset_peak``)."""
+    return json.dumps(device_info.board_report(reset_peak=bool(reset_peak)))
+
+
 @register("runtime.module_set_num_threads")
 def _module_set_num_threads(module, nthreads):
     """``Module.set_num_threads`` of a loaded module (the client's remote ``set_num_threads``);

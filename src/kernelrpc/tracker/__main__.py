@@ -34,8 +34,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="serve the status page, /api/status and /metrics on this port "
                              "(0: the OS chooses; needs the web extra)")
     parser.add_argument("--web-host", default=None, help="address of the status page (default: --host)")
+    parser.add_argument("--db", default=None, metavar="PATH",
+                        help="the status page shows the latest result per board from this results "
+                             "database (python -m kernelrpc.model --db)")
     cli.add_security_flags(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.db is not None and args.web_port is None:
+        parser.error("--db shows results on the status page: give --web-port too")
+    return args
 
 
 EXPOSES = ("can hold every device, register fake servers that receive clients' match keys, and "
@@ -54,7 +60,8 @@ async def _main(args: argparse.Namespace) -> None:
         print(f"kernelrpc.tracker listening on {addr[0]}:{addr[1]}{' (TLS)' if args.tls else ''}", flush=True)
 
     def attach_web(service) -> None:
-        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port, tls=args.tls)
+        _, (host, port) = web.start(service, args.web_host or args.host, args.web_port, tls=args.tls,
+                                    db=args.db)
         print(f"kernelrpc.tracker status page on http{'s' if args.tls else ''}://{host}:{port}/", flush=True)
 
     if args.web_port is not None:

@@ -78,8 +78,34 @@ def _arch(device) -> str:
     return next((str(device[f]) for f in ARCH_FIELDS if isinstance(device.get(f), (str, int))), "")
 
 
-def status(service) -> dict:
-    """The tracker's state for people: servers, queues, waiting requests, recent sessions."""
+DB_BUSY_TIMEOUT_S = 0.2
+"""How long a status request waits for a writer of the results database (it runs on the
+tracker's loop): past it, the page says the results are busy and shows them next time."""
+
+
+def latest_results(db) -> dict:
+    """``{"results": [each board's newest run]}`` from the results database at ``db``, or
+    ``{"results_error": why}``; {} without one."""
+    if db is None:
+        return {}
+    from ..results import store
+
+    try:
+        conn = store.open_db(db, readonly=True, busy_timeout=DB_BUSY_TIMEOUT_S)
+        try:
+            rows = store.latest_per_board(conn, limit=MAX_ROWS)
+        finally:
+            conn.close()
+    except (store.ResultsError, OSError) as exc:
+        return {"results_error": str(exc)[:300]}
+    return {"results": [{name: row[name] for name in (
+        "board", "key", "model", "target", "p50", "p90", "p99", "peak_rss_bytes", "flags", "recorded")}
+        for row in rows]}
+
+
+def status(service, db=None) -> dict:
+    """The tracker's state for people: servers, queues, waiting requests, recent sessions, and
+    with ``db`` (a results database) the latest result per board."""
     scheduler = service.scheduler
     name = lambda peer: getattr(peer, "name", "?")  # noqa: E731
     leases = scheduler.lease_info(service.now(), name)
@@ -127,7 +153,7 @@ def status(service) -> dict:
                          "open": (server, client) in open_leases})
     return {"time": time.time(), "uptime": round(service.now() - service.started_at, 3),
             "servers": servers[:MAX_ROWS], "queues": queues[:MAX_ROWS], "waiting": waiting[:MAX_ROWS],
-            "sessions": sessions[:MAX_ROWS]}
+            "sessions": sessions[:MAX_ROWS], **latest_results(db)}
 
 
 class _Collector:
@@ -178,8 +204,9 @@ class _Collector:
         return [connected, free, waiting, matches, waits, wait_max, expiries, sessions]
 
 
-def make_app(service):
-    """The tornado application of the status page for ``service`` (a TrackerService)."""
+def make_app(service, db=None):
+    """The tornado application of the status page for ``service`` (a TrackerService); with
+    ``db``, the page shows the latest result per board from that results database."""
     import tornado.web
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -210,7 +237,7 @@ def make_app(service):
         def get(self):
             self.set_header("Content-Type", "application/json")
             self.set_header("Cache-Control", "no-store")
-            self.write(json.dumps(status(service)))
+            self.write(json.dumps(status(service, db)))
 
     class MetricsHandler(Handler):
         def get(self):
@@ -221,10 +248,11 @@ def make_app(service):
                                     (r"/metrics", MetricsHandler)])
 
 
-def start(service, host: str, port: int, tls=None):
+def start(service, host: str, port: int, tls=None, db=None):
     """Serve the status page on ``host:port`` (0: the OS chooses) on the running loop, over
     HTTPS when ``tls`` (a ``kernelrpc.wire.tls.TLSConfig``, the tracker's own) is given; with the
-    tracker's auth token, every path requires it. Returns ``(http_server, (host, port))``."""
+    tracker's auth token, every path requires it; with ``db``, the latest result per board from
+    that results database. Returns ``(http_server, (host, port))``."""
     require_web_extra()
     import tornado.httpserver
     import tornado.netutil
@@ -233,7 +261,7 @@ def start(service, host: str, port: int, tls=None):
         sockets = tornado.netutil.bind_sockets(port, host)
     except OSError as exc:
         raise OSError(exc.errno, f"--web-port {port} on {host}: {exc.strerror or exc}") from None
-    server = tornado.httpserver.HTTPServer(make_app(service), max_header_size=16 * 1024,
+    server = tornado.httpserver.HTTPServer(make_app(service, db), max_header_size=16 * 1024,
                                            max_body_size=1024, idle_connection_timeout=60,
                                            ssl_options=tls.server_context() if tls is not None else None)
     server.add_sockets(sockets)
@@ -282,6 +310,12 @@ td.busy { color: #888; } .empty { color: #888; font-style: italic; }
 <h2>Queues</h2>
 <table id="queues"><thead><tr><th>key</th><th>servers</th><th>free</th><th>waiting</th>
 <th>longest wait</th><th>matches</th><th>mean wait</th><th>lease expiries</th></tr></thead><tbody></tbody></table>
+<div id="results-section" hidden>
+<h2>Latest result per board</h2>
+<div id="results-error" class="empty"></div>
+<table id="results"><thead><tr><th>board</th><th>key</th><th>model</th><th>p50</th><th>p90</th><th>p99</th>
+<th>peak memory</th><th>recorded</th><th>flags</th></tr></thead><tbody></tbody></table>
+</div>
 <h2>Waiting requests</h2>
 <table id="waiting"><thead><tr><th>key</th><th>client</th><th>priority</th><th>waiting for</th></tr></thead>
 <tbody></tbody></table>
@@ -326,6 +360,14 @@ async function refresh() {
          [s.state, s.state.replace(" ", "-")], [s.held_by || "-"]]);
     fill("queues", st.queues, q => [[q.key], [q.servers], [q.free], [q.waiting], [secs(q.longest_wait)],
          [q.matches], [secs(q.queue_wait_mean)], [q.expired_leases]]);
+    if (st.results || st.results_error) {
+      document.getElementById("results-section").hidden = false;
+      document.getElementById("results-error").textContent = st.results_error || "";
+      fill("results", st.results || [], r => [[r.board], [r.key || "-"], [r.model || "-"], [secs(r.p50)],
+           [r.p90 == null ? "-" : secs(r.p90)], [r.p99 == null ? "-" : secs(r.p99)],
+           [r.peak_rss_bytes ? (r.peak_rss_bytes / 1e6).toFixed(1) + " MB" : "-"],
+           [new Date(r.recorded * 1000).toLocaleString()], [(r.flags || []).join("; ") || "-"]]);
+    }
     fill("waiting", st.waiting, w => [[w.key], [w.client], [w.priority], [secs(w.waited)]]);
     fill("sessions", st.sessions, s => [[new Date(s.started * 1000).toLocaleTimeString()], [s.key],
          [s.server], [s.client], [secs(s.queue_wait)], [s.open ? "open" : "ended"]]);

@@ -1,6 +1,6 @@
 """Local runtime figures, each next to a reference measured in the same run.
 
-    PYTHONPATH=src python bench/runtime.py
+    PYTHONPATH=src python bench/runtime.py [--parallel-launch]
 
 * call overhead of a checked kernel call (``mod["addone"](a, b)``) against the same symbol called
   through bare ctypes with pre-packed arguments, and against Apache TVM 0.27 calling its own
@@ -12,14 +12,27 @@
 * elementwise math on a float32[197, 1024] tensor at 1 thread (exp, log, tanh, erf, sigmoid,
   x**3: the compiler's vector polynomials), built vectorized for the host and for
   ``-mcpu=haswell`` (AVX2, if the host runs it), against numpy and onnxruntime (if installed).
+* the cost of a parallel region on the module thread pool, next to a serial call of the same
+  kernel (``--parallel-launch``: this table alone). A kernel with an (almost) empty parallel loop
+  is timed with the module's native loop (``time_evaluator``), with the pool at 1 thread (no
+  launch: runs inline) and at all cores; the difference is the launch + join overhead per region.
+  A second figure is the first call after the pool has gone to sleep (wake-up latency, ctypes call
+  included), and a third the CPU time the process uses in the 0.3 s after a launch (the workers
+  spin briefly, then sleep: an idle pool should cost next to nothing). Reference: the same kernel
+  dispatched to 2 Python threads (ThreadPoolExecutor; ctypes drops the GIL), the alternative the
+  module pool replaces.
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
+import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +40,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fixtures.build import build_fixture_module  # noqa: E402
 
-from kernelrpc import nd, runtime  # noqa: E402
+import kernelrpc  # noqa: E402
+from kernelrpc import nd, runtime, te  # noqa: E402
 
 #: name -> (te body, numpy function or None, ONNX operator, its exponent input or None)
 MATH = {"exp": (lambda v, te: te.exp(v), np.exp, "Exp", None),
@@ -143,7 +157,58 @@ def table(title: str, rows: list[tuple[str, str]]) -> None:
         print(f"  {name:<{width}}  {value}")
 
 
-def main() -> None:
+def parallel_launch() -> None:
+    """The launch of a parallel region on the module pool, a serial call and 2 Python threads."""
+    n = 64
+    A = te.placeholder((n,), name="A")
+    B = te.compute((n,), lambda i: A[i] + 1.0, name="B")
+    s = te.create_schedule(B.op)
+    s[B].parallel(B.op.axis[0])
+    module = kernelrpc.build(s, [A, B], name="tiny")
+    dev = kernelrpc.cpu(0)
+    a, b = nd.array(np.zeros(n, np.float32), dev), nd.empty((n,), "float32", dev)
+    runtime_module = module.runtime_module
+    rows = []
+    for threads in (1, 0):
+        used = runtime_module.set_num_threads(threads)
+        evaluate = module.time_evaluator("tiny", dev, number=20000, repeat=5)
+        result = evaluate(a, b)
+        rows.append((f"threads={used}", result.median * 1e6, result.min * 1e6))
+    wake = []
+    for _ in range(10):
+        threading.Event().wait(0.05)  # let the workers go to sleep
+        start = time.perf_counter()
+        module(a, b)
+        wake.append((time.perf_counter() - start) * 1e6)
+    runtime_module.set_num_threads(1)
+    function = module["tiny"]
+    python_pool = []
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        for _ in range(2000):
+            start = time.perf_counter()
+            for future in [executor.submit(function, a, b) for _ in range(2)]:
+                future.result()
+            python_pool.append((time.perf_counter() - start) * 1e6)
+    runtime_module.set_num_threads(0)
+    idle = []
+    for _ in range(5):
+        module(a, b)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        threading.Event().wait(0.3)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        idle.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1e3)
+    print(f"{'case':<30}{'median us':>12}{'min us':>10}")
+    for name, median, low in rows:
+        print(f"{name + ' (per call, native loop)':<30}{median:>12.3f}{low:>10.3f}")
+    print(f"{'launch overhead (all - 1)':<30}{rows[1][1] - rows[0][1]:>12.3f}")
+    print(f"{'call after idle (ctypes+wake)':<30}{statistics.median(wake):>12.1f}{min(wake):>10.1f}")
+    print(f"{'CPU in 0.3 s after (ms)':<30}{statistics.median(idle):>12.1f}{min(idle):>10.1f}")
+    print(f"{'reference: 2 Python threads':<30}{statistics.median(python_pool):>12.1f}"
+          f"{min(python_pool):>10.1f}")
+
+
+def call_and_copy_tables() -> None:
+    """Call overhead, per-call time and host copies, each with its references."""
     with tempfile.TemporaryDirectory() as tmp:
         mod = runtime.load_module(build_fixture_module(tmp))
     tvm_parts = tvm_addone()
@@ -196,6 +261,16 @@ def main() -> None:
     header, rows = elementwise_math()
     table(f"Elementwise math on float32[197, 1024], 1 thread, ms per call (median of 5 rounds "
           f"of 20 calls)\n  {'':<7}  {header}", rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parallel-launch", action="store_true", help="only the parallel launch table")
+    if not parser.parse_args().parallel_launch:
+        call_and_copy_tables()
+    print("\nParallel launch (an almost empty parallel loop over 64 float32)")
+    parallel_launch()
+
 
 if __name__ == "__main__":
     main()

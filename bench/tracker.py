@@ -1,11 +1,11 @@
-"""Tracker benchmark: kernelrpc's tracker side by side with Apache TVM's, in one run.
+"""Tracker benchmark: kernelrpc's tracker side by side with Apache TVM's and a floor, in one run.
 
     python bench/tracker.py [--servers 200] [--clients 100] [--requests 2000] [--bursts 3]
                             [--rates 1000,5000,10000] [--no-tvm] [--no-floor]
 
 Each tracker runs as users start it (``python -m ...``); the load comes from a
-separate process (``bench/tracker_load.py``: raw non-blocking sockets, one
-``selectors`` loop, pre-encoded frames) so that the two share the machine's CPUs
+separate process (this script with ``--load``, the load generator below: raw non-blocking
+sockets, one ``selectors`` loop, pre-encoded frames) so that the two share the machine's CPUs
 as a tracker and its users would.  ``--servers`` servers register (UPDATE_INFO +
 PUT) and offer a fresh match key each time one of theirs is handed out (a
 zero-length session).
@@ -21,24 +21,316 @@ Latency is per request: REQUEST sent to its reply received.  Also reported:
 SUMMARY and PING round trips with all servers registered, the CPU time the
 tracker and the load generator spent per match, and process start to ready line.
 The same load runs against TVM's tracker (when apache-tvm is installed) and
-against ``bench/tracker_floor.py``, the least a Python tracker can do per message.
+against the floor (this script with ``--floor``, below), the least a Python tracker can do
+per message.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
-import re
+import selectors
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-SRC = BENCH.parent / "src"
+import procs
+from procs import recv_exactly
 
+SRC = Path(__file__).resolve().parents[1] / "src"
+KEY = "bench"
+MAGIC = struct.pack("<i", 0x2F271)
+I32 = struct.Struct("<i")
+OK_FRAME = I32.pack(1) + b"0"
+REQUEST = (lambda body: I32.pack(len(body)) + body)(json.dumps([4, KEY, "", 1]).encode())
+TICKS = os.sysconf("SC_CLK_TCK")
+clock = time.perf_counter
+
+
+def frame(obj) -> bytes:
+    body = json.dumps(obj).encode()
+    return I32.pack(len(body)) + body
+
+
+# -- the floor (--floor, a process of its own) --------------------------------------
+def floor_main() -> None:
+    """The least a Python tracker can do per message, to judge the real one against.
+
+    One ``selectors`` loop on raw sockets; per message one ``recv``, ``json.loads``, a
+    first-in first-out match of requests to offered slots, ``json.dumps`` of the reply
+    and one ``send``.  No validation, priorities, leases, limits or error handling: it
+    is not a tracker, only a measure of what this machine and the load generator allow
+    a Python tracker to reach, so that the real one can be judged against it.
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    print("floor listening on %s:%d" % listener.getsockname(), flush=True)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    free: collections.deque = collections.deque()
+    waiting: collections.deque = collections.deque()
+    servers = 0
+    ok = frame(0)
+    while True:
+        for key, _ in selector.select():
+            sock = key.fileobj
+            if sock is listener:
+                conn, _ = listener.accept()
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if conn.recv(4) == MAGIC:
+                    conn.sendall(MAGIC)
+                    conn.setblocking(False)
+                    selector.register(conn, selectors.EVENT_READ, bytearray())
+                continue
+            data = sock.recv(65536)
+            if not data:
+                selector.unregister(sock)
+                sock.close()
+                continue
+            buf = key.data
+            buf += data
+            while len(buf) >= 4 and len(buf) >= 4 + I32.unpack_from(buf)[0]:
+                n = I32.unpack_from(buf)[0]
+                msg = json.loads(buf[4:4 + n])
+                del buf[:4 + n]
+                code = msg[0]
+                if code == 4:
+                    waiting.append(sock)
+                elif code == 3:
+                    free.append(["127.0.0.1", msg[2][0], msg[2][1]])
+                    sock.send(ok)
+                elif code == 5:
+                    servers += 1
+                    sock.send(ok)
+                elif code == 6:
+                    sock.send(frame([0, {"queue_info": {"bench": {"free": len(free), "pending": len(waiting)}},
+                                         "server_info": [{}] * servers}]))
+                else:
+                    sock.send(ok)
+                while free and waiting:
+                    waiting.popleft().send(frame([0, free.popleft()]))
+
+
+
+# -- the load generator (--load HOST PORT TRACKER_PID, a process of its own) ---------
+# Plays a fleet over raw non-blocking sockets and one ``selectors`` loop, so that it
+# costs the shared CPUs as little as it can: frames are pre-encoded, a fake server's
+# PUT acknowledgements are read in bulk after each burst rather than one by one, and
+# a reply is decoded only far enough to find the matched server.  Latency is per
+# request, from the clock read just before its REQUEST is sent to the clock read
+# when ``select`` reports its reply readable.  Prints one JSON line of results,
+# including the CPU time each side spent per match.
+def read(sock: socket.socket, n: int) -> bytes:
+    data = bytearray(n)
+    recv_exactly(sock, n, data)
+    return bytes(data)
+
+
+def call(sock: socket.socket, obj):
+    sock.sendall(frame(obj))
+    return json.loads(read(sock, I32.unpack(read(sock, 4))[0]))
+
+
+def open_peer(addr) -> socket.socket:
+    for attempt in range(100):      # TVM's tracker prints its ready line before it calls listen()
+        try:
+            sock = socket.create_connection(addr)
+            break
+        except ConnectionRefusedError:
+            if attempt == 99:
+                raise
+            time.sleep(0.02)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(MAGIC)
+    if read(sock, 4) != MAGIC:
+        raise RuntimeError(f"{addr} is not a tracker")
+    return sock
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` and its descendants (TVM's tracker runs in a child)."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS)
+    tree = {pid}
+    for _ in range(4):
+        tree |= {p for p, (parent, _) in stats.items() if parent in tree}
+    return sum(stats[p][1] for p in tree if p in stats)
+
+
+class FakeServer:
+    """A registered server that offers a fresh match key each time it is handed out."""
+
+    def __init__(self, addr, port: int) -> None:
+        self.sock = open_peer(addr)
+        self.port, self.generation, self.unacked = port, 0, 0
+        if call(self.sock, [5, {"key": f"server:{KEY}", "addr": [None, port]}]) != 0:
+            raise RuntimeError("UPDATE_INFO was refused")
+        self.offer()
+        self.drain()
+        self.sock.setblocking(False)
+
+    def offer(self) -> None:
+        self.generation += 1
+        body = b'[3, "%s", [%d, "%s:%d.%d"], null]' % (KEY.encode(), self.port, KEY.encode(), self.port,
+                                                       self.generation)
+        self.sock.send(I32.pack(len(body)) + body)
+        self.unacked += 1
+
+    def drain(self) -> None:
+        """Read the PUT acknowledgements due so far; each must be SUCCESS."""
+        self.sock.setblocking(True)
+        acks = read(self.sock, len(OK_FRAME) * self.unacked)
+        self.sock.setblocking(False)
+        if acks != OK_FRAME * self.unacked:
+            raise RuntimeError(f"a PUT was not acknowledged with SUCCESS: {acks[:64]!r}")
+        self.unacked = 0
+
+
+class Client:
+    def __init__(self, addr) -> None:
+        self.sock = open_peer(addr)
+        self.sock.setblocking(False)
+        self.buf = b""
+        self.sent: collections.deque[float] = collections.deque()
+
+
+class Load:
+    def __init__(self, addr, n_servers: int, n_clients: int) -> None:
+        self.servers = {20000 + i: FakeServer(addr, 20000 + i) for i in range(n_servers)}
+        self.clients = [Client(addr) for _ in range(n_clients)]
+        self.selector = selectors.DefaultSelector()
+        for client in self.clients:
+            self.selector.register(client.sock, selectors.EVENT_READ, client)
+
+    def send(self, client: Client) -> None:
+        client.sent.append(clock())
+        client.sock.send(REQUEST)
+
+    def receive(self, client: Client, now: float, latencies: list) -> int:
+        """Record the replies in the client's buffer; re-offer each matched server."""
+        data = client.sock.recv(65536)
+        if not data:
+            raise ConnectionError("tracker closed a client connection")
+        buf = client.buf + data if client.buf else data
+        done = 0
+        while len(buf) >= 4:
+            n = I32.unpack_from(buf)[0]
+            if len(buf) < 4 + n:
+                break
+            reply = json.loads(buf[4:4 + n])
+            buf = buf[4 + n:]
+            if reply[0] != 0:
+                raise RuntimeError(f"REQUEST failed: {reply!r}")
+            latencies.append(now - client.sent.popleft())
+            self.servers[reply[1][1]].offer()
+            done += 1
+        client.buf = buf
+        return done
+
+    def closed_loop(self, count: int, latencies: list) -> None:
+        """Every client keeps one REQUEST outstanding (the next goes out on its reply)
+        until ``count`` replies have come back."""
+        left = count
+        for client in self.clients[:count]:
+            self.send(client)
+            left -= 1
+        due = count
+        while due:
+            events = self.selector.select()
+            now = clock()
+            for selector_key, _ in events:
+                client = selector_key.data
+                got = self.receive(client, now, latencies)
+                due -= got
+                for _ in range(min(got, left)):
+                    self.send(client)
+                    left -= 1
+        self.settle()
+
+    def open_loop(self, count: int, rate: float, latencies: list) -> None:
+        """REQUESTs at a fixed total ``rate``, round robin over the clients, whatever the replies."""
+        start = clock()
+        sent = due = 0
+        while due < count:
+            now = clock()
+            while sent < count and start + sent / rate <= now:
+                self.send(self.clients[sent % len(self.clients)])
+                sent += 1
+            timeout = None if sent == count else max(0.0, start + sent / rate - clock())
+            events = self.selector.select(timeout)
+            now = clock()
+            for selector_key, _ in events:
+                due += self.receive(selector_key.data, now, latencies)
+        self.settle()
+
+    def settle(self) -> None:
+        for server in self.servers.values():
+            server.drain()
+
+    def close(self) -> None:
+        for peer in [*self.clients, *self.servers.values()]:
+            peer.sock.close()
+
+
+def percentile(values: list, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def round_trips(addr, msg, count: int) -> tuple[list, object]:
+    """``count`` round trips of ``msg`` on a fresh connection: their durations and the last reply."""
+    sock = open_peer(addr)
+    out = []
+    for _ in range(count):
+        start = clock()
+        reply = call(sock, msg)
+        out.append(clock() - start)
+    sock.close()
+    return out, reply
+
+
+def run(addr, tracker_pid: int, args) -> dict:
+    """The load generator's whole run against the tracker at ``addr``: its figures."""
+    load = Load(addr, args.servers, args.clients)
+    latencies, rates, tracker_cpu, own_cpu = [], [], 0.0, 0.0
+    for _ in range(args.bursts):
+        cpu0, own0, start = cpu_seconds(tracker_pid), time.process_time(), clock()
+        load.closed_loop(args.requests, latencies)
+        rates.append(args.requests / (clock() - start))
+        tracker_cpu += cpu_seconds(tracker_pid) - cpu0
+        own_cpu += time.process_time() - own0
+    matches = args.requests * args.bursts
+    result = {"rate": sorted(rates)[len(rates) // 2], "rates": rates,
+              "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
+              "tracker_cpu_us": tracker_cpu / matches * 1e6, "load_cpu_us": own_cpu / matches * 1e6,
+              "fixed": {}}
+    for rate in args.rates:
+        paced: list[float] = []
+        load.open_loop(min(args.requests, int(rate * 2)), rate, paced)
+        result["fixed"][str(int(rate))] = {"p50": percentile(paced, 50), "p99": percentile(paced, 99)}
+    summary_rtt, info = round_trips(addr, [6], 200)
+    if len(info[1]["server_info"]) != args.servers or info[1]["queue_info"][KEY]["free"] != args.servers:
+        raise RuntimeError(f"SUMMARY does not show {args.servers} free servers: {info[1]['queue_info']}")
+    result["summary"] = percentile(summary_rtt, 50)
+    result["ping"] = percentile(round_trips(addr, [1], 200)[0], 50)
+    load.close()
+    return result
+
+
+# -- the driver ------------------------------------------------------------------
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -46,27 +338,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(argv: list[str], ready: str) -> tuple[subprocess.Popen, tuple[str, int], float]:
+def start_timed(argv: list[str], ready: str) -> tuple[subprocess.Popen, tuple[str, int], float]:
+    """``procs.start`` of ``python argv``, and the seconds from launch to its ready line."""
     env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True)
-    pattern = re.compile(ready)
-    for line in proc.stdout:
-        match = pattern.search(line)
-        if match:
-            return proc, (match.group(1), int(match.group(2))), time.perf_counter() - t0
-    raise RuntimeError(f"{argv} exited before its ready line")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, 15)
-    proc.wait(10)
+    proc, addr = procs.start([sys.executable, *argv], ready, env)
+    return proc, addr, time.perf_counter() - t0
 
 
 def run_load(addr, tracker_pid: int, args) -> dict:
-    argv = [sys.executable, str(BENCH / "tracker_load.py"), addr[0], str(addr[1]), str(tracker_pid),
+    argv = [sys.executable, __file__, "--load", addr[0], str(addr[1]), str(tracker_pid),
             "--servers", str(args.servers), "--clients", str(args.clients), "--requests", str(args.requests),
             "--bursts", str(args.bursts), "--rates", ",".join(str(r) for r in args.rates)]
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -76,15 +358,15 @@ def run_load(addr, tracker_pid: int, args) -> dict:
 
 
 def measure(argv, ready, args) -> dict:
-    proc, addr, ready_s = start(argv, ready)
+    proc, addr, ready_s = start_timed(argv, ready)
     try:
         result = run_load(addr, proc.pid, args)
     finally:
-        stop(proc)
+        procs.stop(proc)
     readies = [ready_s]
     for _ in range(2):
-        proc, _, ready_s = start(argv, ready)
-        stop(proc)
+        proc, _, ready_s = start_timed(argv, ready)
+        procs.stop(proc)
         readies.append(ready_s)
     result["ready"] = statistics.median(readies)
     for rate, figures in result.pop("fixed").items():
@@ -106,8 +388,17 @@ def main() -> None:
     parser.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 5000, 10000],
                         help="total REQUEST rates (per second) of the fixed-rate runs")
     parser.add_argument("--no-tvm", action="store_true", help="skip the run against TVM's tracker")
-    parser.add_argument("--no-floor", action="store_true", help="skip the run against bench/tracker_floor.py")
+    parser.add_argument("--no-floor", action="store_true", help="skip the run against the floor")
+    parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--load", nargs=3, metavar=("HOST", "PORT", "TRACKER_PID"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor:
+        floor_main()
+        return
+    if args.load:
+        host, port, tracker_pid = args.load
+        print(json.dumps(run((host, int(port)), int(tracker_pid), args)), flush=True)
+        return
 
     ours = measure(["-m", "kernelrpc.tracker", "--port", "0", "--log-level", "WARNING"],
                    r"kernelrpc\.tracker listening on (\S+):(\d+)", args)
@@ -116,7 +407,7 @@ def main() -> None:
         port = free_port()
         theirs = measure(["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
                           "--port-end", str(port + 100)], r"bind to (\S+):(\d+)", args)
-    floor = None if args.no_floor else measure([str(BENCH / "tracker_floor.py")],
+    floor = None if args.no_floor else measure([__file__, "--floor"],
                                                r"floor listening on (\S+):(\d+)", args)
 
     print(f"tracker benchmark: {args.servers} servers, {args.clients} clients, each on its own connection, "
@@ -152,12 +443,13 @@ def main() -> None:
           f"{args.clients / ours['rate'] * 1e3:.2f} ms mean latency for kernelrpc; its bursts ran at "
           f"{', '.join(f'{r:.0f}' for r in ours['rates'])}/s")
     if floor is not None:
-        print("floor: bench/tracker_floor.py, a raw selectors loop that only decodes, matches first-in first-out "
+        print("floor: bench/tracker.py --floor, a raw selectors loop that only decodes, matches first-in first-out "
               "and replies (no validation): the most this machine and load generator allow a Python tracker")
     if theirs is None:
         print("(apache-tvm not installed or --no-tvm: no reference column)")
     else:
         print("ratio: how many times better kernelrpc is (throughput ours/TVM, times TVM/ours)")
+
 
 
 if __name__ == "__main__":

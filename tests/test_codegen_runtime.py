@@ -193,7 +193,7 @@ def native_thread_states():
 
 def test_idle_pool_sleeps(lib):
     """After a launch, the workers spin briefly and then sleep on a condition variable: an idle
-    pool burns no CPU (bench/parallel_launch.py measures the CPU it uses)."""
+    pool burns no CPU (bench/runtime.py --parallel-launch measures the CPU it uses)."""
     lib.set_num_threads(2)
     a = np.zeros(1000, np.float32)
     assert lib.fn(lib.args(a)) == 0

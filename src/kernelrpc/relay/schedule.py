@@ -12,7 +12,7 @@ from ..autotvm.space import ConfigSpace
 from ..compiler.tensor import ComputeOp
 from .fuse import Group
 from .op import OPS
-from .strategy import STRATEGIES, WINOGRAD, Tiles, define_knobs, strategy_for
+from .strategy import WINOGRAD, Tiles, define_knobs, has_strategy, strategy_for
 from .strategy.common import parallel_outer
 
 
@@ -36,7 +36,7 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
     cfg = ConfigSpace() if cfg is None else cfg
     s = te.create_schedule(out.op)
     node = group.anchor
-    if node is None or node.op not in STRATEGIES:
+    if not has_strategy(tiles, node):
         _schedule_root_stages(s, out, tiles)
         return s
     if anchor.op.tag == "conv2d_unblock":

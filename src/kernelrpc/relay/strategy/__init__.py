@@ -14,13 +14,14 @@ from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, WINOGRAD, as_modelled, 
     conv2d_strategy, define_conv_knobs
 from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
 from .depthwise import depthwise_tile, is_depthwise
+from .matmul import BATCH_MATMUL, matmul_tile
 from .record import Strategy
 from .tiles import Tiles, tiles_for
 from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band, winograd_plan
 
 
 #: each tunable operator's implementations
-STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,)}
+STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BATCH_MATMUL,)}
 
 
 def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
@@ -31,6 +32,12 @@ def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
     return only
 
 
+def has_strategy(tiles: Tiles, node: ir.Node | None) -> bool:
+    """Whether a group's anchor is scheduled by a strategy (else at the root)."""
+    return node is not None and node.op in STRATEGIES and \
+        any(s.applies(tiles, node) for s in STRATEGIES[node.op])
+
+
 def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
     """The knobs of a tunable layer's space."""
     if node.op == "nn.conv2d":
@@ -39,9 +46,9 @@ def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
         strategy_for(tiles, node).define_knobs(cfg, tiles, node, padded)
 
 
-__all__ = ["CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE", "DIRECT", "STRATEGIES",
-           "Strategy", "Tiles", "WINOGRAD", "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES",
-           "as_modelled", "candidates", "channel_tiles", "channels_default", "conv2d_strategy",
-           "define_conv_knobs", "define_dense_knobs", "define_knobs", "dense_rows_block",
-           "depthwise_tile", "is_depthwise", "strategy_for", "tiles_for", "winograd_band",
-           "winograd_plan"]
+__all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE",
+           "DIRECT", "STRATEGIES", "Strategy", "Tiles", "WINOGRAD", "WINOGRAD_BAND_BYTES",
+           "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates", "channel_tiles",
+           "channels_default", "conv2d_strategy", "define_conv_knobs", "define_dense_knobs",
+           "define_knobs", "dense_rows_block", "depthwise_tile", "has_strategy", "is_depthwise",
+           "matmul_tile", "strategy_for", "tiles_for", "winograd_band", "winograd_plan"]

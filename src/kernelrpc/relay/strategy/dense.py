@@ -1,32 +1,42 @@
-"""Dense layers: the weight's rows streamed into a block of outputs (``rows``), or a
-register tile of outputs over the whole reduction (``columns``)."""
+"""Dense layers: the weight's rows streamed into a block of outputs (``rows``), a register
+tile of outputs over the whole reduction (``columns``), or, for many rows (a sequence's
+tokens), a register tile of rows x outputs (``tile``, :mod:`.matmul`)."""
 from __future__ import annotations
 
 from ..op.reference import dense_reference
 from .common import accumulator, choices, extents, round_up
+from .matmul import define_matmul_knobs, schedule_matmul
 from .record import Strategy
 from .tiles import Tiles
 
 
 #: most outputs of a ``rows`` dense layer's block (its accumulators, in L1)
 DENSE_ROWS_BLOCK = 1024
+#: fewest rows for which the ``tile`` order is offered (and the default)
+TILE_ROWS = 4
 
 
-def define_dense_knobs(cfg, tiles: Tiles, out_features: int, reduction: int):
+def define_dense_knobs(cfg, tiles: Tiles, rows: int, out_features: int, reduction: int):
     """The dense layer's knobs: the order of the weight's reads (``order``), outputs per
-    vector tile, the reduction unrolled by a factor.
+    vector tile, the reduction unrolled by a factor, and with ``tile`` the tile's rows.
 
+    ``"tile"`` (the default for :data:`TILE_ROWS` rows or more): ``tile_m`` rows x ``tile_n``
+    outputs in registers, each weight vector read once for all the tile's rows.
     ``"rows"`` (the default where :func:`dense_rows_block` finds a block): a block of outputs
     accumulates in memory (L1) while the reduction streams the weight's rows, each a
     contiguous slice. ``"columns"``: a vector tile of ``tile_n`` outputs in registers over
     the whole reduction, which walks down the weight's columns (one cache line per row, rows
     apart by the row's length).
     Measurements: docs/performance.md, "Why the defaults are what they are"."""
-    lanes = max(tiles.lanes, 2)
-    cfg.define_knob("order", ["rows", "columns"] if dense_rows_block(tiles, out_features)
-                    else ["columns"])
-    cfg.define_knob("tile_n", choices(tiles.dense_lanes, (lanes, 2 * lanes, 4 * lanes),
-                                       round_up(out_features, lanes)))
+    many = rows >= TILE_ROWS
+    orders = ["rows", "columns"] if dense_rows_block(tiles, out_features) else ["columns"]
+    cfg.define_knob("order", ["tile"] + orders if many else orders)
+    if many:
+        define_matmul_knobs(cfg, tiles, rows, out_features)
+    else:
+        lanes = max(tiles.lanes, 2)
+        cfg.define_knob("tile_n", choices(tiles.dense_lanes, (lanes, 2 * lanes, 4 * lanes),
+                                          round_up(out_features, lanes)))
     cfg.define_knob("unroll_k", [1] + [f for f in (4, 8) if reduction % f == 0])
 
 
@@ -47,6 +57,9 @@ def dense_rows_block(tiles: Tiles, out_features: int) -> tuple[int, int] | None:
 
 
 def schedule_dense(s, dense, out, tiles: Tiles, cfg, node):
+    if cfg["order"].val == "tile":
+        schedule_matmul(s, dense, out, tiles, cfg, node, columns_outer=True)
+        return
     _, features = extents(s[out])
     cc = accumulator(s, dense, out)
     stage = s[out]
@@ -80,7 +93,7 @@ def schedule_dense(s, dense, out, tiles: Tiles, cfg, node):
 
 
 def _define_knobs(cfg, tiles: Tiles, node, padded: bool):
-    define_dense_knobs(cfg, tiles, node.shape[1], node.inputs[0].shape[1])
+    define_dense_knobs(cfg, tiles, node.shape[0], node.shape[1], node.inputs[0].shape[1])
 
 
 DENSE = Strategy("dense", "nn.dense", applies=lambda tiles, node: True,

@@ -1,0 +1,65 @@
+"""Matrix products with many rows (attention's batched MatMul, a dense layer over a sequence):
+a register tile of ``tile_m`` rows x ``tile_n`` columns (whole vectors) accumulates over the
+whole reduction, each step one broadcast of the left operand per row and one vector load of
+the right operand's row per column vector, the group's tail applied to the tile in registers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import accumulator, choices, round_up
+from .record import Strategy
+from .tiles import Tiles
+
+
+def matmul_tile(tiles: Tiles) -> tuple[int, int]:
+    """The default ``(rows, columns)``: two vectors of columns and as many rows as leave four
+    registers for the operands, at most 8 (AVX-512 8 x 32, AVX2 6 x 16, NEON 8 x 8 on aarch64,
+    6 x 8 on armv7, scalar 4 x 4)."""
+    if tiles.lanes == 1:
+        return 4, 4
+    return min(8, (tiles.registers - 4) // 2), 2 * tiles.lanes
+
+
+def define_matmul_knobs(cfg, tiles: Tiles, rows: int, columns: int):
+    """``tile_m`` rows and ``tile_n`` columns of the register tile."""
+    lanes = max(tiles.lanes, 2)
+    mr, nr = matmul_tile(tiles)
+    cfg.define_knob("tile_m", choices(min(mr, rows), (1, 2, 4, 6, 8), rows))
+    cfg.define_knob("tile_n", choices(nr, (lanes, 2 * lanes, 3 * lanes, 4 * lanes),
+                                      round_up(columns, lanes)))
+
+
+def schedule_matmul(s, product, out, tiles: Tiles, cfg, node, columns_outer: bool = False):
+    """The tile over the last two axes of the output, parallel over the batch and the outer
+    tiles: the row tiles, or with ``columns_outer`` (a dense layer's weight) the column
+    tiles, so that a block of the weight stays in cache while every row tile reads it."""
+    cc = accumulator(s, product, out)
+    stage = s[out]
+    *batch, i, j = stage.op.axis
+    io, ii = stage.split(i, factor=cfg["tile_m"].val)
+    jo, ji = stage.split(j, factor=cfg["tile_n"].val)
+    outer, inner = (jo, io) if columns_outer else (io, jo)
+    stage.reorder(*batch, outer, inner, ii, ji)
+    stage.unroll(ii)
+    stage.vectorize(ji)
+    s[cc].compute_at(stage, inner)
+    for axis in reversed(batch):
+        outer = stage.fuse(axis, outer)
+    stage.parallel(outer)
+    *_, ci, cj = s[cc].op.axis
+    (k,) = s[cc].op.reduce_axis
+    s[cc].reorder(k, ci, cj)
+    s[cc].unroll(ci)
+    s[cc].vectorize(cj)
+
+
+def _batch_matmul_reference(a, b, node):
+    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+
+
+BATCH_MATMUL = Strategy(
+    "tile", "nn.batch_matmul", applies=lambda tiles, node: node.dtype == "float32",
+    define_knobs=lambda cfg, tiles, node, padded: define_matmul_knobs(
+        cfg, tiles, node.shape[-2], node.shape[-1]),
+    schedule=schedule_matmul, reference=_batch_matmul_reference)

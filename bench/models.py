@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernelrpc.compiler.peak import fma_peak_gflops
+
 DEFAULT = "resnet18,mobilenet_v2,resnet50,squeezenet,inception_v1,shufflenet,densenet121,vgg19"
 
 
@@ -59,39 +61,6 @@ def _parse(argv=None):
     p.add_argument("--tvm-worker", nargs=3, metavar=("MODEL", "NUMBER", "REPEAT"),
                    help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def fma_peak_gflops(target=None) -> float:
-    """One core's measured float32 FMA throughput: a kernel of kernelrpc's compiler whose inner
-    loop is 12 independent vector accumulations of loop-invariant operands (no memory traffic),
-    the vector as wide as the target's (docs/models.md's tiles), timed on one thread."""
-    import numpy as np
-
-    import kernelrpc
-    from kernelrpc import nd, te
-    from kernelrpc.compiler.target import Target
-    from kernelrpc.relay.schedule import tiles_for
-
-    target = Target(target)
-    lanes, chains, steps = max(tiles_for(target).lanes, 4), 12, 1 << 16
-    a = te.placeholder((lanes,), name="a")
-    b = te.placeholder((chains,), name="b")
-    k = te.reduce_axis((0, steps), "k")
-    c = te.compute((1, chains, lanes), lambda _, j, l: te.sum(a[l] * b[j], axis=k), name="c")
-    s = te.create_schedule(c.op)
-    acc = s.cache_write(c, "global")
-    s[acc].compute_at(s[c], s[c].op.axis[0])
-    _, j, l = s[acc].op.axis
-    s[acc].reorder(k, j, l)
-    s[acc].unroll(j)
-    s[acc].vectorize(l)
-    lib = kernelrpc.build(s, [a, b, c], target=target)
-    lib.runtime_module.set_num_threads(1)
-    args = [nd.array(np.full(lanes, 0.5, "float32")), nd.array(np.full(chains, 0.5, "float32")),
-            nd.empty((1, chains, lanes), "float32")]
-    timer = lib.runtime_module.time_evaluator(lib.metadata["functions"][0]["name"],
-                                              kernelrpc.cpu(0), number=20, repeat=5)
-    return 2 * chains * lanes * steps / min(timer(*args).results) / 1e9
 
 
 #: operator classes of the per-class table
@@ -398,7 +367,8 @@ def main(opts) -> int:
           f"(kernel call included); onnxruntime {tiny_ort * 1e6:.1f} us, "
           f"{tiny_ort / n * 1e9:.0f} ns per node")
     print(f"\nTime and GFLOP/s per operator class (per-layer profile); one core's measured FMA "
-          f"peak {peak:.1f} GFLOP/s (12 vector FMA chains in registers), times the threads")
+          f"peak {peak:.1f} GFLOP/s (kernelrpc.compiler.peak: independent vector multiply-add chains "
+          f"in every register), times the threads")
     print(f"{'network':<14} {'thr':>3} {'build':<8} {'class':<15} {'layers':>6} {'ms':>8} "
           f"{'GFLOP/s':>8} {'of peak':>7}")
     for name, n, kind, table in classes:

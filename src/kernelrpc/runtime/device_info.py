@@ -335,13 +335,12 @@ def board_state(*, reset_peak: bool = False, sys_root: str = "/sys", proc_root: 
             **_peak_rss(reset_peak, proc_root)}
 
 
-def board_report(*, reset_peak: bool = False) -> dict:
-    """:func:`describe` with the versions and whether the board is emulated (``facts``), and
-    :func:`board_state` (``state``): what a measurement on this board needs to be trusted."""
-    from .. import __version__
-
+def board_report(*, version: str, reset_peak: bool = False) -> dict:
+    """:func:`describe` with the versions (``version``: the device server's kernelrpc) and
+    whether the board is emulated (``facts``), and :func:`board_state` (``state``): what a
+    measurement on this board needs to be trusted."""
     facts = describe()
     uname = os.uname()
-    facts.update(hostname=uname.nodename[:64], kernel=uname.release[:128], kernelrpc=__version__,
+    facts.update(hostname=uname.nodename[:64], kernel=uname.release[:128], kernelrpc=version,
                  emulated=bool(facts.get("cpuinfo_foreign")))
     return {"facts": facts, "state": board_state(reset_peak=reset_peak)}

@@ -7,7 +7,7 @@ import platform
 import time
 from typing import Callable
 
-from .. import runtime
+from .. import __version__, runtime
 from ..runtime import device_info, threads
 
 runtime.preload()  # sessions are forked children: each inherits the loaded runtime
@@ -69,7 +69,7 @@ def _board_report(reset_peak=0):
     """JSON text of :func:`kernelrpc.runtime.device_info.board_report`: the versions, whether the
     board is emulated, and its state now (frequency, temperature, throttling, the session's peak
     resident memory, first lowered to its current size when ``reset_peak``)."""
-    return json.dumps(device_info.board_report(reset_peak=bool(reset_peak)))
+    return json.dumps(device_info.board_report(version=__version__, reset_peak=bool(reset_peak)))
 
 
 @register("runtime.module_set_num_threads")

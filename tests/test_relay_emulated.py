@@ -120,3 +120,20 @@ def test_winograd_layers_on_an_emulated_board(tracker, tmp_path, board_name):
                        if p.ndim == 5 and p.shape[0] == p.shape[1] and p.shape[0] in (4, 6)}
         assert transformed == {2, 4}, "F(4x4) and F(2x2) layers expected"
         run_checked(remote, lib, tmp_path / "resnet.so", feeds, expected, board_name)
+
+
+@pytest.mark.parametrize("board_name", ["aarch64", "riscv64"])
+def test_transformers_on_an_emulated_board(tracker, tmp_path, board_name):
+    """The matrix-product tiles and the row softmax on a 4-lane board and a scalar one."""
+    from kernelrpc.relay.testing import transformer
+
+    with board_session(tracker, board_name) as remote:
+        target = remote.target()
+        for kind in ("bert", "gpt2"):
+            model = transformer(kind, seq=37, width=32, heads=2, layers=1, ffn=2)
+            feeds = model_input(model)
+            expected = onnxruntime_outputs(model, feeds)[0]
+            mod, params = relay.frontend.from_onnx(model)
+            lib = relay.build(mod, target=target, params=params)
+            run_checked(remote, lib, tmp_path / f"{kind}.so", feeds, expected,
+                        f"{kind} on {board_name}")

@@ -249,6 +249,7 @@ def _from_options(options: dict, text: str) -> dict:
     default_cpu = _RISCV64_DEFAULT[0] if triple.startswith("riscv64") else "generic"
     cpu = options.get("mcpu") or (host_cpu if same_as_host and not explicit_cpu else default_cpu)
     _check_features(features, text)
+    _check_x86_64_float_abi(triple, features, text)
     _check_llvm_knows(triple, text)
     abi = options.get("mabi") or _implied_abi(triple, features)
     _check_float_abi(options.get("mfloat-abi"), triple, text)
@@ -260,6 +261,15 @@ def _from_options(options: dict, text: str) -> dict:
     return {"triple": triple, "cpu": cpu, "features": features, "abi": abi,
             "mattr_given": "mattr" in options, "opt_level": _opt_level(options, text),
             "labels": labels, "host_string": ""}
+
+
+def _check_x86_64_float_abi(triple: str, features: str, text: str) -> None:
+    """x86-64's calling convention passes and returns floats in SSE registers: code without
+    SSE2 cannot call the C library's float functions (LLVM stops the process over it)."""
+    turned_off = {f[1:] for f in features.split(",") if f.startswith("-")}
+    if triple.startswith("x86_64") and turned_off & {"sse", "sse2"}:
+        raise TargetError(f"target {text!r}: x86-64 code needs SSE2 (its calling convention "
+                          "passes floats in SSE registers); drop -sse/-sse2 from -mattr")
 
 
 def _implied_abi(triple: str, features: str) -> str:

@@ -180,8 +180,12 @@ def mobilenet_v2(batch=1, size=64, width=0.5, classes=100, seed=0):
 
 
 def _const(self, value):
+    """A constant: an integer array keeps its dtype (shapes, indices), anything else float32."""
     name = self.name("c")
-    self.inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+    value = np.asarray(value)
+    if value.dtype.kind != "i":
+        value = value.astype(np.float32)
+    self.inits.append(numpy_helper.from_array(value, name))
     return name
 
 
@@ -209,3 +213,89 @@ def resnet18(batch=1, size=64, width=0.25, classes=100, seed=0):
     x = b.op("Gemm", [x, b.weight((classes, cin), scale=0.1), b.weight((classes,), 0.1)],
              transB=1)
     return b.model({"input": [batch, 3, size, size]}, [x])
+
+
+# ---------------------------------------------------------------------- transformers
+
+def transformer(kind: str = "bert", seq: int = 128, width: int = 256, heads: int = 4,
+                layers: int = 2, ffn: int = 4, classes: int = 100, seed: int = 0):
+    """A transformer written the way torch exports one at opset 17 (MatMul + Add, Reshape and
+    Transpose into heads, Softmax, LayerNormalization, GELU), with seeded random weights.
+
+    ``kind``: ``"bert"`` (an encoder over ``seq`` tokens' embeddings, input ``[1, seq, width]``,
+    GELU by Erf), ``"vit"`` (16x16 patches of a 224x224 image, a class token: ``seq`` is 197,
+    GELU by Erf, the class token's row pooled and classified), ``"gpt2"`` (a decoder block:
+    a causal mask added to the scores, GELU by Tanh and Pow)."""
+    if kind not in ("bert", "vit", "gpt2"):
+        raise ValueError(f"transformer kind {kind!r}: bert, vit or gpt2")
+    if width % heads:
+        raise ValueError(f"width {width} is not a multiple of {heads} heads")
+    b = Builder(seed, opset=17)
+    if kind == "vit":
+        seq, patches = 197, 196
+        x = b.conv("image", 3, width, 16, stride=16, pad=0)
+        x = b.op("Reshape", [x, b.const(np.array([1, width, patches], np.int64))])
+        x = b.op("Transpose", [x], perm=[0, 2, 1])
+        x = b.op("Concat", [b.weight((1, 1, width), scale=0.02), x], axis=1)
+        x = b.op("Add", [x, b.weight((1, seq, width), scale=0.02)])
+        inputs = {"image": [1, 3, 224, 224]}
+    else:
+        x = "tokens"
+        inputs = {"tokens": [1, seq, width]}
+    mask = None
+    if kind == "gpt2":
+        causal = np.triu(np.full((seq, seq), -1e4, np.float32), 1)
+        mask = b.const(causal.reshape(1, 1, seq, seq))
+    for _ in range(layers):
+        x = _transformer_layer(b, x, seq, width, heads, ffn, mask, tanh_gelu=kind == "gpt2")
+    if kind == "vit":
+        x = b.op("Slice", [x, b.const(np.array([0], np.int64)), b.const(np.array([1], np.int64)),
+                           b.const(np.array([1], np.int64))])
+        x = b.op("Reshape", [x, b.const(np.array([1, width], np.int64))])
+        x = b.op("Add", [b.op("MatMul", [x, b.weight((width, classes), scale=0.05)]),
+                         b.weight((classes,), scale=0.02)])
+    return b.model(inputs, [x])
+
+
+def _dense(b, x, n_in, n_out):
+    return b.op("Add", [b.op("MatMul", [x, b.weight((n_in, n_out), scale=1 / math.sqrt(n_in))]),
+                        b.weight((n_out,), scale=0.02)])
+
+
+def _layer_norm(b, x, width):
+    return b.op("LayerNormalization", [x, b.weight((width,), positive=True),
+                                       b.weight((width,), scale=0.02)], axis=-1, epsilon=1e-5)
+
+
+def _gelu(b, x, tanh: bool):
+    half = b.const(np.array(0.5, np.float32))
+    one = b.const(np.array(1.0, np.float32))
+    if tanh:           # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        cube = b.op("Pow", [x, b.const(np.array(3.0, np.float32))])
+        inner = b.op("Add", [x, b.op("Mul", [cube, b.const(np.array(0.044715, np.float32))])])
+        inner = b.op("Mul", [inner, b.const(np.array(math.sqrt(2 / math.pi), np.float32))])
+        t = b.op("Tanh", [inner])
+    else:              # 0.5 x (1 + erf(x / sqrt(2)))
+        t = b.op("Erf", [b.op("Div", [x, b.const(np.array(math.sqrt(2), np.float32))])])
+    return b.op("Mul", [b.op("Mul", [x, half]), b.op("Add", [t, one])])
+
+
+def _transformer_layer(b, x, seq, width, heads, ffn, mask, tanh_gelu):
+    head = width // heads
+    split = b.const(np.array([1, seq, heads, head], np.int64))
+
+    def heads_of(t, perm):
+        return b.op("Transpose", [b.op("Reshape", [t, split])], perm=perm)
+    q = heads_of(_dense(b, x, width, width), [0, 2, 1, 3])
+    k = heads_of(_dense(b, x, width, width), [0, 2, 3, 1])
+    v = heads_of(_dense(b, x, width, width), [0, 2, 1, 3])
+    scores = b.op("Mul", [b.op("MatMul", [q, k]),
+                          b.const(np.array(1 / math.sqrt(head), np.float32))])
+    if mask is not None:
+        scores = b.op("Add", [scores, mask])
+    context = b.op("MatMul", [b.op("Softmax", [scores], axis=-1), v])
+    context = b.op("Reshape", [b.op("Transpose", [context], perm=[0, 2, 1, 3]),
+                               b.const(np.array([1, seq, width], np.int64))])
+    x = _layer_norm(b, b.op("Add", [x, _dense(b, context, width, width)]), width)
+    hidden = _gelu(b, _dense(b, x, width, ffn * width), tanh_gelu)
+    return _layer_norm(b, b.op("Add", [x, _dense(b, hidden, ffn * width, width)]), width)

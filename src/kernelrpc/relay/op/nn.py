@@ -307,23 +307,62 @@ register("nn.lrn", "anchor", lambda inputs, attrs: (inputs[0].shape, inputs[0].d
          flops=lambda node: node.size * (2 * node.attrs["size"] + 4))
 
 
+#: lanes of a long softmax row's partial maxima and sums (the schedule's vector)
+SOFTMAX_PARTS = 16
+
+
 def _softmax(ts, attrs, node):
+    """Softmax along ``axis``: the row's maximum, the sum of ``exp(x - max)``, the quotient.
+    Along the last axis of rows of at least ``2 * SOFTMAX_PARTS``, the maximum and the sum are
+    first taken per lane of ``SOFTMAX_PARTS`` (``softmax_partial`` stages: element ``k`` of
+    the row in lane ``k % SOFTMAX_PARTS``), so that a schedule can run them in vectors, and
+    then over the lanes."""
     x = ts[0]
     dims = static_shape(x)
     axis = attrs["axis"]
+    length = dims[axis]
     red_shape = tuple(1 if k == axis else d for k, d in enumerate(dims))
+    dt = x.dtype
 
-    def at(idx, r):
-        return tuple(r if k == axis else idx[k] for k in range(len(dims)))
-    r1 = te.reduce_axis((0, dims[axis]), "r1")
-    mx = te.compute(red_shape, lambda *i: te.max(x[at(i, r1)], axis=r1), name="softmax_max",
-                    tag="reduce")
-    ra = te.reduce_axis((0, dims[axis]), "r2")
+    def at(idx, position):
+        return tuple(position if k == axis else idx[k] for k in range(len(dims)))
 
     def keep(i):
         return tuple(0 if k == axis else i[k] for k in range(len(dims)))
-    total = te.compute(red_shape, lambda *i: te.sum(te.exp(x[at(i, ra)] - mx[i]), axis=ra),
-                       name="softmax_sum", tag="reduce")
+    parts = SOFTMAX_PARTS if axis == len(dims) - 1 and length >= 2 * SOFTMAX_PARTS else 0
+    if parts:
+        part_shape = tuple(parts if k == axis else d for k, d in enumerate(dims))
+        chunk = te.reduce_axis((0, -(-length // parts)), "rk")
+
+        def lane_terms(i, value, empty):
+            position = chunk * parts + i[axis]
+            inside = position < length
+            return E.if_then_else(inside, value(at(i, E.minimum(position, length - 1))),
+                                  te.const(empty, dt))
+        mxp = te.compute(part_shape, lambda *i: te.max(lane_terms(
+            i, lambda j: x[j], float("-inf")), axis=chunk), name="softmax_max_part",
+            tag="softmax_partial")
+        r1 = te.reduce_axis((0, parts), "r1")
+        mx = te.compute(red_shape, lambda *i: te.max(mxp[at(i, r1)], axis=r1),
+                        name="softmax_max", tag="reduce")
+        chunk2 = te.reduce_axis((0, -(-length // parts)), "rk2")
+
+        def shifted(i):
+            position = chunk2 * parts + i[axis]
+            return E.if_then_else(position < length, te.exp(
+                x[at(i, E.minimum(position, length - 1))] - mx[keep(i)]), te.const(0.0, dt))
+        sp = te.compute(part_shape, lambda *i: te.sum(shifted(i), axis=chunk2),
+                        name="softmax_sum_part", tag="softmax_partial")
+        r2 = te.reduce_axis((0, parts), "r2")
+        total = te.compute(red_shape, lambda *i: te.sum(sp[at(i, r2)], axis=r2),
+                           name="softmax_sum", tag="reduce")
+    else:
+        r1 = te.reduce_axis((0, length), "r1")
+        mx = te.compute(red_shape, lambda *i: te.max(x[at(i, r1)], axis=r1),
+                        name="softmax_max", tag="reduce")
+        ra = te.reduce_axis((0, length), "r2")
+        total = te.compute(red_shape, lambda *i: te.sum(te.exp(x[at(i, ra)] - mx[i]), axis=ra),
+                           name="softmax_sum", tag="reduce")
     if attrs.get("log"):
         return te.compute(node.shape, lambda *i: x[i] - mx[keep(i)] - te.log(total[keep(i)]),
                           name="log_softmax")

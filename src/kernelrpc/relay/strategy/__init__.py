@@ -16,12 +16,14 @@ from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
 from .depthwise import depthwise_tile, is_depthwise
 from .matmul import BATCH_MATMUL, matmul_tile
 from .record import Strategy
+from .softmax import SOFTMAX
 from .tiles import Tiles, tiles_for
 from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band, winograd_plan
 
 
 #: each tunable operator's implementations
-STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BATCH_MATMUL,)}
+STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BATCH_MATMUL,),
+              "nn.softmax": (SOFTMAX,)}
 
 
 def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
@@ -47,7 +49,7 @@ def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
 
 
 __all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE",
-           "DIRECT", "STRATEGIES", "Strategy", "Tiles", "WINOGRAD", "WINOGRAD_BAND_BYTES",
+           "DIRECT", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles", "WINOGRAD", "WINOGRAD_BAND_BYTES",
            "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates", "channel_tiles",
            "channels_default", "conv2d_strategy", "define_conv_knobs", "define_dense_knobs",
            "define_knobs", "dense_rows_block", "depthwise_tile", "has_strategy", "is_depthwise",

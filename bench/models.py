@@ -3,6 +3,7 @@ this host next to onnxruntime on the same machine, same threads, in the same run
 
     python bench/models.py [--networks resnet18,mobilenet_v2,squeezenet] [--threads 1,2]
                            [--batch 1] [--number 5] [--repeat 5] [--tune TRIALS --log-dir DIR]
+                           [--target "llvm -mcpu=haswell" --target llvm]
 
 The device is a real device server (``python -m kernelrpc.server``) behind a tracker on
 loopback; its latency is ``default_run`` timed by the module's native loop. onnxruntime runs in
@@ -10,9 +11,18 @@ this process with ``intra_op_num_threads`` set to the same count, timed with the
 number/repeat, its rounds taking turns with kernelrpc's (untuned, tuned, onnxruntime, then
 again: a disturbance of the machine falls on all alike). "layers" is the per-layer profile's sum
 against the end-to-end median (the executor's own cost per layer in the last column).
-Networks: resnet18 and mobilenet_v2 built in code at full width and 224x224, and the networks
-the onnx wheel ships (resnet50, squeezenet, inception_v1, shufflenet, densenet121, vgg19...)
-with seeded random weights. Nothing is downloaded.
+Networks: resnet18 and mobilenet_v2 built in code at full width and 224x224, transformers built
+in code as torch exports them (bert: an encoder of 2 layers over 128 tokens of width 256; vit:
+the same over a 224x224 image's 196 patches and a class token; gpt2: a decoder block of 2
+layers over 64 tokens with a causal mask), and the networks the onnx wheel ships (resnet50,
+squeezenet, inception_v1, shufflenet, densenet121, vgg19...), all with seeded random weights.
+Nothing is downloaded.
+
+``--target`` (repeatable) builds every network for each target given (default: this host,
+``llvm``): ``--target "llvm -mcpu=haswell" --target llvm`` measures AVX2 code and this host's
+own side by side on one host (the target must run here). Each target's rows and per-class
+table say which it was, and the per-class share of peak is of that target's peak
+(``kernelrpc.compiler.peak``). onnxruntime always runs its own kernels for this host.
 
 ``--tune TRIALS`` first tunes each network's convolutions and dense layers on the same device
 server (AutoTVM's flow, up to TRIALS configurations per task, logs in ``--log-dir``, resumed
@@ -41,13 +51,16 @@ from pathlib import Path
 
 from kernelrpc.compiler.peak import fma_peak_gflops
 
-DEFAULT = "resnet18,mobilenet_v2,resnet50,squeezenet,inception_v1,shufflenet,densenet121,vgg19"
+DEFAULT = ("resnet18,mobilenet_v2,resnet50,squeezenet,inception_v1,shufflenet,densenet121,vgg19,"
+           "bert,vit,gpt2")
 
 
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--networks", default=DEFAULT)
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--target", action="append", default=None,
+                   help="build for this target (repeatable; default: llvm, this host)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--number", type=int, default=5)
     p.add_argument("--repeat", type=int, default=5)
@@ -64,24 +77,35 @@ def _parse(argv=None):
 
 
 #: operator classes of the per-class table
-CLASSES = ("conv 1x1", "conv 3x3", "conv depthwise", "conv other", "dense", "other")
+CLASSES = ("conv 1x1", "conv 3x3", "conv strided", "conv depthwise", "conv grouped",
+           "conv other", "dense 1 row", "dense rows", "batch matmul", "pooling", "softmax",
+           "normalization", "elementwise", "other")
 
 
 def op_class(record) -> str:
+    """The layer class of a kernel record of the executor (its workload, else its anchor)."""
     workload = record.get("workload")
-    if not workload:
-        return "other"
-    name, _, weight, attrs = workload[:4]
-    if name == "dense":
-        return "dense"
-    groups = dict(attrs).get("groups", 1)
-    if groups > 1 and weight[1] == 1:
-        return "conv depthwise"
-    if groups == 1 and weight[2:] == [1, 1]:
-        return "conv 1x1"
-    if groups == 1 and weight[2:] == [3, 3]:
-        return "conv 3x3"
-    return "conv other"
+    fused = record.get("fused", [])
+    if workload:
+        name, data, weight, attrs = workload[:4]
+        if name == "dense":
+            return "dense 1 row" if data[0] == 1 else "dense rows"
+        attrs = dict(attrs)
+        groups = attrs.get("groups", 1)
+        if groups > 1:
+            return "conv depthwise" if weight[1] == 1 else "conv grouped"
+        if list(attrs.get("strides", [1, 1])) != [1, 1]:
+            return "conv strided"
+        return {(1, 1): "conv 1x1", (3, 3): "conv 3x3"}.get(tuple(weight[2:]), "conv other")
+    anchors = {"nn.batch_matmul": "batch matmul", "nn.pool2d": "pooling",
+               "nn.global_pool": "pooling", "nn.softmax": "softmax", "nn.normalize": "normalization",
+               "nn.lp_normalize": "normalization", "nn.lrn": "normalization"}
+    for op in fused:
+        if op in anchors:
+            return anchors[op]
+    if fused and not any(op.startswith("nn.") or op == "reduce" for op in fused):
+        return "elementwise"
+    return "other"
 
 
 def class_table(kernels, report) -> dict:
@@ -152,6 +176,10 @@ def network(name: str, batch: int):
         return testing.resnet18(batch=batch, size=224, width=1.0, classes=1000)
     if name == "mobilenet_v2":
         return testing.mobilenet_v2(batch=batch, size=224, width=1.0, classes=1000)
+    if name in ("bert", "vit", "gpt2"):
+        if batch != 1:
+            raise SystemExit(f"{name}: the transformers are built for batch 1")
+        return testing.transformer(name, seq=64 if name == "gpt2" else 128)
     model = testing.light_model(name)
     return testing.set_batch(model, batch) if batch != 1 else model
 
@@ -215,19 +243,28 @@ def interleaved(rounds: int, timers: dict) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def tune(name, mod, params, fleet, opts):
+def target_label(target: str) -> str:
+    """A target's name in the tables: its vector unit and CPU (``avx2 haswell``)."""
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.compiler.vector_isa import vector_isa
+
+    parsed = Target(target)
+    return f"{vector_isa(parsed).name} {parsed.cpu}"
+
+
+def tune(name, mod, params, fleet, opts, target):
     """The network tuned on the fleet's device; returns (tuned module, tuning report)."""
     from kernelrpc import autotvm, relay
 
-    tasks = autotvm.task.extract_from_program(mod["main"], target="llvm", params=params)
+    tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
     option = autotvm.measure_option(runner=autotvm.RPCRunner(
         "bench-models", fleet.host, fleet.port, number=opts.number, repeat=3))
-    log_file = Path(opts.log_dir) / f"{name}.log"
+    log_file = Path(opts.log_dir) / f"{name}-{target_label(target).replace(' ', '-')}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     report = autotvm.tune_tasks(tasks, opts.tune, option, log_file, measure_alone=True)
     print(f"{name}: tuned {len(tasks)} tasks, log {log_file}\n{report}", flush=True)
     with autotvm.apply_history_best(str(log_file)):
-        return relay.build(mod, target="llvm", params=params), report
+        return relay.build(mod, target=target, params=params), report
 
 
 def main(opts) -> int:
@@ -243,7 +280,9 @@ def main(opts) -> int:
     threads = [int(t) for t in opts.threads.split(",")]
     fleet = LocalFleet("bench-models")
     rows, tunings, classes = [], [], []
-    peak = fma_peak_gflops()
+    targets = opts.target or ["llvm"]
+    peaks = {target_label(t): fma_peak_gflops(t) for t in targets}
+    tvm_done = {}
     try:
         tracker = rpc.connect_tracker(fleet.host, fleet.port)
         with tempfile.TemporaryDirectory() as tmp:
@@ -253,79 +292,82 @@ def main(opts) -> int:
                 t = time.perf_counter()
                 mod, params = relay.frontend.from_onnx(model)
                 import_s = time.perf_counter() - t
-                t = time.perf_counter()
-                lib = relay.build(mod, target="llvm", params=params)
-                path = lib.export_library(Path(tmp) / f"{name}.so")
-                build_s = time.perf_counter() - t
-                tuned_path = None
-                if opts.tune:
-                    tuned_lib, report = tune(name, mod, params, fleet, opts)
-                    tunings.append((name, report))
-                    tuned_path = tuned_lib.export_library(Path(tmp) / f"{name}-tuned.so")
-                tvm_s = None if opts.no_tvm else tvm_seconds(model, opts, tmp)
-                with tracker.request("bench-models", session_timeout=1800) as remote:
-                    remote.upload(str(path))
-                    rlib = remote.load_module(path.name)
-                    dev = remote.cpu(0)
-                    m = graph_executor.GraphModule(rlib["default"](dev))
-                    m.set_input(**feeds)
-                    tuned = None
-                    if tuned_path is not None:
-                        remote.upload(str(tuned_path))
-                        tuned_rlib = remote.load_module(tuned_path.name)
-                        tuned = graph_executor.GraphModule(tuned_rlib["default"](dev))
-                        tuned.set_input(**feeds)
-                    for n in threads:
-                        m.module.set_num_threads(n)
-                        ort_session = OrtSession(model, feeds, n)
-                        disturbed = []
+                for target in targets:
+                    label = target_label(target)
+                    t = time.perf_counter()
+                    lib = relay.build(mod, target=target, params=params)
+                    path = lib.export_library(Path(tmp) / f"{name}-{label}.so")
+                    build_s = time.perf_counter() - t
+                    tuned_path = None
+                    if opts.tune:
+                        tuned_lib, report = tune(name, mod, params, fleet, opts, target)
+                        tunings.append((f"{name} {label}", report))
+                        tuned_path = tuned_lib.export_library(Path(tmp) / f"{name}-{label}-tuned.so")
+                    tvm_s = None if opts.no_tvm or tvm_done.get(name) else tvm_seconds(model, opts, tmp)
+                    tvm_done[name] = tvm_s
+                    with tracker.request("bench-models", session_timeout=1800) as remote:
+                        remote.upload(str(path))
+                        rlib = remote.load_module(path.name)
+                        dev = remote.cpu(0)
+                        m = graph_executor.GraphModule(rlib["default"](dev))
+                        m.set_input(**feeds)
+                        tuned = None
+                        if tuned_path is not None:
+                            remote.upload(str(tuned_path))
+                            tuned_rlib = remote.load_module(tuned_path.name)
+                            tuned = graph_executor.GraphModule(tuned_rlib["default"](dev))
+                            tuned.set_input(**feeds)
+                        for n in threads:
+                            m.module.set_num_threads(n)
+                            ort_session = OrtSession(model, feeds, n)
+                            disturbed = []
 
-                        # each turn times its runs after as many untimed ones (a warm-up
-                        # of caches and threads after the pause)
-                        def kernelrpc_round(module):
-                            result = module.benchmark(dev, number=opts.number, repeat=2)
-                            disturbed.append(result.disturbed)
-                            return result.results[-1]
+                            # each turn times its runs after as many untimed ones (a warm-up
+                            # of caches and threads after the pause)
+                            def kernelrpc_round(module):
+                                result = module.benchmark(dev, number=opts.number, repeat=2)
+                                disturbed.append(result.disturbed)
+                                return result.results[-1]
 
-                        def ort_round():
-                            ort_session.seconds(opts.number)
-                            return ort_session.seconds(opts.number)
-                        timers = {"ours": lambda: kernelrpc_round(m), "theirs": ort_round}
-                        if tuned is not None:
-                            tuned.module.set_num_threads(n)
-                            timers["tuned"] = lambda: kernelrpc_round(tuned)
-                        medians = interleaved(opts.repeat, timers)
-                        theirs, ref = medians["theirs"], ort_session.output
-                        tuned_s = medians.get("tuned")
-                        if tuned is not None:
-                            tuned.run()
-                            tuned_out = tuned.get_output(0).numpy()
-                        m.run()
-                        got = m.get_output(0).numpy()
-                        err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-                        if tuned_s is not None:
-                            err = max(err, float(np.abs(tuned_out - ref).max() /
-                                                 max(np.abs(ref).max(), 1e-30)))
-                        dbg = debug_executor.create(lib.get_graph_json(), rlib, dev)
-                        dbg.set_input(**feeds)
-                        report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
-                        classes.append((name, n, "untuned",
-                                        class_table(lib.executor["kernels"], report)))
-                        if tuned is not None:
-                            dbg = debug_executor.create(tuned_lib.get_graph_json(),
-                                                        tuned_rlib, dev)
+                            def ort_round():
+                                ort_session.seconds(opts.number)
+                                return ort_session.seconds(opts.number)
+                            timers = {"ours": lambda: kernelrpc_round(m), "theirs": ort_round}
+                            if tuned is not None:
+                                tuned.module.set_num_threads(n)
+                                timers["tuned"] = lambda: kernelrpc_round(tuned)
+                            medians = interleaved(opts.repeat, timers)
+                            theirs, ref = medians["theirs"], ort_session.output
+                            tuned_s = medians.get("tuned")
+                            if tuned is not None:
+                                tuned.run()
+                                tuned_out = tuned.get_output(0).numpy()
+                            m.run()
+                            got = m.get_output(0).numpy()
+                            err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+                            if tuned_s is not None:
+                                err = max(err, float(np.abs(tuned_out - ref).max() /
+                                                     max(np.abs(ref).max(), 1e-30)))
+                            dbg = debug_executor.create(lib.get_graph_json(), rlib, dev)
                             dbg.set_input(**feeds)
-                            tuned_report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
-                            classes.append((name, n, "tuned", class_table(
-                                tuned_lib.executor["kernels"], tuned_report)))
-                        rows.append([name, n, import_s, build_s, path.stat().st_size,
-                                     lib.executor["workspace_bytes"], lib.executor["naive_bytes"],
-                                     medians["ours"], theirs, err, report.total,
-                                     report.end_to_end.median, report.overhead_per_layer,
-                                     any(disturbed), tuned_s, tvm_s])
-                        print(f"{name} threads={n}: kernelrpc {medians['ours'] * 1e3:.2f} ms"
-                              + (f" (tuned {tuned_s * 1e3:.2f} ms)" if tuned_s else "") +
-                              f", onnxruntime {theirs * 1e3:.2f} ms", flush=True)
+                            report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
+                            classes.append((name, label, n, "untuned",
+                                            class_table(lib.executor["kernels"], report)))
+                            if tuned is not None:
+                                dbg = debug_executor.create(tuned_lib.get_graph_json(),
+                                                            tuned_rlib, dev)
+                                dbg.set_input(**feeds)
+                                tuned_report = dbg.profile(number=max(1, opts.number // 2), repeat=3)
+                                classes.append((name, label, n, "tuned", class_table(
+                                    tuned_lib.executor["kernels"], tuned_report)))
+                            rows.append([name, label, n, import_s, build_s, path.stat().st_size,
+                                         lib.executor["workspace_bytes"], lib.executor["naive_bytes"],
+                                         medians["ours"], theirs, err, report.total,
+                                         report.end_to_end.median, report.overhead_per_layer,
+                                         any(disturbed), tuned_s, tvm_s])
+                            print(f"{name} [{label}] threads={n}: kernelrpc {medians['ours'] * 1e3:.2f} ms"
+                                  + (f" (tuned {tuned_s * 1e3:.2f} ms)" if tuned_s else "") +
+                                  f", onnxruntime {theirs * 1e3:.2f} ms", flush=True)
             tiny = tiny_layers(opts.tiny_layers)
             mod, params = relay.frontend.from_onnx(tiny)
             path = relay.build(mod, params=params).export_library(Path(tmp) / "tiny.so")
@@ -342,13 +384,13 @@ def main(opts) -> int:
     print(f"Networks, batch {opts.batch}, float32, median of {opts.repeat} repeats of "
           f"{opts.number} runs; kernelrpc on a device server of this host; TVM: Apache TVM's "
           "untuned build of the same file, when installed")
-    header = ["network", "thr", "import s", "build s", "module MB", "arena MB", "naive MB",
+    header = ["network", "target", "thr", "import s", "build s", "module MB", "arena MB", "naive MB",
               "kernelrpc ms", "onnxruntime ms", "ratio", "tuned ms", "tuned ratio", "TVM ms",
               "max err", "layers ms", "e2e ms", "exec/layer us"]
     table = [header]
-    for (name, n, imp, bld, size, arena, naive, ours, theirs, err, total, e2e, over,
+    for (name, label, n, imp, bld, size, arena, naive, ours, theirs, err, total, e2e, over,
          disturbed, tuned_s, tvm_s) in rows:
-        table.append([name + (" (DISTURBED)" if disturbed else ""), str(n), f"{imp:.2f}",
+        table.append([name + (" (DISTURBED)" if disturbed else ""), label, str(n), f"{imp:.2f}",
                       f"{bld:.1f}", f"{size / 1e6:.1f}", f"{arena / 1e6:.1f}",
                       f"{naive / 1e6:.1f}", f"{ours * 1e3:.2f}", f"{theirs * 1e3:.2f}",
                       f"{ours / theirs:.2f}x",
@@ -366,19 +408,21 @@ def main(opts) -> int:
           f"{tiny_run.median * 1e6:.1f} us per run, {tiny_run.median / n * 1e9:.0f} ns per layer "
           f"(kernel call included); onnxruntime {tiny_ort * 1e6:.1f} us, "
           f"{tiny_ort / n * 1e9:.0f} ns per node")
-    print(f"\nTime and GFLOP/s per operator class (per-layer profile); one core's measured FMA "
-          f"peak {peak:.1f} GFLOP/s (kernelrpc.compiler.peak: independent vector multiply-add chains "
-          f"in every register), times the threads")
-    print(f"{'network':<14} {'thr':>3} {'build':<8} {'class':<15} {'layers':>6} {'ms':>8} "
-          f"{'GFLOP/s':>8} {'of peak':>7}")
-    for name, n, kind, table in classes:
+    peak_text = ", ".join(f"{label} {peak:.1f}" for label, peak in peaks.items())
+    print(f"\nTime and GFLOP/s per operator class (per-layer profile); one core's measured "
+          f"multiply-add peak of each target's code, GFLOP/s: {peak_text} "
+          f"(kernelrpc.compiler.peak), times the threads")
+    print(f"{'network':<14} {'target':<20} {'thr':>3} {'build':<8} {'class':<15} {'layers':>6} "
+          f"{'ms':>8} {'GFLOP/s':>8} {'of peak':>7}")
+    for name, label, n, kind, table in classes:
         for cls, (layers, seconds, flops) in table.items():
-            if layers:
-                rate = flops / seconds / 1e9 if seconds and flops else 0.0
-                print(f"{name:<14} {n:>3} {kind:<8} {cls:<15} {layers:>6} {seconds * 1e3:>8.2f} "
-                      f"{rate:>8.1f} {rate / (peak * n):>7.0%}" if flops else
-                      f"{name:<14} {n:>3} {kind:<8} {cls:<15} {layers:>6} {seconds * 1e3:>8.2f} "
-                      f"{'-':>8} {'-':>7}")
+            if not layers:
+                continue
+            rate = flops / seconds / 1e9 if seconds and flops else 0.0
+            line = (f"{name:<14} {label:<20} {n:>3} {kind:<8} {cls:<15} {layers:>6} "
+                    f"{seconds * 1e3:>8.2f} ")
+            print(line + (f"{rate:>8.1f} {rate / (peaks[label] * n):>7.0%}" if flops else
+                          f"{'-':>8} {'-':>7}"))
     if tunings:
         print(f"\nTuning runs (up to {opts.tune} configurations per task, one device server of "
               "this host, builds on the same cores)")

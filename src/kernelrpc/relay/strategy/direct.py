@@ -41,8 +41,21 @@ def define_direct_knobs(cfg, tiles: Tiles, node, padded: bool):
     cfg.define_knob("tile_f", choices(tiles.conv_channels, (4, 8, 12, 16, 24, 32),
                                       min(out_channels, 2 * tiles.conv_channels)))
     columns = [max(lanes // 2, 2), lanes, 2 * lanes, 3 * lanes] if lanes > 1 else [2, 4, 8]
-    cfg.define_knob("tile_x", choices(tiles.conv_columns, columns,
+    cfg.define_knob("tile_x", choices(default_columns(tiles, out_width), columns,
                                       round_up(out_width, max(lanes, 2))))
     cfg.define_knob("reduce_order", ["channels_outer", "window_outer"])
     cfg.define_knob("unroll_kw", [False, True] if kernel_width > 1 else [False])
     cfg.define_knob("pad", ["stage", "inline"] if padded else ["stage"])
+
+
+def default_columns(tiles: Tiles, out_width: int) -> int:
+    """The register tile's columns by default: whole vectors, at most the target's tile, that
+    leave the fewest columns to the row's tail (a tail runs as a serial loop), the widest on a
+    tie. A tile wider than the row would be cut to a vector of the row's width: 13 lanes on
+    AVX2 are two registers' worth of shuffles and spills (SqueezeNet's 13x13 1x1 layers ran
+    at 5 GFLOP/s as one 13-lane tile, at 70 as 8 + 5 columns)."""
+    lanes = tiles.lanes
+    if lanes < 2 or out_width < lanes:
+        return tiles.conv_columns
+    widths = range(lanes, tiles.conv_columns + 1, lanes)
+    return max(widths, key=lambda t: (out_width - out_width % t, t))

@@ -1,10 +1,12 @@
 """GFLOP/s of every GEMM tutorial step (kernelrpc.compiler.recipes) against numpy.dot.
 
     PYTHONPATH=src python bench/gemm.py [--shapes 1024,2048,1000x999x1001] [--rounds 5]
-                                        [--steps a,b,...] [--threads N]
+                                        [--steps a,b,...] [--threads N] [--target T]
 
 A shape is ``S`` (S x S x S) or ``MxKxN``; every shape gets its own table, each measured
-side by side with numpy in the same run.
+side by side with numpy in the same run. ``--target`` builds the kernels for another target
+that runs here (``"llvm -mcpu=haswell"``: AVX2 code on an AVX-512 host); the register step's
+tile is that target's (``recipes.gemm_tile``). numpy runs its own kernels for this host.
 
 numpy.dot and the kernels are measured in the same process, interleaved round by
 round (numpy, then every step, then numpy again...), so that a noisy neighbour on
@@ -33,6 +35,7 @@ def _parse(argv=None):
                         help="comma-separated S or MxKxN, e.g. 1024,2048,1000x999x1001")
     parser.add_argument("--steps", default=None, help="comma-separated (default: all)")
     parser.add_argument("--slow-seconds", type=float, default=0.5)
+    parser.add_argument("--target", default="llvm", help="build for this target (default: host)")
     return add_arguments(parser).parse_args(argv)
 
 
@@ -50,12 +53,12 @@ from kernelrpc.compiler import recipes  # noqa: E402
 STEPS = (*recipes.TUTORIAL_STEPS, "register")
 
 
-def build_step(step: str, M: int, K: int, N: int):
+def build_step(step: str, M: int, K: int, N: int, target: str = "llvm"):
     if step == "register":
-        s, args = recipes.register_blocked(M, N, K)
+        s, args = recipes.register_blocked(M, N, K, target=target)
     else:
         s, args = recipes.tutorial_schedule(step, M, N, K)
-    return kernelrpc.build(s, args, target="llvm", name="gemm"), (s, args)
+    return kernelrpc.build(s, args, target=target, name="gemm"), (s, args)
 
 
 def _shapes(opts) -> list:
@@ -87,7 +90,7 @@ def run_shape(opts, M: int, K: int, N: int) -> None:
     evaluators, modules, slow = {}, {}, set()
     for step in steps:
         start = time.perf_counter()
-        module, _ = build_step(step, M, K, N)
+        module, _ = build_step(step, M, K, N, opts.target)
         compile_s = time.perf_counter() - start
         tc = nd.empty((M, N), "float32", dev)
         module(ta, tb, tc)  # links and loads the module, starts the thread pool

@@ -35,7 +35,7 @@ def run(size: int, key: str, repeat: int, output: str = "gemm.so") -> int:
         print(f"device       {server.host}:{server.port} registered as key {key!r}")
 
         t = time.perf_counter()
-        s, args = recipes.register_blocked(size, size, size)
+        s, args = recipes.register_blocked(size, size, size, target="llvm")
         module = kernelrpc.build(s, args, target="llvm", name="gemm")
         lib = module.export_library(Path(output).resolve())
         print(f"compiled     gemm {size}x{size}x{size} float32 for {module.metadata['target']['string']}"

@@ -82,14 +82,38 @@ def tutorial_schedule(step, M, N, K, bn=32, kfactor=4):
     return s, [A, B, C]
 
 
-def register_blocked(M, N, K, mr=4, nr=64, lanes=16, pack_per_panel=False):
+def gemm_tile(target=None) -> tuple[int, int, int]:
+    """``(mr, nr, lanes)`` of :func:`register_blocked` for ``target`` (default: this host),
+    from its vector unit: ``mr`` rows x ``nr / lanes`` vectors of accumulators, with room left
+    for the row of B and the broadcast of A. AVX-512 4 x 64 (16 of 32 zmm), AVX2 6 x 16 (12
+    of 16 ymm), SSE 6 x 8, aarch64 8 x 12 (24 of 32 q registers), armv7 NEON 4 x 8, scalar
+    4 x 4."""
+    from .target import Target
+    from .vector_isa import vector_isa
+
+    isa = vector_isa(Target(target))
+    if isa.lanes == 1:
+        return 4, 4, 1
+    if isa.lanes == 16:
+        return 4, 64, 16
+    if isa.registers >= 32:
+        return 8, 3 * isa.lanes, isa.lanes
+    if isa.lanes == 8 or isa.name == "sse":
+        return 6, 2 * isa.lanes, isa.lanes
+    return 4, 2 * isa.lanes, isa.lanes
+
+
+def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False, target=None):
     """Register-blocked GEMM: an ``mr x nr`` tile of C in vector registers for the whole K loop.
 
     Threads split the ``nr``-wide panels of packed B (each panel stays in one core's L2); inside
     a panel, the ``mr`` rows and ``nr / lanes`` vectors of the accumulator tile are unrolled, so
     every access to it has a constant offset and LLVM keeps it in registers. ``pack_per_panel``
     packs each panel inside the parallel loop that uses it instead of in a pass of its own.
+    The tile not given is the target's (:func:`gemm_tile`; ``target`` default: this host).
     """
+    default_mr, default_nr, default_lanes = gemm_tile(target)
+    mr, nr, lanes = mr or default_mr, nr or default_nr, lanes or default_lanes
     A, B, packedB, C = packed_matmul(M, N, K, nr)
     s = create_schedule(C.op)
     CC = s.cache_write(C, "global")

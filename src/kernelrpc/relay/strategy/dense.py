@@ -73,7 +73,11 @@ def schedule_dense(s, dense, out, tiles: Tiles, cfg, node):
         _, cn = s[cc].op.axis
         (k,) = s[cc].op.reduce_axis
         cno, cni = s[cc].split(cn, factor=lanes)
-        s[cc].reorder(k, cno, cni)
+        vectors = block // lanes
+        unrolled = max(d for d in range(1, 11) if vectors % d == 0)
+        cnoo, cnoi = s[cc].split(cno, factor=unrolled)
+        s[cc].reorder(k, cnoo, cnoi, cni)
+        s[cc].unroll(cnoi)
         s[cc].vectorize(cni)
         return
     no, ni = stage.split(n, factor=cfg["tile_n"].val)

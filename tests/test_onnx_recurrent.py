@@ -9,57 +9,167 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from onnx import helper, numpy_helper  # noqa: E402
-from onnx_check import _ir_version, opsets, rand, run_model  # noqa: E402
+from onnx_check import _ir_version, kernelrpc_outputs, opsets, rand, run_model  # noqa: E402
+
+from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
 RNG = np.random.default_rng(23)
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
-def layer_model(op, steps=5, batch=3, width=7, hidden=5, attrs=None, opset=14, bias=True,
-                initial=False, lens=None, peephole=False, outputs=None, runtime=()):
-    """A one-layer model and its feeds; ``runtime`` names the optional inputs fed at run time
-    (initial states, sequence_lens) rather than stored as initializers."""
-    attrs = dict(attrs or {})
-    layout = attrs.get("layout", 0)
-    dirs = 2 if attrs.get("direction") == "bidirectional" else 1
+def layer_values(op, steps=5, batch=3, width=7, hidden=5, directions=1, bias=True,
+                 initial=False, lens=None, peephole=False) -> dict:
+    """Seeded inputs and weights of a layer, time first (``layout`` 0); None where absent."""
     g = GATES[op]
-    x_shape = (steps, batch, width) if layout == 0 else (batch, steps, width)
-    state = (dirs, batch, hidden) if layout == 0 else (batch, dirs, hidden)
-    feeds = {"X": rand(RNG, *x_shape)}
-    values = {"W": rand(RNG, dirs, g * hidden, width) * np.float32(0.5),
-              "R": rand(RNG, dirs, g * hidden, hidden) * np.float32(0.5)}
-    optional = {"B": rand(RNG, dirs, 2 * g * hidden) if bias else None,
-                "sequence_lens": None if lens is None else np.asarray(lens, np.int32),
-                "initial_h": rand(RNG, *state) if initial else None}
+    state = (directions, batch, hidden)
+    values = {"X": rand(RNG, steps, batch, width),
+              "W": rand(RNG, directions, g * hidden, width) * np.float32(0.5),
+              "R": rand(RNG, directions, g * hidden, hidden) * np.float32(0.5),
+              "B": rand(RNG, directions, 2 * g * hidden) if bias else None,
+              "sequence_lens": None if lens is None else np.asarray(lens, np.int32),
+              "initial_h": rand(RNG, *state) if initial else None}
     if op == "LSTM":
-        optional["initial_c"] = rand(RNG, *state) if initial else None
-        optional["P"] = rand(RNG, dirs, 3 * hidden) if peephole else None
-    names = ["X", "W", "R"]
-    for name, value in optional.items():
+        values["initial_c"] = rand(RNG, *state) if initial else None
+        values["P"] = rand(RNG, directions, 3 * hidden) if peephole else None
+    return values
+
+
+def layer_model(op, values, attrs, opset=14, outputs=None, runtime=()):
+    """A one-layer model and its feeds. X and the ``runtime`` names (initial states,
+    sequence_lens) are fed; the other values are initializers. With ``layout`` 1, X and the
+    states are given batch first."""
+    layout = attrs.get("layout", 0)
+    names, feeds, inits = [], {}, {}
+    for name, value in values.items():
         names.append(name if value is not None else "")
-        if value is not None:
-            (feeds if name in runtime else values)[name] = value
+        if value is None:
+            continue
+        if layout == 1 and name in ("X", "initial_h", "initial_c"):
+            value = np.ascontiguousarray(value.swapaxes(0, 1))
+        (feeds if name == "X" or name in runtime else inits)[name] = value
     while names[-1] == "":
         names.pop()
     out_names = outputs or (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])
+    hidden = values["R"].shape[-1]
     node = helper.make_node(op, names, out_names, name="layer", hidden_size=hidden, **attrs)
     graph = helper.make_graph(
         [node], "layer",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
          for n, v in feeds.items()],
         [helper.make_value_info(o, onnx.TypeProto()) for o in out_names if o],
-        [numpy_helper.from_array(v, n) for n, v in values.items()])
+        [numpy_helper.from_array(v, n) for n, v in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = _ir_version(opset)
     return onnx.shape_inference.infer_shapes(model, strict_mode=True), feeds
 
 
-def check_layer(op, tol=1e-5, **kw):
-    model, feeds = layer_model(op, **kw)
-    return run_model(model, feeds, tol=tol)
+def check_layer(op, attrs=None, tol=1e-5, opset=14, outputs=None, runtime=(), **sizes):
+    """The layer compiled and run against onnxruntime; ``layout`` 1, which onnxruntime's CPU
+    kernels refuse, against onnxruntime's answer for the same layer time first (ONNX defines
+    one as the other transposed)."""
+    attrs = dict(attrs or {})
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    values = layer_values(op, directions=directions, **sizes)
+    model, feeds = layer_model(op, values, attrs, opset, outputs, runtime)
+    if attrs.get("layout", 0) == 0:
+        return run_model(model, feeds, tol=tol)
+    time_first, ref_feeds = layer_model(op, values, {**attrs, "layout": 0}, opset, outputs,
+                                        runtime)
+    expect = onnxruntime_outputs(time_first, ref_feeds)
+    got = kernelrpc_outputs(model, feeds)
+    assert len(got) == len(expect)
+    for out, ref in zip(got, expect):
+        ref = np.transpose(ref, (2, 0, 1, 3)) if ref.ndim == 4 else ref.swapaxes(0, 1)
+        assert out.shape == ref.shape, (out.shape, ref.shape)
+        scale = max(float(np.abs(ref).max()), 1e-6)
+        np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * scale)
+    return got
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 def test_directions(op, direction):
     check_layer(op, attrs={"direction": direction}, initial=True)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("opset", [o for o in opsets("LSTM") if o >= 9])
+def test_opsets(op, opset):
+    attrs = {"direction": "bidirectional"}
+    if opset >= 14:
+        attrs["layout"] = 1
+    check_layer(op, attrs=attrs, initial=True, lens=[5, 2, 4], opset=opset)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_run_time_states_and_lengths(op, layout):
+    """Initial states and sequence lengths fed at run time; lengths of 0, 1 and full, the
+    reverse direction starting at each sequence's own end."""
+    check_layer(op, steps=6, batch=4, attrs={"direction": "bidirectional", "layout": layout},
+                initial=True, lens=[6, 0, 1, 3],
+                runtime=("initial_h", "initial_c", "sequence_lens"))
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+def test_constant_lengths_without_bias_or_states(direction):
+    check_layer("GRU", attrs={"direction": direction}, bias=False, lens=[2, 5, 3])
+
+
+ALL_ACTIVATIONS = [("Sigmoid", [], []), ("Tanh", [], []), ("Relu", [], []),
+                   ("HardSigmoid", [], []), ("HardSigmoid", [0.3], [0.4]),
+                   ("LeakyRelu", [], []), ("LeakyRelu", [0.2], []),
+                   ("ThresholdedRelu", [0.1], []), ("ScaledTanh", [1.5], [0.7]),
+                   ("Affine", [0.6], [0.1]), ("Elu", [], []), ("Elu", [0.4], []),
+                   ("Softsign", [], []), ("Softplus", [], [])]
+
+
+@pytest.mark.parametrize("name,alpha,beta", ALL_ACTIVATIONS, ids=str)
+def test_rnn_activation(name, alpha, beta):
+    attrs = {"activations": [name]}
+    if alpha:
+        attrs["activation_alpha"] = alpha
+    if beta:
+        attrs["activation_beta"] = beta
+    check_layer("RNN", attrs=attrs, initial=True, tol=1e-4)
+
+
+def test_activations_per_direction_take_alphas_in_order():
+    """Each of (f, g, h) of each direction its own; the alphas and betas consumed in order by
+    the activations that take them."""
+    attrs = {"direction": "bidirectional",
+             "activations": ["HardSigmoid", "Tanh", "Softsign", "Sigmoid", "LeakyRelu", "Affine"],
+             "activation_alpha": [0.25, 0.3, 0.9], "activation_beta": [0.45, -0.1]}
+    check_layer("LSTM", attrs=attrs, initial=True)
+    check_layer("GRU", attrs={"direction": "bidirectional",
+                              "activations": ["Sigmoid", "ScaledTanh", "HardSigmoid", "Elu"],
+                              "activation_alpha": [1.2, 0.3, 0.8],
+                              "activation_beta": [0.9, 0.55]}, initial=True)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_clip(op):
+    """A threshold small enough to bind on most gate inputs."""
+    check_layer(op, attrs={"clip": 0.4, "direction": "bidirectional"}, initial=True)
+
+
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_linear_before_reset(lbr):
+    check_layer("GRU", attrs={"linear_before_reset": lbr, "direction": "bidirectional"},
+                initial=True, lens=[5, 3, 1], runtime=("sequence_lens",))
+
+
+def test_lstm_peephole_and_input_forget():
+    check_layer("LSTM", attrs={"direction": "bidirectional"}, initial=True, peephole=True)
+    check_layer("LSTM", attrs={"input_forget": 1}, initial=True, peephole=True, lens=[4, 5, 2])
+
+
+@pytest.mark.parametrize("outputs", [["", "Y_h"], ["Y"], ["", "", "Y_c"], ["", "Y_h", "Y_c"]])
+def test_some_outputs(outputs):
+    check_layer("LSTM", attrs={"direction": "reverse"}, outputs=outputs, lens=[3, 5, 1])
+
+
+def test_long_sequence_and_wide_layer():
+    """A sequence long enough that errors would accumulate; a hidden size past a vector."""
+    check_layer("LSTM", steps=97, batch=2, width=19, hidden=37,
+                attrs={"direction": "bidirectional"}, initial=True, tol=1e-4)

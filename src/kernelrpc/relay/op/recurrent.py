@@ -237,6 +237,9 @@ def _body(ins, outs, attrs):
             with ib.else_scope():
                 with ib.for_range(0, h, name="j") as j:
                     step.out[d, b, s, j] = _c(0)
+        with ib.if_scope(n == 0):      # an empty sequence's final states are 0 (onnxruntime's)
+            with ib.for_range(0, STATES[step.cell] * h, name="j") as j:
+                step.out[d, b, T + j // h, j % h] = _c(0)
     return ib.get()
 
 

@@ -9,9 +9,15 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from onnx import helper, numpy_helper  # noqa: E402
+from test_relay_emulated import board_session, run_network, tracker  # noqa: E402,F401
 from onnx_check import _ir_version, kernelrpc_outputs, opsets, rand, run_model  # noqa: E402
 
-from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
+from kernelrpc import relay  # noqa: E402
+from kernelrpc.deploy.toolchain import ToolchainError  # noqa: E402
+from kernelrpc.errors import KernelError  # noqa: E402
+from kernelrpc.relay.errors import ModelError, UnsupportedOperatorError  # noqa: E402
+from kernelrpc.relay.op.recurrent import MAX_STEPS  # noqa: E402
+from kernelrpc.relay.testing import Builder, onnxruntime_outputs  # noqa: E402
 
 RNG = np.random.default_rng(23)
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -173,3 +179,104 @@ def test_long_sequence_and_wide_layer():
     """A sequence long enough that errors would accumulate; a hidden size past a vector."""
     check_layer("LSTM", steps=97, batch=2, width=19, hidden=37,
                 attrs={"direction": "bidirectional"}, initial=True, tol=1e-4)
+
+
+def _refused(op, match, attrs=None, **kw):
+    values = layer_values(op, **kw)
+    model, _ = layer_model(op, values, attrs or {})
+    with pytest.raises(UnsupportedOperatorError, match=match):
+        relay.frontend.from_onnx(model)
+
+
+@pytest.mark.parametrize("attrs,match", [
+    ({"activations": ["Gelu"]}, "activation 'Gelu'"),
+    ({"activations": ["Tanh", "Tanh"]}, "activations lists 2 functions"),
+    ({"activations": ["ThresholdedRelu"]}, "ThresholdedRelu without its activation_alpha"),
+    ({"activations": ["ScaledTanh"], "activation_alpha": [1.0]},
+     "ScaledTanh without its activation_beta"),
+    ({"activations": ["Tanh"], "activation_alpha": [0.5]}, "activation_alpha has 1 values"),
+    ({"clip": -1.0}, "clip=-1.0"),
+])
+def test_refused_attributes_are_named(attrs, match):
+    _refused("RNN", match, attrs)
+
+
+def test_weights_computed_at_run_time_are_refused():
+    values = layer_values("GRU")
+    model, _ = layer_model("GRU", values, {}, runtime=("initial_h",))
+    model.graph.input.append(helper.make_tensor_value_info("R2", onnx.TensorProto.FLOAT,
+                                                           values["R"].shape))
+    model.graph.node[0].input[2] = "R2"
+    with pytest.raises(UnsupportedOperatorError, match="R .*must be a constant"):
+        relay.frontend.from_onnx(model)
+
+
+def test_sizes_past_the_bounds_are_refused():
+    _refused("RNN", "hidden size 5000", hidden=5000, steps=1, batch=1, width=1)
+    values = layer_values("RNN", steps=MAX_STEPS + 1, batch=1, width=1, hidden=1)
+    model, _ = layer_model("RNN", values, {})
+    with pytest.raises(UnsupportedOperatorError, match=f"{MAX_STEPS + 1} time steps"):
+        relay.frontend.from_onnx(model)
+
+
+def test_lengths_out_of_range():
+    """A constant length past the steps is refused at import; one fed at run time stops the
+    kernel with an error, never a read past the input."""
+    values = layer_values("LSTM", lens=[2, 6, 1])
+    model, _ = layer_model("LSTM", values, {})
+    with pytest.raises(ModelError, match=r"sequence_lens \[2, 6, 1\] outside \[0, 5\]"):
+        relay.frontend.from_onnx(model)
+    model, feeds = layer_model("LSTM", values, {}, runtime=("sequence_lens",))
+    with pytest.raises(KernelError, match="error code 3"):
+        kernelrpc_outputs(model, feeds)
+
+
+def crnn(steps_width=40, classes=37, hidden=24, seed=5):
+    """A CRNN text recognizer as exporters write it: convolutions over a 16-pixel line image,
+    the feature map's columns as the time steps (Transpose, Reshape), two bidirectional LSTMs
+    with their directions joined again, a linear classifier and a softmax over the classes."""
+    b = Builder(seed=seed, opset=14)
+
+    def const(values):
+        name = b.name("shape")
+        b.inits.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+        return name
+    x = b.op("Relu", [b.conv("image", 1, 8, 3)])
+    x = b.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    x = b.op("Relu", [b.bn(b.conv(x, 8, 12, 3), 12)])
+    x = b.op("MaxPool", [x], kernel_shape=[2, 1], strides=[2, 1])          # 12 x 4 x W/2
+    steps = steps_width // 2
+    x = b.op("Transpose", [x], perm=[3, 0, 1, 2])                            # W, N, C, H
+    x = b.op("Reshape", [x, const([steps, 1, 48])])
+    for width in (48, 2 * hidden):
+        y = b.name("lstm")
+        b.nodes.append(helper.make_node(
+            "LSTM", [x, b.weight((2, 4 * hidden, width), scale=0.3),
+                     b.weight((2, 4 * hidden, hidden), scale=0.3),
+                     b.weight((2, 8 * hidden), scale=0.1)], [y], name=y,
+            hidden_size=hidden, direction="bidirectional"))
+        x = b.op("Transpose", [y], perm=[0, 2, 1, 3])                       # T, N, D, H
+        x = b.op("Reshape", [x, const([steps, 1, 2 * hidden])])
+    x = b.op("MatMul", [x, b.weight((2 * hidden, classes), scale=0.3)])
+    logits = b.op("Add", [x, b.weight((classes,), scale=0.1)])
+    return b.model({"image": [1, 1, 16, steps_width]}, [logits, b.op("Softmax", [logits], axis=2)])
+
+
+def test_crnn_recognizer():
+    logits, probs = run_model(crnn(), {"image": rand(RNG, 1, 1, 16, 40)}, tol=1e-4)
+    assert logits.shape == probs.shape == (20, 1, 37)
+
+
+@pytest.mark.cross
+def test_crnn_recognizer_on_an_emulated_aarch64_board(tracker, tmp_path):  # noqa: F811
+    model = crnn()
+    feeds = {"image": rand(RNG, 1, 1, 16, 40)}
+    expected = onnxruntime_outputs(model, feeds)[0]
+    mod, params = relay.frontend.from_onnx(model)
+    with board_session(tracker, "aarch64") as remote:
+        lib = relay.build(mod, target=remote.target(), params=params)
+        try:
+            _, got = run_network(remote, lib, tmp_path / "crnn.so", feeds)
+        except ToolchainError as exc:
+            pytest.skip(f"cross export for {lib.target.triple} is unavailable here: {exc}")
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())

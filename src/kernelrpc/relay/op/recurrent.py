@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ... import te
 from ...compiler import expr as E
-from ...compiler.ir import ERR_OUT_OF_BOUNDS, AssertStmt, Evaluate
+from ...compiler.ir import ERR_OUT_OF_BOUNDS, Allocate, AssertStmt, Buffer, Evaluate
 from ..errors import ModelError
 from .registry import register, static_shape
 
@@ -39,6 +39,10 @@ STATES = {"lstm": 2, "gru": 1, "rnn": 1}
 MAX_STEPS = 1 << 16
 MAX_HIDDEN = 4096
 MAX_STATE_ELEMENTS = 1 << 27
+#: accumulators of the recurrent product held in registers at once (4 AVX2 or 8 NEON vectors)
+TILE = 32
+#: units of the hidden state updated per vector
+LANES = 8
 
 
 def _c(value):
@@ -141,38 +145,69 @@ class _Step:
 
     def matvec(self, d, b, first_gate: int, gates: int, state_row: int):
         """``acc[gates] = state @ RT[:, gates]``, the state read from ``out`` row
-        ``state_row`` or, with -1, the scratch row after the gates (GRU's r * h)."""
+        ``state_row`` or, with -1, the scratch row after the gates (GRU's r * h): in blocks
+        of ``TILE`` accumulators kept in vector registers over the whole state."""
         ib, h = self.ib, self.hidden
         lo, n = first_gate * h, gates * h
         base = ib.let("base", ((d * self.batch + b) * (GATES[self.cell] + 1)) * h + lo)
-        flat = ib.buffer_ptr(self.acc.buffer)
-        with ib.for_range(0, n, name="r") as r:
-            flat[base + r] = _c(0)
-        with ib.for_range(0, h, name="k") as k:
-            hk = ib.let("hk", self.out[d, b, state_row, k] if state_row >= 0 else
-                        self.acc[d, b, GATES[self.cell], k])
-            with ib.for_range(0, n, name="r") as r:
-                flat[base + r] = flat[base + r] + hk * self.rt[d, k, lo + r]
+
+        def state(k):
+            return self.out[d, b, state_row, k] if state_row >= 0 else \
+                self.acc[d, b, GATES[self.cell], k]
+        if n >= TILE:
+            with ib.for_range(0, n // TILE, name="blk") as blk:
+                self._tile(d, base, lo, blk * TILE, TILE, state)
+        if n % TILE:
+            self._tile(d, base, lo, n - n % TILE, n % TILE, state)
+
+    def _tile(self, d, base, lo, start, width, state):
+        tile = Buffer("acc_tile", (width,), "float32")
+        sub = te.ir_builder.create()
+        t, flat = sub.buffer_ptr(tile), sub.buffer_ptr(self.acc.buffer)
+        with sub.for_range(0, width, name="v", kind="vectorize") as v:
+            t[v] = _c(0)
+        with sub.for_range(0, self.hidden, name="k") as k:
+            hk = sub.let("hk", state(k))
+            with sub.for_range(0, width, name="v", kind="vectorize") as v:
+                t[v] = t[v] + hk * self.rt[d, k, lo + start + v]
+        with sub.for_range(0, width, name="v", kind="vectorize") as v:
+            flat[base + start + v] = t[v]
+        self.ib.emit(Allocate(tile, sub.get()))
+
+    def units(self, body):
+        """``body(j)`` for every unit ``j`` of the hidden state, in vectors of ``LANES``."""
+        ib, h = self.ib, self.hidden
+        if h >= LANES:
+            with ib.for_range(0, h // LANES, name="jo") as jo:
+                with ib.for_range(0, LANES, name="ji", kind="vectorize") as ji:
+                    body(jo * LANES + ji)
+        if h % LANES:
+            with ib.for_range(h - h % LANES, h, name="j", kind="vectorize") as j:
+                body(j)
 
     def step(self, d, b, t):
         """One time step at time ``t``: the state rows of ``out`` updated in place."""
-        ib, h, T = self.ib, self.hidden, self.steps
+        T = self.steps
         getattr(self, f"_{self.cell}")(d, b, t)
-        with ib.for_range(0, h, name="j") as j:
+
+        def record(j):
             self.out[d, b, t, j] = self.out[d, b, T, j]
+        self.units(record)
 
     def _rnn(self, d, b, t):
-        ib, T = self.ib, self.steps
+        T = self.steps
         self.matvec(d, b, 0, 1, T)
-        with ib.for_range(0, self.hidden, name="j") as j:
+
+        def update(j):
             self.out[d, b, T, j] = self.act(d, 0, self.gate_input(d, b, t, 0, j))
+        self.units(update)
 
     def _lstm(self, d, b, t):
-        ib, T = self.ib, self.steps
-        h = self.hidden
+        ib, T, h = self.ib, self.steps, self.hidden
         self.matvec(d, b, 0, 4, T)
         peep = self.extra[1] if self.attrs["peephole"] else None
-        with ib.for_range(0, h, name="j") as j:
+
+        def update(j):
             c_prev = ib.let("c_prev", self.out[d, b, T + 1, j])
 
             def gate(g, c, peep_row):
@@ -186,32 +221,38 @@ class _Step:
             c = ib.let("c", f * c_prev + i * cand)
             self.out[d, b, T + 1, j] = c
             self.out[d, b, T, j] = gate(1, c, 1) * self.act(d, 2, c)
+        self.units(update)
 
     def _gru(self, d, b, t):
-        ib, T = self.ib, self.steps
+        ib, T, h = self.ib, self.steps, self.hidden
         lbr = self.attrs["linear_before_reset"]
         self.matvec(d, b, 0, 3 if lbr else 2, T)
-        reset = lambda j: self.act(d, 0, self.gate_input(d, b, t, 1, j))  # noqa: E731
+
+        def reset(j):
+            return self.act(d, 0, self.gate_input(d, b, t, 1, j))
         if not lbr:
-            with ib.for_range(0, self.hidden, name="j") as j:
+            def reset_state(j):
                 self.acc[d, b, 3, j] = reset(j) * self.out[d, b, T, j]
+            self.units(reset_state)
             self.matvec(d, b, 2, 1, -1)
-        with ib.for_range(0, self.hidden, name="j") as j:
-            p_index = (t, b, d, 2 * self.hidden + j) if self.attrs["layout"] == 0 else \
-                (b, t, d, 2 * self.hidden + j)
+
+        def update(j):
             if lbr:
+                p_index = (t, b, d, 2 * h + j) if self.attrs["layout"] == 0 else \
+                    (b, t, d, 2 * h + j)
                 pre = self.proj[p_index] + reset(j) * (self.acc[d, b, 2, j] + self.extra[0][d, j])
             else:
                 pre = self.gate_input(d, b, t, 2, j)
             cand = self.act(d, 1, pre)
             z = ib.let("z", self.act(d, 0, self.gate_input(d, b, t, 0, j)))
             self.out[d, b, T, j] = (_c(1) - z) * cand + z * self.out[d, b, T, j]
+        self.units(update)
 
 
 def _body(ins, outs, attrs):
     ib = te.ir_builder.create()
     step = _Step(ib, ins, outs, attrs)
-    T, B, h = step.steps, step.batch, step.hidden
+    T, B = step.steps, step.batch
     lens = step.lens
     with ib.for_range(0, B, name="b") as b:
         ib.emit(AssertStmt(E.all_of(lens[b] >= 0, lens[b] <= T),
@@ -220,10 +261,12 @@ def _body(ins, outs, attrs):
     directions = attrs["directions"]
     with ib.for_range(0, len(directions) * B, name="db", kind="parallel") as db:
         d, b = E.floordiv(db, B), E.floormod(db, B)
-        with ib.for_range(0, h, name="j") as j:
+
+        def initial(j):
             step.out[d, b, T, j] = step.h0[d, b, j]
             if step.cell == "lstm":
                 step.out[d, b, T + 1, j] = step.extra[0][d, b, j]
+        step.units(initial)
         n = ib.let("n", lens[b])
         with ib.for_range(0, T, name="s") as s:
             with ib.if_scope(s < n):
@@ -235,11 +278,14 @@ def _body(ins, outs, attrs):
                     t = E.if_then_else(d == 0, s, n - 1 - s)
                 step.step(d, b, ib.let("t", t))
             with ib.else_scope():
-                with ib.for_range(0, h, name="j") as j:
+                def clear(j):
                     step.out[d, b, s, j] = _c(0)
+                step.units(clear)
         with ib.if_scope(n == 0):      # an empty sequence's final states are 0 (onnxruntime's)
-            with ib.for_range(0, STATES[step.cell] * h, name="j") as j:
-                step.out[d, b, T + j // h, j % h] = _c(0)
+            def clear_final(j):
+                for row in range(STATES[step.cell]):
+                    step.out[d, b, T + row, j] = _c(0)
+            step.units(clear_final)
     return ib.get()
 
 

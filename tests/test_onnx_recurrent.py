@@ -280,3 +280,13 @@ def test_crnn_recognizer_on_an_emulated_aarch64_board(tracker, tmp_path):  # noq
         except ToolchainError as exc:
             pytest.skip(f"cross export for {lib.target.triple} is unavailable here: {exc}")
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("batch,lens", [(5, [3, 1, 4, 0, 4]), (6, [4, 4, 2, 1, 3, 4]),
+                                        (8, [1, 2, 3, 4, 4, 3, 2, 1])])
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_batch_rows_in_groups(op, batch, lens):
+    """Batch rows share each load of the recurrent weights in groups (5: one row at a time,
+    6: groups of 3, 8: of 4), each row at its own time step in the reverse direction."""
+    check_layer(op, steps=4, batch=batch, hidden=11, attrs={"direction": "bidirectional"},
+                initial=True, lens=lens, runtime=("sequence_lens",))

@@ -39,10 +39,13 @@ STATES = {"lstm": 2, "gru": 1, "rnn": 1}
 MAX_STEPS = 1 << 16
 MAX_HIDDEN = 4096
 MAX_STATE_ELEMENTS = 1 << 27
-#: accumulators of the recurrent product held in registers at once (4 AVX2 or 8 NEON vectors)
-TILE = 32
+#: accumulators of the recurrent product held in registers at once, over a group's batch rows
+#: (8 AVX2 or 16 NEON vectors)
+TILE = 64
 #: units of the hidden state updated per vector
 LANES = 8
+#: most batch rows whose recurrent products share a load of the weights
+GROUP = 4
 
 
 def _c(value):
@@ -113,18 +116,25 @@ def check_bounds(steps: int, batch: int, directions: int, hidden: int) -> None:
                          f"{MAX_STATE_ELEMENTS}")
 
 
-class _Step:
-    """The statements of one layer's kernel, built with the IR builder."""
+class _Kernel:
+    """The statements of one layer's kernel, built with the IR builder.
+
+    A task runs one direction for a group of batch rows (``group`` of them, sharing each
+    load of the recurrent weights); a time step is a list of phases, each either a product
+    with the recurrent weights for every row of the group or an update of the units of each
+    row still inside its sequence.
+    """
 
     def __init__(self, ib, ins, outs, attrs):
         self.ib, self.attrs = ib, attrs
         self.cell, self.hidden = attrs["cell"], attrs["hidden"]
-        self.width = GATES[self.cell] * self.hidden
         self.proj, self.rt, self.h0, self.lens = (ib.buffer_ptr(b) for b in ins[:4])
         self.extra = [ib.buffer_ptr(b) for b in ins[4:]]
         self.out, self.acc = ib.buffer_ptr(outs[0]), ib.buffer_ptr(outs[1])
         self.steps = static_shape(outs[0])[2] - STATES[self.cell]
         self.batch = static_shape(outs[0])[1]
+        self.group = max(g for g in range(GROUP, 0, -1) if self.batch % g == 0)
+        self.tile_width = 1 << (TILE // self.group).bit_length() - 1
 
     def act(self, d, which: int, value):
         """Activation ``which`` (f, g, h) of direction ``d``; ``clip`` bounds its input, except
@@ -137,42 +147,50 @@ class _Step:
         return per_direction[0] if len(per_direction) == 1 else \
             E.if_then_else(d == 0, per_direction[0], per_direction[1])
 
+    def projected(self, d, b, t, gate, j):
+        index = (t, b, d, gate * self.hidden + j) if self.attrs["layout"] == 0 else \
+            (b, t, d, gate * self.hidden + j)
+        return self.proj[index]
+
     def gate_input(self, d, b, t, gate, j):
         """The projected input of ``gate`` at unit ``j`` plus the recurrent product."""
-        p_index = (t, b, d, gate * self.hidden + j) if self.attrs["layout"] == 0 else \
-            (b, t, d, gate * self.hidden + j)
-        return self.proj[p_index] + self.acc[d, b, gate, j]
+        return self.projected(d, b, t, gate, j) + self.acc[d, b, gate, j]
 
-    def matvec(self, d, b, first_gate: int, gates: int, state_row: int):
-        """``acc[gates] = state @ RT[:, gates]``, the state read from ``out`` row
-        ``state_row`` or, with -1, the scratch row after the gates (GRU's r * h): in blocks
-        of ``TILE`` accumulators kept in vector registers over the whole state."""
+    # ------------------------------------------------------------ the recurrent product
+
+    def product(self, d, b0, first_gate: int, gates: int, from_scratch: bool):
+        """``acc[b, gates] = state[b] @ RT[:, gates]`` for the group's rows ``b``, the state
+        the hidden state or (``from_scratch``) the scratch row after the gates (GRU's r * h):
+        in tiles of ``TILE`` accumulators over the rows, kept in vector registers over the state."""
         ib, h = self.ib, self.hidden
-        lo, n = first_gate * h, gates * h
-        base = ib.let("base", ((d * self.batch + b) * (GATES[self.cell] + 1)) * h + lo)
+        lo, n, width = first_gate * h, gates * h, self.tile_width
+        if n >= width:
+            with ib.for_range(0, n // width, name="blk") as blk:
+                self._tile(d, b0, lo + blk * width, width, from_scratch)
+        if n % width:
+            self._tile(d, b0, lo + n - n % width, n % width, from_scratch)
 
-        def state(k):
-            return self.out[d, b, state_row, k] if state_row >= 0 else \
-                self.acc[d, b, GATES[self.cell], k]
-        if n >= TILE:
-            with ib.for_range(0, n // TILE, name="blk") as blk:
-                self._tile(d, base, lo, blk * TILE, TILE, state)
-        if n % TILE:
-            self._tile(d, base, lo, n - n % TILE, n % TILE, state)
-
-    def _tile(self, d, base, lo, start, width, state):
-        tile = Buffer("acc_tile", (width,), "float32")
+    def _tile(self, d, b0, start, width, from_scratch):
+        rows, h, state_row = self.group, self.hidden, GATES[self.cell]
+        tile = Buffer("acc_tile", (rows * width,), "float32")
         sub = te.ir_builder.create()
-        t, flat = sub.buffer_ptr(tile), sub.buffer_ptr(self.acc.buffer)
-        with sub.for_range(0, width, name="v", kind="vectorize") as v:
+        t, acc = sub.buffer_ptr(tile), sub.buffer_ptr(self.acc.buffer)
+        with sub.for_range(0, rows * width, name="v", kind="vectorize") as v:
             t[v] = _c(0)
-        with sub.for_range(0, self.hidden, name="k") as k:
-            hk = sub.let("hk", state(k))
+        with sub.for_range(0, h, name="k") as k:
+            for r in range(rows):
+                b = b0 + r
+                hk = self.acc[d, b, state_row, k] if from_scratch else \
+                    self.out[d, b, self.steps, k]
+                with sub.for_range(0, width, name="v", kind="vectorize") as v:
+                    t[r * width + v] = t[r * width + v] + hk * self.rt[d, k, start + v]
+        for r in range(rows):
+            base = ((d * self.batch + b0 + r) * (state_row + 1)) * h + start
             with sub.for_range(0, width, name="v", kind="vectorize") as v:
-                t[v] = t[v] + hk * self.rt[d, k, lo + start + v]
-        with sub.for_range(0, width, name="v", kind="vectorize") as v:
-            flat[base + start + v] = t[v]
+                acc[base + v] = t[r * width + v]
         self.ib.emit(Allocate(tile, sub.get()))
+
+    # ------------------------------------------------------------ the units
 
     def units(self, body):
         """``body(j)`` for every unit ``j`` of the hidden state, in vectors of ``LANES``."""
@@ -185,107 +203,119 @@ class _Step:
             with ib.for_range(h - h % LANES, h, name="j", kind="vectorize") as j:
                 body(j)
 
-    def step(self, d, b, t):
-        """One time step at time ``t``: the state rows of ``out`` updated in place."""
-        T = self.steps
-        getattr(self, f"_{self.cell}")(d, b, t)
+    def phases(self, d, b0):
+        """The time step of each cell: ("product", first gate, gates, from scratch) or
+        ("units", update(d, b, t, j))."""
+        T, h = self.steps, self.hidden
+        if self.cell == "rnn":
+            def rnn(d, b, t, j):
+                self.out[d, b, T, j] = self.act(d, 0, self.gate_input(d, b, t, 0, j))
+            return [("product", 0, 1, False), ("units", rnn)]
+        if self.cell == "lstm":
+            return [("product", 0, 4, False), ("units", self._lstm)]
+        if self.attrs["linear_before_reset"]:
+            return [("product", 0, 3, False), ("units", self._gru)]
 
-        def record(j):
-            self.out[d, b, t, j] = self.out[d, b, T, j]
-        self.units(record)
+        def reset_state(d, b, t, j):
+            self.acc[d, b, 3, j] = self._reset(d, b, t, j) * self.out[d, b, T, j]
+        return [("product", 0, 2, False), ("units", reset_state), ("product", 2, 1, True),
+                ("units", self._gru)]
 
-    def _rnn(self, d, b, t):
-        T = self.steps
-        self.matvec(d, b, 0, 1, T)
-
-        def update(j):
-            self.out[d, b, T, j] = self.act(d, 0, self.gate_input(d, b, t, 0, j))
-        self.units(update)
-
-    def _lstm(self, d, b, t):
+    def _lstm(self, d, b, t, j):
         ib, T, h = self.ib, self.steps, self.hidden
-        self.matvec(d, b, 0, 4, T)
         peep = self.extra[1] if self.attrs["peephole"] else None
+        c_prev = ib.let("c_prev", self.out[d, b, T + 1, j])
 
-        def update(j):
-            c_prev = ib.let("c_prev", self.out[d, b, T + 1, j])
+        def gate(g, c, peep_row):
+            pre = self.gate_input(d, b, t, g, j)
+            if peep is not None:
+                pre = pre + peep[d, peep_row * h + j] * c
+            return self.act(d, 0, pre)
+        i = ib.let("i", gate(0, c_prev, 0))
+        f = _c(1) - i if self.attrs["input_forget"] else gate(2, c_prev, 2)
+        cand = self.act(d, 1, self.gate_input(d, b, t, 3, j))
+        c = ib.let("c", f * c_prev + i * cand)
+        self.out[d, b, T + 1, j] = c
+        self.out[d, b, T, j] = gate(1, c, 1) * self.act(d, 2, c)
 
-            def gate(g, c, peep_row):
-                pre = self.gate_input(d, b, t, g, j)
-                if peep is not None:
-                    pre = pre + peep[d, peep_row * h + j] * c
-                return self.act(d, 0, pre)
-            i = ib.let("i", gate(0, c_prev, 0))
-            f = _c(1) - i if self.attrs["input_forget"] else gate(2, c_prev, 2)
-            cand = self.act(d, 1, self.gate_input(d, b, t, 3, j))
-            c = ib.let("c", f * c_prev + i * cand)
-            self.out[d, b, T + 1, j] = c
-            self.out[d, b, T, j] = gate(1, c, 1) * self.act(d, 2, c)
-        self.units(update)
+    def _reset(self, d, b, t, j):
+        return self.act(d, 0, self.gate_input(d, b, t, 1, j))
 
-    def _gru(self, d, b, t):
-        ib, T, h = self.ib, self.steps, self.hidden
-        lbr = self.attrs["linear_before_reset"]
-        self.matvec(d, b, 0, 3 if lbr else 2, T)
+    def _gru(self, d, b, t, j):
+        ib, T = self.ib, self.steps
+        if self.attrs["linear_before_reset"]:
+            pre = self.projected(d, b, t, 2, j) + self._reset(d, b, t, j) * (
+                self.acc[d, b, 2, j] + self.extra[0][d, j])
+        else:
+            pre = self.gate_input(d, b, t, 2, j)
+        cand = self.act(d, 1, pre)
+        z = ib.let("z", self.act(d, 0, self.gate_input(d, b, t, 0, j)))
+        self.out[d, b, T, j] = (_c(1) - z) * cand + z * self.out[d, b, T, j]
 
-        def reset(j):
-            return self.act(d, 0, self.gate_input(d, b, t, 1, j))
-        if not lbr:
-            def reset_state(j):
-                self.acc[d, b, 3, j] = reset(j) * self.out[d, b, T, j]
-            self.units(reset_state)
-            self.matvec(d, b, 2, 1, -1)
+    # ------------------------------------------------------------ the whole layer
 
-        def update(j):
-            if lbr:
-                p_index = (t, b, d, 2 * h + j) if self.attrs["layout"] == 0 else \
-                    (b, t, d, 2 * h + j)
-                pre = self.proj[p_index] + reset(j) * (self.acc[d, b, 2, j] + self.extra[0][d, j])
-            else:
-                pre = self.gate_input(d, b, t, 2, j)
-            cand = self.act(d, 1, pre)
-            z = ib.let("z", self.act(d, 0, self.gate_input(d, b, t, 0, j)))
-            self.out[d, b, T, j] = (_c(1) - z) * cand + z * self.out[d, b, T, j]
-        self.units(update)
+    def time_of(self, d, s, n):
+        """The time step a direction is at after ``s`` steps of a sequence of ``n``."""
+        directions = self.attrs["directions"]
+        if directions == ("forward",):
+            return s
+        if directions == ("reverse",):
+            return n - 1 - s
+        return E.if_then_else(d == 0, s, n - 1 - s)
+
+    def each_row(self, b0, body):
+        """``body(b, n)`` for each batch row of the group, ``n`` its sequence length."""
+        with self.ib.for_range(0, self.group, name="r") as r:
+            body(b0 + r, self.ib.let("n", self.lens[b0 + r]))
+
+    def run(self, d, b0):
+        ib, T = self.ib, self.steps
+
+        def initial(b, n):
+            def copy(j):
+                self.out[d, b, T, j] = self.h0[d, b, j]
+                if self.cell == "lstm":
+                    self.out[d, b, T + 1, j] = self.extra[0][d, b, j]
+            self.units(copy)
+        self.each_row(b0, initial)
+        phases = self.phases(d, b0)
+        with ib.for_range(0, T, name="s") as s:
+            for k, phase in enumerate(phases):
+                if phase[0] == "product":
+                    self.product(d, b0, *phase[1:])
+                    continue
+                last = k == len(phases) - 1
+
+                def update(b, n, update=phase[1], last=last):
+                    with ib.if_scope(s < n):
+                        t = ib.let("t", self.time_of(d, s, n))
+                        self.units(lambda j: update(d, b, t, j))
+                        if last:
+                            self.units(lambda j: self.out.__setitem__(
+                                (d, b, t, j), self.out[d, b, T, j]))
+                    if last:
+                        with ib.else_scope():
+                            self.units(lambda j: self.out.__setitem__((d, b, s, j), _c(0)))
+                self.each_row(b0, update)
+
+        def empty(b, n):       # an empty sequence's final states are 0 (onnxruntime's)
+            with ib.if_scope(n == 0):
+                for row in range(STATES[self.cell]):
+                    self.units(lambda j, row=row: self.out.__setitem__((d, b, T + row, j), _c(0)))
+        self.each_row(b0, empty)
 
 
 def _body(ins, outs, attrs):
     ib = te.ir_builder.create()
-    step = _Step(ib, ins, outs, attrs)
-    T, B = step.steps, step.batch
-    lens = step.lens
+    kernel = _Kernel(ib, ins, outs, attrs)
+    T, B, lens = kernel.steps, kernel.batch, kernel.lens
     with ib.for_range(0, B, name="b") as b:
         ib.emit(AssertStmt(E.all_of(lens[b] >= 0, lens[b] <= T),
                            f"sequence_lens must be in [0, {T}] (the time steps)",
                            ERR_OUT_OF_BOUNDS, Evaluate(E.convert(0))))
-    directions = attrs["directions"]
-    with ib.for_range(0, len(directions) * B, name="db", kind="parallel") as db:
-        d, b = E.floordiv(db, B), E.floormod(db, B)
-
-        def initial(j):
-            step.out[d, b, T, j] = step.h0[d, b, j]
-            if step.cell == "lstm":
-                step.out[d, b, T + 1, j] = step.extra[0][d, b, j]
-        step.units(initial)
-        n = ib.let("n", lens[b])
-        with ib.for_range(0, T, name="s") as s:
-            with ib.if_scope(s < n):
-                if directions == ("forward",):
-                    t = s
-                elif directions == ("reverse",):
-                    t = n - 1 - s
-                else:
-                    t = E.if_then_else(d == 0, s, n - 1 - s)
-                step.step(d, b, ib.let("t", t))
-            with ib.else_scope():
-                def clear(j):
-                    step.out[d, b, s, j] = _c(0)
-                step.units(clear)
-        with ib.if_scope(n == 0):      # an empty sequence's final states are 0 (onnxruntime's)
-            def clear_final(j):
-                for row in range(STATES[step.cell]):
-                    step.out[d, b, T + row, j] = _c(0)
-            step.units(clear_final)
+    groups = B // kernel.group
+    with ib.for_range(0, len(attrs["directions"]) * groups, name="task", kind="parallel") as task:
+        kernel.run(E.floordiv(task, groups), E.floormod(task, groups) * kernel.group)
     return ib.get()
 
 

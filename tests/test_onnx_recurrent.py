@@ -290,3 +290,46 @@ def test_batch_rows_in_groups(op, batch, lens):
     6: groups of 3, 8: of 4), each row at its own time step in the reverse direction."""
     check_layer(op, steps=4, batch=batch, hidden=11, attrs={"direction": "bidirectional"},
                 initial=True, lens=lens, runtime=("sequence_lens",))
+
+
+NODE_CASES = [f"test_{op}_{form}" for op in ("lstm", "gru") for form in (
+    "defaults", "with_initial_bias", "batchwise", "reverse", "bidirectional")] + [
+    "test_lstm_with_peepholes", "test_gru_seq_length", "test_rnn_seq_length"] + [
+    f"test_simple_rnn_{form}" for form in ("defaults", "with_initial_bias", "batchwise",
+                                           "reverse", "bidirectional")]
+
+
+@pytest.fixture(scope="module")
+def node_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    return {c.name: c for c in collect_testcases()}
+
+
+@pytest.mark.parametrize("name", NODE_CASES)
+def test_onnx_node_cases(node_cases, name):
+    """ONNX's own cases and expected outputs (its reference implementation, batch-first layout
+    included), the weights made initializers. They are written at opset 22, whose versions of
+    the three operators only added bfloat16 to version 14's types, and are imported as opset
+    18 until the importer accepts newer versions."""
+    case = node_cases[name]
+    assert onnx.defs.get_schema(case.model.graph.node[0].op_type, 22).since_version == 22
+    for inputs, expected in case.data_sets:
+        model = onnx.ModelProto()
+        model.CopyFrom(case.model)
+        node = model.graph.node[0]
+        weights = {node.input[k] for k in (1, 2, 3, 7) if k < len(node.input)} - {""}
+        feeds = {}
+        for info, value in zip(case.model.graph.input, inputs):
+            if info.name in weights:
+                model.graph.initializer.append(numpy_helper.from_array(value, info.name))
+            else:
+                feeds[info.name] = value
+        kept = [i for i in model.graph.input if i.name not in weights]
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        model.opset_import[0].version = 18
+        got = kernelrpc_outputs(model, feeds)
+        assert len(got) == len(expected)
+        for out, ref in zip(got, expected):
+            np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

@@ -5,13 +5,20 @@ the importer computes it beforehand as one dense layer over all steps and direct
 operator receives it (``proj``) and runs only what is sequential: per time step the small
 product of the previous hidden state with the recurrent weights, then the gates.
 
-The kernel is a ``te.extern`` body (a loop over time can hold no ``te.compute`` reduction):
-directions and batch rows in a parallel loop, the time steps serial inside. The recurrent
-product is written ``for k: acc[:] += h[k] * RT[k, :]`` over the weights transposed to
-``[directions, hidden, gates * hidden]``, so its inner loop runs along contiguous rows with no
-reduction dependence and vectorizes. The state lives in the output itself (rows ``T`` and
-``T + 1``: the last hidden and cell state, which are Y_h and Y_c) and is updated in place once
-the step's products are complete; the accumulators live in a second, scratch output.
+Why a loop and not the layer unrolled over time into existing operators (as TVM's ONNX
+frontend does): unrolled, the graph, the build and the number of kernel calls grow with the
+sequence length, and every step's few small kernels would each go through memory; here the
+graph is the same for 10 steps or 10,000 and a step costs no call.
+
+The kernel is a ``te.extern`` body (a loop over time can hold no ``te.compute`` reduction).
+Its parallel tasks are the directions times groups of up to ``GROUP`` batch rows; the time
+steps run serially inside. The recurrent product is written ``for k: acc[:] += h[k] *
+RT[k, :]`` over the weights transposed to ``[directions, hidden, gates * hidden]``: a tile of
+``TILE`` accumulators (over the group's rows) stays in vector registers for the whole state,
+each load of the weights serving every row of the group; the gates are computed in vectors of
+``LANES`` units. The state lives in the output itself (rows ``T`` and ``T + 1``: the last
+hidden and cell state, which are Y_h and Y_c) and is updated in place once the step's products
+are complete; the products live in a second, scratch output.
 
 Inputs: ``proj`` ``[T, B, D, G*H]`` (``[B, T, D, G*H]`` with ``layout`` 1), ``rt``
 ``[D, H, G*H]``, ``h0`` ``[D, B, H]``, ``lens`` ``[B]`` int32; an LSTM then ``c0``
@@ -25,6 +32,7 @@ from ... import te
 from ...compiler import expr as E
 from ...compiler.ir import ERR_OUT_OF_BOUNDS, Allocate, AssertStmt, Buffer, Evaluate
 from ..errors import ModelError
+from .activation import _softplus as softplus
 from .registry import register, static_shape
 
 #: gates per cell, in ONNX's order of the weight rows (LSTM iofc, GRU zrh)
@@ -52,10 +60,6 @@ def _c(value):
     return te.const(value, "float32")
 
 
-def _softplus(v):
-    return E.maximum(v, _c(0)) + te.log1p(te.exp(-te.abs(v)))
-
-
 #: ONNX's activation names -> the function of (value, alpha, beta)
 ACTIVATIONS = {
     "Sigmoid": lambda v, a, b: _c(1) / (_c(1) + te.exp(-v)),
@@ -68,7 +72,7 @@ ACTIVATIONS = {
     "Affine": lambda v, a, b: v * _c(a) + _c(b),
     "Elu": lambda v, a, b: E.if_then_else(v >= _c(0), v, _c(a) * (te.exp(v) - _c(1))),
     "Softsign": lambda v, a, b: v / (_c(1) + te.abs(v)),
-    "Softplus": lambda v, a, b: _softplus(v),
+    "Softplus": lambda v, a, b: softplus(v, "float32"),
 }
 
 

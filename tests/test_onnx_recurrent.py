@@ -1,7 +1,8 @@
 """LSTM, GRU and RNN (frontend/onnx_recurrent.py, op/recurrent.py) compiled and run against
 onnxruntime: odd sizes, forward, reverse and bidirectional, initial states, sequence lengths,
 both layouts, every activation, clip, the GRU's two reset forms, LSTM peepholes and the coupled
-input-forget gate; the forms kernelrpc refuses are refused by name."""
+input-forget gate, batch rows in groups; ONNX's own node cases; a CRNN recognizer on the host and
+on an emulated aarch64 board; the forms kernelrpc refuses are refused by name."""
 import numpy as np
 import onnx
 import pytest
@@ -9,8 +10,8 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from onnx import helper, numpy_helper  # noqa: E402
-from test_relay_emulated import board_session, run_network, tracker  # noqa: E402,F401
 from onnx_check import _ir_version, kernelrpc_outputs, opsets, rand, run_model  # noqa: E402
+from test_relay_emulated import board_session, run_network, tracker  # noqa: E402,F401
 
 from kernelrpc import relay  # noqa: E402
 from kernelrpc.deploy.toolchain import ToolchainError  # noqa: E402

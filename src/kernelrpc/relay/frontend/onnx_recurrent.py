@@ -111,25 +111,16 @@ def _recurrent(ctx, args, attrs):
     r_value = _weights(ctx, r, "R", (num_dir, width, hidden))
     b_value = np.zeros((num_dir, 2 * width), np.float32) if bias is None else \
         _weights(ctx, bias, "B", (num_dir, 2 * width))
-    lbr = int(attrs.get("linear_before_reset", 0)) if cell == "gru" else 0
-    if lbr not in (0, 1):
-        raise Unsupported(f"linear_before_reset={lbr}")
-    clip = attrs.get("clip")
-    if clip is not None and not float(clip) > 0:
-        raise Unsupported(f"clip={clip} (a positive threshold)")
-    op_attrs = {"cell": cell, "directions": directions, "hidden": hidden, "layout": layout,
-                "clip": None if clip is None else float(clip),
-                "activations": _activations(attrs, cell, num_dir),
-                "linear_before_reset": lbr, "peephole": peep is not None,
-                "input_forget": bool(int(attrs.get("input_forget", 0))) if cell == "lstm"
-                else False}
+    op_attrs = _layer_attrs(attrs, cell, directions, hidden, layout)
+    lbr = op_attrs["linear_before_reset"]
     input_bias, recurrent_bias = b_value[:, :width], b_value[:, width:].copy()
     hidden_gate_bias = recurrent_bias[:, 2 * hidden:].copy()
     if lbr:
         recurrent_bias[:, 2 * hidden:] = 0     # inside the reset gate's product, in the kernel
     proj = _projection(ctx, x, w_value, input_bias + recurrent_bias, layout)
     state_shape = (num_dir, batch, hidden)
-    inputs = [proj, ir.const(np.ascontiguousarray(r_value.transpose(0, 2, 1)), f"{ctx.node_name}.RT"),
+    rt = np.ascontiguousarray(r_value.transpose(0, 2, 1))
+    inputs = [proj, ir.const(rt, f"{ctx.node_name}.RT"),
               _initial(ctx, h0, "initial_h", layout, state_shape),
               _lengths(ctx, lens, steps, batch)]
     if cell == "lstm":
@@ -139,8 +130,23 @@ def _recurrent(ctx, args, attrs):
                                    f"{ctx.node_name}.P"))
     elif lbr:
         inputs.append(ir.const(np.ascontiguousarray(hidden_gate_bias), f"{ctx.node_name}.Rbh"))
-    states = ctx.make("nn.recurrent", inputs, **op_attrs)
+    states = ctx.make("nn.recurrent", inputs, **op_attrs, peephole=peep is not None)
     return _outputs(ctx, states, cell, steps, layout)[:ctx.outputs_wanted]
+
+
+def _layer_attrs(attrs, cell, directions, hidden, layout) -> dict:
+    """The ``nn.recurrent`` attributes of the node's attributes."""
+    lbr = int(attrs.get("linear_before_reset", 0)) if cell == "gru" else 0
+    if lbr not in (0, 1):
+        raise Unsupported(f"linear_before_reset={lbr}")
+    clip = attrs.get("clip")
+    if clip is not None and not float(clip) > 0:
+        raise Unsupported(f"clip={clip} (a positive threshold)")
+    return {"cell": cell, "directions": directions, "hidden": hidden, "layout": layout,
+            "clip": None if clip is None else float(clip),
+            "activations": _activations(attrs, cell, len(directions)),
+            "linear_before_reset": lbr,
+            "input_forget": bool(int(attrs.get("input_forget", 0))) if cell == "lstm" else False}
 
 
 def _initial(ctx, node, what, layout, shape):

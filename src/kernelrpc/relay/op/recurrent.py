@@ -200,17 +200,17 @@ class _Kernel:
         """``body(j)`` for every unit ``j`` of the hidden state, in vectors of ``LANES``."""
         ib, h = self.ib, self.hidden
         if h >= LANES:
-            with ib.for_range(0, h // LANES, name="jo") as jo:
-                with ib.for_range(0, LANES, name="ji", kind="vectorize") as ji:
-                    body(jo * LANES + ji)
+            with ib.for_range(0, h // LANES, name="jo") as jo, \
+                    ib.for_range(0, LANES, name="ji", kind="vectorize") as ji:
+                body(jo * LANES + ji)
         if h % LANES:
             with ib.for_range(h - h % LANES, h, name="j", kind="vectorize") as j:
                 body(j)
 
-    def phases(self, d, b0):
+    def phases(self):
         """The time step of each cell: ("product", first gate, gates, from scratch) or
         ("units", update(d, b, t, j))."""
-        T, h = self.steps, self.hidden
+        T = self.steps
         if self.cell == "rnn":
             def rnn(d, b, t, j):
                 self.out[d, b, T, j] = self.act(d, 0, self.gate_input(d, b, t, 0, j))
@@ -282,7 +282,7 @@ class _Kernel:
                     self.out[d, b, T + 1, j] = self.extra[0][d, b, j]
             self.units(copy)
         self.each_row(b0, initial)
-        phases = self.phases(d, b0)
+        phases = self.phases()
         with ib.for_range(0, T, name="s") as s:
             for k, phase in enumerate(phases):
                 if phase[0] == "product":
@@ -324,7 +324,7 @@ def _body(ins, outs, attrs):
 
 
 def _compute(ts, attrs, node):
-    directions, batch, rows, hidden = node.shape
+    directions, batch, _, hidden = node.shape
     gates = GATES[attrs["cell"]]
     states, _ = te.extern([list(node.shape), [directions, batch, gates + 1, hidden]], ts,
                           lambda ins, outs: _body(ins, outs, attrs), name="recurrent",

@@ -163,14 +163,14 @@ def _initial(ctx, node, what, layout, shape):
 
 def _projection(ctx, x, w_value, bias, layout):
     """``X @ W^T + bias`` for every time step and direction as one dense layer:
-    ``[T, B, D, G*H]`` (``[B, T, D, G*H]`` with ``layout`` 1)."""
+    ``[T*B, D*G*H]`` (rows ``[B*T]`` with ``layout`` 1)."""
     num_dir, width, width_in = w_value.shape
     flat = reshape(ctx, x, (x.shape[0] * x.shape[1], width_in))
     weight = np.ascontiguousarray(w_value.transpose(2, 0, 1).reshape(width_in, num_dir * width))
     out = ctx.make("nn.dense", [flat, ir.const(weight, f"{ctx.node_name}.W")])
     if bias.any():
         out = ctx.make("add", [out, ir.const(bias.reshape(-1), f"{ctx.node_name}.B")])
-    return reshape(ctx, out, (x.shape[0], x.shape[1], num_dir, width))
+    return out
 
 
 def _outputs(ctx, states, cell, steps, layout):

@@ -20,7 +20,7 @@ each load of the weights serving every row of the group; the gates are computed 
 hidden and cell state, which are Y_h and Y_c) and is updated in place once the step's products
 are complete; the products live in a second, scratch output.
 
-Inputs: ``proj`` ``[T, B, D, G*H]`` (``[B, T, D, G*H]`` with ``layout`` 1), ``rt``
+Inputs: ``proj`` ``[T*B, D*G*H]`` (rows ``[B*T]`` with ``layout`` 1), ``rt``
 ``[D, H, G*H]``, ``h0`` ``[D, B, H]``, ``lens`` ``[B]`` int32; an LSTM then ``c0``
 ``[D, B, H]`` and, with ``peephole``, ``[D, 3*H]``; a GRU with ``linear_before_reset`` the
 recurrent bias of its hidden gate ``[D, H]``. Output ``[D, B, T + S, H]``: rows ``0..T-1`` the
@@ -83,12 +83,13 @@ def _infer(inputs, attrs):
              "gru": int(attrs["linear_before_reset"]), "rnn": 0}[cell]
     if len(inputs) != 4 + extra:
         raise ModelError(f"nn.recurrent ({cell}) takes {4 + extra} inputs, got {len(inputs)}")
-    if len(proj.shape) != 4:
-        raise ModelError(f"nn.recurrent: the projection is {list(proj.shape)}, not 4-D")
-    steps, batch = (proj.shape[0], proj.shape[1]) if attrs["layout"] == 0 else \
-        (proj.shape[1], proj.shape[0])
+    batch = lens.shape[0] if len(lens.shape) == 1 else 0
+    if len(proj.shape) != 2 or not batch or proj.shape[0] % batch:
+        raise ModelError(f"nn.recurrent: the projection is {list(proj.shape)}, not 2-D with "
+                         f"rows of {list(lens.shape)} batch rows")
+    steps = proj.shape[0] // batch
     width = GATES[cell] * hidden
-    expect = [(proj, (*proj.shape[:2], directions, width)), (rt, (directions, hidden, width)),
+    expect = [(proj, (steps * batch, directions * width)), (rt, (directions, hidden, width)),
               (h0, (directions, batch, hidden)), (lens, (batch,))]
     if cell == "lstm":
         expect.append((inputs[4], (directions, batch, hidden)))
@@ -152,9 +153,9 @@ class _Kernel:
             E.if_then_else(d == 0, per_direction[0], per_direction[1])
 
     def projected(self, d, b, t, gate, j):
-        index = (t, b, d, gate * self.hidden + j) if self.attrs["layout"] == 0 else \
-            (b, t, d, gate * self.hidden + j)
-        return self.proj[index]
+        row = t * self.batch + b if self.attrs["layout"] == 0 else b * self.steps + t
+        width = GATES[self.cell] * self.hidden
+        return self.proj[row, d * width + gate * self.hidden + j]
 
     def gate_input(self, d, b, t, gate, j):
         """The projected input of ``gate`` at unit ``j`` plus the recurrent product."""
@@ -335,8 +336,8 @@ def _compute(ts, attrs, node):
 
 
 def _flops(node):
-    directions, batch, _, hidden = node.shape
-    steps = node.inputs[0].shape[0 if node.attrs["layout"] == 0 else 1]
+    directions, batch, rows, hidden = node.shape
+    steps = rows - STATES[node.attrs["cell"]]
     return 2 * directions * batch * steps * hidden * GATES[node.attrs["cell"]] * hidden
 
 

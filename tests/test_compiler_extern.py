@@ -343,3 +343,20 @@ def test_a_tensor_intrinsic_whose_body_is_a_c_function(tmp_path):
     out = nd.empty((n, mm), "float32", dev)
     module(nd.array(av, dev), nd.array(bv, dev), out)
     np.testing.assert_allclose(out.numpy(), av @ bv.T, rtol=1e-5)
+
+
+def test_a_let_in_a_vectorized_loop_is_a_vector_where_it_is_used():
+    """``1 - z`` with ``z`` a let of the vectorized loop: the constant is broadcast to the
+    let's lanes (it was once emitted as a scalar operation on a vector)."""
+    def body(ins, outs):
+        ib = te.ir_builder.create()
+        x, y = ib.buffer_ptr(ins[0]), ib.buffer_ptr(outs[0])
+        with ib.for_range(0, 5, name="i", kind="vectorize") as i:
+            z = ib.let("z", x[i] * 2.0)
+            y[i] = (te.const(1.0, "float32") - z) * z
+        return ib.get()
+    X = te.placeholder((5,), name="X")
+    Y = te.extern((5,), [X], body, name="Y")
+    module = kernelrpc.build(te.create_schedule(Y.op), [X, Y], name="let_lanes")
+    x = np.linspace(-1, 1, 5, dtype=np.float32)
+    np.testing.assert_allclose(_run(module, x), (1 - 2 * x) * 2 * x, rtol=1e-6)

@@ -49,7 +49,7 @@ class Vectorizer(Mutator):
 
     def _binary(self, e):
         a, b = self.visit(e.a), self.visit(e.b)
-        if a is e.a and b is e.b:
+        if a is e.a and b is e.b and _lanes(a) == _lanes(b):    # (a rebound let is a vector)
             return e
         la, lb = _lanes(a), _lanes(b)
         if la == 1 and lb == 1:

@@ -154,10 +154,40 @@ def _padded(data, pad, name="pad"):
     return _t.compute(tuple(out_shape), body, name=name)
 
 
+def conv2d_register_tile(s, conv, out, accumulator, tile_f, tile_x,
+                         reduce_order="channels_outer", unroll_kw=False):
+    """The direct NCHW convolution's schedule: ``tile_f`` output channels x ``tile_x`` output
+    columns (whole vectors) of ``accumulator`` (the stage that sums ``conv``'s reduction) stay
+    in registers over the whole reduction, computed inside the output stage ``out``'s tile, so
+    the output's tail (bias, activation) runs on the tile in registers; rows and channel
+    blocks in parallel. ``reduce_order``: input channels outside the kernel window
+    (``"channels_outer"``) or inside it; ``unroll_kw`` unrolls the kernel row's columns.
+    Relay's direct convolutions use it (``relay.strategy.direct``)."""
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=tile_f)
+    xo, xi = stage.split(x, factor=tile_x)
+    stage.reorder(n, fo, y, xo, fi, xi)
+    stage.vectorize(xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), y))
+    s[accumulator].compute_at(stage, xo)
+    _, cf, _, cx = s[accumulator].op.axis
+    rc, ry, rx = s[accumulator].op.reduce_axis
+    if reduce_order == "channels_outer":
+        s[accumulator].reorder(rc, ry, rx, cf, cx)
+    else:
+        s[accumulator].reorder(ry, rx, rc, cf, cx)
+    if unroll_kw:
+        s[accumulator].unroll(rx)
+    s[accumulator].unroll(cf)
+    s[accumulator].vectorize(cx)
+
+
 def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=8, xr=16):
     """Direct 3x3-style convolution in NCHW, stride 1: ``fr`` output channels x ``xr`` output
-    columns (one vector) of accumulators stay in registers over the whole reduction; the
-    padded input is a stage of its own. Returns ``(s, [data, kernel, out])``."""
+    columns (one vector) of accumulators stay in registers over the whole reduction
+    (:func:`conv2d_register_tile`); the padded input is a stage of its own. Returns
+    ``(s, [data, kernel, out])``."""
     data = _t.placeholder((n, c, h, w), name="data")
     kernel = _t.placeholder((f, c, kh, kw), name="kernel")
     padded = _padded(data, pad)
@@ -168,20 +198,8 @@ def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=8, xr=16):
     out = _t.compute((n, f, oh, ow), lambda b, fo, y, x: _t.sum(
         padded[b, rc, y + ry, x + rx] * kernel[fo, rc, ry, rx], axis=[rc, ry, rx]), name="conv")
     s = create_schedule(out.op)
-    cc = s.cache_write(out, "global")
-    b, fo, y, x = s[out].op.axis
-    fo_o, fo_i = s[out].split(fo, factor=fr)
-    xo, xi = s[out].split(x, factor=xr)
-    s[out].reorder(b, fo_o, y, xo, fo_i, xi)
-    s[out].vectorize(xi)
-    s[out].parallel(s[out].fuse(fo_o, y))
-    s[cc].compute_at(s[out], xo)
-    _, cf, _, cx = s[cc].op.axis
-    rc_, ry_, rx_ = s[cc].op.reduce_axis
-    s[cc].reorder(rc_, ry_, rx_, cf, cx)
-    s[cc].unroll(cf)
-    s[cc].vectorize(cx)
-    bb, cb, yy, xx = s[padded].op.axis
+    conv2d_register_tile(s, out, out, s.cache_write(out, "global"), fr, xr)
+    _, cb, _, xx = s[padded].op.axis
     s[padded].parallel(cb)
     s[padded].vectorize(xx)
     return s, [data, kernel, out]

@@ -14,7 +14,8 @@ __all__ = ["GraphModule", "create"]
 
 
 class GraphModule:
-    """TVM's wrapper of a graph executor: every method is the executor's."""
+    """TVM's wrapper of a graph executor: every method (``set_input``, ``run``, ``get_output``,
+    ``benchmark``...) is the executor's, forwarded."""
 
     def __init__(self, module):
         if isinstance(module, GraphExecutorFactory):
@@ -27,28 +28,8 @@ class GraphModule:
     def __getattr__(self, name):
         return getattr(self.module, name)
 
-    def set_input(self, key=None, value=None, **params):
-        self.module.set_input(key, value, **params)
-
-    def run(self, **inputs):
-        self.module.run(**inputs)
-
-    def get_output(self, index, out=None):
-        return self.module.get_output(index, out)
-
-    def get_input(self, index):
-        return self.module.get_input(index)
-
-    def get_num_inputs(self) -> int:
-        return self.module.get_num_inputs()
-
-    def get_num_outputs(self) -> int:
-        return self.module.get_num_outputs()
-
-    def benchmark(self, device=None, func_name="run", repeat=5, number=5, min_repeat_ms=0,
-                  end_to_end=False, **kwargs):
-        return self.module.benchmark(device, func_name, repeat, number, min_repeat_ms,
-                                     end_to_end, **kwargs)
+    def __dir__(self):
+        return sorted({*super().__dir__(), *dir(self.module)})
 
     def __repr__(self) -> str:
         return f"<GraphModule {self.module.input_names} on {self.module.device}>"

@@ -2,30 +2,14 @@
 vectors of columns) over the reduction, the group's tail on the tile in registers."""
 from __future__ import annotations
 
+from ...compiler.recipes import conv2d_register_tile
 from .common import accumulator, choices, round_up, schedule_inputs
 from .tiles import Tiles
 
 
 def schedule_direct(s, conv, out, tiles: Tiles, cfg, node):
-    cc = accumulator(s, conv, out)
-    stage = s[out]
-    n, f, y, x = stage.op.axis
-    fo, fi = stage.split(f, factor=cfg["tile_f"].val)
-    xo, xi = stage.split(x, factor=cfg["tile_x"].val)
-    stage.reorder(n, fo, y, xo, fi, xi)
-    stage.vectorize(xi)
-    stage.parallel(stage.fuse(stage.fuse(n, fo), y))
-    s[cc].compute_at(stage, xo)
-    _, cf, _, cx = s[cc].op.axis
-    rc, ry, rx = s[cc].op.reduce_axis
-    if cfg["reduce_order"].val == "channels_outer":
-        s[cc].reorder(rc, ry, rx, cf, cx)
-    else:
-        s[cc].reorder(ry, rx, rc, cf, cx)
-    if cfg["unroll_kw"].val:
-        s[cc].unroll(rx)
-    s[cc].unroll(cf)
-    s[cc].vectorize(cx)
+    conv2d_register_tile(s, conv, out, accumulator(s, conv, out), cfg["tile_f"].val,
+                         cfg["tile_x"].val, cfg["reduce_order"].val, cfg["unroll_kw"].val)
     schedule_inputs(s, tiles)
 
 

@@ -90,7 +90,9 @@ def test_exported_module_runs_in_a_local_session_and_profiles(mobilenet, tmp_pat
     assert all(r["seconds"] > 0 for r in report.rows)
     assert abs(sum(r["share"] for r in report.rows) - 1) < 1e-9
     text = str(report)
-    assert "sum of layers" in text and "fused_nn_conv2d" in text
+    assert "sum of layers" in text and "Conv" in text
+    onnx_names = {n.name for n in model.graph.node}
+    assert {r["name"] for r in report.rows} <= onnx_names      # layers named by their nodes
     assert "<table>" in report._repr_html_()
     assert len(dbg.run_individual(number=1)) == len(report.rows)
 

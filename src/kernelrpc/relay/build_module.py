@@ -66,7 +66,7 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
         key = _signature(group)
         cfg, how, workload = configs.get(id(group.anchor)) or layer_config(group, target)
         if key not in kernels:
-            fname = f"k{len(kernels)}_{group.name[6:]}"[:200]
+            fname = f"k{len(kernels)}_{group.kind[6:]}"[:200]
             placeholders, out, anchor = group_tensors(group)
             s = schedule_group(group, out, anchor, tiles, cfg)
             primfuncs.append(lower(s, placeholders + [out], name=fname))
@@ -76,8 +76,8 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
         locations = [plan.locations[id(i)] for i in group.inputs()] + \
             [plan.locations[id(group.output)]]
         calls.append(KernelCall(convention.symbol(fname), tuple(locations)))
-        records.append({"name": group.name, "func": fname, "ops": group.origin,
-                        "fused": [n.op for n in group.nodes], "shape": list(group.output.shape),
+        records.append({"name": group.name, "kind": group.kind, "func": fname,
+                        "ops": group.origin, "fused": [n.op for n in group.nodes], "shape": list(group.output.shape),
                         "dtype": group.output.dtype, "flops": group.flops, "schedule": how,
                         **({"workload": list(workload[:4])} if workload else {}),
                         **({"config": cfg.to_dict()} if cfg is not None else {})})

@@ -38,8 +38,16 @@ class Group:
         return out
 
     @property
-    def name(self) -> str:
+    def kind(self) -> str:
+        """What the group computes, TVM's way: ``fused_nn_conv2d_add_relu``."""
         return "fused_" + "_".join(n.op.replace(".", "_") for n in self.nodes)
+
+    @property
+    def name(self) -> str:
+        """The layer's name: the model's node its anchor (else its output) came from, so a
+        profile tells one convolution from the next; its kind where the node has no name."""
+        node = self.anchor if self.anchor is not None else self.output
+        return node.name or self.kind
 
     @property
     def origin(self) -> list:

@@ -24,10 +24,15 @@ def graph_json(func, groups, kernel_names: list, plan) -> str:
         add_var(node, node.name)
     for k, node in enumerate(plan.params):
         add_var(node, f"p{k}")
+    names = set()
     for group, func_name in zip(groups, kernel_names):
         inputs = [[entry[id(i)], 0, 0] for i in group.inputs()]
         entry[id(group.output)] = len(nodes)
-        nodes.append({"op": "tvm_op", "name": group.name, "inputs": inputs,
+        name = group.name
+        if name in names:                  # a node name once: TVM's tools key layers by it
+            name = f"{name}_{len(nodes)}"
+        names.add(name)
+        nodes.append({"op": "tvm_op", "name": name, "inputs": inputs,
                       "attrs": {"func_name": func_name, "num_inputs": str(len(inputs)),
                                 "num_outputs": "1", "flatten_data": "0"}})
         shapes.append(list(group.output.shape))

@@ -22,7 +22,7 @@ import cross_rootfs
 
 pytestmark = [pytest.mark.cross,
               pytest.mark.skipif(not toolchain.zig_installed(),
-                                 reason="needs the cross extra: pip install 'kernelrpc[cross]'")]
+                                 reason="needs the cross extra: pip install '.[cross]'")]
 
 #: name -> (board, target, emulated CPU or None for the board's default)
 TARGETS = {

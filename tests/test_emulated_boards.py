@@ -106,7 +106,7 @@ BULLSEYE_AMD64 = rootfs.Arch("x86_64", "amd64", "bullseye", "3.9", "qemu-x86_64-
 def _kernel_for_glibc_2_31(tmp_path, monkeypatch):
     """An x86-64 module linked by zig against glibc 2.17 ($CC), so that Debian 11 loads it."""
     if not zig_installed():
-        pytest.skip("needs the cross extra (pip install 'kernelrpc[cross]': ziglang)")
+        pytest.skip("needs the cross extra (pip install '.[cross]': ziglang)")
     monkeypatch.setenv("CC", f"{sys.executable} -m ziglang cc -target x86_64-linux-gnu.2.17")
     n = 1000
     A = te.placeholder((n,), name="A")

@@ -23,7 +23,7 @@ from test_vector_math import BOUNDS, FUNCTIONS, REFERENCES, SIGMOID_ZERO, SPECIA
 
 pytestmark = [pytest.mark.cross,
               pytest.mark.skipif(not toolchain.zig_installed(),
-                                 reason="needs the cross extra: pip install 'kernelrpc[cross]'")]
+                                 reason="needs the cross extra: pip install '.[cross]'")]
 
 KERNELS = {**FUNCTIONS, "cube": lambda v: te.power(v, 3.0)}
 LANES = 4

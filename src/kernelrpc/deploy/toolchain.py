@@ -6,7 +6,7 @@ One toolchain per target triple, chosen by :func:`find_toolchain`:
   or ``clang`` on ``PATH``);
 * another architecture: a cross gcc on ``PATH`` (``aarch64-linux-gnu-gcc``...)
   when the user has one, else ``zig cc`` from the pip-installable ``ziglang``
-  package (``pip install 'kernelrpc[cross]'``), pinned to an old glibc symbol
+  package (``pip install '.[cross]'``), pinned to an old glibc symbol
   floor (:data:`GLIBC_FLOORS`) so modules load on old board images.
 
 The same toolchain compiles ``module_runtime.c`` for the target (cached by
@@ -53,8 +53,9 @@ _GNU_PREFIX = {"aarch64": "aarch64-linux-gnu", "arm": "arm-linux-gnueabihf",
 _ZIG_LINK_FLAGS = ("-s", "-Wl,--gc-sections")
 _RUNTIME_FLAGS = ("-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden")
 _LINK_OPTIONS = ("-Wl,-z,nodelete",)  # pool threads run module code: never unmap it
-_INSTALL_HINT = ("pip install 'kernelrpc[cross]' (the ziglang package, a complete cross "
-                 "linker), or put {prefix}-gcc on PATH (Debian: apt-get install gcc-{prefix})")
+_INSTALL_HINT = ("pip install ziglang (a complete cross linker; in a kernelrpc checkout "
+                 "pip install '.[cross]'), or put {prefix}-gcc on PATH (Debian: apt-get install "
+                 "gcc-{prefix})")
 
 
 class ToolchainError(RuntimeError):

@@ -257,12 +257,12 @@ class ProfileResult:
 
     def plot(self, ax=None):
         """Every repeat's time per call (outliers in red, the median dashed); needs matplotlib
-        (``pip install kernelrpc[notebook]``). Returns the matplotlib Axes."""
+        (``pip install '.[notebook]'``). Returns the matplotlib Axes."""
         try:
             import matplotlib.pyplot as plt
         except ImportError:
-            raise ImportError("ProfileResult.plot() needs matplotlib: "
-                              "pip install 'kernelrpc[notebook]'") from None
+            raise ImportError("ProfileResult.plot() needs matplotlib: pip install matplotlib "
+                              "(in a kernelrpc checkout: pip install '.[notebook]')") from None
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 3))
         name, scale = time_unit(self.median)

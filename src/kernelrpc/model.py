@@ -173,8 +173,13 @@ def _tracker(args, say):
     return FleetTrackerSession(fleet)
 
 
+#: onnxruntime's timed runs on this host (after one untimed run)
+REFERENCE_RUNS = 10
+
+
 def _reference(model, feeds, threads):
-    """onnxruntime's outputs for ``feeds``, or why there are none."""
+    """onnxruntime's outputs for ``feeds`` and its latency on this host (``{"outputs",
+    "seconds", "threads"}``), or why there are none."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -183,16 +188,26 @@ def _reference(model, feeds, threads):
     options.intra_op_num_threads = max(threads, 1) if threads else 0
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
+    outputs = session.run(None, feeds)
+    seconds = []
+    for _ in range(REFERENCE_RUNS):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        seconds.append(time.perf_counter() - start)
+    return {"outputs": outputs, "seconds": seconds, "threads": threads or 0}
 
 
 def _agreement(outputs, expect) -> dict:
+    import statistics
+
     import numpy as np
 
     if isinstance(expect, str):
         return {"checked": False, "why": expect}
-    report = {"checked": True, "outputs": []}
-    for got, ref in zip(outputs, expect):
+    report = {"checked": True, "outputs": [],
+              "host_latency": {"median_s": statistics.median(expect["seconds"]),
+                               "runs": len(expect["seconds"]), "threads": expect["threads"]}}
+    for got, ref in zip(outputs, expect["outputs"]):
         scale = float(np.abs(ref).max()) or 1.0
         entry = {"max_abs_error": float(np.abs(got - ref).max()),
                  "relative": float(np.abs(got - ref).max()) / scale}
@@ -207,7 +222,10 @@ def _agreement(outputs, expect) -> dict:
 def _agreement_lines(check: dict) -> list[str]:
     if not check["checked"]:
         return [f"onnxruntime  not compared: {check['why']}"]
-    lines = []
+    latency = check["host_latency"]
+    threads = latency["threads"] or "its default"
+    lines = [f"onnxruntime  {latency['median_s'] * 1e3:.3f} ms on this host (median of "
+             f"{latency['runs']} runs, {threads} thread(s)): the host's, not the board's"]
     for k, entry in enumerate(check["outputs"]):
         top5 = "" if "top5_match" not in entry else \
             f", top-5 {'matches' if entry['top5_match'] else 'DIFFERS'}"

@@ -97,3 +97,23 @@ def test_batch_normalization_with_a_negative_variance_is_refused():
     with pytest.raises(ModelError, match="bn.*var \\+ epsilon must be positive"):
         relay.frontend.from_onnx(model)
 
+
+
+def test_nodes_downstream_of_a_refused_node_are_checked_too():
+    """Shape inference stands in for the refused Det: the MaxPool after it is still checked
+    and refused; the Reshape whose shape comes from the MaxPool's through Shape is converted,
+    and a node that needs a refused node's *value* is not blamed for it."""
+    nodes = [helper.make_node("Det", ["x"], ["a"], name="det"),
+             helper.make_node("Unsqueeze", ["a", "axes"], ["u"], name="unsqueeze"),
+             helper.make_node("MaxPool", ["u"], ["b"], kernel_shape=[1, 1], storage_order=1,
+                              name="pool"),
+             helper.make_node("Shape", ["b"], ["s"], name="shape"),
+             helper.make_node("Reshape", ["b", "s"], ["c"], name="reshape"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu"),
+             helper.make_node("Cast", ["a"], ["dims"], to=TensorProto.INT64, name="cast"),
+             helper.make_node("Reshape", ["x", "dims"], ["d"], name="by_value")]
+    model = model_of(nodes, [("x", [1, 2, 3, 3])], [("axes", np.array([2, 3], np.int64))],
+                     outputs=("y", "d"))
+    with pytest.raises(UnsupportedOperatorError) as info:
+        relay.frontend.from_onnx(model)
+    assert [name for _, name, _, _ in info.value.unsupported] == ["det", "pool"]

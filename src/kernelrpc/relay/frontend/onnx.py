@@ -1,21 +1,19 @@
 """ONNX models to the network graph (TVM's ``relay.frontend.from_onnx``).
 
-Every node is converted by the function registered for its operator type; each converter
-reads the attributes it implements through :class:`Attrs`, which refuses any other attribute
-that is set, so nothing is silently ignored. Before any conversion the whole graph is checked
-for operators without a converter, and all of them are reported at once. Nodes whose inputs
-are all constant are evaluated on the spot (shape arithmetic: Shape, Gather, Concat...).
+Every node is converted by the function registered for its operator type and the model's
+opset; each converter reads the attributes it implements through :class:`Attrs`, which refuses
+any other attribute that is set, so nothing is silently ignored. Nodes whose inputs are all
+constant are evaluated on the spot (shape arithmetic: Shape, Gather, Concat...).
 """
 from __future__ import annotations
-
-
 
 from .. import ir
 from ..errors import ModelError, UnsupportedOperatorError
 from . import onnx_elementwise, onnx_model, onnx_nn, onnx_tensor  # noqa: F401  (they register)
 from . import onnx_activation, onnx_norm, onnx_reduce  # noqa: F401  (they register)
 from . import onnx_recurrent  # noqa: F401  (it registers)
-from .onnx_common import CONVERTERS, Attrs, Context, Unsupported, supported_operators
+from .onnx_common import (Attrs, Context, UnknownValue, Unsupported, find_converter,
+                          supported_operators)
 
 __all__ = ["from_onnx", "supported_operators"]
 
@@ -36,25 +34,40 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
         MissingShapeError: an input has a dynamic dimension and ``shape`` does not give it.
         ModelError: a malformed or inconsistent model.
     """
+    model, opset = _load(model, opset)
+    ctx = Context(opset)
+    initializers = _bind_initializers(ctx, model.graph)
+    inputs = _bind_inputs(ctx, model.graph, dict(shape or {}), dtype, initializers)
+    _convert_nodes(ctx, model.graph, onnx_model.InferredTypes(model, inputs))
+    return _with_params(inputs, _outputs(ctx, model.graph), initializers)
+
+
+def _load(model, opset):
+    """The model proto and the opset it is read in, within the importer's limits."""
     model = onnx_model.load(model)
     opset = int(opset) if opset is not None else onnx_model.default_opset(model)
     onnx_model.check_opset(opset)
-    graph = model.graph
-    if len(graph.node) > onnx_model.MAX_NODES:
-        raise ModelError(f"the model has {len(graph.node)} nodes; at most {onnx_model.MAX_NODES}")
-    shape = dict(shape or {})
-    _check_operators(graph, opset)
-    ctx = Context(opset)
+    if len(model.graph.node) > onnx_model.MAX_NODES:
+        raise ModelError(f"the model has {len(model.graph.node)} nodes; at most "
+                         f"{onnx_model.MAX_NODES}")
+    return model, opset
+
+
+def _bind_initializers(ctx, graph) -> dict:
     initializers = {}
     for init in graph.initializer:
         value = onnx_model.tensor_value(init, f"initializer {init.name!r}")
         initializers[init.name] = ctx.values[init.name] = ir.const(value, init.name)
+    return initializers
+
+
+def _bind_inputs(ctx, graph, shape: dict, dtype, initializers) -> list:
+    """The graph's ``input`` nodes, each of its static shape (the model's or ``shape=``'s)."""
     inputs = []
     for info in graph.input:
         if info.name in initializers:
             continue
-        given = shape.pop(info.name, None)
-        in_shape = onnx_model.input_shape(info, given)
+        in_shape = onnx_model.input_shape(info, shape.pop(info.name, None))
         elem = info.type.tensor_type.elem_type
         in_dtype = onnx_model.elem_dtype(elem, f"input {info.name!r}") if elem else (
             dtype.get(info.name, "float32") if isinstance(dtype, dict) else dtype)
@@ -65,48 +78,82 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
         raise ModelError(f"shape= names {', '.join(map(repr, shape))}, which "
                          f"{'is not an input' if len(shape) == 1 else 'are not inputs'} of the "
                          f"model (inputs: {', '.join(repr(i.name) for i in inputs) or 'none'})")
-    consumed = _consumers(graph)
-    failures, poisoned = [], set()     # outputs that failed nodes did not compute
+    return inputs
+
+
+def _convert_nodes(ctx, graph, types) -> None:
+    """Every node converted in order. A node that cannot be is recorded and its outputs are
+    stood in for by nodes of the shapes ONNX's shape inference gives (``types``), so that the
+    nodes downstream are checked too; all refusals are reported together."""
+    wanted = _consumers(graph) | {o.name for o in graph.output}
+    failures = []
     for index, node in enumerate(graph.node):
         ctx.node_name = node.name or f"{node.op_type}_{index}"
         ctx.op_type = node.op_type
         ctx.outputs_wanted = len(node.output)
-        if any(name in poisoned for name in node.input):
-            poisoned.update(node.output)       # the cause is reported already
+        if any(name and name not in ctx.values and name in types.unknown for name in node.input):
+            types.unknown.update(node.output)      # downstream of a refusal, shape unknown
             continue
-        args = []
-        for name in node.input:
-            if not name:
-                args.append(None)
-                continue
-            if name not in ctx.values:
-                raise ModelError(f"node {ctx.node_name!r} ({node.op_type}) reads {name!r}, which "
-                                 "no earlier node, input or initializer defines (the graph is not "
-                                 "in topological order or is incomplete)")
-            args.append(ctx.values[name])
-        onnx_model.check_node_form(node, opset, f"node {ctx.node_name!r} ({node.op_type})")
-        attrs = Attrs(node)
         try:
-            outputs = CONVERTERS[node.op_type](ctx, args, attrs)
-            attrs.done()
+            outputs = _convert_node(ctx, node)
+        except UnknownValue:
+            outputs = []                           # it needed a refused node's value
         except Unsupported as exc:
-            failures.append((node.op_type, ctx.node_name, opset, str(exc)))
-            poisoned.update(node.output)
-            continue
-        except ModelError as exc:
-            raise ModelError(f"node {ctx.node_name!r} ({node.op_type}): {exc}") from None
+            failures.append((_op_name(node), ctx.node_name, ctx.opset, str(exc)))
+            outputs = []
         for k, name in enumerate(node.output):
             if not name:
                 continue
-            if k >= len(outputs):
-                if name in consumed or name in {o.name for o in graph.output}:
-                    failures.append((node.op_type, ctx.node_name, opset,
-                                     f"output {k} ({name!r}) is not implemented"))
-                    poisoned.add(name)
+            if k < len(outputs):
+                ctx.values[name] = outputs[k]
                 continue
-            ctx.values[name] = outputs[k]
+            if outputs and name in wanted:
+                failures.append((node.op_type, ctx.node_name, ctx.opset,
+                                 f"output {k} ({name!r}) is not implemented"))
+            stand_in = types.stand_in(name)
+            if stand_in is not None:
+                ctx.values[name] = stand_in
     if failures:
         raise UnsupportedOperatorError(failures)
+
+
+def _convert_node(ctx, node) -> list:
+    """The node's output values; Unsupported when kernelrpc cannot compile it."""
+    if node.domain not in ("", "ai.onnx"):
+        raise Unsupported("operators of custom domains are not supported")
+    found = find_converter(node.op_type, ctx.opset)
+    if found is None:
+        raise Unsupported("no converter")
+    since, convert = found
+    if not onnx_model.operator_version_known(node.op_type, ctx.opset, since):
+        raise Unsupported(f"this version of the operator (newer than opset "
+                          f"{onnx_model.MAX_OPSET}'s) is not implemented")
+    args = [_value(ctx, name, node) if name else None for name in node.input]
+    onnx_model.check_node_form(node, ctx.opset, f"node {ctx.node_name!r} ({node.op_type})")
+    attrs = Attrs(node)
+    try:
+        outputs = convert(ctx, args, attrs)
+        attrs.done()
+    except Unsupported:
+        raise
+    except ModelError as exc:
+        raise ModelError(f"node {ctx.node_name!r} ({node.op_type}): {exc}") from None
+    return outputs
+
+
+def _value(ctx, name, node):
+    if name not in ctx.values:
+        raise ModelError(f"node {ctx.node_name!r} ({node.op_type}) reads {name!r}, which no "
+                         "earlier node, input or initializer defines (the graph is not in "
+                         "topological order or is incomplete)")
+    return ctx.values[name]
+
+
+def _op_name(node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
+def _outputs(ctx, graph) -> list:
     outputs = []
     for out in graph.output:
         if out.name not in ctx.values:
@@ -114,23 +161,7 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
         outputs.append(ctx.values[out.name])
     if not outputs:
         raise ModelError("the model has no outputs")
-    return _with_params(inputs, outputs, initializers)
-
-
-def _check_operators(graph, opset) -> None:
-    missing = []
-    for index, node in enumerate(graph.node):
-        name = node.name or f"{node.op_type}_{index}"
-        if node.domain not in ("", "ai.onnx"):
-            missing.append((f"{node.domain}.{node.op_type}", name, opset,
-                            "operators of custom domains are not supported"))
-        elif node.op_type not in CONVERTERS:
-            missing.append((node.op_type, name, opset, "no converter"))
-        elif not onnx_model.operator_version_known(node.op_type, opset):
-            missing.append((node.op_type, name, opset, "this version of the operator (newer "
-                            f"than opset {onnx_model.MAX_OPSET}'s) is not implemented"))
-    if missing:
-        raise UnsupportedOperatorError(missing)
+    return outputs
 
 
 def _consumers(graph) -> set:

@@ -1,6 +1,7 @@
-"""What every ONNX converter shares: the converter table, a node's attributes (read by
-name, the unread ones refused), the conversion context (a node made with its shape inferred,
-folded at once when its inputs are constants), axis and reshape helpers."""
+"""What every ONNX converter shares: the converter table (each converter registered for the
+opsets from which it implements its operator), a node's attributes (read by name, the unread
+ones refused), the conversion context (a node made with its shape inferred, folded at once
+when its inputs are constants), axis and reshape helpers."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,15 +10,31 @@ from .. import ir
 from ..errors import ModelError
 from ..op import get as get_op
 
-CONVERTERS: dict = {}
+#: op_type -> {since opset: converter}
+CONVERTERS: dict[str, dict] = {}
 
 
-def converter(*op_types):
+def converter(*op_types, since: int = 1):
+    """Register the decorated function as the converter of ``op_types`` from opset ``since``
+    on; a model of opset N is converted by the newest registration whose ``since`` <= N.
+    Without ``since`` the converter covers every opset."""
     def register(fn):
         for op_type in op_types:
-            CONVERTERS[op_type] = fn
+            versions = CONVERTERS.setdefault(op_type, {})
+            if since in versions:
+                raise ValueError(f"two converters of {op_type} since opset {since}")
+            versions[since] = fn
         return fn
     return register
+
+
+def find_converter(op_type: str, opset: int):
+    """``(since, converter)`` of ``op_type`` in ``opset``, or None."""
+    versions = [s for s in CONVERTERS.get(op_type, ()) if s <= opset]
+    if not versions:
+        return None
+    since = max(versions)
+    return since, CONVERTERS[op_type][since]
 
 
 def supported_operators() -> list[str]:
@@ -26,6 +43,11 @@ def supported_operators() -> list[str]:
 
 class Unsupported(ModelError):
     """Raised by a converter for an attribute value or input it does not implement."""
+
+
+class UnknownValue(Unsupported):
+    """A converter needed the value of a tensor that a refused node stands in for: not a
+    refusal of its own (the refused node is reported)."""
 
 
 class Attrs:
@@ -47,6 +69,10 @@ class Attrs:
     def ints(self, name, default):
         value = self.get(name, default)
         return [int(v) for v in value] if value is not None else None
+
+    def ignore(self, *names):
+        """Attributes without effect on inference (training-only, seeds...), accepted unread."""
+        self._read.update(names)
 
     def done(self):
         extra = sorted(map(str, set(self._values) - self._read))
@@ -77,11 +103,47 @@ class Context:
                        origin=(self.op_type,))
 
     def constant(self, node: ir.Node, what: str) -> np.ndarray:
+        if node is not None and _depends_on_refused(node):
+            raise UnknownValue(f"{what} comes from a refused node")
         if node is None or not node.is_const:
             raise Unsupported(f"{what} must be a constant (computed from the input's values at "
                               "run time is not supported)")
         return node.value
 
+    def optional(self, args, k: int, what: str) -> np.ndarray | None:
+        """The constant value of optional input ``k``, None when the node leaves it out."""
+        if len(args) <= k or args[k] is None:
+            return None
+        return self.constant(args[k], what)
+
+    def optional_ints(self, args, k: int, what: str) -> list[int] | None:
+        value = self.optional(args, k, what)
+        return None if value is None else [int(v) for v in value.reshape(-1)]
+
+    def optional_float(self, args, k: int, what: str, default: float | None) -> float | None:
+        value = self.optional(args, k, what)
+        if value is None:
+            return default
+        if value.size != 1:
+            raise ModelError(f"{what} must be one value, got {value.size}")
+        return float(value.reshape(()))
+
+
+#: the op of the nodes that stand in for a refused node's outputs while the rest of the
+#: graph is checked (never built: the import raises once every node has been seen)
+STAND_IN = "refused"
+
+
+def _depends_on_refused(node: ir.Node) -> bool:
+    stack, seen = [node], set()
+    while stack:
+        node = stack.pop()
+        if node.op == STAND_IN:
+            return True
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(node.inputs)
+    return False
 
 
 def normalize_axis(axis: int, ndim: int, what="axis") -> int:
@@ -95,4 +157,3 @@ def reshape(ctx, x, shape):
     if shape == x.shape:
         return x
     return ctx.make("reshape", [x], newshape=shape)
-

@@ -2,6 +2,8 @@
 Clip, Cast."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import ir
@@ -11,23 +13,31 @@ from .onnx_common import converter
 
 _BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide",
            "Pow": "power"}
+_VARIADIC = {"Sum": "add", "Max": "maximum", "Min": "minimum"}
 
 
-@converter(*_BINARY)
-def _binary(ctx, args, attrs):
+def _binary(ctx, args, attrs, op):
     a, b = args
-    return [ctx.make(_BINARY[ctx.op_type], [a, b])]
+    return [ctx.make(op, [a, b])]
 
 
-@converter("Sum", "Max", "Min", "Mean")
-def _variadic(ctx, args, attrs):
-    op = {"Sum": "add", "Mean": "add", "Max": "maximum", "Min": "minimum"}[ctx.op_type]
+def _fold_inputs(ctx, args, op):
     if not args or any(a is None for a in args):
         raise ModelError(f"{ctx.op_type} needs at least one input")
     out = args[0]
     for other in args[1:]:
         out = ctx.make(op, [out, other])
-    if ctx.op_type == "Mean" and len(args) > 1:
+    return out
+
+
+def _variadic(ctx, args, attrs, op):
+    return [_fold_inputs(ctx, args, op)]
+
+
+@converter("Mean")
+def _mean(ctx, args, attrs):
+    out = _fold_inputs(ctx, args, "add")
+    if len(args) > 1:
         out = ctx.make("multiply", [out, ir.const(np.asarray(1 / len(args), out.dtype))])
     return [out]
 
@@ -37,9 +47,13 @@ _UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "L
           "Reciprocal": "reciprocal", "HardSwish": "hard_swish"}
 
 
-@converter(*_UNARY)
-def _unary(ctx, args, attrs):
-    return [ctx.make(_UNARY[ctx.op_type], [args[0]])]
+def _unary(ctx, args, attrs, op):
+    return [ctx.make(op, [args[0]])]
+
+
+for _table, _convert in ((_BINARY, _binary), (_VARIADIC, _variadic), (_UNARY, _unary)):
+    for _onnx_op, _op in _table.items():
+        converter(_onnx_op)(partial(_convert, op=_op))
 
 
 @converter("LeakyRelu")
@@ -60,25 +74,26 @@ def _prelu(ctx, args, attrs):
     return [ctx.make("add", [ctx.make("relu", [x]), ctx.make("multiply", [neg, slope])])]
 
 
-@converter("Clip")
-def _clip(ctx, args, attrs):
-    if ctx.opset < 11:
-        lo, hi = attrs.get("min", None), attrs.get("max", None)
-    else:
-        lo = float(ctx.constant(args[1], "Clip's min").reshape(())) if len(args) > 1 and \
-            args[1] is not None else None
-        hi = float(ctx.constant(args[2], "Clip's max").reshape(())) if len(args) > 2 and \
-            args[2] is not None else None
-    return [ctx.make("clip", [args[0]], min=None if lo is None else float(lo),
+def _clip(ctx, x, lo, hi):
+    return [ctx.make("clip", [x], min=None if lo is None else float(lo),
                      max=None if hi is None else float(hi))]
 
 
+@converter("Clip")
+def _clip_6(ctx, args, attrs):
+    return _clip(ctx, args[0], attrs.get("min", None), attrs.get("max", None))
+
+
+@converter("Clip", since=11)
+def _clip_11(ctx, args, attrs):
+    return _clip(ctx, args[0], ctx.optional_float(args, 1, "Clip's min", None),
+                 ctx.optional_float(args, 2, "Clip's max", None))
 
 
 @converter("Cast")
 def _cast(ctx, args, attrs):
     dtype = onnx_model.elem_dtype(int(attrs.get("to")), "Cast's to")
-    attrs.get("saturate")
+    attrs.ignore("saturate")
     x = args[0]
     if x.dtype == dtype:
         return [x]

@@ -3,6 +3,7 @@ BatchNormalization, pooling, LRN."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
@@ -176,24 +177,33 @@ def _matmul(ctx, args, attrs):
 
 
 
-@converter("Softmax", "LogSoftmax")
-def _softmax(ctx, args, attrs):
+def _softmax_1(ctx, args, attrs, log):
+    """Before opset 13 the input is taken as 2-D, flattened at ``axis``."""
     x = args[0]
     ndim = len(x.shape)
-    axis = normalize_axis(int(attrs.get("axis", -1 if ctx.opset >= 13 else 1)), ndim)
-    log = ctx.op_type == "LogSoftmax"
-    if ctx.opset >= 13 or axis == ndim - 1:
+    axis = normalize_axis(int(attrs.get("axis", 1)), ndim)
+    if axis == ndim - 1:
         return [ctx.make("nn.softmax", [x], axis=axis, log=log)]
     flat = reshape(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
     out = ctx.make("nn.softmax", [flat], axis=1, log=log)
     return [reshape(ctx, out, x.shape)]
 
 
+def _softmax_13(ctx, args, attrs, log):
+    axis = normalize_axis(int(attrs.get("axis", -1)), len(args[0].shape))
+    return [ctx.make("nn.softmax", [args[0]], axis=axis, log=log)]
+
+
+for _op, _log in (("Softmax", False), ("LogSoftmax", True)):
+    converter(_op)(partial(_softmax_1, log=_log))
+    converter(_op, since=13)(partial(_softmax_13, log=_log))
+
+
 @converter("BatchNormalization")
 def _batch_norm(ctx, args, attrs):
     x = args[0]
     eps = float(attrs.get("epsilon", 1e-5))
-    attrs.get("momentum")           # a training attribute: no effect on inference
+    attrs.ignore("momentum")
     if int(attrs.get("training_mode", 0)):
         raise Unsupported("training_mode=1 (batch statistics) is not implemented")
     scale, bias, mean, var = (ctx.constant(a, f"BatchNormalization's {n}") for a, n in
@@ -243,10 +253,12 @@ def _avg_pool(ctx, args, attrs):
     return _pool(ctx, args, attrs, "avg")
 
 
-@converter("GlobalAveragePool", "GlobalMaxPool")
-def _global_pool(ctx, args, attrs):
-    kind = "max" if ctx.op_type == "GlobalMaxPool" else "avg"
+def _global_pool(ctx, args, attrs, kind):
     return [ctx.make("nn.global_pool", [args[0]], kind=kind)]
+
+
+converter("GlobalAveragePool")(partial(_global_pool, kind="avg"))
+converter("GlobalMaxPool")(partial(_global_pool, kind="max"))
 
 
 @converter("LRN")

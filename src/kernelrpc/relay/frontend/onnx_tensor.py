@@ -3,6 +3,7 @@ Transpose, Concat, Split, Slice, Pad, reductions, Constant, Shape, Gather, Resiz
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
@@ -45,31 +46,44 @@ def _reshape_op(ctx, args, attrs):
     return [reshape(ctx, x, shape)]
 
 
-@converter("Squeeze", "Unsqueeze")
-def _squeeze(ctx, args, attrs):
-    x = args[0]
-    if ctx.opset >= 13:
-        axes = [int(v) for v in ctx.constant(args[1], "axes").reshape(-1)] \
-            if len(args) > 1 and args[1] is not None else None
-    else:
-        axes = attrs.ints("axes", None)
-    if ctx.op_type == "Squeeze":
-        ndim = len(x.shape)
-        if axes is None:
-            axes = [k for k, d in enumerate(x.shape) if d == 1]
-        axes = {normalize_axis(a, ndim) for a in axes}
-        if any(x.shape[a] != 1 for a in axes):
-            raise ModelError(f"Squeeze of axes {sorted(axes)} of {list(x.shape)}: not all are 1")
-        shape = [d for k, d in enumerate(x.shape) if k not in axes]
-    else:
-        if axes is None:
-            raise ModelError("Unsqueeze needs axes")
-        ndim = len(x.shape) + len(axes)
-        axes = sorted(normalize_axis(a, ndim) for a in axes)
-        shape = list(x.shape)
-        for a in axes:
-            shape.insert(a, 1)
+def _squeeze(ctx, x, axes):
+    ndim = len(x.shape)
+    if axes is None:
+        axes = [k for k, d in enumerate(x.shape) if d == 1]
+    axes = {normalize_axis(a, ndim) for a in axes}
+    if any(x.shape[a] != 1 for a in axes):
+        raise ModelError(f"Squeeze of axes {sorted(axes)} of {list(x.shape)}: not all are 1")
+    return [reshape(ctx, x, [d for k, d in enumerate(x.shape) if k not in axes])]
+
+
+def _unsqueeze(ctx, x, axes):
+    if axes is None:
+        raise ModelError("Unsqueeze needs axes")
+    ndim = len(x.shape) + len(axes)
+    shape = list(x.shape)
+    for a in sorted(normalize_axis(a, ndim) for a in axes):
+        shape.insert(a, 1)
     return [reshape(ctx, x, shape)]
+
+
+@converter("Squeeze")
+def _squeeze_1(ctx, args, attrs):
+    return _squeeze(ctx, args[0], attrs.ints("axes", None))
+
+
+@converter("Squeeze", since=13)
+def _squeeze_13(ctx, args, attrs):
+    return _squeeze(ctx, args[0], ctx.optional_ints(args, 1, "Squeeze's axes"))
+
+
+@converter("Unsqueeze")
+def _unsqueeze_1(ctx, args, attrs):
+    return _unsqueeze(ctx, args[0], attrs.ints("axes", None))
+
+
+@converter("Unsqueeze", since=13)
+def _unsqueeze_13(ctx, args, attrs):
+    return _unsqueeze(ctx, args[0], ctx.optional_ints(args, 1, "Unsqueeze's axes"))
 
 
 @converter("Transpose")
@@ -92,18 +106,9 @@ def _concat(ctx, args, attrs):
     return [ctx.make("concatenate", items, axis=axis)]
 
 
-@converter("Split")
-def _split(ctx, args, attrs):
-    x = args[0]
-    axis = normalize_axis(int(attrs.get("axis", 0)), len(x.shape))
-    if ctx.opset >= 13:
-        split = [int(v) for v in ctx.constant(args[1], "Split's split").reshape(-1)] \
-            if len(args) > 1 and args[1] is not None else None
-    else:
-        split = attrs.ints("split", None)
-    num = attrs.get("num_outputs", None) if ctx.opset >= 18 else None
+def _split(ctx, x, axis, split, count):
+    axis = normalize_axis(axis, len(x.shape))
     if split is None:
-        count = int(num) if num is not None else ctx.outputs_wanted
         size = x.shape[axis]
         part = -(-size // count)
         split = [min(part, size - k * part) for k in range(count)]
@@ -116,6 +121,26 @@ def _split(ctx, args, attrs):
     return outs
 
 
+@converter("Split")
+def _split_1(ctx, args, attrs):
+    return _split(ctx, args[0], int(attrs.get("axis", 0)), attrs.ints("split", None),
+                  ctx.outputs_wanted)
+
+
+@converter("Split", since=13)
+def _split_13(ctx, args, attrs):
+    return _split(ctx, args[0], int(attrs.get("axis", 0)),
+                  ctx.optional_ints(args, 1, "Split's split"), ctx.outputs_wanted)
+
+
+@converter("Split", since=18)
+def _split_18(ctx, args, attrs):
+    num = attrs.get("num_outputs", None)
+    return _split(ctx, args[0], int(attrs.get("axis", 0)),
+                  ctx.optional_ints(args, 1, "Split's split"),
+                  int(num) if num is not None else ctx.outputs_wanted)
+
+
 def _clamp_slice(start, end, step, dim):
     start = start + dim if start < 0 else start
     end = end + dim if end < 0 else end
@@ -124,22 +149,10 @@ def _clamp_slice(start, end, step, dim):
     return min(max(start, -1), dim - 1), min(max(end, -1), dim - 1)
 
 
-@converter("Slice")
-def _slice(ctx, args, attrs):
-    x = args[0]
+def _slice(ctx, x, starts, ends, axes, steps):
     ndim = len(x.shape)
-    if ctx.opset < 10:
-        starts, ends = attrs.ints("starts", None), attrs.ints("ends", None)
-        axes = attrs.ints("axes", list(range(len(starts or []))))
-        steps = [1] * len(starts or [])
-    else:
-        def read(k, what):
-            return [int(v) for v in ctx.constant(args[k], f"Slice's {what}").reshape(-1)] \
-                if len(args) > k and args[k] is not None else None
-        starts, ends, axes, steps = read(1, "starts"), read(2, "ends"), read(3, "axes"), \
-            read(4, "steps")
-        axes = axes if axes is not None else list(range(len(starts)))
-        steps = steps if steps is not None else [1] * len(starts)
+    axes = axes if axes is not None else list(range(len(starts or [])))
+    steps = steps if steps is not None else [1] * len(starts or [])
     if starts is None or ends is None or not len(starts) == len(ends) == len(axes) == len(steps):
         raise ModelError("Slice: starts, ends, axes and steps must have one entry per axis")
     slices = []
@@ -157,23 +170,23 @@ def _slice(ctx, args, attrs):
     return [ctx.make("strided_slice", [x], slices=tuple(slices))]
 
 
-@converter("Pad")
-def _pad(ctx, args, attrs):
-    x = args[0]
+@converter("Slice")
+def _slice_1(ctx, args, attrs):
+    return _slice(ctx, args[0], attrs.ints("starts", None), attrs.ints("ends", None),
+                  attrs.ints("axes", None), None)
+
+
+@converter("Slice", since=10)
+def _slice_10(ctx, args, attrs):
+    return _slice(ctx, args[0], *(ctx.optional_ints(args, k, f"Slice's {what}") for k, what in
+                                  enumerate(("starts", "ends", "axes", "steps"), 1)))
+
+
+def _pad(ctx, x, mode, pads, value, axes):
     ndim = len(x.shape)
-    mode = attrs.get("mode", "constant")
     if mode not in ("constant", "edge", "reflect"):
         raise Unsupported(f"mode={mode!r}")
-    if ctx.opset < 11:
-        pads = attrs.ints("pads", None)
-        value = float(attrs.get("value", 0.0))
-        axes = list(range(ndim))
-    else:
-        pads = [int(v) for v in ctx.constant(args[1], "Pad's pads").reshape(-1)]
-        value = float(ctx.constant(args[2], "Pad's constant_value").reshape(())) \
-            if len(args) > 2 and args[2] is not None else 0.0
-        axes = [normalize_axis(int(a), ndim) for a in ctx.constant(args[3], "Pad's axes").reshape(-1)] \
-            if len(args) > 3 and args[3] is not None else list(range(ndim))
+    axes = [normalize_axis(a, ndim) for a in axes] if axes is not None else list(range(ndim))
     if pads is None or len(pads) != 2 * len(axes):
         raise ModelError(f"Pad: pads {pads} must have two entries per padded axis")
     if any(p < 0 for p in pads):
@@ -187,35 +200,57 @@ def _pad(ctx, args, attrs):
                      value=value)]
 
 
+@converter("Pad")
+def _pad_2(ctx, args, attrs):
+    return _pad(ctx, args[0], attrs.get("mode", "constant"), attrs.ints("pads", None),
+                float(attrs.get("value", 0.0)), None)
+
+
+@converter("Pad", since=11)
+def _pad_11(ctx, args, attrs):
+    return _pad(ctx, args[0], attrs.get("mode", "constant"),
+                ctx.optional_ints(args, 1, "Pad's pads"),
+                ctx.optional_float(args, 2, "Pad's constant_value", 0.0),
+                ctx.optional_ints(args, 3, "Pad's axes"))
+
+
 _REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
 
 
-@converter(*_REDUCE)
-def _reduce(ctx, args, attrs):
-    x = args[0]
+def _reduce(ctx, x, kind, axes, keep):
     ndim = len(x.shape)
-    keep = bool(int(attrs.get("keepdims", 1)))
-    axes_from_input = ctx.opset >= 18 or (ctx.op_type == "ReduceSum" and ctx.opset >= 13)
-    if axes_from_input:
-        noop = int(attrs.get("noop_with_empty_axes", 0))
-        axes = [int(v) for v in ctx.constant(args[1], "axes").reshape(-1)] \
-            if len(args) > 1 and args[1] is not None else []
-        if not axes and noop:
-            return [x]
-    else:
-        axes = attrs.ints("axes", [])
     axes = sorted({normalize_axis(a, ndim) for a in axes}) if axes else list(range(ndim))
-    return [ctx.make("reduce", [x], kind=_REDUCE[ctx.op_type], axes=tuple(axes), keepdims=keep)]
+    return [ctx.make("reduce", [x], kind=kind, axes=tuple(axes), keepdims=bool(keep))]
+
+
+def _reduce_1(ctx, args, attrs, kind):
+    return _reduce(ctx, args[0], kind, attrs.ints("axes", []), int(attrs.get("keepdims", 1)))
+
+
+def _reduce_axes_input(ctx, args, attrs, kind):
+    axes = ctx.optional_ints(args, 1, "the axes") or []
+    if not axes and int(attrs.get("noop_with_empty_axes", 0)):
+        return [args[0]]
+    return _reduce(ctx, args[0], kind, axes, int(attrs.get("keepdims", 1)))
+
+
+for _op, _kind in _REDUCE.items():
+    converter(_op)(partial(_reduce_1, kind=_kind))
+    converter(_op, since=13 if _op == "ReduceSum" else 18)(partial(_reduce_axes_input, kind=_kind))
 
 
 @converter("Dropout")
-def _dropout(ctx, args, attrs):
-    attrs.get("ratio")
-    attrs.get("seed")
-    if ctx.opset >= 12 and len(args) > 2 and args[2] is not None:
-        training = ctx.constant(args[2], "Dropout's training_mode")
-        if bool(training.reshape(())):
-            raise Unsupported("training_mode=True is not implemented (inference only)")
+def _dropout_1(ctx, args, attrs):
+    attrs.ignore("ratio")
+    return [args[0]]
+
+
+@converter("Dropout", since=12)
+def _dropout_12(ctx, args, attrs):
+    attrs.ignore("seed")
+    training = ctx.optional(args, 2, "Dropout's training_mode")
+    if training is not None and bool(training.reshape(())):
+        raise Unsupported("training_mode=True is not implemented (inference only)")
     return [args[0]]
 
 
@@ -253,13 +288,15 @@ def _constant_of_shape(ctx, args, attrs):
 
 
 @converter("Shape")
-def _shape(ctx, args, attrs):
-    dims = list(args[0].shape)
+def _shape_1(ctx, args, attrs):
+    return [ir.const(np.asarray(args[0].shape, np.int64), ctx.node_name)]
+
+
+@converter("Shape", since=15)
+def _shape_15(ctx, args, attrs):
     start, end = int(attrs.get("start", 0)), attrs.get("end", None)
-    if ctx.opset < 15 and (start != 0 or end is not None):
-        raise ModelError("Shape's start/end need opset 15")
-    return [ir.const(np.asarray(dims[start:None if end is None else int(end)], np.int64),
-                     ctx.node_name)]
+    dims = list(args[0].shape)[start:None if end is None else int(end)]
+    return [ir.const(np.asarray(dims, np.int64), ctx.node_name)]
 
 
 @converter("Size")
@@ -284,38 +321,9 @@ def _gather(ctx, args, attrs):
 
 
 
-@converter("Resize", "Upsample")
-def _resize(ctx, args, attrs):
-    x = args[0]
+def _resize(ctx, x, mode, scales, sizes, coord, nearest):
     if len(x.shape) != 4:
         raise Unsupported("only 4-D (NCHW) Resize is implemented")
-    mode = attrs.get("mode", "nearest")
-    if ctx.op_type == "Upsample" or ctx.opset < 11:
-        scales = ctx.constant(args[1], "scales").astype(np.float64) if len(args) > 1 else \
-            np.asarray(attrs.get("scales"), np.float64)
-        sizes, coord, nearest = None, "asymmetric", "floor"
-    else:
-        coord = attrs.get("coordinate_transformation_mode", "half_pixel")
-        nearest = attrs.get("nearest_mode", "round_prefer_floor")
-        if float(attrs.get("cubic_coeff_a", -0.75)) != -0.75 and mode == "cubic":
-            raise Unsupported("cubic Resize")
-        if int(attrs.get("exclude_outside", 0)):
-            raise Unsupported("exclude_outside=1")
-        attrs.get("extrapolation_value")
-        if int(attrs.get("antialias", 0)):
-            raise Unsupported("antialias=1")
-        if attrs.get("axes", None) is not None:
-            raise Unsupported("Resize with axes")
-        if attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
-            raise Unsupported("keep_aspect_ratio_policy other than 'stretch'")
-        scales = args[2].value.astype(np.float64) if len(args) > 2 and args[2] is not None \
-            and args[2].is_const and args[2].size else None
-        sizes = [int(v) for v in ctx.constant(args[3], "Resize's sizes").reshape(-1)] \
-            if len(args) > 3 and args[3] is not None else None
-        if len(args) > 2 and args[2] is not None and not args[2].is_const:
-            raise Unsupported("scales computed at run time")
-        if coord == "tf_crop_and_resize":
-            raise Unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
     if mode not in ("nearest", "linear"):
         raise Unsupported(f"mode={mode!r}")
     if sizes is None:
@@ -335,3 +343,36 @@ def _resize(ctx, args, attrs):
                      mode="nearest" if mode == "nearest" else "linear",
                      coordinate_transformation_mode=coord, nearest_mode=nearest)]
 
+
+def _scales(ctx, args, k):
+    value = ctx.optional(args, k, "Resize's scales")
+    return None if value is None or not value.size else value.astype(np.float64).reshape(-1)
+
+
+@converter("Upsample")
+@converter("Resize", since=10)
+def _resize_10(ctx, args, attrs):
+    return _resize(ctx, args[0], attrs.get("mode", "nearest"), _scales(ctx, args, 1), None,
+                   "asymmetric", "floor")
+
+
+@converter("Resize", since=11)
+def _resize_11(ctx, args, attrs):
+    mode = attrs.get("mode", "nearest")
+    coord = attrs.get("coordinate_transformation_mode", "half_pixel")
+    if float(attrs.get("cubic_coeff_a", -0.75)) != -0.75 and mode == "cubic":
+        raise Unsupported("cubic Resize")
+    if int(attrs.get("exclude_outside", 0)):
+        raise Unsupported("exclude_outside=1")
+    attrs.ignore("extrapolation_value")
+    if int(attrs.get("antialias", 0)):
+        raise Unsupported("antialias=1")
+    if attrs.get("axes", None) is not None:
+        raise Unsupported("Resize with axes")
+    if attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise Unsupported("keep_aspect_ratio_policy other than 'stretch'")
+    if coord == "tf_crop_and_resize":
+        raise Unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
+    return _resize(ctx, args[0], mode, _scales(ctx, args, 2),
+                   ctx.optional_ints(args, 3, "Resize's sizes"), coord,
+                   attrs.get("nearest_mode", "round_prefer_floor"))

@@ -44,6 +44,18 @@ def _input_spec(text: str):
     return name, dims
 
 
+def _const_spec(text: str):
+    name, sep, values = text.partition("=")
+    try:
+        numbers = [float(v) if any(c in v for c in ".eEn") else int(v) for v in values.split(",")]
+    except ValueError:
+        numbers = None
+    if not sep or not name or numbers is None:
+        raise cli.argparse.ArgumentTypeError(f"--const {text!r}: write NAME=VALUE or "
+                                             "NAME=V1,V2,... (for example sr=16000)")
+    return name, numbers[0] if len(numbers) == 1 else numbers
+
+
 def _tracker_address(text: str):
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
@@ -64,6 +76,9 @@ def build_parser():
     p.add_argument("--threads", type=int, default=0, help="threads on the device (0: all cores)")
     p.add_argument("--input", type=_input_spec, action="append", default=[], metavar="NAME=SHAPE",
                    help="shape of an input with dynamic dimensions (repeatable)")
+    p.add_argument("--const", type=_const_spec, action="append", default=[],
+                   metavar="NAME=VALUE", help="fix an input to a value at import (repeatable), "
+                   "so that what depends on it only (an If on it) is evaluated then")
     p.add_argument("--number", type=int, default=10, help="runs per timed repeat")
     p.add_argument("--repeat", type=int, default=5, help="timed repeats")
     p.add_argument("--profile", action="store_true", help="time every layer")
@@ -177,24 +192,28 @@ def _tracker(args, say):
 REFERENCE_RUNS = 10
 
 
-def _reference(model, feeds, threads):
-    """onnxruntime's outputs for ``feeds`` and its latency on this host (``{"outputs",
-    "seconds", "threads"}``), or why there are none."""
+def _reference(args, model, feeds):
+    """onnxruntime's outputs for ``feeds`` (and the --const inputs) and its latency on this
+    host (``{"outputs", "seconds", "threads"}``), or why there are none."""
     try:
         import onnxruntime as ort
     except ImportError:
         return "onnxruntime is not installed here"
+    from .relay.frontend.onnx_model import const_input_values
+
     options = ort.SessionOptions()
-    options.intra_op_num_threads = max(threads, 1) if threads else 0
+    options.intra_op_num_threads = max(args.threads, 1) if args.threads else 0
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
+    feeds = {**feeds, **const_input_values(model.graph, dict(args.const), dict(args.input),
+                                           "float32")}
     outputs = session.run(None, feeds)
     seconds = []
     for _ in range(REFERENCE_RUNS):
         start = time.perf_counter()
         session.run(None, feeds)
         seconds.append(time.perf_counter() - start)
-    return {"outputs": outputs, "seconds": seconds, "threads": threads or 0}
+    return {"outputs": outputs, "seconds": seconds, "threads": args.threads or 0}
 
 
 def _agreement(outputs, expect) -> dict:
@@ -243,7 +262,8 @@ def run(args) -> dict:
     steps = progress(total=4, desc="model", unit="step", enabled=None if not args.json else False)
     t = time.perf_counter()
     model = relay.frontend.onnx_model.load(args.model)
-    mod, params = relay.frontend.from_onnx(model, shape=dict(args.input) or None)
+    mod, params = relay.frontend.from_onnx(model, shape=dict(args.input) or None,
+                                           const_inputs=dict(args.const))
     result["import_seconds"] = time.perf_counter() - t
     result["summary"] = summarize(mod, params)
     steps.update()
@@ -462,7 +482,7 @@ def _run_on_device(args, model, mod, params, tracker, result, steps, say):
         for line in lines:
             say(line)
         if not args.no_check:
-            board["onnxruntime"] = _agreement(outputs, _reference(model, feeds, args.threads))
+            board["onnxruntime"] = _agreement(outputs, _reference(args, model, feeds))
             for line in _agreement_lines(board["onnxruntime"]):
                 say(line)
         result["boards"] = [board]
@@ -486,7 +506,7 @@ def _run_on_all_devices(args, model, mod, params, tracker, result, say):
         raise SystemExit("error: --all-devices measures; tune first, then measure with --log")
     keys = farm.keys_of(args.key)
     feeds = _feeds(result["summary"])
-    expect = None if args.no_check else _reference(model, feeds, args.threads)
+    expect = None if args.no_check else _reference(args, model, feeds)
     built: dict = {}
 
     def build(target, index, count):

@@ -7,10 +7,12 @@ constant are evaluated on the spot (shape arithmetic: Shape, Gather, Concat...).
 """
 from __future__ import annotations
 
+from functools import partial
+
 from .. import ir
 from ..errors import ModelError, UnsupportedOperatorError
-from . import onnx_elementwise, onnx_model, onnx_nn, onnx_tensor  # noqa: F401  (they register)
-from . import onnx_activation, onnx_norm, onnx_reduce  # noqa: F401  (they register)
+from . import (onnx_activation, onnx_control, onnx_elementwise, onnx_model,  # noqa: F401
+               onnx_nn, onnx_norm, onnx_reduce, onnx_tensor)  # (they register)
 from . import onnx_recurrent  # noqa: F401  (it registers)
 from .onnx_common import (Attrs, Context, UnknownValue, Unsupported, find_converter,
                           supported_operators)
@@ -19,7 +21,7 @@ __all__ = ["from_onnx", "supported_operators"]
 
 
 def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | None = None,
-              freeze_params: bool = True):
+              freeze_params: bool = True, const_inputs: dict | None = None):
     """Import an ONNX model: returns ``(mod, params)`` as TVM's ``relay.frontend.from_onnx``.
 
     Args:
@@ -28,6 +30,9 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
         dtype: input dtype (a string, or a dict by input name) where the model has none.
         opset: override the model's opset (as TVM's).
         freeze_params: accepted for TVM's signature; weights are always constants to the graph.
+        const_inputs: input name -> its value, fixed at import: the input is no longer an
+            input of the network, and what depends on it only (an If on a sample rate, shape
+            arithmetic) is evaluated at import.
 
     Raises:
         UnsupportedOperatorError: every operator (and operator use) that cannot be compiled.
@@ -37,8 +42,13 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
     model, opset = _load(model, opset)
     ctx = Context(opset)
     initializers = _bind_initializers(ctx, model.graph)
+    for name, value in onnx_model.const_input_values(model.graph, const_inputs or {}, shape or {},
+                                                     dtype).items():
+        ctx.values[name] = ir.const(value, name)
     inputs = _bind_inputs(ctx, model.graph, dict(shape or {}), dtype, initializers)
-    _convert_nodes(ctx, model.graph, onnx_model.InferredTypes(model, inputs))
+    types = onnx_model.InferredTypes(model, inputs)
+    ctx.convert_graph = partial(_convert_subgraph, ctx, types)
+    _convert_nodes(ctx, model.graph, types)
     return _with_params(inputs, _outputs(ctx, model.graph), initializers)
 
 
@@ -65,13 +75,10 @@ def _bind_inputs(ctx, graph, shape: dict, dtype, initializers) -> list:
     """The graph's ``input`` nodes, each of its static shape (the model's or ``shape=``'s)."""
     inputs = []
     for info in graph.input:
-        if info.name in initializers:
+        if info.name in initializers or info.name in ctx.values:
             continue
         in_shape = onnx_model.input_shape(info, shape.pop(info.name, None))
-        elem = info.type.tensor_type.elem_type
-        in_dtype = onnx_model.elem_dtype(elem, f"input {info.name!r}") if elem else (
-            dtype.get(info.name, "float32") if isinstance(dtype, dict) else dtype)
-        node = ir.Node("input", (), {}, in_shape, in_dtype, info.name)
+        node = ir.Node("input", (), {}, in_shape, onnx_model.input_dtype(info, dtype), info.name)
         ctx.values[info.name] = node
         inputs.append(node)
     if shape:
@@ -117,6 +124,20 @@ def _convert_nodes(ctx, graph, types) -> None:
         raise UnsupportedOperatorError(failures)
 
 
+def _convert_subgraph(ctx, types, graph) -> list:
+    """The output values of ``graph`` (a branch), its nodes converted into ``ctx``."""
+    saved = ctx.node_name, ctx.op_type, ctx.outputs_wanted
+    try:
+        _convert_nodes(ctx, graph, types)
+    except UnsupportedOperatorError as exc:
+        raise Unsupported("in the branch taken, " + "; ".join(
+            f"{op} (node {name!r}){': ' + why if why else ''}"
+            for op, name, _, why in exc.unsupported)) from None
+    finally:
+        ctx.node_name, ctx.op_type, ctx.outputs_wanted = saved
+    return [_value(ctx, out.name, graph.name or "a branch") for out in graph.output]
+
+
 def _convert_node(ctx, node) -> list:
     """The node's output values; Unsupported when kernelrpc cannot compile it."""
     if node.domain not in ("", "ai.onnx"):
@@ -128,7 +149,8 @@ def _convert_node(ctx, node) -> list:
     if not onnx_model.operator_version_known(node.op_type, ctx.opset, since):
         raise Unsupported(f"this version of the operator (newer than opset "
                           f"{onnx_model.MAX_OPSET}'s) is not implemented")
-    args = [_value(ctx, name, node) if name else None for name in node.input]
+    args = [_value(ctx, name, f"node {ctx.node_name!r} ({node.op_type})") if name else None
+            for name in node.input]
     onnx_model.check_node_form(node, ctx.opset, f"node {ctx.node_name!r} ({node.op_type})")
     attrs = Attrs(node)
     try:
@@ -141,11 +163,11 @@ def _convert_node(ctx, node) -> list:
     return outputs
 
 
-def _value(ctx, name, node):
+def _value(ctx, name, reader: str):
     if name not in ctx.values:
-        raise ModelError(f"node {ctx.node_name!r} ({node.op_type}) reads {name!r}, which no "
-                         "earlier node, input or initializer defines (the graph is not in "
-                         "topological order or is incomplete)")
+        raise ModelError(f"{reader} reads {name!r}, which no earlier node, input or "
+                         "initializer defines (the graph is not in topological order or is "
+                         "incomplete)")
     return ctx.values[name]
 
 

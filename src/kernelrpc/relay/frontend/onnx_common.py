@@ -87,6 +87,9 @@ class Context:
         self.node_name = ""
         self.op_type = ""
         self.outputs_wanted = 1
+        #: (GraphProto) -> its output values: a subgraph (an If's branch) converted in place,
+        #: its nodes reading this graph's values
+        self.convert_graph = None
 
     def make(self, op: str, inputs, **attrs) -> ir.Node:
         """A node of ``op`` (shape and dtype inferred); evaluated now when its inputs are all
@@ -102,12 +105,13 @@ class Context:
         return ir.Node(op, inputs, attrs, tuple(int(d) for d in shape), dtype, self.node_name,
                        origin=(self.op_type,))
 
-    def constant(self, node: ir.Node, what: str) -> np.ndarray:
+    def constant(self, node: ir.Node, what: str,
+                 why: str = "computed from the input's values at run time is not supported"
+                 ) -> np.ndarray:
         if node is not None and _depends_on_refused(node):
             raise UnknownValue(f"{what} comes from a refused node")
         if node is None or not node.is_const:
-            raise Unsupported(f"{what} must be a constant (computed from the input's values at "
-                              "run time is not supported)")
+            raise Unsupported(f"{what} must be a constant ({why})")
         return node.value
 
     def optional(self, args, k: int, what: str) -> np.ndarray | None:

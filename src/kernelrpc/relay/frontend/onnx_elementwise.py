@@ -14,6 +14,9 @@ from .onnx_common import converter
 _BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide",
            "Pow": "power"}
 _VARIADIC = {"Sum": "add", "Max": "maximum", "Min": "minimum"}
+_COMPARE = {"Equal": "equal", "Less": "less", "LessOrEqual": "less_equal", "Greater": "greater",
+            "GreaterOrEqual": "greater_equal"}
+_LOGIC = {"And": "logical_and", "Or": "logical_or", "Xor": "logical_xor"}
 
 
 def _binary(ctx, args, attrs, op):
@@ -44,16 +47,33 @@ def _mean(ctx, args, attrs):
 
 _UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log",
           "Sqrt": "sqrt", "Neg": "negative", "Abs": "abs", "Floor": "floor", "Ceil": "ceil",
-          "Reciprocal": "reciprocal", "HardSwish": "hard_swish"}
+          "Reciprocal": "reciprocal", "HardSwish": "hard_swish", "Not": "logical_not",
+          "IsNaN": "isnan"}
 
 
 def _unary(ctx, args, attrs, op):
     return [ctx.make(op, [args[0]])]
 
 
-for _table, _convert in ((_BINARY, _binary), (_VARIADIC, _variadic), (_UNARY, _unary)):
+for _table, _convert in ((_BINARY, _binary), (_COMPARE, _binary), (_LOGIC, _binary),
+                         (_VARIADIC, _variadic), (_UNARY, _unary)):
     for _onnx_op, _op in _table.items():
         converter(_onnx_op)(partial(_convert, op=_op))
+# versions after opset 18 that only widened the types (string, bfloat16, float8)
+converter("Equal", since=19)(partial(_binary, op="equal"))
+converter("IsNaN", since=20)(partial(_unary, op="isnan"))
+
+
+@converter("IsInf")
+@converter("IsInf", since=20)
+def _isinf(ctx, args, attrs):
+    return [ctx.make("isinf", [args[0]], negative=bool(attrs.get("detect_negative", 1)),
+                     positive=bool(attrs.get("detect_positive", 1)))]
+
+
+@converter("Where")
+def _where(ctx, args, attrs):
+    return [ctx.make("where", args)]
 
 
 @converter("LeakyRelu")
@@ -90,13 +110,21 @@ def _clip_11(ctx, args, attrs):
                  ctx.optional_float(args, 2, "Clip's max", None))
 
 
+def _cast(ctx, x, dtype):
+    return [x] if x.dtype == dtype else [ctx.make("cast", [x], dtype=dtype)]
+
+
 @converter("Cast")
-def _cast(ctx, args, attrs):
-    dtype = onnx_model.elem_dtype(int(attrs.get("to")), "Cast's to")
+@converter("Cast", since=19)       # saturate: float8 only, which kernelrpc does not take
+def _cast_to(ctx, args, attrs):
     attrs.ignore("saturate")
-    x = args[0]
-    if x.dtype == dtype:
-        return [x]
-    return [ctx.make("cast", [x], dtype=dtype)]
+    return _cast(ctx, args[0], onnx_model.elem_dtype(int(attrs.get("to")), "Cast's to"))
+
+
+@converter("CastLike", since=15)
+@converter("CastLike", since=19)
+def _cast_like(ctx, args, attrs):
+    attrs.ignore("saturate")
+    return _cast(ctx, args[0], args[1].dtype)
 
 

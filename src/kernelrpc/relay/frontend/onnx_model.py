@@ -5,6 +5,7 @@ only, when a model is imported.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -67,22 +68,33 @@ def check_opset(opset: int) -> None:
 
 def operator_version_known(op_type: str, opset: int, since: int) -> bool:
     """Whether the definition of ``op_type`` in ``opset`` is one its converter (registered
-    from opset ``since``) implements: the converters follow the definitions of opsets 9 to
-    18 and those they are registered for, so in a newer opset an operator is accepted while
-    ONNX has not changed it since."""
+    from opset ``since``) implements. The converters follow the definitions of opsets 9 to 18
+    and those they are registered for; a newer version is the same operator when ONNX changed
+    only its types: the same inputs, outputs and text, and no attribute taken away (one it
+    added is refused when set, as every attribute a converter does not read)."""
     if opset <= MAX_OPSET:
         return True
     from onnx import defs
 
     try:
-        current = defs.get_schema(op_type, opset).since_version
+        current = defs.get_schema(op_type, opset)
     except defs.SchemaError:
         return False
     try:
-        written = defs.get_schema(op_type, MAX_OPSET).since_version
-    except defs.SchemaError:        # an operator newer than opset 18
-        written = 0
-    return current <= max(written, since)
+        written = defs.get_schema(op_type, max(MAX_OPSET, since))
+    except defs.SchemaError:        # an operator newer than opset 18, converted from later on
+        return False
+    return current.since_version == written.since_version or _same_operator(written, current)
+
+
+def _same_operator(old, new) -> bool:
+    def params(formals):
+        return [(f.name, f.option) for f in formals]
+    return (params(old.inputs) == params(new.inputs)
+            and params(old.outputs) == params(new.outputs)
+            and " ".join(old.doc.split()) == " ".join(new.doc.split())
+            and all(name in new.attributes and new.attributes[name].type == attr.type
+                    for name, attr in old.attributes.items()))
 
 
 def tensor_value(proto, where: str) -> np.ndarray:
@@ -114,6 +126,58 @@ def elem_dtype(elem_type: int, where: str) -> str:
     if dtype not in DTYPES:
         raise ModelError(f"{where}: dtype {dtype} is not supported")
     return dtype
+
+
+def input_dtype(value_info, default) -> str:
+    """The input's dtype: the model's, else ``default`` (a dtype, or a dict by input name)."""
+    elem = value_info.type.tensor_type.elem_type
+    if elem:
+        return elem_dtype(elem, f"input {value_info.name!r}")
+    return default.get(value_info.name, "float32") if isinstance(default, dict) else default
+
+
+def const_input_values(graph, const_inputs: dict, shape: dict, dtype) -> dict:
+    """Each of ``const_inputs`` (input name -> value) as an array of the input's dtype and
+    shape; a name that is no input, a value the dtype does not hold exactly, or one of
+    another shape is a ModelError."""
+    initialized = {init.name for init in graph.initializer}
+    inputs = {i.name: i for i in graph.input if i.name not in initialized}
+    values = {}
+    for name, value in const_inputs.items():
+        if name not in inputs:
+            raise ModelError(f"const_inputs names {name!r}, which is not an input of the model "
+                             f"(inputs: {', '.join(map(repr, inputs)) or 'none'})")
+        if name in shape:
+            raise ModelError(f"input {name!r} is given both a shape and a constant value")
+        info = inputs[name]
+        want = input_dtype(info, dtype)
+        try:
+            given = np.asarray(value)
+            array = given.astype(want)
+        except (TypeError, ValueError):
+            raise ModelError(f"const_inputs[{name!r}] = {value!r} is not a {want} value") from None
+        if given.dtype.kind not in "biuf" or not np.array_equal(array, given):
+            raise ModelError(f"const_inputs[{name!r}] = {value!r} is not exactly a {want} value")
+        values[name] = _shaped(info, array)
+    return values
+
+
+def _shaped(info, array):
+    """``array`` in the input's shape: its own when the model gives none or the ranks agree
+    (the model's fixed dimensions must match), else reshaped to the model's fully fixed shape
+    of the same size (a scalar for a ``[1]`` input)."""
+    ttype = info.type.tensor_type
+    if not ttype.HasField("shape"):
+        return array
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in ttype.shape.dim]
+    if None not in dims and math.prod(dims) == array.size and len(dims) != array.ndim:
+        return array.reshape(dims)
+    if len(dims) != array.ndim or any(d is not None and d != s for d, s in zip(dims, array.shape)):
+        shown = [d if d is not None else "?" for d in dims]
+        raise ModelError(f"input {info.name!r} has shape {shown} in the model, the constant "
+                         f"given has shape {list(array.shape)}")
+    return array
 
 
 def input_shape(value_info, given) -> tuple:

@@ -1,5 +1,6 @@
 """ONNX converters of the shape and data-movement operators: Flatten, Reshape, Squeeze,
-Transpose, Concat, Split, Slice, Pad, reductions, Constant, Shape, Gather, Resize..."""
+Transpose, Concat, Split, Slice, Pad, Expand, Tile, Range, reductions, Constant, Shape,
+Resize..."""
 from __future__ import annotations
 
 import math
@@ -7,8 +8,10 @@ from functools import partial
 
 import numpy as np
 
+from ...runtime.dtype import MAX_NDIM
 from .. import ir
 from ..errors import ModelError
+from ..op.elemwise import broadcast_shape
 from . import onnx_model
 from .onnx_common import Unsupported, converter, normalize_axis, reshape
 
@@ -207,6 +210,7 @@ def _pad_2(ctx, args, attrs):
 
 
 @converter("Pad", since=11)
+@converter("Pad", since=19)         # mode "wrap" added, refused as every mode not implemented
 def _pad_11(ctx, args, attrs):
     return _pad(ctx, args[0], attrs.get("mode", "constant"),
                 ctx.optional_ints(args, 1, "Pad's pads"),
@@ -297,6 +301,49 @@ def _shape_15(ctx, args, attrs):
     start, end = int(attrs.get("start", 0)), attrs.get("end", None)
     dims = list(args[0].shape)[start:None if end is None else int(end)]
     return [ir.const(np.asarray(dims, np.int64), ctx.node_name)]
+
+
+@converter("Expand")
+def _expand(ctx, args, attrs):
+    x = args[0]
+    shape = [int(d) for d in ctx.constant(args[1], "Expand's shape").reshape(-1)]
+    if len(shape) > MAX_NDIM or any(d < 0 for d in shape):
+        raise ModelError(f"Expand to {shape}")
+    out_shape = broadcast_shape(x.shape, shape)
+    if out_shape == x.shape:
+        return [x]
+    _check_size(math.prod(out_shape), x.dtype, "Expand")
+    return [ctx.make("broadcast_to", [x], shape=tuple(shape))]
+
+
+@converter("Tile")
+def _tile(ctx, args, attrs):
+    x = args[0]
+    reps = ctx.optional_ints(args, 1, "Tile's repeats")
+    if reps == [1] * len(x.shape):
+        return [x]
+    _check_size(x.size * math.prod(max(r, 0) for r in reps), x.dtype, "Tile")
+    return [ctx.make("tile", [x], reps=tuple(reps))]
+
+
+@converter("Range")
+@converter("Range", since=27)
+def _range(ctx, args, attrs):
+    attrs.ignore("stash_type")      # the precision of float16 and bfloat16, not taken here
+    start, limit, delta = (ctx.constant(a, f"Range's {what} (the output's length)").reshape(())
+                           for a, what in zip(args, ("start", "limit", "delta")))
+    if delta == 0:
+        raise ModelError("Range with delta 0")
+    count = max(math.ceil((limit - start) / delta), 0)
+    _check_size(count, start.dtype, "Range")
+    value = start + np.arange(count, dtype=start.dtype) * delta
+    return [ir.const(value.astype(start.dtype), ctx.node_name)]
+
+
+def _check_size(count, dtype, what):
+    if count * np.dtype(dtype).itemsize > onnx_model.MAX_TENSOR_BYTES:
+        raise ModelError(f"{what} of {count} elements is larger than "
+                         f"{onnx_model.MAX_TENSOR_BYTES} bytes")
 
 
 @converter("Size")

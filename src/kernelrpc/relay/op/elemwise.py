@@ -37,11 +37,20 @@ def _cast_infer(inputs, attrs):
     return inputs[0].shape, attrs["dtype"]
 
 
-def _unary(name, body, fold):
+def _predicate_infer(inputs, attrs):
+    return inputs[0].shape, "bool"
+
+
+def _logical_not_infer(inputs, attrs):
+    _require_bool(inputs)
+    return inputs[0].shape, "bool"
+
+
+def _unary(name, body, fold, infer=_unary_infer):
     def compute(ts, attrs, node):
         x = ts[0]
         return te.compute(node.shape, lambda *i: body(x[i], attrs, node.dtype), name=name)
-    register(name, "elemwise", _cast_infer if name == "cast" else _unary_infer, compute, fold)
+    register(name, "elemwise", infer, compute, fold)
 
 
 def _relu(v, a, dt):
@@ -98,7 +107,29 @@ _unary("hard_sigmoid", _hard_sigmoid, lambda xs, a: _np_hs(xs[0], a))
 _unary("hard_swish", _hard_swish,
        lambda xs, a: (xs[0] * _np_hs(xs[0], {"alpha": 1 / 6, "beta": 0.5})).astype(xs[0].dtype))
 _unary("copy", lambda v, a, dt: v, lambda xs, a: xs[0].copy())
-_unary("cast", lambda v, a, dt: E.cast(v, dt), lambda xs, a: xs[0].astype(a["dtype"]))
+_unary("cast", lambda v, a, dt: E.cast(v, dt), lambda xs, a: xs[0].astype(a["dtype"]),
+       _cast_infer)
+
+
+def _isinf(v, a):
+    out = E.call_math("isinf", v)
+    if not a["negative"]:
+        out = E.logical_and(out, v > _c(0, v.dtype))
+    if not a["positive"]:
+        out = E.logical_and(out, v < _c(0, v.dtype))
+    return out
+
+
+def _np_isinf(x, a):
+    return np.isinf(x) & (a["negative"] | (x > 0)) & (a["positive"] | (x < 0))
+
+
+_unary("isnan", lambda v, a, dt: E.call_math("isnan", v), lambda xs, a: np.isnan(xs[0]),
+       _predicate_infer)
+_unary("isinf", lambda v, a, dt: _isinf(v, a), lambda xs, a: _np_isinf(xs[0], a),
+       _predicate_infer)
+_unary("logical_not", lambda v, a, dt: E.logical_not(v), lambda xs, a: ~xs[0],
+       _logical_not_infer)
 
 
 def _binary_infer(inputs, attrs):
@@ -108,13 +139,40 @@ def _binary_infer(inputs, attrs):
     return broadcast_shape(a.shape, b.shape), a.dtype
 
 
-def _binary(name, body, fold):
+def _compare_infer(inputs, attrs):
+    return _binary_infer(inputs, attrs)[0], "bool"
+
+
+def _require_bool(inputs):
+    if any(i.dtype != "bool" for i in inputs):
+        raise ModelError(f"logical operators take bool operands, got "
+                         f"{', '.join(i.dtype for i in inputs)}")
+
+
+def _logical_infer(inputs, attrs):
+    _require_bool(inputs)
+    return broadcast_shape(*(i.shape for i in inputs)), "bool"
+
+
+def _where_infer(inputs, attrs):
+    cond, x, y = inputs
+    _require_bool([cond])
+    if x.dtype != y.dtype:
+        raise ModelError(f"where's choices are of different dtypes ({x.dtype}, {y.dtype})")
+    return broadcast_shape(cond.shape, x.shape, y.shape), x.dtype
+
+
+def _broadcasting(name, body, fold, infer):
+    """An operator of numpy-broadcast operands: ``body`` of their paired elements."""
     def compute(ts, attrs, node):
-        a, b = ts
-        return te.compute(node.shape, lambda *i: body(broadcast_index(a, i), broadcast_index(b, i)),
+        return te.compute(node.shape, lambda *i: body(*(broadcast_index(t, i) for t in ts)),
                           name=name)
-    register(name, "broadcast", _binary_infer, compute,
-             lambda xs, a: np.asarray(fold(xs[0], xs[1])).astype(xs[0].dtype))
+    register(name, "broadcast", infer, compute, lambda xs, a: np.asarray(fold(*xs)))
+
+
+def _binary(name, body, fold):
+    _broadcasting(name, body, lambda a, b: np.asarray(fold(a, b)).astype(a.dtype),
+                  _binary_infer)
 
 
 def _int_div(a, b):
@@ -127,6 +185,19 @@ _binary("multiply", lambda x, y: x * y, np.multiply)
 _binary("divide", lambda x, y: x / y, lambda a, b: a / b if a.dtype.kind == "f" else _int_div(a, b))
 _binary("maximum", E.maximum, np.maximum)
 _binary("minimum", E.minimum, np.minimum)
+for _name, _body, _fold in (("equal", lambda x, y: x == y, np.equal),
+                            ("less", lambda x, y: x < y, np.less),
+                            ("less_equal", lambda x, y: x <= y, np.less_equal),
+                            ("greater", lambda x, y: x > y, np.greater),
+                            ("greater_equal", lambda x, y: x >= y, np.greater_equal)):
+    _broadcasting(_name, _body, _fold, _compare_infer)
+for _name, _body, _fold in (("logical_and", E.logical_and, np.logical_and),
+                            ("logical_or", E.logical_or, np.logical_or),
+                            ("logical_xor", lambda x, y: x != y, np.logical_xor)):
+    _broadcasting(_name, _body, _fold, _logical_infer)
+_broadcasting("where", E.if_then_else, np.where, _where_infer)
+
+
 def _power(x, y):
     if E.is_float(x.dtype):
         return te.power(x, E.cast(y, x.dtype))

@@ -1,4 +1,5 @@
-"""Injective operators: reshape, transpose, concatenate, strided slice, pad, resize, take."""
+"""Injective operators: reshape, transpose, concatenate, strided slice, pad, resize, take,
+broadcast_to, tile."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ import numpy as np
 from ... import te
 from ...compiler import expr as E
 from ..errors import ModelError
+from .elemwise import broadcast_index, broadcast_shape
 from .registry import register, static_shape
 
 
@@ -183,6 +185,34 @@ def _take(ts, attrs, node):
 
 register("take", "injective", _take_infer, _take,
          fold=lambda xs, a: np.take(xs[0], xs[1], axis=a["axis"]))
+
+
+def _broadcast_to_infer(inputs, attrs):
+    return broadcast_shape(inputs[0].shape, attrs["shape"]), inputs[0].dtype
+
+
+register("broadcast_to", "injective", _broadcast_to_infer,
+         lambda ts, attrs, node: te.compute(node.shape, lambda *i: broadcast_index(ts[0], i),
+                                            name="broadcast_to"),
+         fold=lambda xs, a: np.broadcast_to(xs[0], np.broadcast_shapes(xs[0].shape, a["shape"])))
+
+
+def _tile_infer(inputs, attrs):
+    x, reps = inputs[0], attrs["reps"]
+    if len(reps) != len(x.shape) or any(r < 1 for r in reps):
+        raise ModelError(f"tile of {list(x.shape)} by {list(reps)}: one positive count per axis")
+    return tuple(d * r for d, r in zip(x.shape, reps)), x.dtype
+
+
+def _tile(ts, attrs, node):
+    x = ts[0]
+    dims = static_shape(x)
+    return te.compute(node.shape, lambda *i: x[tuple(E.floormod(j, d) if r > 1 else j for j, d, r
+                                                     in zip(i, dims, attrs["reps"]))],
+                      name="tile")
+
+
+register("tile", "injective", _tile_infer, _tile, fold=lambda xs, a: np.tile(xs[0], a["reps"]))
 
 
 # ------------------------------------------------------------------ resize

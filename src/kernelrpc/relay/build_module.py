@@ -9,6 +9,7 @@ so ``module["default"](dev)`` makes a graph executor on any device that loads th
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -23,7 +24,7 @@ import numpy as np
 from .. import compiler
 from ..autotvm.task import current_context
 from ..compiler.build import BuiltModule, LinkInputs, RunsHere, link_module
-from ..compiler.lower import lower
+from ..compiler.lower import PassContext, lower
 from ..compiler.target import Target
 from ..runtime import calling_convention as convention
 from ..runtime.calling_convention import KernelCall, entry_functions
@@ -34,6 +35,7 @@ from . import transform
 from .fuse import Group, partition
 from .graph_json import graph_json
 from .memory_plan import plan_memory
+from .op import OPS
 from .schedule import group_tensors, schedule_group
 from .strategy import strategy_for, tiles_for
 from .transform import optimize
@@ -69,7 +71,8 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
             fname = f"k{len(kernels)}_{group.kind[6:]}"[:200]
             placeholders, out, anchor = group_tensors(group)
             s = schedule_group(group, out, anchor, tiles, cfg)
-            primfuncs.append(lower(s, placeholders + [out], name=fname))
+            with _bound_checks(group):
+                primfuncs.append(lower(s, placeholders + [out], name=fname))
             kernels[key] = fname
         fname = kernels[key]
         names.append(fname)
@@ -93,6 +96,16 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
              target.triple, seconds)
     return GraphExecutorFactoryModule(built, executor, graph, blob, calls, func, plan,
                                       build_seconds=seconds)
+
+
+def _bound_checks(group):
+    """The lowering context of a group: run-time bound checks added where an operator reads
+    at indices taken from tensor values (OpDef.checked)."""
+    if not any(OPS[node.op].checked for node in group.nodes):
+        return contextlib.nullcontext()
+    current = PassContext.current()
+    return PassContext(current.opt_level, {**current.config, "tir.instrument_bound_checkers": True},
+                       current.disabled_pass, current.out)
 
 
 def _pack_weights(func: ir.Function, target, tiles):

@@ -21,7 +21,7 @@ def group_tensors(group: Group):
     inputs = group.inputs()
     placeholders, tensors = [], {}
     for k, node in enumerate(inputs):
-        p = te.placeholder(node.shape or (1,), name=f"in{k}", dtype=node.dtype)
+        p = te.placeholder(node.shape, name=f"in{k}", dtype=node.dtype)
         placeholders.append(p)
         tensors[id(node)] = p
     for node in group.nodes:

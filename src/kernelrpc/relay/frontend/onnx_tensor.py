@@ -353,19 +353,19 @@ def _size(ctx, args, attrs):
 
 @converter("Gather")
 def _gather(ctx, args, attrs):
+    """Constant indices are checked here; indices computed at run time (an embedding lookup)
+    are checked by the kernel: one out of range stops the run with a KernelError."""
     x, indices = args
     axis = normalize_axis(int(attrs.get("axis", 0)), len(x.shape))
-    index = ctx.constant(indices, "Gather's indices")
-    if index.dtype.kind not in "iu":
-        raise ModelError("Gather's indices must be integers")
-    dim = x.shape[axis]
+    if indices.dtype not in ("int32", "int64"):
+        raise ModelError(f"Gather's indices must be int32 or int64, got {indices.dtype}")
+    if not indices.is_const:
+        return [ctx.make("take", [x, indices], axis=axis)]
+    index, dim = indices.value, x.shape[axis]
     if index.size and (index.min() < -dim or index.max() >= dim):
         raise ModelError(f"Gather index out of range for a dimension of {dim}")
-    if x.is_const:
-        return [ir.const(np.take(x.value, index, axis=axis), ctx.node_name)]
-    return [ctx.make("take", [x, ir.const(index.astype(np.int32))], axis=axis)]
-
-
+    index = np.where(index < 0, index + dim, index).astype(np.int32)
+    return [ctx.make("take", [x, ir.const(index, indices.name)], axis=axis)]
 
 
 def _resize(ctx, x, mode, scales, sizes, coord, nearest):

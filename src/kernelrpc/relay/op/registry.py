@@ -24,15 +24,19 @@ class OpDef:
     compute: Callable          # (tensors: list[te.Tensor], attrs, node) -> te.Tensor
     fold: Callable | None = None     # (arrays: list[np.ndarray], attrs) -> np.ndarray
     flops: Callable | None = None    # (node) -> int (multiply-adds count as 2)
+    #: it reads at indices computed from tensor values (a gather): its kernel is built with
+    #: run-time bound checks, so that an index out of range stops the run with a KernelError
+    checked: bool = False
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def register(name: str, pattern: str, infer, compute, fold=None, flops=None) -> OpDef:
+def register(name: str, pattern: str, infer, compute, fold=None, flops=None,
+             checked=False) -> OpDef:
     if pattern not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern!r}")
-    op = OPS[name] = OpDef(name, pattern, infer, compute, fold, flops)
+    op = OPS[name] = OpDef(name, pattern, infer, compute, fold, flops, checked)
     return op
 
 

@@ -168,23 +168,35 @@ def _take_infer(inputs, attrs):
     return (*x.shape[:axis], *ind.shape, *x.shape[axis + 1:]), x.dtype
 
 
+def _checked_load(x, index, valid, axes):
+    """``x[index]`` where the indices of ``axes`` come from tensor values: when ``valid`` does
+    not hold they become -1 (the others 0), an address before the buffer, so the kernel's
+    bound check (``OpDef.checked``) stops the run instead of reading another element."""
+    return x[tuple(E.if_then_else(valid, i, -1 if k in axes else 0) for k, i in enumerate(index))]
+
+
+def _in_range(raw, size):
+    """Whether index value ``raw`` is in ``[-size, size)`` (ONNX's negative indices count from
+    the end), compared in its own dtype; and the index it names, as int32."""
+    valid = E.logical_and(raw >= te.const(-size, raw.dtype), raw < te.const(size, raw.dtype))
+    j = E.cast(raw, "int32")
+    return valid, E.if_then_else(j < 0, j + size, j)
+
+
 def _take(ts, attrs, node):
     x, ind = ts
     axis = attrs["axis"]
-    nind = len(static_shape(ind))
+    nind = len(node.inputs[1].shape)
     size = static_shape(x)[axis]
 
     def body(*idx):
-        j = ind[tuple(idx[axis:axis + nind])] if nind else ind[()]
-        j = E.cast(j, "int32")
-        j = E.if_then_else(j < 0, j + size, j)
-        j = E.minimum(E.maximum(j, 0), size - 1)
-        return x[(*idx[:axis], j, *idx[axis + nind:])]
+        valid, j = _in_range(ind[tuple(idx[axis:axis + nind])], size)
+        return _checked_load(x, (*idx[:axis], j, *idx[axis + nind:]), valid, {axis})
     return te.compute(node.shape, body, name="take")
 
 
 register("take", "injective", _take_infer, _take,
-         fold=lambda xs, a: np.take(xs[0], xs[1], axis=a["axis"]))
+         fold=lambda xs, a: np.take(xs[0], xs[1], axis=a["axis"]), checked=True)
 
 
 def _broadcast_to_infer(inputs, attrs):

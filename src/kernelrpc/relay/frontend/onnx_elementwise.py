@@ -106,8 +106,15 @@ def _clip_6(ctx, args, attrs):
 
 @converter("Clip", since=11)
 def _clip_11(ctx, args, attrs):
-    return _clip(ctx, args[0], ctx.optional_float(args, 1, "Clip's min", None),
-                 ctx.optional_float(args, 2, "Clip's max", None))
+    """Bounds given as tensors computed at run time clip through maximum and minimum."""
+    x, bounds = args[0], list(args[1:3]) + [None] * (3 - len(args))
+    if all(b is None or b.is_const for b in bounds):
+        return _clip(ctx, x, ctx.optional_float(args, 1, "Clip's min", None),
+                     ctx.optional_float(args, 2, "Clip's max", None))
+    for op, bound in zip(("maximum", "minimum"), bounds):
+        if bound is not None:
+            x = ctx.make(op, [x, bound])
+    return [x]
 
 
 def _cast(ctx, x, dtype):
@@ -116,6 +123,7 @@ def _cast(ctx, x, dtype):
 
 @converter("Cast")
 @converter("Cast", since=19)       # saturate: float8 only, which kernelrpc does not take
+@converter("Cast", since=24)       # round_mode: float8e8m0 only, refused when set
 def _cast_to(ctx, args, attrs):
     attrs.ignore("saturate")
     return _cast(ctx, args[0], onnx_model.elem_dtype(int(attrs.get("to")), "Cast's to"))

@@ -351,21 +351,55 @@ def _size(ctx, args, attrs):
     return [ir.const(np.asarray(args[0].size, np.int64), ctx.node_name)]
 
 
-@converter("Gather")
-def _gather(ctx, args, attrs):
-    """Constant indices are checked here; indices computed at run time (an embedding lookup)
-    are checked by the kernel: one out of range stops the run with a KernelError."""
-    x, indices = args
-    axis = normalize_axis(int(attrs.get("axis", 0)), len(x.shape))
-    if indices.dtype not in ("int32", "int64"):
-        raise ModelError(f"Gather's indices must be int32 or int64, got {indices.dtype}")
-    if not indices.is_const:
-        return [ctx.make("take", [x, indices], axis=axis)]
-    index, dim = indices.value, x.shape[axis]
-    if index.size and (index.min() < -dim or index.max() >= dim):
-        raise ModelError(f"Gather index out of range for a dimension of {dim}")
-    index = np.where(index < 0, index + dim, index).astype(np.int32)
-    return [ctx.make("take", [x, ir.const(index, indices.name)], axis=axis)]
+def _blocks(ctx, x, blocksize, what):
+    if len(x.shape) != 4:
+        raise ModelError(f"{what} needs a 4-D (NCHW) input, got {list(x.shape)}")
+    if blocksize < 1:
+        raise ModelError(f"{what}'s blocksize {blocksize} must be positive")
+    return x.shape
+
+
+@converter("DepthToSpace")
+def _depth_to_space(ctx, args, attrs):
+    x, b = args[0], int(attrs.get("blocksize"))
+    n, c, h, w = _blocks(ctx, x, b, "DepthToSpace")
+    mode = attrs.get("mode", "DCR")
+    if c % (b * b):
+        raise ModelError(f"DepthToSpace: {c} channels are not a multiple of {b}x{b}")
+    if mode == "DCR":
+        split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+    elif mode == "CRD":
+        split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+    else:
+        raise Unsupported(f"mode={mode!r}")
+    moved = ctx.make("transpose", [reshape(ctx, x, split)], axes=perm)
+    return [reshape(ctx, moved, (n, c // (b * b), h * b, w * b))]
+
+
+@converter("SpaceToDepth")
+@converter("SpaceToDepth", since=28)        # mode added, DCR (the earlier order) by default
+def _space_to_depth(ctx, args, attrs):
+    x, b = args[0], int(attrs.get("blocksize"))
+    n, c, h, w = _blocks(ctx, x, b, "SpaceToDepth")
+    perm = {"DCR": (0, 3, 5, 1, 2, 4), "CRD": (0, 1, 3, 5, 2, 4)}.get(attrs.get("mode", "DCR"))
+    if perm is None:
+        raise Unsupported(f"mode={attrs.get('mode')!r}")
+    if h % b or w % b:
+        raise ModelError(f"SpaceToDepth: {h}x{w} is not a multiple of {b}x{b}")
+    split = reshape(ctx, x, (n, c, h // b, b, w // b, b))
+    moved = ctx.make("transpose", [split], axes=perm)
+    return [reshape(ctx, moved, (n, c * b * b, h // b, w // b))]
+
+
+@converter("Trilu", since=14)
+def _trilu(ctx, args, attrs):
+    x = args[0]
+    if len(x.shape) < 2:
+        raise ModelError(f"Trilu needs at least 2 dimensions, got {list(x.shape)}")
+    k = ctx.optional(args, 1, "Trilu's k")
+    rows, cols = x.shape[-2:]
+    k = 0 if k is None else max(min(int(k.reshape(())), cols), -rows)
+    return [ctx.make("trilu", [x], upper=bool(int(attrs.get("upper", 1))), k=k)]
 
 
 def _resize(ctx, x, mode, scales, sizes, coord, nearest):

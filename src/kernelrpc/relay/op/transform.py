@@ -294,3 +294,103 @@ def _resize(ts, attrs, node):
 
 
 register("image.resize2d", "injective", _resize_infer, _resize)
+
+
+# ------------------------------------------------------------------ triangles and gathers
+
+def _trilu(ts, attrs, node):
+    x, k, upper = ts[0], attrs["k"], attrs["upper"]
+    zero = te.const(0, x.dtype)
+
+    def body(*i):
+        diagonal = i[-1] - i[-2]
+        keep = diagonal >= k if upper else diagonal <= k
+        return E.if_then_else(keep, x[i], zero)
+    return te.compute(node.shape, body, name="trilu")
+
+
+def _trilu_infer(inputs, attrs):
+    if len(inputs[0].shape) < 2:
+        raise ModelError(f"trilu of {list(inputs[0].shape)}: at least 2 dimensions")
+    return inputs[0].shape, inputs[0].dtype
+
+
+register("trilu", "injective", _trilu_infer, _trilu,
+         fold=lambda xs, a: (np.triu if a["upper"] else np.tril)(xs[0], a["k"]))
+
+
+def _gather_elements_infer(inputs, attrs):
+    data, ind = inputs
+    axis = attrs["axis"]
+    if len(ind.shape) != len(data.shape) or any(
+            i > d for k, (i, d) in enumerate(zip(ind.shape, data.shape)) if k != axis):
+        raise ModelError(f"gather_elements of {list(data.shape)} by indices of "
+                         f"{list(ind.shape)}: the ranks must agree, and the other dimensions "
+                         "must not exceed the data's")
+    return ind.shape, data.dtype
+
+
+def _gather_elements(ts, attrs, node):
+    data, ind = ts
+    axis = attrs["axis"]
+    size = static_shape(data)[axis]
+
+    def body(*idx):
+        valid, j = _in_range(ind[idx], size)
+        return _checked_load(data, (*idx[:axis], j, *idx[axis + 1:]), valid, {axis})
+    return te.compute(node.shape, body, name="gather_elements")
+
+
+def _gather_elements_fold(xs, attrs):
+    data, ind = xs
+    axis = attrs["axis"]
+    ind = np.where(ind < 0, ind + data.shape[axis], ind)
+    return np.take_along_axis(data[tuple(slice(0, d) if k != axis else slice(None)
+                                         for k, d in enumerate(ind.shape))], ind, axis)
+
+
+register("gather_elements", "injective", _gather_elements_infer, _gather_elements,
+         fold=_gather_elements_fold, checked=True)
+
+
+def _gather_nd_infer(inputs, attrs):
+    data, ind = inputs
+    b = attrs["batch_dims"]
+    if not ind.shape or ind.shape[:b] != data.shape[:b] or \
+            not 1 <= ind.shape[-1] <= len(data.shape) - b:
+        raise ModelError(f"gather_nd of {list(data.shape)} by indices of {list(ind.shape)} "
+                         f"with batch_dims={b}")
+    return (*ind.shape[:-1], *data.shape[b + ind.shape[-1]:]), data.dtype
+
+
+def _gather_nd(ts, attrs, node):
+    data, ind = ts
+    b = attrs["batch_dims"]
+    ind_shape, dims = static_shape(ind), static_shape(data)
+    depth, lead = ind_shape[-1], len(ind_shape) - 1
+
+    def body(*idx):
+        picked, valid = [], None
+        for k in range(depth):
+            ok, j = _in_range(ind[(*idx[:lead], k)], dims[b + k])
+            picked.append(j)
+            valid = ok if valid is None else E.logical_and(valid, ok)
+        index = (*idx[:b], *picked, *idx[lead:])
+        return _checked_load(data, index, valid, set(range(b, b + depth)))
+    return te.compute(node.shape, body, name="gather_nd")
+
+
+def _gather_nd_fold(xs, attrs):
+    data, ind = xs
+    b = attrs["batch_dims"]
+    depth = ind.shape[-1]
+    ind = np.where(ind < 0, ind + np.asarray(data.shape[b:b + depth]), ind)
+    batch = int(np.prod(data.shape[:b], dtype=np.int64))
+    flat_data = data.reshape(batch, *data.shape[b:])
+    flat_ind = ind.reshape(batch, -1, depth)
+    out = np.stack([flat_data[n][tuple(flat_ind[n].T)] for n in range(batch)])
+    return out.reshape(*ind.shape[:-1], *data.shape[b + depth:])
+
+
+register("gather_nd", "injective", _gather_nd_infer, _gather_nd, fold=_gather_nd_fold,
+         checked=True)

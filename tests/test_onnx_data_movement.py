@@ -108,3 +108,16 @@ def test_cast_like(like):
     for opset in (15, NEWEST_OPSET):
         check([N("CastLike", ["x", "like"], ["y"])], {"x": x}, inits={"like": np.zeros(1, like)},
               opset=opset)
+
+
+@pytest.mark.parametrize("pads", [[1, 0, 2, 3], [0, -1, 1, -2], [-1, 2, 0, 1]])
+@pytest.mark.parametrize("value_at_run_time", [False, True])
+def test_pad_crops_and_takes_its_value_at_run_time(pads, value_at_run_time):
+    """Negative pads crop; the constant value may be an input (its shape is static)."""
+    inputs = {"x": rand(3, 5)}
+    inits = {"pads": i64(*pads)}
+    if value_at_run_time:
+        inputs["v"] = np.asarray(2.5, np.float32)
+    else:
+        inits["v"] = np.asarray(-1.5, np.float32)
+    check([N("Pad", ["x", "pads", "v"], ["y"])], inputs, inits=inits, opset=13)

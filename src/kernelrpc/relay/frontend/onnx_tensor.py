@@ -186,21 +186,30 @@ def _slice_10(ctx, args, attrs):
 
 
 def _pad(ctx, x, mode, pads, value, axes):
+    """``x`` padded (negative pads crop); ``value`` a number, or a node computed at run time."""
     ndim = len(x.shape)
     if mode not in ("constant", "edge", "reflect"):
         raise Unsupported(f"mode={mode!r}")
     axes = [normalize_axis(a, ndim) for a in axes] if axes is not None else list(range(ndim))
     if pads is None or len(pads) != 2 * len(axes):
         raise ModelError(f"Pad: pads {pads} must have two entries per padded axis")
-    if any(p < 0 for p in pads):
-        raise Unsupported("negative pads (cropping) are not implemented")
     before, after = [0] * ndim, [0] * ndim
     for k, a in enumerate(axes):
         before[a], after[a] = pads[k], pads[k + len(axes)]
+    crops = tuple((a, -min(b, 0), x.shape[a] + min(e, 0), 1)
+                  for a, (b, e) in enumerate(zip(before, after)) if b < 0 or e < 0)
+    if any(start >= end for _, start, end, _ in crops):
+        raise ModelError(f"Pad: pads {pads} crop all of {list(x.shape)}")
+    if crops:
+        x = ctx.make("strided_slice", [x], slices=crops)
+    before, after = tuple(max(b, 0) for b in before), tuple(max(e, 0) for e in after)
     if not any(before) and not any(after):
         return [x]
-    return [ctx.make("pad", [x], before=tuple(before), after=tuple(after), mode=mode,
-                     value=value)]
+    if isinstance(value, ir.Node):      # the padded area chosen by a constant mask
+        padded = ctx.make("pad", [x], before=before, after=after, mode=mode, value=0.0)
+        mask = np.pad(np.ones(x.shape, bool), list(zip(before, after)))
+        return [ctx.make("where", [ir.const(mask), padded, value])]
+    return [ctx.make("pad", [x], before=before, after=after, mode=mode, value=value)]
 
 
 @converter("Pad")
@@ -212,9 +221,14 @@ def _pad_2(ctx, args, attrs):
 @converter("Pad", since=11)
 @converter("Pad", since=19)         # mode "wrap" added, refused as every mode not implemented
 def _pad_11(ctx, args, attrs):
-    return _pad(ctx, args[0], attrs.get("mode", "constant"),
-                ctx.optional_ints(args, 1, "Pad's pads"),
-                ctx.optional_float(args, 2, "Pad's constant_value", 0.0),
+    mode = attrs.get("mode", "constant")
+    if mode != "constant":
+        value = 0.0
+    elif len(args) > 2 and args[2] is not None and not args[2].is_const:
+        value = args[2]
+    else:
+        value = ctx.optional_float(args, 2, "Pad's constant_value", 0.0)
+    return _pad(ctx, args[0], mode, ctx.optional_ints(args, 1, "Pad's pads"), value,
                 ctx.optional_ints(args, 3, "Pad's axes"))
 
 

@@ -13,6 +13,13 @@ from kernelrpc.contrib import graph_executor
 from kernelrpc.relay.testing import onnxruntime_outputs
 
 NEWEST_OPSET = onnx.defs.onnx_opset_version()
+N = helper.make_node
+RNG = np.random.default_rng(17)
+
+
+def rand(*shape):
+    """Seeded standard-normal float32 values."""
+    return np.asarray(RNG.standard_normal(shape), np.float32)
 
 
 def model_of(nodes, inputs: dict, outputs, inits: dict | None = None, opset=13):

@@ -1,22 +1,14 @@
 """The data-movement operators against onnxruntime, with run-time data of odd shapes and every
 attribute form, in the opsets that define each: Expand, Tile, Range, Trilu, GatherElements,
-GatherND, DepthToSpace, SpaceToDepth, CastLike."""
+GatherND, DepthToSpace, SpaceToDepth, CastLike, Pad (run-time value, negative pads)."""
 import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from onnx import helper  # noqa: E402
-from onnx_cases import NEWEST_OPSET, build, check, model_of, run  # noqa: E402
+from onnx_cases import N, NEWEST_OPSET, RNG, build, check, model_of, rand, run  # noqa: E402
 
 from kernelrpc.errors import KernelError  # noqa: E402
-
-RNG = np.random.default_rng(17)
-N = helper.make_node
-
-
-def rand(*shape):
-    return np.asarray(RNG.standard_normal(shape), np.float32)
 
 
 def i64(*values):
@@ -34,8 +26,8 @@ def test_expand_and_tile(opset, x, shape):
           ["e", "y"], inits={"shape": i64(*shape), "reps": reps}, opset=opset)
 
 
-@pytest.mark.parametrize("start,limit,delta,dtype", [(0, 7, 1, np.int64), (10, -3, -3, np.int32),
-                                                     (0.5, 2.25, 0.25, np.float32), (3, 3, 1, np.int64)])
+@pytest.mark.parametrize("start,limit,delta,dtype", [
+    (0, 7, 1, np.int64), (10, -3, -3, np.int32), (0.5, 2.25, 0.25, np.float32), (3, 3, 1, np.int64)])
 def test_range_of_constants_feeds_the_network(start, limit, delta, dtype):
     """Range's output (empty too) concatenated to a run-time tensor, at opset 11 and newest."""
     x = (RNG.integers(-5, 5, (4,)) if np.dtype(dtype).kind == "i" else rand(4)).astype(dtype)

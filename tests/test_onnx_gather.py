@@ -7,20 +7,13 @@ import pytest
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from onnx import helper  # noqa: E402
-from onnx_cases import NEWEST_OPSET, build, check, model_of, run  # noqa: E402
+from onnx_cases import N, NEWEST_OPSET, RNG, build, check, model_of, rand, run  # noqa: E402
 
 from kernelrpc.errors import KernelError  # noqa: E402
 
-RNG = np.random.default_rng(3)
-N = helper.make_node
 
-
-def rand(*shape):
-    return np.asarray(RNG.standard_normal(shape), np.float32)
-
-
-@pytest.mark.parametrize("index", [np.array(0), np.array(-1), np.array([2]), np.array([[0, 3], [4, 0]])],
+@pytest.mark.parametrize("index", [np.array(0), np.array(-1), np.array([2]),
+                                   np.array([[0, 3], [4, 0]])],
                          ids=["0d", "0d-negative", "1-element", "2x2"])
 def test_constant_index_after_an_operator(index):
     """Relu then Gather(axis=1) on 1x5x8: ``x[:, 0]`` is the class-token pooling of BERT/ViT."""

@@ -69,24 +69,16 @@ def _unsqueeze(ctx, x, axes):
     return [reshape(ctx, x, shape)]
 
 
-@converter("Squeeze")
-def _squeeze_1(ctx, args, attrs):
-    return _squeeze(ctx, args[0], attrs.ints("axes", None))
+def _axes_versions(op_type, apply):
+    """``apply(ctx, x, axes)`` registered for ``op_type``: axes an attribute before opset 13,
+    an optional input from it."""
+    converter(op_type)(lambda ctx, args, attrs: apply(ctx, args[0], attrs.ints("axes", None)))
+    converter(op_type, since=13)(lambda ctx, args, attrs: apply(
+        ctx, args[0], ctx.optional_ints(args, 1, f"{op_type}'s axes")))
 
 
-@converter("Squeeze", since=13)
-def _squeeze_13(ctx, args, attrs):
-    return _squeeze(ctx, args[0], ctx.optional_ints(args, 1, "Squeeze's axes"))
-
-
-@converter("Unsqueeze")
-def _unsqueeze_1(ctx, args, attrs):
-    return _unsqueeze(ctx, args[0], attrs.ints("axes", None))
-
-
-@converter("Unsqueeze", since=13)
-def _unsqueeze_13(ctx, args, attrs):
-    return _unsqueeze(ctx, args[0], ctx.optional_ints(args, 1, "Unsqueeze's axes"))
+_axes_versions("Squeeze", _squeeze)
+_axes_versions("Unsqueeze", _unsqueeze)
 
 
 @converter("Transpose")

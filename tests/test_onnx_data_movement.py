@@ -27,7 +27,8 @@ def test_expand_and_tile(opset, x, shape):
 
 
 @pytest.mark.parametrize("start,limit,delta,dtype", [
-    (0, 7, 1, np.int64), (10, -3, -3, np.int32), (0.5, 2.25, 0.25, np.float32), (3, 3, 1, np.int64)])
+    (0, 7, 1, np.int64), (10, -3, -3, np.int32), (0.5, 2.25, 0.25, np.float32),
+    (3, 3, 1, np.int64)])
 def test_range_of_constants_feeds_the_network(start, limit, delta, dtype):
     """Range's output (empty too) concatenated to a run-time tensor, at opset 11 and newest."""
     x = (RNG.integers(-5, 5, (4,)) if np.dtype(dtype).kind == "i" else rand(4)).astype(dtype)

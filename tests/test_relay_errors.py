@@ -98,7 +98,6 @@ def test_batch_normalization_with_a_negative_variance_is_refused():
         relay.frontend.from_onnx(model)
 
 
-
 def test_nodes_downstream_of_a_refused_node_are_checked_too():
     """Shape inference stands in for the refused Det: the MaxPool after it is still checked
     and refused; the Reshape whose shape comes from the MaxPool's through Shape is converted,

@@ -98,16 +98,21 @@ def _convert_nodes(ctx, graph, types) -> None:
         ctx.node_name = node.name or f"{node.op_type}_{index}"
         ctx.op_type = node.op_type
         ctx.outputs_wanted = len(node.output)
-        if any(name and name not in ctx.values and name in types.unknown for name in node.input):
-            types.unknown.update(node.output)      # downstream of a refusal, shape unknown
-            continue
+        unknown = any(name and name not in ctx.values and name in types.unknown
+                      for name in node.input)
+        outputs = []
         try:
-            outputs = _convert_node(ctx, node)
+            if unknown:         # downstream of a refusal, shapes unknown: its operator checked
+                _converter_of(ctx, node)
+            else:
+                outputs = _convert_node(ctx, node)
         except UnknownValue:
-            outputs = []                           # it needed a refused node's value
+            pass                                   # it needed a refused node's value
         except Unsupported as exc:
             failures.append((_op_name(node), ctx.node_name, ctx.opset, str(exc)))
-            outputs = []
+        if unknown:
+            types.unknown.update(node.output)
+            continue
         for k, name in enumerate(node.output):
             if not name:
                 continue
@@ -138,8 +143,8 @@ def _convert_subgraph(ctx, types, graph) -> list:
     return [_value(ctx, out.name, graph.name or "a branch") for out in graph.output]
 
 
-def _convert_node(ctx, node) -> list:
-    """The node's output values; Unsupported when kernelrpc cannot compile it."""
+def _converter_of(ctx, node):
+    """The converter of the node's operator in the model's opset; Unsupported when none."""
     if node.domain not in ("", "ai.onnx"):
         raise Unsupported("operators of custom domains are not supported")
     found = find_converter(node.op_type, ctx.opset)
@@ -149,6 +154,12 @@ def _convert_node(ctx, node) -> list:
     if not onnx_model.operator_version_known(node.op_type, ctx.opset, since):
         raise Unsupported(f"this version of the operator (newer than opset "
                           f"{onnx_model.MAX_OPSET}'s) is not implemented")
+    return convert
+
+
+def _convert_node(ctx, node) -> list:
+    """The node's output values; Unsupported when kernelrpc cannot compile it."""
+    convert = _converter_of(ctx, node)
     args = [_value(ctx, name, f"node {ctx.node_name!r} ({node.op_type})") if name else None
             for name in node.input]
     onnx_model.check_node_form(node, ctx.opset, f"node {ctx.node_name!r} ({node.op_type})")

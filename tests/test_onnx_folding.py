@@ -2,13 +2,18 @@
 input shapes, initializers and constants (Shape, Size, Range, Expand, Tile, ConstantOfShape,
 Equal/Less/Where, Concat/Slice/Gather, Cast, If) becomes constants, and an input fixed with
 ``const_inputs=`` (``--const NAME=VALUE``) folds the branches that read it."""
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-pytest.importorskip("onnx")
+onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 from onnx_cases import build, check, compare, model_of, run  # noqa: E402
+from servicectl import child_env  # noqa: E402
 
 from kernelrpc import relay  # noqa: E402
 from kernelrpc.model import build_parser  # noqa: E402
@@ -133,8 +138,20 @@ def test_a_scalar_fixes_a_one_element_input_and_a_shape_with_it_is_refused():
         relay.frontend.from_onnx(model, shape={"sr": (1,)}, const_inputs={"sr": 8000})
 
 
-def test_the_model_command_takes_const_values():
+def test_the_model_command_takes_const_values(tmp_path):
+    """``--const`` parsed, and a run with it agrees with onnxruntime fed the same value."""
     args = build_parser().parse_args(["m.onnx", "--const", "sr=16000", "--const", "w=0.5,2"])
     assert args.const == [("sr", 16000), ("w", [0.5, 2])]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["m.onnx", "--const", "sr"])
+    model, _ = _branching_model()
+    onnx.save(model, str(tmp_path / "vad.onnx"))
+    done = subprocess.run([sys.executable, "-m", "kernelrpc.model", "vad.onnx", "--local", "--json",
+                           "--const", "sr=8000", "--repeat", "1", "--number", "1",
+                           "--db", str(tmp_path / "results.sqlite")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=child_env())
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["summary"]["inputs"] == [{"name": "x", "shape": [2, 7], "dtype": "float32"}]
+    assert report["onnxruntime"]["outputs"][0]["relative"] < 1e-6

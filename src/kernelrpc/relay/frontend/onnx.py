@@ -16,6 +16,7 @@ from . import (onnx_activation, onnx_control, onnx_elementwise, onnx_gather,  # 
 from . import onnx_recurrent  # noqa: F401  (it registers)
 from .onnx_common import (Attrs, Context, UnknownValue, Unsupported, find_converter,
                           supported_operators)
+from .onnx_inferred import InferredTypes
 
 __all__ = ["from_onnx", "supported_operators"]
 
@@ -46,7 +47,7 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
                                                      dtype).items():
         ctx.values[name] = ir.const(value, name)
     inputs = _bind_inputs(ctx, model.graph, dict(shape or {}), dtype, initializers)
-    types = onnx_model.InferredTypes(model, inputs)
+    types = InferredTypes(model, inputs)
     ctx.convert_graph = partial(_convert_subgraph, ctx, types)
     _convert_nodes(ctx, model.graph, types)
     return _with_params(inputs, _outputs(ctx, model.graph), initializers)

@@ -11,9 +11,7 @@ import os
 import numpy as np
 
 from ..errors import MissingShapeError, ModelError
-from .. import ir
 from ..ir import DTYPES
-from .onnx_common import STAND_IN
 
 #: opsets the importer is written and tested for
 MIN_OPSET, MAX_OPSET = 9, 18
@@ -250,62 +248,3 @@ def check_node_form(node, opset: int, where: str) -> None:
     for name, spec in schema.attributes.items():
         if spec.required and name not in seen:
             raise ModelError(f"{where}: required attribute {name!r} is missing")
-
-
-
-class InferredTypes:
-    """Shapes and dtypes of the model's tensors by ONNX's shape inference (run once, when a
-    node is first refused), the graph's inputs fixed to the shapes they are imported with:
-    what the nodes that stand in for a refused node's outputs are made of."""
-
-    def __init__(self, model, inputs):
-        self._model, self._inputs = model, inputs
-        self._types = None
-        self.unknown: set = set()       # refused outputs whose shape inference cannot tell
-
-    def stand_in(self, name: str):
-        """A node of ``name``'s inferred static shape and dtype, or None (``name`` is then
-        unknown)."""
-        shape, dtype = self._infer().get(name, (None, None))
-        if shape is None:
-            self.unknown.add(name)
-            return None
-        return ir.Node(STAND_IN, (), {}, shape, dtype, name)
-
-    def _infer(self) -> dict:
-        if self._types is None:
-            self._types = self._run()
-        return self._types
-
-    def _run(self) -> dict:
-        onnx = require_onnx()
-        model = onnx.ModelProto()
-        model.CopyFrom(self._model)
-        imported = {entry.domain for entry in model.opset_import}
-        for domain in {node.domain for node in model.graph.node} - imported - {"ai.onnx"}:
-            model.opset_import.add(domain=domain, version=1)   # its nodes are then skipped
-        fixed = {node.name: node.shape for node in self._inputs}
-        for info in model.graph.input:
-            if info.name in fixed:
-                dims = info.type.tensor_type.shape.dim
-                del dims[:]
-                for d in fixed[info.name]:
-                    dims.add().dim_value = d
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        except (onnx.shape_inference.InferenceError, ValueError):
-            # the report then stops at the refused nodes, as without inference
-            return {}
-        types = {}
-        for info in list(inferred.graph.value_info) + list(inferred.graph.output):
-            ttype = info.type.tensor_type
-            if not ttype.HasField("shape") or not ttype.elem_type:
-                continue
-            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim]
-            try:
-                dtype = elem_dtype(ttype.elem_type, info.name)
-            except ModelError:
-                continue
-            if all(d >= 0 for d in dims):
-                types[info.name] = (tuple(dims), dtype)
-        return types

@@ -11,7 +11,7 @@ from functools import partial
 
 from .. import ir
 from ..errors import ModelError, UnsupportedOperatorError
-from . import (onnx_activation, onnx_control, onnx_elementwise, onnx_gather,  # noqa: F401
+from . import (onnx_activation, onnx_control, onnx_elementwise, onnx_index,  # noqa: F401
                onnx_model, onnx_nn, onnx_norm, onnx_reduce, onnx_tensor)  # (they register)
 from . import onnx_recurrent  # noqa: F401  (it registers)
 from .onnx_common import (Attrs, Context, UnknownValue, Unsupported, find_converter,

@@ -1,5 +1,5 @@
 """The operators of the network graph (TVM's ``relay.op``)."""
-from . import activation, elemwise, nn, norm, reduce, transform  # noqa: F401  (they register)
+from . import activation, elemwise, index, nn, norm, reduce, transform  # noqa: F401 (they register)
 from . import recurrent  # noqa: F401  (it registers)
 from .registry import OPS, OpDef, get, node_flops
 

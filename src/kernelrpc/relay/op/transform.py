@@ -1,5 +1,5 @@
-"""Injective operators: reshape, transpose, concatenate, strided slice, pad, resize, take,
-broadcast_to, tile."""
+"""Injective operators: reshape, transpose, concatenate, strided slice, pad, resize,
+broadcast_to, tile, trilu."""
 from __future__ import annotations
 
 import math
@@ -162,43 +162,6 @@ def _pad_fold(xs, attrs):
 register("pad", "injective", _pad_infer, _pad, fold=_pad_fold)
 
 
-def _take_infer(inputs, attrs):
-    x, ind = inputs
-    axis = attrs["axis"]
-    return (*x.shape[:axis], *ind.shape, *x.shape[axis + 1:]), x.dtype
-
-
-def _checked_load(x, index, valid, axes):
-    """``x[index]`` where the indices of ``axes`` come from tensor values: when ``valid`` does
-    not hold they become -1 (the others 0), an address before the buffer, so the kernel's
-    bound check (``OpDef.checked``) stops the run instead of reading another element."""
-    return x[tuple(E.if_then_else(valid, i, -1 if k in axes else 0) for k, i in enumerate(index))]
-
-
-def _in_range(raw, size):
-    """Whether index value ``raw`` is in ``[-size, size)`` (ONNX's negative indices count from
-    the end), compared in its own dtype; and the index it names, as int32."""
-    valid = E.logical_and(raw >= te.const(-size, raw.dtype), raw < te.const(size, raw.dtype))
-    j = E.cast(raw, "int32")
-    return valid, E.if_then_else(j < 0, j + size, j)
-
-
-def _take(ts, attrs, node):
-    x, ind = ts
-    axis = attrs["axis"]
-    nind = len(node.inputs[1].shape)
-    size = static_shape(x)[axis]
-
-    def body(*idx):
-        valid, j = _in_range(ind[tuple(idx[axis:axis + nind])], size)
-        return _checked_load(x, (*idx[:axis], j, *idx[axis + nind:]), valid, {axis})
-    return te.compute(node.shape, body, name="take")
-
-
-register("take", "injective", _take_infer, _take,
-         fold=lambda xs, a: np.take(xs[0], xs[1], axis=a["axis"]), checked=True)
-
-
 def _broadcast_to_infer(inputs, attrs):
     return broadcast_shape(inputs[0].shape, attrs["shape"]), inputs[0].dtype
 
@@ -296,7 +259,7 @@ def _resize(ts, attrs, node):
 register("image.resize2d", "injective", _resize_infer, _resize)
 
 
-# ------------------------------------------------------------------ triangles and gathers
+# ------------------------------------------------------------------ triangles
 
 def _trilu(ts, attrs, node):
     x, k, upper = ts[0], attrs["k"], attrs["upper"]
@@ -317,80 +280,3 @@ def _trilu_infer(inputs, attrs):
 
 register("trilu", "injective", _trilu_infer, _trilu,
          fold=lambda xs, a: (np.triu if a["upper"] else np.tril)(xs[0], a["k"]))
-
-
-def _gather_elements_infer(inputs, attrs):
-    data, ind = inputs
-    axis = attrs["axis"]
-    if len(ind.shape) != len(data.shape) or any(
-            i > d for k, (i, d) in enumerate(zip(ind.shape, data.shape)) if k != axis):
-        raise ModelError(f"gather_elements of {list(data.shape)} by indices of "
-                         f"{list(ind.shape)}: the ranks must agree, and the other dimensions "
-                         "must not exceed the data's")
-    return ind.shape, data.dtype
-
-
-def _gather_elements(ts, attrs, node):
-    data, ind = ts
-    axis = attrs["axis"]
-    size = static_shape(data)[axis]
-
-    def body(*idx):
-        valid, j = _in_range(ind[idx], size)
-        return _checked_load(data, (*idx[:axis], j, *idx[axis + 1:]), valid, {axis})
-    return te.compute(node.shape, body, name="gather_elements")
-
-
-def _gather_elements_fold(xs, attrs):
-    data, ind = xs
-    axis = attrs["axis"]
-    ind = np.where(ind < 0, ind + data.shape[axis], ind)
-    return np.take_along_axis(data[tuple(slice(0, d) if k != axis else slice(None)
-                                         for k, d in enumerate(ind.shape))], ind, axis)
-
-
-register("gather_elements", "injective", _gather_elements_infer, _gather_elements,
-         fold=_gather_elements_fold, checked=True)
-
-
-def _gather_nd_infer(inputs, attrs):
-    data, ind = inputs
-    b = attrs["batch_dims"]
-    if not ind.shape or ind.shape[:b] != data.shape[:b] or \
-            not 1 <= ind.shape[-1] <= len(data.shape) - b:
-        raise ModelError(f"gather_nd of {list(data.shape)} by indices of {list(ind.shape)} "
-                         f"with batch_dims={b}")
-    return (*ind.shape[:-1], *data.shape[b + ind.shape[-1]:]), data.dtype
-
-
-def _gather_nd(ts, attrs, node):
-    data, ind = ts
-    b = attrs["batch_dims"]
-    ind_shape, dims = static_shape(ind), static_shape(data)
-    depth, lead = ind_shape[-1], len(ind_shape) - 1
-
-    def body(*idx):
-        picked, valid = [], None
-        for k in range(depth):
-            ok, j = _in_range(ind[(*idx[:lead], k)], dims[b + k])
-            picked.append(j)
-            valid = ok if valid is None else E.logical_and(valid, ok)
-        index = (*idx[:b], *picked, *idx[lead:])
-        return _checked_load(data, index, valid, set(range(b, b + depth)))
-    return te.compute(node.shape, body, name="gather_nd")
-
-
-def _gather_nd_fold(xs, attrs):
-    data, ind = xs
-    b = attrs["batch_dims"]
-    depth = ind.shape[-1]
-    ind = np.where(ind < 0, ind + np.asarray(data.shape[b:b + depth]), ind)
-    batch = int(np.prod(data.shape[:b], dtype=np.int64))
-    flat_data = data.reshape(batch, *data.shape[b:])
-    flat_ind = ind.reshape(batch, -1, depth)
-    out = np.stack([flat_data[n][tuple(flat_ind[n].T)] for n in range(batch)])
-    return out.reshape(*ind.shape[:-1], *data.shape[b + depth:])
-
-
-register("gather_nd", "injective", _gather_nd_infer, _gather_nd, fold=_gather_nd_fold,
-         checked=True)

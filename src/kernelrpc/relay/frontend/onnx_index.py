@@ -1,6 +1,7 @@
-"""ONNX converters of the gathers: Gather, GatherElements, GatherND. Constant indices are
-checked here; indices computed at run time (an embedding lookup) are checked by the kernel,
-an index out of range stopping the run with a KernelError (``OpDef.checked``)."""
+"""ONNX converters of the gathers and scatters: Gather, GatherElements, GatherND,
+ScatterElements (and the older Scatter), ScatterND. Constant indices are checked here;
+indices computed at run time (an embedding lookup) are checked by the kernel, an index out of
+range stopping the run with a KernelError (``OpDef.checked``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,3 +56,36 @@ def _gather_nd(ctx, args, attrs):
     depth = indices.shape[-1] if indices.shape else 0
     _check_range(indices, data.shape[batch_dims:batch_dims + depth], "GatherND")
     return [ctx.make("gather_nd", [data, indices], batch_dims=batch_dims)]
+
+
+def _reduction(attrs) -> str:
+    reduction = attrs.get("reduction", "none")
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        raise ModelError(f"reduction={reduction!r} is not one of ONNX's")
+    return reduction
+
+
+def _updates(data, updates, what):
+    if updates.dtype != data.dtype:
+        raise ModelError(f"{what}'s updates are {updates.dtype}, its data {data.dtype}")
+    return updates
+
+
+@converter("Scatter")
+@converter("ScatterElements", since=11)
+def _scatter_elements(ctx, args, attrs):
+    """Without a reduction, of updates aimed at one element the last is kept (as onnxruntime)."""
+    data, indices = args[0], _indices(args[1], "ScatterElements")
+    axis = normalize_axis(int(attrs.get("axis", 0)), len(data.shape))
+    _check_range(indices, [data.shape[axis]], "ScatterElements")
+    return [ctx.make("scatter_elements", [data, indices, _updates(data, args[2], "ScatterElements")],
+                     axis=axis, reduction=_reduction(attrs))]
+
+
+@converter("ScatterND", since=11)
+def _scatter_nd(ctx, args, attrs):
+    data, indices = args[0], _indices(args[1], "ScatterND")
+    depth = indices.shape[-1] if indices.shape else 0
+    _check_range(indices, data.shape[:depth], "ScatterND")
+    return [ctx.make("scatter_nd", [data, indices, _updates(data, args[2], "ScatterND")],
+                     reduction=_reduction(attrs))]

@@ -211,7 +211,6 @@ def _with_params(inputs, outputs, initializers):
     for node in func.topo():
         node.inputs = tuple(_as_param(i, originals, params, seen) for i in node.inputs)
     func.outputs = [_as_param(o, originals, params, seen) for o in func.outputs]
-    func.params = list(seen.values())
     return ir.IRModule(func), params
 
 

@@ -1,0 +1,50 @@
+"""The operators of the comparison, logic and data-movement groups on an emulated aarch64
+board: a small network with a token-embedding lookup (run-time indices), a causal mask built
+from Range, Less and Where (folded at import), GatherElements and ScatterND, built for the
+board's target, run there and checked against onnxruntime here; an index out of range on the
+board is an error of the run, as on the host."""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx_cases import N, model_of, rand  # noqa: E402
+from test_relay_emulated import board_session, run_checked, tracker  # noqa: E402,F401
+
+from kernelrpc import relay  # noqa: E402
+from kernelrpc.errors import RemoteError  # noqa: E402
+from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
+
+pytestmark = pytest.mark.cross
+
+
+def _network():
+    scalar = {n: np.asarray(v, np.int64) for n, v in (("zero", 0), ("one", 1), ("n", 6))}
+    nodes = [N("Gather", ["table", "ids"], ["emb"]),                    # [6, 8]
+             N("Range", ["zero", "n", "one"], ["r"]),
+             N("Unsqueeze", ["r", "ax1"], ["col"]),
+             N("Less", ["col", "r"], ["future"]),                       # [6, 6] causal mask
+             N("Transpose", ["emb"], ["embT"], perm=[1, 0]),
+             N("MatMul", ["emb", "embT"], ["scores0"]),
+             N("Where", ["future", "low", "scores0"], ["scores"]),
+             N("GatherElements", ["scores", "pick"], ["picked"], axis=1),
+             N("Transpose", ["picked"], ["picked_t"], perm=[1, 0]),
+             N("ScatterND", ["scores", "rows", "picked_t"], ["y"], reduction="add")]
+    inits = {"table": rand(20, 8), "ax1": np.array([1], np.int64),
+             "low": np.asarray(-1e4, np.float32), "rows": np.array([[1], [4]], np.int64),
+             **scalar}
+    inputs = {"ids": np.array([3, 19, -1, 0, 7, 7], np.int64),
+              "pick": np.array([[0, 5]] * 6, np.int64)}
+    return model_of(nodes, inputs, ["y"], inits, opset=16), inputs
+
+
+def test_indices_masks_and_scatters_on_an_emulated_aarch64_board(tracker, tmp_path):  # noqa: F811
+    model, feeds = _network()
+    expected = onnxruntime_outputs(model, feeds)[0]
+    mod, params = relay.frontend.from_onnx(model)
+    with board_session(tracker, "aarch64") as remote:
+        lib = relay.build(mod, target=remote.target(), params=params)
+        m = run_checked(remote, lib, tmp_path / "net.so", feeds, expected, "aarch64")
+        m.set_input("ids", np.array([3, 20, 0, 0, 0, 0], np.int64))
+        with pytest.raises(RemoteError, match="out of bounds"):
+            m.run()

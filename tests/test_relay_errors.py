@@ -116,3 +116,16 @@ def test_nodes_downstream_of_a_refused_node_are_checked_too():
     with pytest.raises(UnsupportedOperatorError) as info:
         relay.frontend.from_onnx(model)
     assert [name for _, name, _, _ in info.value.unsupported] == ["det", "pool"]
+
+
+def test_an_unimplemented_output_read_only_inside_a_branch_is_refused():
+    pool = helper.make_node("MaxPool", ["x"], ["p", "idx"], kernel_shape=[2, 2], name="pool")
+    then = helper.make_graph([helper.make_node("Cast", ["idx"], ["t"], to=TensorProto.FLOAT)],
+                             "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT,
+                                                                        None)])
+    other = helper.make_graph([helper.make_node("Identity", ["p"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    branch = helper.make_node("If", ["yes"], ["y"], then_branch=then, else_branch=other)
+    model = model_of([pool, branch], [("x", [1, 1, 4, 4])], [("yes", np.array(True))])
+    with pytest.raises(UnsupportedOperatorError, match="output 1"):
+        relay.frontend.from_onnx(model)

@@ -93,7 +93,7 @@ def _convert_nodes(ctx, graph, types) -> None:
     """Every node converted in order. A node that cannot be is recorded and its outputs are
     stood in for by nodes of the shapes ONNX's shape inference gives (``types``), so that the
     nodes downstream are checked too; all refusals are reported together."""
-    wanted = _consumers(graph) | {o.name for o in graph.output}
+    wanted = _consumers(graph) | {out.name for out in graph.output}
     failures = []
     for index, node in enumerate(graph.node):
         ctx.node_name = node.name or f"{node.op_type}_{index}"
@@ -120,7 +120,9 @@ def _convert_nodes(ctx, graph, types) -> None:
             if k < len(outputs):
                 ctx.values[name] = outputs[k]
                 continue
-            if outputs and name in wanted:
+            if name not in wanted:
+                continue
+            if outputs:
                 failures.append((node.op_type, ctx.node_name, ctx.opset,
                                  f"output {k} ({name!r}) is not implemented"))
             stand_in = types.stand_in(name)
@@ -199,7 +201,14 @@ def _outputs(ctx, graph) -> list:
 
 
 def _consumers(graph) -> set:
-    return {name for node in graph.node for name in node.input if name}
+    """The names the graph's nodes read, those of their subgraphs (If's branches) included."""
+    names = set()
+    for node in graph.node:
+        names.update(name for name in node.input if name)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names |= _consumers(sub) | {out.name for out in sub.output}
+    return names
 
 
 def _with_params(inputs, outputs, initializers):

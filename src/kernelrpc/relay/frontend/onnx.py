@@ -43,10 +43,9 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
     model, opset = _load(model, opset)
     ctx = Context(opset)
     initializers = _bind_initializers(ctx, model.graph)
-    for name, value in onnx_model.const_input_values(model.graph, const_inputs or {}, shape or {},
-                                                     dtype).items():
-        ctx.values[name] = ir.const(value, name)
-    inputs = _bind_inputs(ctx, model.graph, dict(shape or {}), dtype, initializers)
+    values = onnx_model.const_input_values(model.graph, const_inputs or {}, shape or {}, dtype)
+    ctx.values.update((name, ir.const(value, name)) for name, value in values.items())
+    inputs = _bind_inputs(ctx, model.graph, dict(shape or {}), dtype)
     types = InferredTypes(model, inputs)
     ctx.convert_graph = partial(_convert_subgraph, ctx, types)
     _convert_nodes(ctx, model.graph, types)
@@ -72,11 +71,12 @@ def _bind_initializers(ctx, graph) -> dict:
     return initializers
 
 
-def _bind_inputs(ctx, graph, shape: dict, dtype, initializers) -> list:
-    """The graph's ``input`` nodes, each of its static shape (the model's or ``shape=``'s)."""
+def _bind_inputs(ctx, graph, shape: dict, dtype) -> list:
+    """The graph's ``input`` nodes, each of its static shape (the model's or ``shape=``'s);
+    the inputs an initializer or ``const_inputs`` gives are not."""
     inputs = []
     for info in graph.input:
-        if info.name in initializers or info.name in ctx.values:
+        if info.name in ctx.values:
             continue
         in_shape = onnx_model.input_shape(info, shape.pop(info.name, None))
         node = ir.Node("input", (), {}, in_shape, onnx_model.input_dtype(info, dtype), info.name)

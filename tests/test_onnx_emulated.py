@@ -1,8 +1,8 @@
-"""The operators of the comparison, logic and data-movement groups on an emulated aarch64
-board: a small network with a token-embedding lookup (run-time indices), a causal mask built
-from Range, Less and Where (folded at import), GatherElements and ScatterND, built for the
-board's target, run there and checked against onnxruntime here; an index out of range on the
-board is an error of the run, as on the host."""
+"""The operators of the comparison, logic and data-movement groups on emulated boards
+(aarch64, armv7, riscv64): a small network with a token-embedding lookup (run-time indices),
+a causal mask built from Range, Less and Where (folded at import), GatherElements and
+ScatterND, built for the board's target, run there and checked against onnxruntime here; an
+index out of range on the board is an error of the run, as on the host."""
 import numpy as np
 import pytest
 
@@ -38,13 +38,16 @@ def _network():
     return model_of(nodes, inputs, ["y"], inits, opset=16), inputs
 
 
-def test_indices_masks_and_scatters_on_an_emulated_aarch64_board(tracker, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("board_name", ["aarch64", "armv7", "riscv64"])
+def test_indices_masks_and_scatters_on_an_emulated_board(tracker, tmp_path,  # noqa: F811
+                                                         board_name):
+    """int64 indices compared in int64 on 32-bit armv7 too."""
     model, feeds = _network()
     expected = onnxruntime_outputs(model, feeds)[0]
     mod, params = relay.frontend.from_onnx(model)
-    with board_session(tracker, "aarch64") as remote:
+    with board_session(tracker, board_name) as remote:
         lib = relay.build(mod, target=remote.target(), params=params)
-        m = run_checked(remote, lib, tmp_path / "net.so", feeds, expected, "aarch64")
-        m.set_input("ids", np.array([3, 20, 0, 0, 0, 0], np.int64))
+        m = run_checked(remote, lib, tmp_path / "net.so", feeds, expected, board_name)
+        m.set_input("ids", np.array([3, 2**32 + 1, 0, 0, 0, 0], np.int64))
         with pytest.raises(RemoteError, match="out of bounds"):
             m.run()

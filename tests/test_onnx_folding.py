@@ -12,7 +12,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
-from onnx_cases import build, check, compare, model_of, run  # noqa: E402
+from onnx_check import build, check_graph, compare, graph_model, run  # noqa: E402
 from servicectl import child_env  # noqa: E402
 
 from kernelrpc import relay  # noqa: E402
@@ -60,8 +60,8 @@ def test_an_anchor_grid_from_the_input_shape_folds_to_a_constant():
              "zero1": np.array([0], np.int64), "one1": np.array([1], np.int64),
              "two1": np.array([2], np.int64), "four1": np.array([4], np.int64),
              "three": np.array([3], np.int64)}
-    check(nodes, {"x": x}, inits=inits)
-    assert _ops(model_of(nodes, {"x": x}, ["y"], inits)) == {"add"}
+    check_graph(nodes, {"x": x}, inits=inits)
+    assert _ops(graph_model(nodes, {"x": x}, ["y"], inits)) == {"add"}
 
 
 def test_masks_from_shapes_fold():
@@ -76,8 +76,8 @@ def test_masks_from_shapes_fold():
              N("And", ["future", "off"], ["masked"]),
              N("Where", ["masked", "low", "x"], ["y"])]
     inits = {"ax": np.array([1], np.int64), "low": np.asarray(-1e4, np.float32)}
-    check(nodes, {"x": x}, inits=inits, opset=15)
-    assert _ops(model_of(nodes, {"x": x}, ["y"], inits, opset=15)) == {"where"}
+    check_graph(nodes, {"x": x}, inits=inits, opset=15)
+    assert _ops(graph_model(nodes, {"x": x}, ["y"], inits, opset=15)) == {"where"}
 
 
 def _branching_model():

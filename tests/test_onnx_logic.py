@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import helper  # noqa: E402
-from onnx_cases import NEWEST_OPSET, check  # noqa: E402
+from onnx_check import NEWEST_OPSET, check_graph  # noqa: E402
 
 RNG = np.random.default_rng(11)
 COMPARISONS = ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"]
@@ -27,14 +27,14 @@ def test_comparisons_broadcast(opset, dtype):
     exist from opset 12."""
     a, b = _operands(dtype)
     nodes = [helper.make_node(op, ["a", "b"], [op.lower()]) for op in COMPARISONS]
-    check(nodes, {"a": a, "b": b}, [op.lower() for op in COMPARISONS], opset=opset)
+    check_graph(nodes, {"a": a, "b": b}, [op.lower() for op in COMPARISONS], opset=opset)
 
 
 @pytest.mark.parametrize("opset", [9, 11])
 def test_equal_less_greater_of_the_first_opsets(opset):
     a, b = _operands(np.int32 if opset < 11 else np.float32)
     nodes = [helper.make_node(op, ["a", "b"], [op.lower()]) for op in ("Equal", "Less", "Greater")]
-    check(nodes, {"a": a, "b": b}, ["equal", "less", "greater"], opset=opset)
+    check_graph(nodes, {"a": a, "b": b}, ["equal", "less", "greater"], opset=opset)
 
 
 @pytest.mark.parametrize("opset", [9, NEWEST_OPSET])
@@ -48,7 +48,7 @@ def test_logic_and_where(opset):
              helper.make_node("Xor", ["p", "q"], ["xor"]),
              helper.make_node("Not", ["p"], ["not"]),
              helper.make_node("Where", ["xor", "a", "b"], ["where"])]
-    check(nodes, {"a": a, "b": b}, ["and", "or", "xor", "not", "where"],
+    check_graph(nodes, {"a": a, "b": b}, ["and", "or", "xor", "not", "where"],
           inits={"zero": np.zeros((), np.float32)}, opset=opset)
 
 
@@ -59,12 +59,12 @@ def test_isnan_isinf(opset, attrs):
     x[0, 1], x[1, 2], x[2, 3], x[2, 6] = np.nan, np.inf, -np.inf, np.nan
     nodes = [helper.make_node("IsNaN", ["x"], ["nan"]),
              helper.make_node("IsInf", ["x"], ["inf"], **attrs)]
-    check(nodes, {"x": x}, ["nan", "inf"], opset=opset)
+    check_graph(nodes, {"x": x}, ["nan", "inf"], opset=opset)
 
 
 def test_where_with_a_scalar_choice_and_computed_mask():
     """A causal mask's form: Where(mask, scores, -inf-like constant)."""
     x = np.asarray(RNG.standard_normal((2, 5, 5)), np.float32)
     mask = np.tril(np.ones((5, 5), bool))
-    check([helper.make_node("Where", ["mask", "x", "low"], ["y"])], {"x": x},
+    check_graph([helper.make_node("Where", ["mask", "x", "low"], ["y"])], {"x": x},
           inits={"mask": mask, "low": np.asarray(-1e4, np.float32)})

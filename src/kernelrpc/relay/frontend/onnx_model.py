@@ -78,11 +78,19 @@ def operator_version_known(op_type: str, opset: int, since: int) -> bool:
         current = defs.get_schema(op_type, opset)
     except defs.SchemaError:
         return False
-    try:
-        written = defs.get_schema(op_type, max(MAX_OPSET, since))
-    except defs.SchemaError:        # an operator newer than opset 18, converted from later on
-        return False
+    written = _first_schema(defs, op_type, max(MAX_OPSET, since), opset)
     return current.since_version == written.since_version or _same_operator(written, current)
+
+
+def _first_schema(defs, op_type: str, start: int, opset: int):
+    """The schema of ``op_type`` in opset ``start``, or, for an operator newer than that, its
+    first version (the one a converter registered for every opset was written for)."""
+    for version in range(start, opset):
+        try:
+            return defs.get_schema(op_type, version)
+        except defs.SchemaError:
+            continue
+    return defs.get_schema(op_type, opset)
 
 
 def _same_operator(old, new) -> bool:

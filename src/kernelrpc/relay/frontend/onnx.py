@@ -15,6 +15,7 @@ from ..errors import ModelError, UnsupportedOperatorError
 from . import onnx_elementwise, onnx_model, onnx_nn, onnx_tensor  # noqa: F401  (they register)
 from . import onnx_activation, onnx_norm, onnx_reduce  # noqa: F401  (they register)
 from . import onnx_recurrent  # noqa: F401  (it registers)
+from . import onnx_quant  # noqa: F401  (it registers)
 from .onnx_common import CONVERTERS, Attrs, Context, Unsupported, supported_operators
 
 __all__ = ["from_onnx", "supported_operators"]

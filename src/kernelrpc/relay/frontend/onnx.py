@@ -85,10 +85,11 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
                                  "no earlier node, input or initializer defines (the graph is not "
                                  "in topological order or is incomplete)")
             args.append(ctx.values[name])
-        onnx_model.check_node_form(node, opset, f"node {ctx.node_name!r} ({node.op_type})")
+        if node.domain in _ONNX_DOMAINS:
+            onnx_model.check_node_form(node, opset, f"node {ctx.node_name!r} ({node.op_type})")
         attrs = Attrs(node)
         try:
-            outputs = CONVERTERS[node.op_type](ctx, args, attrs)
+            outputs = CONVERTERS[_converter_name(node)](ctx, args, attrs)
             attrs.done()
         except Unsupported as exc:
             failures.append((node.op_type, ctx.node_name, opset, str(exc)))
@@ -122,16 +123,26 @@ def _check_operators(graph, opset) -> None:
     missing = []
     for index, node in enumerate(graph.node):
         name = node.name or f"{node.op_type}_{index}"
-        if node.domain not in ("", "ai.onnx"):
+        if _converter_name(node) not in CONVERTERS and node.domain not in _ONNX_DOMAINS:
             missing.append((f"{node.domain}.{node.op_type}", name, opset,
                             "operators of custom domains are not supported"))
-        elif node.op_type not in CONVERTERS:
+        elif _converter_name(node) not in CONVERTERS:
             missing.append((node.op_type, name, opset, "no converter"))
-        elif not onnx_model.operator_version_known(node.op_type, opset):
+        elif node.domain in _ONNX_DOMAINS and \
+                not onnx_model.operator_version_known(node.op_type, opset):
             missing.append((node.op_type, name, opset, "this version of the operator (newer "
                             f"than opset {onnx_model.MAX_OPSET}'s) is not implemented"))
     if missing:
         raise UnsupportedOperatorError(missing)
+
+
+_ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def _converter_name(node) -> str:
+    """An ONNX operator's type; another domain's (onnxruntime's ``com.microsoft``) prefixed
+    by its domain (its converter checks the node's form: ONNX has no schema of it)."""
+    return node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
 
 
 def _consumers(graph) -> set:

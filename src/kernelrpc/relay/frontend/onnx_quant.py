@@ -370,10 +370,10 @@ def _concat(ctx, y, out):
 
 
 def _movement(ctx, y, out):
-    """Data movement and max pooling commute with quantization: the same operator on the
-    quantized input (max pooling without padding, which would pad with -inf)."""
-    if y.op not in _MOVEMENT or (y.op in ("nn.pool2d", "nn.global_pool") and (
-            y.attrs["kind"] != "max" or any(y.attrs.get("padding", ())))):
+    """Data movement and max pooling commute with quantization (monotonic, per tensor): the
+    same operator on the quantized input."""
+    if y.op not in _MOVEMENT or (y.op in ("nn.pool2d", "nn.global_pool") and
+                                 y.attrs["kind"] != "max"):
         return None
     inner = integer_form(ctx, y.inputs[0], out)
     return None if inner is None else ctx.make(y.op, [inner], **y.attrs)
@@ -391,23 +391,26 @@ def _output(ctx, scale, zero, what) -> Output:
                   *qrange(dtype))
 
 
-def _in_integer_form(found, what):
-    if found is None:
-        raise Unsupported(f"{what} with these operands (a constant weight quantized per tensor "
-                          "or per output channel, a per-tensor input) is not implemented")
-    return [found]
+def _quantized_result(ctx, y, out: Output) -> list:
+    """A QOperator's float form ``y`` quantized: as integer operators where it has that form,
+    else dequantize, float operator, quantize (exact too)."""
+    found = integer_form(ctx, y, out)
+    if found is not None:
+        return [found]
+    return [ctx.make("qnn.quantize", [y, ir.const(np.float32(out.scale)),
+                                      ir.const(np.asarray(out.zero, out.dtype))],
+                     out_dtype=out.dtype)]
 
 
 @converter("QLinearConv")
 def _qlinear_conv(ctx, args, attrs):
     x, xs, xz, w, ws, wz, ys, yz = args[:8]
     bias = args[8] if len(args) > 8 else None
-    out = _output(ctx, ys, yz, "QLinearConv")
     source = _dequantized(ctx, x, xs, xz)
     weight = _dequantized(ctx, w, ws, wz, axis=0)
     float_bias = None if bias is None else _bias_dequantized(ctx, bias, xs, ws)
     (y,) = CONVERTERS["Conv"](ctx, [source, weight, float_bias], attrs)
-    return _in_integer_form(integer_form(ctx, y, out), "QLinearConv")
+    return _quantized_result(ctx, y, _output(ctx, ys, yz, "QLinearConv"))
 
 
 def _bias_dequantized(ctx, bias, xs, ws):
@@ -420,15 +423,59 @@ def _bias_dequantized(ctx, bias, xs, ws):
 @converter("QLinearMatMul")
 def _qlinear_matmul(ctx, args, attrs):
     a, a_s, a_z, b, b_s, b_z, y_s, y_z = args
-    out = _output(ctx, y_s, y_z, "QLinearMatMul")
     lhs = _dequantized(ctx, a, a_s, a_z)
     rhs = _dequantized(ctx, b, b_s, b_z, axis=-1)
     (y,) = CONVERTERS["MatMul"](ctx, [lhs, rhs], attrs)
-    found = integer_form(ctx, y, out)
-    return [found if found is not None else
-            ctx.make("qnn.quantize", [y, ir.const(np.float32(out.scale)),
-                                      ir.const(np.asarray(out.zero, out.dtype))],
-                     out_dtype=out.dtype)]
+    return _quantized_result(ctx, y, _output(ctx, y_s, y_z, "QLinearMatMul"))
+
+
+def _operands(ctx, args, count: int, what: str) -> list:
+    """The inputs of one of onnxruntime's contrib operators (no ONNX schema checks them):
+    ``count``, the last (an output zero point) optional and then None."""
+    if len(args) not in (count - 1, count):
+        raise ModelError(f"{what} takes {count - 1} or {count} inputs, the node has {len(args)}")
+    return list(args) + [None] * (count - len(args))
+
+
+def _contrib_binary(ctx, args, attrs, op):
+    a, a_s, a_z, b, b_s, b_z, c_s, c_z = _operands(ctx, args, 8, ctx.op_type)
+    y = ctx.make(op, [_dequantized(ctx, a, a_s, a_z), _dequantized(ctx, b, b_s, b_z)])
+    return _quantized_result(ctx, y, _output(ctx, c_s, _zero_like(a) if c_z is None else c_z, ctx.op_type))
+
+
+def _zero_like(x):
+    return ir.const(np.zeros((), x.dtype))
+
+
+@converter("com.microsoft.QLinearAdd")
+def _qlinear_add(ctx, args, attrs):
+    return _contrib_binary(ctx, args, attrs, "add")
+
+
+@converter("com.microsoft.QLinearMul")
+def _qlinear_mul(ctx, args, attrs):
+    return _contrib_binary(ctx, args, attrs, "multiply")
+
+
+@converter("com.microsoft.QLinearGlobalAveragePool")
+def _qlinear_global_average(ctx, args, attrs):
+    x, xs, xz, ys, yz = _operands(ctx, args, 5, "QLinearGlobalAveragePool")
+    if int(attrs.get("channels_last", 0)):
+        raise Unsupported("channels_last=1 (NHWC) is not implemented")
+    y = ctx.make("nn.global_pool", [_dequantized(ctx, x, xs, xz)], kind="avg")
+    return _quantized_result(ctx, y, _output(ctx, ys, _zero_like(x) if yz is None else yz,
+                                             "QLinearGlobalAveragePool"))
+
+
+@converter("com.microsoft.QLinearConcat")
+def _qlinear_concat(ctx, args, attrs):
+    if len(args) < 5 or (len(args) - 2) % 3:
+        raise ModelError(f"QLinearConcat takes Y_scale, Y_zero_point and triples of (tensor, "
+                         f"scale, zero point), the node has {len(args)} inputs")
+    ys, yz, rest = args[0], args[1], args[2:]
+    parts = [_dequantized(ctx, *rest[k:k + 3]) for k in range(0, len(rest), 3)]
+    (y,) = CONVERTERS["Concat"](ctx, parts, attrs)
+    return _quantized_result(ctx, y, _output(ctx, ys, yz, "QLinearConcat"))
 
 
 def _accumulation(ctx, args, float_converter, attrs, weight_axis, rule):
@@ -444,7 +491,11 @@ def _accumulation(ctx, args, float_converter, attrs, weight_axis, rule):
     wscale = ir.const(np.ones(wz.shape if wz is not None else (), np.float32))
     weight = _dequantized(ctx, w, wscale, wz, axis=weight_axis)
     (y,) = CONVERTERS[float_converter](ctx, [source, weight], attrs)
-    return _in_integer_form(rule(ctx, y, None), ctx.op_type)
+    found = rule(ctx, y, None)
+    if found is None:
+        raise Unsupported("an operand of these quantization parameters (a constant weight "
+                          "quantized per tensor or per output channel is implemented)")
+    return [found]
 
 
 @converter("ConvInteger")

@@ -72,6 +72,7 @@ def _param_shape(scale: ir.Node, x: ir.Node, axis: int) -> tuple:
     tensor along ``axis``."""
     if scale.size == 1:
         return ()
+    axis = normalize_axis(axis, len(x.shape))
     if len(scale.shape) != 1 or scale.shape[0] != x.shape[axis]:
         raise ModelError(f"a per-axis scale or zero point of shape {list(scale.shape)} does not "
                          f"match axis {axis} of {list(x.shape)}")
@@ -81,7 +82,6 @@ def _param_shape(scale: ir.Node, x: ir.Node, axis: int) -> tuple:
 def _params(ctx, x, scale, zero, axis, dtype):
     """``(scale, zero point)`` nodes in their broadcast shapes; a missing zero point is 0 of
     ``dtype``."""
-    axis = normalize_axis(axis, max(len(x.shape), 1))
     if scale.dtype != "float32":
         raise Unsupported(f"a scale of {scale.dtype} (float32 is implemented)")
     if zero is None:
@@ -413,8 +413,26 @@ def _qlinear_conv(ctx, args, attrs):
     return _quantized_result(ctx, y, _output(ctx, ys, yz, "QLinearConv"))
 
 
+@converter("com.microsoft.QGemm")
+def _qgemm(ctx, args, attrs):
+    """onnxruntime's quantized Gemm: its int32 bias ``C`` in the units ``a_scale *
+    b_scale``; without ``y_scale`` a float output."""
+    if not 6 <= len(args) <= 9:
+        raise ModelError(f"QGemm takes 6 to 9 inputs, the node has {len(args)}")
+    a, a_s, a_z, b, b_s, b_z, c, y_s, y_z = list(args) + [None] * (9 - len(args))
+    operands = [_dequantized(ctx, a, a_s, a_z),
+                _dequantized(ctx, b, b_s, b_z, axis=0 if int(attrs.get("transB", 0)) else 1)]
+    if c is not None:
+        operands.append(_bias_dequantized(ctx, c, a_s, b_s))
+    (y,) = CONVERTERS["Gemm"](ctx, operands, attrs)
+    if y_s is None:
+        return [y]
+    return _quantized_result(ctx, y, _output(ctx, y_s, _zero_like(a) if y_z is None else y_z,
+                                             "QGemm"))
+
+
 def _bias_dequantized(ctx, bias, xs, ws):
-    """QLinearConv's int32 bias in float, in the units ``x_scale * w_scale``."""
+    """An int32 bias (QLinearConv's, QGemm's) in float, in the units ``x_scale * w_scale``."""
     product = ctx.constant(xs, "x_scale").astype(np.float32).reshape(-1) * \
         ctx.constant(ws, "w_scale").astype(np.float32).reshape(-1)
     return ir.const((ctx.constant(bias, "B").astype(np.float32) * product).astype(np.float32))

@@ -93,7 +93,7 @@ def _params(ctx, x, scale, zero, axis, dtype):
         shape = _param_shape(node, x, axis)
         if node.is_const:
             out.append(ir.const(node.value.reshape(shape), node.name))
-        elif node.shape != shape and node.size == 1:
+        elif node.shape != shape:
             out.append(ctx.make("reshape", [node], newshape=shape))
         else:
             out.append(node)
@@ -498,22 +498,23 @@ def _qlinear_concat(ctx, args, attrs):
 
 def _accumulation(ctx, args, float_converter, attrs, weight_axis, rule):
     """ConvInteger, MatMulInteger: the int32 accumulation over the zero-point-centered
-    operands (the zero points default to 0)."""
+    operands (the zero points default to 0); an integer layer where the weight is a constant
+    quantized per tensor or per output channel, else the float converter's operator over the
+    centered operands in int32 (dequantized with scale 1, exact in float32)."""
     x, w = args[:2]
-    one = ir.const(np.float32(1))
     xz = args[2] if len(args) > 2 else None
     wz = args[3] if len(args) > 3 else None
     if xz is not None and xz.size != 1:
         raise Unsupported(f"{ctx.op_type} with a per-row input zero point")
-    source = _dequantized(ctx, x, one, xz)
+    source = _dequantized(ctx, x, ir.const(np.float32(1)), xz)
     wscale = ir.const(np.ones(wz.shape if wz is not None else (), np.float32))
     weight = _dequantized(ctx, w, wscale, wz, axis=weight_axis)
     (y,) = CONVERTERS[float_converter](ctx, [source, weight], attrs)
     found = rule(ctx, y, None)
-    if found is None:
-        raise Unsupported("an operand of these quantization parameters (a constant weight "
-                          "quantized per tensor or per output channel is implemented)")
-    return [found]
+    if found is not None:
+        return [found]
+    centered = [ctx.make("cast", [node], dtype="int32") for node in (source, weight)]
+    return CONVERTERS[float_converter](ctx, centered, attrs)
 
 
 @converter("ConvInteger")

@@ -274,3 +274,14 @@ def test_dynamic_quantize_linear_against_onnxruntime():
         _, got = run(model, {"x": x})
         for g, e in zip(got, onnxruntime_outputs(model, {"x": x})):
             np.testing.assert_array_equal(g.reshape(e.shape), e)
+
+
+def test_model_command_marks_the_int8_layers(tmp_path):
+    from test_model_command import run_model
+
+    model = quantized(tmp_path, cnn_model(), (1, 3, 11, 13), **CNN_CASES["qdq-u8s8-per-channel"])
+    onnx.save(model, tmp_path / "int8.onnx")
+    done = run_model("int8.onnx", "--local", "--repeat", "1", "--number", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "int8         4 of 4 conv/dense layers in integers (qnn.conv2d 3, qnn.dense 1)" in \
+        done.stdout, done.stdout

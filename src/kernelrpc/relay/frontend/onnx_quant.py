@@ -245,6 +245,13 @@ def integer_form(ctx, y: ir.Node, out: Output) -> ir.Node | None:
     return None
 
 
+def _like(ctx, y: ir.Node, op: str, inputs, **attrs) -> ir.Node:
+    """An integer operator standing for the float layer ``y`` (its ONNX origin)."""
+    node = ctx.make(op, inputs, **attrs)
+    node.origin = y.origin
+    return node
+
+
 def _clamped(out: Output, lo: int, hi: int) -> Output:
     return Output(out.scale, out.zero, out.dtype, lo, hi)
 
@@ -301,7 +308,7 @@ def _conv(ctx, y, out: Output | None):
     extra = _requantize_inputs(source, weight[1], bias_f, out)
     if extra is None:
         return None
-    return ctx.make("qnn.conv2d", [source.value, ir.const(weight[0]), source.zero, *extra],
+    return _like(ctx, conv, "qnn.conv2d", [source.value, ir.const(weight[0]), source.zero, *extra],
                     **conv.attrs, **(out.attrs() if out else _INT32))
 
 
@@ -325,7 +332,7 @@ def _dense(ctx, y, out: Output | None):
     extra = _requantize_inputs(source, weight[1], bias_f, out)
     if extra is None:
         return None
-    return ctx.make("qnn.dense", [source.value, ir.const(weight[0]), source.zero, *extra],
+    return _like(ctx, dense, "qnn.dense", [source.value, ir.const(weight[0]), source.zero, *extra],
                     **(out.attrs() if out else _INT32))
 
 
@@ -335,7 +342,7 @@ def _binary(ctx, y, out: Output):
     a, b = (activation(i) or _constant_activation(ctx, i) for i in y.inputs)
     if a is None or b is None or a.zero_point is None or b.zero_point is None:
         return None
-    return ctx.make("qnn.binary", [a.value, b.value], kind="add" if y.op == "add" else "mul",
+    return _like(ctx, y, "qnn.binary", [a.value, b.value], kind="add" if y.op == "add" else "mul",
                     a_scale=a.scale, a_zero=a.zero_point, b_scale=b.scale,
                     b_zero=b.zero_point, out_scale=out.scale, **out.attrs())
 
@@ -356,7 +363,7 @@ def _global_average(ctx, y, out):
     source = activation(y.inputs[0])
     if source is None or source.zero_point is None:
         return None
-    return ctx.make("qnn.global_avg_pool", [source.value], in_scale=source.scale,
+    return _like(ctx, y, "qnn.global_avg_pool", [source.value], in_scale=source.scale,
                     in_zero=source.zero_point, out_scale=out.scale, **out.attrs())
 
 
@@ -366,7 +373,7 @@ def _concat(ctx, y, out):
     parts = [integer_form(ctx, i, out) for i in y.inputs]
     if any(p is None for p in parts):
         return None
-    return ctx.make("concatenate", parts, **y.attrs)
+    return _like(ctx, y, "concatenate", parts, **y.attrs)
 
 
 def _movement(ctx, y, out):
@@ -376,7 +383,7 @@ def _movement(ctx, y, out):
                                  y.attrs["kind"] != "max"):
         return None
     inner = integer_form(ctx, y.inputs[0], out)
-    return None if inner is None else ctx.make(y.op, [inner], **y.attrs)
+    return None if inner is None else _like(ctx, y, y.op, [inner], **y.attrs)
 
 
 # ------------------------------------------------------------------ QOperator

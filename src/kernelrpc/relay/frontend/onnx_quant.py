@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import ir
 from ..errors import ModelError
+from ..op import quant
 from ..op.quant import QUANTIZED, qrange
 from .onnx_common import CONVERTERS, Unsupported, converter, normalize_axis
 
@@ -308,8 +309,14 @@ def _conv(ctx, y, out: Output | None):
     extra = _requantize_inputs(source, weight[1], bias_f, out)
     if extra is None:
         return None
-    return _like(ctx, conv, "qnn.conv2d", [source.value, ir.const(weight[0]), source.zero, *extra],
-                    **conv.attrs, **(out.attrs() if out else _INT32))
+    integers, attrs = weight[0], {**conv.attrs, **(out.attrs() if out else _INT32)}
+    if extra and conv.attrs["groups"] == 1 and integers.dtype == np.int8 and \
+            source.zero_point is not None:
+        extra[0] = ir.const(quant.packed_bias(extra[0].value, integers, source.value.dtype,
+                                              source.zero_point))
+        integers, attrs["kernel_layout"] = quant.pack_weight(integers), quant.PACKED
+    return _like(ctx, conv, "qnn.conv2d", [source.value, ir.const(integers), source.zero, *extra],
+                 **attrs)
 
 
 _INT32 = {"out_zero": 0, "out_min": 0, "out_max": 0, "out_dtype": "int32"}

@@ -28,11 +28,11 @@ STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BAT
 
 
 def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
-    """The implementation of a tunable layer (see :func:`conv2d_strategy`)."""
+    """The implementation of a tunable layer (see :func:`conv2d_strategy`); of another
+    operator, the first record of its table that applies."""
     if node.op == "nn.conv2d":
         return conv2d_strategy(tiles, node, cfg)
-    (only,) = STRATEGIES[node.op]
-    return only
+    return next(s for s in STRATEGIES[node.op] if s.applies(tiles, node))
 
 
 def has_strategy(tiles: Tiles, node: ir.Node | None) -> bool:

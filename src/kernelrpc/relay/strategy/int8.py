@@ -1,14 +1,25 @@
-"""The integer layers' strategy tables (:mod:`kernelrpc.relay.op.quant`): ``qnn.conv2d`` and
-``qnn.dense`` accumulate in int32 in the float layers' register tiles (the direct
-convolution's output channels x columns, the dense layer's orders), the requantizing output
-stage on the tile in registers. The schedules are the float ones run on the int32
-accumulation; each record's reference is the operator's numpy form."""
+"""The integer layers' strategy tables (:mod:`kernelrpc.relay.op.quant`), each record's
+reference the operator's numpy form.
+
+``qnn.conv2d`` with its weight packed (``int8_channels``: 16 output channels x 4 input
+channels, the importer's choice where the layer has one group, an int8 weight and a constant
+zero point) accumulates a register tile of rows x columns of outputs, each a vector of 16
+int32 channels, over the input's quads of channels; other convolutions (depthwise, a centered
+uint8 weight, a run-time zero point) and ``qnn.dense`` run the float layers' schedules (the
+direct convolution's, the dense layer's orders) on the int32 accumulation. The requantizing
+output stage works on the tile in registers."""
 from __future__ import annotations
 
+from ... import te
+from ...compiler import expr as E
+from ...compiler import ir as tir
+from ...compiler.ir_builder import create as ir_builder
 from ..op import quant
+from .common import schedule_inputs
 from .dense import DENSE
 from .direct import define_direct_knobs, schedule_direct
 from .record import Strategy
+from .tiles import Tiles
 
 
 def accumulation(tensor):
@@ -31,8 +42,108 @@ def _reference(fold):
     return reference
 
 
+def is_packed(node) -> bool:
+    return node.attrs.get("kernel_layout") == quant.PACKED
+
+
+def int8_tiles(tiles: Tiles, node) -> list[str]:
+    """The register tiles of the packed convolution, ``"RxC"``: ``R`` rows x ``C`` columns
+    of outputs dividing the map, each a vector of 16 int32 channels (one AVX-512 register,
+    two AVX2 ones, four NEON ones), the accumulators at most the vector registers less 4.
+    Best first: rows of at least 4 columns (or the whole row), then the most accumulators."""
+    _, _, height, width = node.shape
+    per_vector = -(-quant.BLOCK_O // max(tiles.lanes, 1))
+    found = [(c >= min(width, 4), r * c, c, r) for r in _divisors(height, 4)
+             for c in _divisors(width, 16) if r * c * per_vector <= tiles.registers - 4]
+    found.sort(reverse=True)
+    return [f"{r}x{c}" for _, _, c, r in found[:8]] or ["1x1"]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _define_packed_knobs(cfg, tiles: Tiles, node, padded: bool):
+    cfg.define_knob("int8_tile", int8_tiles(tiles, node))
+    cfg.define_knob("pad", ["stage"])
+
+
+def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node):
+    """The output stage by blocks of 16 channels x ``R`` rows x ``C`` columns, parallel over
+    the batch, the channel blocks and the row tiles; the accumulation of the tile inside it,
+    its reduction over the quads, the window and each quad's 4 bytes, the 16 channels in the
+    vector."""
+    acc = accumulation(anchor)
+    rows, cols = (int(v) for v in cfg["int8_tile"].val.split("x"))
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=quant.BLOCK_O)
+    yo, yi = stage.split(y, factor=rows)
+    xo, xi = stage.split(x, factor=cols)
+    stage.reorder(n, fo, yo, xo, fi, yi, xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
+    stage.unroll(yi)
+    if cols > 1:
+        stage.vectorize(xi)
+    s[acc].compute_at(stage, xo)
+    _, cb, cy, cx, cv = s[acc].op.axis
+    rc, ry, rx, ri = s[acc].op.reduce_axis
+    for axis in (cb, cy, cx):
+        s[acc].unroll(axis)
+    if tiles.int8_dot == "avx512_vnni":
+        s[acc].reorder(rc, ry, rx, cb, cy, cx, cv, ri)
+        s[acc].tensorize(cv, _VNNI)
+    else:
+        s[acc].reorder(rc, ry, rx, cb, cy, cx, ri, cv)
+        s[acc].unroll(ri)
+        s[acc].vectorize(cv)
+    schedule_inputs(s, tiles)
+
+
+def _quad_dot_intrinsic(name: str):
+    """16 int32 accumulators += the 4 bytes of one quad of input channels (uint8, the same
+    for every accumulator) times each accumulator's 4 weights (int8), as the one instruction
+    ``name`` (x86's ``vpdpbusd``): the loops over a block's 16 channels and a quad's 4 bytes
+    of the packed convolution's reduction."""
+    quad = te.placeholder((quant.BLOCK_I,), name="quad", dtype="uint8")
+    weight = te.placeholder((quant.BLOCK_O, quant.BLOCK_I), name="weight", dtype="int8")
+    k = te.reduce_axis((0, quant.BLOCK_I), "k")
+    dot = te.compute((quant.BLOCK_O,), lambda v: te.sum(
+        E.cast(quad[k], "int32") * E.cast(weight[v, k], "int32"), axis=k), name="quad_dot")
+
+    def fcompute(ins, outs):
+        def step(first: bool):
+            ib = ir_builder()
+            data = E.reinterpret("int8x64", tir.Broadcast(
+                E.reinterpret("int32", _vector(ins[0], quant.BLOCK_I)), quant.BLOCK_O))
+            weights = _vector(ins[1], quant.BLOCK_O * quant.BLOCK_I)
+            acc = tir.Broadcast(te.const(0, "int32"), quant.BLOCK_O) if first else \
+                _vector(outs[0], quant.BLOCK_O)
+            ib.emit(tir.Store(outs[0].data, E.call_llvm_pure_intrin(
+                "int32x16", name, acc, data, weights), _lanes(outs[0], quant.BLOCK_O)))
+            return ib.get()
+        return step(True), None, step(False)
+    return te.decl_tensor_intrin(dot.op, fcompute, name="quad_dot")
+
+
+def _lanes(view, count: int):
+    """The flat indices of ``count`` consecutive elements from a buffer view's start."""
+    return tir.Ramp(view.flat_index((0,) * len(view.shape)), te.const(1, "int32"), count)
+
+
+def _vector(view, count: int):
+    return tir.Load(view.data, _lanes(view, count))
+
+
+_VNNI = _quad_dot_intrinsic("llvm.x86.avx512.vpdpbusd.512")
+
+
+QCONV2D_PACKED = Strategy(
+    "int8_channels", "qnn.conv2d", applies=lambda tiles, node: is_packed(node),
+    define_knobs=_define_packed_knobs, schedule=schedule_packed,
+    reference=_reference(quant.np_qconv2d))
 QCONV2D = Strategy(
-    "int8_direct", "qnn.conv2d", applies=lambda tiles, node: True,
+    "int8_direct", "qnn.conv2d", applies=lambda tiles, node: not is_packed(node),
     define_knobs=define_direct_knobs,
     schedule=lambda s, anchor, out, tiles, cfg, node: schedule_direct(
         s, accumulation(anchor), out, tiles, cfg, node),
@@ -45,4 +156,4 @@ QDENSE = Strategy(
     reference=_reference(quant.np_qdense))
 
 #: the integer layers' tables, by operator
-INT8 = {"qnn.conv2d": (QCONV2D,), "qnn.dense": (QDENSE,)}
+INT8 = {"qnn.conv2d": (QCONV2D_PACKED, QCONV2D), "qnn.dense": (QDENSE,)}

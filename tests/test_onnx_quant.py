@@ -188,12 +188,12 @@ def test_quantized_encoder_against_onnxruntime(tmp_path, case):
 # ------------------------------------------------------------------ kernels against numpy
 
 
-def build_run(node, inputs, feeds):
-    lib = relay.build(ir.IRModule(ir.Function(inputs, [node])), target="llvm")
+def build_run(node, inputs, feeds, target="llvm"):
+    lib = relay.build(ir.IRModule(ir.Function(inputs, [node])), target=target)
     m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
     m.set_input(**feeds)
     m.run()
-    return m.get_output(0).numpy()
+    return m.get_output(0).numpy(), lib
 
 
 def make(op, inputs, **attrs):
@@ -231,7 +231,7 @@ def test_qconv2d_against_numpy(data_dtype, x_zero, weight_dtype, out_dtype, out_
         attrs.update(out_zero=0, out_min=0, out_max=0, out_dtype="int32")
     node = make("qnn.conv2d", inputs, **attrs)
     x = integers(data_dtype, 2, 6, 9, 11)
-    got = build_run(node, [data], {"x": x})
+    got, _ = build_run(node, [data], {"x": x})
     expected = quant.np_qconv2d([x] + [i.value for i in inputs[1:]], attrs)
     np.testing.assert_array_equal(got, expected)
     if out_dtype != "int32":           # the saturation is reached at both ends
@@ -254,9 +254,45 @@ def test_qdense_against_numpy(data_dtype, x_zero, out_dtype):
         attrs = dict(out_zero=lo + 5, out_min=lo, out_max=hi, out_dtype=out_dtype)
     node = make("qnn.dense", inputs, **attrs)
     x = integers(data_dtype, rows, depth)
-    got = build_run(node, [data], {"x": x})
+    got, _ = build_run(node, [data], {"x": x})
     np.testing.assert_array_equal(got, quant.np_qdense([x] + [i.value for i in inputs[1:]],
                                                        attrs))
+
+
+def _host_has(feature: str) -> bool:
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.compiler.vector_isa import int8_dot
+
+    return int8_dot(Target("llvm")) == feature
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=haswell"])
+@pytest.mark.parametrize("data_dtype,x_zero,channels,out_channels,strides", [
+    ("uint8", 255, 6, 21, (1, 1)),       # channels past the last quad and block
+    ("int8", -128, 8, 32, (2, 1)),       # int8 data shifted by 128 into the quads
+    ("uint8", 0, 3, 16, (1, 2)),
+])
+def test_packed_qconv2d_against_numpy(target, data_dtype, x_zero, channels, out_channels,
+                                      strides):
+    """The packed convolution (the importer's form of a one-group int8 layer), with VNNI's
+    ``vpdpbusd`` on the host where it has it and plain AVX2 multiply-adds for haswell."""
+    if target == "llvm" and not _host_has("avx512_vnni"):
+        pytest.skip("this host has no AVX512-VNNI")
+    data = ir.Node("input", (), {}, (1, channels, 7, 10), data_dtype, "x")
+    weight = integers("int8", out_channels, channels, 3, 3)
+    bias = RNG.integers(-3000, 3000, out_channels).astype(np.int32)
+    lo, hi = quant.qrange("uint8")
+    attrs = dict(strides=strides, dilation=(1, 1), padding=(1, 2, 1, 0), groups=1, out_zero=7,
+                 out_min=lo, out_max=hi, out_dtype="uint8", kernel_layout=quant.PACKED)
+    inputs = [data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(x_zero, np.int32)),
+              ir.const(quant.packed_bias(bias, weight, data_dtype, x_zero)),
+              ir.const(np.asarray(RNG.random(out_channels) * 2e-3 + 1e-4, np.float32))]
+    x = integers(data_dtype, 1, channels, 7, 10)
+    got, lib = build_run(make("qnn.conv2d", inputs, **attrs), [data], {"x": x}, target)
+    centered = dict(attrs, kernel_layout="OIHW")
+    expected = quant.np_qconv2d([x, weight, np.asarray(x_zero), bias, inputs[4].value], centered)
+    np.testing.assert_array_equal(got, expected)
+    assert ("vpdpbusd" in lib.get_source("asm")) == (target == "llvm")
 
 
 def test_dynamic_quantize_linear_against_onnxruntime():

@@ -295,6 +295,36 @@ def test_packed_qconv2d_against_numpy(target, data_dtype, x_zero, channels, out_
     assert ("vpdpbusd" in lib.get_source("asm")) == (target == "llvm")
 
 
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=haswell"])
+@pytest.mark.parametrize("data_dtype,x_zero,out_dtype,shape", [
+    ("uint8", 255, "int8", (5, 37, 19)),       # a reduction past the last quad
+    ("int8", -128, "int32", (9, 64, 48)),      # MatMulInteger's int32, int8 data shifted
+    ("uint8", 0, "uint8", (1, 16, 16)),
+])
+def test_packed_qdense_against_numpy(target, data_dtype, x_zero, out_dtype, shape):
+    if target == "llvm" and not _host_has("avx512_vnni"):
+        pytest.skip("this host has no AVX512-VNNI")
+    rows, depth, columns = shape
+    data = ir.Node("input", (), {}, (rows, depth), data_dtype, "x")
+    weight = integers("int8", depth, columns)
+    inputs = [data, ir.const(quant.pack_dense_weight(weight)),
+              ir.const(np.asarray(x_zero, np.int32)),
+              ir.const(weight.astype(np.int32).sum(axis=0, dtype=np.int32))]
+    attrs = dict(out_zero=0, out_min=0, out_max=0, out_dtype="int32")
+    if out_dtype != "int32":
+        lo, hi = quant.qrange(out_dtype)
+        inputs += [ir.const(RNG.integers(-3000, 3000, columns).astype(np.int32)),
+                   ir.const(np.asarray(RNG.random(columns) * 1e-3, np.float32))]
+        attrs = dict(out_zero=lo + 9, out_min=lo, out_max=hi, out_dtype=out_dtype)
+    x = integers(data_dtype, rows, depth)
+    got, lib = build_run(make("qnn.dense", inputs, kernel_layout=quant.PACKED_DENSE, **attrs),
+                         [data], {"x": x}, target)
+    expected = quant.np_qdense([x, weight, inputs[2].value] + [i.value for i in inputs[4:]],
+                               attrs)
+    np.testing.assert_array_equal(got, expected)
+    assert ("vpdpbusd" in lib.get_source("asm")) == (target == "llvm")
+
+
 def test_dynamic_quantize_linear_against_onnxruntime():
     """DynamicQuantizeLinear's three outputs, on values all above zero (the zero point at
     0), all below (at 255) and all zero (the scale 1)."""

@@ -339,8 +339,14 @@ def _dense(ctx, y, out: Output | None):
     extra = _requantize_inputs(source, weight[1], bias_f, out)
     if extra is None:
         return None
-    return _like(ctx, dense, "qnn.dense", [source.value, ir.const(weight[0]), source.zero, *extra],
-                    **(out.attrs() if out else _INT32))
+    integers, attrs = weight[0], dict(out.attrs() if out else _INT32)
+    if integers.dtype == np.int8:       # packed, with its column sums for the zero point
+        attrs["kernel_layout"] = quant.PACKED_DENSE
+        operands = [ir.const(quant.pack_dense_weight(integers)), source.zero,
+                    ir.const(integers.astype(np.int32).sum(axis=0, dtype=np.int32))]
+    else:
+        operands = [ir.const(integers), source.zero]
+    return _like(ctx, dense, "qnn.dense", [source.value, *operands, *extra], **attrs)
 
 
 def _binary(ctx, y, out: Output):

@@ -368,12 +368,26 @@ register("qnn.conv2d", "anchor", _qconv2d_infer, _qconv2d, np_qconv2d,
 def _qdense_infer(inputs, attrs):
     data, weight, zero = inputs[:3]
     _check_integer_inputs(data, weight, zero)
+    layout = attrs.get("kernel_layout", "KN")
+    if layout not in ("KN", PACKED_DENSE):
+        raise ModelError(f"qnn.dense: unknown kernel_layout {layout!r}")
+    if layout == PACKED_DENSE:
+        wsum = inputs[3]
+        columns = wsum.shape[0] if len(wsum.shape) == 1 else -1
+        if len(weight.shape) != 4 or weight.shape[0] != -(-columns // BLOCK_O) or \
+                len(data.shape) != 2 or weight.shape[1] != -(-data.shape[1] // BLOCK_I):
+            raise ModelError(f"qnn.dense: packed weight {list(weight.shape)} and column sums "
+                             f"{list(wsum.shape)} do not match data {list(data.shape)}")
+        _check_requantize(inputs, attrs, columns, 4)
+        return (data.shape[0], columns), attrs["out_dtype"]
     shape, _ = get("nn.dense").infer(inputs[:2], attrs)
     _check_requantize(inputs, attrs, shape[1], 3)
     return shape, attrs["out_dtype"]
 
 
 def _qdense(ts, attrs, node):
+    if attrs.get("kernel_layout") == PACKED_DENSE:
+        return _qdense_packed(ts, attrs, node)
     data, weight, zero = ts[:3]
     x_zero = _i32(_scalar(zero))
     k = te.reduce_axis((0, static_shape(data)[1]), "k")
@@ -385,11 +399,63 @@ def _qdense(ts, attrs, node):
 
 def np_qdense(xs, attrs):
     data, weight, zero = xs[:3]
+    rest = xs[3:]
+    if attrs.get("kernel_layout") == PACKED_DENSE:
+        weight, rest = unpack_dense_weight(weight, data.shape[1], xs[3].size), xs[4:]
     centered = data.astype(np.int64) - int(np.asarray(zero).reshape(()))
     acc = (centered @ weight.astype(np.int64)).astype(np.int32)
     if attrs["out_dtype"] == "int32":
         return acc
-    return np_requantized(acc, xs[3], xs[4], attrs, attrs["out_dtype"])
+    return np_requantized(acc, rest[0], rest[1], attrs, attrs["out_dtype"])
+
+
+#: the packed dense weight, ``[N/16][K/4][16][4]`` (16 outputs by a quad of the reduction)
+PACKED_DENSE = "NK16n4k"
+
+
+def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
+    """A ``[K][N]`` int8 weight as ``[N/16][K/4][16][4]``, zeros past its extents."""
+    k, n = weight.shape
+    blocks, quads = -(-n // BLOCK_O), -(-k // BLOCK_I)
+    full = np.zeros((blocks * BLOCK_O, quads * BLOCK_I), weight.dtype)
+    full[:n, :k] = weight.T
+    return np.ascontiguousarray(full.reshape(blocks, BLOCK_O, quads, BLOCK_I).transpose(0, 2, 1, 3))
+
+
+def unpack_dense_weight(packed: np.ndarray, depth: int, columns: int) -> np.ndarray:
+    blocks, quads = packed.shape[:2]
+    full = packed.transpose(0, 2, 1, 3).reshape(blocks * BLOCK_O, quads * BLOCK_I)
+    return np.ascontiguousarray(full[:columns, :depth].T)
+
+
+def _qdense_packed(ts, attrs, node):
+    """The packed form: each row's quads of the reduction (uint8, int8 data shifted by 128,
+    zeros past its end), ``acc[i][N/16][16] = sum x' * w``, then the output stage subtracts
+    the zero point's share, ``(zero + shift) * sum_k w[k, j]`` (the column sums, an input:
+    the zero point may be computed at run time), and requantizes."""
+    data, weight, zero, wsum = ts[:4]
+    rows, depth = static_shape(data)
+    blocks, quads = static_shape(weight)[:2]
+    shift = 128 if data.dtype == "int8" else 0
+
+    def quad(i, q, r):
+        c = q * BLOCK_I + r
+        raw = E.cast(_i32(data[i, E.minimum(c, depth - 1)]) + te.const(shift, "int32"), "uint8")
+        return E.if_then_else(c < depth, raw, te.const(0, "uint8"))
+    padded = te.compute((rows, quads, BLOCK_I), quad, name="qrows", tag="pad")
+    rq, ri = te.reduce_axis((0, quads), "rq"), te.reduce_axis((0, BLOCK_I), "ri")
+    acc = te.compute((rows, blocks, BLOCK_O), lambda i, b, v: te.sum(
+        _i32(padded[i, rq, ri]) * _i32(weight[b, rq, v, ri]), axis=[rq, ri]),
+        name="qdense_blocked", tag="qdense")
+    share = _i32(_scalar(zero)) + te.const(shift, "int32")
+
+    def centered(i, j):
+        return acc[i, E.floordiv(j, BLOCK_O), E.floormod(j, BLOCK_O)] - share * wsum[j]
+    if attrs["out_dtype"] == "int32":
+        return te.compute(node.shape, centered, name="qdense", tag="qdense")
+    bias, multiplier = ts[4:6]
+    return te.compute(node.shape, lambda i, j: requantized(
+        centered(i, j), bias[j], multiplier[j], attrs, node.dtype), name="qdense", tag="qdense")
 
 
 register("qnn.dense", "anchor", _qdense_infer, _qdense, np_qdense,

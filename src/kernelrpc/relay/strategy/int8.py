@@ -43,7 +43,7 @@ def _reference(fold):
 
 
 def is_packed(node) -> bool:
-    return node.attrs.get("kernel_layout") == quant.PACKED
+    return node.attrs.get("kernel_layout") in (quant.PACKED, quant.PACKED_DENSE)
 
 
 def int8_tiles(tiles: Tiles, node) -> list[str]:
@@ -88,15 +88,7 @@ def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node):
     s[acc].compute_at(stage, xo)
     _, cb, cy, cx, cv = s[acc].op.axis
     rc, ry, rx, ri = s[acc].op.reduce_axis
-    for axis in (cb, cy, cx):
-        s[acc].unroll(axis)
-    if tiles.int8_dot == "avx512_vnni":
-        s[acc].reorder(rc, ry, rx, cb, cy, cx, cv, ri)
-        s[acc].tensorize(cv, _VNNI)
-    else:
-        s[acc].reorder(rc, ry, rx, cb, cy, cx, ri, cv)
-        s[acc].unroll(ri)
-        s[acc].vectorize(cv)
+    _quad_loops(s[acc], (rc, ry, rx), (cb, cy, cx), cv, ri, tiles)
     schedule_inputs(s, tiles)
 
 
@@ -148,12 +140,68 @@ QCONV2D = Strategy(
     schedule=lambda s, anchor, out, tiles, cfg, node: schedule_direct(
         s, accumulation(anchor), out, tiles, cfg, node),
     reference=_reference(quant.np_qconv2d))
+def _define_packed_dense_knobs(cfg, tiles: Tiles, node, padded: bool):
+    """``tile_m`` rows x ``tile_b`` blocks of 16 outputs in registers."""
+    rows, columns = node.shape
+    per_vector = -(-quant.BLOCK_O // max(tiles.lanes, 1))
+    blocks = -(-columns // quant.BLOCK_O)
+    fits = [(m, b) for m in (4, 2, 1, 6, 8) for b in (2, 1, 4)
+            if m <= max(rows, 1) and b <= blocks and m * b * per_vector <= tiles.registers - 4]
+    m, b = fits[0] if fits else (1, 1)
+    cfg.define_knob("tile_m", [m] + [v for v in (1, 2, 4, 6, 8) if v != m and v <= rows])
+    cfg.define_knob("tile_b", [b] + [v for v in (1, 2, 4) if v != b and v <= blocks])
+    cfg.define_knob("pad", ["stage"])
+
+
+def schedule_packed_dense(s, anchor, out, tiles: Tiles, cfg, node):
+    """A register tile of ``tile_m`` rows x ``tile_b`` blocks of 16 outputs over the
+    reduction's quads, parallel over the column tiles (a block of the weight stays in cache
+    across the row tiles), each quad's 4 bytes and 16 outputs one dot-product instruction
+    where the target has it."""
+    acc = accumulation(anchor)
+    rows, blocks = cfg["tile_m"].val, cfg["tile_b"].val
+    stage = s[out]
+    i, j = stage.op.axis
+    jo, ji = stage.split(j, factor=blocks * quant.BLOCK_O)
+    io, ii = stage.split(i, factor=rows)
+    jb, jv = stage.split(ji, factor=quant.BLOCK_O)
+    stage.reorder(jo, io, ii, jb, jv)
+    stage.unroll(ii)
+    stage.unroll(jb)
+    stage.vectorize(jv)
+    s[acc].compute_at(stage, io)
+    stage.parallel(jo)
+    ci, cb, cv = s[acc].op.axis
+    rq, ri = s[acc].op.reduce_axis
+    _quad_loops(s[acc], (rq,), (ci, cb), cv, ri, tiles)
+    schedule_inputs(s, tiles)
+
+
+def _quad_loops(stage, reduction, tile, vector, quad, tiles: Tiles):
+    """The accumulation's loops: the reduction outside, the register tile unrolled, then a
+    block's 16 outputs x a quad's 4 bytes as one dot-product instruction (``vpdpbusd``) or,
+    without one, the quad unrolled over vectors of the 16 outputs."""
+    for axis in tile:
+        stage.unroll(axis)
+    if tiles.int8_dot == "avx512_vnni":
+        stage.reorder(*reduction, *tile, vector, quad)
+        stage.tensorize(vector, _VNNI)
+    else:
+        stage.reorder(*reduction, *tile, quad, vector)
+        stage.unroll(quad)
+        stage.vectorize(vector)
+
+
+QDENSE_PACKED = Strategy(
+    "int8_tile", "qnn.dense", applies=lambda tiles, node: is_packed(node),
+    define_knobs=_define_packed_dense_knobs, schedule=schedule_packed_dense,
+    reference=_reference(quant.np_qdense))
 QDENSE = Strategy(
-    "int8_dense", "qnn.dense", applies=lambda tiles, node: True,
+    "int8_dense", "qnn.dense", applies=lambda tiles, node: not is_packed(node),
     define_knobs=DENSE.define_knobs,
     schedule=lambda s, anchor, out, tiles, cfg, node: DENSE.schedule(
         s, accumulation(anchor), out, tiles, cfg, node),
     reference=_reference(quant.np_qdense))
 
 #: the integer layers' tables, by operator
-INT8 = {"qnn.conv2d": (QCONV2D_PACKED, QCONV2D), "qnn.dense": (QDENSE,)}
+INT8 = {"qnn.conv2d": (QCONV2D_PACKED, QCONV2D), "qnn.dense": (QDENSE_PACKED, QDENSE)}

@@ -327,26 +327,25 @@ def _dense(ctx, y, out: Output | None):
     if dense is None or (out is None and bias_f is not None):
         return None
     data = dense.inputs[0]
-    source = activation(data)
+    source, flattened = activation(data), None
     if source is None and data.op == "reshape":      # MatMul of N-D data: its rows flattened
-        inner = activation(data.inputs[0])
-        if inner is not None:
-            source = Quantized(ctx.make("reshape", [inner.value], **data.attrs), inner.scale,
-                               inner.zero)
+        source, flattened = activation(data.inputs[0]), data
     weight = _weight(ctx, dense.inputs[1], 1)
     if source is None or weight is None:
         return None
     extra = _requantize_inputs(source, weight[1], bias_f, out)
     if extra is None:
         return None
-    integers, attrs = weight[0], dict(out.attrs() if out else _INT32)
-    if integers.dtype == np.int8:       # packed, with its column sums for the zero point
+    integers, attrs, rows = weight[0], dict(out.attrs() if out else _INT32), source.value
+    if integers.dtype == np.int8:       # packed (reads N-D rows), its column sums for the zero point
         attrs["kernel_layout"] = quant.PACKED_DENSE
         operands = [ir.const(quant.pack_dense_weight(integers)), source.zero,
                     ir.const(integers.astype(np.int32).sum(axis=0, dtype=np.int32))]
     else:
         operands = [ir.const(integers), source.zero]
-    return _like(ctx, dense, "qnn.dense", [source.value, *operands, *extra], **attrs)
+        if flattened is not None:
+            rows = ctx.make("reshape", [rows], **flattened.attrs)
+    return _like(ctx, dense, "qnn.dense", [rows, *operands, *extra], **attrs)
 
 
 def _binary(ctx, y, out: Output):
@@ -555,6 +554,16 @@ def _dense_any_rank(ctx, y, out):
     return _dense(ctx, y, out)
 
 
+def _reduce_all(ctx, x, kind):
+    """The minimum or maximum of every element: over the rows first, one lane per column
+    (the columns parallel), then over the columns (a serial reduction of the whole tensor
+    would run on one core, element by element)."""
+    if len(x.shape) > 1:
+        x = ctx.make("reduce", [x], kind=kind, axes=tuple(range(len(x.shape) - 1)),
+                     keepdims=False)
+    return ctx.make("reduce", [x], kind=kind, axes=(0,) if x.shape else (), keepdims=False)
+
+
 @converter("DynamicQuantizeLinear")
 def _dynamic_quantize(ctx, args, attrs):
     """onnxruntime's: the scale ``(max(x, 0) - min(x, 0)) / 255`` (1 where that is 0), the
@@ -562,9 +571,7 @@ def _dynamic_quantize(ctx, args, attrs):
     x = args[0]
     if x.dtype != "float32":
         raise Unsupported(f"DynamicQuantizeLinear of {x.dtype}")
-    axes = tuple(range(len(x.shape)))
-    low = ctx.make("reduce", [x], kind="min", axes=axes, keepdims=False)
-    high = ctx.make("reduce", [x], kind="max", axes=axes, keepdims=False)
+    low, high = (_reduce_all(ctx, x, kind) for kind in ("min", "max"))
     scale = ctx.make("qnn.dynamic_scale", [low, high])
     zero = ctx.make("qnn.dynamic_zero", [low, scale])
     return [ctx.make("qnn.quantize", [x, scale, zero], out_dtype="uint8"), scale, zero]

@@ -375,11 +375,11 @@ def _qdense_infer(inputs, attrs):
         wsum = inputs[3]
         columns = wsum.shape[0] if len(wsum.shape) == 1 else -1
         if len(weight.shape) != 4 or weight.shape[0] != -(-columns // BLOCK_O) or \
-                len(data.shape) != 2 or weight.shape[1] != -(-data.shape[1] // BLOCK_I):
+                len(data.shape) < 2 or weight.shape[1] != -(-data.shape[-1] // BLOCK_I):
             raise ModelError(f"qnn.dense: packed weight {list(weight.shape)} and column sums "
                              f"{list(wsum.shape)} do not match data {list(data.shape)}")
         _check_requantize(inputs, attrs, columns, 4)
-        return (data.shape[0], columns), attrs["out_dtype"]
+        return (math.prod(data.shape[:-1]), columns), attrs["out_dtype"]
     shape, _ = get("nn.dense").infer(inputs[:2], attrs)
     _check_requantize(inputs, attrs, shape[1], 3)
     return shape, attrs["out_dtype"]
@@ -401,6 +401,7 @@ def np_qdense(xs, attrs):
     data, weight, zero = xs[:3]
     rest = xs[3:]
     if attrs.get("kernel_layout") == PACKED_DENSE:
+        data = data.reshape(-1, data.shape[-1])
         weight, rest = unpack_dense_weight(weight, data.shape[1], xs[3].size), xs[4:]
     centered = data.astype(np.int64) - int(np.asarray(zero).reshape(()))
     acc = (centered @ weight.astype(np.int64)).astype(np.int32)
@@ -430,22 +431,30 @@ def unpack_dense_weight(packed: np.ndarray, depth: int, columns: int) -> np.ndar
 
 def _qdense_packed(ts, attrs, node):
     """The packed form: each row's quads of the reduction (uint8, int8 data shifted by 128,
-    zeros past its end), ``acc[i][N/16][16] = sum x' * w``, then the output stage subtracts
+    zeros past its end; N-D data's leading dimensions are the rows), ``acc[i][N/16][16] = sum x' * w``, then the output stage subtracts
     the zero point's share, ``(zero + shift) * sum_k w[k, j]`` (the column sums, an input:
     the zero point may be computed at run time), and requantizes."""
     data, weight, zero, wsum = ts[:4]
-    rows, depth = static_shape(data)
+    *lead, depth = static_shape(data)
     blocks, quads = static_shape(weight)[:2]
     shift = 128 if data.dtype == "int8" else 0
 
-    def quad(i, q, r):
-        c = q * BLOCK_I + r
-        raw = E.cast(_i32(data[i, E.minimum(c, depth - 1)]) + te.const(shift, "int32"), "uint8")
+    def row(i):
+        """The index of flat row ``i`` in N-D data (its leading dimensions flattened)."""
+        index = []
+        for extent in reversed(lead[1:]):
+            index.append(E.floormod(i, extent))
+            i = E.floordiv(i, extent)
+        return [i, *reversed(index)]
+
+    def element(i, c):
+        raw = E.cast(_i32(data[(*row(i), E.minimum(c, depth - 1))]) + te.const(shift, "int32"),
+                     "uint8")
         return E.if_then_else(c < depth, raw, te.const(0, "uint8"))
-    padded = te.compute((rows, quads, BLOCK_I), quad, name="qrows", tag="pad")
+    padded = te.compute((node.shape[0], quads * BLOCK_I), element, name="qrows", tag="pad")
     rq, ri = te.reduce_axis((0, quads), "rq"), te.reduce_axis((0, BLOCK_I), "ri")
-    acc = te.compute((rows, blocks, BLOCK_O), lambda i, b, v: te.sum(
-        _i32(padded[i, rq, ri]) * _i32(weight[b, rq, v, ri]), axis=[rq, ri]),
+    acc = te.compute((node.shape[0], blocks, BLOCK_O), lambda i, b, v: te.sum(
+        _i32(padded[i, rq * BLOCK_I + ri]) * _i32(weight[b, rq, v, ri]), axis=[rq, ri]),
         name="qdense_blocked", tag="qdense")
     share = _i32(_scalar(zero)) + te.const(shift, "int32")
 
@@ -459,7 +468,7 @@ def _qdense_packed(ts, attrs, node):
 
 
 register("qnn.dense", "anchor", _qdense_infer, _qdense, np_qdense,
-         flops=lambda node: 2 * node.size * node.inputs[0].shape[1])
+         flops=lambda node: 2 * node.size * node.inputs[0].shape[-1])
 
 
 def _avg_pool_scale(attrs, count: int) -> np.float32:

@@ -26,7 +26,7 @@ from .. import ir
 from ..errors import ModelError
 from ..op import quant
 from ..op.quant import QUANTIZED, qrange
-from .onnx_common import CONVERTERS, Unsupported, converter, normalize_axis
+from .onnx_common import CONVERTERS, Unsupported, converter, normalize_axis, reshape
 
 #: the float layers whose values quantization commutes with (it is monotonic and per tensor)
 _MOVEMENT = ("reshape", "transpose", "nn.pool2d", "nn.global_pool", "copy")
@@ -345,7 +345,8 @@ def _dense(ctx, y, out: Output | None):
         operands = [ir.const(integers), source.zero]
         if flattened is not None:
             rows = ctx.make("reshape", [rows], **flattened.attrs)
-    return _like(ctx, dense, "qnn.dense", [rows, *operands, *extra], **attrs)
+    return reshape(ctx, _like(ctx, dense, "qnn.dense", [rows, *operands, *extra], **attrs),
+                   y.shape)
 
 
 def _binary(ctx, y, out: Output):
@@ -395,7 +396,19 @@ def _movement(ctx, y, out):
                                  y.attrs["kind"] != "max"):
         return None
     inner = integer_form(ctx, y.inputs[0], out)
-    return None if inner is None else _like(ctx, y, y.op, [inner], **y.attrs)
+    if inner is None:
+        return None
+    if y.op == "reshape":
+        return _reshaped(ctx, inner, y.shape)
+    return _like(ctx, y, y.op, [inner], **y.attrs)
+
+
+def _reshaped(ctx, x, shape):
+    """``x`` in ``shape``, a reshape of a reshape as one (a packed dense layer's output keeps
+    its data's leading dimensions, which a MatMul's float form flattens and restores)."""
+    if x.op == "reshape":
+        x = x.inputs[0]
+    return reshape(ctx, x, shape)
 
 
 # ------------------------------------------------------------------ QOperator
@@ -550,17 +563,16 @@ def _dense_any_rank(ctx, y, out):
     """A MatMul's dense layer, through the reshape back to N-D data's rows."""
     if y.op == "reshape":
         inner = _dense(ctx, y.inputs[0], out)
-        return None if inner is None else ctx.make("reshape", [inner], **y.attrs)
+        return None if inner is None else _reshaped(ctx, inner, y.shape)
     return _dense(ctx, y, out)
 
 
 def _reduce_all(ctx, x, kind):
-    """The minimum or maximum of every element: over the rows first, one lane per column
-    (the columns parallel), then over the columns (a serial reduction of the whole tensor
+    """The minimum or maximum of every element: over the rows first, the columns in vectors
+    (``qnn.column_reduce``), then over the columns (a serial reduction of the whole tensor
     would run on one core, element by element)."""
     if len(x.shape) > 1:
-        x = ctx.make("reduce", [x], kind=kind, axes=tuple(range(len(x.shape) - 1)),
-                     keepdims=False)
+        x = ctx.make("qnn.column_reduce", [x], kind=kind)
     return ctx.make("reduce", [x], kind=kind, axes=(0,) if x.shape else (), keepdims=False)
 
 

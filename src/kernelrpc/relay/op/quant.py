@@ -379,7 +379,7 @@ def _qdense_infer(inputs, attrs):
             raise ModelError(f"qnn.dense: packed weight {list(weight.shape)} and column sums "
                              f"{list(wsum.shape)} do not match data {list(data.shape)}")
         _check_requantize(inputs, attrs, columns, 4)
-        return (math.prod(data.shape[:-1]), columns), attrs["out_dtype"]
+        return (*data.shape[:-1], columns), attrs["out_dtype"]
     shape, _ = get("nn.dense").infer(inputs[:2], attrs)
     _check_requantize(inputs, attrs, shape[1], 3)
     return shape, attrs["out_dtype"]
@@ -401,8 +401,7 @@ def np_qdense(xs, attrs):
     data, weight, zero = xs[:3]
     rest = xs[3:]
     if attrs.get("kernel_layout") == PACKED_DENSE:
-        data = data.reshape(-1, data.shape[-1])
-        weight, rest = unpack_dense_weight(weight, data.shape[1], xs[3].size), xs[4:]
+        weight, rest = unpack_dense_weight(weight, data.shape[-1], xs[3].size), xs[4:]
     centered = data.astype(np.int64) - int(np.asarray(zero).reshape(()))
     acc = (centered @ weight.astype(np.int64)).astype(np.int32)
     if attrs["out_dtype"] == "int32":
@@ -431,7 +430,7 @@ def unpack_dense_weight(packed: np.ndarray, depth: int, columns: int) -> np.ndar
 
 def _qdense_packed(ts, attrs, node):
     """The packed form: each row's quads of the reduction (uint8, int8 data shifted by 128,
-    zeros past its end; N-D data's leading dimensions are the rows), ``acc[i][N/16][16] = sum x' * w``, then the output stage subtracts
+    zeros past its end; N-D data's leading dimensions are the rows, and the output's), ``acc[i][N/16][16] = sum x' * w``, then the output stage subtracts
     the zero point's share, ``(zero + shift) * sum_k w[k, j]`` (the column sums, an input:
     the zero point may be computed at run time), and requantizes."""
     data, weight, zero, wsum = ts[:4]
@@ -451,20 +450,25 @@ def _qdense_packed(ts, attrs, node):
         raw = E.cast(_i32(data[(*row(i), E.minimum(c, depth - 1))]) + te.const(shift, "int32"),
                      "uint8")
         return E.if_then_else(c < depth, raw, te.const(0, "uint8"))
-    padded = te.compute((node.shape[0], quads * BLOCK_I), element, name="qrows", tag="pad")
+    rows = math.prod(lead)
+    padded = te.compute((rows, quads * BLOCK_I), element, name="qrows", tag="pad")
     rq, ri = te.reduce_axis((0, quads), "rq"), te.reduce_axis((0, BLOCK_I), "ri")
-    acc = te.compute((node.shape[0], blocks, BLOCK_O), lambda i, b, v: te.sum(
+    acc = te.compute((rows, blocks, BLOCK_O), lambda i, b, v: te.sum(
         _i32(padded[i, rq * BLOCK_I + ri]) * _i32(weight[b, rq, v, ri]), axis=[rq, ri]),
         name="qdense_blocked", tag="qdense")
     share = _i32(_scalar(zero)) + te.const(shift, "int32")
 
-    def centered(i, j):
+    def centered(*index):
+        i, j = index[0], index[-1]
+        for axis, extent in zip(index[1:-1], lead[1:]):
+            i = i * extent + axis
         return acc[i, E.floordiv(j, BLOCK_O), E.floormod(j, BLOCK_O)] - share * wsum[j]
     if attrs["out_dtype"] == "int32":
         return te.compute(node.shape, centered, name="qdense", tag="qdense")
     bias, multiplier = ts[4:6]
-    return te.compute(node.shape, lambda i, j: requantized(
-        centered(i, j), bias[j], multiplier[j], attrs, node.dtype), name="qdense", tag="qdense")
+    return te.compute(node.shape, lambda *index: requantized(
+        centered(*index), bias[index[-1]], multiplier[index[-1]], attrs, node.dtype),
+        name="qdense", tag="qdense")
 
 
 register("qnn.dense", "anchor", _qdense_infer, _qdense, np_qdense,
@@ -504,6 +508,29 @@ register("qnn.global_avg_pool", "anchor",
 
 
 # ------------------------------------------------------------------ dynamic quantization
+
+
+def _column_reduce(ts, attrs, node):
+    """The minimum or maximum of each column (the last axis) over every other axis."""
+    (x,) = ts
+    dims = static_shape(x)
+    axes = [te.reduce_axis((0, d), f"r{k}") for k, d in enumerate(dims[:-1])]
+    reducer = te.min if attrs["kind"] == "min" else te.max
+    return te.compute(node.shape, lambda c: reducer(x[(*axes, c)], axis=axes),
+                      name=f"column_{attrs['kind']}", tag="column_reduce")
+
+
+def _column_reduce_infer(inputs, attrs):
+    x = inputs[0]
+    if len(x.shape) < 2 or attrs["kind"] not in ("min", "max"):
+        raise ModelError(f"column reduction ({attrs['kind']}) of {list(x.shape)}")
+    return (x.shape[-1],), x.dtype
+
+
+register("qnn.column_reduce", "anchor", _column_reduce_infer, _column_reduce,
+         lambda xs, a: (np.min if a["kind"] == "min" else np.max)(
+             xs[0].reshape(-1, xs[0].shape[-1]), axis=0),
+         flops=lambda node: node.inputs[0].size)
 
 
 def _dynamic_scale(ts, attrs, node):

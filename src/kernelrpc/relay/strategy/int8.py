@@ -10,8 +10,6 @@ direct convolution's, the dense layer's orders) on the int32 accumulation. The r
 output stage works on the tile in registers."""
 from __future__ import annotations
 
-import math
-
 from ... import te
 from ...compiler import expr as E
 from ...compiler import ir as tir
@@ -146,8 +144,8 @@ def _define_packed_dense_knobs(cfg, tiles: Tiles, node, padded: bool):
     """``tile_m`` rows x ``tile_b`` blocks of 16 outputs in registers: by default the most
     accumulators within the vector registers less 4, more blocks first (64x1024x256 on one
     emeraldrapids core: 6 x 4 and 8 x 2 42 us, 4 x 2 64 us, 2 x 4 62 us)."""
-    *lead, columns = node.shape
-    rows, blocks = math.prod(lead), -(-columns // quant.BLOCK_O)
+    rows, columns = node.shape[-2:]
+    blocks = -(-columns // quant.BLOCK_O)
     per_vector = -(-quant.BLOCK_O // max(tiles.lanes, 1))
     fits = sorted(((m * b, b, m) for m in (1, 2, 4, 6, 8) for b in (1, 2, 4)
                    if m <= rows and b <= blocks and m * b * per_vector <= tiles.registers - 4),
@@ -166,14 +164,11 @@ def schedule_packed_dense(s, anchor, out, tiles: Tiles, cfg, node):
     acc = accumulation(anchor)
     rows, blocks = cfg["tile_m"].val, cfg["tile_b"].val
     stage = s[out]
-    *lead, j = stage.op.axis
-    i = lead[0]
-    for axis in lead[1:]:
-        i = stage.fuse(i, axis)
+    *batch, i, j = stage.op.axis             # N-D data: its leading dimensions outside
     jo, ji = stage.split(j, factor=blocks * quant.BLOCK_O)
     io, ii = stage.split(i, factor=rows)
     jb, jv = stage.split(ji, factor=quant.BLOCK_O)
-    stage.reorder(jo, io, ii, jb, jv)
+    stage.reorder(jo, *batch, io, ii, jb, jv)
     stage.unroll(ii)
     stage.unroll(jb)
     stage.vectorize(jv)

@@ -4,10 +4,13 @@ reference the operator's numpy form.
 ``qnn.conv2d`` with its weight packed (``int8_channels``: 16 output channels x 4 input
 channels, the importer's choice where the layer has one group, an int8 weight and a constant
 zero point) accumulates a register tile of rows x columns of outputs, each a vector of 16
-int32 channels, over the input's quads of channels; other convolutions (depthwise, a centered
-uint8 weight, a run-time zero point) and ``qnn.dense`` run the float layers' schedules (the
-direct convolution's, the dense layer's orders) on the int32 accumulation. The requantizing
-output stage works on the tile in registers."""
+int32 channels, over the input's quads of channels, a quad's 4 bytes x 16 channels one
+``vpdpbusd`` where the target has AVX512-VNNI; a packed ``qnn.dense`` (``int8_tile``) a tile
+of rows x blocks of 16 outputs likewise. Depthwise convolutions and the rest (a centered
+uint8 weight, a run-time zero point) run the float layers' schedules (depthwise, direct, the
+dense layer's orders) on the int32 accumulation. The requantizing output stage works on the
+tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's range) has its columns in
+vectors."""
 from __future__ import annotations
 
 from ... import te
@@ -17,6 +20,7 @@ from ...compiler.ir_builder import create as ir_builder
 from ..op import get, quant
 from .common import schedule_inputs
 from .dense import DENSE
+from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
 from .record import Strategy
 from .tiles import Tiles
@@ -134,6 +138,13 @@ QCONV2D_PACKED = Strategy(
     "int8_channels", "qnn.conv2d", applies=lambda tiles, node: is_packed(node),
     define_knobs=_define_packed_knobs, schedule=schedule_packed,
     reference=_reference(quant.np_qconv2d))
+QDEPTHWISE = Strategy(
+    "int8_depthwise", "qnn.conv2d",
+    applies=lambda tiles, node: not is_packed(node) and is_depthwise(node),
+    define_knobs=define_depthwise_knobs,
+    schedule=lambda s, anchor, out, tiles, cfg, node: schedule_depthwise(
+        s, accumulation(anchor), out, tiles, cfg, node),
+    reference=_reference(quant.np_qconv2d))
 QCONV2D = Strategy(
     "int8_direct", "qnn.conv2d", applies=lambda tiles, node: not is_packed(node),
     define_knobs=define_direct_knobs,
@@ -222,5 +233,5 @@ COLUMN_REDUCE = Strategy(
     reference=lambda data, weight, node: get(node.op).fold([data], node.attrs))
 
 #: the integer layers' tables, by operator
-INT8 = {"qnn.conv2d": (QCONV2D_PACKED, QCONV2D), "qnn.dense": (QDENSE_PACKED, QDENSE),
+INT8 = {"qnn.conv2d": (QCONV2D_PACKED, QDEPTHWISE, QCONV2D), "qnn.dense": (QDENSE_PACKED, QDENSE),
         "qnn.column_reduce": (COLUMN_REDUCE,)}

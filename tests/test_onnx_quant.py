@@ -238,20 +238,25 @@ def test_qconv2d_against_numpy(data_dtype, x_zero, weight_dtype, out_dtype, out_
         assert {quant.qrange(out_dtype)[0], quant.qrange(out_dtype)[1]} <= set(got.ravel())
 
 
+def requantized_operands(columns, out_dtype):
+    """A dense layer's bias and multiplier inputs and output attributes (none for int32)."""
+    if out_dtype == "int32":
+        return [], dict(out_zero=0, out_min=0, out_max=0, out_dtype="int32")
+    lo, hi = quant.qrange(out_dtype)
+    return ([ir.const(RNG.integers(-3000, 3000, columns).astype(np.int32)),
+             ir.const(np.asarray(RNG.random(columns) * 1e-3, np.float32))],
+            dict(out_zero=lo + 5, out_min=lo, out_max=hi, out_dtype=out_dtype))
+
+
 @pytest.mark.parametrize("data_dtype,x_zero,out_dtype", [("uint8", 0, "int8"),
                                                          ("uint8", 255, "uint8"),
                                                          ("int8", -128, "int32")])
 def test_qdense_against_numpy(data_dtype, x_zero, out_dtype):
     rows, depth, columns = 5, 37, 19
     data = ir.Node("input", (), {}, (rows, depth), data_dtype, "x")
+    extra, attrs = requantized_operands(columns, out_dtype)
     inputs = [data, ir.const(integers("int8", depth, columns)),
-              ir.const(np.asarray(x_zero, np.int32))]
-    attrs = dict(out_zero=0, out_min=0, out_max=0, out_dtype="int32")
-    if out_dtype != "int32":
-        lo, hi = quant.qrange(out_dtype)
-        inputs += [ir.const(RNG.integers(-3000, 3000, columns).astype(np.int32)),
-                   ir.const(np.asarray(RNG.random(columns) * 1e-3, np.float32))]
-        attrs = dict(out_zero=lo + 5, out_min=lo, out_max=hi, out_dtype=out_dtype)
+              ir.const(np.asarray(x_zero, np.int32)), *extra]
     node = make("qnn.dense", inputs, **attrs)
     x = integers(data_dtype, rows, depth)
     got, _ = build_run(node, [data], {"x": x})
@@ -307,15 +312,10 @@ def test_packed_qdense_against_numpy(target, data_dtype, x_zero, out_dtype, shap
     rows, depth, columns = shape
     data = ir.Node("input", (), {}, (rows, depth), data_dtype, "x")
     weight = integers("int8", depth, columns)
+    extra, attrs = requantized_operands(columns, out_dtype)
     inputs = [data, ir.const(quant.pack_dense_weight(weight)),
               ir.const(np.asarray(x_zero, np.int32)),
-              ir.const(weight.astype(np.int32).sum(axis=0, dtype=np.int32))]
-    attrs = dict(out_zero=0, out_min=0, out_max=0, out_dtype="int32")
-    if out_dtype != "int32":
-        lo, hi = quant.qrange(out_dtype)
-        inputs += [ir.const(RNG.integers(-3000, 3000, columns).astype(np.int32)),
-                   ir.const(np.asarray(RNG.random(columns) * 1e-3, np.float32))]
-        attrs = dict(out_zero=lo + 9, out_min=lo, out_max=hi, out_dtype=out_dtype)
+              ir.const(weight.astype(np.int32).sum(axis=0, dtype=np.int32)), *extra]
     x = integers(data_dtype, rows, depth)
     got, lib = build_run(make("qnn.dense", inputs, kernel_layout=quant.PACKED_DENSE, **attrs),
                          [data], {"x": x}, target)

@@ -487,24 +487,17 @@ def _operands(ctx, args, count: int, what: str) -> list:
     return list(args) + [None] * (count - len(args))
 
 
-def _contrib_binary(ctx, args, attrs, op):
+@converter("com.microsoft.QLinearAdd", "com.microsoft.QLinearMul")
+def _qlinear_binary(ctx, args, attrs):
     a, a_s, a_z, b, b_s, b_z, c_s, c_z = _operands(ctx, args, 8, ctx.op_type)
+    op = "add" if ctx.op_type == "QLinearAdd" else "multiply"
     y = ctx.make(op, [_dequantized(ctx, a, a_s, a_z), _dequantized(ctx, b, b_s, b_z)])
-    return _quantized_result(ctx, y, _output(ctx, c_s, _zero_like(a) if c_z is None else c_z, ctx.op_type))
+    return _quantized_result(ctx, y, _output(ctx, c_s, _zero_like(a) if c_z is None else c_z,
+                                             ctx.op_type))
 
 
 def _zero_like(x):
     return ir.const(np.zeros((), x.dtype))
-
-
-@converter("com.microsoft.QLinearAdd")
-def _qlinear_add(ctx, args, attrs):
-    return _contrib_binary(ctx, args, attrs, "add")
-
-
-@converter("com.microsoft.QLinearMul")
-def _qlinear_mul(ctx, args, attrs):
-    return _contrib_binary(ctx, args, attrs, "multiply")
 
 
 @converter("com.microsoft.QLinearGlobalAveragePool")

@@ -18,6 +18,7 @@ from ...compiler import expr as E
 from ...compiler import ir as tir
 from ...compiler.ir_builder import create as ir_builder
 from ..op import get, quant
+from .channels import output_tiles
 from .common import schedule_inputs
 from .dense import DENSE
 from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
@@ -79,17 +80,7 @@ def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node):
     vector."""
     acc = accumulation(anchor)
     rows, cols = (int(v) for v in cfg["int8_tile"].val.split("x"))
-    stage = s[out]
-    n, f, y, x = stage.op.axis
-    fo, fi = stage.split(f, factor=quant.BLOCK_O)
-    yo, yi = stage.split(y, factor=rows)
-    xo, xi = stage.split(x, factor=cols)
-    stage.reorder(n, fo, yo, xo, fi, yi, xi)
-    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
-    stage.unroll(yi)
-    if cols > 1:
-        stage.vectorize(xi)
-    s[acc].compute_at(stage, xo)
+    s[acc].compute_at(s[out], output_tiles(s[out], quant.BLOCK_O, rows, cols))
     _, cb, cy, cx, cv = s[acc].op.axis
     rc, ry, rx, ri = s[acc].op.reduce_axis
     _quad_loops(s[acc], (rc, ry, rx), (cb, cy, cx), cv, ri, tiles)

@@ -594,8 +594,9 @@ def reinterpret(dtype: str, value) -> PrimExpr:
 
 def call_llvm_pure_intrin(dtype: str, name: str, *args) -> PrimExpr:
     """TVM's ``tir.call_llvm_pure_intrin``: the LLVM intrinsic ``name`` (``llvm.x86...``), of
-    the argument and result types the expressions have; the caller makes sure the target has
-    it (LLVM cannot select an intrinsic the target lacks)."""
+    the argument and result types the expressions have (its name fixes them: a loop holding
+    one is written in the vector form, not vectorized over it); the caller makes sure the
+    target has it (LLVM cannot select an intrinsic the target lacks)."""
     if not name.startswith("llvm.") or not all(c.isalnum() or c in "._" for c in name):
         raise DTypeError(f"{name!r} is not the name of an LLVM intrinsic")
     return Call(dtype, name, [convert(a) for a in args])

@@ -264,6 +264,18 @@ def test_qdense_against_numpy(data_dtype, x_zero, out_dtype):
                                                        attrs))
 
 
+@pytest.mark.parametrize("target,expected", [
+    ("llvm -mcpu=cascadelake", "avx512_vnni"), ("llvm -mcpu=znver4", "avx512_vnni"),
+    ("llvm -mcpu=skylake-avx512", ""), ("llvm -mcpu=haswell", ""),
+    ("llvm -mcpu=cascadelake -mattr=-avx512vnni", ""),
+    ("llvm -mtriple=aarch64-linux-gnu", "")])
+def test_int8_dot_is_the_targets_not_the_hosts(target, expected):
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.compiler.vector_isa import int8_dot
+
+    assert int8_dot(Target(target)) == expected
+
+
 def _host_has(feature: str) -> bool:
     from kernelrpc.compiler.target import Target
     from kernelrpc.compiler.vector_isa import int8_dot

@@ -363,3 +363,35 @@ def test_model_command_marks_the_int8_layers(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "int8         4 of 4 conv/dense layers in integers (qnn.conv2d 3, qnn.dense 1)" in \
         done.stdout, done.stdout
+
+
+def test_refused_forms_are_named():
+    """A QLinearConv whose output scale is computed at run time, and a DequantizeLinear of
+    int16 (an opset 21 type), are refused by name, not computed some other way."""
+    from kernelrpc.relay.errors import UnsupportedOperatorError
+
+    x = np.zeros((1, 2, 3, 3), np.uint8)
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+    graph = helper.make_graph(
+        [node], "qconv",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+        [numpy_helper.from_array(np.float32(0.1), "xs"), numpy_helper.from_array(np.uint8(3), "xz"),
+         numpy_helper.from_array(np.ones((4, 2, 1, 1), np.int8), "w"),
+         numpy_helper.from_array(np.float32(0.2), "ws"), numpy_helper.from_array(np.int8(0), "wz"),
+         numpy_helper.from_array(np.uint8(1), "yz")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    with pytest.raises(UnsupportedOperatorError, match="output scale and zero point must be "
+                                                       "constant scalars"):
+        relay.frontend.from_onnx(model)
+    node = helper.make_node("DequantizeLinear", ["x", "s"], ["y"])
+    graph = helper.make_graph(
+        [node], "dq", [helper.make_tensor_value_info("x", TensorProto.INT16, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.float32(0.5), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    with pytest.raises(UnsupportedOperatorError, match="DequantizeLinear of int16"):
+        relay.frontend.from_onnx(model)

@@ -143,14 +143,17 @@ def _seconds(text: str) -> float:
 
 def summarize(mod, params) -> dict:
     from .relay.op import node_flops
+    from .relay.strategy import STRATEGIES
 
     func = mod["main"]
     nodes = func.topo()
     origins = collections.Counter(o for n in nodes for o in n.origin)
+    layers = collections.Counter(n.op for n in nodes if n.op in STRATEGIES)
     return {"inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
                        for i in func.inputs],
             "outputs": [{"shape": list(o.shape), "dtype": o.dtype} for o in func.outputs],
             "operators": dict(origins.most_common()),
+            "layers": dict(layers.most_common()),
             "parameters": int(sum(v.size for v in params.values())),
             "flops": int(sum(node_flops(n) for n in nodes))}
 
@@ -272,6 +275,10 @@ def run(args) -> dict:
         f"({', '.join(f'{k} {v}' for k, v in list(s['operators'].items())[:8])}"
         f"{', ...' if len(s['operators']) > 8 else ''}), {s['parameters']:,} parameters, "
         f"{s['flops'] / 1e9:.3f} GFLOP per run; imported in {result['import_seconds']:.2f} s")
+    if any(op.startswith("qnn.") for op in s["layers"]):
+        say(f"int8         {sum(v for k, v in s['layers'].items() if k.startswith('qnn.'))} of "
+            f"{sum(s['layers'].values())} conv/dense layers in integers "
+            f"({', '.join(f'{k} {v}' for k, v in s['layers'].items())})")
     tracker = _tracker(args, say)
     try:
         if args.all_devices:

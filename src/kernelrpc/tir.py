@@ -5,9 +5,10 @@ from __future__ import annotations
 from .compiler import ir_builder
 from .compiler.ir import PrimFunc, call_extern, call_packed
 from .compiler.expr import (Cast, FloatImm, IntImm, PrimExpr, Select, Var, all_of as all,
-                            any_of as any, const, floordiv, floormod, if_then_else, indexdiv,
-                            indexmod, max_value, min_value, truncdiv, truncmod)
+                            any_of as any, call_llvm_pure_intrin, const, floordiv, floormod,
+                            if_then_else, indexdiv, indexmod, max_value, min_value, reinterpret,
+                            truncdiv, truncmod)
 
 __all__ = ["Cast", "FloatImm", "IntImm", "PrimExpr", "Select", "Var", "all", "any", "call_extern",
-           "call_packed", "const", "ir_builder", "PrimFunc", "floordiv", "floormod", "if_then_else", "indexdiv", "indexmod",
+           "call_llvm_pure_intrin", "call_packed", "reinterpret", "const", "ir_builder", "PrimFunc", "floordiv", "floormod", "if_then_else", "indexdiv", "indexmod",
            "max_value", "min_value", "truncdiv", "truncmod"]

@@ -583,6 +583,25 @@ def if_then_else(cond, t, f) -> PrimExpr:
     return Select(_as_bool(cond), t, f)
 
 
+def reinterpret(dtype: str, value) -> PrimExpr:
+    """TVM's ``tir.reinterpret``: the bits of ``value`` as ``dtype`` (of the same width: four
+    uint8 lanes as one int32, sixteen int32 lanes as sixty-four int8)."""
+    value = convert(value)
+    if dtype_bits(dtype) * dtype_lanes(dtype) != dtype_bits(value.dtype) * dtype_lanes(value.dtype):
+        raise DTypeError(f"reinterpret of {value.dtype} as {dtype}: the widths differ")
+    return Call(dtype, "reinterpret", [value])
+
+
+def call_llvm_pure_intrin(dtype: str, name: str, *args) -> PrimExpr:
+    """TVM's ``tir.call_llvm_pure_intrin``: the LLVM intrinsic ``name`` (``llvm.x86...``), of
+    the argument and result types the expressions have (its name fixes them: a loop holding
+    one is written in the vector form, not vectorized over it); the caller makes sure the
+    target has it (LLVM cannot select an intrinsic the target lacks)."""
+    if not name.startswith("llvm.") or not all(c.isalnum() or c in "._" for c in name):
+        raise DTypeError(f"{name!r} is not the name of an LLVM intrinsic")
+    return Call(dtype, name, [convert(a) for a in args])
+
+
 def call_math(op: str, *args) -> PrimExpr:
     nargs = MATH_INTRINSICS.get(op)
     if nargs is None or nargs != len(args):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..native.llvm import ensure_llvm
 
-__all__ = ["VectorISA", "vector_isa"]
+__all__ = ["VectorISA", "int8_dot", "vector_isa"]
 
 
 @dataclass(frozen=True)
@@ -73,16 +73,47 @@ def _x86_isa(triple: str, cpu: str, features: str) -> VectorISA:
     return VectorISA("scalar", 1, 8, False)
 
 
+def int8_dot(target) -> str:
+    """The target's instruction that sums four byte products into each int32 lane of a
+    vector: ``"avx512_vnni"`` (``vpdpbusd`` on 512 bits, uint8 x int8) or ``""``. Asked of
+    LLVM as the vector width is: a 512-bit multiply-add of int16 pairs into int32 compiles to
+    ``vpdpwssd`` where the target has AVX512-VNNI (a generic pattern, which no target
+    refuses; the intrinsic itself would abort LLVM on a target without it)."""
+    if target.arch != "x86_64" or vector_isa(target).lanes != 16:
+        return ""
+    return "avx512_vnni" if re.search(r"\bvpdpwssd\b.*%zmm", _vnni_assembly(
+        target.llvm_triple, target.cpu, target.features)) else ""
+
+
+@functools.lru_cache(maxsize=64)
+def _vnni_assembly(triple: str, cpu: str, features: str) -> str:
+    even = ", ".join(f"i32 {2 * k}" for k in range(16))
+    odd = ", ".join(f"i32 {2 * k + 1}" for k in range(16))
+    lines = ["define <16 x i32> @probe(<16 x i32> %acc, <32 x i16> %a, <32 x i16> %b) {"]
+    for name, mask in (("e", even), ("o", odd)):
+        for x in ("a", "b"):
+            lines += [f"  %{x}{name}16 = shufflevector <32 x i16> %{x}, <32 x i16> poison, "
+                      f"<16 x i32> <{mask}>",
+                      f"  %{x}{name} = sext <16 x i16> %{x}{name}16 to <16 x i32>"]
+        lines.append(f"  %p{name} = mul <16 x i32> %a{name}, %b{name}")
+    lines += ["  %s = add <16 x i32> %pe, %po", "  %r = add <16 x i32> %acc, %s",
+              "  ret <16 x i32> %r", "}"]
+    return _emit(triple, cpu, features, "\n".join(lines) + "\n")
+
+
 def _assembly(triple: str, cpu: str, features: str) -> str:
-    llvm = ensure_llvm()
     vector = "<16 x float>"
-    module = llvm.parse_assembly(
-        f"declare {vector} @llvm.fmuladd.v16f32({vector}, {vector}, {vector})\n"
-        "define void @probe(ptr %a, ptr %b, ptr %c) {\n"
-        f"  %x = load {vector}, ptr %a\n  %y = load {vector}, ptr %b\n"
-        f"  %z = load {vector}, ptr %c\n"
-        f"  %r = call {vector} @llvm.fmuladd.v16f32({vector} %x, {vector} %y, {vector} %z)\n"
-        f"  store {vector} %r, ptr %c\n  ret void\n}}\n")
+    return _emit(triple, cpu, features,
+                 f"declare {vector} @llvm.fmuladd.v16f32({vector}, {vector}, {vector})\n"
+                 "define void @probe(ptr %a, ptr %b, ptr %c) {\n"
+                 f"  %x = load {vector}, ptr %a\n  %y = load {vector}, ptr %b\n"
+                 f"  %z = load {vector}, ptr %c\n"
+                 f"  %r = call {vector} @llvm.fmuladd.v16f32({vector} %x, {vector} %y, "
+                 f"{vector} %z)\n  store {vector} %r, ptr %c\n  ret void\n}}\n")
+
+
+def _emit(triple: str, cpu: str, features: str, text: str) -> str:
+    llvm = ensure_llvm()
     machine = llvm.Target.from_triple(triple).create_target_machine(
         cpu=cpu, features=features, opt=2)
-    return machine.emit_assembly(module)
+    return machine.emit_assembly(llvm.parse_assembly(text))

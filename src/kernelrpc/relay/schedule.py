@@ -50,8 +50,8 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
             continue
         if strategy is WINOGRAD and (op.tag.startswith("wino_") or op is anchor.op):
             continue
-        if op.tag == "pad" and node.op == "nn.conv2d" and strategy is not WINOGRAD and \
-                cfg["pad"].val == "stage":
+        if op.tag == "pad" and node.op in ("nn.conv2d", "qnn.conv2d", "qnn.dense") and \
+                strategy is not WINOGRAD and cfg["pad"].val == "stage":
             continue
         stage.compute_inline()
     strategy.schedule(s, anchor, out, tiles, cfg, node)

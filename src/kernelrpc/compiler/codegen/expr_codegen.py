@@ -402,6 +402,13 @@ class ExprCodegen(MemoryCodegen):
     def visit_Call(self, node):
         args = [self(a) for a in node.args]
         op = node.op
+        if op == "reinterpret":
+            return self.fn.assign(llvm_type(node.dtype),
+                                  f"bitcast {args[0]} to {llvm_type(node.dtype)}")
+        if op.startswith("llvm."):
+            ty = llvm_type(node.dtype)
+            self.module.declare(op, f"declare {ty} @{op}({', '.join(a.type for a in args)})")
+            return self.fn.assign(ty, f"call {ty} @{op}({', '.join(map(str, args))})")
         if approximates(op, node.dtype):
             return VectorMath(self.module, self.fn, node.dtype).emit(op, args[0])
         if op == "pow" and is_float(node.dtype):

@@ -13,7 +13,7 @@ from .. import ir
 from ..errors import ModelError, UnsupportedOperatorError
 from . import (onnx_activation, onnx_control, onnx_elementwise, onnx_index,  # noqa: F401
                onnx_model, onnx_nn, onnx_norm, onnx_reduce, onnx_tensor)  # (they register)
-from . import onnx_recurrent  # noqa: F401  (it registers)
+from . import onnx_quant, onnx_recurrent  # noqa: F401  (they register)
 from .onnx_common import (Attrs, Context, UnknownValue, Unsupported, find_converter,
                           supported_operators)
 from .onnx_inferred import InferredTypes
@@ -146,15 +146,20 @@ def _convert_subgraph(ctx, types, graph) -> list:
     return [_value(ctx, out.name, graph.name or "a branch") for out in graph.output]
 
 
+#: ONNX's own operator domains (another's operators, onnxruntime's ``com.microsoft``, are
+#: registered under ``domain.Op``: their converters check the node's form, ONNX has no schema)
+_ONNX_DOMAINS = ("", "ai.onnx")
+
+
 def _converter_of(ctx, node):
     """The converter of the node's operator in the model's opset; Unsupported when none."""
-    if node.domain not in ("", "ai.onnx"):
-        raise Unsupported("operators of custom domains are not supported")
-    found = find_converter(node.op_type, ctx.opset)
+    found = find_converter(_op_name(node), ctx.opset)
     if found is None:
-        raise Unsupported("no converter")
+        raise Unsupported("no converter" if node.domain in _ONNX_DOMAINS else
+                          "operators of this custom domain are not supported")
     since, convert = found
-    if not onnx_model.operator_version_known(node.op_type, ctx.opset, since):
+    if node.domain in _ONNX_DOMAINS and \
+            not onnx_model.operator_version_known(node.op_type, ctx.opset, since):
         raise Unsupported(f"this version of the operator (newer than opset "
                           f"{onnx_model.MAX_OPSET}'s) is not implemented")
     return convert
@@ -165,7 +170,8 @@ def _convert_node(ctx, node) -> list:
     convert = _converter_of(ctx, node)
     args = [_value(ctx, name, f"node {ctx.node_name!r} ({node.op_type})") if name else None
             for name in node.input]
-    onnx_model.check_node_form(node, ctx.opset, f"node {ctx.node_name!r} ({node.op_type})")
+    if node.domain in _ONNX_DOMAINS:
+        onnx_model.check_node_form(node, ctx.opset, f"node {ctx.node_name!r} ({node.op_type})")
     attrs = Attrs(node)
     try:
         outputs = convert(ctx, args, attrs)
@@ -186,7 +192,7 @@ def _value(ctx, name, reader: str):
 
 
 def _op_name(node) -> str:
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    return node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
 
 
 def _outputs(ctx, graph) -> list:

@@ -233,7 +233,8 @@ def _pool(ts, attrs, node):
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
     if attrs["kind"] == "max":
-        padded = pad_stage(x, [pt, pl], [eb, er], value=float("-inf"))
+        padded = pad_stage(x, [pt, pl], [eb, er], value=float("-inf") if E.is_float(dt) else
+                           E.int_range(dt)[0])
         return te.compute(node.shape, lambda n, c, y, xx: te.max(
             padded[n, c, y * sh + ry * dh, xx * sw + rx * dw], axis=[ry, rx]),
             name="max_pool2d", tag="pool")

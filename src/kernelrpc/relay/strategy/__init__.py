@@ -14,6 +14,7 @@ from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, WINOGRAD, as_modelled, 
     conv2d_strategy, define_conv_knobs
 from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
 from .depthwise import depthwise_tile, is_depthwise
+from .int8 import INT8
 from .matmul import BATCH_MATMUL, matmul_tile
 from .record import Strategy
 from .softmax import SOFTMAX
@@ -23,15 +24,15 @@ from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band,
 
 #: each tunable operator's implementations
 STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BATCH_MATMUL,),
-              "nn.softmax": (SOFTMAX,)}
+              "nn.softmax": (SOFTMAX,), **INT8}
 
 
 def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
-    """The implementation of a tunable layer (see :func:`conv2d_strategy`)."""
+    """The implementation of a tunable layer (see :func:`conv2d_strategy`); of another
+    operator, the first record of its table that applies."""
     if node.op == "nn.conv2d":
         return conv2d_strategy(tiles, node, cfg)
-    (only,) = STRATEGIES[node.op]
-    return only
+    return next(s for s in STRATEGIES[node.op] if s.applies(tiles, node))
 
 
 def has_strategy(tiles: Tiles, node: ir.Node | None) -> bool:

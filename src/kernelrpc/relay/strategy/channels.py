@@ -55,17 +55,12 @@ def channels_default(node, tiles_c) -> bool:
     return bool(tiles_c) and reduction >= (96 if width <= 28 else 256)
 
 
-def schedule_channels(s, blocked, out, tiles: Tiles, cfg, node):
-    """Output channels in the vector: ``blocked`` (``[n][O/V][h][w][V]``, the weight packed as
-    ``[O/V][I][KH][KW][V]``) accumulates a tile of ``V`` vectors x ``R`` rows x ``C`` columns
-    in registers over the reduction, each step one weight vector load per channel vector and
-    one broadcast input value per position; the output stage writes the tile back as NCHW with
-    the group's tail."""
-    vectors, rows, cols = (int(v) for v in cfg["channel_tile"].val.split("x"))
-    lanes = tiles.lanes
-    stage = s[out]
+def output_tiles(stage, channels: int, rows: int, cols: int):
+    """An NCHW output stage by tiles of ``channels`` x ``rows`` x ``cols``, parallel over the
+    batch, the channel tiles and the row tiles, the columns in a vector; returns the loop
+    inside which a tile's accumulation is computed."""
     n, f, y, x = stage.op.axis
-    fo, fi = stage.split(f, factor=vectors * lanes)
+    fo, fi = stage.split(f, factor=channels)
     yo, yi = stage.split(y, factor=rows)
     xo, xi = stage.split(x, factor=cols)
     stage.reorder(n, fo, yo, xo, fi, yi, xi)
@@ -73,7 +68,17 @@ def schedule_channels(s, blocked, out, tiles: Tiles, cfg, node):
     stage.unroll(yi)
     if cols > 1:
         stage.vectorize(xi)
-    s[blocked].compute_at(stage, xo)
+    return xo
+
+
+def schedule_channels(s, blocked, out, tiles: Tiles, cfg, node):
+    """Output channels in the vector: ``blocked`` (``[n][O/V][h][w][V]``, the weight packed as
+    ``[O/V][I][KH][KW][V]``) accumulates a tile of ``V`` vectors x ``R`` rows x ``C`` columns
+    in registers over the reduction, each step one weight vector load per channel vector and
+    one broadcast input value per position; the output stage writes the tile back as NCHW with
+    the group's tail."""
+    vectors, rows, cols = (int(v) for v in cfg["channel_tile"].val.split("x"))
+    s[blocked].compute_at(s[out], output_tiles(s[out], vectors * tiles.lanes, rows, cols))
     _, cb, cy, cx, cv = s[blocked].op.axis
     rc, ry, rx = s[blocked].op.reduce_axis
     if cfg["reduce_order"].val == "channels_outer":

@@ -1,9 +1,9 @@
 """The register tiles of the default schedules for one target, from its vector unit."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ...compiler.vector_isa import vector_isa
+from ...compiler.vector_isa import int8_dot, vector_isa
 
 
 @dataclass(frozen=True)
@@ -11,16 +11,25 @@ class Tiles:
     """Register tiles of the default schedules for one target: a convolution keeps
     ``conv_channels`` output channels x ``conv_columns`` output columns (whole vectors) in
     registers over its reduction; a dense layer vectors of ``dense_lanes`` outputs;
-    ``registers`` vector registers bound the tiles of a convolution's ``channels`` layout."""
+    ``registers`` vector registers bound the tiles of a convolution's ``channels`` layout;
+    ``int8_dot`` the instruction summing four byte products per int32 lane
+    (:func:`kernelrpc.compiler.vector_isa.int8_dot`), "" for none."""
 
     lanes: int
     conv_channels: int
     conv_columns: int
     dense_lanes: int
     registers: int
+    int8_dot: str = ""
 
 
 def tiles_for(target) -> Tiles:
+    """Tiles from the target's vector unit (see :func:`_vector_tiles`), with its int8 dot
+    product instruction."""
+    return replace(_vector_tiles(target), int8_dot=int8_dot(target))
+
+
+def _vector_tiles(target) -> Tiles:
     """Tiles from the target's vector unit (:func:`kernelrpc.compiler.vector_isa.vector_isa`:
     float32 lanes, how many registers), never from the host's.
     Measurements: docs/performance.md, "Why the defaults are what they are"."""

@@ -1,0 +1,571 @@
+"""Quantized operators (TVM's ``qnn``): quantize, dequantize, requantize, integer convolution
+and dense layers with their requantization in the output stage, quantized add, multiply and
+global average pooling.
+
+Rounding and saturation are onnxruntime's (MLAS): a value goes to an integer as
+``clamp(nearbyint(v) + zero_point)`` in float32, round half to even; a convolution or dense
+layer accumulates ``(x - x_zero_point) * w`` in int32 and requantizes
+``float32(acc + bias) * (x_scale * w_scale / y_scale)``. Each operator's numpy form (its
+``fold``) is the reference its kernels are checked against.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from ... import te
+from ...compiler import expr as E
+from ..errors import ModelError
+from .elemwise import broadcast_index, broadcast_shape
+from .registry import get, register, static_shape
+
+#: the activation types of a quantized tensor
+QUANTIZED = ("int8", "uint8")
+
+
+def qrange(dtype: str) -> tuple[int, int]:
+    if dtype not in QUANTIZED + ("int32",):
+        raise ModelError(f"quantized type {dtype} is not supported (int8, uint8)")
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _f32(value) -> te.PrimExpr:
+    return te.const(float(value), "float32")
+
+
+def _i32(value) -> te.PrimExpr:
+    return E.cast(value, "int32")
+
+
+def to_integer(value, zero_point, lo: int, hi: int, dtype: str):
+    """``clamp(nearbyint(value) + zero_point, lo, hi)`` as ``dtype``; ``value`` float32,
+    ``zero_point`` a float32 expression or number."""
+    v = te.nearbyint(value) + (zero_point if isinstance(zero_point, E.PrimExpr)
+                               else _f32(zero_point))
+    return E.cast(E.minimum(E.maximum(v, _f32(lo)), _f32(hi)), dtype)
+
+
+def np_to_integer(value, zero_point, lo: int, hi: int, dtype: str) -> np.ndarray:
+    v = np.rint(np.asarray(value, np.float32)) + np.asarray(zero_point, np.float32)
+    return np.clip(v, lo, hi).astype(dtype)
+
+
+def _scalar(tensor):
+    return broadcast_index(tensor, ())
+
+
+# ------------------------------------------------------------------ quantize, dequantize
+
+
+def _per_axis_infer(inputs, out_dtype):
+    x, scale, zero = inputs
+    if broadcast_shape(x.shape, scale.shape, zero.shape) != tuple(x.shape):
+        raise ModelError(f"scale {list(scale.shape)} and zero point {list(zero.shape)} do not "
+                         f"broadcast to {list(x.shape)}")
+    return x.shape, out_dtype
+
+
+def _quantize(ts, attrs, node):
+    x, scale, zero = ts
+    lo, hi = qrange(node.dtype)
+    return te.compute(node.shape, lambda *i: to_integer(
+        x[i] / broadcast_index(scale, i), E.cast(broadcast_index(zero, i), "float32"),
+        lo, hi, node.dtype), name="quantize")
+
+
+def _quantize_fold(xs, attrs):
+    x, scale, zero = xs
+    return np_to_integer(x.astype(np.float32) / scale.astype(np.float32), zero, *qrange(attrs["out_dtype"]),
+                         attrs["out_dtype"])
+
+
+register("qnn.quantize", "broadcast",
+         lambda inputs, attrs: _per_axis_infer(inputs, attrs["out_dtype"]), _quantize,
+         _quantize_fold)
+
+
+def _dequantize(ts, attrs, node):
+    x, scale, zero = ts
+    return te.compute(node.shape, lambda *i: E.cast(
+        _i32(x[i]) - _i32(broadcast_index(zero, i)), "float32") * broadcast_index(scale, i),
+        name="dequantize")
+
+
+def _dequantize_fold(xs, attrs):
+    x, scale, zero = xs
+    return (x.astype(np.int32) - zero.astype(np.int32)).astype(np.float32) * \
+        scale.astype(np.float32)
+
+
+register("qnn.dequantize", "broadcast", lambda inputs, attrs: _per_axis_infer(inputs, "float32"),
+         _dequantize, _dequantize_fold)
+
+
+# ------------------------------------------------------------------ per-tensor elementwise
+
+
+def _dequantized(v, scale: float, zero: int):
+    return E.cast(_i32(v) - te.const(int(zero), "int32"), "float32") * _f32(scale)
+
+
+def _np_dequantized(x, scale: float, zero: int):
+    return (x.astype(np.int32) - np.int32(zero)).astype(np.float32) * np.float32(scale)
+
+
+def _requantize(ts, attrs, node):
+    """``quantize(dequantize(x))`` with other parameters (a tensor passed between layers of
+    different scales), clamped to ``[out_min, out_max]`` (a fused ReLU or Clip)."""
+    (x,) = ts
+    return te.compute(node.shape, lambda *i: to_integer(
+        _dequantized(x[i], attrs["in_scale"], attrs["in_zero"]) / _f32(attrs["out_scale"]),
+        attrs["out_zero"], attrs["out_min"], attrs["out_max"], node.dtype), name="requantize")
+
+
+def _requantize_fold(xs, attrs):
+    v = _np_dequantized(xs[0], attrs["in_scale"], attrs["in_zero"]) / np.float32(attrs["out_scale"])
+    return np_to_integer(v, attrs["out_zero"], attrs["out_min"], attrs["out_max"],
+                         attrs["out_dtype"])
+
+
+register("qnn.requantize", "elemwise", lambda inputs, attrs: (inputs[0].shape, attrs["out_dtype"]),
+         _requantize, _requantize_fold)
+
+
+def _binary_ratios(attrs):
+    """The float32 factors onnxruntime's QLinearAdd and QLinearMul take."""
+    a, b, c = (np.float32(attrs[k]) for k in ("a_scale", "b_scale", "out_scale"))
+    return (a / c, b / c) if attrs["kind"] == "add" else (a * b / c,)
+
+
+def _qbinary(ts, attrs, node):
+    a, b = ts
+    ratios = [_f32(r) for r in _binary_ratios(attrs)]
+
+    def centered(t, i, key):
+        return E.cast(_i32(broadcast_index(t, i)) - te.const(attrs[key], "int32"), "float32")
+
+    def body(*i):
+        ca, cb = centered(a, i, "a_zero"), centered(b, i, "b_zero")
+        v = ca * ratios[0] + cb * ratios[1] if attrs["kind"] == "add" else ca * cb * ratios[0]
+        return to_integer(v, attrs["out_zero"], attrs["out_min"], attrs["out_max"], node.dtype)
+    return te.compute(node.shape, body, name=f"q{attrs['kind']}")
+
+
+def _qbinary_fold(xs, attrs):
+    ratios = _binary_ratios(attrs)
+    ca = (xs[0].astype(np.int32) - attrs["a_zero"]).astype(np.float32)
+    cb = (xs[1].astype(np.int32) - attrs["b_zero"]).astype(np.float32)
+    v = ca * ratios[0] + cb * ratios[1] if attrs["kind"] == "add" else ca * cb * ratios[0]
+    return np_to_integer(v, attrs["out_zero"], attrs["out_min"], attrs["out_max"],
+                         attrs["out_dtype"])
+
+
+register("qnn.binary", "broadcast",
+         lambda inputs, attrs: (broadcast_shape(inputs[0].shape, inputs[1].shape),
+                                attrs["out_dtype"]), _qbinary, _qbinary_fold)
+
+
+# ------------------------------------------------------------------ requantized anchors
+
+
+def requantized(acc, bias, multiplier, attrs, dtype):
+    """The output stage's value: ``acc + bias`` (int32) scaled to the output's zero point and
+    clamped to ``[out_min, out_max]`` (the output type's range, or a fused ReLU/Clip's)."""
+    zero = attrs["out_zero"]
+    v = te.nearbyint(E.cast(acc + bias, "float32") * multiplier)
+    v = E.minimum(E.maximum(v, _f32(attrs["out_min"] - zero)), _f32(attrs["out_max"] - zero))
+    return E.cast(_i32(v) + te.const(zero, "int32"), dtype)
+
+
+def np_requantized(acc, bias, multiplier, attrs, dtype):
+    zero = attrs["out_zero"]
+    v = np.rint((acc + bias).astype(np.float32) * multiplier.astype(np.float32))
+    return (np.clip(v, attrs["out_min"] - zero, attrs["out_max"] - zero).astype(np.int32)
+            + zero).astype(dtype)
+
+
+def _check_requantize(inputs, attrs, channels: int, first: int):
+    """The anchor's inputs past ``first``: none (int32 output, ConvInteger's and
+    MatMulInteger's) or an int32 bias and a float32 multiplier per output channel."""
+    extra = inputs[first:]
+    if attrs["out_dtype"] == "int32":
+        if extra:
+            raise ModelError("an int32 output takes no bias or multiplier")
+        return
+    if len(extra) != 2 or extra[0].shape != (channels,) or extra[0].dtype != "int32" or \
+            extra[1].shape != (channels,) or extra[1].dtype != "float32":
+        raise ModelError(f"a requantized output needs an int32 bias and a float32 multiplier of "
+                         f"{channels} entries")
+    lo, hi = qrange(attrs["out_dtype"])
+    if not lo <= attrs["out_min"] <= attrs["out_zero"] <= attrs["out_max"] <= hi:
+        raise ModelError(f"output range [{attrs['out_min']}, {attrs['out_max']}] and zero point "
+                         f"{attrs['out_zero']} do not fit {attrs['out_dtype']}")
+
+
+def _check_integer_inputs(data, weight, zero):
+    if data.dtype not in QUANTIZED or weight.dtype not in QUANTIZED + ("int16",) or \
+            zero.dtype not in QUANTIZED + ("int32",) or zero.size != 1:
+        raise ModelError(f"integer operands of {data.dtype} and {weight.dtype} with a zero "
+                         f"point of {zero.dtype} {list(zero.shape)} are not supported")
+
+
+def _output(acc, ts, attrs, node, channel_axis: int, tag: str):
+    if attrs["out_dtype"] == "int32":
+        return acc
+    bias, multiplier = ts[3:5]
+    return te.compute(node.shape, lambda *i: requantized(
+        acc[i], bias[i[channel_axis]], multiplier[i[channel_axis]], attrs, node.dtype),
+        name=tag, tag=tag)
+
+
+def _qconv2d_infer(inputs, attrs):
+    data, weight, zero = inputs[:3]
+    _check_integer_inputs(data, weight, zero)
+    if attrs.get("kernel_layout", "OIHW") not in ("OIHW", PACKED):
+        raise ModelError(f"qnn.conv2d: unknown kernel_layout {attrs['kernel_layout']!r}")
+    if attrs.get("kernel_layout") == PACKED:
+        if len(inputs) != 5 or len(weight.shape) != 6 or attrs["groups"] != 1:
+            raise ModelError("qnn.conv2d: a packed weight needs groups=1, a bias and a "
+                             "multiplier")
+        channels = inputs[3].shape[0]
+        blocks, quads, kh, kw = weight.shape[:4]
+        if blocks != -(-channels // BLOCK_O) or quads != -(-data.shape[1] // BLOCK_I):
+            raise ModelError(f"qnn.conv2d: packed weight {list(weight.shape)} does not match "
+                             f"{channels} output and {data.shape[1]} input channels")
+        weight = SimpleNamespace(shape=(channels, data.shape[1], kh, kw))     # as OIHW
+    shape, _ = get("nn.conv2d").infer([data, weight], attrs)
+    _check_requantize(inputs, attrs, shape[1], 3)
+    return shape, attrs["out_dtype"]
+
+
+def _qconv2d(ts, attrs, node):
+    """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window in int32, the input
+    centered and zero-padded in one stage (its padding is the zero point), then the
+    requantizing output stage."""
+    if attrs.get("kernel_layout") == PACKED:
+        return _qconv2d_packed(ts, attrs, node)
+    data, weight, zero = ts[:3]
+    _, channels, height, width = static_shape(data)
+    _, cg, kh, kw = static_shape(weight)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+    ocg = node.shape[1] // attrs["groups"]
+    x_zero = _i32(_scalar(zero))
+
+    def centered(n, c, y, x):
+        inside = te.all(y >= pt, y < height + pt, x >= pl, x < width + pl)
+        return E.if_then_else(inside, _i32(data[n, c, y - pt, x - pl]) - x_zero,
+                              te.const(0, "int32"))
+    padded = te.compute((node.shape[0], channels, height + pt + pb, width + pl + pr), centered,
+                        name="qpad", tag="pad")
+    rc, ry, rx = (te.reduce_axis((0, e), name) for e, name in ((cg, "rc"), (kh, "ry"),
+                                                              (kw, "rx")))
+
+    def channel(o):
+        return rc if attrs["groups"] == 1 else E.floordiv(o, ocg) * cg + rc
+    acc = te.compute(node.shape, lambda n, o, y, x: te.sum(
+        padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] * _i32(weight[o, rc, ry, rx]),
+        axis=[rc, ry, rx]), name="qconv2d_acc", tag="qconv2d")
+    return _output(acc, ts, attrs, node, 1, "qconv2d")
+
+
+def np_qconv2d(xs, attrs):
+    from .reference import conv2d_reference
+
+    data, weight, zero = xs[:3]
+    pt, pl, pb, pr = attrs["padding"]
+    zero = int(np.asarray(zero).reshape(()))
+    if attrs.get("kernel_layout") == PACKED:      # raw quads padded with the zero point
+        weight = unpack_weight(weight, xs[3].size, data.shape[1])
+        raw = data.astype(np.int64) + (128 if data.dtype == np.int8 else 0)
+        padded = np.pad(raw, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=zero)
+    else:
+        padded = np.pad(data.astype(np.int64) - zero, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    acc = conv2d_reference(padded.astype(np.float64), weight.astype(np.float64),
+                           strides=attrs["strides"], padding=(0, 0, 0, 0),
+                           dilation=attrs["dilation"], groups=attrs["groups"])
+    acc = np.rint(acc).astype(np.int32)
+    if attrs["out_dtype"] == "int32":
+        return acc
+    return np_requantized(acc, xs[3].reshape(1, -1, 1, 1), xs[4].reshape(1, -1, 1, 1), attrs,
+                          attrs["out_dtype"])
+
+
+# ------------------------------------------------------------------ the packed convolution
+
+#: the packed weight's blocks (``kernel_layout`` :data:`PACKED`,
+#: ``[O/16][I/4][KH][KW][16][4]``): 16 output channels, one vector of int32 accumulators,
+#: by 4 input channels, the bytes x86's VNNI ``vpdpbusd`` and Arm's ``sdot``/``udot`` sum
+#: into each accumulator
+BLOCK_O, BLOCK_I = 16, 4
+PACKED = "OIHW16o4i"
+
+
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """An OIHW int8 weight as ``[O/16][I/4][KH][KW][16][4]``, zeros past its channels."""
+    o, i, kh, kw = weight.shape
+    blocks, quads = -(-o // BLOCK_O), -(-i // BLOCK_I)
+    full = np.zeros((blocks * BLOCK_O, quads * BLOCK_I, kh, kw), weight.dtype)
+    full[:o, :i] = weight
+    packed = full.reshape(blocks, BLOCK_O, quads, BLOCK_I, kh, kw).transpose(0, 2, 4, 5, 1, 3)
+    return np.ascontiguousarray(packed)
+
+
+def unpack_weight(packed: np.ndarray, out_channels: int, in_channels: int) -> np.ndarray:
+    blocks, quads, kh, kw = packed.shape[:4]
+    full = packed.transpose(0, 4, 1, 5, 2, 3).reshape(blocks * BLOCK_O, quads * BLOCK_I, kh, kw)
+    return full[:out_channels, :in_channels]
+
+
+def packed_bias(bias: np.ndarray, weight: np.ndarray, data_dtype: str, zero: int) -> np.ndarray:
+    """The bias of the packed form, which accumulates the raw quads (uint8, int8 data shifted
+    by 128): ``sum (x - zero) * w = sum x' * w - zero' * sum w``, the last term folded here."""
+    shifted = zero + (128 if data_dtype == "int8" else 0)
+    folded = bias.astype(np.int64) - shifted * weight.astype(np.int64).sum(axis=(1, 2, 3))
+    if np.abs(folded).max(initial=0) >= 2 ** 31:
+        raise ModelError("the folded bias of a packed int8 convolution overflows int32")
+    return folded.astype(np.int32)
+
+
+def _qconv2d_packed(ts, attrs, node):
+    """The packed form: the input as quads of channels (``[n][C/4][h][w][4]`` uint8, padded
+    with its zero point), ``acc[n][O/16][y][x][16] = sum x' * w`` over the quads, the window
+    and each quad's 4 bytes, then the requantizing output stage (the zero point's share is in
+    the bias, :func:`packed_bias`)."""
+    data, weight, zero, bias, multiplier = ts
+    _, channels, height, width = static_shape(data)
+    blocks, quads, kh, kw = static_shape(weight)[:4]
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+    shift = 128 if data.dtype == "int8" else 0
+    pad_value = E.cast(_i32(_scalar(zero)) + te.const(shift, "int32"), "uint8")
+
+    def quad(n, c4, y, x, i):
+        c = c4 * BLOCK_I + i
+        inside = te.all(y >= pt, y < height + pt, x >= pl, x < width + pl, c < channels)
+        raw = E.cast(_i32(data[n, E.minimum(c, channels - 1), y - pt, x - pl]) +
+                     te.const(shift, "int32"), "uint8")
+        return E.if_then_else(inside, raw, pad_value)
+    padded = te.compute((node.shape[0], quads, height + pt + pb, width + pl + pr, BLOCK_I), quad,
+                        name="qquads", tag="pad")
+    rc, ry, rx, ri = (te.reduce_axis((0, e), name) for e, name in (
+        (quads, "rc"), (kh, "ry"), (kw, "rx"), (BLOCK_I, "ri")))
+    _, _, oh, ow = node.shape
+    acc = te.compute((node.shape[0], blocks, oh, ow, BLOCK_O), lambda n, ob, y, x, v: te.sum(
+        _i32(padded[n, rc, y * sh + ry * dh, x * sw + rx * dw, ri]) *
+        _i32(weight[ob, rc, ry, rx, v, ri]), axis=[rc, ry, rx, ri]),
+        name="qconv2d_blocked", tag="qconv2d")
+    return te.compute(node.shape, lambda n, o, y, x: requantized(
+        acc[n, E.floordiv(o, BLOCK_O), y, x, E.floormod(o, BLOCK_O)], bias[o], multiplier[o],
+        attrs, node.dtype), name="qconv2d", tag="qconv2d")
+
+
+register("qnn.conv2d", "anchor", _qconv2d_infer, _qconv2d, np_qconv2d,
+         flops=lambda node: 2 * node.size * math.prod(node.inputs[1].shape[1:4]))
+
+
+def _qdense_infer(inputs, attrs):
+    data, weight, zero = inputs[:3]
+    _check_integer_inputs(data, weight, zero)
+    layout = attrs.get("kernel_layout", "KN")
+    if layout not in ("KN", PACKED_DENSE):
+        raise ModelError(f"qnn.dense: unknown kernel_layout {layout!r}")
+    if layout == PACKED_DENSE:
+        wsum = inputs[3]
+        columns = wsum.shape[0] if len(wsum.shape) == 1 else -1
+        if len(weight.shape) != 4 or weight.shape[0] != -(-columns // BLOCK_O) or \
+                len(data.shape) < 2 or weight.shape[1] != -(-data.shape[-1] // BLOCK_I):
+            raise ModelError(f"qnn.dense: packed weight {list(weight.shape)} and column sums "
+                             f"{list(wsum.shape)} do not match data {list(data.shape)}")
+        _check_requantize(inputs, attrs, columns, 4)
+        return (*data.shape[:-1], columns), attrs["out_dtype"]
+    shape, _ = get("nn.dense").infer(inputs[:2], attrs)
+    _check_requantize(inputs, attrs, shape[1], 3)
+    return shape, attrs["out_dtype"]
+
+
+def _qdense(ts, attrs, node):
+    if attrs.get("kernel_layout") == PACKED_DENSE:
+        return _qdense_packed(ts, attrs, node)
+    data, weight, zero = ts[:3]
+    x_zero = _i32(_scalar(zero))
+    k = te.reduce_axis((0, static_shape(data)[1]), "k")
+    acc = te.compute(node.shape, lambda i, j: te.sum(
+        (_i32(data[i, k]) - x_zero) * _i32(weight[k, j]), axis=k), name="qdense_acc",
+        tag="qdense")
+    return _output(acc, ts, attrs, node, 1, "qdense")
+
+
+def np_qdense(xs, attrs):
+    data, weight, zero = xs[:3]
+    rest = xs[3:]
+    if attrs.get("kernel_layout") == PACKED_DENSE:
+        weight, rest = unpack_dense_weight(weight, data.shape[-1], xs[3].size), xs[4:]
+    centered = data.astype(np.int64) - int(np.asarray(zero).reshape(()))
+    acc = (centered @ weight.astype(np.int64)).astype(np.int32)
+    if attrs["out_dtype"] == "int32":
+        return acc
+    return np_requantized(acc, rest[0], rest[1], attrs, attrs["out_dtype"])
+
+
+#: the packed dense weight, ``[N/16][K/4][16][4]`` (16 outputs by a quad of the reduction)
+PACKED_DENSE = "NK16n4k"
+
+
+def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
+    """A ``[K][N]`` int8 weight as ``[N/16][K/4][16][4]``, zeros past its extents."""
+    k, n = weight.shape
+    blocks, quads = -(-n // BLOCK_O), -(-k // BLOCK_I)
+    full = np.zeros((blocks * BLOCK_O, quads * BLOCK_I), weight.dtype)
+    full[:n, :k] = weight.T
+    return np.ascontiguousarray(full.reshape(blocks, BLOCK_O, quads, BLOCK_I).transpose(0, 2, 1, 3))
+
+
+def unpack_dense_weight(packed: np.ndarray, depth: int, columns: int) -> np.ndarray:
+    blocks, quads = packed.shape[:2]
+    full = packed.transpose(0, 2, 1, 3).reshape(blocks * BLOCK_O, quads * BLOCK_I)
+    return np.ascontiguousarray(full[:columns, :depth].T)
+
+
+def _qdense_packed(ts, attrs, node):
+    """The packed form: each row's quads of the reduction (uint8, int8 data shifted by 128,
+    zeros past its end; N-D data's leading dimensions are the rows, and the output's), ``acc[i][N/16][16] = sum x' * w``, then the output stage subtracts
+    the zero point's share, ``(zero + shift) * sum_k w[k, j]`` (the column sums, an input:
+    the zero point may be computed at run time), and requantizes."""
+    data, weight, zero, wsum = ts[:4]
+    *lead, depth = static_shape(data)
+    blocks, quads = static_shape(weight)[:2]
+    shift = 128 if data.dtype == "int8" else 0
+
+    def row(i):
+        """The index of flat row ``i`` in N-D data (its leading dimensions flattened)."""
+        index = []
+        for extent in reversed(lead[1:]):
+            index.append(E.floormod(i, extent))
+            i = E.floordiv(i, extent)
+        return [i, *reversed(index)]
+
+    def element(i, c):
+        raw = E.cast(_i32(data[(*row(i), E.minimum(c, depth - 1))]) + te.const(shift, "int32"),
+                     "uint8")
+        return E.if_then_else(c < depth, raw, te.const(0, "uint8"))
+    rows = math.prod(lead)
+    padded = te.compute((rows, quads * BLOCK_I), element, name="qrows", tag="pad")
+    rq, ri = te.reduce_axis((0, quads), "rq"), te.reduce_axis((0, BLOCK_I), "ri")
+    acc = te.compute((rows, blocks, BLOCK_O), lambda i, b, v: te.sum(
+        _i32(padded[i, rq * BLOCK_I + ri]) * _i32(weight[b, rq, v, ri]), axis=[rq, ri]),
+        name="qdense_blocked", tag="qdense")
+    share = _i32(_scalar(zero)) + te.const(shift, "int32")
+
+    def centered(*index):
+        i, j = index[0], index[-1]
+        for axis, extent in zip(index[1:-1], lead[1:]):
+            i = i * extent + axis
+        return acc[i, E.floordiv(j, BLOCK_O), E.floormod(j, BLOCK_O)] - share * wsum[j]
+    if attrs["out_dtype"] == "int32":
+        return te.compute(node.shape, centered, name="qdense", tag="qdense")
+    bias, multiplier = ts[4:6]
+    return te.compute(node.shape, lambda *index: requantized(
+        centered(*index), bias[index[-1]], multiplier[index[-1]], attrs, node.dtype),
+        name="qdense", tag="qdense")
+
+
+register("qnn.dense", "anchor", _qdense_infer, _qdense, np_qdense,
+         flops=lambda node: 2 * node.size * node.inputs[0].shape[-1])
+
+
+def _avg_pool_scale(attrs, count: int) -> np.float32:
+    """onnxruntime's QLinearGlobalAveragePool factor, ``x_scale / (y_scale * count)``."""
+    return np.float32(attrs["in_scale"]) / (np.float32(attrs["out_scale"]) * np.float32(count))
+
+
+def _qglobal_avg_pool(ts, attrs, node):
+    (x,) = ts
+    dims = static_shape(x)
+    axes = [te.reduce_axis((0, d), f"r{k}") for k, d in enumerate(dims[2:])]
+    total = te.compute(node.shape, lambda *i: te.sum(_i32(x[(i[0], i[1], *axes)]), axis=axes),
+                       name="qglobal_avg_pool_sum", tag="reduce")
+    count = math.prod(dims[2:])
+    bias = te.const(-attrs["in_zero"] * count, "int32")
+    scale = _f32(_avg_pool_scale(attrs, count))
+    return te.compute(node.shape, lambda *i: requantized(total[i], bias, scale, attrs, node.dtype),
+                      name="qglobal_avg_pool")
+
+
+def _qglobal_avg_pool_fold(xs, attrs):
+    x = xs[0]
+    count = math.prod(x.shape[2:])
+    total = x.astype(np.int32).sum(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.int32)
+    return np_requantized(total, np.int32(-attrs["in_zero"] * count),
+                          _avg_pool_scale(attrs, count), attrs, attrs["out_dtype"])
+
+
+register("qnn.global_avg_pool", "anchor",
+         lambda inputs, attrs: (get("nn.global_pool").infer(inputs, attrs)[0], attrs["out_dtype"]),
+         _qglobal_avg_pool, _qglobal_avg_pool_fold,
+         flops=lambda node: node.inputs[0].size)
+
+
+# ------------------------------------------------------------------ dynamic quantization
+
+
+def _column_reduce(ts, attrs, node):
+    """The minimum or maximum of each column (the last axis) over every other axis."""
+    (x,) = ts
+    dims = static_shape(x)
+    axes = [te.reduce_axis((0, d), f"r{k}") for k, d in enumerate(dims[:-1])]
+    reducer = te.min if attrs["kind"] == "min" else te.max
+    return te.compute(node.shape, lambda c: reducer(x[(*axes, c)], axis=axes),
+                      name=f"column_{attrs['kind']}", tag="column_reduce")
+
+
+def _column_reduce_infer(inputs, attrs):
+    x = inputs[0]
+    if len(x.shape) < 2 or attrs["kind"] not in ("min", "max"):
+        raise ModelError(f"column reduction ({attrs['kind']}) of {list(x.shape)}")
+    return (x.shape[-1],), x.dtype
+
+
+register("qnn.column_reduce", "anchor", _column_reduce_infer, _column_reduce,
+         lambda xs, a: (np.min if a["kind"] == "min" else np.max)(
+             xs[0].reshape(-1, xs[0].shape[-1]), axis=0),
+         flops=lambda node: node.inputs[0].size)
+
+
+def _dynamic_scale(ts, attrs, node):
+    """DynamicQuantizeLinear's scale from the tensor's minimum and maximum (each widened to
+    hold 0): their span over 255, or 1 where the span is 0 (onnxruntime's)."""
+    low, high = ts
+    span = E.maximum(_scalar(high), _f32(0)) - E.minimum(_scalar(low), _f32(0))
+    return te.compute(node.shape, lambda *i: E.if_then_else(
+        span == _f32(0), _f32(1), span / _f32(255)), name="dynamic_scale")
+
+
+def _np_dynamic_scale(xs, attrs):
+    span = np.float32(max(float(xs[1]), 0.0)) - np.float32(min(float(xs[0]), 0.0))
+    return np.asarray(1 if span == 0 else span / np.float32(255), np.float32)
+
+
+register("qnn.dynamic_scale", "broadcast", lambda inputs, attrs: ((), "float32"),
+         _dynamic_scale, _np_dynamic_scale)
+
+
+def _dynamic_zero(ts, attrs, node):
+    """DynamicQuantizeLinear's zero point, ``round(clamp(-min / scale, 0, 255))``, halves away
+    from zero (std::round)."""
+    low, scale = ts
+    v = E.minimum(E.maximum(_f32(0) - E.minimum(_scalar(low), _f32(0)) / _scalar(scale),
+                            _f32(0)), _f32(255))
+    return te.compute(node.shape, lambda *i: E.cast(te.floor(v + _f32(0.5)), "uint8"),
+                      name="dynamic_zero")
+
+
+def _np_dynamic_zero(xs, attrs):
+    low, scale = (np.float32(v) for v in xs)
+    v = np.clip(np.float32(0) - np.float32(min(low, 0)) / scale, 0, 255)
+    return np.asarray(np.floor(v + np.float32(0.5)), np.uint8)
+
+
+register("qnn.dynamic_zero", "broadcast", lambda inputs, attrs: ((), "uint8"), _dynamic_zero,
+         _np_dynamic_zero)

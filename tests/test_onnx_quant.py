@@ -1,0 +1,397 @@
+"""Quantized networks as ``onnxruntime.quantization`` writes them (QDQ and QOperator from
+``quantize_static``, ``quantize_dynamic``), imported as integer operators, built for the host
+and checked against onnxruntime; and the integer kernels against their numpy forms.
+
+The agreement rule: a quantized output (one a DequantizeLinear reads) is within one
+quantization step of onnxruntime's in every element, ``|got - expected| <= scale``: both
+accumulate exactly in int32 and requantize in float32 with round half to even, so they
+differ only where float operators between the quantized layers round differently (onnxruntime
+runs some in fused kernels) and a value lands on the other side of a rounding boundary. A
+float output of a dynamically quantized network is within 1e-4 of its largest magnitude (its
+int32 accumulations are exact; only the float32 scaling after them rounds). The top-1 class
+is onnxruntime's.
+"""
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import kernelrpc  # noqa: E402
+from kernelrpc import relay  # noqa: E402
+from kernelrpc.contrib import graph_executor  # noqa: E402
+from kernelrpc.relay import ir  # noqa: E402
+from kernelrpc.relay.op import get, quant  # noqa: E402
+from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
+
+QuantFormat, QuantType = quantization.QuantFormat, quantization.QuantType
+
+
+def _init(rng, name, *shape, scale=0.3):
+    return numpy_helper.from_array(np.asarray(rng.standard_normal(shape) * scale, np.float32),
+                                   name)
+
+
+def cnn_model():
+    """Conv+ReLU, a depthwise Conv+Clip(0, 6), padded MaxPool, a 1x1 Conv added to the
+    pooled map (residual) and multiplied by it, Concat, GlobalAveragePool, Gemm (transB), on
+    an odd 11x13 map."""
+    rng = np.random.default_rng(7)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=8,
+                         strides=[1, 2]),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p", "w3", "b3"], ["c3"]),
+        helper.make_node("Add", ["c3", "p"], ["a"]),
+        helper.make_node("Mul", ["a", "p"], ["m"]),
+        helper.make_node("Concat", ["a", "m"], ["cat"], axis=1),
+        helper.make_node("GlobalAveragePool", ["cat"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "w4", "b4"], ["y"], transB=1),
+    ]
+    inits = [_init(rng, "w1", 8, 3, 3, 3), _init(rng, "b1", 8, scale=0.1),
+             _init(rng, "w2", 8, 1, 3, 3), _init(rng, "b2", 8, scale=0.1),
+             _init(rng, "w3", 8, 8, 1, 1), _init(rng, "b3", 8, scale=0.1),
+             _init(rng, "w4", 10, 16), _init(rng, "b4", 10, scale=0.1),
+             numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+    return _model(nodes, inits, {"x": [1, 3, 11, 13]}, {"y": [1, 10]})
+
+
+def encoder_model():
+    """A transformer block's dense layers on 7 tokens: MatMul+bias, ReLU, MatMul+bias, the
+    residual Add, and the tokens' products with each other (two activations)."""
+    rng = np.random.default_rng(8)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"]),
+        helper.make_node("Add", ["h1", "b1"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["h3"]),
+        helper.make_node("MatMul", ["h3", "w2"], ["h4"]),
+        helper.make_node("Add", ["h4", "b2"], ["h5"]),
+        helper.make_node("Add", ["h5", "x"], ["y"]),
+        helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["y", "yt"], ["scores"]),
+    ]
+    inits = [_init(rng, "w1", 16, 24), _init(rng, "b1", 24, scale=0.1),
+             _init(rng, "w2", 24, 16), _init(rng, "b2", 16, scale=0.1)]
+    return _model(nodes, inits, {"x": [1, 7, 16]}, {"y": [1, 7, 16], "scores": [1, 7, 7]})
+
+
+def _model(nodes, inits, inputs, outputs):
+    graph = helper.make_graph(
+        nodes, "float",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+class Calibration(quantization.CalibrationDataReader):
+    def __init__(self, shape, count=4, seed=3):
+        rng = np.random.default_rng(seed)
+        self.batches = iter([{"x": np.asarray(rng.standard_normal(shape), np.float32)}
+                             for _ in range(count)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def quantized(tmp_path, model, shape, dynamic=False, **options):
+    source, target = tmp_path / "float.onnx", tmp_path / "int8.onnx"
+    onnx.save(model, source)
+    if dynamic:
+        quantization.quantize_dynamic(source, target, **options)
+    else:
+        quantization.quantize_static(source, target, Calibration(shape), **options)
+    return onnx.load(target)
+
+
+def run(model, feeds):
+    mod, params = relay.frontend.from_onnx(model)
+    lib = relay.build(mod, target="llvm", params=params)
+    m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+    m.set_input(**feeds)
+    m.run()
+    return mod, [m.get_output(k).numpy() for k in range(m.get_num_outputs())]
+
+
+def operators(mod) -> set:
+    return {node.op for node in mod["main"].topo()}
+
+
+def output_steps(model) -> list:
+    """Each graph output's quantization step: the scale of the DequantizeLinear that makes it
+    (None for a float output)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    steps = []
+    for out in model.graph.output:
+        node = producers[out.name]
+        steps.append(float(inits[node.input[1]]) if node.op_type == "DequantizeLinear" else None)
+    return steps
+
+
+def check_against_onnxruntime(model, feeds):
+    mod, got = run(model, feeds)
+    expected = onnxruntime_outputs(model, feeds)
+    for g, e, step in zip(got, expected, output_steps(model)):
+        bound = step * (1 + 1e-5) if step is not None else 1e-4 * np.abs(e).max()
+        assert np.abs(g - e).max() <= bound, (np.abs(g - e).max(), bound)
+        if g.ndim == 2:
+            assert (g.argmax(-1) == e.argmax(-1)).all()
+    return mod
+
+
+CNN_CASES = {
+    "qdq-u8s8-per-channel": dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                                 per_channel=True),
+    "qdq-s8s8-symmetric": dict(quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                               extra_options={"ActivationSymmetric": True}),
+    "qdq-u8u8-asymmetric-weights": dict(quant_format=QuantFormat.QDQ,
+                                        activation_type=QuantType.QUInt8,
+                                        weight_type=QuantType.QUInt8, per_channel=True),
+    "qoperator-u8s8-per-channel": dict(quant_format=QuantFormat.QOperator,
+                                       activation_type=QuantType.QUInt8, per_channel=True),
+    "qoperator-u8u8": dict(quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
+                           weight_type=QuantType.QUInt8),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CNN_CASES))
+def test_quantized_cnn_against_onnxruntime(tmp_path, case):
+    model = quantized(tmp_path, cnn_model(), (1, 3, 11, 13), **CNN_CASES[case])
+    feeds = {"x": np.asarray(np.random.default_rng(11).standard_normal((1, 3, 11, 13)),
+                             np.float32)}
+    ops = operators(check_against_onnxruntime(model, feeds))
+    assert {"qnn.conv2d", "qnn.dense", "qnn.binary", "qnn.global_avg_pool"} <= ops
+    assert not ops & {"nn.conv2d", "nn.dense", "nn.global_pool"}, "a float layer is left"
+
+
+@pytest.mark.parametrize("case", ["qdq", "qoperator", "dynamic"])
+def test_quantized_encoder_against_onnxruntime(tmp_path, case):
+    options = {"dynamic": dict(dynamic=True),
+               "qdq": dict(quant_format=QuantFormat.QDQ, per_channel=True),
+               "qoperator": dict(quant_format=QuantFormat.QOperator)}[case]
+    model = quantized(tmp_path, encoder_model(), (1, 7, 16), **options)
+    feeds = {"x": np.asarray(np.random.default_rng(12).standard_normal((1, 7, 16)), np.float32)}
+    ops = operators(check_against_onnxruntime(model, feeds))
+    assert "qnn.dense" in ops and "nn.dense" not in ops
+
+
+# ------------------------------------------------------------------ kernels against numpy
+
+
+def build_run(node, inputs, feeds, target="llvm"):
+    lib = relay.build(ir.IRModule(ir.Function(inputs, [node])), target=target)
+    m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+    m.set_input(**feeds)
+    m.run()
+    return m.get_output(0).numpy(), lib
+
+
+def make(op, inputs, **attrs):
+    shape, dtype = get(op).infer(list(inputs), attrs)
+    return ir.Node(op, tuple(inputs), attrs, tuple(shape), dtype, "y")
+
+
+RNG = np.random.default_rng(21)
+
+
+def integers(dtype, *shape):
+    lo, hi = quant.qrange(dtype)
+    return RNG.integers(lo, hi + 1, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("data_dtype,x_zero,weight_dtype,out_dtype,out_zero,groups", [
+    ("uint8", 0, "int8", "uint8", 255, 1),
+    ("uint8", 255, "int8", "int8", -128, 1),
+    ("int8", -128, "int8", "int8", 127, 3),
+    ("int8", 127, "int16", "uint8", 0, 1),          # a uint8 weight centered on its zero point
+    ("uint8", 131, "int8", "int32", 0, 1),          # ConvInteger's int32 accumulation
+])
+def test_qconv2d_against_numpy(data_dtype, x_zero, weight_dtype, out_dtype, out_zero, groups):
+    data = ir.Node("input", (), {}, (2, 6, 9, 11), data_dtype, "x")
+    weight = integers("int8", 9, 6 // groups, 3, 2) if weight_dtype == "int8" else \
+        (integers("uint8", 9, 6 // groups, 3, 2).astype(np.int16) - 131)
+    attrs = dict(strides=(2, 1), dilation=(1, 2), padding=(1, 0, 2, 1), groups=groups)
+    inputs = [data, ir.const(weight), ir.const(np.asarray(x_zero, data_dtype))]
+    if out_dtype != "int32":
+        lo, hi = quant.qrange(out_dtype)
+        inputs += [ir.const(RNG.integers(-3000, 3000, 9).astype(np.int32)),
+                   ir.const(np.asarray(RNG.random(9) * 2e-2 + 1e-3, np.float32))]
+        attrs.update(out_zero=out_zero, out_min=lo, out_max=hi, out_dtype=out_dtype)
+    else:
+        attrs.update(out_zero=0, out_min=0, out_max=0, out_dtype="int32")
+    node = make("qnn.conv2d", inputs, **attrs)
+    x = integers(data_dtype, 2, 6, 9, 11)
+    got, _ = build_run(node, [data], {"x": x})
+    expected = quant.np_qconv2d([x] + [i.value for i in inputs[1:]], attrs)
+    np.testing.assert_array_equal(got, expected)
+    if out_dtype != "int32":           # the saturation is reached at both ends
+        assert {quant.qrange(out_dtype)[0], quant.qrange(out_dtype)[1]} <= set(got.ravel())
+
+
+def requantized_operands(columns, out_dtype):
+    """A dense layer's bias and multiplier inputs and output attributes (none for int32)."""
+    if out_dtype == "int32":
+        return [], dict(out_zero=0, out_min=0, out_max=0, out_dtype="int32")
+    lo, hi = quant.qrange(out_dtype)
+    return ([ir.const(RNG.integers(-3000, 3000, columns).astype(np.int32)),
+             ir.const(np.asarray(RNG.random(columns) * 1e-3, np.float32))],
+            dict(out_zero=lo + 5, out_min=lo, out_max=hi, out_dtype=out_dtype))
+
+
+@pytest.mark.parametrize("data_dtype,x_zero,out_dtype", [("uint8", 0, "int8"),
+                                                         ("uint8", 255, "uint8"),
+                                                         ("int8", -128, "int32")])
+def test_qdense_against_numpy(data_dtype, x_zero, out_dtype):
+    rows, depth, columns = 5, 37, 19
+    data = ir.Node("input", (), {}, (rows, depth), data_dtype, "x")
+    extra, attrs = requantized_operands(columns, out_dtype)
+    inputs = [data, ir.const(integers("int8", depth, columns)),
+              ir.const(np.asarray(x_zero, np.int32)), *extra]
+    node = make("qnn.dense", inputs, **attrs)
+    x = integers(data_dtype, rows, depth)
+    got, _ = build_run(node, [data], {"x": x})
+    np.testing.assert_array_equal(got, quant.np_qdense([x] + [i.value for i in inputs[1:]],
+                                                       attrs))
+
+
+@pytest.mark.parametrize("target,expected", [
+    ("llvm -mcpu=cascadelake", "avx512_vnni"), ("llvm -mcpu=znver4", "avx512_vnni"),
+    ("llvm -mcpu=skylake-avx512", ""), ("llvm -mcpu=haswell", ""),
+    ("llvm -mcpu=cascadelake -mattr=-avx512vnni", ""),
+    ("llvm -mtriple=aarch64-linux-gnu", "")])
+def test_int8_dot_is_the_targets_not_the_hosts(target, expected):
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.compiler.vector_isa import int8_dot
+
+    assert int8_dot(Target(target)) == expected
+
+
+def _host_has(feature: str) -> bool:
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.compiler.vector_isa import int8_dot
+
+    return int8_dot(Target("llvm")) == feature
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=haswell"])
+@pytest.mark.parametrize("data_dtype,x_zero,channels,out_channels,strides", [
+    ("uint8", 255, 6, 21, (1, 1)),       # channels past the last quad and block
+    ("int8", -128, 8, 32, (2, 1)),       # int8 data shifted by 128 into the quads
+    ("uint8", 0, 3, 16, (1, 2)),
+])
+def test_packed_qconv2d_against_numpy(target, data_dtype, x_zero, channels, out_channels,
+                                      strides):
+    """The packed convolution (the importer's form of a one-group int8 layer), with VNNI's
+    ``vpdpbusd`` on the host where it has it and plain AVX2 multiply-adds for haswell."""
+    if target == "llvm" and not _host_has("avx512_vnni"):
+        pytest.skip("this host has no AVX512-VNNI")
+    data = ir.Node("input", (), {}, (1, channels, 7, 10), data_dtype, "x")
+    weight = integers("int8", out_channels, channels, 3, 3)
+    bias = RNG.integers(-3000, 3000, out_channels).astype(np.int32)
+    lo, hi = quant.qrange("uint8")
+    attrs = dict(strides=strides, dilation=(1, 1), padding=(1, 2, 1, 0), groups=1, out_zero=7,
+                 out_min=lo, out_max=hi, out_dtype="uint8", kernel_layout=quant.PACKED)
+    inputs = [data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(x_zero, np.int32)),
+              ir.const(quant.packed_bias(bias, weight, data_dtype, x_zero)),
+              ir.const(np.asarray(RNG.random(out_channels) * 2e-3 + 1e-4, np.float32))]
+    x = integers(data_dtype, 1, channels, 7, 10)
+    got, lib = build_run(make("qnn.conv2d", inputs, **attrs), [data], {"x": x}, target)
+    centered = dict(attrs, kernel_layout="OIHW")
+    expected = quant.np_qconv2d([x, weight, np.asarray(x_zero), bias, inputs[4].value], centered)
+    np.testing.assert_array_equal(got, expected)
+    assert ("vpdpbusd" in lib.get_source("asm")) == (target == "llvm")
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=haswell"])
+@pytest.mark.parametrize("data_dtype,x_zero,out_dtype,shape", [
+    ("uint8", 255, "int8", (5, 37, 19)),       # a reduction past the last quad
+    ("int8", -128, "int32", (9, 64, 48)),      # MatMulInteger's int32, int8 data shifted
+    ("uint8", 0, "uint8", (1, 16, 16)),
+])
+def test_packed_qdense_against_numpy(target, data_dtype, x_zero, out_dtype, shape):
+    if target == "llvm" and not _host_has("avx512_vnni"):
+        pytest.skip("this host has no AVX512-VNNI")
+    rows, depth, columns = shape
+    data = ir.Node("input", (), {}, (rows, depth), data_dtype, "x")
+    weight = integers("int8", depth, columns)
+    extra, attrs = requantized_operands(columns, out_dtype)
+    inputs = [data, ir.const(quant.pack_dense_weight(weight)),
+              ir.const(np.asarray(x_zero, np.int32)),
+              ir.const(weight.astype(np.int32).sum(axis=0, dtype=np.int32)), *extra]
+    x = integers(data_dtype, rows, depth)
+    got, lib = build_run(make("qnn.dense", inputs, kernel_layout=quant.PACKED_DENSE, **attrs),
+                         [data], {"x": x}, target)
+    expected = quant.np_qdense([x, weight, inputs[2].value] + [i.value for i in inputs[4:]],
+                               attrs)
+    np.testing.assert_array_equal(got, expected)
+    assert ("vpdpbusd" in lib.get_source("asm")) == (target == "llvm")
+
+
+def test_dynamic_quantize_linear_against_onnxruntime():
+    """DynamicQuantizeLinear's three outputs, on values all above zero (the zero point at
+    0), all below (at 255) and all zero (the scale 1)."""
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    graph = helper.make_graph([node], "dql", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [3, 5])], [helper.make_tensor_value_info(n, t, s) for n, t, s in (
+            ("y", TensorProto.UINT8, [3, 5]), ("s", TensorProto.FLOAT, []),
+            ("z", TensorProto.UINT8, []))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    base = np.asarray(RNG.standard_normal((3, 5)), np.float32)
+    for x in (base, np.abs(base) + 1, -np.abs(base) - 1, np.zeros_like(base)):
+        _, got = run(model, {"x": x})
+        for g, e in zip(got, onnxruntime_outputs(model, {"x": x})):
+            np.testing.assert_array_equal(g.reshape(e.shape), e)
+
+
+def test_model_command_marks_the_int8_layers(tmp_path):
+    from test_model_command import run_model
+
+    model = quantized(tmp_path, cnn_model(), (1, 3, 11, 13), **CNN_CASES["qdq-u8s8-per-channel"])
+    onnx.save(model, tmp_path / "int8.onnx")
+    done = run_model("int8.onnx", "--local", "--repeat", "1", "--number", "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "int8         4 of 4 conv/dense layers in integers (qnn.conv2d 3, qnn.dense 1)" in \
+        done.stdout, done.stdout
+
+
+def test_refused_forms_are_named():
+    """A QLinearConv whose output scale is computed at run time, and a DequantizeLinear of
+    int16 (an opset 21 type), are refused by name, not computed some other way."""
+    from kernelrpc.relay.errors import UnsupportedOperatorError
+
+    x = np.zeros((1, 2, 3, 3), np.uint8)
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+    graph = helper.make_graph(
+        [node], "qconv",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+        [numpy_helper.from_array(np.float32(0.1), "xs"), numpy_helper.from_array(np.uint8(3), "xz"),
+         numpy_helper.from_array(np.ones((4, 2, 1, 1), np.int8), "w"),
+         numpy_helper.from_array(np.float32(0.2), "ws"), numpy_helper.from_array(np.int8(0), "wz"),
+         numpy_helper.from_array(np.uint8(1), "yz")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    with pytest.raises(UnsupportedOperatorError, match="output scale and zero point must be "
+                                                       "constant scalars"):
+        relay.frontend.from_onnx(model)
+    node = helper.make_node("DequantizeLinear", ["x", "s"], ["y"])
+    graph = helper.make_graph(
+        [node], "dq", [helper.make_tensor_value_info("x", TensorProto.INT16, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.float32(0.5), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    with pytest.raises(UnsupportedOperatorError, match="DequantizeLinear of int16"):
+        relay.frontend.from_onnx(model)

@@ -8,7 +8,7 @@ once bound, ``const`` nodes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,7 +60,6 @@ class Function:
     inputs: list
     outputs: list
     name: str = "main"
-    params: list = field(default_factory=list)     # param nodes, in the order they were met
 
     def topo(self) -> list:
         """The inputs, then every node reachable from the outputs, producers before consumers."""

@@ -26,10 +26,15 @@ from .. import ir
 from ..errors import ModelError
 from ..op import quant
 from ..op.quant import QUANTIZED, qrange
-from .onnx_common import CONVERTERS, Unsupported, converter, normalize_axis, reshape
+from .onnx_common import Unsupported, converter, find_converter, normalize_axis, reshape
 
 #: the float layers whose values quantization commutes with (it is monotonic and per tensor)
 _MOVEMENT = ("reshape", "transpose", "nn.pool2d", "nn.global_pool", "copy")
+
+
+def _float_converter(ctx, op_type: str):
+    """The float operator's converter in the model's opset (a quantized layer's float form)."""
+    return find_converter(op_type, ctx.opset)[1]
 
 
 @dataclass(frozen=True)
@@ -441,7 +446,7 @@ def _qlinear_conv(ctx, args, attrs):
     source = _dequantized(ctx, x, xs, xz)
     weight = _dequantized(ctx, w, ws, wz, axis=0)
     float_bias = None if bias is None else _bias_dequantized(ctx, bias, xs, ws)
-    (y,) = CONVERTERS["Conv"](ctx, [source, weight, float_bias], attrs)
+    (y,) = _float_converter(ctx, "Conv")(ctx, [source, weight, float_bias], attrs)
     return _quantized_result(ctx, y, _output(ctx, ys, yz, "QLinearConv"))
 
 
@@ -456,7 +461,7 @@ def _qgemm(ctx, args, attrs):
                 _dequantized(ctx, b, b_s, b_z, axis=0 if int(attrs.get("transB", 0)) else 1)]
     if c is not None:
         operands.append(_bias_dequantized(ctx, c, a_s, b_s))
-    (y,) = CONVERTERS["Gemm"](ctx, operands, attrs)
+    (y,) = _float_converter(ctx, "Gemm")(ctx, operands, attrs)
     if y_s is None:
         return [y]
     return _quantized_result(ctx, y, _output(ctx, y_s, _zero_like(a) if y_z is None else y_z,
@@ -475,7 +480,7 @@ def _qlinear_matmul(ctx, args, attrs):
     a, a_s, a_z, b, b_s, b_z, y_s, y_z = args
     lhs = _dequantized(ctx, a, a_s, a_z)
     rhs = _dequantized(ctx, b, b_s, b_z, axis=-1)
-    (y,) = CONVERTERS["MatMul"](ctx, [lhs, rhs], attrs)
+    (y,) = _float_converter(ctx, "MatMul")(ctx, [lhs, rhs], attrs)
     return _quantized_result(ctx, y, _output(ctx, y_s, y_z, "QLinearMatMul"))
 
 
@@ -517,7 +522,7 @@ def _qlinear_concat(ctx, args, attrs):
                          f"scale, zero point), the node has {len(args)} inputs")
     ys, yz, rest = args[0], args[1], args[2:]
     parts = [_dequantized(ctx, *rest[k:k + 3]) for k in range(0, len(rest), 3)]
-    (y,) = CONVERTERS["Concat"](ctx, parts, attrs)
+    (y,) = _float_converter(ctx, "Concat")(ctx, parts, attrs)
     return _quantized_result(ctx, y, _output(ctx, ys, yz, "QLinearConcat"))
 
 
@@ -534,12 +539,12 @@ def _accumulation(ctx, args, float_converter, attrs, weight_axis, rule):
     source = _dequantized(ctx, x, ir.const(np.float32(1)), xz)
     wscale = ir.const(np.ones(wz.shape if wz is not None else (), np.float32))
     weight = _dequantized(ctx, w, wscale, wz, axis=weight_axis)
-    (y,) = CONVERTERS[float_converter](ctx, [source, weight], attrs)
+    (y,) = _float_converter(ctx, float_converter)(ctx, [source, weight], attrs)
     found = rule(ctx, y, None)
     if found is not None:
         return [found]
     centered = [ctx.make("cast", [node], dtype="int32") for node in (source, weight)]
-    return CONVERTERS[float_converter](ctx, centered, attrs)
+    return _float_converter(ctx, float_converter)(ctx, centered, attrs)
 
 
 @converter("ConvInteger")

@@ -13,6 +13,7 @@ import ctypes
 import time
 
 from ..native.llvm import ensure_llvm
+from .codegen.llvm_emit import _target_machine
 from .target import Target
 from .vector_isa import vector_isa
 
@@ -56,9 +57,7 @@ def fma_peak_gflops(target=None, seconds: float = 0.2) -> float:
     chains = max(isa.registers - 2, 4)
     llvm = ensure_llvm()
     module = llvm.parse_assembly(_kernel_ir(isa.lanes, chains))
-    machine = llvm.Target.from_triple(target.llvm_triple).create_target_machine(
-        cpu=target.cpu, features=target.features, opt=2)
-    engine = llvm.create_mcjit_compiler(module, machine)
+    engine = llvm.create_mcjit_compiler(module, _target_machine(target, 2))
     engine.finalize_object()
     kernel = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p)(
         engine.get_function_address("peak"))
@@ -67,12 +66,7 @@ def fma_peak_gflops(target=None, seconds: float = 0.2) -> float:
     def peak(steps):
         kernel(steps, ctypes.addressof(sink))
     steps = 1 << 12
-    while True:
-        start = time.perf_counter()
-        peak(steps)
-        elapsed = time.perf_counter() - start
-        if elapsed > seconds / 4:
-            break
+    while _timed(peak, steps) <= seconds / 4:
         steps *= 4
     best = min(_timed(peak, steps) for _ in range(3))
     return 2 * isa.lanes * chains * steps / best / 1e9

@@ -1,9 +1,11 @@
 """A fused group's tensor expression and its schedule.
 
-The group's elementwise and injective stages are inlined into its output stage. A tunable
-anchor (convolution, dense layer) is scheduled by its strategy (:mod:`.strategy`): its
-reduction computed inside the output's register tile, the group's tail on values still in
-registers. Pooling and other reductions are computed at the root, their outer loop parallel.
+The group's elementwise and injective stages are inlined into its output stage. An anchor
+with a strategy (:mod:`.strategy`: convolutions, dense layers, batched MatMul, a long row's
+softmax, the int8 layers) is scheduled by it: a reduction computed inside the output's
+register tile, the group's tail on values still in registers. Pooling and other reductions
+are computed at the root, their outer loop parallel, and a group without an injective
+operator runs its last axis in vectors.
 """
 from __future__ import annotations
 

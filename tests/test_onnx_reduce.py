@@ -1,6 +1,7 @@
-"""The reductions and selections of frontend/onnx_reduce.py against onnxruntime: ReduceL1, L2,
-LogSum, LogSumExp, Prod, SumSquare (axes as an attribute, and as an input from opset 18),
-ArgMax and ArgMin, TopK, CumSum and Einsum in the forms transformers use."""
+"""The reductions and selections of frontend/onnx_reduce.py against onnxruntime: ReduceSum,
+Mean, Max, Min, L1, L2, LogSum, LogSumExp, Prod, SumSquare (axes as an attribute, and as an
+input from opset 18, 13 for ReduceSum, with ``noop_with_empty_axes``), ArgMax and ArgMin, TopK,
+CumSum and Einsum in the forms transformers use."""
 import numpy as np
 import pytest
 
@@ -14,6 +15,7 @@ from kernelrpc.relay.errors import UnsupportedOperatorError  # noqa: E402
 from kernelrpc.relay.frontend.onnx_reduce import MAX_SCAN_AXIS, parse_einsum  # noqa: E402
 
 RNG = np.random.default_rng(3)
+BASIC = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"]
 REDUCTIONS = ["ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd",
               "ReduceSumSquare"]
 #: (axes, keepdims): every axes form with both keepdims values among them
@@ -23,30 +25,57 @@ AXES = [(None, None), ([1], 0), ([0, -1], None), ([-2], 0), ([2, 0, 1], 0)]
 def _reduce_input(op):
     if op == "ReduceProd":
         return rand(RNG, 3, 4, 5, positive=True) * np.float32(0.8)
-    if op == "ReduceLogSum":
-        return rand(RNG, 3, 4, 5, positive=True)
+    if op in ("ReduceLogSum", "ReduceSum", "ReduceMean"):
+        return rand(RNG, 3, 4, 5, positive=True)         # no cancellation: tolerance of scale
     if op == "ReduceLogSumExp":
         return rand(RNG, 3, 4, 5) * np.float32(40)           # exp overflows without the shift
     return rand(RNG, 3, 4, 5)
 
 
-@pytest.mark.parametrize("op,opset", [(op, opset) for op in REDUCTIONS for opset in opsets(op)],
-                         ids=str)
-@pytest.mark.parametrize("axes,keepdims", AXES, ids=str)
-def test_reduction(op, opset, axes, keepdims):
-    attrs = {} if keepdims is None else {"keepdims": keepdims}
+def _axes_input_since(op):
+    return 13 if op == "ReduceSum" else 18
+
+
+def _check_reduction(op, opset, axes, attrs):
     inits = {}
     if axes is not None:
-        if opset >= 18:
+        if opset >= _axes_input_since(op):
             inits["axes"] = np.asarray(axes, np.int64)
         else:
             attrs["axes"] = axes
     check(op, {"x": _reduce_input(op)}, attrs, inits, opset=opset)
 
 
-@pytest.mark.parametrize("op", REDUCTIONS)
-def test_reduction_noop_with_empty_axes(op):
-    check(op, {"x": _reduce_input(op)}, {"noop_with_empty_axes": 1}, opset=18)
+@pytest.mark.parametrize("op,opset", [(op, opset) for op in REDUCTIONS for opset in opsets(op)],
+                         ids=str)
+@pytest.mark.parametrize("axes,keepdims", AXES, ids=str)
+def test_reduction(op, opset, axes, keepdims):
+    _check_reduction(op, opset, axes, {} if keepdims is None else {"keepdims": keepdims})
+
+
+@pytest.mark.parametrize("op,opset", [(op, opset) for op in BASIC for opset in opsets(op)],
+                         ids=str)
+@pytest.mark.parametrize("axes,keepdims", [(None, None), ([0, -1], 0)], ids=str)
+def test_sum_mean_max_min(op, opset, axes, keepdims):
+    _check_reduction(op, opset, axes, {} if keepdims is None else {"keepdims": keepdims})
+
+
+@pytest.mark.parametrize("op", BASIC + REDUCTIONS)
+@pytest.mark.parametrize("axes,noop", [(None, 1), ([], 1), ([1, -1], 0), ([1, -1], 1),
+                                       (None, 0)], ids=str)
+def test_noop_with_empty_axes(op, axes, noop):
+    """Without axes, ``noop_with_empty_axes=1`` leaves the input (through the elementwise
+    steps); with axes it has no effect (torch's exporter writes ``0`` beside every axes)."""
+    inits = {} if axes is None else {"axes": np.asarray(axes, np.int64)}
+    check(op, {"x": _reduce_input(op)}, {"noop_with_empty_axes": noop}, inits,
+          opset=_axes_input_since(op))
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_max_min_of_bool(op):
+    """Opset 20's only change: bool inputs (False < True)."""
+    x = RNG.random((3, 4)) < 0.3
+    check(op, {"x": x}, {"keepdims": 0}, {"axes": np.asarray([1], np.int64)}, opset=20)
 
 
 @pytest.mark.parametrize("op", ["ReduceL1", "ReduceSumSquare", "ReduceProd"])
@@ -141,6 +170,7 @@ def test_parse_einsum_spells_out_the_ellipsis_from_the_right():
 @pytest.mark.parametrize("op,inputs,attrs,inits,opset,reason", [
     ("ReduceL2", {"x": np.ones((2, 3), np.int32)}, {}, {}, 13, "ReduceL2 of int32"),
     ("ReduceLogSumExp", {"x": np.ones((2, 3), np.float64)}, {}, {}, 13, "of float64"),
+    ("ReduceMean", {"x": np.ones((2, 3), np.int32)}, {}, {}, 13, "ReduceMean of int32"),
     ("ArgMax", {"x": np.ones((2, 3), np.float64)}, {}, {}, 13, "ArgMax of float64"),
     ("Einsum", {"a": np.ones((2, 3), np.float32), "b": np.ones((1, 3), np.float32)},
      {"equation": "ij,ij->ij"}, {}, 12, "broadcasting a dimension of 1 against 2"),

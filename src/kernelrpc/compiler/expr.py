@@ -505,21 +505,15 @@ indexmod = floormod
 
 
 def min_value(dtype: str) -> PrimExpr:
-    code, bits, _ = parse_dtype(dtype)
-    if code == "float":
+    if parse_dtype(dtype)[0] == "float":
         return const(-math.inf, dtype)
-    if code == "uint":
-        return const(0, dtype)
-    return const(-(2 ** (bits - 1)), dtype)
+    return const(int_range(dtype)[0], dtype)
 
 
 def max_value(dtype: str) -> PrimExpr:
-    code, bits, _ = parse_dtype(dtype)
-    if code == "float":
+    if parse_dtype(dtype)[0] == "float":
         return const(math.inf, dtype)
-    if code == "uint":
-        return const(2 ** bits - 1, dtype)
-    return const(2 ** (bits - 1) - 1, dtype)
+    return const(int_range(dtype)[1], dtype)
 
 
 def minimum(a, b) -> PrimExpr:

@@ -1,6 +1,7 @@
-"""ONNX converters of the reductions past Sum/Mean/Max/Min (ReduceL1, ReduceL2, ReduceLogSum,
-ReduceLogSumExp, ReduceProd, ReduceSumSquare: an elementwise step, the ``reduce`` operator,
-an elementwise step), the selections ArgMax, ArgMin and TopK, CumSum and Einsum."""
+"""ONNX converters of the reductions (ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceL1,
+ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceProd, ReduceSumSquare: an elementwise step, the
+``reduce`` operator, an elementwise step), the selections ArgMax, ArgMin and TopK, CumSum and
+Einsum."""
 from __future__ import annotations
 
 import string
@@ -10,30 +11,22 @@ from .onnx_activation import check_dtype
 from .onnx_common import Unsupported, converter, normalize_axis, reshape
 
 _INTS = ("int32", "int64")
+_FLOAT = ("float32",)
 #: the longest axis TopK and CumSum take (their kernels are quadratic in it)
 MAX_SCAN_AXIS = 1 << 16
 
-#: op type -> (elementwise step before, reduction, step after, integer dtypes allowed)
-_REDUCE = {"ReduceL1": ("abs", "sum", None, True),
-           "ReduceL2": ("square", "sum", "sqrt", False),
-           "ReduceSumSquare": ("square", "sum", None, True),
-           "ReduceLogSum": (None, "sum", "log", False),
-           "ReduceProd": (None, "prod", None, True),
-           "ReduceLogSumExp": (None, "logsumexp", None, False)}
-
-
-def _reduce_axes(ctx, args, attrs, ndim):
-    """The axes reduced (sorted); ``[]`` for none (``noop_with_empty_axes``). Attribute before
-    opset 18, input from 18."""
-    if ctx.opset >= 18:
-        noop = int(attrs.get("noop_with_empty_axes", 0))
-        axes = [int(v) for v in ctx.constant(args[1], "axes").reshape(-1)] \
-            if len(args) > 1 and args[1] is not None else []
-        if not axes and noop:
-            return []
-    else:
-        axes = attrs.ints("axes", [])
-    return sorted({normalize_axis(a, ndim) for a in axes}) if axes else list(range(ndim))
+#: op type -> (elementwise step before, reduction, step after, the dtypes implemented (None:
+#: every one); ReduceMean's integer mean is refused: the operator scales by a float reciprocal)
+_REDUCE = {"ReduceSum": (None, "sum", None, None),
+           "ReduceMean": (None, "mean", None, _FLOAT),
+           "ReduceMax": (None, "max", None, None),
+           "ReduceMin": (None, "min", None, None),
+           "ReduceL1": ("abs", "sum", None, _FLOAT + _INTS),
+           "ReduceL2": ("square", "sum", "sqrt", _FLOAT),
+           "ReduceSumSquare": ("square", "sum", None, _FLOAT + _INTS),
+           "ReduceLogSum": (None, "sum", "log", _FLOAT),
+           "ReduceProd": (None, "prod", None, _FLOAT + _INTS),
+           "ReduceLogSumExp": (None, "logsumexp", None, _FLOAT)}
 
 
 def _log_sum_exp(ctx, x, axes, keep):
@@ -47,13 +40,19 @@ def _log_sum_exp(ctx, x, axes, keep):
     return reshape(ctx, out, [d for k, d in enumerate(x.shape) if k not in axes])
 
 
-@converter(*_REDUCE)
-def _reduce(ctx, args, attrs):
+def _reduce(ctx, args, attrs, axes, noop):
+    """``axes`` as written (none: every axis, or none at all with ``noop``, the
+    ``noop_with_empty_axes`` of the axes-input form: then only the elementwise steps)."""
     x = args[0]
-    before, kind, after, ints = _REDUCE[ctx.op_type]
-    check_dtype(ctx, x, ("float32",) + (_INTS if ints else ()))
+    before, kind, after, dtypes = _REDUCE[ctx.op_type]
+    if dtypes is not None:
+        check_dtype(ctx, x, dtypes)
     keep = bool(int(attrs.get("keepdims", 1)))
-    axes = _reduce_axes(ctx, args, attrs, len(x.shape))
+    ndim = len(x.shape)
+    if axes:
+        axes = sorted({normalize_axis(a, ndim) for a in axes})
+    else:
+        axes = [] if noop else list(range(ndim))
     if before == "abs":
         x = ctx.make("abs", [x])
     elif before == "square":
@@ -65,6 +64,24 @@ def _reduce(ctx, args, attrs):
     else:
         out = ctx.make("reduce", [x], kind=kind, axes=tuple(axes), keepdims=keep)
     return [ctx.make(after, [out]) if after else out]
+
+
+def _axes_attribute(ctx, args, attrs):
+    return _reduce(ctx, args, attrs, attrs.ints("axes", []), noop=False)
+
+
+def _axes_input(ctx, args, attrs):
+    """Axes as an optional input, and ``noop_with_empty_axes`` (read whatever the axes:
+    exporters write ``noop_with_empty_axes=0`` beside them)."""
+    noop = bool(int(attrs.get("noop_with_empty_axes", 0)))
+    axes = ctx.optional_ints(args, 1, f"{ctx.op_type}'s axes") or []
+    return _reduce(ctx, args, attrs, axes, noop)
+
+
+for _op in _REDUCE:
+    converter(_op)(_axes_attribute)
+    converter(_op, since=13 if _op == "ReduceSum" else 18)(_axes_input)
+converter("ReduceMax", "ReduceMin", since=20)(_axes_input)     # bool inputs added
 
 
 @converter("ArgMax", "ArgMin")

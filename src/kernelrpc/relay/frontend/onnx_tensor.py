@@ -1,10 +1,9 @@
 """ONNX converters of the shape and data-movement operators: Flatten, Reshape, Squeeze,
-Transpose, Concat, Split, Slice, Pad, Expand, Tile, Range, reductions, Constant, Shape,
+Transpose, Concat, Split, Slice, Pad, Expand, Tile, Range, Constant, Shape,
 Resize..."""
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import numpy as np
 
@@ -222,31 +221,6 @@ def _pad_11(ctx, args, attrs):
         value = ctx.optional_float(args, 2, "Pad's constant_value", 0.0)
     return _pad(ctx, args[0], mode, ctx.optional_ints(args, 1, "Pad's pads"), value,
                 ctx.optional_ints(args, 3, "Pad's axes"))
-
-
-_REDUCE = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
-
-
-def _reduce(ctx, x, kind, axes, keep):
-    ndim = len(x.shape)
-    axes = sorted({normalize_axis(a, ndim) for a in axes}) if axes else list(range(ndim))
-    return [ctx.make("reduce", [x], kind=kind, axes=tuple(axes), keepdims=bool(keep))]
-
-
-def _reduce_1(ctx, args, attrs, kind):
-    return _reduce(ctx, args[0], kind, attrs.ints("axes", []), int(attrs.get("keepdims", 1)))
-
-
-def _reduce_axes_input(ctx, args, attrs, kind):
-    axes = ctx.optional_ints(args, 1, "the axes") or []
-    if not axes and int(attrs.get("noop_with_empty_axes", 0)):
-        return [args[0]]
-    return _reduce(ctx, args[0], kind, axes, int(attrs.get("keepdims", 1)))
-
-
-for _op, _kind in _REDUCE.items():
-    converter(_op)(partial(_reduce_1, kind=_kind))
-    converter(_op, since=13 if _op == "ReduceSum" else 18)(partial(_reduce_axes_input, kind=_kind))
 
 
 @converter("Dropout")

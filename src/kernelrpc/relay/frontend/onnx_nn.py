@@ -1,8 +1,10 @@
 """ONNX converters of the network layers: Conv, ConvTranspose, Gemm, MatMul, Softmax,
-BatchNormalization, pooling, LRN."""
+BatchNormalization, pooling, LRN. Convolutions and poolings of 1 and 2 spatial dimensions
+are the 2-D operators' (1-D over a unit height), so that one set of schedules serves both."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -10,6 +12,48 @@ import numpy as np
 from .. import ir
 from ..errors import ModelError
 from .onnx_common import Unsupported, converter, normalize_axis, reshape
+
+
+@dataclass(frozen=True)
+class Window:
+    """A convolution's or a pooling's window along the spatial dimensions: per dimension the
+    kernel, stride, dilation and the padding before and after."""
+
+    kernel: tuple
+    strides: tuple
+    dilations: tuple
+    before: tuple
+    after: tuple
+
+    @property
+    def padding(self) -> tuple:
+        """The 2-D operators' form: every dimension's padding before, then after."""
+        return (*self.before, *self.after)
+
+    def unit(self, at: int) -> Window:
+        """The same window with a dimension of its own at ``at`` where it does nothing (kernel,
+        stride and dilation 1, no padding): a 1-D window over a unit height is a 2-D one."""
+        def put(values, value):
+            return (*values[:at], value, *values[at:])
+        return Window(put(self.kernel, 1), put(self.strides, 1), put(self.dilations, 1),
+                      put(self.before, 0), put(self.after, 0))
+
+def _spatial_rank(x, what: str) -> int:
+    """1 or 2: the spatial dimensions of an [N, C, ...] input."""
+    nsp = len(x.shape) - 2
+    if nsp not in (1, 2):
+        raise Unsupported(f"{what} of a {len(x.shape)}-D input {list(x.shape)} (1-D and 2-D "
+                          "are implemented: [N, C, L], [N, C, H, W])")
+    return nsp
+
+
+def _spatial_ints(attrs, name, default, nsp, lo=1):
+    """A per-dimension attribute (strides, dilations, kernel_shape...): ``nsp`` integers of at
+    least ``lo``."""
+    values = attrs.ints(name, default)
+    if values is None or len(values) != nsp or any(v < lo for v in values):
+        raise ModelError(f"{name} {values} must be {nsp} integers of at least {lo}")
+    return tuple(values)
 
 
 def _spatial_pads(attrs, in_shape, kernel, strides, dilations, what):
@@ -33,91 +77,130 @@ def _spatial_pads(attrs, in_shape, kernel, strides, dilations, what):
     return begin + end
 
 
-def _pair(attrs, name, default, lo=1):
-    """A 2-D attribute (strides, dilations, kernel_shape...): two integers of at least ``lo``."""
-    values = attrs.ints(name, default)
-    if values is None or len(values) != 2 or any(v < lo for v in values):
-        raise ModelError(f"{name} {values} must be two integers of at least {lo}")
-    return values
+def _read_window(ctx, attrs, x, kernel) -> Window:
+    """The window of ``x``'s spatial dimensions: ``kernel_shape`` (``kernel`` by default),
+    ``strides``, ``dilations``, ``pads`` or ``auto_pad``."""
+    spatial = x.shape[2:]
+    nsp = len(spatial)
+    kernel = _spatial_ints(attrs, "kernel_shape", kernel, nsp)
+    strides = _spatial_ints(attrs, "strides", [1] * nsp, nsp)
+    dilations = _spatial_ints(attrs, "dilations", [1] * nsp, nsp)
+    pads = _spatial_pads(attrs, spatial, kernel, strides, dilations, ctx.op_type)
+    return Window(kernel, strides, dilations, tuple(pads[:nsp]), tuple(pads[nsp:]))
+
+
+def _unit_height(ctx, x):
+    """[N, C, L] as [N, C, 1, L]."""
+    return reshape(ctx, x, (*x.shape[:2], 1, *x.shape[2:]))
+
+
+def _conv2d(ctx, x, w, window: Window, groups: int, bias=None, upsample=None):
+    """``nn.conv2d`` and its bias (added to the 2-D output: the addition runs in the
+    convolution's kernel whatever the rank the output is reshaped to)."""
+    extra = {} if upsample is None else {"upsample": tuple(upsample)}
+    out = ctx.make("nn.conv2d", [x, w], strides=window.strides, dilation=window.dilations,
+                   padding=window.padding, groups=groups, **extra)
+    if bias is not None:
+        out = ctx.make("add", [out, reshape(ctx, bias, (1, bias.size, 1, 1))])
+    return out
+
+
+def _conv_nd(ctx, x, w, window: Window, groups: int, args, upsample=None):
+    """The convolution of ``x``'s 1 or 2 spatial dimensions by the 2-D operator (1-D over a
+    unit height), with the bias ``args[2]`` if there is one."""
+    nsp = len(x.shape) - 2
+    bias = args[2] if len(args) > 2 else None
+    if nsp == 2:
+        return _conv2d(ctx, x, w, window, groups, bias, upsample)
+    out = _conv2d(ctx, _unit_height(ctx, x), _unit_height(ctx, w), window.unit(0), groups, bias,
+                  None if upsample is None else (1, *upsample))
+    return reshape(ctx, out, (*out.shape[:2], out.shape[3]))
 
 
 @converter("Conv")
 def _conv(ctx, args, attrs):
     x, w = args[0], args[1]
-    if len(x.shape) != 4:
-        raise Unsupported(f"only 2-D convolution (4-D input) is implemented, input is "
-                          f"{list(x.shape)}")
-    if len(w.shape) != 4:
-        raise ModelError(f"the weight of a 2-D convolution must be 4-D, got {list(w.shape)}")
-    kernel = _pair(attrs, "kernel_shape", list(w.shape[2:]))
-    if list(kernel) != list(w.shape[2:]):
-        raise ModelError(f"kernel_shape {kernel} does not match the weight {list(w.shape)}")
-    strides = _pair(attrs, "strides", [1, 1])
-    dilations = _pair(attrs, "dilations", [1, 1])
+    nsp = _spatial_rank(x, "Conv")
+    if len(w.shape) != nsp + 2:
+        raise ModelError(f"the weight of a {nsp}-D convolution must be {nsp + 2}-D, got "
+                         f"{list(w.shape)}")
+    window = _read_window(ctx, attrs, x, list(w.shape[2:]))
+    if list(window.kernel) != list(w.shape[2:]):
+        raise ModelError(f"kernel_shape {list(window.kernel)} does not match the weight "
+                         f"{list(w.shape)}")
     groups = int(attrs.get("group", 1))
     if groups <= 0:
         raise ModelError(f"group {groups} must be positive")
-    pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dilations, "Conv")
-    out = ctx.make("nn.conv2d", [x, w], strides=tuple(strides), dilation=tuple(dilations),
-                   padding=(pads[0], pads[1], pads[2], pads[3]), groups=groups)
-    if len(args) > 2 and args[2] is not None:
-        out = ctx.make("add", [out, reshape(ctx, args[2], (1, args[2].size, 1, 1))])
-    return [out]
+    return [_conv_nd(ctx, x, w, window, groups, args)]
+
+
+def _transposed_pads(attrs, x, kernel, strides, dilations, out_pad):
+    """The pads of a ConvTranspose, per spatial dimension ``(before, after)``: its ``pads``,
+    or those that make ``output_shape`` (an ``after`` below 0 when the output reaches past
+    what the kernel covers), or ``auto_pad``'s."""
+    nsp = len(kernel)
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"auto_pad={auto!r}")
+    out_shape = attrs.ints("output_shape", None)
+    if out_shape is not None and (len(out_shape) not in (nsp, nsp + 2) or min(out_shape) <= 0):
+        raise ModelError(f"output_shape {out_shape} must be {nsp} (or {nsp + 2}) positive "
+                         "integers")
+    pads = attrs.ints("pads", [0] * (2 * nsp))
+    if len(pads) != 2 * nsp or any(p < 0 for p in pads):
+        raise ModelError(f"ConvTranspose: pads {pads} must be {2 * nsp} non-negative integers")
+    if auto == "VALID":
+        return [0] * nsp, [0] * nsp
+    if out_shape is None and auto not in ("SAME_UPPER", "SAME_LOWER"):
+        return pads[:nsp], pads[nsp:]
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    target = out_shape[-nsp:] if out_shape is not None else [
+        size * s for size, s in zip(x.shape[2:], strides)]
+    begin, end = [], []
+    for size, s, sp, op, t in zip(x.shape[2:], strides, spans, out_pad, target):
+        total = s * (size - 1) + op + sp - t
+        if total < 0:                             # more output than the kernel covers:
+            begin.append(0)                       # the rest is added at the end
+            end.append(total)
+            continue
+        upper = auto == "SAME_UPPER"
+        begin.append(total // 2 if upper else total - total // 2)
+        end.append(total - total // 2 if upper else total // 2)
+    return begin, end
 
 
 @converter("ConvTranspose")
 def _conv_transpose(ctx, args, attrs):
+    """A transposed convolution is a convolution over the input upsampled by the stride (zeros
+    between elements), padded by the kernel's span less the pads, with the flipped kernel."""
     x, w = args[0], args[1]
-    if len(x.shape) != 4:
-        raise Unsupported("only 2-D transposed convolution (4-D input) is implemented")
-    weight = ctx.constant(w, "the weight of ConvTranspose")
+    nsp = _spatial_rank(x, "ConvTranspose")
+    if len(w.shape) != nsp + 2:
+        raise ModelError(f"the weight of a {nsp}-D transposed convolution must be {nsp + 2}-D, "
+                         f"got {list(w.shape)}")
     groups = int(attrs.get("group", 1))
-    c, ocg, kh, kw = weight.shape
+    c, ocg, *kernel = w.shape
     if groups <= 0 or c % groups or c != x.shape[1]:
-        raise ModelError(f"weight {list(weight.shape)}, {x.shape[1]} input channels and "
+        raise ModelError(f"weight {list(w.shape)}, {x.shape[1]} input channels and "
                          f"group={groups} do not agree")
-    kernel = _pair(attrs, "kernel_shape", [kh, kw])
-    if list(kernel) != [kh, kw]:
-        raise ModelError(f"kernel_shape {kernel} does not match the weight")
-    strides = _pair(attrs, "strides", [1, 1])
-    dilations = _pair(attrs, "dilations", [1, 1])
-    out_pad = _pair(attrs, "output_padding", [0, 0], lo=0)
-    out_shape = attrs.ints("output_shape", None)
-    if out_shape is not None and (len(out_shape) not in (2, 4) or min(out_shape) <= 0):
-        raise ModelError(f"output_shape {out_shape} must be 2 (or 4) positive integers")
-    auto = attrs.get("auto_pad", "NOTSET")
-    pads = attrs.ints("pads", [0, 0, 0, 0])
-    if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
-        raise Unsupported(f"auto_pad={auto!r}")
-    span = [(k - 1) * d + 1 for k, d in zip((kh, kw), dilations)]
-    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
-        target = out_shape[-2:] if out_shape is not None else [
-            size * s for size, s in zip(x.shape[2:], strides)]
-        begin, end = [], []
-        for size, s, sp, op, t in zip(x.shape[2:], strides, span, out_pad, target):
-            total = s * (size - 1) + op + sp - t
-            if total < 0:                             # more output than the kernel covers:
-                begin.append(0)                       # the rest is added at the end
-                end.append(total)
-                continue
-            upper = auto == "SAME_UPPER"
-            begin.append(total // 2 if upper else total - total // 2)
-            end.append(total - total // 2 if upper else total // 2)
-        pads = begin + end
-    elif auto == "VALID":
-        pads = [0, 0, 0, 0]
-    # a transposed convolution is a convolution over the input upsampled by the stride (zeros
-    # between elements), padded by the kernel's span less the pads, with the flipped kernel
-    flipped = weight.reshape(groups, c // groups, ocg, kh, kw).transpose(0, 2, 1, 3, 4)
-    flipped = np.ascontiguousarray(flipped.reshape(groups * ocg, c // groups, kh, kw)[:, :, ::-1, ::-1])
-    padding = (span[0] - 1 - pads[0], span[1] - 1 - pads[1],
-               span[0] - 1 - pads[2] + out_pad[0], span[1] - 1 - pads[3] + out_pad[1])
-    out = ctx.make("nn.conv2d", [x, ir.const(flipped, w.name)], strides=(1, 1),
-                   dilation=tuple(dilations), padding=padding, groups=groups,
-                   upsample=tuple(strides))
-    if len(args) > 2 and args[2] is not None:
-        out = ctx.make("add", [out, reshape(ctx, args[2], (1, args[2].size, 1, 1))])
-    return [out]
+    if list(_spatial_ints(attrs, "kernel_shape", kernel, nsp)) != kernel:
+        raise ModelError("kernel_shape does not match the weight")
+    strides = _spatial_ints(attrs, "strides", [1] * nsp, nsp)
+    dilations = _spatial_ints(attrs, "dilations", [1] * nsp, nsp)
+    out_pad = _spatial_ints(attrs, "output_padding", [0] * nsp, nsp, lo=0)
+    begin, end = _transposed_pads(attrs, x, kernel, strides, dilations, out_pad)
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    # [C, O/G, K...] -> [O, C/G, K...], the window reversed (folded for a constant weight)
+    flipped = reshape(ctx, w, (groups, c // groups, ocg, *kernel))
+    flipped = ctx.make("transpose", [flipped], axes=(0, 2, 1, *range(3, nsp + 3)))
+    flipped = reshape(ctx, flipped, (groups * ocg, c // groups, *kernel))
+    flipped = ctx.make("strided_slice", [flipped], slices=tuple(
+        (2 + k, size - 1, -1, -1) for k, size in enumerate(kernel)))
+    window = Window(tuple(kernel), (1,) * nsp, dilations,
+                    tuple(sp - 1 - b for sp, b in zip(spans, begin)),
+                    tuple(sp - 1 - e + op for sp, e, op in zip(spans, end, out_pad)))
+    return [_conv_nd(ctx, x, flipped, window, groups, args,
+                     upsample=strides[-2:] if nsp > 1 else strides)]
 
 
 def _dense(ctx, a, b_value, name):
@@ -225,30 +308,36 @@ def _batch_norm(ctx, args, attrs):
 
 
 def _pool(ctx, args, attrs, kind):
+    """Pooling of 1 or 2 spatial dimensions by the 2-D operator: 1-D over a unit height."""
     x = args[0]
-    if len(x.shape) != 4:
-        raise Unsupported(f"only 2-D pooling (4-D input) is implemented, input is {list(x.shape)}")
-    kernel = _pair(attrs, "kernel_shape", None)
-    strides = _pair(attrs, "strides", [1, 1])
-    dilations = _pair(attrs, "dilations", [1, 1])
-    pads = _spatial_pads(attrs, x.shape[2:], kernel, strides, dilations, ctx.op_type)
-    ceil = int(attrs.get("ceil_mode", 0))
-    include = int(attrs.get("count_include_pad", 0)) if kind == "avg" else 0
+    nsp = _spatial_rank(x, ctx.op_type)
+    window = _read_window(ctx, attrs, x, None)
+    ceil = bool(int(attrs.get("ceil_mode", 0)))
+    include = bool(int(attrs.get("count_include_pad", 0))) if kind == "avg" else False
     if kind == "max" and int(attrs.get("storage_order", 0)):
         raise Unsupported("storage_order=1 is not implemented")
-    if kind == "avg" and dilations != [1, 1]:
-        raise Unsupported("dilated AveragePool is not implemented")
-    return [ctx.make("nn.pool2d", [x], kind=kind, kernel=tuple(kernel), strides=tuple(strides),
-                     dilation=tuple(dilations), padding=tuple(pads), ceil_mode=bool(ceil),
-                     count_include_pad=bool(include))]
+
+    def pool2d(data, win):
+        return ctx.make("nn.pool2d", [data], kind=kind, kernel=win.kernel, strides=win.strides,
+                        dilation=win.dilations, padding=win.padding, ceil_mode=ceil,
+                        count_include_pad=include)
+    if nsp == 2:
+        return [pool2d(x, window)]
+    out = pool2d(_unit_height(ctx, x), window.unit(0))
+    return [reshape(ctx, out, (*out.shape[:2], out.shape[3]))]
 
 
+# MaxPool 22 and AveragePool 22 say that windows starting in the right padding are dropped
+# (as nn.pool2d's ceil_mode always did); AveragePool 19 adds dilations
 @converter("MaxPool")
+@converter("MaxPool", since=22)
 def _max_pool(ctx, args, attrs):
     return _pool(ctx, args, attrs, "max")
 
 
 @converter("AveragePool")
+@converter("AveragePool", since=19)
+@converter("AveragePool", since=22)
 def _avg_pool(ctx, args, attrs):
     return _pool(ctx, args, attrs, "avg")
 

@@ -240,17 +240,22 @@ def _pool(ts, attrs, node):
             name="max_pool2d", tag="pool")
     padded = pad_stage(x, [pt, pl], [eb, er])
     total = te.compute(node.shape, lambda n, c, y, xx: te.sum(
-        padded[n, c, y * sh + ry, xx * sw + rx], axis=[ry, rx]), name="avg_pool2d_sum",
-        tag="pool")
+        padded[n, c, y * sh + ry * dh, xx * sw + rx * dw], axis=[ry, rx]),
+        name="avg_pool2d_sum", tag="pool")
     if attrs["count_include_pad"]:
         hi_h, hi_w, lo_h, lo_w = h + pb, w + pr, -pt, -pl
     else:
         hi_h, hi_w, lo_h, lo_w = h, w, 0, 0
 
-    def count(start, k, lo, hi):
-        return E.minimum(start + k, hi) - E.maximum(start, lo)
+    def count(start, k, d, lo, hi):
+        """The window's taps ``start + i * d`` (``0 <= i < k``) in ``[lo, hi)``."""
+        if d == 1:
+            return E.minimum(start + k, hi) - E.maximum(start, lo)
+        first = E.maximum(E.floordiv(lo - start + d - 1, d), 0)
+        last = E.minimum(E.floordiv(hi - 1 - start, d), k - 1)
+        return last - first + 1
     return te.compute(node.shape, lambda n, c, y, xx: total[n, c, y, xx] / E.cast(
-        count(y * sh - pt, kh, lo_h, hi_h) * count(xx * sw - pl, kw, lo_w, hi_w), dt),
+        count(y * sh - pt, kh, dh, lo_h, hi_h) * count(xx * sw - pl, kw, dw, lo_w, hi_w), dt),
         name="avg_pool2d")
 
 

@@ -1,0 +1,204 @@
+"""Convolutions and poolings of 1 spatial dimension against onnxruntime: Conv, ConvTranspose,
+MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool of [N, C, L] inputs (the 2-D
+operators over a unit height), with odd sizes and every attribute form; dilated AveragePool
+(opset 19); the 2-D strategies on unit-height maps."""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx_check import N, check, check_graph, compare, one_node_model, opsets, rand, run  # noqa: E402
+from test_relay_conv_channels import Knobs  # noqa: E402
+
+import kernelrpc  # noqa: E402
+from kernelrpc import relay  # noqa: E402
+from kernelrpc.compiler.target import Target  # noqa: E402
+from kernelrpc.contrib import graph_executor  # noqa: E402
+from kernelrpc.relay import strategy  # noqa: E402
+from kernelrpc.relay.errors import UnsupportedOperatorError  # noqa: E402
+from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
+
+RNG = np.random.default_rng(41)
+
+#: (input shape, weight shape, attributes): 1-D convolutions
+CONV_1D = {
+    "strided dilated": ((2, 6, 37), (4, 6, 5), {"strides": [2], "dilations": [2],
+                                                "pads": [1, 3]}),
+    "grouped": ((1, 6, 37), (9, 2, 5), {"group": 3, "pads": [2, 0]}),
+    "depthwise": ((1, 8, 41), (8, 1, 7), {"group": 8, "strides": [3], "pads": [3, 3]}),
+    "depthwise x2": ((1, 4, 29), (8, 1, 3), {"group": 4, "dilations": [3]}),
+    "pointwise": ((1, 16, 23), (24, 16, 1), {}),
+    "same upper": ((1, 5, 37), (7, 5, 4), {"auto_pad": "SAME_UPPER", "strides": [2]}),
+    "same lower": ((1, 5, 36), (7, 5, 4), {"auto_pad": "SAME_LOWER", "strides": [3]}),
+    "valid": ((1, 3, 37), (5, 3, 6), {"auto_pad": "VALID", "strides": [4]}),
+    "kernel_shape": ((1, 3, 17), (4, 3, 3), {"kernel_shape": [3], "pads": [0, 2]}),
+}
+
+#: (input shape, weight shape, attributes): transposed convolutions
+CONV_TRANSPOSE = {
+    "1-D strided": ((1, 4, 13), (4, 3, 5), {"strides": [3], "pads": [1, 2],
+                                            "output_padding": [1]}),
+    "1-D grouped dilated": ((2, 6, 11), (6, 2, 3), {"group": 3, "strides": [2],
+                                                    "dilations": [2]}),
+    "1-D output_shape": ((1, 3, 10), (3, 2, 4), {"strides": [2], "output_shape": [23]}),
+    "1-D same upper": ((1, 3, 10), (3, 2, 3), {"strides": [2], "auto_pad": "SAME_UPPER"}),
+    "1-D same lower": ((1, 3, 10), (3, 2, 4), {"strides": [3], "auto_pad": "SAME_LOWER"}),
+    "1-D valid": ((1, 3, 7), (3, 5, 3), {"auto_pad": "VALID"}),
+}
+
+
+def _conv(op, x_shape, w_shape, attrs, opset, bias=True):
+    out_channels = w_shape[0] if op == "Conv" else w_shape[1] * attrs.get("group", 1)
+    inits = {"w": rand(RNG, *w_shape)}
+    if bias:
+        inits["b"] = rand(RNG, out_channels)
+    return check(op, {"x": rand(RNG, *x_shape)}, attrs, inits, opset=opset)
+
+
+@pytest.mark.parametrize("case", CONV_1D)
+def test_conv_1d(case):
+    _conv("Conv", *CONV_1D[case], opset=11)
+
+
+@pytest.mark.parametrize("case", CONV_TRANSPOSE)
+def test_conv_transpose(case):
+    _conv("ConvTranspose", *CONV_TRANSPOSE[case], opset=11)
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_every_opset(op):
+    x_shape, w_shape, attrs = next(iter((CONV_1D if op == "Conv" else CONV_TRANSPOSE).values()))
+    for opset in opsets(op):
+        _conv(op, x_shape, w_shape, attrs, opset)
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_weight_computed_at_run_time(op):
+    """A weight that is an input of the graph: reshaped (and for ConvTranspose reversed) by
+    the kernels, not at import."""
+    x, w = rand(RNG, 1, 4, 19), rand(RNG, 4, 2, 3)
+    check(op, {"x": x, "w": w}, {"group": 2, "strides": [2], "pads": [1, 1]})
+
+
+#: (input shape, attributes, smallest opset): poolings of 1 and 3 spatial dimensions
+POOLS = {
+    "1-D": ((2, 3, 37), {"kernel_shape": [5], "strides": [2], "pads": [2, 1]}, 9),
+    "1-D ceil": ((1, 4, 36), {"kernel_shape": [4], "strides": [3], "pads": [1, 2],
+                              "ceil_mode": 1}, 10),
+    "1-D same upper": ((1, 2, 37), {"kernel_shape": [4], "strides": [3],
+                                    "auto_pad": "SAME_UPPER"}, 9),
+    "1-D same lower": ((1, 2, 37), {"kernel_shape": [4], "strides": [2],
+                                    "auto_pad": "SAME_LOWER"}, 9),
+    "1-D valid": ((1, 2, 37), {"kernel_shape": [6], "strides": [5], "auto_pad": "VALID"}, 9),
+}
+#: dilated windows
+DILATED_POOLS = {
+    "1-D ceil": ((1, 3, 37), {"kernel_shape": [3], "strides": [2], "pads": [2, 1],
+                              "dilations": [2], "ceil_mode": 1}),
+    "2-D": ((1, 2, 11, 13), {"kernel_shape": [3, 2], "strides": [2, 3], "pads": [2, 1, 1, 1],
+                             "dilations": [2, 3], "ceil_mode": 1}),
+}
+
+
+def _newest(op):
+    return opsets(op)[-1]
+
+
+@pytest.mark.parametrize("case", POOLS)
+def test_max_pool(case):
+    """At the case's first opset or the newest, in turn."""
+    shape, attrs, since = POOLS[case]
+    opset = max(since, 10) if list(POOLS).index(case) % 2 else _newest("MaxPool")
+    check("MaxPool", {"x": rand(RNG, *shape)}, attrs, opset=opset)
+
+
+@pytest.mark.parametrize("case", POOLS)
+def test_average_pool(case):
+    """``count_include_pad=0`` at the case's first opset, 1 at the newest."""
+    shape, attrs, since = POOLS[case]
+    for include, opset in ((0, since), (1, _newest("AveragePool"))):
+        check("AveragePool", {"x": rand(RNG, *shape)}, {**attrs, "count_include_pad": include},
+              opset=opset)
+
+
+@pytest.mark.parametrize("case", DILATED_POOLS)
+def test_dilated_pool(case):
+    """MaxPool from opset 10, AveragePool (both ``count_include_pad``) from 19."""
+    shape, attrs = DILATED_POOLS[case]
+    x = {"x": rand(RNG, *shape)}
+    check("MaxPool", x, attrs, opset=10)
+    check("AveragePool", x, {**attrs, "count_include_pad": 0}, opset=19)
+    check("AveragePool", x, {**attrs, "count_include_pad": 1}, opset=_newest("AveragePool"))
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("shape", [(2, 5, 37)], ids=str)
+def test_global_pool(op, shape):
+    check(op, {"x": rand(RNG, *shape)}, opset=_newest(op))
+
+
+def test_audio_network():
+    """A 1-D convolutional network the way torch exports one: Conv1d + BatchNorm + Relu,
+    MaxPool1d, a depthwise and a pointwise Conv1d, global average pooling, a classifier."""
+    nodes = [N("Conv", ["x", "w1", "b1"], ["c1"], strides=[2], pads=[3, 3]),
+             N("BatchNormalization", ["c1", "s", "o", "m", "v"], ["n1"]),
+             N("Relu", ["n1"], ["r1"]),
+             N("MaxPool", ["r1"], ["p1"], kernel_shape=[3], strides=[2], pads=[1, 1]),
+             N("Conv", ["p1", "w2"], ["c2"], group=8, pads=[2, 2]),
+             N("Conv", ["c2", "w3", "b3"], ["c3"]),
+             N("Relu", ["c3"], ["r3"]),
+             N("GlobalAveragePool", ["r3"], ["g"]),
+             N("Flatten", ["g"], ["f"]),
+             N("Gemm", ["f", "wc", "bc"], ["y"], transB=1)]
+    inits = {"w1": rand(RNG, 8, 1, 7), "b1": rand(RNG, 8), "s": rand(RNG, 8, positive=True),
+             "o": rand(RNG, 8), "m": rand(RNG, 8), "v": rand(RNG, 8, positive=True),
+             "w2": rand(RNG, 8, 1, 5), "w3": rand(RNG, 12, 8, 1), "b3": rand(RNG, 12),
+             "wc": rand(RNG, 5, 12), "bc": rand(RNG, 5)}
+    check_graph(nodes, {"x": rand(RNG, 1, 1, 577)}, inits=inits, opset=13)
+
+
+def _conv2d_nodes(model):
+    mod, _ = relay.frontend.from_onnx(model)
+    return [n for n in mod["main"].topo() if n.op == "nn.conv2d"]
+
+
+def test_unit_height_strategies():
+    """A 1-D convolution is a 2-D one of unit height, 1 x K kernel: the depthwise strategy
+    tiles one row, the columns and channels layouts are offered as on a 2-D map, and each
+    computes the convolution."""
+    tiles = strategy.tiles_for(Target(None))
+    x, w = rand(RNG, 1, 16, 57), rand(RNG, 2 * tiles.lanes, 16, 5)
+    model = one_node_model("Conv", {"x": x}, {"pads": [2, 2]}, {"w": w})
+    (conv,) = _conv2d_nodes(model)
+    assert conv.shape[2] == 1 and conv.inputs[1].shape[2:] == (1, 5)
+    assert {s.name for s in strategy.candidates(tiles, conv)} == {"columns", "channels"}
+    mod, params = relay.frontend.from_onnx(model)
+    expect = onnxruntime_outputs(model, {"x": x})
+    for layout in ("columns", "channels"):
+        with Knobs(layout=layout):
+            lib = relay.build(mod, target="llvm", params=params)
+        assert [k["config"]["layout"] for k in lib.executor["kernels"] if "config" in k] == \
+            [layout]
+        module = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+        compare(run(module, {"x": x}), expect)
+    depthwise = one_node_model("Conv", {"x": x}, {"group": 16, "pads": [2, 2]},
+                               {"w": rand(RNG, 16, 1, 5)})
+    (conv,) = _conv2d_nodes(depthwise)
+    assert [s.name for s in strategy.candidates(tiles, conv)] == ["depthwise"]
+    assert strategy.depthwise_tile(tiles, conv)[0] == 1
+
+
+@pytest.mark.parametrize("op,inputs,attrs,inits,reason", [
+    ("Conv", {"x": ((1, 2, 3, 4, 5), "float32")}, {}, {"w": np.ones((2, 2, 1, 1, 1),
+                                                                    np.float32)},
+     r"Conv of a 5-D input \[1, 2, 3, 4, 5\] \(1-D and 2-D are implemented"),
+    ("MaxPool", {"x": ((1, 2, 3, 4, 5), "float32")}, {"kernel_shape": [1, 1, 1]}, {},
+     "MaxPool of a 5-D input"),
+    ("MaxPool", {"x": ((1, 2, 9), "float32")}, {"kernel_shape": [3], "storage_order": 1}, {},
+     "storage_order=1 is not implemented"),
+])
+def test_refused_forms_are_named(op, inputs, attrs, inits, reason):
+    model = one_node_model(op, inputs, attrs, inits, opset=13)
+    with pytest.raises(UnsupportedOperatorError, match=reason):
+        relay.frontend.from_onnx(model)

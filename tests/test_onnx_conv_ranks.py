@@ -8,8 +8,19 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx_check import N, check, check_graph, compare, one_node_model, opsets, rand, run  # noqa: E402
+from onnx_check import (  # noqa: E402
+    N,
+    check,
+    compare,
+    graph_model,
+    one_node_model,
+    opsets,
+    rand,
+    run,
+    run_model,
+)
 from test_relay_conv_channels import Knobs  # noqa: E402
+from test_relay_emulated import board_session, run_checked, tracker  # noqa: E402,F401
 
 import kernelrpc  # noqa: E402
 from kernelrpc import relay  # noqa: E402
@@ -138,7 +149,7 @@ def test_global_pool(op, shape):
     check(op, {"x": rand(RNG, *shape)}, opset=_newest(op))
 
 
-def test_audio_network():
+def _audio_network():
     """A 1-D convolutional network the way torch exports one: Conv1d + BatchNorm + Relu,
     MaxPool1d, a depthwise and a pointwise Conv1d, global average pooling, a classifier."""
     nodes = [N("Conv", ["x", "w1", "b1"], ["c1"], strides=[2], pads=[3, 3]),
@@ -155,7 +166,22 @@ def test_audio_network():
              "o": rand(RNG, 8), "m": rand(RNG, 8), "v": rand(RNG, 8, positive=True),
              "w2": rand(RNG, 8, 1, 5), "w3": rand(RNG, 12, 8, 1), "b3": rand(RNG, 12),
              "wc": rand(RNG, 5, 12), "bc": rand(RNG, 5)}
-    check_graph(nodes, {"x": rand(RNG, 1, 1, 577)}, inits=inits, opset=13)
+    inputs = {"x": rand(RNG, 1, 1, 577)}
+    return graph_model(nodes, inputs, ["y"], inits, opset=13), inputs
+
+
+def test_audio_network():
+    run_model(*_audio_network())
+
+
+@pytest.mark.cross
+def test_audio_network_on_an_emulated_aarch64_board(tracker, tmp_path):  # noqa: F811
+    model, inputs = _audio_network()
+    mod, params = relay.frontend.from_onnx(model)
+    with board_session(tracker, "aarch64") as remote:
+        lib = relay.build(mod, target=remote.target(), params=params)
+        run_checked(remote, lib, tmp_path / "audio.so", inputs,
+                    onnxruntime_outputs(model, inputs)[0], "aarch64")
 
 
 def _conv2d_nodes(model):

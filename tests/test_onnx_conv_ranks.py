@@ -1,7 +1,8 @@
-"""Convolutions and poolings of 1 spatial dimension against onnxruntime: Conv, ConvTranspose,
-MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool of [N, C, L] inputs (the 2-D
-operators over a unit height), with odd sizes and every attribute form; dilated AveragePool
-(opset 19); the 2-D strategies on unit-height maps."""
+"""Convolutions and poolings of 1 and 3 spatial dimensions against onnxruntime: Conv,
+ConvTranspose, MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool of [N, C, L] and
+[N, C, D, H, W] inputs (the 2-D operators underneath: 1-D over a unit height, 3-D with the
+depth folded into a 2-D convolution's channels or pooled after the planes), with odd sizes and
+every attribute form; the 2-D strategies on unit-height maps."""
 import numpy as np
 import pytest
 
@@ -28,6 +29,7 @@ from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import strategy  # noqa: E402
 from kernelrpc.relay.errors import UnsupportedOperatorError  # noqa: E402
+from kernelrpc.relay.frontend.onnx_nn import MAX_UNFOLDED_BYTES  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
 RNG = np.random.default_rng(41)
@@ -46,6 +48,22 @@ CONV_1D = {
     "kernel_shape": ((1, 3, 17), (4, 3, 3), {"kernel_shape": [3], "pads": [0, 2]}),
 }
 
+#: 3-D convolutions
+CONV_3D = {
+    "strided dilated": ((1, 4, 7, 9, 8), (6, 4, 3, 3, 2), {"strides": [2, 1, 2],
+                                                          "dilations": [2, 1, 1],
+                                                          "pads": [1, 0, 2, 2, 1, 0]}),
+    "grouped": ((2, 6, 5, 6, 7), (4, 3, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 0, 1, 1]}),
+    "depthwise": ((1, 4, 6, 7, 5), (4, 1, 3, 3, 3), {"group": 4, "strides": [1, 2, 1],
+                                                     "pads": [1, 1, 1, 1, 1, 1]}),
+    "depth 1": ((1, 3, 5, 8, 8), (8, 3, 1, 3, 3), {"pads": [0, 1, 1, 0, 1, 1]}),
+    "same lower": ((1, 2, 9, 5, 6), (3, 2, 3, 2, 3), {"auto_pad": "SAME_LOWER",
+                                                      "strides": [2, 2, 1]}),
+    "same upper": ((1, 2, 8, 5, 6), (3, 2, 4, 2, 3), {"auto_pad": "SAME_UPPER",
+                                                      "strides": [3, 1, 2]}),
+    "valid": ((1, 3, 6, 6, 6), (2, 3, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2, 2]}),
+}
+
 #: (input shape, weight shape, attributes): transposed convolutions
 CONV_TRANSPOSE = {
     "1-D strided": ((1, 4, 13), (4, 3, 5), {"strides": [3], "pads": [1, 2],
@@ -56,6 +74,15 @@ CONV_TRANSPOSE = {
     "1-D same upper": ((1, 3, 10), (3, 2, 3), {"strides": [2], "auto_pad": "SAME_UPPER"}),
     "1-D same lower": ((1, 3, 10), (3, 2, 4), {"strides": [3], "auto_pad": "SAME_LOWER"}),
     "1-D valid": ((1, 3, 7), (3, 5, 3), {"auto_pad": "VALID"}),
+    "3-D strided": ((1, 3, 4, 5, 6), (3, 2, 3, 2, 3), {"strides": [2, 1, 3],
+                                                       "pads": [1, 0, 2, 0, 1, 1],
+                                                       "output_padding": [1, 0, 2]}),
+    "3-D grouped dilated": ((1, 4, 3, 4, 5), (4, 3, 2, 3, 2), {"group": 2, "strides": [3, 2, 1],
+                                                               "dilations": [2, 1, 2]}),
+    "3-D output_shape": ((1, 2, 3, 4, 4), (2, 2, 3, 3, 3), {"strides": [2, 2, 2],
+                                                            "output_shape": [8, 9, 10]}),
+    "3-D same lower": ((1, 2, 3, 4, 4), (2, 3, 2, 3, 2), {"strides": [2, 1, 2],
+                                                          "auto_pad": "SAME_LOWER"}),
 }
 
 
@@ -72,24 +99,34 @@ def test_conv_1d(case):
     _conv("Conv", *CONV_1D[case], opset=11)
 
 
+@pytest.mark.parametrize("case", CONV_3D)
+def test_conv_3d(case):
+    _conv("Conv", *CONV_3D[case], opset=11)
+
+
 @pytest.mark.parametrize("case", CONV_TRANSPOSE)
 def test_conv_transpose(case):
-    _conv("ConvTranspose", *CONV_TRANSPOSE[case], opset=11)
+    _conv("ConvTranspose", *CONV_TRANSPOSE[case], opset=11, bias=case.startswith("1-D"))
 
 
 @pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
-def test_every_opset(op):
-    x_shape, w_shape, attrs = next(iter((CONV_1D if op == "Conv" else CONV_TRANSPOSE).values()))
+@pytest.mark.parametrize("rank", [1, 3])
+def test_every_opset(op, rank):
+    cases = CONV_1D if op == "Conv" and rank == 1 else CONV_3D if op == "Conv" else \
+        {k: v for k, v in CONV_TRANSPOSE.items() if k.startswith(f"{rank}-D")}
+    x_shape, w_shape, attrs = next(iter(cases.values()))
     for opset in opsets(op):
         _conv(op, x_shape, w_shape, attrs, opset)
 
 
 @pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
-def test_weight_computed_at_run_time(op):
+@pytest.mark.parametrize("rank", [1, 3])
+def test_weight_computed_at_run_time(op, rank):
     """A weight that is an input of the graph: reshaped (and for ConvTranspose reversed) by
     the kernels, not at import."""
-    x, w = rand(RNG, 1, 4, 19), rand(RNG, 4, 2, 3)
-    check(op, {"x": x, "w": w}, {"group": 2, "strides": [2], "pads": [1, 1]})
+    spatial = (19,) if rank == 1 else (4, 5, 6)
+    x, w = rand(RNG, 1, 4, *spatial), rand(RNG, 4, 2, *(3,) * rank)
+    check(op, {"x": x, "w": w}, {"group": 2, "strides": [2] * rank, "pads": [1] * (2 * rank)})
 
 
 #: (input shape, attributes, smallest opset): poolings of 1 and 3 spatial dimensions
@@ -102,6 +139,14 @@ POOLS = {
     "1-D same lower": ((1, 2, 37), {"kernel_shape": [4], "strides": [2],
                                     "auto_pad": "SAME_LOWER"}, 9),
     "1-D valid": ((1, 2, 37), {"kernel_shape": [6], "strides": [5], "auto_pad": "VALID"}, 9),
+    "3-D": ((1, 3, 7, 9, 8), {"kernel_shape": [3, 2, 3], "strides": [2, 1, 2],
+                              "pads": [1, 0, 1, 1, 1, 0]}, 9),
+    "3-D ceil": ((2, 2, 8, 7, 9), {"kernel_shape": [3, 3, 2], "strides": [2, 3, 2],
+                                   "pads": [0, 1, 1, 1, 0, 1], "ceil_mode": 1}, 10),
+    "3-D same upper": ((1, 2, 7, 6, 5), {"kernel_shape": [2, 3, 2], "strides": [2, 2, 1],
+                                         "auto_pad": "SAME_UPPER"}, 9),
+    "3-D valid": ((1, 2, 7, 6, 5), {"kernel_shape": [3, 2, 2], "strides": [3, 1, 2],
+                                    "auto_pad": "VALID"}, 9),
 }
 #: dilated windows
 DILATED_POOLS = {
@@ -109,6 +154,8 @@ DILATED_POOLS = {
                               "dilations": [2], "ceil_mode": 1}),
     "2-D": ((1, 2, 11, 13), {"kernel_shape": [3, 2], "strides": [2, 3], "pads": [2, 1, 1, 1],
                              "dilations": [2, 3], "ceil_mode": 1}),
+    "3-D": ((1, 2, 9, 8, 7), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2],
+                              "pads": [1, 1, 0, 0, 2, 1], "dilations": [3, 2, 1]}),
 }
 
 
@@ -144,7 +191,7 @@ def test_dilated_pool(case):
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
-@pytest.mark.parametrize("shape", [(2, 5, 37)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 5, 37), (1, 3, 5, 6, 7)], ids=str)
 def test_global_pool(op, shape):
     check(op, {"x": rand(RNG, *shape)}, opset=_newest(op))
 
@@ -216,11 +263,14 @@ def test_unit_height_strategies():
 
 
 @pytest.mark.parametrize("op,inputs,attrs,inits,reason", [
-    ("Conv", {"x": ((1, 2, 3, 4, 5), "float32")}, {}, {"w": np.ones((2, 2, 1, 1, 1),
-                                                                    np.float32)},
-     r"Conv of a 5-D input \[1, 2, 3, 4, 5\] \(1-D and 2-D are implemented"),
-    ("MaxPool", {"x": ((1, 2, 3, 4, 5), "float32")}, {"kernel_shape": [1, 1, 1]}, {},
-     "MaxPool of a 5-D input"),
+    ("Conv", {"x": ((1, 2, 3, 4, 5, 6), "float32")}, {}, {"w": np.ones((2, 2, 1, 1, 1, 1),
+                                                                       np.float32)},
+     r"Conv of a 6-D input \[1, 2, 3, 4, 5, 6\] \(1-D, 2-D and 3-D are implemented"),
+    ("MaxPool", {"x": ((1, 2, 3, 4, 5, 6), "float32")}, {"kernel_shape": [1, 1, 1, 1]}, {},
+     "MaxPool of a 6-D input"),
+    ("Conv", {"x": ((1, 64, 512, 256, 256), "float32")}, {"pads": [1] * 6},
+     {"w": np.ones((4, 64, 3, 1, 1), np.float32)},
+     f"would unfold its input to .* bytes \\(at most {MAX_UNFOLDED_BYTES}\\)"),
     ("MaxPool", {"x": ((1, 2, 9), "float32")}, {"kernel_shape": [3], "storage_order": 1}, {},
      "storage_order=1 is not implemented"),
 ])

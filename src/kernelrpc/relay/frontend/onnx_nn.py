@@ -1,6 +1,7 @@
 """ONNX converters of the network layers: Conv, ConvTranspose, Gemm, MatMul, Softmax,
-BatchNormalization, pooling, LRN. Convolutions and poolings of 1 and 2 spatial dimensions
-are the 2-D operators' (1-D over a unit height), so that one set of schedules serves both."""
+BatchNormalization, pooling, LRN. Convolutions and poolings of 1, 2 and 3 spatial dimensions
+are the 2-D operators' (1-D over a unit height, 3-D with the depth folded in), so that one
+set of schedules serves the three."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,10 @@ import numpy as np
 from .. import ir
 from ..errors import ModelError
 from .onnx_common import Unsupported, converter, normalize_axis, reshape
+
+#: the largest depth-unfolded input of a 3-D convolution (its depth taps side by side as the
+#: channels of a 2-D one), in bytes
+MAX_UNFOLDED_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -38,12 +43,17 @@ class Window:
         return Window(put(self.kernel, 1), put(self.strides, 1), put(self.dilations, 1),
                       put(self.before, 0), put(self.after, 0))
 
+    def part(self, dims: slice) -> Window:
+        return Window(self.kernel[dims], self.strides[dims], self.dilations[dims],
+                      self.before[dims], self.after[dims])
+
+
 def _spatial_rank(x, what: str) -> int:
-    """1 or 2: the spatial dimensions of an [N, C, ...] input."""
+    """1, 2 or 3: the spatial dimensions of an [N, C, ...] input."""
     nsp = len(x.shape) - 2
-    if nsp not in (1, 2):
-        raise Unsupported(f"{what} of a {len(x.shape)}-D input {list(x.shape)} (1-D and 2-D "
-                          "are implemented: [N, C, L], [N, C, H, W])")
+    if nsp not in (1, 2, 3):
+        raise Unsupported(f"{what} of a {len(x.shape)}-D input {list(x.shape)} (1-D, 2-D and "
+                          "3-D are implemented: [N, C, L], [N, C, H, W], [N, C, D, H, W])")
     return nsp
 
 
@@ -105,13 +115,56 @@ def _conv2d(ctx, x, w, window: Window, groups: int, bias=None, upsample=None):
     return out
 
 
+def _conv3d(ctx, x, w, window: Window, groups: int, bias=None, upsample=None):
+    """A 3-D convolution as one 2-D convolution: the input's depth taps side by side as its
+    input channels (``[N * OD, G * KD * C/G, H, W]``, channel ``(g, kd, c)`` the input's
+    channel ``g * C/G + c`` at depth ``od * sd + kd * dd``, the depth padded), the weight's
+    ``[O, C/G, KD, KH, KW]`` as ``[O, KD * C/G, KH, KW]``: the sum over the depth taps is part
+    of the 2-D convolution's reduction. Height and width keep every attribute of the 2-D
+    operator (strides, dilations, pads, groups, ConvTranspose's upsampling) and its strategies,
+    so nothing is scheduled twice; the price is the unfolded input, ``KD / sd`` times the
+    input's size (bounded by ``MAX_UNFOLDED_BYTES``). A ``nn.conv3d`` operator of its own would
+    need its compute, its schedules and their knobs beside the 2-D ones."""
+    n, c, depth, h, wd = x.shape
+    o, cg, kd = w.shape[:3]
+    if c != cg * groups or o % groups:
+        raise ModelError(f"Conv: {c} input channels, weight {list(w.shape)} and group={groups} "
+                         "do not agree")
+    (sd,), (dd,), (pb,), (pe,) = (v[:1] for v in (window.strides, window.dilations,
+                                                  window.before, window.after))
+    span = (kd - 1) * dd + 1
+    od = (depth + pb + pe - span) // sd + 1
+    if od <= 0:
+        raise ModelError(f"Conv: output depth would be {od} for depth {depth}, kernel depth {kd}")
+    unfolded = n * od * kd * c * h * wd * np.dtype(x.dtype).itemsize
+    if unfolded > MAX_UNFOLDED_BYTES:
+        raise Unsupported(f"a 3-D convolution of {list(x.shape)} by {list(w.shape)} would unfold "
+                          f"its input to {unfolded} bytes (at most {MAX_UNFOLDED_BYTES})")
+    if pb or pe:
+        x = ctx.make("pad", [x], before=(0, 0, pb, 0, 0), after=(0, 0, pe, 0, 0),
+                     mode="constant", value=0.0)
+    taps = [ctx.make("strided_slice", [x], slices=((2, k * dd, k * dd + (od - 1) * sd + 1, sd),))
+            for k in range(kd)]
+    stacked = taps[0] if kd == 1 else ctx.make("concatenate", taps, axis=1)
+    stacked = reshape(ctx, stacked, (n, kd, groups, cg, od, h, wd))
+    stacked = ctx.make("transpose", [stacked], axes=(0, 4, 2, 1, 3, 5, 6))
+    planes = reshape(ctx, stacked, (n * od, groups * kd * cg, h, wd))
+    weight = ctx.make("transpose", [w], axes=(0, 2, 1, 3, 4))
+    weight = reshape(ctx, weight, (o, kd * cg, *w.shape[3:]))
+    out = _conv2d(ctx, planes, weight, window.part(slice(1, 3)), groups, bias, upsample)
+    out = reshape(ctx, out, (n, od, *out.shape[1:]))
+    return ctx.make("transpose", [out], axes=(0, 2, 1, 3, 4))
+
+
 def _conv_nd(ctx, x, w, window: Window, groups: int, args, upsample=None):
-    """The convolution of ``x``'s 1 or 2 spatial dimensions by the 2-D operator (1-D over a
-    unit height), with the bias ``args[2]`` if there is one."""
+    """The convolution of ``x``'s 1, 2 or 3 spatial dimensions by the 2-D operator (1-D over a
+    unit height, 3-D by :func:`_conv3d`), with the bias ``args[2]`` if there is one."""
     nsp = len(x.shape) - 2
     bias = args[2] if len(args) > 2 else None
     if nsp == 2:
         return _conv2d(ctx, x, w, window, groups, bias, upsample)
+    if nsp == 3:
+        return _conv3d(ctx, x, w, window, groups, bias, upsample)
     out = _conv2d(ctx, _unit_height(ctx, x), _unit_height(ctx, w), window.unit(0), groups, bias,
                   None if upsample is None else (1, *upsample))
     return reshape(ctx, out, (*out.shape[:2], out.shape[3]))
@@ -199,8 +252,25 @@ def _conv_transpose(ctx, args, attrs):
     window = Window(tuple(kernel), (1,) * nsp, dilations,
                     tuple(sp - 1 - b for sp, b in zip(spans, begin)),
                     tuple(sp - 1 - e + op for sp, e, op in zip(spans, end, out_pad)))
+    if nsp == 3:
+        x, window = _upsample_depth(ctx, x, strides[0], window)
     return [_conv_nd(ctx, x, flipped, window, groups, args,
                      upsample=strides[-2:] if nsp > 1 else strides)]
+
+
+def _upsample_depth(ctx, x, stride: int, window: Window):
+    """``x`` with ``stride - 1`` zeros between its depth slices (what the 2-D operator's
+    ``upsample`` does for height and width), and the window's depth padding less the
+    ``stride - 1`` zero slices left at the end."""
+    if stride == 1:
+        return x, window
+    n, c, depth, h, w = x.shape
+    spread = reshape(ctx, x, (n, c, depth, 1, h * w))
+    spread = ctx.make("pad", [spread], before=(0,) * 5, after=(0, 0, 0, stride - 1, 0),
+                      mode="constant", value=0.0)
+    spread = reshape(ctx, spread, (n, c, depth * stride, h, w))
+    after = (window.after[0] - (stride - 1), *window.after[1:])
+    return spread, Window(window.kernel, window.strides, window.dilations, window.before, after)
 
 
 def _dense(ctx, a, b_value, name):
@@ -308,7 +378,12 @@ def _batch_norm(ctx, args, attrs):
 
 
 def _pool(ctx, args, attrs, kind):
-    """Pooling of 1 or 2 spatial dimensions by the 2-D operator: 1-D over a unit height."""
+    """Pooling of 1, 2 or 3 spatial dimensions by the 2-D operator: 1-D over a unit height;
+    3-D as two poolings, of height and width (depth slices as channels), then of depth (height
+    and width flattened into one dimension the window does not move along): a maximum or an
+    average over a box is the maximum or average over depth of those over the box's planes
+    (an average's count of elements is the product of the dimensions' counts, padding
+    included or not, so the two divisions make the one)."""
     x = args[0]
     nsp = _spatial_rank(x, ctx.op_type)
     window = _read_window(ctx, attrs, x, None)
@@ -323,8 +398,14 @@ def _pool(ctx, args, attrs, kind):
                         count_include_pad=include)
     if nsp == 2:
         return [pool2d(x, window)]
-    out = pool2d(_unit_height(ctx, x), window.unit(0))
-    return [reshape(ctx, out, (*out.shape[:2], out.shape[3]))]
+    if nsp == 1:
+        out = pool2d(_unit_height(ctx, x), window.unit(0))
+        return [reshape(ctx, out, (*out.shape[:2], out.shape[3]))]
+    n, c, depth, h, w = x.shape
+    planes = pool2d(reshape(ctx, x, (n, c * depth, h, w)), window.part(slice(1, 3)))
+    oh, ow = planes.shape[2:]
+    out = pool2d(reshape(ctx, planes, (n, c, depth, oh * ow)), window.part(slice(0, 1)).unit(1))
+    return [reshape(ctx, out, (n, c, out.shape[2], oh, ow))]
 
 
 # MaxPool 22 and AveragePool 22 say that windows starting in the right padding are dropped

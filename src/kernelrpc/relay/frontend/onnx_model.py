@@ -15,6 +15,10 @@ from ..ir import DTYPES
 
 #: opsets the importer is written and tested for
 MIN_OPSET, MAX_OPSET = 9, 18
+#: the narrow float types held and computed in float32 (each of their values is a float32
+#: value): a float16 or bfloat16 weight is widened at import, a Cast to them is a cast to
+#: float32; the model's inputs and outputs of them are refused (:func:`check_io_dtypes`)
+WIDENED = ("float16", "bfloat16")
 #: largest initializer accepted, and the whole model's weights (bytes)
 MAX_TENSOR_BYTES = 4 << 30
 MAX_NODES = 100_000
@@ -35,12 +39,12 @@ def load(model):
     from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
-        return model
+        return check_io_dtypes(model)
     try:
         if isinstance(model, (bytes, bytearray)):
-            return onnx.load_from_string(bytes(model))
+            return check_io_dtypes(onnx.load_from_string(bytes(model)))
         if isinstance(model, (str, os.PathLike)):
-            return onnx.load(os.fspath(model))
+            return check_io_dtypes(onnx.load(os.fspath(model)))
     except FileNotFoundError:
         raise ModelError(f"no model file {model}") from None
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
@@ -48,6 +52,35 @@ def load(model):
         raise ModelError(f"{what} is not a readable ONNX file: {exc}") from None
     raise TypeError(f"from_onnx: expected an onnx.ModelProto, a path or bytes, got "
                     f"{type(model).__name__}")
+
+
+def check_io_dtypes(model):
+    """The model, unless an input or output of its graph is float16 or bfloat16: kernelrpc
+    computes those in float32, and a module's inputs and outputs would not be of the dtypes
+    the model declares."""
+    weights = {init.name for init in model.graph.initializer}      # listed as inputs too
+    inputs = [info for info in model.graph.input if info.name not in weights]
+    narrow = [f"{what} {info.name!r} is {_onnx_dtype(info.type.tensor_type.elem_type)}"
+              for what, infos in (("input", inputs), ("output", model.graph.output))
+              for info in infos
+              if _onnx_dtype(info.type.tensor_type.elem_type) in WIDENED]
+    if narrow:
+        raise ModelError(
+            f"{'; '.join(narrow)}: kernelrpc computes float16 and bfloat16 in float32 (weights "
+            "widened at import) and does not take or return them at the graph's boundary; give "
+            "the model float32 inputs and outputs (a Cast after each input and before each "
+            "output, as onnxconverter_common.float16.convert_float_to_float16(..., "
+            "keep_io_types=True) writes)")
+    return model
+
+
+def _onnx_dtype(elem_type: int) -> str | None:
+    """numpy's name of an ONNX element type, None for an unknown or unset one."""
+    onnx = require_onnx()
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def default_opset(model) -> int:
@@ -120,15 +153,17 @@ def tensor_value(proto, where: str) -> np.ndarray:
         value = numpy_helper.to_array(proto)
     except (ValueError, TypeError, KeyError) as exc:
         raise ModelError(f"{where}: tensor data is malformed: {exc}") from None
-    return value
+    return value.astype(np.float32) if value.dtype.name in WIDENED else value
 
 
 def elem_dtype(elem_type: int, where: str) -> str:
-    onnx = require_onnx()
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
-    except (KeyError, TypeError, ValueError):
-        raise ModelError(f"{where}: unknown element type {elem_type}") from None
+    """The dtype kernelrpc holds an ONNX element type in: its own, float32 for float16 and
+    bfloat16."""
+    dtype = _onnx_dtype(elem_type) if elem_type else None
+    if dtype is None:
+        raise ModelError(f"{where}: unknown element type {elem_type}")
+    if dtype in WIDENED:
+        return "float32"
     if dtype not in DTYPES:
         raise ModelError(f"{where}: dtype {dtype} is not supported")
     return dtype

@@ -44,6 +44,7 @@ class Window:
                       put(self.before, 0), put(self.after, 0))
 
     def part(self, dims: slice) -> Window:
+        """The window of the dimensions ``dims`` only."""
         return Window(self.kernel[dims], self.strides[dims], self.dilations[dims],
                       self.before[dims], self.after[dims])
 
@@ -128,14 +129,15 @@ def _conv3d(ctx, x, w, window: Window, groups: int, bias=None, upsample=None):
     n, c, depth, h, wd = x.shape
     o, cg, kd = w.shape[:3]
     if c != cg * groups or o % groups:
-        raise ModelError(f"Conv: {c} input channels, weight {list(w.shape)} and group={groups} "
-                         "do not agree")
+        raise ModelError(f"{ctx.op_type}: {c} input channels, weight {list(w.shape)} and "
+                         f"group={groups} do not agree")
     (sd,), (dd,), (pb,), (pe,) = (v[:1] for v in (window.strides, window.dilations,
                                                   window.before, window.after))
     span = (kd - 1) * dd + 1
     od = (depth + pb + pe - span) // sd + 1
     if od <= 0:
-        raise ModelError(f"Conv: output depth would be {od} for depth {depth}, kernel depth {kd}")
+        raise ModelError(f"{ctx.op_type}: output depth would be {od} for depth {depth}, kernel "
+                         f"depth {kd}")
     unfolded = n * od * kd * c * h * wd * np.dtype(x.dtype).itemsize
     if unfolded > MAX_UNFOLDED_BYTES:
         raise Unsupported(f"a 3-D convolution of {list(x.shape)} by {list(w.shape)} would unfold "

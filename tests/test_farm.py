@@ -109,6 +109,8 @@ def test_a_key_no_server_has_names_the_keys_that_have_servers(tiny_net, tmp_path
     waited = run_model(str(tiny_net), "--tracker", f"127.0.0.1:{tracker.port}", "--key", "absent",
                        "--request-timeout", "1", "--no-db", cwd=tmp_path)
     assert waited.returncode == 1 and "within 1 s" in waited.stderr and "absent" in waited.stderr
+    error = waited.stderr.strip().splitlines()[-1]                 # the command's one-line error
+    assert error.startswith("kernelrpc.model: error:") and "keys with servers: present" in error
 
 
 def _write(path, text):

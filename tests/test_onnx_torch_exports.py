@@ -196,13 +196,18 @@ def _mask(batch, length):
     return mask
 
 
+TOKENS = {0: "batch", 1: "sequence"}
+BATCH = {0: "batch"}
 NETWORKS = {net.name: net for net in (
     Network("bert", _bert, {"input_ids": RNG.integers(0, 100, (2, 11)),
-                            "attention_mask": _mask(2, 11)}, needs=("transformers",)),
-    Network("gpt2", _gpt2, {"input_ids": RNG.integers(0, 100, (1, 9))}, needs=("transformers",)),
+                            "attention_mask": _mask(2, 11)},
+            needs=("transformers",), dynamic={"input_ids": TOKENS, "attention_mask": TOKENS}),
+    Network("gpt2", _gpt2, {"input_ids": RNG.integers(0, 100, (2, 9))},
+            needs=("transformers",), dynamic={"input_ids": TOKENS}),
     Network("vit", _vit, {"pixel_values": RNG.standard_normal((1, 3, 32, 32), np.float32)},
             needs=("transformers",)),
-    Network("yolo_head", _yolo_head, {"images": RNG.standard_normal((1, 3, 64, 64), np.float32)}),
+    Network("yolo_head", _yolo_head, {"images": RNG.standard_normal((1, 3, 64, 64), np.float32)},
+            dynamic={"images": BATCH}),
     Network("crnn", _crnn, {"image": RNG.standard_normal((1, 1, 32, 40), np.float32)}),
     Network("byte_classifier", _byte_classifier, {"data": RNG.integers(0, 256, (2, 64))}),
     Network("audio", _audio, {"x": RNG.standard_normal((1, 160), np.float32),
@@ -242,8 +247,9 @@ def exported_or_skip(name, exporter):
 @pytest.mark.parametrize("name,exporter", _cases())
 def test_exported_network_agrees_with_onnxruntime(name, exporter):
     model = exported_or_skip(name, exporter)
-    feeds = NETWORKS[name].inputs
-    compare(run(build(model), feeds), onnxruntime_outputs(model, feeds), TOL)
+    net = NETWORKS[name]
+    compare(run(build(model, shape=net.shapes), net.inputs),
+            onnxruntime_outputs(model, net.inputs), TOL)
 
 
 def _audio_feeds():

@@ -23,7 +23,7 @@ def test_exported_networks_on_an_emulated_aarch64_board(tracker, tmp_path):  # n
         for name, model in models.items():
             feeds = NETWORKS[name].inputs
             expected = onnxruntime_outputs(model, feeds)
-            mod, params = relay.frontend.from_onnx(model)
+            mod, params = relay.frontend.from_onnx(model, shape=NETWORKS[name].shapes)
             lib = relay.build(mod, target=target, params=params)
             m = run_checked(remote, lib, tmp_path / f"{name}.so", feeds, expected[0],
                             f"{name} on aarch64")

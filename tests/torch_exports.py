@@ -14,7 +14,7 @@ import importlib.metadata
 import inspect
 import io
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -30,9 +30,11 @@ _VERSIONED = ("torch", "transformers", "onnxscript", "onnx")
 class Network:
     """A torch network to export: ``build()`` returns the ``nn.Module`` (called after
     ``torch.manual_seed(seed)``; its source, the cache key's, defines the whole network);
-    ``inputs``: name -> example array, in ``forward``'s order; ``script``: the module is compiled by ``torch.jit.script``
+    ``inputs``: ``forward``'s arguments, name -> example array; ``script``: the module is compiled by ``torch.jit.script``
     before the TorchScript exporter (its Python control flow becomes If); ``needs``: the
-    packages besides torch that ``build`` imports."""
+    packages besides torch that ``build`` imports; ``dynamic``: input name -> {axis: the
+    dimension's name}, the axes exported as dynamic (as users export a batch or a sequence
+    length: the shape arithmetic stays in the graph), fixed again at import (``shapes``)."""
     name: str
     build: Callable
     inputs: dict
@@ -40,6 +42,12 @@ class Network:
     seed: int = 0
     script: bool = False
     needs: tuple = ()
+    dynamic: dict = field(default_factory=dict)
+
+    @property
+    def shapes(self) -> dict:
+        """``from_onnx``'s ``shape=``: the example shape of each input with dynamic axes."""
+        return {name: np.shape(self.inputs[name]) for name in self.dynamic}
 
 
 class ExportRefused(Exception):
@@ -61,8 +69,8 @@ def _key(net: Network, exporter: str) -> str:
         value = np.asarray(value)
         digest.update(f"{name}:{value.dtype}:{value.shape}".encode())
         digest.update(value.tobytes())
-    digest.update(repr((net.outputs, net.seed, net.script, exporter, EXPORTERS[exporter],
-                        [_version(p) for p in _VERSIONED])).encode())
+    digest.update(repr((net.outputs, net.seed, net.script, net.dynamic, exporter,
+                        EXPORTERS[exporter], [_version(p) for p in _VERSIONED])).encode())
     return digest.hexdigest()[:24]
 
 
@@ -77,11 +85,17 @@ def _export(net: Network, exporter: str, path) -> None:
     args = tuple(torch.tensor(np.asarray(v)) for v in net.inputs.values())
     with torch.no_grad():
         module(*args)           # an error of the network itself fails the test, never skips it
+    if exporter == "dynamo":
+        dims = {d: torch.export.Dim(d) for axes in net.dynamic.values() for d in axes.values()}
+        dynamic = {"dynamic_shapes": {name: {axis: dims[d] for axis, d in axes.items()}
+                                      for name, axes in net.dynamic.items()} or None}
+    else:
+        dynamic = {"dynamic_axes": net.dynamic or None}
     try:
         with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
             torch.onnx.export(module, args, str(path), input_names=list(net.inputs),
                               output_names=list(net.outputs), opset_version=EXPORTERS[exporter],
-                              dynamo=exporter == "dynamo", external_data=False)
+                              dynamo=exporter == "dynamo", external_data=False, **dynamic)
     except Exception as exc:            # whatever the exporter raises is its refusal
         kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
         raise ExportRefused(f"{kind}: {_first_lines(str(exc))}") from exc

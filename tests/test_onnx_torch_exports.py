@@ -132,6 +132,9 @@ def _crnn():
                 nn.Conv2d(32, 32, (4, 1)), nn.ReLU())
             self.rnn = nn.LSTM(32, 24, bidirectional=True)
             self.classify = nn.Linear(48, 37)
+            norm = self.features[7]
+            norm.running_mean.uniform_(-0.5, 0.5)                      # statistics as trained
+            norm.running_var.uniform_(0.5, 2.0)
 
         def forward(self, image):
             seq = self.features(image).squeeze(2).permute(2, 0, 1)      # [width, batch, C]

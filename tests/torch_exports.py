@@ -30,11 +30,12 @@ _VERSIONED = ("torch", "transformers", "onnxscript", "onnx")
 class Network:
     """A torch network to export: ``build()`` returns the ``nn.Module`` (called after
     ``torch.manual_seed(seed)``; its source, the cache key's, defines the whole network);
-    ``inputs``: ``forward``'s arguments, name -> example array; ``script``: the module is compiled by ``torch.jit.script``
-    before the TorchScript exporter (its Python control flow becomes If); ``needs``: the
-    packages besides torch that ``build`` imports; ``dynamic``: input name -> {axis: the
-    dimension's name}, the axes exported as dynamic (as users export a batch or a sequence
-    length: the shape arithmetic stays in the graph), fixed again at import (``shapes``)."""
+    ``inputs``: ``forward``'s arguments, name -> example array; ``script``: the module is
+    compiled by ``torch.jit.script`` before the TorchScript exporter (its Python control flow
+    becomes If); ``needs``: the packages besides torch that ``build`` imports; ``dynamic``:
+    input name -> {axis: the dimension's name}, the axes exported as dynamic (as users export
+    a batch or a sequence length: the shape arithmetic stays in the graph), fixed again at
+    import (``shapes``)."""
     name: str
     build: Callable
     inputs: dict

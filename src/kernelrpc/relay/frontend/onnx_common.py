@@ -87,8 +87,9 @@ class Context:
         self.node_name = ""
         self.op_type = ""
         self.outputs_wanted = 1
-        #: (GraphProto) -> its output values: a subgraph (an If's branch) converted in place,
-        #: its nodes reading this graph's values
+        #: (GraphProto, what, bindings=None) -> its output values: a subgraph (an If's branch,
+        #: a Loop's body) converted in a scope of its own, its nodes reading this graph's
+        #: values and ``bindings`` (its inputs by name); ``what`` names it in refusals
         self.convert_graph = None
 
     def make(self, op: str, inputs, **attrs) -> ir.Node:

@@ -1,8 +1,10 @@
-"""ONNX control flow against onnxruntime: If decided at run time (both branches built, the
-condition read on the device; nested, reading outer-scope tensors, inside a Loop's body), Loop
-and Scan unrolled when their iterations are known at import (carried values, scan outputs,
-the iteration number, a condition that folds), local functions called from a branch, and
-the refusals, each naming what to do."""
+"""ONNX control flow and sizes read at run time against onnxruntime: If decided at run time
+(both branches built, the condition read on the device; nested, reading outer-scope tensors,
+inside a Loop's body), Loop and Scan unrolled when their iterations are known at import
+(carried values, scan outputs, the iteration number, a condition that folds), local functions
+called from a branch, shapes, sizes, starts and pads read at run time where the output's shape
+is static (values giving another shape stop the run), and the refusals, each naming what to
+do."""
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from onnx import TensorProto, helper  # noqa: E402
 from onnx_check import N, build, compare, graph_model, opsets, rand, run  # noqa: E402
 
 from kernelrpc import relay  # noqa: E402
-from kernelrpc.errors import KernelError  # noqa: E402
+from kernelrpc.errors import KernelError, RemoteError  # noqa: E402
 from kernelrpc.relay import UnsupportedOperatorError  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 from test_relay_emulated import board_session, run_checked, tracker  # noqa: E402,F401
@@ -48,13 +50,13 @@ def _ops(model, **import_args):
 
 # ------------------------------------------------------------------ If at run time
 
-def _sample_rate_model(else_nodes=None, else_out="e"):
+def _sample_rate_model(else_nodes=None):
     """An audio network's form: If on the sample-rate input, each branch its own layers on
     the outer-scope ``x`` and weights."""
     then = _graph("then", [N("MatMul", ["x", "w"], ["t0"]), N("Add", ["t0", "b"], ["t"])], ["t"])
     other = _graph("else", else_nodes or [N("Relu", ["x"], ["e0"]), N("Neg", ["e0"], ["e1"]),
                                           N("Slice", ["e1", "s0", "s1", "s2"], ["e"])],
-                   [else_out])
+                   ["e"])
     nodes = [N("Equal", ["sr", "rate"], ["is16k"]),
              N("If", ["is16k"], ["y"], name="pick_rate", then_branch=then, else_branch=other)]
     inits = {"rate": np.asarray(16000, np.int64), "w": rand(RNG, 7, 5), "b": rand(RNG, 5),
@@ -164,7 +166,8 @@ def _loop_model(trips=4, cond_nodes=None, cond_out="keep", extra_inputs=None, op
              "zero": np.asarray(0, np.int64), "go": np.asarray(True)}
     if trips is not None:
         inits["trips"] = np.asarray(trips, np.int64)
-    inputs = {"x": ((steps, 2, 3), np.float32), "h_init": ((2, 3), np.float32), **(extra_inputs or {})}
+    inputs = {"x": ((steps, 2, 3), np.float32), "h_init": ((2, 3), np.float32),
+              **(extra_inputs or {})}
     return graph_model(nodes, inputs, ["h_last", "n_last", "hs", "is"], inits, opset)
 
 
@@ -294,33 +297,6 @@ def test_torch_cond_exported_by_dynamo():
     _agrees(model, [{"x": x.numpy(), "sr": np.asarray(rate, np.int64)} for rate in (16000, 8000)])
 
 
-@pytest.mark.cross
-def test_a_branch_and_a_loop_on_an_emulated_board(tracker, tmp_path):  # noqa: F811
-    """The sample-rate If decided on the board, then a recurrence unrolled three times."""
-    net = _sample_rate_model()
-    body = _graph("body", [N("MatMul", ["h", "u"], ["hu"]), N("Add", ["hu", "y"], ["h0"]),
-                           N("Tanh", ["h0"], ["h1"]), N("Identity", ["c"], ["keep"])],
-                  [("keep", bool), "h1"],
-                  [_value("i", np.int64, []), _value("c", bool, []),
-                   _value("h", np.float32, [3, 5])])
-    net.graph.node.append(N("Loop", ["three", "", "y"], ["z"], body=body))
-    net.graph.initializer.extend([
-        helper.make_tensor("three", TensorProto.INT64, [], [3]),
-        onnx.numpy_helper.from_array(rand(RNG, 5, 5) * 0.3, "u")])
-    net.graph.output[0].name = "z"
-    model = onnx.shape_inference.infer_shapes(net, strict_mode=True)
-    feeds = _rate_feeds()
-    mod, params = relay.frontend.from_onnx(model)
-    with board_session(tracker, "aarch64") as remote:
-        lib = relay.build(mod, target=remote.target(), params=params)
-        m = run_checked(remote, lib, tmp_path / "branch.so", feeds[0],
-                        onnxruntime_outputs(model, feeds[0])[0], "aarch64")
-        m.set_input(**feeds[1])
-        m.run()
-        compare([m.get_output(0).numpy()], onnxruntime_outputs(model, feeds[1])[:1], 1e-4)
-
-
-
 @pytest.mark.parametrize("last_calls,match", [(None, "more than 100000 nodes"),
                                               ("F3", "'F3' calls itself")])
 def test_local_functions_that_multiply_or_recurse_are_refused(last_calls, match):
@@ -339,3 +315,175 @@ def test_local_functions_that_multiply_or_recurse_are_refused(last_calls, match)
         helper.make_opsetid("", 13), helper.make_opsetid("local", 1)])
     with pytest.raises(relay.ModelError, match=match):
         relay.frontend.from_onnx(model)
+
+
+# ------------------------------------------------------------------ sizes read at run time
+
+def _declare(model, shapes: dict):
+    """``model`` with the shapes of ``shapes`` (name -> dims) written in its value_info, as an
+    exporter that traced static shapes writes them."""
+    infos = {info.name: info for info in list(model.graph.value_info) + list(model.graph.output)}
+    for name, dims in shapes.items():
+        info = infos.get(name) or model.graph.value_info.add(name=name)
+        if not info.type.tensor_type.elem_type:
+            info.type.tensor_type.elem_type = TensorProto.FLOAT
+        shape = info.type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims:
+            shape.dim.add().dim_value = d
+    return model
+
+
+def _i64(*values):
+    return np.array(values, np.int64)
+
+
+#: op, attrs, data shape, size input's shape, output shape, sizes that give it, sizes that
+#: do not (onnxruntime computes another shape, or refuses them)
+RUN_TIME_SIZES = {
+    "Reshape": ({}, (3, 4), (3,), (3, 2, 2), [_i64(3, 2, 2), _i64(0, 2, 2), _i64(3, -1, 2)],
+                [_i64(3, 4, 1), _i64(-1, -1, 2), _i64(0, 0, 2), _i64(2, 3, 2)]),
+    "Expand": ({}, (1, 4), (2,), (3, 4), [_i64(3, 4), _i64(3, 1)], [_i64(2, 4), _i64(3, 2)]),
+    "Tile": ({}, (2, 3), (2,), (4, 3), [_i64(2, 1)], [_i64(1, 2), _i64(3, 1)]),
+    "Split": ({"axis": 1}, (2, 7), (2,), (2, 4), [_i64(4, 3)], [_i64(3, 4), _i64(4, 4)]),
+    "Pad": ({}, (3, 4), (4,), (6, 5), [_i64(1, 0, 2, 1), _i64(3, 1, 0, 0), _i64(-1, 2, 4, -1)],
+            [_i64(2, 0, 2, 1), _i64(0, 0, 0, 0), _i64(2**40, 0, 3 - 2**40, 1)]),
+    "Pad/value": ({}, (3, 4), (4,), (6, 5), [_i64(1, 0, 2, 1), _i64(0, 2, 3, -1)],
+                  [_i64(1, 1, 2, 1)]),
+    "Pad/edge": ({"mode": "edge"}, (3, 4), (4,), (6, 5), [_i64(1, 0, 2, 1), _i64(-1, 2, 4, -1)],
+                 [_i64(2, 0, 2, 0)]),
+    "Pad/reflect": ({"mode": "reflect"}, (3, 4), (4,), (6, 5), [_i64(1, 0, 2, 1), _i64(2, 1, 1, 0)],
+                    [_i64(3, 0, 0, 1), _i64(-1, 2, 4, -1)]),
+}
+
+
+def _size_case(op):
+    attrs, data, spec, out, _, _ = RUN_TIME_SIZES[op]
+    outputs = ["y", "z"] if op == "Split" else ["y"]
+    inputs = {"x": (data, np.float32), "v": (spec, np.int64)}
+    if op == "Pad/value":           # the pad value an input too
+        inputs["fill"] = ((), np.float32)
+    node = N(op.split("/")[0], list(inputs), outputs, **attrs)
+    model = graph_model([node], inputs, outputs)
+    rest = (data[0], data[1] - out[1]) if op == "Split" else None
+    return _declare(model, {"y": out, **({"z": rest} if rest else {})}), data
+
+
+@pytest.mark.parametrize("op", sorted(RUN_TIME_SIZES))
+def test_sizes_read_at_run_time_where_the_output_shape_is_static(op):
+    """The values that give the model's static output shape agree with onnxruntime; others
+    stop the run (a KernelError), never a wrong answer."""
+    model, data = _size_case(op)
+    module = build(model)
+    fixed = {"x": rand(RNG, *data)}
+    if "value" in op:
+        fixed["fill"] = np.asarray(-2.5, np.float32)
+    for good in RUN_TIME_SIZES[op][4]:
+        feeds = {**fixed, "v": good}
+        compare(run(module, feeds), onnxruntime_outputs(model, feeds))
+    for bad in RUN_TIME_SIZES[op][5]:
+        with pytest.raises(KernelError, match="out of bounds"):
+            run(module, {**fixed, "v": bad})
+
+
+@pytest.mark.parametrize("step", [1, -1, 2])
+def test_a_slice_at_run_time_starts_with_a_static_extent(step):
+    """``x[p:p + 4*step:step]`` along axis 0 for a run-time ``p``: where the window is whole
+    (negative starts and ends counted from the end) it agrees with onnxruntime; a window
+    clamped shorter, or emptied by an end counted from the end, stops the run."""
+    nodes = [N("Mul", ["four", "k"], ["span"]), N("Add", ["p", "span"], ["end"]),
+             N("Slice", ["x", "p", "end", "zero", "k"], ["y"])]
+    model = graph_model(nodes, {"x": ((10, 3), np.float32), "p": ((1,), np.int64)}, ["y"],
+                        {"four": _i64(4), "k": _i64(step), "zero": _i64(0)})
+    model = _declare(model, {"y": (4, 3)})
+    module = build(model)
+    x = rand(RNG, 10, 3)
+    starts = {1: [0, 6, -5], -1: [9, 5, -1], 2: [0, 2, -10]}[step]
+    for p in starts:
+        feeds = {"x": x, "p": _i64(p)}
+        compare(run(module, feeds), onnxruntime_outputs(model, feeds))
+    for p in {1: [7, -2, 10], -1: [2, -9, 11, 3], 2: [7, 9, -1]}[step]:
+        with pytest.raises(KernelError, match="out of bounds"):
+            run(module, {"x": x, "p": _i64(p)})
+
+
+@pytest.mark.parametrize("run_time", [False, True])
+def test_a_backward_slice_from_before_the_start_keeps_the_first_element(run_time):
+    """ONNX clamps a backward slice's start into ``[0, dim - 1]``: ``x[-100:-100:-1]`` is
+    ``x[0:1]``, as onnxruntime computes it."""
+    inits = {"e": _i64(-100), "a": _i64(0), "k": _i64(-1)}
+    inputs = {"x": ((5, 2), np.float32)}
+    if run_time:
+        inputs["s"] = ((1,), np.int64)
+    else:
+        inits["s"] = _i64(-100)
+    model = graph_model([N("Slice", ["x", "s", "e", "a", "k"], ["y"])], inputs, ["y"], inits)
+    model = _declare(model, {"y": (1, 2)})
+    feeds = {"x": rand(RNG, 5, 2), **({"s": _i64(-100)} if run_time else {})}
+    compare(run(build(model), feeds), onnxruntime_outputs(model, feeds))
+
+
+def test_resize_to_sizes_read_at_run_time():
+    model = graph_model([N("Resize", ["x", "", "", "v"], ["y"], mode="linear")],
+                        {"x": ((1, 2, 3, 4), np.float32), "v": ((4,), np.int64)}, ["y"],
+                        opset=13)
+    model = _declare(model, {"y": (1, 2, 6, 7)})
+    module = build(model)
+    feeds = {"x": rand(RNG, 1, 2, 3, 4), "v": _i64(1, 2, 6, 7)}
+    compare(run(module, feeds), onnxruntime_outputs(model, feeds))
+    with pytest.raises(KernelError, match="out of bounds"):
+        run(module, {**feeds, "v": _i64(1, 2, 6, 8)})
+
+
+@pytest.mark.parametrize("case,match", [
+    ("undeclared", (r"Reshape's shape is computed at run time and the output's shape is not "
+                    r"known at import.*--const")),
+    ("wrap", r"Pad \(node 'node', opset 19\): mode='wrap'"),
+    ("scales", r"Resize's scales must be a constant"),
+])
+def test_sizes_read_at_run_time_are_refused_where_the_shape_is_not_static(case, match):
+    if case == "undeclared":
+        model = graph_model([N("Reshape", ["x", "v"], ["y"])],
+                            {"x": ((3, 4), np.float32), "v": ((2,), np.int64)}, ["y"])
+    elif case == "wrap":
+        model = _declare(graph_model([N("Pad", ["x", "v"], ["y"], name="node", mode="wrap")],
+                                     {"x": ((3, 4), np.float32), "v": ((4,), np.int64)}, ["y"],
+                                     opset=19), {"y": (6, 5)})
+    else:
+        model = _declare(graph_model([N("Resize", ["x", "", "s"], ["y"])],
+                                     {"x": ((1, 1, 2, 2), np.float32), "s": ((4,), np.float32)},
+                                     ["y"], opset=13), {"y": (1, 1, 4, 4)})
+    with pytest.raises(UnsupportedOperatorError, match=match):
+        relay.frontend.from_onnx(model)
+
+
+@pytest.mark.cross
+def test_a_branch_a_loop_and_a_run_time_slice_on_an_emulated_board(tracker, tmp_path):  # noqa: F811
+    """The sample-rate If decided on the board, a recurrence unrolled three times, and a
+    window of it at a run-time start; a start whose window is cut short stops the run there."""
+    net = _sample_rate_model()
+    body = _graph("body", [N("MatMul", ["h", "u"], ["hu"]), N("Add", ["hu", "y"], ["h0"]),
+                           N("Tanh", ["h0"], ["h1"]), N("Identity", ["c"], ["keep"])],
+                  [("keep", bool), "h1"],
+                  [_value("i", np.int64, []), _value("c", bool, []),
+                   _value("h", np.float32, [3, 5])])
+    net.graph.node.extend([N("Loop", ["three", "", "y"], ["z"], body=body),
+                           N("Add", ["p", "three"], ["p_end"]),
+                           N("Slice", ["z", "p", "p_end", "one"], ["window"])])
+    net.graph.initializer.extend([onnx.numpy_helper.from_array(v, n) for n, v in (
+        ("three", _i64(3)), ("one", _i64(1)), ("u", rand(RNG, 5, 5) * 0.3))])
+    net.graph.input.append(_value("p", np.int64, [1]))
+    net.graph.output[0].name = "window"
+    model = _declare(onnx.shape_inference.infer_shapes(net, strict_mode=True), {"window": (3, 3)})
+    feeds = [{**f, "p": _i64(p)} for f, p in zip(_rate_feeds(), (1, 2))]
+    mod, params = relay.frontend.from_onnx(model)
+    with board_session(tracker, "aarch64") as remote:
+        lib = relay.build(mod, target=remote.target(), params=params)
+        m = run_checked(remote, lib, tmp_path / "branch.so", feeds[0],
+                        onnxruntime_outputs(model, feeds[0])[0], "aarch64")
+        m.set_input(**feeds[1])
+        m.run()
+        compare([m.get_output(0).numpy()], onnxruntime_outputs(model, feeds[1]), 1e-4)
+        m.set_input("p", _i64(3))
+        with pytest.raises(RemoteError, match="out of bounds"):
+            m.run()

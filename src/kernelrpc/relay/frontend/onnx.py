@@ -49,6 +49,7 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
     inputs = _bind_inputs(ctx, model.graph, dict(shape or {}), dtype)
     types = InferredTypes(model, inputs)
     ctx.convert_graph = partial(_convert_subgraph, ctx, types, _Budget())
+    ctx.inferred_type = types.static
     _convert_nodes(ctx, model.graph, types)
     return _with_params(inputs, _outputs(ctx, model.graph), initializers)
 
@@ -100,6 +101,7 @@ def _convert_nodes(ctx, graph, types) -> None:
         ctx.node_name = node.name or f"{node.op_type}_{index}"
         ctx.op_type = node.op_type
         ctx.outputs_wanted = len(node.output)
+        ctx.output_names = tuple(node.output)
         unknown = any(name and name not in ctx.values and name in types.unknown
                       for name in _reads(node))
         outputs = []
@@ -154,7 +156,7 @@ def _convert_subgraph(ctx, types, budget, graph, what: str, bindings: dict | Non
     values and ``bindings`` (the subgraph's inputs, name -> value); what they define is not
     seen outside. A refusal inside is an Unsupported naming ``what`` and every refused node."""
     budget.spend(len(graph.node))
-    saved = ctx.values, ctx.node_name, ctx.op_type, ctx.outputs_wanted
+    saved = ctx.values, ctx.node_name, ctx.op_type, ctx.outputs_wanted, ctx.output_names
     ctx.values = ChainMap(dict(bindings or {}), ctx.values)
     try:
         _convert_nodes(ctx, graph, types)
@@ -164,7 +166,7 @@ def _convert_subgraph(ctx, types, budget, graph, what: str, bindings: dict | Non
             f"{op} (node {name!r}){': ' + why if why else ''}"
             for op, name, _, why in exc.unsupported)) from None
     finally:
-        ctx.values, ctx.node_name, ctx.op_type, ctx.outputs_wanted = saved
+        ctx.values, ctx.node_name, ctx.op_type, ctx.outputs_wanted, ctx.output_names = saved
 
 
 #: ONNX's own operator domains (another's operators, onnxruntime's ``com.microsoft``, are

@@ -34,6 +34,11 @@ class InferredTypes:
             return None
         return ir.Node(STAND_IN, (), {}, shape, dtype, name)
 
+    def static(self, name: str):
+        """``(shape, dtype)`` of the graph's tensor ``name`` when static, else None (a
+        subgraph's tensors are not looked at)."""
+        return self._infer().get(name)
+
     def _infer(self) -> dict:
         if self._types is None:
             self._types = self._run()

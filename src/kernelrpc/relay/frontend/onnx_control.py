@@ -23,9 +23,6 @@ from .onnx_model import MAX_SUBGRAPH_NODES
 #: iterations of a Loop or Scan unrolled at most
 MAX_ITERATIONS = 256
 
-_CONST_HINT = "fix the input it depends on with from_onnx(..., const_inputs={{{name!r}: VALUE}}) " \
-              "or --const {name}=VALUE"
-
 
 # ------------------------------------------------------------------ If
 
@@ -63,16 +60,22 @@ def _select(ctx, cond, k, then, other):
     if then is other:
         return then
     if then.shape != other.shape or then.dtype != other.dtype:
-        inputs = _inputs_read(cond)
-        hint = f" ({_CONST_HINT.format(name=inputs[0])})" if len(inputs) == 1 else \
-            f" (fix the inputs it depends on, {', '.join(map(repr, inputs))}, with " \
-            "from_onnx(..., const_inputs=...) or --const NAME=VALUE)" if inputs else ""
         raise Unsupported(
             f"output {k} is {list(then.shape)} {then.dtype} in the then branch and "
             f"{list(other.shape)} {other.dtype} in the else branch: an If decided at run time "
             f"needs outputs of one shape and dtype; a condition known at import picks its "
-            f"branch{hint}")
+            f"branch{_fix_hint(_inputs_read(cond))}")
     return ctx.make("where", [cond, then, other])
+
+
+def _fix_hint(inputs: list[str]) -> str:
+    if len(inputs) == 1:
+        return (f" (fix the input it depends on with from_onnx(..., const_inputs="
+                f"{{{inputs[0]!r}: VALUE}}) or --const {inputs[0]}=VALUE)")
+    if inputs:
+        return (f" (fix the inputs it depends on, {', '.join(map(repr, inputs))}, with "
+                "from_onnx(..., const_inputs=...) or --const NAME=VALUE)")
+    return ""
 
 
 def _inputs_read(node) -> list[str]:

@@ -79,6 +79,23 @@ def test_an_if_decided_at_run_time_takes_either_branch():
     assert {"where", "nn.dense", "relu"} <= _ops(model)
 
 
+def test_branches_with_initializers_of_their_own():
+    """A branch's own initializers are its constants (what torch writes as outer values, other
+    exporters write into the branch)."""
+    from onnx import numpy_helper
+
+    then = _graph("then", [N("MatMul", ["x", "w1"], ["t"])], ["t"])
+    then.initializer.append(numpy_helper.from_array(rand(RNG, 7, 5), "w1"))
+    other = _graph("else", [N("MatMul", ["x", "w2"], ["e0"]), N("Add", ["e0", "w"], ["e"])],
+                   ["e"])
+    other.initializer.append(numpy_helper.from_array(rand(RNG, 7, 5), "w2"))
+    nodes = [N("Equal", ["sr", "rate"], ["is16k"]),
+             N("If", ["is16k"], ["y"], then_branch=then, else_branch=other)]
+    inits = {"rate": np.asarray(16000, np.int64), "w": rand(RNG, 5)}
+    model = graph_model(nodes, {"x": ((3, 7), np.float32), "sr": ((), np.int64)}, ["y"], inits)
+    _agrees(model, _rate_feeds())
+
+
 def test_an_if_fixed_at_import_still_keeps_only_its_branch():
     model = _sample_rate_model()
     assert "where" not in _ops(model, const_inputs={"sr": 8000})

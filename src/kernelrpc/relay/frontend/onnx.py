@@ -153,12 +153,13 @@ class _Budget:
 def _convert_subgraph(ctx, types, budget, graph, what: str, bindings: dict | None = None) -> list:
     """The output values of ``graph`` (an If's branch, a Loop's body in one iteration), its
     nodes converted into ``ctx`` in a scope of their own: they read the enclosing graphs'
-    values and ``bindings`` (the subgraph's inputs, name -> value); what they define is not
-    seen outside. A refusal inside is an Unsupported naming ``what`` and every refused node."""
+    values, ``bindings`` (the subgraph's inputs, name -> value) and its own initializers; what
+    they define is not seen outside. A refusal inside is an Unsupported naming ``what`` and every refused node."""
     budget.spend(len(graph.node))
     saved = ctx.values, ctx.node_name, ctx.op_type, ctx.outputs_wanted, ctx.output_names
     ctx.values = ChainMap(dict(bindings or {}), ctx.values)
     try:
+        _bind_initializers(ctx, graph)
         _convert_nodes(ctx, graph, types)
         return [_value(ctx, out.name, what) for out in graph.output]
     except UnsupportedOperatorError as exc:

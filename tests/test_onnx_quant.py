@@ -271,10 +271,10 @@ def test_qdense_against_numpy(data_dtype, x_zero, out_dtype):
     ("llvm -mcpu=skylake-avx512 -mattr=-avx512bw", "avx2"),     # zmm floats, ymm bytes
     ("llvm -mcpu=bdver2", ""), ("llvm -mcpu=sandybridge", ""),   # AVX (and FMA), no AVX2
     ("llvm -mcpu=x86-64", ""),
-    ("llvm -mtriple=aarch64-linux-gnu", ""), ("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod",
-                                             "dotprod"),
+    ("llvm -mtriple=aarch64-linux-gnu", "asimd"),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod", "dotprod"),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", "dotprod"),
-    ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", ""),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", "asimd"),
     ("llvm -mtriple=armv7a-linux-gnueabihf -mattr=+neon,+vfp4", "")])
 def test_int8_dot_is_the_targets_not_the_hosts(target, expected):
     from kernelrpc.compiler.target import Target

@@ -2,11 +2,13 @@
 checked against onnxruntime here by the rule of tests/test_onnx_quant.py (a quantized output
 within one quantization step, a float one within 1e-4 of its largest magnitude): the CNN in
 QDQ form (per-channel, uint8 activations, int8 weights) on a Cortex-A72 (no dot product: the
-packed convolutions and dense layer in plain vectors) and on a Cortex-A76 (``sdot``, the
-input shifted by 128 and the weight sums in the packed weight), and the encoder block
-quantized dynamically; on the A76 the packed convolution's kernel with int8 and uint8 inputs
-at both ends of their range against numpy."""
+packed layers' ``smull``/``addp``/``sadalp``) and on a Cortex-A76 (``sdot``), both on the
+input shifted by 128 from the weight sums the packed weight carries, and the encoder block
+quantized dynamically; on each board the packed convolution's kernel with int8 and uint8
+inputs at both ends of their range against numpy (on the A72 with a weight of -128 too,
+which the plain vectors take)."""
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -63,24 +65,36 @@ def check_network(remote, tmp_path, name):
     return lib
 
 
+def check_kernels(remote, tmp_path, instruction):
+    """The packed convolution on the board equals numpy's, its instruction in the code; a
+    weight of -128 (outside the smull record's bound) takes the plain vectors."""
+    from test_int8_dots import packed_conv_case
+
+    cases = [("int8", 127, (-127, 127), instruction), ("uint8", 255, (-127, 127), instruction),
+             ("int8", -128, (-128, 127), "sdot" if instruction == "sdot" else "smlal")]
+    for k, (data_dtype, x_zero, weight_range, expected) in enumerate(cases):
+        node, data, x, numpy_answer = packed_conv_case(data_dtype, x_zero, 6, 21, (2, 1),
+                                                       weight_range)
+        lib = relay.build(ir.IRModule(ir.Function([data], [node])), target=remote.target())
+        asm = lib.get_source("asm")
+        assert re.search(rf"\b{expected}\b", asm)
+        assert (re.search(r"\bsadalp\b", asm) is not None) == (expected == "sadalp")
+        _, got = run_network(remote, lib, tmp_path / f"conv{k}.so", {"x": x})
+        np.testing.assert_array_equal(got, numpy_answer)
+
+
 @pytest.mark.parametrize("name", sorted(NETWORKS))
 def test_quantized_network_on_emulated_aarch64(tracker, tmp_path, name):  # noqa: F811
     with board_session(tracker, "aarch64") as remote:
         lib = check_network(remote, tmp_path, name)
-    assert int8_dot(lib.target) == "" and "sdot" not in lib.get_source("asm")
+        assert int8_dot(lib.target) == "asimd" and "sdot" not in lib.get_source("asm")
+        if name == "cnn-qdq":
+            assert re.search(r"\bsadalp\b", lib.get_source("asm"))
+            check_kernels(remote, tmp_path, "sadalp")
 
 
 def test_sdot_on_an_emulated_cortex_a76(tracker, tmp_path):  # noqa: F811
-    from test_int8_dots import packed_conv_case
-
     with dotprod_board(tracker) as remote:
         lib = check_network(remote, tmp_path, "cnn-qdq")
         assert int8_dot(lib.target) == "dotprod" and "sdot" in lib.get_source("asm")
-        for k, (data_dtype, x_zero) in enumerate([("int8", 127), ("uint8", 255), ("int8", -128)]):
-            node, data, x, expected = packed_conv_case(data_dtype, x_zero, 6, 21, (2, 1),
-                                                       weight_range=(-128, 127))
-            lib = relay.build(ir.IRModule(ir.Function([data], [node])),
-                              target=remote.target())
-            assert "sdot" in lib.get_source("asm")
-            _, got = run_network(remote, lib, tmp_path / f"conv{k}.so", {"x": x})
-            np.testing.assert_array_equal(got, expected)
+        check_kernels(remote, tmp_path, "sdot")

@@ -85,11 +85,12 @@ def int8_dot(target) -> str:
       compiles to ``vpmaddubsw`` on zmm or ymm registers;
     - ``"dotprod"``: aarch64's ``sdot`` (int8 x int8, four products a lane), where the sum of
       sixteen int8 products compiles to it;
-    - ``""``: none of these (SSE, AVX without AVX2, 32-bit Arm, RISC-V, aarch64 before v8.2's
-      dot product)."""
+    - ``"asimd"``: aarch64 without the dot product (Advanced SIMD's widening multiplies,
+      ``smull``, and pairwise additions, ``addp`` and ``sadalp``);
+    - ``""``: none of these (SSE, AVX without AVX2, 32-bit Arm, RISC-V)."""
     probe = functools.partial(_probe, target.llvm_triple, target.cpu, target.features)
     if target.arch == "aarch64":
-        return "dotprod" if re.search(r"\bsdot\b", probe("sdot")) else ""
+        return "dotprod" if re.search(r"\bsdot\b", probe("sdot")) else "asimd"
     if target.arch != "x86_64":
         return ""
     if vector_isa(target).lanes == 16 and re.search(r"\bvpdpwssd\b.*%zmm", probe("vnni")):

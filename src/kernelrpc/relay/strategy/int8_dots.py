@@ -1,15 +1,27 @@
 """The instructions of the packed int8 layers, one record per target family: how a quad of
 input bytes (uint8, the same for a block's 16 outputs) times the block's 16 x 4 weights (int8)
 is added to the block's 16 int32 accumulators, the step of the packed convolution's and dense
-layer's reduction (:mod:`kernelrpc.relay.op.quant`, ``OIHW16o4i`` and ``NK16n4k``).
+layer's reduction (:mod:`kernelrpc.relay.op.quant`, ``OIHW16o4i`` and ``NK16n4k``). The first
+record whose target family and weights allow it is taken:
 
-Every record computes the exact int32 sum, as onnxruntime does on a VNNI or Arm host; none
-saturates. ``vpmaddubsw`` adds a pair of uint8 x int8 products in int16 with saturation (what
-onnxruntime's AVX2 kernels compute, and why ``quantize_static`` has ``reduce_range``): the
-pairs record applies only where no pair of a layer's weights can leave int16 for any input,
-``255 * (sum of the pair's positive weights) <= 32767`` and likewise for the negative ones
-(``reduce_range``'s 7-bit weights always; weights of the full int8 range have about one pair
-in 70 that could, and those layers take the next record that applies).
+- ``vpdpbusd``: x86 with AVX512-VNNI, one instruction a step;
+- ``vpmaddubsw``: x86 with AVX2 or AVX512BW, ``vpmaddubsw`` then ``vpmaddwd`` with ones, where
+  the weights cannot saturate its int16 pair sums (below);
+- ``sdot``: aarch64 with the dot product (ARMv8.2: Cortex-A55/A76 and later);
+- ``smull``: aarch64 without it (Cortex-A53/A72), int8 products in int16 summed by ``addp``
+  and ``sadalp``, where no weight is -128;
+- ``vectors``: the quad unrolled over vectors of the 16 outputs (SSE, 32-bit Arm, RISC-V, and
+  the weights the records above refuse), as LLVM widens it for the target.
+
+Every record computes the exact int32 sum, as onnxruntime does on a VNNI, AMX or Arm host;
+none saturates. ``vpmaddubsw`` adds a pair of uint8 x int8 products in int16 with saturation
+(what onnxruntime's AVX2 and AVX-512 kernels compute without VNNI, and why
+``quantize_static`` has ``reduce_range``): its record applies only where no pair of a
+layer's weights can leave int16 for any input, ``255 * (sum of the pair's positive weights)
+<= 32767`` and likewise for the negative ones (``reduce_range``'s 7-bit weights always;
+weights of the full int8 range have about one pair in 70 that could, and those layers take
+the plain vectors). The aarch64 records take int8 by int8 products, so they multiply the quad
+shifted by 128 and start the accumulators from 128 times the block's weight sums.
 """
 from __future__ import annotations
 
@@ -29,11 +41,12 @@ from .tiles import Tiles
 @dataclass(frozen=True)
 class QuadDot:
     """``name``; ``isa``: the :func:`~kernelrpc.compiler.vector_isa.int8_dot` answers of the
-    targets that have it; ``fits(weight)``: the packed weight's values let it compute the
-    exact sum (None: any weight does); ``intrinsic(tiles, node)``: the tensor intrinsic of one block step (None: the
-    quad unrolled over vectors of the 16 outputs, which LLVM widens as the target allows);
-    ``registers(tiles)``: the vector registers of a block's accumulators and of its weights,
-    and those a step holds besides (the quad, constants), which bound the register tile."""
+    targets that have it (empty: every target); ``fits(weight)``: the packed weight's values
+    let it compute the exact sum (None: any weight does); ``intrinsic(tiles, node)``: the
+    tensor intrinsic of one block step (None: the quad unrolled over vectors of the 16
+    outputs, which LLVM widens as the target allows); ``registers(tiles)``: the vector
+    registers of a block's accumulators and of its weights, and those a step holds besides
+    (the quad, constants), which bound the register tile."""
 
     name: str
     isa: tuple[str, ...]
@@ -78,7 +91,7 @@ def _quad_words(quad_view, count: int, dtype: str = "int8"):
 def _chunks(step_chunk, width: int, start=None):
     """A block step as ``64 / width`` chunks of ``width`` weight bytes (``width / 4``
     outputs): ``step_chunk(ins, acc, channel)`` is the chunk's accumulators after the step,
-    from ``acc``: their values, or on the first step ``start(ins, channel)`` (zeros)."""
+    from ``acc``: their values, or on the first step ``start(ins, channel, lanes)`` (zeros)."""
     lanes = width // quant.BLOCK_I
 
     def step(ins, outs, first):
@@ -87,7 +100,7 @@ def _chunks(step_chunk, width: int, start=None):
             if not first:
                 acc = _load(outs[0], (channel,), lanes)
             elif start is not None:
-                acc = start(ins, channel)
+                acc = start(ins, channel, lanes)
             else:
                 acc = tir.Broadcast(te.const(0, "int32"), lanes)
             ib.emit(tir.Store(outs[0].data, step_chunk(ins, acc, channel),
@@ -134,30 +147,59 @@ def pairs_fit(weight: np.ndarray) -> bool:
                 (np.minimum(pairs, 0).sum(axis=1) >= -128).all())
 
 
-def _sdot(tiles, node):
-    """aarch64's ``sdot`` (int8 x int8) on the quad shifted by 128 (its bytes' top bit
-    flipped: ``x - 128``), four chunks of 4 outputs; the accumulators start from 128 times the
-    block's weight sums (:func:`kernelrpc.relay.op.quant.weight_sums`, in the block's last
+def _sums_start(node):
+    """The accumulators' start for a record that multiplies the quad shifted by 128: 128 times
+    the block's weight sums (:func:`kernelrpc.relay.op.quant.weight_sums`, in the block's last
     quad, read on the first step, when the view is at the block's start), so that they end at
     ``sum x * w`` as the declared computation says."""
     shape = node.inputs[1].shape
     sums_at = (shape[1] - 1) * int(np.prod(shape[2:]))    # the last quad, from the first
 
-    def start(ins, channel):
+    def start(ins, channel, lanes):
         first = ins[1].flat_index((channel, 0))
-        sums = tir.Load(ins[1].data, tir.Ramp(first + sums_at, te.const(1, "int32"), 16))
-        return E.reinterpret("int32x4", sums) * tir.Broadcast(te.const(128, "int32"), 4)
+        sums = tir.Load(ins[1].data, tir.Ramp(first + sums_at, te.const(1, "int32"),
+                                              lanes * quant.BLOCK_I))
+        return E.reinterpret(f"int32x{lanes}", sums) * tir.Broadcast(te.const(128, "int32"),
+                                                                      lanes)
+    return start
 
+
+def _sdot(tiles, node):
+    """aarch64's ``sdot`` (int8 x int8) on the quad shifted by 128 (its bytes' top bit
+    flipped: ``x - 128``), four chunks of 4 outputs, from :func:`_sums_start`."""
     def chunk(ins, acc, channel):
         shifted = _quad_words(ins[0], 4) + tir.Broadcast(te.const(-128, "int8"), 16)
         return E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sdot.v4i32.v16i8", acc,
                                        shifted, _load(ins[1], (channel, 0), 16))
-    return _declare("sdot", _chunks(chunk, 16, start))
+    return _declare("sdot", _chunks(chunk, 16, _sums_start(node)))
 
 
 def sums_fit(weight: np.ndarray) -> bool:
     """128 times each weight sum fits the int32 accumulators."""
     return bool(np.abs(quant.weight_sums(weight).astype(np.int64)).max(initial=0) < 2 ** 24)
+
+
+def _widening(tiles, node):
+    """aarch64 without the dot product: per 4 outputs, ``smull`` and ``smull2`` (the quad
+    shifted by 128, as for ``sdot``, times the outputs' 16 weights: int8 products in int16),
+    ``addp`` (a quad's products summed in pairs, in int16: no weight is -128, so a pair stays
+    within 2 x 128 x 127) and ``sadalp`` (the two pairs added to the int32 accumulators),
+    which start from 128 times the block's weight sums."""
+    def chunk(ins, acc, channel):
+        shifted = E.cast(_quad_words(ins[0], 2) + tir.Broadcast(te.const(-128, "int8"), 8),
+                         "int16x8")
+        halves = [E.cast(_load(ins[1], (channel + c, 0), 8), "int16x8") * shifted
+                  for c in (0, 2)]
+        pairs = E.call_llvm_pure_intrin("int16x8", "llvm.aarch64.neon.addp.v8i16", *halves)
+        return acc + E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.saddlp.v4i32.v8i16",
+                                             pairs)
+    return _declare("smull", _chunks(chunk, 16, _sums_start(node)))
+
+
+def no_minimum_weight(weight: np.ndarray) -> bool:
+    """No weight is -128 (whose products with -128 would leave int16 in pairs), and the sums
+    fit (:func:`sums_fit`)."""
+    return bool((quant.packed_quads(weight) != -128).all()) and sums_fit(weight)
 
 
 def _float_lanes(tiles: Tiles) -> tuple[int, int, int]:
@@ -168,7 +210,9 @@ VNNI = QuadDot("vpdpbusd", ("avx512_vnni",), _vnni, registers=lambda tiles: (1, 
 PAIRS = QuadDot("vpmaddubsw", ("avx512bw", "avx2"), _pairs, fits=pairs_fit,
                 registers=lambda tiles: (1, 1, 4) if tiles.int8_dot == "avx512bw" else (2, 2, 4))
 SDOT = QuadDot("sdot", ("dotprod",), _sdot, fits=sums_fit, registers=lambda tiles: (4, 4, 2))
+WIDENING = QuadDot("smull", ("asimd",), _widening, fits=no_minimum_weight,
+                   registers=lambda tiles: (4, 4, 4))
 VECTORS = QuadDot("vectors", (), None, registers=_float_lanes)
 
 #: the records in the order tried: the first whose target family and weights allow it
-QUAD_DOTS = (VNNI, PAIRS, SDOT, VECTORS)
+QUAD_DOTS = (VNNI, PAIRS, SDOT, WIDENING, VECTORS)

@@ -1,8 +1,9 @@
 """The packed int8 layers' instruction records (relay/strategy/int8_dots.py) on each x86
 family this host runs (tests/target_families.py): AVX-512 code without VNNI and AVX2 code take
 ``vpmaddubsw`` + ``vpmaddwd`` where no pair of the layer's weights can saturate the int16 pair
-sum (``reduce_range``'s 7-bit weights), the exact plain-vector form otherwise; SSE code the
-plain vectors; this host's own code ``vpdpbusd`` where it has VNNI.
+sum (``reduce_range``'s 7-bit weights), and the weights split in halves (``w = 2h + l``, two
+``vpmaddubsw`` that cannot saturate) otherwise; SSE code the plain vectors; this host's own
+code ``vpdpbusd`` where it has VNNI.
 
 Every record computes the exact int32 sum: the kernels equal their numpy form (zero points
 at both ends of the range, uint8 and int8 inputs, odd shapes, channels past the last quad and
@@ -30,7 +31,8 @@ from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.compiler.vector_isa import int8_dot  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import ir  # noqa: E402
-from kernelrpc.relay.op import quant  # noqa: E402
+from kernelrpc.relay.op import node_flops, quant  # noqa: E402
+from kernelrpc.relay.strategy import strategy_for, tiles_for  # noqa: E402
 from kernelrpc.relay.strategy.int8_dots import pairs_fit  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
@@ -40,9 +42,10 @@ SEVEN_BITS, EIGHT_BITS = (-64, 64), (-128, 127)
 #: the x86 targets of the tests: each family, and this host's own code where it has VNNI
 TARGETS = {"avx512": FAMILIES["avx512"], "avx2": FAMILIES["avx2"], "sse": FAMILIES["sse"],
            "vnni": "llvm"}
-#: the instruction each target's packed layers run, for 7-bit and for full-range weights
-INSTRUCTION = {"avx512": ("vpmaddubsw", None), "avx2": ("vpmaddubsw", None),
-               "sse": (None, None), "vnni": ("vpdpbusd", "vpdpbusd")}
+#: the record each target's packed layers take, for 7-bit and for full-range weights
+RECORD = {"avx512": ("vpmaddubsw", "vpmaddubsw_halves"),
+          "avx2": ("vpmaddubsw", "vpmaddubsw_halves"),
+          "sse": ("vectors", "vectors"), "vnni": ("vpdpbusd", "vpdpbusd")}
 DOTS = ("vpdpbusd", "vpmaddubsw", "sdot")
 
 
@@ -61,8 +64,13 @@ def on(*names):
     return [pytest.param(name, id=name, marks=runs(name)) for name in names]
 
 
-def expected_dot(name, weight_range):
-    return INSTRUCTION[name][weight_range == EIGHT_BITS]
+def check_record(target, node, lib, record):
+    """The layer takes ``record`` (:mod:`kernelrpc.relay.strategy.int8_dots`), and its code
+    runs the record's instruction and no other dot product."""
+    taken = strategy_for(tiles_for(Target(TARGETS.get(target, target))), node)
+    assert taken.name.split("_", 2)[-1] == record, taken.name
+    instruction = record.split("_")[0]
+    assert dots_in(lib) == ({instruction} if instruction in DOTS else set())
 
 
 def weights(weight_range, *shape):
@@ -123,8 +131,8 @@ def test_packed_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, 
                                                strides, weight_range)
     got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
     np.testing.assert_array_equal(got, expected)
-    dot = expected_dot(target, weight_range)
-    assert dots_in(lib) == ({dot} if dot else set())
+    check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
+    assert node_flops(node) == 2 * expected.size * channels * 3 * 3
 
 
 @pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,out_dtype,shape", combinations([
@@ -140,13 +148,12 @@ def test_packed_qdense_against_numpy(target, weight_range, data_dtype, x_zero, o
               ir.const(np.asarray(x_zero, np.int32)),
               ir.const(weight.astype(np.int32).sum(axis=0, dtype=np.int32)), *extra]
     x = integers(data_dtype, rows, depth)
-    got, lib = build_run(make("qnn.dense", inputs, kernel_layout=quant.PACKED_DENSE, **attrs),
-                         [data], {"x": x}, TARGETS[target])
+    node = make("qnn.dense", inputs, kernel_layout=quant.PACKED_DENSE, **attrs)
+    got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
     expected = quant.np_qdense([x, weight, inputs[2].value] + [i.value for i in inputs[4:]],
                                attrs)
     np.testing.assert_array_equal(got, expected)
-    dot = expected_dot(target, weight_range)
-    assert dots_in(lib) == ({dot} if dot else set())
+    check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
 
 
 @pytest.mark.parametrize("target", on("avx2", "avx512"))
@@ -154,7 +161,7 @@ def test_vpmaddubsw_at_the_pair_bound(target):
     """Pairs of weights whose positive (negative) parts sum to 128 (-128) times inputs of 255
     reach 32640 (-32640), within int16: the pairs record takes the layer and each output
     (its bias 100 less the sum, its multiplier 1) is exactly numpy's. One more on a weight
-    could pass 32767: the layer keeps the plain vectors, exact too."""
+    could pass 32767: the layer takes the weights in halves, exact too."""
     weight = np.zeros((16, 2, 1, 1), np.int8)
     weight[0::2] = np.array([127, 1]).reshape(2, 1, 1)
     weight[1::2] = np.array([-64, -64]).reshape(2, 1, 1)
@@ -164,20 +171,20 @@ def test_vpmaddubsw_at_the_pair_bound(target):
     attrs = dict(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0), groups=1, out_zero=0,
                  out_min=0, out_max=255, out_dtype="uint8", kernel_layout=quant.PACKED)
     ones = np.ones(16, np.float32)
-    for extra, dot in ((0, {"vpmaddubsw"}), (1, set())):
+    for extra, record in ((0, "vpmaddubsw"), (1, "vpmaddubsw_halves")):
         w = weight.copy()
         w[0, 1] += extra
         assert pairs_fit(quant.pack_weight(w)) == (extra == 0)
         bias = (100 - 255 * w.astype(np.int32).sum(axis=(1, 2, 3))).astype(np.int32)
         inputs = [data, ir.const(quant.pack_weight(w)), ir.const(np.asarray(0, np.int32)),
                   ir.const(quant.packed_bias(bias, w, "uint8", 0)), ir.const(ones)]
-        got, lib = build_run(make("qnn.conv2d", inputs, **attrs), [data], {"x": x},
-                             TARGETS[target])
+        node = make("qnn.conv2d", inputs, **attrs)
+        got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
         expected = quant.np_qconv2d([x, w, np.asarray(0), bias, ones],
                                     dict(attrs, kernel_layout="OIHW"))
         assert (expected[..., 1:] == 100).all()
         np.testing.assert_array_equal(got, expected)
-        assert dots_in(lib) == dot
+        check_record(target, node, lib, record)
 
 
 # ------------------------------------------------------------------ networks against onnxruntime
@@ -215,7 +222,7 @@ def test_quantized_cnn_against_onnxruntime(tmp_path, target, case):
     step = output_steps(model)[0]
     assert np.abs(got - expected).max() <= step * (1 + 1e-5)
     assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
-    assert dots_in(lib) == ({"vpmaddubsw"} if "7-bit" in case else set())
+    assert dots_in(lib) == {"vpmaddubsw"}
 
 
 # ------------------------------------------------------------------ the instruction in the hot loop

@@ -388,7 +388,8 @@ def _qconv2d_packed(ts, attrs, node):
 
 
 register("qnn.conv2d", "anchor", _qconv2d_infer, _qconv2d, np_qconv2d,
-         flops=lambda node: 2 * node.size * math.prod(node.inputs[1].shape[1:4]))
+         flops=lambda node: 2 * node.size * node.inputs[0].shape[1] // node.attrs["groups"] *
+         math.prod(node.inputs[1].shape[2:4]))      # KH x KW in OIHW and packed weights
 
 
 def _qdense_infer(inputs, attrs):

@@ -7,6 +7,8 @@ record whose target family and weights allow it is taken:
 - ``vpdpbusd``: x86 with AVX512-VNNI, one instruction a step;
 - ``vpmaddubsw``: x86 with AVX2 or AVX512BW, ``vpmaddubsw`` then ``vpmaddwd`` with ones, where
   the weights cannot saturate its int16 pair sums (below);
+- ``vpmaddubsw_halves``: the same targets' other layers, each weight split in halves
+  ``w = 2h + l`` that cannot saturate it, twice the instructions;
 - ``sdot``: aarch64 with the dot product (ARMv8.2: Cortex-A55/A76 and later);
 - ``smull``: aarch64 without it (Cortex-A53/A72), int8 products in int16 summed by ``addp``
   and ``sadalp``, where no weight is -128;
@@ -19,9 +21,10 @@ none saturates. ``vpmaddubsw`` adds a pair of uint8 x int8 products in int16 wit
 ``quantize_static`` has ``reduce_range``): its record applies only where no pair of a
 layer's weights can leave int16 for any input, ``255 * (sum of the pair's positive weights)
 <= 32767`` and likewise for the negative ones (``reduce_range``'s 7-bit weights always;
-weights of the full int8 range have about one pair in 70 that could, and those layers take
-the plain vectors). The aarch64 records take int8 by int8 products, so they multiply the quad
-shifted by 128 and start the accumulators from 128 times the block's weight sums.
+of weights quantized over the full int8 range about one pair in 70 could, so nearly every
+such layer takes the halves). The aarch64 records take int8 by int8 products, so they
+multiply the quad shifted by 128 and start the accumulators from 128 times the block's
+weight sums.
 """
 from __future__ import annotations
 
@@ -138,6 +141,30 @@ def _pairs(tiles, node):
     return _declare("vpmaddubsw", _chunks(chunk, width))
 
 
+def _halves(tiles, node):
+    """``vpmaddubsw`` on weights of the full int8 range, exact: each weight ``w = 2h + l``
+    (``h = floor(w / 2)`` in [-64, 63], ``l`` 0 or 1, taken from the loaded weights once a
+    step), two ``vpmaddubsw`` (255 x 128 x 2 = 32640 at most: neither saturates) and two
+    ``vpmaddwd``, with twos and with ones."""
+    width = 64 if tiles.int8_dot == "avx512bw" else 32
+    bytes_pairs, words = _PAIRS[width]
+
+    def constant(value):
+        return tir.Broadcast(te.const(value, "int16"), width // 2)
+
+    def chunk(ins, acc, channel):
+        quad = _quad_words(ins[0], width // 4)
+        weights = _load(ins[1], (channel, 0), width)
+        high = E.floordiv(weights, tir.Broadcast(te.const(2, "int8"), width))
+        low = weights - high - high
+        for part, factor in ((high, 2), (low, 1)):
+            pairs = E.call_llvm_pure_intrin(f"int16x{width // 2}", bytes_pairs, quad, part)
+            acc = acc + E.call_llvm_pure_intrin(f"int32x{width // 4}", words, pairs,
+                                                constant(factor))
+        return acc
+    return _declare("vpmaddubsw_halves", _chunks(chunk, width))
+
+
 def pairs_fit(weight: np.ndarray) -> bool:
     """No pair of the packed weight's quads can take ``vpmaddubsw``'s int16 sum out of range
     for any uint8 input: ``255 * (p0 + p1) <= 32767`` for the pair's positive weights, and the
@@ -209,10 +236,12 @@ def _float_lanes(tiles: Tiles) -> tuple[int, int, int]:
 VNNI = QuadDot("vpdpbusd", ("avx512_vnni",), _vnni, registers=lambda tiles: (1, 1, 3))
 PAIRS = QuadDot("vpmaddubsw", ("avx512bw", "avx2"), _pairs, fits=pairs_fit,
                 registers=lambda tiles: (1, 1, 4) if tiles.int8_dot == "avx512bw" else (2, 2, 4))
+HALVES = QuadDot("vpmaddubsw_halves", ("avx512bw", "avx2"), _halves,
+                 registers=lambda tiles: (1, 2, 4) if tiles.int8_dot == "avx512bw" else (2, 4, 4))
 SDOT = QuadDot("sdot", ("dotprod",), _sdot, fits=sums_fit, registers=lambda tiles: (4, 4, 2))
 WIDENING = QuadDot("smull", ("asimd",), _widening, fits=no_minimum_weight,
                    registers=lambda tiles: (4, 4, 4))
 VECTORS = QuadDot("vectors", (), None, registers=_float_lanes)
 
 #: the records in the order tried: the first whose target family and weights allow it
-QUAD_DOTS = (VNNI, PAIRS, SDOT, WIDENING, VECTORS)
+QUAD_DOTS = (VNNI, PAIRS, HALVES, SDOT, WIDENING, VECTORS)

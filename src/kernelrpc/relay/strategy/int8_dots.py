@@ -85,10 +85,10 @@ def _load(view, start: tuple, count: int):
     return tir.Load(view.data, _lanes(view, start, count))
 
 
-def _quad_words(quad_view, count: int, dtype: str = "int8"):
-    """The quad's 4 bytes repeated ``count`` times, as ``count * 4`` lanes of ``dtype``."""
+def _quad_words(quad_view, count: int):
+    """The quad's 4 bytes repeated ``count`` times, as ``count * 4`` int8 lanes."""
     word = E.reinterpret("int32", _load(quad_view, (0,), quant.BLOCK_I))
-    return E.reinterpret(f"{dtype}x{4 * count}", tir.Broadcast(word, count))
+    return E.reinterpret(f"int8x{4 * count}", tir.Broadcast(word, count))
 
 
 def _chunks(step_chunk, width: int, start=None):
@@ -202,8 +202,11 @@ def _sdot(tiles, node):
 
 
 def sums_fit(weight: np.ndarray) -> bool:
-    """128 times each weight sum fits the int32 accumulators."""
-    return bool(np.abs(quant.weight_sums(weight).astype(np.int64)).max(initial=0) < 2 ** 24)
+    """The accumulators of a record that starts from 128 times the weight sums stay in int32:
+    for every output, 256 times the sum of its weights' magnitudes is below 2**31."""
+    quads = np.abs(quant.packed_quads(weight).astype(np.int64))
+    magnitudes = quads.sum(axis=(*range(1, quads.ndim - 2), quads.ndim - 1))
+    return bool(magnitudes.max(initial=0) < 2 ** 23)
 
 
 def _widening(tiles, node):
@@ -229,7 +232,7 @@ def no_minimum_weight(weight: np.ndarray) -> bool:
     return bool((quant.packed_quads(weight) != -128).all()) and sums_fit(weight)
 
 
-def _float_lanes(tiles: Tiles) -> tuple[int, int, int]:
+def _vector_registers(tiles: Tiles) -> tuple[int, int, int]:
     return -(-quant.BLOCK_O // max(tiles.lanes, 1)), 0, 4
 
 
@@ -241,7 +244,7 @@ HALVES = QuadDot("vpmaddubsw_halves", ("avx512bw", "avx2"), _halves,
 SDOT = QuadDot("sdot", ("dotprod",), _sdot, fits=sums_fit, registers=lambda tiles: (4, 4, 2))
 WIDENING = QuadDot("smull", ("asimd",), _widening, fits=no_minimum_weight,
                    registers=lambda tiles: (4, 4, 4))
-VECTORS = QuadDot("vectors", (), None, registers=_float_lanes)
+VECTORS = QuadDot("vectors", (), None, registers=_vector_registers)
 
 #: the records in the order tried: the first whose target family and weights allow it
 QUAD_DOTS = (VNNI, PAIRS, HALVES, SDOT, WIDENING, VECTORS)

@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--tuner", default="ga", choices=["ga", "model", "random", "gridsearch"])
     p.add_argument("--early-stopping", type=int, default=None)
     p.add_argument("--log", default="tune_network.log")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                   help="give up waiting for a board of --key after this long")
     args = p.parse_args(argv)
     host, _, port = args.tracker.rpartition(":")
 
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in mod["main"].inputs}
     with connect_or_start(host or "127.0.0.1", int(port), args.key) as tracker:
-        with tracker.request(args.key) as remote:
+        with tracker.request(args.key, timeout=args.request_timeout) as remote:
             target = remote.target()
         print("Extract tasks...")
         tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
@@ -105,9 +107,9 @@ def main(argv=None) -> int:
 
         print("Compile...")
         untuned = relay.build(mod, target=target, params=params)
-        with autotvm.apply_history_best(args.log):
+        with autotvm.apply_history_best(args.log, target=target):
             tuned = relay.build(mod, target=target, params=params)
-        with tracker.request(args.key) as remote:
+        with tracker.request(args.key, timeout=args.request_timeout) as remote:
             before, _ = evaluate(remote, untuned, feeds, "untuned")
             after, out = evaluate(remote, tuned, feeds, "tuned")
     print("Evaluate inference time cost...")

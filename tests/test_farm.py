@@ -1,5 +1,6 @@
 """A board farm: ``python -m kernelrpc.model NET --all-devices`` on real device servers behind a real
 tracker, and what each board reports about itself and its state."""
+import io
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import numpy as np  # noqa: E402
 
 from conftest import wait_until  # noqa: E402
+from kernelrpc.display import time_unit  # noqa: E402
 from kernelrpc.results import store, trust  # noqa: E402
 from kernelrpc.runtime import device_info  # noqa: E402
 from servicectl import child_env, queue, start_server  # noqa: E402
@@ -68,6 +70,12 @@ def test_all_devices_measures_every_board_of_two_keys_at_once(tiny_net, tmp_path
     assert len(rows) == 3 and len({r["run"] for r in rows}) == 1
     assert {r["board"] for r in rows} == {b["board"] for b in boards}
     assert {r["build_hash"] for r in rows} == {report["modules"][0]["sha256"]}
+    ax = _plotted(rows)
+    unit, scale = time_unit(max(r["p50"] for r in rows))
+    assert [b.get_width() for b in ax.patches] == pytest.approx([r["p50"] / scale for r in rows])
+    assert ax.get_xlabel().startswith(f"latency ({unit})")
+    assert [t.get_text().split()[0] for t in ax.get_yticklabels()] == [r["key"] for r in rows]
+    assert not any(b.get_hatch() for b in ax.patches)              # no emulated board here
 
     text = run_model(str(tiny_net), "--tracker", f"127.0.0.1:{tracker.port}", "--key", "farm",
                      "--all-devices", "--db", str(db), "--repeat", "1", "--number", "1", "--runs", "3",
@@ -80,6 +88,17 @@ def test_all_devices_measures_every_board_of_two_keys_at_once(tiny_net, tmp_path
     assert len(json.loads(listed.stdout)["runs"]) == 5
 
 
+def _plotted(rows):
+    """The boards' plot, drawn off screen (``kernelrpc.results.plot_boards``)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from kernelrpc.results import plot_boards
+
+    ax = plot_boards(rows)
+    ax.figure.savefig(io.BytesIO(), format="png")
+    return ax
+
+
 def test_a_key_no_server_has_names_the_keys_that_have_servers(tiny_net, tmp_path, start_service, tracker):
     start_server(start_service, tracker, key="present")
     wait_until(lambda: queue(tracker, "present")["free"] == 1, what="the server registered")
@@ -90,6 +109,8 @@ def test_a_key_no_server_has_names_the_keys_that_have_servers(tiny_net, tmp_path
     waited = run_model(str(tiny_net), "--tracker", f"127.0.0.1:{tracker.port}", "--key", "absent",
                        "--request-timeout", "1", "--no-db", cwd=tmp_path)
     assert waited.returncode == 1 and "within 1 s" in waited.stderr and "absent" in waited.stderr
+    error = waited.stderr.strip().splitlines()[-1]                 # the command's one-line error
+    assert error.startswith("kernelrpc.model: error:") and "keys with servers: present" in error
 
 
 def _write(path, text):

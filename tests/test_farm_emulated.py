@@ -11,7 +11,7 @@ from conftest import wait_until  # noqa: E402
 from emulated_boards import need_qemu, start_board  # noqa: E402
 from kernelrpc.results import trust  # noqa: E402
 from servicectl import child_env, queue, start_server  # noqa: E402
-from test_farm import tiny_net  # noqa: E402,F401 - the fixture
+from test_farm import _plotted, tiny_net  # noqa: E402,F401 - the fixture
 
 pytestmark = pytest.mark.cross
 
@@ -39,3 +39,7 @@ def test_a_host_board_and_an_emulated_board_each_get_their_build(tiny_net, tmp_p
     assert by_key["shelf-arm"]["target"].startswith("llvm -mtriple=aarch64-linux-gnu")
     assert by_key["shelf-host"]["facts"]["emulated"] is False and trust.EMULATED not in by_key["shelf-host"]["flags"]
     assert by_key["shelf-arm"]["onnxruntime"]["outputs"][0]["relative"] < 1e-4
+    ax = _plotted(report["boards"])
+    hatched = {t.get_text().split()[0]: bool(b.get_hatch()) for t, b in zip(ax.get_yticklabels(), ax.patches)}
+    assert hatched == {"shelf-arm": True, "shelf-host": False}
+    assert trust.EMULATED in [t.get_text() for t in ax.get_legend().get_texts()]

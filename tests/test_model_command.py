@@ -63,3 +63,36 @@ def test_an_unsupported_model_is_one_line_without_a_traceback(tmp_path):
     done = run_model(str(tmp_path / "missing.onnx"), "--local", cwd=tmp_path)
     assert done.returncode == 1 and "no model file" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_reference_reports_the_quantization_error_against_the_float_network(tmp_path):
+    """A QDQ network with ``--reference`` its float network: kernelrpc's quantization error
+    is onnxruntime's int8 error within one output step; a float network with other inputs is
+    refused by name."""
+    pytest.importorskip("onnxruntime")
+    from test_onnx_quant import CNN_CASES, cnn_model, output_steps, quantized
+
+    model = quantized(tmp_path, cnn_model(), (1, 3, 11, 13), **CNN_CASES["qdq-u8s8-per-channel"])
+    onnx.save(model, tmp_path / "int8.onnx")                    # beside float.onnx
+    done = run_model("int8.onnx", "--local", "--repeat", "1", "--number", "1", "--json",
+                     "--reference", "float.onnx", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (report,) = json.loads(done.stdout)["quantization"]["outputs"]
+    ours, theirs = report["kernelrpc"], report["onnxruntime"]
+    assert 0 < ours["max_abs_error"] and 0 < theirs["max_abs_error"]
+    (step,) = output_steps(model)
+    assert abs(ours["max_abs_error"] - theirs["max_abs_error"]) <= step * (1 + 1e-5)
+    assert 0 <= ours["top1_agreement"] <= 1
+    text = run_model("int8.onnx", "--local", "--repeat", "1", "--number", "1", "--no-db",
+                     "--reference", "float.onnx", cwd=tmp_path)
+    assert "float32      output 0 vs float.onnx: kernelrpc max error" in text.stdout
+    assert "onnxruntime's max error" in text.stdout
+
+    other = cnn_model()
+    other.graph.input[0].name = "image"
+    other.graph.node[0].input[0] = "image"
+    onnx.save(other, tmp_path / "other.onnx")
+    refused = run_model("int8.onnx", "--local", "--repeat", "1", "--number", "1", "--no-db",
+                        "--reference", "other.onnx", cwd=tmp_path)
+    assert refused.returncode == 1
+    assert "its inputs ['image'] are not the model's ['x']" in refused.stderr

@@ -31,7 +31,9 @@ def _check(nb):
             if "text/html" in o.get("data", {})]
     assert any("Execution time summary" in h for h in html)
     assert any("Per-layer profile" in h and "Conv" in h for h in html)
-    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in _outputs(c, "display_data"))
+    plots = [o for c in nb.cells for o in _outputs(c, "display_data") if "image/png" in o.get("data", {})]
+    assert len(plots) == 2                               # the layers, and the boards side by side
+    assert "1 board side by side" in text and "p50" in text
     return text
 
 

@@ -266,75 +266,21 @@ def test_qdense_against_numpy(data_dtype, x_zero, out_dtype):
 
 @pytest.mark.parametrize("target,expected", [
     ("llvm -mcpu=cascadelake", "avx512_vnni"), ("llvm -mcpu=znver4", "avx512_vnni"),
-    ("llvm -mcpu=skylake-avx512", ""), ("llvm -mcpu=haswell", ""),
-    ("llvm -mcpu=cascadelake -mattr=-avx512vnni", ""),
-    ("llvm -mtriple=aarch64-linux-gnu", "")])
+    ("llvm -mcpu=skylake-avx512", "avx512bw"), ("llvm -mcpu=haswell", "avx2"),
+    ("llvm -mcpu=cascadelake -mattr=-avx512vnni", "avx512bw"),
+    ("llvm -mcpu=skylake-avx512 -mattr=-avx512bw", "avx2"),     # zmm floats, ymm bytes
+    ("llvm -mcpu=bdver2", ""), ("llvm -mcpu=sandybridge", ""),   # AVX (and FMA), no AVX2
+    ("llvm -mcpu=x86-64", ""),
+    ("llvm -mtriple=aarch64-linux-gnu", "asimd"),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod", "dotprod"),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", "dotprod"),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", "asimd"),
+    ("llvm -mtriple=armv7a-linux-gnueabihf -mattr=+neon,+vfp4", "")])
 def test_int8_dot_is_the_targets_not_the_hosts(target, expected):
     from kernelrpc.compiler.target import Target
     from kernelrpc.compiler.vector_isa import int8_dot
 
     assert int8_dot(Target(target)) == expected
-
-
-def _host_has(feature: str) -> bool:
-    from kernelrpc.compiler.target import Target
-    from kernelrpc.compiler.vector_isa import int8_dot
-
-    return int8_dot(Target("llvm")) == feature
-
-
-@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=haswell"])
-@pytest.mark.parametrize("data_dtype,x_zero,channels,out_channels,strides", [
-    ("uint8", 255, 6, 21, (1, 1)),       # channels past the last quad and block
-    ("int8", -128, 8, 32, (2, 1)),       # int8 data shifted by 128 into the quads
-    ("uint8", 0, 3, 16, (1, 2)),
-])
-def test_packed_qconv2d_against_numpy(target, data_dtype, x_zero, channels, out_channels,
-                                      strides):
-    """The packed convolution (the importer's form of a one-group int8 layer), with VNNI's
-    ``vpdpbusd`` on the host where it has it and plain AVX2 multiply-adds for haswell."""
-    if target == "llvm" and not _host_has("avx512_vnni"):
-        pytest.skip("this host has no AVX512-VNNI")
-    data = ir.Node("input", (), {}, (1, channels, 7, 10), data_dtype, "x")
-    weight = integers("int8", out_channels, channels, 3, 3)
-    bias = RNG.integers(-3000, 3000, out_channels).astype(np.int32)
-    lo, hi = quant.qrange("uint8")
-    attrs = dict(strides=strides, dilation=(1, 1), padding=(1, 2, 1, 0), groups=1, out_zero=7,
-                 out_min=lo, out_max=hi, out_dtype="uint8", kernel_layout=quant.PACKED)
-    inputs = [data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(x_zero, np.int32)),
-              ir.const(quant.packed_bias(bias, weight, data_dtype, x_zero)),
-              ir.const(np.asarray(RNG.random(out_channels) * 2e-3 + 1e-4, np.float32))]
-    x = integers(data_dtype, 1, channels, 7, 10)
-    got, lib = build_run(make("qnn.conv2d", inputs, **attrs), [data], {"x": x}, target)
-    centered = dict(attrs, kernel_layout="OIHW")
-    expected = quant.np_qconv2d([x, weight, np.asarray(x_zero), bias, inputs[4].value], centered)
-    np.testing.assert_array_equal(got, expected)
-    assert ("vpdpbusd" in lib.get_source("asm")) == (target == "llvm")
-
-
-@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=haswell"])
-@pytest.mark.parametrize("data_dtype,x_zero,out_dtype,shape", [
-    ("uint8", 255, "int8", (5, 37, 19)),       # a reduction past the last quad
-    ("int8", -128, "int32", (9, 64, 48)),      # MatMulInteger's int32, int8 data shifted
-    ("uint8", 0, "uint8", (1, 16, 16)),
-])
-def test_packed_qdense_against_numpy(target, data_dtype, x_zero, out_dtype, shape):
-    if target == "llvm" and not _host_has("avx512_vnni"):
-        pytest.skip("this host has no AVX512-VNNI")
-    rows, depth, columns = shape
-    data = ir.Node("input", (), {}, (rows, depth), data_dtype, "x")
-    weight = integers("int8", depth, columns)
-    extra, attrs = requantized_operands(columns, out_dtype)
-    inputs = [data, ir.const(quant.pack_dense_weight(weight)),
-              ir.const(np.asarray(x_zero, np.int32)),
-              ir.const(weight.astype(np.int32).sum(axis=0, dtype=np.int32)), *extra]
-    x = integers(data_dtype, rows, depth)
-    got, lib = build_run(make("qnn.dense", inputs, kernel_layout=quant.PACKED_DENSE, **attrs),
-                         [data], {"x": x}, target)
-    expected = quant.np_qdense([x, weight, inputs[2].value] + [i.value for i in inputs[4:]],
-                               attrs)
-    np.testing.assert_array_equal(got, expected)
-    assert ("vpdpbusd" in lib.get_source("asm")) == (target == "llvm")
 
 
 def test_dynamic_quantize_linear_against_onnxruntime():

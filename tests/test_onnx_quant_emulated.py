@@ -1,19 +1,29 @@
 """Quantized networks built on this host for an emulated aarch64 board, run there, and
 checked against onnxruntime here by the rule of tests/test_onnx_quant.py (a quantized output
 within one quantization step, a float one within 1e-4 of its largest magnitude): the CNN in
-QDQ form (per-channel, uint8 activations, int8 weights: the packed convolutions and dense
-layer without a dot-product instruction) and the encoder block quantized dynamically."""
+QDQ form (per-channel, uint8 activations, int8 weights) on a Cortex-A72 (no dot product: the
+packed layers' ``smull``/``addp``/``sadalp``) and on a Cortex-A76 (``sdot``), both on the
+input shifted by 128 from the weight sums the packed weight carries, and the encoder block
+quantized dynamically; on each board the packed convolution's kernel with int8 and uint8
+inputs at both ends of their range against numpy (on the A72 with a weight of -128 too,
+which the plain vectors take)."""
+import contextlib
+import re
+
 import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from emulated_boards import start_board  # noqa: E402
 from test_onnx_quant import (CNN_CASES, cnn_model, encoder_model, output_steps,  # noqa: E402
                              quantized)
 from test_relay_emulated import board_session, run_network, tracker  # noqa: E402,F401
 
-from kernelrpc import relay  # noqa: E402
+from kernelrpc import relay, rpc  # noqa: E402
+from kernelrpc.relay import ir  # noqa: E402
+from kernelrpc.compiler.vector_isa import int8_dot  # noqa: E402
 from kernelrpc.deploy.toolchain import ToolchainError  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
@@ -23,22 +33,68 @@ NETWORKS = {"cnn-qdq": (cnn_model, (1, 3, 11, 13), CNN_CASES["qdq-u8s8-per-chann
             "encoder-dynamic": (encoder_model, (1, 7, 16), dict(dynamic=True))}
 
 
-@pytest.mark.parametrize("name", sorted(NETWORKS))
-def test_quantized_network_on_emulated_aarch64(tracker, tmp_path, name):  # noqa: F811
+@contextlib.contextmanager
+def dotprod_board(tracker):  # noqa: F811
+    """An emulated aarch64 board whose CPU is a Cortex-A76 (ARMv8.2 with the dot product)."""
+    board = start_board("aarch64", tracker.port, "aarch64-a76", "--cpu", "cortex-a76")
+    try:
+        with rpc.connect_tracker("127.0.0.1", tracker.port).request(
+                "aarch64-a76", session_timeout=600) as remote:
+            yield remote
+    finally:
+        assert board.stop() == 0, "\n".join(board.lines)
+
+
+def check_network(remote, tmp_path, name):
     build, shape, options = NETWORKS[name]
     model = quantized(tmp_path, build(), shape, **options)
     feeds = {"x": np.asarray(np.random.default_rng(11).standard_normal(shape), np.float32)}
     expected = onnxruntime_outputs(model, feeds)[0]
     step = output_steps(model)[0]
     mod, params = relay.frontend.from_onnx(model)
-    with board_session(tracker, "aarch64") as remote:
-        lib = relay.build(mod, target=remote.target(), params=params)
-        assert lib.target.arch == "aarch64"
-        try:
-            _, got = run_network(remote, lib, tmp_path / "int8.so", feeds)
-        except ToolchainError as exc:
-            pytest.skip(f"cross export for {lib.target.triple} is unavailable here: {exc}")
+    lib = relay.build(mod, target=remote.target(), params=params)
+    assert lib.target.arch == "aarch64"
+    try:
+        _, got = run_network(remote, lib, tmp_path / "int8.so", feeds)
+    except ToolchainError as exc:
+        pytest.skip(f"cross export for {lib.target.triple} is unavailable here: {exc}")
     bound = step * (1 + 1e-5) if step is not None else 1e-4 * np.abs(expected).max()
     assert np.abs(got - expected).max() <= bound
     assert got.reshape(-1, got.shape[-1]).argmax(-1).tolist() == \
         expected.reshape(-1, expected.shape[-1]).argmax(-1).tolist()
+    return lib
+
+
+def check_kernels(remote, tmp_path, instruction):
+    """The packed convolution on the board equals numpy's, its instruction in the code; a
+    weight of -128 (outside the smull record's bound) takes the plain vectors."""
+    from test_int8_dots import packed_conv_case
+
+    cases = [("int8", 127, (-127, 127), instruction), ("uint8", 255, (-127, 127), instruction),
+             ("int8", -128, (-128, 127), "sdot" if instruction == "sdot" else "smlal")]
+    for k, (data_dtype, x_zero, weight_range, expected) in enumerate(cases):
+        node, data, x, numpy_answer = packed_conv_case(data_dtype, x_zero, 6, 21, (2, 1),
+                                                       weight_range)
+        lib = relay.build(ir.IRModule(ir.Function([data], [node])), target=remote.target())
+        asm = lib.get_source("asm")
+        assert re.search(rf"\b{expected}\b", asm)
+        assert (re.search(r"\bsadalp\b", asm) is not None) == (expected == "sadalp")
+        _, got = run_network(remote, lib, tmp_path / f"conv{k}.so", {"x": x})
+        np.testing.assert_array_equal(got, numpy_answer)
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_quantized_network_on_emulated_aarch64(tracker, tmp_path, name):  # noqa: F811
+    with board_session(tracker, "aarch64") as remote:
+        lib = check_network(remote, tmp_path, name)
+        assert int8_dot(lib.target) == "asimd" and "sdot" not in lib.get_source("asm")
+        if name == "cnn-qdq":
+            assert re.search(r"\bsadalp\b", lib.get_source("asm"))
+            check_kernels(remote, tmp_path, "sadalp")
+
+
+def test_sdot_on_an_emulated_cortex_a76(tracker, tmp_path):  # noqa: F811
+    with dotprod_board(tracker) as remote:
+        lib = check_network(remote, tmp_path, "cnn-qdq")
+        assert int8_dot(lib.target) == "dotprod" and "sdot" in lib.get_source("asm")
+        check_kernels(remote, tmp_path, "sdot")

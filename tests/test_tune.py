@@ -7,6 +7,8 @@ import pytest
 import kernelrpc
 from kernelrpc import autotvm, nd, te
 from kernelrpc.autotvm.space import ConfigSpace, split_choices
+from kernelrpc.measure import MeasureResult
+from kernelrpc.runtime.profile import ProfileResult
 
 N = 32
 
@@ -118,6 +120,36 @@ def test_tuning_logs_every_trial_resumes_and_applies_the_best(fleet, tmp_path, t
     np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
     applied = str(kernelrpc.lower(s, args, simple_mode=True))
     assert applied == str(kernelrpc.lower(*task.instantiate(config), simple_mode=True))
+
+
+def _logged(task, index, seconds, target):
+    config = task.config_space.get(index)
+    result = MeasureResult(0, "c", "ok", profile=ProfileResult([seconds], 1))
+    task.target = target
+    return autotvm.record.decode(autotvm.record.encode(task, config, result))
+
+
+def test_a_log_shared_by_boards_gives_each_target_its_own_configurations():
+    """Identical boards (one target) share a log; another target's entries are never applied
+    or resumed, and a log of several targets must be told which."""
+    task = autotvm.task.create("test/matmul", args=(N,))
+    arm, x86 = "llvm -mtriple=aarch64-linux-gnu", "llvm -mcpu=haswell"
+    records = [_logged(task, 5, 1e-3, arm), _logged(task, 7, 2e-3, arm),
+               _logged(task, 9, 1e-4, x86)]
+    for target, index in ((arm, 5), (x86, 9)):
+        with autotvm.apply_history_best(records, target=target):
+            applied = str(kernelrpc.lower(*matmul(N), simple_mode=True))
+        expected = task.instantiate(task.config_space.get(index))
+        assert applied == str(kernelrpc.lower(*expected, simple_mode=True))
+    with autotvm.apply_history_best(records), pytest.raises(ValueError, match="2 targets"):
+        matmul(N)
+    with autotvm.apply_history_best(records[:2]):    # one target in the log: it applies
+        assert str(kernelrpc.lower(*matmul(N), simple_mode=True)) == str(kernelrpc.lower(
+            *task.instantiate(task.config_space.get(5)), simple_mode=True))
+    arm_task = autotvm.task.create("test/matmul", args=(N,), target=arm)
+    tuner = autotvm.tuner.RandomTuner(arm_task, seed=1)
+    assert tuner.load_history(records) == 2
+    assert tuner.best_config.index == 5
 
 
 def test_failed_trials_are_logged_with_their_status(fleet, tmp_path):

@@ -71,13 +71,17 @@ def measure_all(boards: list[Board], target_of, build, measure) -> list[tuple[Bo
     """``measure(board, build(target, index, count))`` on every board at once, with one
     ``build`` per distinct ``target_of(board)``: ``(board, result or the exception)`` per board."""
     groups: dict = {}
+    outcomes = []
     for board in boards:
-        groups.setdefault(target_of(board), []).append(board)
+        try:
+            groups.setdefault(target_of(board), []).append(board)
+        except Exception as exc:  # noqa: BLE001 - a board gone before it said its target
+            log.debug("board %s failed", board.address, exc_info=True)
+            outcomes.append((board, exc))
     artifacts = {target: build(target, i, len(groups)) for i, target in enumerate(groups)}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(boards) or 1) as pool:
         futures = [(board, pool.submit(measure, board, artifacts[target]))
                    for target, group in groups.items() for board in group]
-    outcomes = []
     for board, future in futures:
         try:
             outcomes.append((board, future.result()))

@@ -3,7 +3,9 @@ a device of a tracker (``--tracker HOST:PORT --key KEY``) or here (``--local``).
 
 Prints the model's summary (operators, parameters, FLOPs), the build time, the latency with
 its trust report, with ``--profile`` the slowest layers, and, when onnxruntime is installed
-here, how closely the device's output agrees with onnxruntime's (max error, top-5 match).
+here, how closely the device's output agrees with onnxruntime's (max error, top-5 match);
+for a quantized model, ``--reference model_fp32.onnx`` adds the quantization error of its
+outputs (kernelrpc's and onnxruntime's) against the float network's.
 ``--json`` prints one JSON document instead, for scripts.
 
 ``--tune TRIALS --log FILE`` first tunes the network's convolutions and dense layers on the
@@ -26,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cli
+from . import cli, model_check
 
 log = logging.getLogger("kernelrpc.model")
 
@@ -88,6 +90,10 @@ def build_parser():
                         "directory's name of the model)")
     p.add_argument("--session-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    p.add_argument("--reference", type=Path, default=None, metavar="FLOAT.onnx",
+                   help="for a quantized model: the float network it was quantized from; "
+                        "prints the quantization error of the outputs (kernelrpc's and "
+                        "onnxruntime's) against it")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     farm = p.add_argument_group("boards and results")
     farm.add_argument("--all-devices", action="store_true",
@@ -191,69 +197,37 @@ def _tracker(args, say):
     return FleetTrackerSession(fleet)
 
 
-#: onnxruntime's timed runs on this host (after one untimed run)
-REFERENCE_RUNS = 10
+def _host_feeds(args, model, feeds) -> dict:
+    """The inputs of a run on this host: ``feeds`` and the --const inputs."""
+    from .relay.frontend.onnx_model import const_input_values
+
+    return {**feeds, **const_input_values(model.graph, dict(args.const), dict(args.input),
+                                          "float32")}
 
 
 def _reference(args, model, feeds):
-    """onnxruntime's outputs for ``feeds`` (and the --const inputs) and its latency on this
-    host (``{"outputs", "seconds", "threads"}``), or why there are none."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return "onnxruntime is not installed here"
-    from .relay.frontend.onnx_model import const_input_values
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = max(args.threads, 1) if args.threads else 0
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    feeds = {**feeds, **const_input_values(model.graph, dict(args.const), dict(args.input),
-                                           "float32")}
-    outputs = session.run(None, feeds)
-    seconds = []
-    for _ in range(REFERENCE_RUNS):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        seconds.append(time.perf_counter() - start)
-    return {"outputs": outputs, "seconds": seconds, "threads": args.threads or 0}
+    """onnxruntime's outputs and latency on this host."""
+    return model_check.onnxruntime_reference(model, _host_feeds(args, model, feeds),
+                                             args.threads or 0)
 
 
-def _agreement(outputs, expect) -> dict:
-    import statistics
-
-    import numpy as np
-
-    if isinstance(expect, str):
-        return {"checked": False, "why": expect}
-    report = {"checked": True, "outputs": [],
-              "host_latency": {"median_s": statistics.median(expect["seconds"]),
-                               "runs": len(expect["seconds"]), "threads": expect["threads"]}}
-    for got, ref in zip(outputs, expect["outputs"]):
-        scale = float(np.abs(ref).max()) or 1.0
-        entry = {"max_abs_error": float(np.abs(got - ref).max()),
-                 "relative": float(np.abs(got - ref).max()) / scale}
-        if ref.ndim == 2 and ref.shape[1] >= 5:
-            top_got = np.argsort(-got, axis=1)[:, :5]
-            top_ref = np.argsort(-ref, axis=1)[:, :5]
-            entry["top5_match"] = bool((top_got == top_ref).all())
-        report["outputs"].append(entry)
-    return report
+def _checks(args, model, outputs, feeds, expect, floats) -> tuple[dict, list[str]]:
+    """The board's outputs against onnxruntime's and, with --reference, the float network's."""
+    report: dict = {}
+    lines: list[str] = []
+    if expect is not None:
+        report["onnxruntime"] = model_check.agreement(outputs, expect)
+        lines += model_check.agreement_lines(report["onnxruntime"])
+    if floats is not None:
+        report["quantization"] = model_check.quantization_error(args.reference, outputs, floats,
+                                                                expect)
+        lines += model_check.quantization_lines(report["quantization"])
+    return report, lines
 
 
-def _agreement_lines(check: dict) -> list[str]:
-    if not check["checked"]:
-        return [f"onnxruntime  not compared: {check['why']}"]
-    latency = check["host_latency"]
-    threads = latency["threads"] or "its default"
-    lines = [f"onnxruntime  {latency['median_s'] * 1e3:.3f} ms on this host (median of "
-             f"{latency['runs']} runs, {threads} thread(s)): the host's, not the board's"]
-    for k, entry in enumerate(check["outputs"]):
-        top5 = "" if "top5_match" not in entry else \
-            f", top-5 {'matches' if entry['top5_match'] else 'DIFFERS'}"
-        lines.append(f"onnxruntime  output {k}: max error {entry['max_abs_error']:.3g} "
-                     f"({entry['relative']:.2g} of its scale){top5}")
-    return lines
+def _float_outputs(args, model, feeds):
+    return None if args.reference is None else model_check.float_outputs(
+        args.reference, _host_feeds(args, model, feeds), args.threads or 0)
 
 
 def run(args) -> dict:
@@ -488,10 +462,12 @@ def _run_on_device(args, model, mod, params, tracker, result, steps, say):
         result["device"] = where
         for line in lines:
             say(line)
-        if not args.no_check:
-            board["onnxruntime"] = _agreement(outputs, _reference(args, model, feeds))
-            for line in _agreement_lines(board["onnxruntime"]):
-                say(line)
+        expect = None if args.no_check else _reference(args, model, feeds)
+        checks, lines = _checks(args, model, outputs, feeds, expect,
+                                _float_outputs(args, model, feeds))
+        board.update(checks)
+        for line in lines:
+            say(line)
         result["boards"] = [board]
         if args.tune:
             untuned = _untuned_latency(args, mod, params, target, remote, remote.cpu(0), feeds)
@@ -499,7 +475,8 @@ def _run_on_device(args, model, mod, params, tracker, result, steps, say):
             say(f"untuned      {format_time(untuned.median)} median in the same session: "
                 f"tuned is {untuned.median / board['median']:.2f}x as fast")
         result.update(module=module, build_seconds=module["build_seconds"], latency=board["latency"],
-                      **{name: board[name] for name in ("onnxruntime", "profile") if name in board})
+                      **{name: board[name] for name in ("onnxruntime", "quantization", "profile")
+                         if name in board})
         if "schedules" in module:
             result["schedules"] = module["schedules"]
         say(f"latency      {format_time(board['median'])} median")
@@ -514,6 +491,7 @@ def _run_on_all_devices(args, model, mod, params, tracker, result, say):
     keys = farm.keys_of(args.key)
     feeds = _feeds(result["summary"])
     expect = None if args.no_check else _reference(args, model, feeds)
+    floats = _float_outputs(args, model, feeds)
     built: dict = {}
 
     def build(target, index, count):
@@ -525,10 +503,9 @@ def _run_on_all_devices(args, model, mod, params, tracker, result, say):
         measured, outputs, lines = _measure(args, board.remote, lib, module, feeds,
                                             f"key {board.key!r} of {tracker.where}")
         measured["key"] = board.key
-        if expect is not None:
-            measured["onnxruntime"] = _agreement(outputs, expect)
-            lines += _agreement_lines(measured["onnxruntime"])
-        return measured, lines
+        checks, check_lines = _checks(args, model, outputs, feeds, expect, floats)
+        measured.update(checks)
+        return measured, lines + check_lines
 
     with farm.open_boards(tracker, keys, session_timeout=args.session_timeout,
                           request_timeout=args.request_timeout) as boards:

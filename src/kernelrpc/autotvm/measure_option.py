@@ -14,7 +14,8 @@ class LocalBuilder:
 
 @dataclasses.dataclass
 class RPCRunner:
-    """Runs on the devices of ``key`` at the tracker ``host:port`` (every free one at once)."""
+    """Runs on the devices of ``key`` at the tracker ``host:port`` (every free one at once);
+    a board that goes away is waited for up to ``board_wait`` seconds while none is left."""
 
     key: str
     host: str
@@ -28,6 +29,7 @@ class RPCRunner:
     priority: int = 1
     rtol: float = 1e-4
     atol: float = 1e-4
+    board_wait: float = 120.0
 
 
 def measure_option(builder=None, runner=None) -> dict:

@@ -89,38 +89,57 @@ def _key(workload) -> tuple:
     return tuple(json.dumps(x) for x in workload)
 
 
+def same_target(record: dict, target) -> bool:
+    """A record measured for ``target`` (a target string, or None for a task without one)."""
+    return record.get("target") == (None if target is None else str(target))
+
+
 def best_records(records) -> dict:
-    """The fastest correct record per workload."""
+    """The fastest correct record per workload and target: ``{workload key: {target: record}}``."""
     best: dict = {}
     for record in records:
         result = record["result"]
         if result["status"] != OK or result.get("mean") is None:
             continue
-        key = _key(record["workload"])
-        if key not in best or result["mean"] < best[key]["result"]["mean"]:
-            best[key] = record
+        per_target = best.setdefault(_key(record["workload"]), {})
+        target = record.get("target")
+        if target not in per_target or result["mean"] < per_target[target]["result"]["mean"]:
+            per_target[target] = record
     return best
 
 
 class ApplyHistoryBest(DispatchContext):
     """Within ``with apply_history_best(log):``, a template called with a tuned workload's
-    arguments gets that workload's best logged configuration."""
+    arguments gets that workload's best logged configuration for ``target``. A configuration
+    is the fastest for the target it was measured on only: without ``target``, a workload
+    tuned for several targets is an error, never one target's choice applied to another."""
 
-    def __init__(self, records) -> None:
+    def __init__(self, records, target=None) -> None:
         if isinstance(records, (str, os.PathLike)):
             records = load_from_file(records)
+        self.target = None if target is None else str(target)
         self.best = best_records(records)
 
     def query(self, template, args, quiet=False):
-        record = self.best.get(_key([template.name, *args]))
+        per_target = self.best.get(_key([template.name, *args]), {})
+        if self.target is not None:
+            record = per_target.get(self.target)
+        elif len(per_target) > 1:
+            raise ValueError(f"the log holds configurations of {template.name}{tuple(args)} for "
+                             f"{len(per_target)} targets ({', '.join(map(str, per_target))}): "
+                             "say which with apply_history_best(log, target=...)")
+        else:
+            record = next(iter(per_target.values()), None)
         if record is None:
             if not quiet:
-                log.warning("no tuned configuration for %s%s in the log; using the default one",
-                            template.name, tuple(args))
+                log.warning("no tuned configuration for %s%s%s in the log; using the default one",
+                            template.name, tuple(args),
+                            f" on {self.target}" if self.target is not None else "")
             return None
         return template.space(tuple(args)).from_values(record["config"]["knobs"])
 
 
-def apply_history_best(records) -> ApplyHistoryBest:
-    """``with autotvm.apply_history_best("gemm.log"): s, args = gemm(M, N, K)``."""
-    return ApplyHistoryBest(records)
+def apply_history_best(records, target=None) -> ApplyHistoryBest:
+    """``with autotvm.apply_history_best("gemm.log"): s, args = gemm(M, N, K)``; ``target``
+    picks that target's configurations from a log shared by several."""
+    return ApplyHistoryBest(records, target)

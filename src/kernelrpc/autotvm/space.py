@@ -180,6 +180,9 @@ class ConfigSpace(_Definer):
     def __getitem__(self, name: str):
         return self.space_map[name].entities[0]
 
+    def __contains__(self, name: str) -> bool:
+        return name in self.space_map
+
     def __len__(self) -> int:
         return math.prod(len(k) for k in self.space_map.values())
 
@@ -241,6 +244,9 @@ class ConfigEntity(_Definer):
             return self._entity_map[name]
         except KeyError:
             raise KeyError(f"no knob {name!r} in this configuration") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entity_map
 
     def to_dict(self) -> dict:
         return {name: entity.value for name, entity in self._entity_map.items()}

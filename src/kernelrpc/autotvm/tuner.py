@@ -63,15 +63,18 @@ class Tuner:
         self.update(config, result)
 
     def load_history(self, records) -> int:
-        """Take in earlier measurements of this task (a resumed log): they are not measured again."""
+        """Take in earlier measurements of this task on its target (a resumed log, which boards
+        of the same target share): they are not measured again. Another target's records are
+        left out."""
         from types import SimpleNamespace
 
         from ..runtime.profile import ProfileResult
+        from .record import same_target
 
         workload = [self.task.name, *self.task.args]
         count = 0
         for record in records:
-            if record["workload"] != workload:
+            if record["workload"] != workload or not same_target(record, self.task.target):
                 continue
             try:
                 config = self.space.from_values(record["config"]["knobs"])
@@ -164,7 +167,7 @@ class Tuner:
                         session_timeout=runner.session_timeout, executor=executor,
                         max_devices=runner.max_devices, flops=task.flop, rtol=runner.rtol,
                         atol=runner.atol if atol is None else atol,
-                        priority=runner.priority, build_cache=cache,
+                        priority=runner.priority, board_wait=runner.board_wait, build_cache=cache,
                         wait_for_builds=wait_for_builds)
         for result in batch:
             config = by_name[result.name]

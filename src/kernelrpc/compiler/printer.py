@@ -61,33 +61,10 @@ class Printer:
             return str(e.value) if e.dtype == "int32" else f"{e.value}{_suffix(e.dtype)}"
         if isinstance(e, FloatImm):
             return f"{_fmt_float(e.value)}{_suffix(e.dtype)}"
-        if isinstance(e, (FloorDiv, FloorMod, Min, Max)):
-            return f"{e.symbol}({self.expr(e.a)}, {self.expr(e.b)})"
-        if isinstance(e, BinaryOp):
-            sep = e.symbol if e.symbol in "*/" else f" {e.symbol} "
-            return f"({self.expr(e.a)}{sep}{self.expr(e.b)})"
-        if isinstance(e, Not):
-            return f"!{self.expr(e.a)}"
-        if isinstance(e, Select):
-            return (f"select({self.expr(e.condition)}, {self.expr(e.true_value)}, "
-                    f"{self.expr(e.false_value)})")
-        if isinstance(e, Cast):
-            return f"{e.dtype}({self.expr(e.value)})"
-        if isinstance(e, Call):
-            return f"{e.op}({', '.join(self.expr(a) for a in e.args)})"
-        if isinstance(e, Let):
-            return f"(let {self.var(e.var)} = {self.expr(e.value)} in {self.expr(e.body)})"
-        if isinstance(e, Ramp):
-            return f"ramp({self.expr(e.base)}, {self.expr(e.stride)}, {e.lanes})"
-        if isinstance(e, Broadcast):
-            return f"broadcast({self.expr(e.value)}, {e.lanes})"
-        if isinstance(e, Load):
-            return f"{e.buffer.name}[{self.expr(e.index)}]"
-        if isinstance(e, BufferPointer):
-            return f"&{e.buffer.name}[{self.expr(e.offset)}]"
-        if isinstance(e, ExternCall):
-            return (f"call_extern({e.dtype}, {e.name!r}"
-                    + "".join(f", {self.expr(a)}" for a in e.args) + ")")
+        for cls in type(e).__mro__:
+            form = _EXPR_FORMS.get(cls)
+            if form is not None:
+                return form(self, e)
         to_str = getattr(e, "to_str", None)     # tensor-language nodes
         if to_str is not None:
             return to_str(self)
@@ -151,3 +128,35 @@ class Printer:
         self._lines(f.body, "  ", lines)
         lines.append("}")
         return "\n".join(lines)
+
+
+def _binary(p: "Printer", e) -> str:
+    sep = e.symbol if e.symbol in "*/" else f" {e.symbol} "
+    return f"({p.expr(e.a)}{sep}{p.expr(e.b)})"
+
+
+def _call_form(p: "Printer", e) -> str:
+    return f"{e.op}({', '.join(p.expr(a) for a in e.args)})"
+
+
+def _extern_form(p: "Printer", e) -> str:
+    return f"call_extern({e.dtype}, {e.name!r}" + "".join(f", {p.expr(a)}" for a in e.args) + ")"
+
+
+#: the text of each expression class (the nearest class in an expression's MRO applies)
+_EXPR_FORMS = {
+    **dict.fromkeys((FloorDiv, FloorMod, Min, Max),
+                    lambda p, e: f"{e.symbol}({p.expr(e.a)}, {p.expr(e.b)})"),
+    BinaryOp: _binary,
+    Not: lambda p, e: f"!{p.expr(e.a)}",
+    Select: lambda p, e: (f"select({p.expr(e.condition)}, {p.expr(e.true_value)}, "
+                          f"{p.expr(e.false_value)})"),
+    Cast: lambda p, e: f"{e.dtype}({p.expr(e.value)})",
+    Call: _call_form,
+    Let: lambda p, e: f"(let {p.var(e.var)} = {p.expr(e.value)} in {p.expr(e.body)})",
+    Ramp: lambda p, e: f"ramp({p.expr(e.base)}, {p.expr(e.stride)}, {e.lanes})",
+    Broadcast: lambda p, e: f"broadcast({p.expr(e.value)}, {e.lanes})",
+    Load: lambda p, e: f"{e.buffer.name}[{p.expr(e.index)}]",
+    BufferPointer: lambda p, e: f"&{e.buffer.name}[{p.expr(e.offset)}]",
+    ExternCall: _extern_form,
+}

@@ -74,31 +74,75 @@ def _x86_isa(triple: str, cpu: str, features: str) -> VectorISA:
 
 
 def int8_dot(target) -> str:
-    """The target's instruction that sums four byte products into each int32 lane of a
-    vector: ``"avx512_vnni"`` (``vpdpbusd`` on 512 bits, uint8 x int8) or ``""``. Asked of
-    LLVM as the vector width is: a 512-bit multiply-add of int16 pairs into int32 compiles to
-    ``vpdpwssd`` where the target has AVX512-VNNI (a generic pattern, which no target
-    refuses; the intrinsic itself would abort LLVM on a target without it)."""
-    if target.arch != "x86_64" or vector_isa(target).lanes != 16:
+    """The target's instructions that sum byte products into int32 lanes, asked of LLVM for
+    the target as the vector width is (a generic pattern that no target refuses, compiled for
+    it: the intrinsics themselves would abort LLVM on a target without them):
+
+    - ``"avx512_vnni"``: ``vpdpbusd`` on 512 bits (uint8 x int8, four products a lane), where
+      a multiply-add of int16 pairs into int32 compiles to ``vpdpwssd``;
+    - ``"avx512bw"``, ``"avx2"``: ``vpmaddubsw`` (uint8 x int8 pairs summed into int16, which
+      saturates) then ``vpmaddwd``, on 512 or 256 bits, where a saturated sum of such pairs
+      compiles to ``vpmaddubsw`` on zmm or ymm registers;
+    - ``"dotprod"``: aarch64's ``sdot`` (int8 x int8, four products a lane), where the sum of
+      sixteen int8 products compiles to it;
+    - ``"asimd"``: aarch64 without the dot product (Advanced SIMD's widening multiplies,
+      ``smull``, and pairwise additions, ``addp`` and ``sadalp``);
+    - ``""``: none of these (SSE, AVX without AVX2, 32-bit Arm, RISC-V)."""
+    probe = functools.partial(_probe, target.llvm_triple, target.cpu, target.features)
+    if target.arch == "aarch64":
+        return "dotprod" if re.search(r"\bsdot\b", probe("sdot")) else "asimd"
+    if target.arch != "x86_64":
         return ""
-    return "avx512_vnni" if re.search(r"\bvpdpwssd\b.*%zmm", _vnni_assembly(
-        target.llvm_triple, target.cpu, target.features)) else ""
+    if vector_isa(target).lanes == 16 and re.search(r"\bvpdpwssd\b.*%zmm", probe("vnni")):
+        return "avx512_vnni"
+    for name, register in (("avx512bw", "zmm"), ("avx2", "ymm")):
+        if re.search(rf"\bvpmaddubsw\b.*%{register}", probe(name)):
+            return name
+    return ""
 
 
-@functools.lru_cache(maxsize=64)
-def _vnni_assembly(triple: str, cpu: str, features: str) -> str:
-    even = ", ".join(f"i32 {2 * k}" for k in range(16))
-    odd = ", ".join(f"i32 {2 * k + 1}" for k in range(16))
-    lines = ["define <16 x i32> @probe(<16 x i32> %acc, <32 x i16> %a, <32 x i16> %b) {"]
-    for name, mask in (("e", even), ("o", odd)):
-        for x in ("a", "b"):
-            lines += [f"  %{x}{name}16 = shufflevector <32 x i16> %{x}, <32 x i16> poison, "
-                      f"<16 x i32> <{mask}>",
-                      f"  %{x}{name} = sext <16 x i16> %{x}{name}16 to <16 x i32>"]
-        lines.append(f"  %p{name} = mul <16 x i32> %a{name}, %b{name}")
-    lines += ["  %s = add <16 x i32> %pe, %po", "  %r = add <16 x i32> %acc, %s",
-              "  ret <16 x i32> %r", "}"]
-    return _emit(triple, cpu, features, "\n".join(lines) + "\n")
+@functools.lru_cache(maxsize=256)
+def _probe(triple: str, cpu: str, features: str, kind: str) -> str:
+    """The assembly of one of the patterns :func:`int8_dot` asks about."""
+    if kind == "vnni":
+        text = _pairs_probe("i16", "sext", "sext", 16, saturate=False)
+    elif kind == "sdot":
+        text = ("define i32 @probe(<16 x i8> %a, <16 x i8> %b) {\n"
+                "  %x = sext <16 x i8> %a to <16 x i32>\n  %y = sext <16 x i8> %b to <16 x i32>\n"
+                "  %m = mul <16 x i32> %x, %y\n"
+                "  %r = call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> %m)\n  ret i32 %r\n}\n"
+                "declare i32 @llvm.vector.reduce.add.v16i32(<16 x i32>)\n")
+    else:
+        text = _pairs_probe("i8", "zext", "sext", 32 if kind == "avx512bw" else 16, saturate=True)
+    return _emit(triple, cpu, features, text)
+
+
+def _pairs_probe(narrow: str, extend_a: str, extend_b: str, lanes: int, saturate: bool) -> str:
+    """``a[2k] * b[2k] + a[2k+1] * b[2k+1]`` over ``lanes`` lanes of ``narrow`` pairs: added
+    to int32 accumulators (``vpdpwssd``'s pattern), or saturated to int16 (``vpmaddubsw``'s)."""
+    pairs, wide = f"<{2 * lanes} x {narrow}>", f"<{lanes} x i32>"
+    result = f"<{lanes} x i16>" if saturate else wide
+    lines = [f"define {result} @probe({wide} %acc, {pairs} %a, {pairs} %b) {{"]
+    for name, first in (("e", 0), ("o", 1)):
+        mask = ", ".join(f"i32 {2 * k + first}" for k in range(lanes))
+        for x, extend in (("a", extend_a), ("b", extend_b)):
+            lines += [(f"  %{x}{name}n = shufflevector {pairs} %{x}, {pairs} poison, "
+                       f"<{lanes} x i32> <{mask}>"),
+                      f"  %{x}{name} = {extend} <{lanes} x {narrow}> %{x}{name}n to {wide}"]
+        lines.append(f"  %p{name} = mul {wide} %a{name}, %b{name}")
+    lines.append(f"  %s = add {wide} %pe, %po")
+    if saturate:
+        bound = "({wide} %{x}, {wide} splat (i32 {v}))"
+        lines += [f"  %lo = call {wide} @llvm.smax.v{lanes}i32" +
+                  bound.format(wide=wide, x="s", v=-32768),
+                  f"  %hi = call {wide} @llvm.smin.v{lanes}i32" +
+                  bound.format(wide=wide, x="lo", v=32767),
+                  f"  %r = trunc {wide} %hi to {result}", f"  ret {result} %r", "}"]
+        lines += [f"declare {wide} @llvm.{op}.v{lanes}i32({wide}, {wide})"
+                  for op in ("smax", "smin")]
+    else:
+        lines += [f"  %r = add {wide} %acc, %s", f"  ret {wide} %r", "}"]
+    return "\n".join(lines) + "\n"
 
 
 def _assembly(triple: str, cpu: str, features: str) -> str:

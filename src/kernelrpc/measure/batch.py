@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from ..errors import RPCError, TrackerError
+from ..errors import QueueTimeout, RPCError, TrackerError
 from . import result as R
 from .build import BuildOutput, LinkFiles, build_candidate, dumps_candidate
 from .cache import BuildCache
@@ -34,6 +34,10 @@ TRACKER_GONE = 60.0
 """Seconds a device thread keeps trying to reach a tracker (or the servers it names) before it gives up."""
 JOIN_TIMEOUT = 10.0
 """Seconds ``_finish`` waits for each device thread to end."""
+QUEUE_POLL = 10.0
+"""Seconds a device thread waits in the tracker's queue before it looks whether any server of
+the key is still registered (a board held by someone else is waited for; a key with no board
+left is given up after ``board_wait``)."""
 
 
 @dataclasses.dataclass
@@ -205,7 +209,7 @@ class MeasureBatch:
                  max_devices: int | None = None, flops: float | None = None, rtol: float = 1e-4,
                  atol: float = 1e-4, priority: int = 1, progress: bool | None = None,
                  sources=(), objects=(), build_cache: BuildCache | None = None,
-                 wait_for_builds: bool = False) -> None:
+                 wait_for_builds: bool = False, board_wait: float = 120.0) -> None:
         self.candidates = _normalize(candidates)
         self.link = LinkFiles(sources, objects)
         self.key = key
@@ -224,6 +228,9 @@ class MeasureBatch:
         self.progress = progress
         self.build_cache = build_cache
         self.wait_for_builds = wait_for_builds
+        if board_wait <= 0:
+            raise ValueError("board_wait must be positive (seconds without any server of the key)")
+        self.board_wait = board_wait
         self.results: list[R.MeasureResult] = []
         self._executor = executor
         self._own_executor = executor is None
@@ -318,11 +325,14 @@ class MeasureBatch:
 
     def _open_session(self) -> DeviceSession | None:
         """Wait in the tracker's queue for a device of the key (as long as there is work for it)
-        and open a session. ``_finish`` breaks the wait by shutting the tracker connection."""
+        and open a session: a board that went away rejoins when it registers again, and the
+        wait ends with an error once no server of the key has been registered for
+        ``board_wait`` seconds. ``_finish`` breaks the wait by shutting the tracker connection."""
         from ..rpc.client import connect
-        from ..rpc.tracker_client import TrackerSession
+        from ..rpc.tracker_client import TrackerSession, count_servers
 
-        failing_since = None
+        failing_since = absent_since = None
+        poll = min(QUEUE_POLL, self.board_wait)
         while self._queue.wait_for_work(all_built=self.wait_for_builds):
             tracker = None
             try:
@@ -331,8 +341,23 @@ class MeasureBatch:
                     self._waiting.add(tracker)
                 if self._queue.cancelled:
                     return None
-                host, port, matchkey = tracker.request_address(self.key, self.priority)
+                host, port, matchkey = tracker.request_address(self.key, self.priority,
+                                                               timeout=poll)
                 session = connect(host, port, key=matchkey, session_timeout=self.session_timeout)
+            except QueueTimeout:
+                if self._queue.cancelled:
+                    return None
+                now = time.monotonic()
+                try:
+                    with TrackerSession(self.tracker_addr) as query:
+                        registered = count_servers(query.summary()).get(self.key, 0)
+                except (TrackerError, OSError, RPCError):
+                    continue                          # the next request says what became of it
+                absent_since = None if registered else absent_since or now - poll
+                if absent_since is not None and now - absent_since >= self.board_wait:
+                    raise TrackerError(f"no server with key {self.key!r} registered at the "
+                                       f"tracker for {now - absent_since:.0f} s") from None
+                continue
             except (TrackerError, OSError, RPCError) as exc:
                 if self._queue.cancelled:
                     return None
@@ -379,7 +404,7 @@ class MeasureBatch:
                         log.info("measure: candidate %s goes back to the queue: %s", job.name, exc)
                         self._queue.requeue(job)
                         continue
-                    res = R.MeasureResult(job.index, job.name, R.TIMEOUT, error=str(exc),
+                    res = R.MeasureResult(job.index, job.name, exc.status, error=str(exc),
                                           device=device.address, flops=self.spec.flops)
                 except Exception as exc:  # a bug must cost this candidate only, not hang the batch
                     log.exception("measure: candidate %s", job.name)
@@ -542,7 +567,10 @@ def measure(candidates, *, key: str, tracker, inputs, reference=None, **options)
             ``tir.call_extern``), ``build_cache`` (a :class:`~kernelrpc.measure.cache.BuildCache`:
             a candidate built before from the same input is not built again), ``wait_for_builds``
             (request the devices only once every candidate is built, so that no device is held
-            while it waits for builds: for callers that build a batch while another measures).
+            while it waits for builds: for callers that build a batch while another measures),
+            ``board_wait`` (seconds the batch goes on without any server of the key registered
+            at the tracker, default 120: a board that went away or rebooted rejoins within it;
+            its candidate in flight runs again on the next board).
 
     Returns:
         A :class:`MeasureBatch`: iterate it for :class:`MeasureResult` objects as they finish, or

@@ -14,7 +14,12 @@ log = logging.getLogger(__name__)
 
 
 class Requeue(Exception):
-    """The session ended under a candidate through no fault of the candidate's: run it elsewhere."""
+    """The session ended under a candidate through no fault of the candidate's: run it elsewhere.
+    ``status`` is the candidate's outcome if it has been tried too often."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class DeviceSession:
@@ -78,7 +83,7 @@ class DeviceSession:
             self.session._mark_closed()
         except SessionTimeout as exc:
             if time.monotonic() - start < spec.timeout:
-                raise Requeue(str(exc)) from None
+                raise Requeue(str(exc), R.TIMEOUT) from None
             res.status, res.error = R.TIMEOUT, str(exc)
         except ServerCrashed as exc:
             res.error = f"the candidate crashed its session: {exc}"
@@ -87,8 +92,8 @@ class DeviceSession:
         except ConnectionLost as exc:
             if spec.timeout and time.monotonic() - start >= spec.timeout * 0.99:
                 res.status, res.error = R.TIMEOUT, f"no answer from the device within {spec.timeout:g} s"
-            else:
-                res.error = f"the device went away: {exc}"
+            else:    # the board went away (killed, rebooted, unplugged): its next session goes on
+                raise Requeue(f"the device went away: {exc}", R.RUNTIME_ERROR) from None
         except (RPCError, OSError, ValueError) as exc:
             res.error = f"{type(exc).__name__}: {exc}"
         finally:

@@ -14,7 +14,7 @@ from ..autotvm.space import ConfigSpace
 from ..compiler.tensor import ComputeOp
 from .fuse import Group
 from .op import OPS
-from .strategy import WINOGRAD, Tiles, define_knobs, has_strategy, strategy_for
+from .strategy import Tiles, define_knobs, has_strategy, strategy_for
 from .strategy.common import parallel_outer
 
 
@@ -48,14 +48,9 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
     strategy = strategy_for(tiles, node, cfg)
     for stage in list(s.stages):
         op = stage.op
-        if not isinstance(op, ComputeOp) or op is out.op or op.reduce_axis:
-            continue
-        if strategy is WINOGRAD and (op.tag.startswith("wino_") or op is anchor.op):
-            continue
-        if op.tag == "pad" and node.op in ("nn.conv2d", "qnn.conv2d", "qnn.dense") and \
-                strategy is not WINOGRAD and cfg["pad"].val == "stage":
-            continue
-        stage.compute_inline()
+        if isinstance(op, ComputeOp) and op is not out.op and not op.reduce_axis and \
+                not strategy.keeps_stage(op, anchor, cfg):
+            stage.compute_inline()
     strategy.schedule(s, anchor, out, tiles, cfg, node)
     return s
 

@@ -375,9 +375,12 @@ class TrackerSession:
                 info = probe.summary()
         except (TrackerError, ConnectionLost, OSError):
             return ""
-        servers = count_servers(info).get(key, 0)
+        counts = count_servers(info)
+        if not counts.get(key):
+            return f" (no server has this key; keys with servers: {', '.join(sorted(counts)) or 'none'})"
         queue = info.get("queue_info", {}).get(key, {})
-        return f" ({servers} servers have this key, {queue.get('free', 0)} free, {queue.get('pending', 0)} waiting)"
+        return (f" ({counts[key]} servers have this key, {queue.get('free', 0)} free, "
+                f"{queue.get('pending', 0)} waiting)")
 
     def _warn_if_unknown(self, key: str) -> None:
         """Best effort: a request never depends on the summary (a tracker may refuse it)."""

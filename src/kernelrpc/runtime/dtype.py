@@ -19,20 +19,18 @@ class DType:
         return self.name
 
 
-DTYPES: dict[str, DType] = {d.name: d for d in (
-    DType("bool", 1, "b", "?"),
-    DType("int8", 1, "i", "b"),
-    DType("int16", 2, "i", "h"),
-    DType("int32", 4, "i", "i"),
-    DType("int64", 8, "i", "q"),
-    DType("uint8", 1, "u", "B"),
-    DType("uint16", 2, "u", "H"),
-    DType("uint32", 4, "u", "I"),
-    DType("uint64", 8, "u", "Q"),
-    DType("float16", 2, "f", "e"),
-    DType("float32", 4, "f", "f"),
-    DType("float64", 8, "f", "d"),
-)}
+#: each element type's struct format character: its size, standard (``"="``), is the type's
+STRUCT_CHARS = {"bool": "?", "int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B",
+                "uint16": "H", "uint32": "I", "uint64": "Q", "float16": "e", "float32": "f",
+                "float64": "d"}
+
+
+def _kind(name: str) -> str:
+    return "b" if name == "bool" else name[0] if name[0] in "uf" else "i"
+
+
+DTYPES: dict[str, DType] = {name: DType(name, struct.calcsize("=" + char), _kind(name), char)
+                            for name, char in STRUCT_CHARS.items()}
 
 _ALIASES = {"bool_": "bool"}
 

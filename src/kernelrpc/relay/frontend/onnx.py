@@ -7,6 +7,7 @@ constant are evaluated on the spot (shape arithmetic: Shape, Gather, Concat...).
 """
 from __future__ import annotations
 
+from collections import ChainMap
 from functools import partial
 
 from .. import ir
@@ -47,14 +48,15 @@ def from_onnx(model, shape: dict | None = None, dtype="float32", opset: int | No
     ctx.values.update((name, ir.const(value, name)) for name, value in values.items())
     inputs = _bind_inputs(ctx, model.graph, dict(shape or {}), dtype)
     types = InferredTypes(model, inputs)
-    ctx.convert_graph = partial(_convert_subgraph, ctx, types)
+    ctx.convert_graph = partial(_convert_subgraph, ctx, types, _Budget())
+    ctx.inferred_type = types.static
     _convert_nodes(ctx, model.graph, types)
     return _with_params(inputs, _outputs(ctx, model.graph), initializers)
 
 
 def _load(model, opset):
     """The model proto and the opset it is read in, within the importer's limits."""
-    model = onnx_model.load(model)
+    model = onnx_model.with_functions_inlined(onnx_model.load(model))
     opset = int(opset) if opset is not None else onnx_model.default_opset(model)
     onnx_model.check_opset(opset)
     if len(model.graph.node) > onnx_model.MAX_NODES:
@@ -99,8 +101,9 @@ def _convert_nodes(ctx, graph, types) -> None:
         ctx.node_name = node.name or f"{node.op_type}_{index}"
         ctx.op_type = node.op_type
         ctx.outputs_wanted = len(node.output)
+        ctx.output_names = tuple(node.output)
         unknown = any(name and name not in ctx.values and name in types.unknown
-                      for name in node.input)
+                      for name in _reads(node))
         outputs = []
         try:
             if unknown:         # downstream of a refusal, shapes unknown: its operator checked
@@ -132,18 +135,39 @@ def _convert_nodes(ctx, graph, types) -> None:
         raise UnsupportedOperatorError(failures)
 
 
-def _convert_subgraph(ctx, types, graph) -> list:
-    """The output values of ``graph`` (a branch), its nodes converted into ``ctx``."""
-    saved = ctx.node_name, ctx.op_type, ctx.outputs_wanted
+class _Budget:
+    """The subgraph nodes converted so far in one import (If branches, unrolled Loop and Scan
+    bodies: a body is converted once per iteration), bounded by MAX_SUBGRAPH_NODES."""
+
+    def __init__(self):
+        self.nodes = 0
+
+    def spend(self, count: int) -> None:
+        self.nodes += count
+        if self.nodes > onnx_model.MAX_SUBGRAPH_NODES:
+            raise Unsupported(f"the subgraphs (If branches, Loop and Scan bodies once per "
+                              f"iteration) come to more than {onnx_model.MAX_SUBGRAPH_NODES} "
+                              "nodes to convert")
+
+
+def _convert_subgraph(ctx, types, budget, graph, what: str, bindings: dict | None = None) -> list:
+    """The output values of ``graph`` (an If's branch, a Loop's body in one iteration), its
+    nodes converted into ``ctx`` in a scope of their own: they read the enclosing graphs'
+    values, ``bindings`` (the subgraph's inputs, name -> value) and its own initializers; what
+    they define is not seen outside. A refusal inside is an Unsupported naming ``what`` and every refused node."""
+    budget.spend(len(graph.node))
+    saved = ctx.values, ctx.node_name, ctx.op_type, ctx.outputs_wanted, ctx.output_names
+    ctx.values = ChainMap(dict(bindings or {}), ctx.values)
     try:
+        _bind_initializers(ctx, graph)
         _convert_nodes(ctx, graph, types)
+        return [_value(ctx, out.name, what) for out in graph.output]
     except UnsupportedOperatorError as exc:
-        raise Unsupported("in the branch taken, " + "; ".join(
+        raise Unsupported(f"in {what}, " + "; ".join(
             f"{op} (node {name!r}){': ' + why if why else ''}"
             for op, name, _, why in exc.unsupported)) from None
     finally:
-        ctx.node_name, ctx.op_type, ctx.outputs_wanted = saved
-    return [_value(ctx, out.name, graph.name or "a branch") for out in graph.output]
+        ctx.values, ctx.node_name, ctx.op_type, ctx.outputs_wanted, ctx.output_names = saved
 
 
 #: ONNX's own operator domains (another's operators, onnxruntime's ``com.microsoft``, are
@@ -207,13 +231,20 @@ def _outputs(ctx, graph) -> list:
 
 
 def _consumers(graph) -> set:
-    """The names the graph's nodes read, those of their subgraphs (If's branches) included."""
+    """The names the graph's nodes read, those of their subgraphs (If's branches, Loop's
+    bodies) included."""
     names = set()
     for node in graph.node:
-        names.update(name for name in node.input if name)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                names |= _consumers(sub) | {out.name for out in sub.output}
+        names |= _reads(node)
+    return names
+
+
+def _reads(node) -> set:
+    """The names ``node`` reads, in its subgraphs too (outer-scope values)."""
+    names = {name for name in node.input if name}
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            names |= _consumers(sub) | {out.name for out in sub.output}
     return names
 
 

@@ -87,8 +87,13 @@ class Context:
         self.node_name = ""
         self.op_type = ""
         self.outputs_wanted = 1
-        #: (GraphProto) -> its output values: a subgraph (an If's branch) converted in place,
-        #: its nodes reading this graph's values
+        self.output_names: tuple = ()
+        #: (output name) -> its (shape, dtype) when static by the model's value_info and ONNX's
+        #: shape inference, else None
+        self.inferred_type = None
+        #: (GraphProto, what, bindings=None) -> its output values: a subgraph (an If's branch,
+        #: a Loop's body) converted in a scope of its own, its nodes reading this graph's
+        #: values and ``bindings`` (its inputs by name); ``what`` names it in refusals
         self.convert_graph = None
 
     def make(self, op: str, inputs, **attrs) -> ir.Node:
@@ -113,6 +118,26 @@ class Context:
         if node is None or not node.is_const:
             raise Unsupported(f"{what} must be a constant ({why})")
         return node.value
+
+    def known(self, node: ir.Node, what: str) -> np.ndarray | None:
+        """``node``'s value when it is known at import, None when it is computed at run time."""
+        if node.is_const:
+            return node.value
+        if _depends_on_refused(node):
+            raise UnknownValue(f"{what} comes from a refused node")
+        return None
+
+    def static_output_shape(self, k: int, what: str) -> tuple:
+        """The shape of the node's output ``k`` where ``what`` is read at run time: the model's
+        (its value_info) or ONNX's shape inference's, which must be static; the kernel checks
+        at run time that the values read give it."""
+        found = self.inferred_type(self.output_names[k]) if k < len(self.output_names) else None
+        if found is None or 0 in found[0]:
+            raise Unsupported(f"{what} is computed at run time and the output's shape is not "
+                              "known at import (neither the model's value_info nor ONNX's shape "
+                              "inference gives it): fix the input it depends on with "
+                              "from_onnx(..., const_inputs=...) or --const NAME=VALUE")
+        return found[0]
 
     def optional(self, args, k: int, what: str) -> np.ndarray | None:
         """The constant value of optional input ``k``, None when the node leaves it out."""

@@ -34,6 +34,11 @@ class InferredTypes:
             return None
         return ir.Node(STAND_IN, (), {}, shape, dtype, name)
 
+    def static(self, name: str):
+        """``(shape, dtype)`` of the model's tensor ``name`` (in a subgraph too) when static,
+        else None."""
+        return self._infer().get(name)
+
     def _infer(self) -> dict:
         if self._types is None:
             self._types = self._run()
@@ -56,7 +61,17 @@ class InferredTypes:
             inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         except (onnx.shape_inference.InferenceError, ValueError):
             return {}       # the report then stops at the refused nodes, as without inference
-        return _static_types(list(inferred.graph.value_info) + list(inferred.graph.output))
+        return _static_types(_value_infos(inferred.graph))
+
+
+def _value_infos(graph) -> list:
+    """The value infos of ``graph`` and of its subgraphs (If's branches, Loop's bodies)."""
+    infos = list(graph.value_info) + list(graph.output)
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                infos += _value_infos(sub)
+    return infos
 
 
 def _static_types(infos) -> dict:

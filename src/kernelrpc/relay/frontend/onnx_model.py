@@ -22,6 +22,9 @@ WIDENED = ("float16", "bfloat16")
 #: largest initializer accepted, and the whole model's weights (bytes)
 MAX_TENSOR_BYTES = 4 << 30
 MAX_NODES = 100_000
+#: nodes of subgraphs converted in one import (both branches of each If, a Loop's or Scan's
+#: body once per iteration it is unrolled)
+MAX_SUBGRAPH_NODES = 20_000
 
 
 def require_onnx():
@@ -81,6 +84,52 @@ def _onnx_dtype(elem_type: int) -> str | None:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def with_functions_inlined(model):
+    """The model with its local functions (``model.functions``: what an exporter writes for a
+    module kept whole) replaced by their nodes at every call, in subgraphs too; a model without
+    any is returned as it is. The nodes that inlining makes are counted first (functions
+    calling functions multiply them), at most MAX_NODES."""
+    if not model.functions:
+        return model
+    from onnx import inliner
+
+    count = _inlined_size(model)
+    if count > MAX_NODES:
+        raise ModelError(f"the model's local functions inlined come to more than {MAX_NODES} "
+                         "nodes")
+    try:
+        return inliner.inline_local_functions(model)
+    except (RuntimeError, ValueError) as exc:     # the inliner's failed checks
+        raise ModelError(f"the model's local functions cannot be inlined: {exc}") from None
+
+
+def _inlined_size(model) -> int:
+    """The nodes of the model once its local functions are inlined (subgraphs' included),
+    counted up to MAX_NODES + 1; a function that calls itself is a ModelError."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+    sizes: dict = {}
+
+    def size_of(nodes, calling) -> int:
+        total = 0
+        for node in nodes:
+            key = (node.domain, node.op_type)
+            if key in functions:
+                if key in calling:
+                    raise ModelError(f"local function {key[1]!r} calls itself")
+                if key not in sizes:
+                    sizes[key] = size_of(functions[key].node, calling | {key})
+                total += sizes[key]
+            else:
+                total += 1
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    total += size_of(sub.node, calling)
+            if total > MAX_NODES:
+                return MAX_NODES + 1
+        return total
+    return size_of(model.graph.node, frozenset())
 
 
 def default_opset(model) -> int:

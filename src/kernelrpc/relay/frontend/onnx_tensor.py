@@ -1,6 +1,11 @@
 """ONNX converters of the shape and data-movement operators: Flatten, Reshape, Squeeze,
 Transpose, Concat, Split, Slice, Pad, Expand, Tile, Range, Constant, Shape,
-Resize..."""
+Resize...
+
+A shape, split, starts, ends, pads, repeats or sizes input computed at run time is accepted
+where the output's shape is static all the same (the model's value_info or ONNX's shape
+inference gives it): the kernel reads the values and stops the run when they do not give that
+shape (``relay/op/dynamic.py``)."""
 from __future__ import annotations
 
 import math
@@ -25,10 +30,29 @@ def _flatten(ctx, args, attrs):
     return [reshape(ctx, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))]
 
 
+def _expect(ctx, x, values, allowed, once=None):
+    """``x`` once the run-time ``values`` (a 1-D node) are, element by element, among
+    ``allowed``: a kernel reading them stops the run when they are not (``expect_values``)."""
+    if values.shape != (len(allowed),):
+        raise ModelError(f"{len(allowed)} values expected, the input has shape "
+                         f"{list(values.shape)}")
+    if not x.shape:
+        x = reshape(ctx, x, (1,))
+    return ctx.make("expect_values", [x, values],
+                    allowed=tuple(tuple(sorted(set(a))) for a in allowed), once=once)
+
+
 @converter("Reshape")
 def _reshape_op(ctx, args, attrs):
     x = args[0]
     allowzero = int(attrs.get("allowzero", 0))
+    if ctx.known(args[1], "Reshape's shape") is None:
+        shape = ctx.static_output_shape(0, "Reshape's shape")
+        if math.prod(shape) != x.size:
+            raise ModelError(f"Reshape of {list(x.shape)} to {list(shape)}: sizes differ")
+        allowed = [{d, -1} | ({0} if not allowzero and k < len(x.shape) and x.shape[k] == d
+                             else set()) for k, d in enumerate(shape)]
+        return [reshape(ctx, _expect(ctx, x, args[1], allowed, once=-1), shape)]
     spec = [int(v) for v in ctx.constant(args[1], "Reshape's shape").reshape(-1)]
     shape = []
     for k, d in enumerate(spec):
@@ -121,18 +145,27 @@ def _split_1(ctx, args, attrs):
                   ctx.outputs_wanted)
 
 
+def _split_input(ctx, args, axis, count):
+    """Split's sizes given as an input: constant, or read at run time (each output's shape
+    then static in the model, the sizes checked by the kernels)."""
+    x = args[0]
+    if len(args) < 2 or args[1] is None or ctx.known(args[1], "Split's split") is not None:
+        return _split(ctx, x, axis, ctx.optional_ints(args, 1, "Split's split"), count)
+    axis = normalize_axis(axis, len(x.shape))
+    sizes = [ctx.static_output_shape(k, "Split's split")[axis] for k in range(count)]
+    return _split(ctx, _expect(ctx, x, args[1], [{s} for s in sizes]), axis, sizes, count)
+
+
 @converter("Split", since=13)
 def _split_13(ctx, args, attrs):
-    return _split(ctx, args[0], int(attrs.get("axis", 0)),
-                  ctx.optional_ints(args, 1, "Split's split"), ctx.outputs_wanted)
+    return _split_input(ctx, args, int(attrs.get("axis", 0)), ctx.outputs_wanted)
 
 
 @converter("Split", since=18)
 def _split_18(ctx, args, attrs):
     num = attrs.get("num_outputs", None)
-    return _split(ctx, args[0], int(attrs.get("axis", 0)),
-                  ctx.optional_ints(args, 1, "Split's split"),
-                  int(num) if num is not None else ctx.outputs_wanted)
+    return _split_input(ctx, args, int(attrs.get("axis", 0)),
+                        int(num) if num is not None else ctx.outputs_wanted)
 
 
 def _clamp_slice(start, end, step, dim):
@@ -140,7 +173,7 @@ def _clamp_slice(start, end, step, dim):
     end = end + dim if end < 0 else end
     if step > 0:
         return min(max(start, 0), dim), min(max(end, 0), dim)
-    return min(max(start, -1), dim - 1), min(max(end, -1), dim - 1)
+    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
 
 
 def _slice(ctx, x, starts, ends, axes, steps):
@@ -172,8 +205,21 @@ def _slice_1(ctx, args, attrs):
 
 @converter("Slice", since=10)
 def _slice_10(ctx, args, attrs):
-    return _slice(ctx, args[0], *(ctx.optional_ints(args, k, f"Slice's {what}") for k, what in
-                                  enumerate(("starts", "ends", "axes", "steps"), 1)))
+    if all(ctx.known(args[k], f"Slice's {what}") is not None
+           for k, what in ((1, "starts"), (2, "ends"))):
+        return _slice(ctx, args[0], *(ctx.optional_ints(args, k, f"Slice's {what}") for k, what
+                                      in enumerate(("starts", "ends", "axes", "steps"), 1)))
+    x, starts = args[0], args[1]
+    axes = ctx.optional_ints(args, 3, "Slice's axes (with starts or ends read at run time)")
+    steps = ctx.optional_ints(args, 4, "Slice's steps (with starts or ends read at run time)")
+    count = starts.size if len(starts.shape) == 1 else -1
+    axes = [normalize_axis(a, len(x.shape)) for a in (axes if axes is not None else range(count))]
+    steps = steps if steps is not None else [1] * len(axes)
+    if len(set(axes)) != len(axes) or 0 in steps or len(steps) != len(axes):
+        raise ModelError(f"Slice along axes {axes} by steps {steps}")
+    shape = ctx.static_output_shape(0, "Slice's starts or ends")
+    return [ctx.make("dynamic_slice", [x, starts, args[2]], axes=tuple(axes),
+                     steps=tuple(steps), shape=tuple(shape))]
 
 
 def _pad(ctx, x, mode, pads, value, axes):
@@ -209,10 +255,34 @@ def _pad_2(ctx, args, attrs):
                 float(attrs.get("value", 0.0)), None)
 
 
+def _pad_at_run_time(ctx, args, mode):
+    """Pads read at run time: the output's static shape from the model, the input placed at
+    the run-time offsets by ``dynamic_pad``."""
+    x = args[0]
+    if mode not in ("constant", "edge", "reflect"):
+        raise Unsupported(f"mode={mode!r}")
+    fill, value = [], 0.0           # the value: a number, or a node read at run time
+    if len(args) > 2 and args[2] is not None and mode == "constant":
+        if args[2].is_const:
+            value = ctx.optional_float(args, 2, "Pad's constant_value", 0.0)
+        else:
+            fill = [reshape(ctx, args[2], ())]
+    axes = ctx.optional_ints(args, 3, "Pad's axes (with pads read at run time)")
+    axes = [normalize_axis(a, len(x.shape)) for a in axes] if axes is not None \
+        else list(range(len(x.shape)))
+    if len(set(axes)) != len(axes):
+        raise ModelError(f"Pad along axes {axes}")
+    shape = ctx.static_output_shape(0, "Pad's pads")
+    return [ctx.make("dynamic_pad", [x, args[1], *fill], axes=tuple(axes), shape=tuple(shape),
+                     mode=mode, value=value)]
+
+
 @converter("Pad", since=11)
 @converter("Pad", since=19)         # mode "wrap" added, refused as every mode not implemented
 def _pad_11(ctx, args, attrs):
     mode = attrs.get("mode", "constant")
+    if ctx.known(args[1], "Pad's pads") is None:
+        return _pad_at_run_time(ctx, args, mode)
     if mode != "constant":
         value = 0.0
     elif len(args) > 2 and args[2] is not None and not args[2].is_const:
@@ -283,9 +353,28 @@ def _shape_15(ctx, args, attrs):
     return [ir.const(np.asarray(dims, np.int64), ctx.node_name)]
 
 
+def _expand_at_run_time(ctx, x, spec):
+    """Expand's shape read at run time: each value must give the output's static dimension,
+    or be 1 where ``x`` has that dimension already."""
+    shape = ctx.static_output_shape(0, "Expand's shape")
+    count, rank = spec.size, len(shape)
+    if broadcast_shape(x.shape, shape) != tuple(shape) or len(spec.shape) != 1 or \
+            rank != max(count, len(x.shape)):
+        raise ModelError(f"Expand of {list(x.shape)} by {count} values to {list(shape)}")
+    own = (None,) * (rank - len(x.shape)) + tuple(x.shape)      # x's dimension at each axis
+    if any(own[j] != shape[j] for j in range(rank - count)):
+        raise ModelError(f"Expand of {list(x.shape)} to {list(shape)}: dimensions the shape "
+                         "does not give differ")
+    allowed = [{shape[j]} | ({1} if own[j] == shape[j] else set())
+               for j in range(rank - count, rank)]
+    return [ctx.make("broadcast_to", [_expect(ctx, x, spec, allowed)], shape=tuple(shape))]
+
+
 @converter("Expand")
 def _expand(ctx, args, attrs):
     x = args[0]
+    if ctx.known(args[1], "Expand's shape") is None:
+        return _expand_at_run_time(ctx, x, args[1])
     shape = [int(d) for d in ctx.constant(args[1], "Expand's shape").reshape(-1)]
     if len(shape) > MAX_NDIM or any(d < 0 for d in shape):
         raise ModelError(f"Expand to {shape}")
@@ -299,6 +388,13 @@ def _expand(ctx, args, attrs):
 @converter("Tile")
 def _tile(ctx, args, attrs):
     x = args[0]
+    if ctx.known(args[1], "Tile's repeats") is None:
+        shape = ctx.static_output_shape(0, "Tile's repeats")
+        if len(shape) != len(x.shape) or any(s % d for s, d in zip(shape, x.shape)):
+            raise ModelError(f"Tile of {list(x.shape)} to {list(shape)}")
+        reps = tuple(s // d for s, d in zip(shape, x.shape))
+        checked = _expect(ctx, x, args[1], [{r} for r in reps])
+        return [checked if reps == (1,) * len(reps) else ctx.make("tile", [checked], reps=reps)]
     reps = ctx.optional_ints(args, 1, "Tile's repeats")
     if reps == [1] * len(x.shape):
         return [x]
@@ -434,6 +530,10 @@ def _resize_11(ctx, args, attrs):
         raise Unsupported("keep_aspect_ratio_policy other than 'stretch'")
     if coord == "tf_crop_and_resize":
         raise Unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
-    return _resize(ctx, args[0], mode, _scales(ctx, args, 2),
-                   ctx.optional_ints(args, 3, "Resize's sizes"), coord,
-                   attrs.get("nearest_mode", "round_prefer_floor"))
+    x, nearest = args[0], attrs.get("nearest_mode", "round_prefer_floor")
+    if len(args) > 3 and args[3] is not None and ctx.known(args[3], "Resize's sizes") is None:
+        sizes = ctx.static_output_shape(0, "Resize's sizes")
+        checked = _expect(ctx, x, args[3], [{d} for d in sizes])
+        return _resize(ctx, checked, mode, None, list(sizes), coord, nearest)
+    return _resize(ctx, x, mode, _scales(ctx, args, 2),
+                   ctx.optional_ints(args, 3, "Resize's sizes"), coord, nearest)

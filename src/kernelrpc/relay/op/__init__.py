@@ -1,6 +1,6 @@
 """The operators of the network graph (TVM's ``relay.op``)."""
 from . import activation, elemwise, index, nn, norm, reduce, transform  # noqa: F401 (they register)
-from . import recurrent  # noqa: F401  (it registers)
+from . import dynamic, recurrent  # noqa: F401  (they register)
 from .registry import OPS, OpDef, get, node_flops
 
 __all__ = ["OPS", "OpDef", "get", "node_flops"]

@@ -232,7 +232,7 @@ def _qconv2d_infer(inputs, attrs):
                              "multiplier")
         channels = inputs[3].shape[0]
         blocks, quads, kh, kw = weight.shape[:4]
-        if blocks != -(-channels // BLOCK_O) or quads != -(-data.shape[1] // BLOCK_I):
+        if blocks != -(-channels // BLOCK_O) or quads != -(-data.shape[1] // BLOCK_I) + 1:
             raise ModelError(f"qnn.conv2d: packed weight {list(weight.shape)} does not match "
                              f"{channels} output and {data.shape[1]} input channels")
         weight = SimpleNamespace(shape=(channels, data.shape[1], kh, kw))     # as OIHW
@@ -296,24 +296,49 @@ def np_qconv2d(xs, attrs):
 # ------------------------------------------------------------------ the packed convolution
 
 #: the packed weight's blocks (``kernel_layout`` :data:`PACKED`,
-#: ``[O/16][I/4][KH][KW][16][4]``): 16 output channels, one vector of int32 accumulators,
-#: by 4 input channels, the bytes x86's VNNI ``vpdpbusd`` and Arm's ``sdot``/``udot`` sum
-#: into each accumulator
+#: ``[O/16][I/4 + 1][KH][KW][16][4]``): 16 output channels, one vector of int32 accumulators,
+#: by 4 input channels, the bytes x86's ``vpdpbusd``/``vpmaddubsw`` and Arm's ``sdot`` sum
+#: into each accumulator; a block's last quad holds its weight sums (:func:`weight_sums`)
 BLOCK_O, BLOCK_I = 16, 4
 PACKED = "OIHW16o4i"
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
-    """An OIHW int8 weight as ``[O/16][I/4][KH][KW][16][4]``, zeros past its channels."""
+    """An OIHW int8 weight as ``[O/16][I/4 + 1][KH][KW][16][4]``, zeros past its channels,
+    each block's sums in its last quad."""
     o, i, kh, kw = weight.shape
     blocks, quads = -(-o // BLOCK_O), -(-i // BLOCK_I)
     full = np.zeros((blocks * BLOCK_O, quads * BLOCK_I, kh, kw), weight.dtype)
     full[:o, :i] = weight
-    packed = full.reshape(blocks, BLOCK_O, quads, BLOCK_I, kh, kw).transpose(0, 2, 4, 5, 1, 3)
-    return np.ascontiguousarray(packed)
+    packed = np.zeros((blocks, quads + 1, kh, kw, BLOCK_O, BLOCK_I), weight.dtype)
+    packed[:, :quads] = full.reshape(blocks, BLOCK_O, quads, BLOCK_I, kh, kw).transpose(
+        0, 2, 4, 5, 1, 3)
+    packed[:, quads, 0, 0] = _sums_bytes(full.astype(np.int64).sum(axis=(1, 2, 3)))
+    return packed
+
+
+def _sums_bytes(sums: np.ndarray) -> np.ndarray:
+    """Each block's 16 sums as the 16 x 4 bytes of little-endian int32."""
+    if np.abs(sums).max(initial=0) >= 2 ** 31:
+        raise ModelError("the weight sums of a packed int8 layer overflow int32")
+    return sums.astype("<i4").view(np.int8).reshape(-1, BLOCK_O, BLOCK_I)
+
+
+def weight_sums(packed: np.ndarray) -> np.ndarray:
+    """The per-output sums of a packed weight's values (``[O/16][16]`` int32), kept in each
+    block's last quad for kernels that take the input shifted by 128 (aarch64's ``sdot``
+    multiplies int8 by int8: ``sum x * w = sum (x - 128) * w + 128 * sum w``)."""
+    sums = packed[:, -1, 0, 0] if packed.ndim == 6 else packed[:, -1]
+    return np.ascontiguousarray(sums).view("<i4").reshape(len(packed), BLOCK_O).astype(np.int32)
+
+
+def packed_quads(packed: np.ndarray) -> np.ndarray:
+    """A packed weight's quads of values, without its sums."""
+    return packed[:, :-1]
 
 
 def unpack_weight(packed: np.ndarray, out_channels: int, in_channels: int) -> np.ndarray:
+    packed = packed_quads(packed)
     blocks, quads, kh, kw = packed.shape[:4]
     full = packed.transpose(0, 4, 1, 5, 2, 3).reshape(blocks * BLOCK_O, quads * BLOCK_I, kh, kw)
     return full[:out_channels, :in_channels]
@@ -337,6 +362,7 @@ def _qconv2d_packed(ts, attrs, node):
     data, weight, zero, bias, multiplier = ts
     _, channels, height, width = static_shape(data)
     blocks, quads, kh, kw = static_shape(weight)[:4]
+    quads -= 1                                    # the last holds the sums
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     shift = 128 if data.dtype == "int8" else 0
     pad_value = E.cast(_i32(_scalar(zero)) + te.const(shift, "int32"), "uint8")
@@ -362,7 +388,8 @@ def _qconv2d_packed(ts, attrs, node):
 
 
 register("qnn.conv2d", "anchor", _qconv2d_infer, _qconv2d, np_qconv2d,
-         flops=lambda node: 2 * node.size * math.prod(node.inputs[1].shape[1:4]))
+         flops=lambda node: 2 * node.size * node.inputs[0].shape[1] // node.attrs["groups"] *
+         math.prod(node.inputs[1].shape[2:4]))      # KH x KW in OIHW and packed weights
 
 
 def _qdense_infer(inputs, attrs):
@@ -375,7 +402,7 @@ def _qdense_infer(inputs, attrs):
         wsum = inputs[3]
         columns = wsum.shape[0] if len(wsum.shape) == 1 else -1
         if len(weight.shape) != 4 or weight.shape[0] != -(-columns // BLOCK_O) or \
-                len(data.shape) < 2 or weight.shape[1] != -(-data.shape[-1] // BLOCK_I):
+                len(data.shape) < 2 or weight.shape[1] != -(-data.shape[-1] // BLOCK_I) + 1:
             raise ModelError(f"qnn.dense: packed weight {list(weight.shape)} and column sums "
                              f"{list(wsum.shape)} do not match data {list(data.shape)}")
         _check_requantize(inputs, attrs, columns, 4)
@@ -409,20 +436,26 @@ def np_qdense(xs, attrs):
     return np_requantized(acc, rest[0], rest[1], attrs, attrs["out_dtype"])
 
 
-#: the packed dense weight, ``[N/16][K/4][16][4]`` (16 outputs by a quad of the reduction)
+#: the packed dense weight, ``[N/16][K/4 + 1][16][4]`` (16 outputs by a quad of the
+#: reduction; the last quad holds each output's weight sum, :func:`weight_sums`)
 PACKED_DENSE = "NK16n4k"
 
 
 def pack_dense_weight(weight: np.ndarray) -> np.ndarray:
-    """A ``[K][N]`` int8 weight as ``[N/16][K/4][16][4]``, zeros past its extents."""
+    """A ``[K][N]`` int8 weight as ``[N/16][K/4 + 1][16][4]``, zeros past its extents, the
+    sums in each block's last quad."""
     k, n = weight.shape
     blocks, quads = -(-n // BLOCK_O), -(-k // BLOCK_I)
     full = np.zeros((blocks * BLOCK_O, quads * BLOCK_I), weight.dtype)
     full[:n, :k] = weight.T
-    return np.ascontiguousarray(full.reshape(blocks, BLOCK_O, quads, BLOCK_I).transpose(0, 2, 1, 3))
+    packed = np.zeros((blocks, quads + 1, BLOCK_O, BLOCK_I), weight.dtype)
+    packed[:, :quads] = full.reshape(blocks, BLOCK_O, quads, BLOCK_I).transpose(0, 2, 1, 3)
+    packed[:, quads] = _sums_bytes(full.astype(np.int64).sum(axis=1))
+    return packed
 
 
 def unpack_dense_weight(packed: np.ndarray, depth: int, columns: int) -> np.ndarray:
+    packed = packed_quads(packed)
     blocks, quads = packed.shape[:2]
     full = packed.transpose(0, 2, 1, 3).reshape(blocks * BLOCK_O, quads * BLOCK_I)
     return np.ascontiguousarray(full[:columns, :depth].T)
@@ -436,6 +469,7 @@ def _qdense_packed(ts, attrs, node):
     data, weight, zero, wsum = ts[:4]
     *lead, depth = static_shape(data)
     blocks, quads = static_shape(weight)[:2]
+    quads -= 1                                    # the last holds the sums
     shift = 128 if data.dtype == "int8" else 0
 
     def row(i):

@@ -52,6 +52,7 @@ WINOGRAD = Strategy(
     schedule=schedule_winograd, reference=_winograd_reference,
     weight_layout=lambda tiles, node: WeightLayout.winograd(winograd_plan(tiles, node)[0],
                                                            tiles.lanes),
+    keeps_stage=lambda op, anchor, cfg: op.tag.startswith("wino_") or op is anchor.op,
     scale_atol=WINOGRAD_ATOL)
 DEPTHWISE = Strategy(
     "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),

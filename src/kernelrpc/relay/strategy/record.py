@@ -7,6 +7,12 @@ from typing import Callable
 from ..op.weight_layout import WeightLayout
 
 
+def keeps_pad_stage(op, anchor, cfg) -> bool:
+    """The padded input stays a stage of its own where the configuration's ``pad`` knob says
+    ``stage`` (the strategies without that knob have no padded input)."""
+    return op.tag == "pad" and "pad" in cfg and cfg["pad"].val == "stage"
+
+
 @dataclass(frozen=True)
 class Strategy:
     """An implementation of ``op``: ``applies(tiles, node)`` says where it can run (``node``
@@ -16,7 +22,8 @@ class Strategy:
     tuning knobs; ``schedule(s, anchor, out, tiles, cfg, node)`` its loop schedule, the
     group's tail fused into it; ``reference(data, weight, node)`` numpy's answer, the check of
     a tuning candidate (``weight`` in the strategy's layout). ``name`` is the value of the
-    class's ``layout`` knob that picks it."""
+    class's ``layout`` knob that picks it. ``keeps_stage(op, anchor, cfg)`` says which of the
+    group's elementwise stages the schedule places itself; the others are inlined."""
 
     name: str
     op: str
@@ -25,5 +32,6 @@ class Strategy:
     schedule: Callable
     reference: Callable
     weight_layout: Callable = lambda tiles, node: WeightLayout()
+    keeps_stage: Callable = keeps_pad_stage
     #: a tuning candidate's tolerance, of the reference's largest magnitude (0: the runner's)
     scale_atol: float = 0.0

@@ -1,0 +1,250 @@
+"""The instructions of the packed int8 layers, one record per target family: how a quad of
+input bytes (uint8, the same for a block's 16 outputs) times the block's 16 x 4 weights (int8)
+is added to the block's 16 int32 accumulators, the step of the packed convolution's and dense
+layer's reduction (:mod:`kernelrpc.relay.op.quant`, ``OIHW16o4i`` and ``NK16n4k``). The first
+record whose target family and weights allow it is taken:
+
+- ``vpdpbusd``: x86 with AVX512-VNNI, one instruction a step;
+- ``vpmaddubsw``: x86 with AVX2 or AVX512BW, ``vpmaddubsw`` then ``vpmaddwd`` with ones, where
+  the weights cannot saturate its int16 pair sums (below);
+- ``vpmaddubsw_halves``: the same targets' other layers, each weight split in halves
+  ``w = 2h + l`` that cannot saturate it, twice the instructions;
+- ``sdot``: aarch64 with the dot product (ARMv8.2: Cortex-A55/A76 and later);
+- ``smull``: aarch64 without it (Cortex-A53/A72), int8 products in int16 summed by ``addp``
+  and ``sadalp``, where no weight is -128;
+- ``vectors``: the quad unrolled over vectors of the 16 outputs (SSE, 32-bit Arm, RISC-V, and
+  the weights the records above refuse), as LLVM widens it for the target.
+
+Every record computes the exact int32 sum, as onnxruntime does on a VNNI, AMX or Arm host;
+none saturates. ``vpmaddubsw`` adds a pair of uint8 x int8 products in int16 with saturation
+(what onnxruntime's AVX2 and AVX-512 kernels compute without VNNI, and why
+``quantize_static`` has ``reduce_range``): its record applies only where no pair of a
+layer's weights can leave int16 for any input, ``255 * (sum of the pair's positive weights)
+<= 32767`` and likewise for the negative ones (``reduce_range``'s 7-bit weights always;
+of weights quantized over the full int8 range about one pair in 70 could, so nearly every
+such layer takes the halves). The aarch64 records take int8 by int8 products, so they
+multiply the quad shifted by 128 and start the accumulators from 128 times the block's
+weight sums.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ... import te
+from ...compiler import expr as E
+from ...compiler import ir as tir
+from ...compiler.ir_builder import create as ir_builder
+from ..op import quant
+from .tiles import Tiles
+
+
+@dataclass(frozen=True)
+class QuadDot:
+    """``name``; ``isa``: the :func:`~kernelrpc.compiler.vector_isa.int8_dot` answers of the
+    targets that have it (empty: every target); ``fits(weight)``: the packed weight's values
+    let it compute the exact sum (None: any weight does); ``intrinsic(tiles, node)``: the
+    tensor intrinsic of one block step (None: the quad unrolled over vectors of the 16
+    outputs, which LLVM widens as the target allows); ``registers(tiles)``: the vector
+    registers of a block's accumulators and of its weights, and those a step holds besides
+    (the quad, constants), which bound the register tile."""
+
+    name: str
+    isa: tuple[str, ...]
+    intrinsic: Callable | None
+    registers: Callable
+    fits: Callable | None = None
+
+    def applies(self, tiles: Tiles, node) -> bool:
+        if self.isa and tiles.int8_dot not in self.isa:
+            return False
+        weight = node.inputs[1].value
+        return self.fits is None or weight is not None and self.fits(weight)
+
+
+def _declare(name: str, step):
+    """The intrinsic of one block step, ``step(ins, outs, first)`` its statement (``first``:
+    the accumulators start from the step's products)."""
+    quad = te.placeholder((quant.BLOCK_I,), name="quad", dtype="uint8")
+    weight = te.placeholder((quant.BLOCK_O, quant.BLOCK_I), name="weight", dtype="int8")
+    k = te.reduce_axis((0, quant.BLOCK_I), "k")
+    dot = te.compute((quant.BLOCK_O,), lambda v: te.sum(
+        E.cast(quad[k], "int32") * E.cast(weight[v, k], "int32"), axis=k), name="quad_dot")
+    return te.decl_tensor_intrin(dot.op, lambda ins, outs: (
+        step(ins, outs, True), None, step(ins, outs, False)), name=name)
+
+
+def _lanes(view, start: tuple, count: int):
+    """The flat indices of ``count`` consecutive elements of a buffer view from ``start``."""
+    return tir.Ramp(view.flat_index(start), te.const(1, "int32"), count)
+
+
+def _load(view, start: tuple, count: int):
+    return tir.Load(view.data, _lanes(view, start, count))
+
+
+def _quad_words(quad_view, count: int):
+    """The quad's 4 bytes repeated ``count`` times, as ``count * 4`` int8 lanes."""
+    word = E.reinterpret("int32", _load(quad_view, (0,), quant.BLOCK_I))
+    return E.reinterpret(f"int8x{4 * count}", tir.Broadcast(word, count))
+
+
+def _chunks(step_chunk, width: int, start=None):
+    """A block step as ``64 / width`` chunks of ``width`` weight bytes (``width / 4``
+    outputs): ``step_chunk(ins, acc, channel)`` is the chunk's accumulators after the step,
+    from ``acc``: their values, or on the first step ``start(ins, channel, lanes)`` (zeros)."""
+    lanes = width // quant.BLOCK_I
+
+    def step(ins, outs, first):
+        ib = ir_builder()
+        for channel in range(0, quant.BLOCK_O, lanes):
+            if not first:
+                acc = _load(outs[0], (channel,), lanes)
+            elif start is not None:
+                acc = start(ins, channel, lanes)
+            else:
+                acc = tir.Broadcast(te.const(0, "int32"), lanes)
+            ib.emit(tir.Store(outs[0].data, step_chunk(ins, acc, channel),
+                              _lanes(outs[0], (channel,), lanes)))
+        return ib.get()
+    return step
+
+
+def _vnni(tiles, node):
+    """``vpdpbusd``: the 16 accumulators += each one's 4 weights times the quad."""
+    def chunk(ins, acc, channel):
+        return E.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc,
+                                       _quad_words(ins[0], 16), _load(ins[1], (0, 0), 64))
+    return _declare("vpdpbusd", _chunks(chunk, 64))
+
+
+#: ``vpmaddubsw`` and ``vpmaddwd`` of 256 and 512 bits
+_PAIRS = {32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+          64: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")}
+
+
+def _pairs(tiles, node):
+    """``vpmaddubsw`` (each pair of the quad's bytes times a pair of weights, summed in
+    int16), then ``vpmaddwd`` with ones (the two pairs of a quad summed in int32), on 512 bits
+    where the target has AVX512BW, else on 256 (two chunks of 8 outputs)."""
+    width = 64 if tiles.int8_dot == "avx512bw" else 32
+    bytes_pairs, words = _PAIRS[width]
+    ones = tir.Broadcast(te.const(1, "int16"), width // 2)
+
+    def chunk(ins, acc, channel):
+        pairs = E.call_llvm_pure_intrin(f"int16x{width // 2}", bytes_pairs,
+                                        _quad_words(ins[0], width // 4),
+                                        _load(ins[1], (channel, 0), width))
+        return acc + E.call_llvm_pure_intrin(f"int32x{width // 4}", words, pairs, ones)
+    return _declare("vpmaddubsw", _chunks(chunk, width))
+
+
+def _halves(tiles, node):
+    """``vpmaddubsw`` on weights of the full int8 range, exact: each weight ``w = 2h + l``
+    (``h = floor(w / 2)`` in [-64, 63], ``l`` 0 or 1, taken from the loaded weights once a
+    step), two ``vpmaddubsw`` (255 x 128 x 2 = 32640 at most: neither saturates) and two
+    ``vpmaddwd``, with twos and with ones."""
+    width = 64 if tiles.int8_dot == "avx512bw" else 32
+    bytes_pairs, words = _PAIRS[width]
+
+    def constant(value):
+        return tir.Broadcast(te.const(value, "int16"), width // 2)
+
+    def chunk(ins, acc, channel):
+        quad = _quad_words(ins[0], width // 4)
+        weights = _load(ins[1], (channel, 0), width)
+        high = E.floordiv(weights, tir.Broadcast(te.const(2, "int8"), width))
+        low = weights - high - high
+        for part, factor in ((high, 2), (low, 1)):
+            pairs = E.call_llvm_pure_intrin(f"int16x{width // 2}", bytes_pairs, quad, part)
+            acc = acc + E.call_llvm_pure_intrin(f"int32x{width // 4}", words, pairs,
+                                                constant(factor))
+        return acc
+    return _declare("vpmaddubsw_halves", _chunks(chunk, width))
+
+
+def pairs_fit(weight: np.ndarray) -> bool:
+    """No pair of the packed weight's quads can take ``vpmaddubsw``'s int16 sum out of range
+    for any uint8 input: ``255 * (p0 + p1) <= 32767`` for the pair's positive weights, and the
+    same bound on the negative ones."""
+    pairs = quant.packed_quads(weight).reshape(-1, 2).astype(np.int32)
+    return bool((np.maximum(pairs, 0).sum(axis=1) <= 128).all() and
+                (np.minimum(pairs, 0).sum(axis=1) >= -128).all())
+
+
+def _sums_start(node):
+    """The accumulators' start for a record that multiplies the quad shifted by 128: 128 times
+    the block's weight sums (:func:`kernelrpc.relay.op.quant.weight_sums`, in the block's last
+    quad, read on the first step, when the view is at the block's start), so that they end at
+    ``sum x * w`` as the declared computation says."""
+    shape = node.inputs[1].shape
+    sums_at = (shape[1] - 1) * int(np.prod(shape[2:]))    # the last quad, from the first
+
+    def start(ins, channel, lanes):
+        first = ins[1].flat_index((channel, 0))
+        sums = tir.Load(ins[1].data, tir.Ramp(first + sums_at, te.const(1, "int32"),
+                                              lanes * quant.BLOCK_I))
+        return E.reinterpret(f"int32x{lanes}", sums) * tir.Broadcast(te.const(128, "int32"),
+                                                                      lanes)
+    return start
+
+
+def _sdot(tiles, node):
+    """aarch64's ``sdot`` (int8 x int8) on the quad shifted by 128 (its bytes' top bit
+    flipped: ``x - 128``), four chunks of 4 outputs, from :func:`_sums_start`."""
+    def chunk(ins, acc, channel):
+        shifted = _quad_words(ins[0], 4) + tir.Broadcast(te.const(-128, "int8"), 16)
+        return E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sdot.v4i32.v16i8", acc,
+                                       shifted, _load(ins[1], (channel, 0), 16))
+    return _declare("sdot", _chunks(chunk, 16, _sums_start(node)))
+
+
+def sums_fit(weight: np.ndarray) -> bool:
+    """The accumulators of a record that starts from 128 times the weight sums stay in int32:
+    for every output, 256 times the sum of its weights' magnitudes is below 2**31."""
+    quads = np.abs(quant.packed_quads(weight).astype(np.int64))
+    magnitudes = quads.sum(axis=(*range(1, quads.ndim - 2), quads.ndim - 1))
+    return bool(magnitudes.max(initial=0) < 2 ** 23)
+
+
+def _widening(tiles, node):
+    """aarch64 without the dot product: per 4 outputs, ``smull`` and ``smull2`` (the quad
+    shifted by 128, as for ``sdot``, times the outputs' 16 weights: int8 products in int16),
+    ``addp`` (a quad's products summed in pairs, in int16: no weight is -128, so a pair stays
+    within 2 x 128 x 127) and ``sadalp`` (the two pairs added to the int32 accumulators),
+    which start from 128 times the block's weight sums."""
+    def chunk(ins, acc, channel):
+        shifted = E.cast(_quad_words(ins[0], 2) + tir.Broadcast(te.const(-128, "int8"), 8),
+                         "int16x8")
+        halves = [E.cast(_load(ins[1], (channel + c, 0), 8), "int16x8") * shifted
+                  for c in (0, 2)]
+        pairs = E.call_llvm_pure_intrin("int16x8", "llvm.aarch64.neon.addp.v8i16", *halves)
+        return acc + E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.saddlp.v4i32.v8i16",
+                                             pairs)
+    return _declare("smull", _chunks(chunk, 16, _sums_start(node)))
+
+
+def no_minimum_weight(weight: np.ndarray) -> bool:
+    """No weight is -128 (whose products with -128 would leave int16 in pairs), and the sums
+    fit (:func:`sums_fit`)."""
+    return bool((quant.packed_quads(weight) != -128).all()) and sums_fit(weight)
+
+
+def _vector_registers(tiles: Tiles) -> tuple[int, int, int]:
+    return -(-quant.BLOCK_O // max(tiles.lanes, 1)), 0, 4
+
+
+VNNI = QuadDot("vpdpbusd", ("avx512_vnni",), _vnni, registers=lambda tiles: (1, 1, 3))
+PAIRS = QuadDot("vpmaddubsw", ("avx512bw", "avx2"), _pairs, fits=pairs_fit,
+                registers=lambda tiles: (1, 1, 4) if tiles.int8_dot == "avx512bw" else (2, 2, 4))
+HALVES = QuadDot("vpmaddubsw_halves", ("avx512bw", "avx2"), _halves,
+                 registers=lambda tiles: (1, 2, 4) if tiles.int8_dot == "avx512bw" else (2, 4, 4))
+SDOT = QuadDot("sdot", ("dotprod",), _sdot, fits=sums_fit, registers=lambda tiles: (4, 4, 2))
+WIDENING = QuadDot("smull", ("asimd",), _widening, fits=no_minimum_weight,
+                   registers=lambda tiles: (4, 4, 4))
+VECTORS = QuadDot("vectors", (), None, registers=_vector_registers)
+
+#: the records in the order tried: the first whose target family and weights allow it
+QUAD_DOTS = (VNNI, PAIRS, HALVES, SDOT, WIDENING, VECTORS)

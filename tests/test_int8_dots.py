@@ -1,0 +1,276 @@
+"""The packed int8 layers' instruction records (relay/strategy/int8_dots.py) on each x86
+family this host runs (tests/target_families.py): AVX-512 code without VNNI and AVX2 code take
+``vpmaddubsw`` + ``vpmaddwd`` where no pair of the layer's weights can saturate the int16 pair
+sum (``reduce_range``'s 7-bit weights), and the weights split in halves (``w = 2h + l``, two
+``vpmaddubsw`` that cannot saturate) otherwise; SSE code the plain vectors; this host's own
+code ``vpdpbusd`` where it has VNNI.
+
+Every record computes the exact int32 sum: the kernels equal their numpy form (zero points
+at both ends of the range, uint8 and int8 inputs, odd shapes, channels past the last quad and
+block, weights at the pair bound), and quantized networks are within one quantization step of
+onnxruntime's (tests/test_onnx_quant.py's rule). The instruction is the one the hottest inner
+loop of the built layer runs (its assembly, kernelrpc.compiler.inner_loop), for aarch64's
+``sdot`` too (the code runs on the emulated Cortex-A76, tests/test_onnx_quant_emulated.py).
+"""
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+from target_families import FAMILIES, runs_here  # noqa: E402
+from test_onnx_quant import (CNN_CASES, build_run, cnn_model, integers, make,  # noqa: E402
+                             output_steps, quantized, requantized_operands)
+
+import kernelrpc  # noqa: E402
+from kernelrpc import relay  # noqa: E402
+from kernelrpc.compiler.inner_loop import inner_loops  # noqa: E402
+from kernelrpc.compiler.target import Target  # noqa: E402
+from kernelrpc.compiler.vector_isa import int8_dot  # noqa: E402
+from kernelrpc.contrib import graph_executor  # noqa: E402
+from kernelrpc.relay import ir  # noqa: E402
+from kernelrpc.relay.op import node_flops, quant  # noqa: E402
+from kernelrpc.relay.strategy import strategy_for, tiles_for  # noqa: E402
+from kernelrpc.relay.strategy.int8_dots import pairs_fit  # noqa: E402
+from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
+
+RNG = np.random.default_rng(34)
+SEVEN_BITS, EIGHT_BITS = (-64, 64), (-128, 127)
+
+#: the x86 targets of the tests: each family, and this host's own code where it has VNNI
+TARGETS = {"avx512": FAMILIES["avx512"], "avx2": FAMILIES["avx2"], "sse": FAMILIES["sse"],
+           "vnni": "llvm"}
+#: the record each target's packed layers take, for 7-bit and for full-range weights
+RECORD = {"avx512": ("vpmaddubsw", "vpmaddubsw_halves"),
+          "avx2": ("vpmaddubsw", "vpmaddubsw_halves"),
+          "sse": ("vectors", "vectors"), "vnni": ("vpdpbusd", "vpdpbusd")}
+DOTS = ("vpdpbusd", "vpmaddubsw", "sdot")
+
+
+def runs(name):
+    """The mark skipping a test of target ``name`` where this host cannot run its code."""
+    target = Target(TARGETS[name])
+    reason = f"this host cannot run {name} code ({TARGETS[name]})"
+    if name == "vnni":
+        able, reason = int8_dot(target) == "avx512_vnni", "this host has no AVX512-VNNI"
+    else:
+        able = runs_here(target)
+    return pytest.mark.skipif(not able, reason=reason)
+
+
+def on(*names):
+    return [pytest.param(name, id=name, marks=runs(name)) for name in names]
+
+
+def check_record(target, node, lib, record):
+    """The layer takes ``record`` (:mod:`kernelrpc.relay.strategy.int8_dots`), and its code
+    runs the record's instruction and no other dot product."""
+    taken = strategy_for(tiles_for(Target(TARGETS.get(target, target))), node)
+    assert taken.name.split("_", 2)[-1] == record, taken.name
+    instruction = record.split("_")[0]
+    assert dots_in(lib) == ({instruction} if instruction in DOTS else set())
+
+
+def weights(weight_range, *shape):
+    return RNG.integers(weight_range[0], weight_range[1] + 1, shape).astype(np.int8)
+
+
+def packed_conv_case(data_dtype, x_zero, channels, out_channels, strides, weight_range):
+    """A packed convolution node (one input ``x``, its weight packed as the importer packs
+    it), an input and numpy's answer of the unpacked layer."""
+    data = ir.Node("input", (), {}, (1, channels, 7, 10), data_dtype, "x")
+    weight = weights(weight_range, out_channels, channels, 3, 3)
+    bias = RNG.integers(-3000, 3000, out_channels).astype(np.int32)
+    lo, hi = quant.qrange("uint8")
+    attrs = dict(strides=strides, dilation=(1, 1), padding=(1, 2, 1, 0), groups=1, out_zero=7,
+                 out_min=lo, out_max=hi, out_dtype="uint8", kernel_layout=quant.PACKED)
+    multiplier = np.asarray(RNG.random(out_channels) * 2e-3 + 1e-4, np.float32)
+    inputs = [data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(x_zero, np.int32)),
+              ir.const(quant.packed_bias(bias, weight, data_dtype, x_zero)),
+              ir.const(multiplier)]
+    x = integers(data_dtype, 1, channels, 7, 10)
+    expected = quant.np_qconv2d([x, weight, np.asarray(x_zero), bias, multiplier],
+                                dict(attrs, kernel_layout="OIHW"))
+    return make("qnn.conv2d", inputs, **attrs), data, x, expected
+
+
+def dots_in(lib) -> set:
+    asm = lib.get_source("asm")
+    return {name for name in DOTS if re.search(rf"\b{name}\b", asm)}
+
+
+def bits(weight_range) -> str:
+    return "7-bit" if weight_range == SEVEN_BITS else "8-bit"
+
+
+def combinations(cases):
+    """Every case on the pairs families with 7-bit weights; the first with full-range weights
+    there, on VNNI and on SSE (the plain vectors, as full-range weights have on AVX2)."""
+    params = []
+    for name, weight_range, chosen in (
+            ("avx512", SEVEN_BITS, cases), ("avx2", SEVEN_BITS, cases),
+            ("avx512", EIGHT_BITS, cases[:1]), ("avx2", EIGHT_BITS, cases[:1]),
+            ("vnni", EIGHT_BITS, cases[:2]), ("sse", SEVEN_BITS, cases[:1])):
+        for case in chosen:
+            params.append(pytest.param(name, weight_range, *case, marks=runs(name),
+                                       id=f"{name}-{bits(weight_range)}-{case[0]}{case[1]}"))
+    return params
+
+
+@pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,channels,out_channels,strides",
+                         combinations([
+                             ("uint8", 255, 6, 21, (1, 1)),  # channels past a quad and a block
+                             ("int8", -128, 8, 32, (2, 1)),  # int8 data shifted by 128
+                             ("int8", 127, 5, 16, (1, 2)),
+                             ("uint8", 0, 3, 16, (1, 1))]))
+def test_packed_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, channels,
+                                      out_channels, strides):
+    node, data, x, expected = packed_conv_case(data_dtype, x_zero, channels, out_channels,
+                                               strides, weight_range)
+    got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
+    np.testing.assert_array_equal(got, expected)
+    check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
+    assert node_flops(node) == 2 * expected.size * channels * 3 * 3
+
+
+@pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,out_dtype,shape", combinations([
+    ("uint8", 255, "int8", (5, 37, 19)),       # a reduction past the last quad
+    ("int8", -128, "int32", (9, 64, 48)),      # MatMulInteger's int32, int8 data shifted
+    ("int8", 127, "uint8", (1, 16, 16))]))
+def test_packed_qdense_against_numpy(target, weight_range, data_dtype, x_zero, out_dtype, shape):
+    rows, depth, columns = shape
+    data = ir.Node("input", (), {}, (rows, depth), data_dtype, "x")
+    weight = weights(weight_range, depth, columns)
+    extra, attrs = requantized_operands(columns, out_dtype)
+    inputs = [data, ir.const(quant.pack_dense_weight(weight)),
+              ir.const(np.asarray(x_zero, np.int32)),
+              ir.const(weight.astype(np.int32).sum(axis=0, dtype=np.int32)), *extra]
+    x = integers(data_dtype, rows, depth)
+    node = make("qnn.dense", inputs, kernel_layout=quant.PACKED_DENSE, **attrs)
+    got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
+    expected = quant.np_qdense([x, weight, inputs[2].value] + [i.value for i in inputs[4:]],
+                               attrs)
+    np.testing.assert_array_equal(got, expected)
+    check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
+
+
+@pytest.mark.parametrize("target", on("avx2", "avx512"))
+def test_vpmaddubsw_at_the_pair_bound(target):
+    """Pairs of weights whose positive (negative) parts sum to 128 (-128) times inputs of 255
+    reach 32640 (-32640), within int16: the pairs record takes the layer and each output
+    (its bias 100 less the sum, its multiplier 1) is exactly numpy's. One more on a weight
+    could pass 32767: the layer takes the weights in halves, exact too."""
+    weight = np.zeros((16, 2, 1, 1), np.int8)
+    weight[0::2] = np.array([127, 1]).reshape(2, 1, 1)
+    weight[1::2] = np.array([-64, -64]).reshape(2, 1, 1)
+    data = ir.Node("input", (), {}, (1, 2, 3, 5), "uint8", "x")
+    x = np.full((1, 2, 3, 5), 255, np.uint8)
+    x[..., 0] = RNG.integers(0, 256, (2, 3))
+    attrs = dict(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0), groups=1, out_zero=0,
+                 out_min=0, out_max=255, out_dtype="uint8", kernel_layout=quant.PACKED)
+    ones = np.ones(16, np.float32)
+    for extra, record in ((0, "vpmaddubsw"), (1, "vpmaddubsw_halves")):
+        w = weight.copy()
+        w[0, 1] += extra
+        assert pairs_fit(quant.pack_weight(w)) == (extra == 0)
+        bias = (100 - 255 * w.astype(np.int32).sum(axis=(1, 2, 3))).astype(np.int32)
+        inputs = [data, ir.const(quant.pack_weight(w)), ir.const(np.asarray(0, np.int32)),
+                  ir.const(quant.packed_bias(bias, w, "uint8", 0)), ir.const(ones)]
+        node = make("qnn.conv2d", inputs, **attrs)
+        got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
+        expected = quant.np_qconv2d([x, w, np.asarray(0), bias, ones],
+                                    dict(attrs, kernel_layout="OIHW"))
+        assert (expected[..., 1:] == 100).all()
+        np.testing.assert_array_equal(got, expected)
+        check_record(target, node, lib, record)
+
+
+# ------------------------------------------------------------------ networks against onnxruntime
+
+
+NETWORK_CASES = {
+    "u8-per-channel-7-bit": dict(CNN_CASES["qdq-u8s8-per-channel"], reduce_range=True),
+    "s8-symmetric-7-bit": dict(CNN_CASES["qdq-s8s8-symmetric"], reduce_range=True),
+    "u8-per-channel-8-bit": CNN_CASES["qdq-u8s8-per-channel"],
+}
+
+
+def run_for(model, feeds, target):
+    mod, params = relay.frontend.from_onnx(model)
+    lib = relay.build(mod, target=target, params=params)
+    m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+    m.set_input(**feeds)
+    m.run()
+    return lib, m.get_output(0).numpy()
+
+
+@pytest.mark.parametrize("target,case", [
+    *[pytest.param("avx2", case, id=f"avx2-{case}", marks=runs("avx2"))
+      for case in sorted(NETWORK_CASES)],
+    pytest.param("avx512", "u8-per-channel-7-bit", id="avx512-u8-per-channel-7-bit",
+                 marks=runs("avx512"))])
+def test_quantized_cnn_against_onnxruntime(tmp_path, target, case):
+    """The CNN of tests/test_onnx_quant.py (odd 11x13 map, 3 input channels, a depthwise, a 1x1
+    convolution and a Gemm) quantized by onnxruntime, built for the family, within one
+    quantization step of onnxruntime's int8 run on this host, the same top-1 class."""
+    model = quantized(tmp_path, cnn_model(), (1, 3, 11, 13), **NETWORK_CASES[case])
+    feeds = {"x": np.asarray(RNG.standard_normal((1, 3, 11, 13)), np.float32)}
+    lib, got = run_for(model, feeds, TARGETS[target])
+    expected = onnxruntime_outputs(model, feeds)[0]
+    step = output_steps(model)[0]
+    assert np.abs(got - expected).max() <= step * (1 + 1e-5)
+    assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
+    assert dots_in(lib) == {"vpmaddubsw"}
+
+
+# ------------------------------------------------------------------ the instruction in the hot loop
+
+
+#: the integer multiplies of each architecture's inner loops
+MULTIPLIES = {"x86_64": re.compile(r"^(vpdpbusd|vpmaddubsw|vpmaddwd|vpmulld)\b"),
+              "aarch64": re.compile(r"^(sdot|sadalp|smlal2?|smull2?|mla|mul)\b")}
+
+
+def loop_bodies(asm: str, arch: str) -> dict:
+    """Each inner loop's instructions (kernelrpc.compiler.inner_loop's loops), by label."""
+    comment = "//" if arch == "aarch64" else "#"
+    lines = [line.split(comment)[0].strip() for line in asm.splitlines()]
+    bodies = {}
+    for loop in inner_loops(asm, arch):
+        start = lines.index(f"{loop.label}:")
+        body = [line for line in lines[start + 1:] if line and not line.startswith(".") and
+                not line.endswith(":")]
+        bodies[loop.label] = [line.split()[0] for line in body[:loop.instructions]]
+    return bodies
+
+
+def hottest_int8_loop(asm: str, arch: str) -> list:
+    """The inner loop with the most integer multiplies."""
+    return max(loop_bodies(asm, arch).values(),
+               key=lambda body: sum(1 for op in body if MULTIPLIES[arch].match(op)))
+
+
+@pytest.mark.parametrize("spec,instruction,others", [
+    ("llvm -mcpu=haswell", "vpmaddubsw", {"vpmaddwd"}),
+    ("llvm -mcpu=skylake-avx512", "vpmaddubsw", {"vpmaddwd"}),
+    ("llvm -mcpu=cascadelake", "vpdpbusd", set()),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", "sdot", set()),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", "sadalp", {"smull", "smull2", "mul"}),
+])
+def test_the_hottest_loop_of_an_int8_conv_runs_the_instruction(spec, instruction, others):
+    """ResNet-18's 3x3 layer of 64 channels on 14x14 (7-bit weights), compiled here: its
+    hottest loop is a loop of the instruction, one a block of 16 outputs per column (two on
+    AVX2's ymm, four on aarch64), with no multiply but its own (aarch64 without the dot
+    product: its int8 products, ``smull`` or ``mul`` on widened weights, summed by ``addp``
+    and ``sadalp``)."""
+    target = Target(spec)
+    node = packed_conv_case("uint8", 0, 64, 64, (1, 1), SEVEN_BITS)[0]
+    node = make("qnn.conv2d", [ir.Node("input", (), {}, (1, 64, 14, 14), "uint8", "x"),
+                               *node.inputs[1:]], **dict(node.attrs, padding=(1, 1, 1, 1)))
+    lib = relay.build(ir.IRModule(ir.Function([node.inputs[0]], [node])), target=target)
+    body = hottest_int8_loop(lib.get_source("asm"), target.arch)
+    multiplies = {op for op in body if MULTIPLIES[target.arch].match(op)}
+    assert instruction in multiplies and multiplies <= {instruction, *others}, body
+    assert body.count(instruction) >= 8

@@ -10,10 +10,13 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
     """The register tiles of the ``channels`` layout, ``"VxRxC"``: ``V`` vectors of output
     channels x ``R`` rows x ``C`` columns of outputs, each dividing its extent (no tails
     inside the register tile), rows of at least 4 columns (or the whole row); accumulators
-    and weight vectors at most the vector registers less 3, and with ``V > 1`` the broadcast
-    inputs too: each feeds ``V`` FMAs, so LLVM keeps it in a register (2x1x14, 28
-    accumulators, spills: 14x14 3x3 58 GFLOP/s against 1x2x14's 113; 2x1x13 on 13x13 55
-    against 1x1x13's 70-99). Best first: rows of at least 7 columns (LLVM unrolls a 3-wide
+    and weight vectors at most the vector registers less 1 (the broadcast input of the FMAs)
+    with ``V = 1``; with ``V > 1`` less 3 and the broadcast inputs too: each feeds ``V``
+    FMAs, so LLVM keeps it in a register (2x1x14, 28 accumulators, spills: 14x14 3x3 58
+    GFLOP/s against 1x2x14's 113; 2x1x13 on 13x13 55 against 1x1x13's 70-99). AVX2's 16
+    registers then hold 1x1x13 and 1x2x7 (13 and 14 accumulators), which "less 3" refused:
+    SqueezeNet's 512->1000 on 13x13, AVX2 code on an emeraldrapids core, 59 -> 77 GFLOP/s
+    (direct columns -> 1x1x13), DenseNet's 992->128 on 14x14 59 -> 69 (1x1x7 -> 1x2x7). Best first: rows of at least 7 columns (LLVM unrolls a 3-wide
     window and keeps the inputs the columns share in registers: 1x5x5 on 55x55 3x3 48-58,
     1x1x11 86-101), then most accumulators, then the shorter rows (28x28 512->128 1x1: 1x4x7
     111, 1x2x14 and 1x1x28 88). Empty where the layout is not offered: grouped or depthwise
@@ -33,7 +36,8 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
                 if c < min(width, 4):
                     continue
                 held = r * c if v > 1 else 0      # broadcasts LLVM keeps for several FMAs
-                if 4 <= v * r * c and v * r * c + v + held <= tiles.registers - 3:
+                spare = 1 if v == 1 else 3         # one vector: one broadcast at a time
+                if 4 <= v * r * c and v * r * c + v + held <= tiles.registers - spare:
                     found.append((c >= 7, v * r * c, -c, -v, r))
     found.sort(reverse=True)
     return [f"{-v}x{r}x{-c}" for _, _, c, v, r in found[:8]]

@@ -13,7 +13,6 @@ pytest.importorskip("onnxruntime")
 from onnx_check import build, compare, run
 from torch_exports import EXPORTERS, ExportRefused, Network, exported
 
-from kernelrpc.relay.errors import UnsupportedOperatorError
 from kernelrpc.relay.testing import onnxruntime_outputs
 
 RNG = np.random.default_rng(33)
@@ -217,23 +216,10 @@ NETWORKS = {net.name: net for net in (
                               "sr": np.asarray(16000, np.int64)}, script=True),
 )}
 
-MISSING = {     # what the importer lacks today: each case fails until it lands, then passes
-    ("byte_classifier", "dynamo"): "ReduceMean's noop_with_empty_axes attribute (opset 18)",
-}
-AUDIO_RUN_TIME = "If whose condition is read at run time, 1-D Conv and MaxPool"
-AUDIO_FIXED = "1-D Conv and MaxPool"
-
-
-def _missing(feature):
-    return [pytest.mark.xfail(strict=True, raises=UnsupportedOperatorError,
-                              reason=f"the importer lacks {feature}")] if feature else []
-
-
 def _cases():
     for name in [name for name in NETWORKS if name != "audio"]:
         for exporter in EXPORTERS:
-            yield pytest.param(name, exporter, id=f"{name}-{exporter}",
-                               marks=_missing(MISSING.get((name, exporter))))
+            yield pytest.param(name, exporter, id=f"{name}-{exporter}")
 
 
 def exported_or_skip(name, exporter):
@@ -260,8 +246,7 @@ def _audio_feeds():
     return [{**NETWORKS["audio"].inputs, "sr": np.asarray(sr, np.int64)} for sr in (16000, 8000)]
 
 
-@pytest.mark.parametrize("exporter", [pytest.param(e, marks=_missing(AUDIO_RUN_TIME))
-                                      for e in EXPORTERS])
+@pytest.mark.parametrize("exporter", EXPORTERS)
 def test_audio_network_branches_on_the_sample_rate_at_run_time(exporter):
     model = exported_or_skip("audio", exporter)
     module = build(model)
@@ -271,8 +256,7 @@ def test_audio_network_branches_on_the_sample_rate_at_run_time(exporter):
         compare(run(module, feeds), want, TOL)
 
 
-@pytest.mark.parametrize("exporter", [pytest.param(e, marks=_missing(AUDIO_FIXED))
-                                      for e in EXPORTERS])
+@pytest.mark.parametrize("exporter", EXPORTERS)
 def test_audio_network_with_the_sample_rate_fixed_at_import(exporter):
     """``const_inputs``: the If folds to the branch of the given rate, ``sr`` is no input."""
     model = exported_or_skip("audio", exporter)

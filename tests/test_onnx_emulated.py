@@ -2,16 +2,24 @@
 (aarch64, armv7, riscv64): a small network with a token-embedding lookup (run-time indices),
 a causal mask built from Range, Less and Where (folded at import), GatherElements and
 ScatterND, built for the board's target, run there and checked against onnxruntime here; an
-index out of range on the board is an error of the run, as on the host."""
+index out of range on the board is an error of the run, as on the host; float16 inputs and
+outputs converted on the boards as onnxruntime rounds."""
 import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx_check import N, graph_model, rand  # noqa: E402
-from test_relay_emulated import board_session, run_checked, tracker  # noqa: E402,F401
+from test_onnx_dtypes import assert_same_halves, exact_half_model  # noqa: E402
+from test_relay_emulated import (  # noqa: E402,F401
+    board_session,
+    run_checked,
+    run_network,
+    tracker,
+)
 
 from kernelrpc import relay  # noqa: E402
+from kernelrpc.deploy.toolchain import ToolchainError  # noqa: E402
 from kernelrpc.errors import RemoteError  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
@@ -53,3 +61,20 @@ def test_indices_masks_and_scatters_on_an_emulated_board(tracker, tmp_path,  # n
         m.set_input("ids", np.array([3, 2**32 + 1, 0, 0, 0, 0], np.int64))
         with pytest.raises(RemoteError, match="out of bounds"):
             m.run()
+
+
+@pytest.mark.parametrize("board_name", ["aarch64", "armv7", "armv7-vfp3d16"])
+def test_float16_boundary_on_an_emulated_board(tracker, tmp_path, board_name):  # noqa: F811
+    """Every float16 bit pattern in and out of the board's network, rounded as onnxruntime
+    rounds: aarch64's fcvtl/fcvtn, armv7's VFPv4 vcvtb, libgcc's __gnu_h2f_ieee and
+    __gnu_f2h_ieee on the Cortex-R5F (VFPv3-D16, no half conversions)."""
+    model, feeds = exact_half_model()
+    expected = onnxruntime_outputs(model, feeds)
+    mod, params = relay.frontend.from_onnx(model)
+    with board_session(tracker, board_name) as remote:
+        lib = relay.build(mod, target=remote.target(), params=params)
+        try:
+            m, _ = run_network(remote, lib, tmp_path / "half.so", feeds)
+        except ToolchainError as exc:
+            pytest.skip(f"cross export for {lib.target.triple} is unavailable here: {exc}")
+        assert_same_halves([m.get_output(k).numpy() for k in range(len(expected))], expected)

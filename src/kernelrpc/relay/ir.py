@@ -14,8 +14,9 @@ import numpy as np
 
 from .errors import ModelError
 
-#: the element types a network's tensors may have
-DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+#: the element types a network's tensors may have (an imported network has float16 tensors
+#: only at its boundary: inputs and outputs cast to and from the float32 it computes in)
+DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool")
 
 
 @dataclass(eq=False)

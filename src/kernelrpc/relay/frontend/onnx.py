@@ -81,8 +81,10 @@ def _bind_inputs(ctx, graph, shape: dict, dtype) -> list:
         if info.name in ctx.values:
             continue
         in_shape = onnx_model.input_shape(info, shape.pop(info.name, None))
-        node = ir.Node("input", (), {}, in_shape, onnx_model.input_dtype(info, dtype), info.name)
-        ctx.values[info.name] = node
+        computed = onnx_model.input_dtype(info, dtype)
+        node = ir.Node("input", (), {}, in_shape, onnx_model.boundary_dtype(info, computed),
+                       info.name)
+        ctx.values[info.name] = _cast_at_boundary(ctx, node, computed, info.name)
         inputs.append(node)
     if shape:
         raise ModelError(f"shape= names {', '.join(map(repr, shape))}, which "
@@ -219,12 +221,26 @@ def _op_name(node) -> str:
     return node.op_type if node.domain in _ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
 
 
+def _cast_at_boundary(ctx, node, dtype: str, name: str):
+    """``node`` cast to ``dtype``: a float16 input to the float32 the network computes in, a
+    computed output back to float16."""
+    if node.dtype == dtype:
+        return node
+    ctx.node_name, ctx.op_type = name, "Cast"
+    return ctx.make("cast", [node], dtype=dtype)
+
+
 def _outputs(ctx, graph) -> list:
     outputs = []
     for out in graph.output:
         if out.name not in ctx.values:
             raise ModelError(f"graph output {out.name!r} is not computed by any node")
-        outputs.append(ctx.values[out.name])
+        value = ctx.values[out.name]
+        dtype = onnx_model.boundary_dtype(out, value.dtype)
+        if dtype == "float16" and value.dtype != "float32":
+            raise ModelError(f"graph output {out.name!r} is float16 in the model, its value "
+                             f"is computed as {value.dtype}")
+        outputs.append(_cast_at_boundary(ctx, value, dtype, out.name))
     if not outputs:
         raise ModelError("the model has no outputs")
     return outputs

@@ -17,7 +17,8 @@ from ..ir import DTYPES
 MIN_OPSET, MAX_OPSET = 9, 18
 #: the narrow float types held and computed in float32 (each of their values is a float32
 #: value): a float16 or bfloat16 weight is widened at import, a Cast to them is a cast to
-#: float32; the model's inputs and outputs of them are refused (:func:`check_io_dtypes`)
+#: float32; a float16 input or output of the graph keeps its dtype at the network's boundary
+#: (:func:`boundary_dtype`), a bfloat16 one is refused (:func:`check_io_dtypes`)
 WIDENED = ("float16", "bfloat16")
 #: largest initializer accepted, and the whole model's weights (bytes)
 MAX_TENSOR_BYTES = 4 << 30
@@ -58,22 +59,20 @@ def load(model):
 
 
 def check_io_dtypes(model):
-    """The model, unless an input or output of its graph is float16 or bfloat16: kernelrpc
-    computes those in float32, and a module's inputs and outputs would not be of the dtypes
-    the model declares."""
+    """The model, unless an input or output of its graph is bfloat16, a type that neither the
+    runtime's tensors nor numpy hold."""
     weights = {init.name for init in model.graph.initializer}      # listed as inputs too
     inputs = [info for info in model.graph.input if info.name not in weights]
-    narrow = [f"{what} {info.name!r} is {_onnx_dtype(info.type.tensor_type.elem_type)}"
+    narrow = [f"{what} {info.name!r} is bfloat16"
               for what, infos in (("input", inputs), ("output", model.graph.output))
               for info in infos
-              if _onnx_dtype(info.type.tensor_type.elem_type) in WIDENED]
+              if _onnx_dtype(info.type.tensor_type.elem_type) == "bfloat16"]
     if narrow:
         raise ModelError(
-            f"{'; '.join(narrow)}: kernelrpc computes float16 and bfloat16 in float32 (weights "
-            "widened at import) and does not take or return them at the graph's boundary; give "
-            "the model float32 inputs and outputs (a Cast after each input and before each "
-            "output, as onnxconverter_common.float16.convert_float_to_float16(..., "
-            "keep_io_types=True) writes)")
+            f"{'; '.join(narrow)}: kernelrpc's tensors have no bfloat16 dtype (numpy has none "
+            "to feed or read it); bfloat16 weights are widened to float32 at import, so give "
+            "the model float32 (or float16) inputs and outputs: a Cast after each input and "
+            "before each output")
     return model
 
 
@@ -218,6 +217,15 @@ def elem_dtype(elem_type: int, where: str) -> str:
     return dtype
 
 
+def boundary_dtype(value_info, computed: str) -> str:
+    """The dtype of a graph input or output at the network's boundary: float16 for a float16
+    one (the network casts it to and from the float32 it computes in, ``computed``),
+    else ``computed``."""
+    if _onnx_dtype(value_info.type.tensor_type.elem_type) == "float16":
+        return "float16"
+    return computed
+
+
 def input_dtype(value_info, default) -> str:
     """The input's dtype: the model's, else ``default`` (a dtype, or a dict by input name)."""
     elem = value_info.type.tensor_type.elem_type
@@ -240,7 +248,8 @@ def const_input_values(graph, const_inputs: dict, shape: dict, dtype) -> dict:
         if name in shape:
             raise ModelError(f"input {name!r} is given both a shape and a constant value")
         info = inputs[name]
-        want = input_dtype(info, dtype)
+        computed = input_dtype(info, dtype)
+        want = boundary_dtype(info, computed)
         try:
             given = np.asarray(value)
             array = given.astype(want)
@@ -248,7 +257,7 @@ def const_input_values(graph, const_inputs: dict, shape: dict, dtype) -> dict:
             raise ModelError(f"const_inputs[{name!r}] = {value!r} is not a {want} value") from None
         if given.dtype.kind not in "biuf" or not np.array_equal(array, given):
             raise ModelError(f"const_inputs[{name!r}] = {value!r} is not exactly a {want} value")
-        values[name] = _shaped(info, array)
+        values[name] = _shaped(info, array.astype(computed))
     return values
 
 

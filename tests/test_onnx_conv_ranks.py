@@ -231,6 +231,58 @@ def test_audio_network_on_an_emulated_aarch64_board(tracker, tmp_path):  # noqa:
                     onnxruntime_outputs(model, inputs)[0], "aarch64")
 
 
+def _built_kernels(model, inputs):
+    """The kinds of the kernels ``model`` runs as, its outputs checked against onnxruntime."""
+    mod, params = relay.frontend.from_onnx(model)
+    lib = relay.build(mod, target="llvm", params=params)
+    module = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+    compare(run(module, inputs), onnxruntime_outputs(model, inputs))
+    return [kernel["kind"] for kernel in lib.executor["kernels"]]
+
+
+def test_a_conv1d_batch_norm_relu_stack_fuses_as_in_2d():
+    """Conv1d + BatchNorm + Relu three times, a residual Add in the last: the unit-height
+    reshapes between the layers cancel, each batch normalization folds into its convolution's
+    weights and bias, and each layer is one kernel with its bias, residual and activation (as
+    a 2-D stack); only the input's and the output's reshapes remain."""
+    nodes, inits, prev = [], {}, "x"
+    for k, (cin, cout) in enumerate([(3, 8), (8, 8), (8, 8)]):
+        bias = [f"b{k}"] if k != 1 else []                     # a bias-less one too
+        nodes += [N("Conv", [prev, f"w{k}", *bias], [f"c{k}"], pads=[2, 2]),
+                  N("BatchNormalization", [f"c{k}", f"s{k}", f"o{k}", f"m{k}", f"v{k}"],
+                    [f"n{k}"])]
+        if k == 2:
+            nodes.append(N("Add", ["n2", "r1"], ["n2r"]))
+        nodes.append(N("Relu", [f"n{k}r" if k == 2 else f"n{k}"], [f"r{k}"]))
+        inits.update({f"w{k}": rand(RNG, cout, cin, 5), f"b{k}": rand(RNG, cout),
+                      f"s{k}": rand(RNG, cout, positive=True), f"o{k}": rand(RNG, cout),
+                      f"m{k}": rand(RNG, cout), f"v{k}": rand(RNG, cout, positive=True)})
+        prev = f"r{k}"
+    inputs = {"x": rand(RNG, 2, 3, 53)}
+    kinds = _built_kernels(graph_model(nodes, inputs, ["r2"], inits), inputs)
+    assert kinds == ["fused_reshape", "fused_nn_conv2d_add_relu", "fused_nn_conv2d_add_relu",
+                     "fused_nn_conv2d_add_add_relu", "fused_reshape"]
+
+
+def test_elementwise_operators_cross_unit_reshapes():
+    """Unsqueeze, Mul, Add and Where (constants broadcast from either side of the reshape),
+    Squeeze, Relu, and a Sigmoid of the unsqueezed input too: the Unsqueeze and Squeeze
+    cancel, the Sigmoid runs before its reshape, computed as onnxruntime does."""
+    nodes = [N("Unsqueeze", ["x", "ax"], ["u"]),                         # [2, 3, 1, 5, 1]
+             N("Mul", ["u", "per_channel"], ["m"]),
+             N("Add", ["m", "scalar"], ["a"]),
+             N("Where", ["mask", "a", "full"], ["w"]),
+             N("Squeeze", ["w", "ax"], ["s"]),                           # [2, 3, 5]
+             N("Relu", ["s"], ["y"]),
+             N("Sigmoid", ["u"], ["z"])]
+    inits = {"ax": np.array([2, 4], np.int64), "per_channel": rand(RNG, 3, 1, 1, 1),
+             "scalar": np.asarray(0.25, np.float32), "mask": RNG.random((5, 1)) > 0.5,
+             "full": rand(RNG, 2, 3, 1, 5, 1)}
+    inputs = {"x": rand(RNG, 2, 3, 5)}
+    kinds = _built_kernels(graph_model(nodes, inputs, ["y", "z"], inits), inputs)
+    assert kinds == ["fused_multiply_add_where_relu", "fused_sigmoid_reshape"]
+
+
 def _conv2d_nodes(model):
     mod, _ = relay.frontend.from_onnx(model)
     return [n for n in mod["main"].topo() if n.op == "nn.conv2d"]

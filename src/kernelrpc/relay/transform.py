@@ -1,7 +1,9 @@
-"""Graph passes run by ``relay.build``: bind the params, fold constants, fold per-channel
-scales (batch normalization) into the producing convolution or dense layer, merge constant
-additions. Each pass returns a new :class:`~kernelrpc.relay.ir.Function`; nodes are rebuilt,
-never edited in place, so the module the user holds is left as it was.
+"""Graph passes run by ``relay.build``: bind the params, fold constants, move reshapes that
+only insert or remove unit dimensions past elementwise operators (so that the pair around a
+1-D layer cancels), fold per-channel scales (batch normalization) into the producing
+convolution or dense layer, merge constant additions. Each pass returns a new
+:class:`~kernelrpc.relay.ir.Function`; nodes are rebuilt, never edited in place, so the module
+the user holds is left as it was.
 """
 from __future__ import annotations
 
@@ -144,9 +146,81 @@ def fold_scale_axis(func: ir.Function) -> ir.Function:
     return rewrite(func, visit, uses)
 
 
+def _unit_free(shape) -> tuple:
+    return tuple(d for d in shape if d != 1)
+
+
+def _is_unit_reshape(node: ir.Node) -> bool:
+    """A reshape that only inserts or removes dimensions of size 1."""
+    return node.op == "reshape" and len(node.inputs[0].shape) != len(node.shape) and \
+        _unit_free(node.inputs[0].shape) == _unit_free(node.shape)
+
+
+def _unit_reshaped_const(node: ir.Node, shape: tuple, to: tuple) -> ir.Node | None:
+    """The constant that broadcasts against ``to`` as ``node`` does against ``shape`` (each
+    dimension of ``shape`` but those of size 1 is one of ``to``, in order), or None."""
+    value = node.value
+    if value.ndim > len(shape):
+        return None
+    padded = (1,) * (len(shape) - value.ndim) + value.shape
+    along = iter(d for d, s in zip(padded, shape, strict=True) if s != 1)
+    if any(d != 1 for d, s in zip(padded, shape, strict=True) if s == 1):
+        return None
+    return ir.const(value.reshape([1 if t == 1 else next(along) for t in to]), node.name)
+
+
+def _sinkable(node: ir.Node) -> bool:
+    """An operator computing each element from the same element of its operands, whatever
+    their rank (broadcasting aside): no axis attribute, no quantization parameters."""
+    pattern = get_op(node.op).pattern if node.op not in ("input", "param", "const") else None
+    return pattern in ("elemwise", "broadcast") and not node.op.startswith("qnn.") and \
+        "axis" not in node.attrs
+
+
+def sink_unit_reshapes(func: ir.Function) -> ir.Function:
+    """``f(reshape(y), c)`` -> ``reshape(f(y, c'))`` for an elementwise ``f`` and a reshape
+    that only inserts or removes unit dimensions (``c'``: the constants reshaped alike), then
+    ``reshape(reshape(y))`` -> ``reshape(y)``, and a reshape to its input's shape dropped. A 1-D
+    layer is imported as a 2-D one of unit height between two such reshapes: moved past its
+    bias, batch normalization and activation, the reshape meets the next layer's and both
+    vanish, so that the scale folds into the convolution and the tail fuses as in 2-D."""
+    def visit(node, inputs):
+        node = with_inputs(node, inputs)
+        if node.op == "reshape":
+            source = node.inputs[0]
+            while source.op == "reshape":
+                source = source.inputs[0]
+            if source.shape == node.shape:
+                return source
+            return with_inputs(node, (source,))
+        if not _sinkable(node):
+            return node
+        moved = [i for i in node.inputs if _is_unit_reshape(i)]
+        if not moved or moved[0].shape != node.shape:
+            return node
+        inner = moved[0].inputs[0].shape
+        operands = []
+        for i in node.inputs:
+            if i.is_const:
+                operand = _unit_reshaped_const(i, node.shape, inner)
+            elif i.shape == node.shape and _is_unit_reshape(i) and i.inputs[0].shape == inner:
+                operand = i.inputs[0]
+            else:
+                operand = None
+            if operand is None:
+                return node
+            operands.append(operand)
+        inside = ir.Node(node.op, tuple(operands), node.attrs, inner, node.dtype, node.name,
+                         origin=node.origin)
+        return ir.Node("reshape", (inside,), {"newshape": node.shape}, node.shape, node.dtype,
+                       node.name, origin=moved[0].origin)
+    return rewrite(func, visit)
+
+
 def optimize(func: ir.Function, params: dict | None) -> ir.Function:
     func = bind_params(func, params)
     func = fold_constants(func)
+    func = sink_unit_reshapes(func)
     for _ in range(3):       # BN after a bias-less conv is mul then add: two rounds reach both
         func = fold_scale_axis(func)
     return fold_constants(func)

@@ -16,6 +16,8 @@ from ..op.weight_layout import WeightLayout
 from .channels import channel_tiles, channels_default, schedule_channels
 from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
+from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped_layout, \
+    schedule_grouped
 from .record import Strategy
 from .tiles import Tiles
 from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
@@ -54,14 +56,18 @@ WINOGRAD = Strategy(
                                                            tiles.lanes),
     keeps_stage=lambda op, anchor, cfg: op.tag.startswith("wino_") or op is anchor.op,
     scale_atol=WINOGRAD_ATOL)
+GROUPED = Strategy(
+    "grouped", "nn.conv2d", applies=lambda tiles, node: bool(group_tiles(tiles, node)),
+    define_knobs=define_grouped_knobs, schedule=schedule_grouped, reference=_conv_reference,
+    weight_layout=grouped_layout)
 DEPTHWISE = Strategy(
     "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),
     define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference)
 
 
 #: the table, in the order the candidates' knobs are defined
-CONV2D = (WINOGRAD, CHANNELS, DIRECT, DEPTHWISE)
-_BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD}
+CONV2D = (WINOGRAD, CHANNELS, GROUPED, DIRECT, DEPTHWISE)
+_BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD, "grouped": GROUPED}
 
 
 def as_modelled(node: ir.Node) -> ir.Node:
@@ -89,6 +95,8 @@ def candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
         return [DEPTHWISE]
     if WINOGRAD.applies(tiles, node):
         return [WINOGRAD]
+    if GROUPED.applies(tiles, node):
+        return [GROUPED, DIRECT] if grouped_default(tiles, node) else [DIRECT, GROUPED]
     if not CHANNELS.applies(tiles, node):
         return [DIRECT]
     if channels_default(node, channel_tiles(tiles, node)):

@@ -66,9 +66,10 @@ def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
 
 def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
     """The template's schedule and arguments: the layer's own, its weight argument in its
-    strategy's layout (as in the network); where the ``channels`` or ``grouped`` layout is offered, the
-    OIHW weight and its packed copy both, each configuration reading the one its layout reads
-    (a network lays the weight out at build time, so neither is timed packing it)."""
+    strategy's layout (as in the network); where the ``channels`` or ``grouped`` layout is
+    offered, the OIHW weight and its packed copy both, each configuration reading the one its
+    layout reads (a network lays the weight out at build time, so neither is timed packing
+    it)."""
     group = _anchor_group(op, data_shape, weight_shape, attrs, dtype)
     cfg, tiles = autotvm.get_config(), tiles_for(Target(target))
     node = group.anchor

@@ -130,7 +130,8 @@ def _conv2d(ts, attrs, node):
     # read back as NCHW by the (inlined) output stage
     blocked = te.compute(
         (node.shape[0], oc // lanes, oh, ow, lanes), lambda n, ob, y, x, v: te.sum(
-            window(n, channel(ob * lanes + v), y, x) * weight[ob, rc, ry, rx, v], axis=[rc, ry, rx]),
+            window(n, channel(ob * lanes + v), y, x) * weight[ob, rc, ry, rx, v],
+            axis=[rc, ry, rx]),
         name="conv2d_blocked", tag="conv2d")
     return te.compute(node.shape, lambda n, o, y, x: blocked[
         n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")

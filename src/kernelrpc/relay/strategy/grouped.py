@@ -3,7 +3,8 @@ output channels fill whole vectors (the last padded with zero weights: ``WeightL
 ``grouped`` kind), so that no vector holds two groups' channels and one broadcast input
 value feeds every lane; a tile of rows x columns of outputs stays in registers while the
 reduction runs, for each vector of the group in turn, the group's inputs staying in the
-cache."""
+cache. ShuffleNet's grouped layers, one Emerald Rapids core, columns -> grouped: AVX2 code
+5.87 -> 3.25 ms, AVX-512 code 2.52 -> 2.04 (docs/performance.md)."""
 from __future__ import annotations
 
 from ..op.weight_layout import WeightLayout

@@ -146,3 +146,24 @@ def test_tuning_task_takes_the_weight_and_its_grouped_copy():
         lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
         np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4, err_msg=str(config))
         np.testing.assert_allclose(task.reference(*inputs), expect, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cross
+def test_grouped_layers_on_an_emulated_aarch64_board(tmp_path):
+    """4-lane NEON code: both layers take the grouped layout by default and agree with numpy
+    on the board."""
+    from servicectl import Service
+    from test_relay_emulated import board_session, run_checked
+
+    tracker = Service("kernelrpc.tracker", ["--port", "0"])
+    try:
+        with board_session(tracker, "aarch64") as remote:
+            target = remote.target()
+            for case in CASES:
+                mod, params, feeds, expect, _ = _layer(case)
+                lib = relay.build(mod, target=target, params=params)
+                assert [p.ndim for p in lib.get_params().values()].count(5) == 1, case
+                run_checked(remote, lib, tmp_path / f"grouped{len(case)}.so", feeds, expect,
+                            f"{case} on aarch64")
+    finally:
+        tracker.stop()

@@ -8,8 +8,7 @@ cache. ShuffleNet's grouped layers, one Emerald Rapids core, columns -> grouped:
 from __future__ import annotations
 
 from ..op.weight_layout import WeightLayout
-from .channels import _divisors
-from .common import schedule_inputs
+from .common import divisors, schedule_inputs
 from .tiles import Tiles
 
 
@@ -39,8 +38,8 @@ def group_tiles(tiles: Tiles, node) -> list[str]:
     if 3 * per_group < 2 * grouped_layout(tiles, node).group_blocks * lanes:
         return []
     found = []
-    for r in _divisors(height, 8):
-        for c in _divisors(width, 28):
+    for r in divisors(height, 8):
+        for c in divisors(width, 28):
             if c >= min(width, 4) and 4 <= r * c and r * c + 1 <= tiles.registers - 1:
                 found.append((c & (c - 1) == 0, r * c, c, r))
     found.sort(reverse=True)

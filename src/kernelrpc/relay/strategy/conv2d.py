@@ -1,7 +1,8 @@
 """The convolution's strategy table, and the one rule that picks its default.
 
 ``direct`` (columns in the vector), ``channels`` (output channels in the vector, packed
-weight), ``winograd`` (F(m x m, 3 x 3), transformed weight) and ``depthwise`` (one channel's
+weight), ``grouped`` (a grouped convolution's channels by group, padded to whole vectors),
+``winograd`` (F(m x m, 3 x 3), transformed weight) and ``depthwise`` (one channel's
 rows x columns). :func:`candidates` is the default's rule; the ``layout`` knob chooses among
 the candidates, default first; once ``relay.build`` has put a layer's weight in a strategy's
 layout, the layout names the strategy.
@@ -88,8 +89,9 @@ def as_modelled(node: ir.Node) -> ir.Node:
 def candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
     """The strategies the ``layout`` knob offers for a convolution, the default first: a
     depthwise one has its own; Winograd where :func:`winograd_plan` has a plan (then alone:
-    its weight is the transformed one); else the direct schedule, and the ``channels`` layout
-    beside it where it is offered, first where :func:`channels_default` says."""
+    its weight is the transformed one); else the direct schedule, and the ``grouped`` or
+    ``channels`` layout beside it where it is offered, first where :func:`grouped_default` or
+    :func:`channels_default` says."""
     node = as_modelled(node)
     if DEPTHWISE.applies(tiles, node):
         return [DEPTHWISE]

@@ -82,9 +82,19 @@ def test_conv(case, bias):
     (dict(strides=[2, 2], group=2), (4, 3, 4, 4)),
     (dict(strides=[2, 2], output_shape=[14, 14]), (4, 3, 3, 3)),
     (dict(strides=[2, 2], auto_pad="SAME_UPPER"), (4, 2, 3, 3)),
+    (dict(strides=[2, 2]), (4, 1, 2, 2)),                       # one tap per phase: a 1x1
+    (dict(strides=[2, 2], pads=[1, 1, 1, 1]), (4, 6, 4, 4)),     # a decoder's 2x upsampling
+    (dict(strides=[3, 2], pads=[2, 0, 1, 3], output_padding=[2, 1]), (4, 3, 4, 5)),
+    (dict(strides=[3, 3]), (4, 2, 2, 2)),                       # a kernel smaller than the stride
+    (dict(strides=[2, 3], group=2, output_shape=[14, 16]), (4, 2, 3, 2)),
+    (dict(strides=[2, 2], dilations=[2, 1]), (4, 3, 3, 3)),     # dilated: zeros upsampled
 ])
 def test_conv_transpose(attrs, w):
-    run_case("ConvTranspose", {"x": rand(1, 4, 7, 6)}, attrs, {"w": rand(*w), "b": rand(w[1] * attrs.get("group", 1))})
+    lib = run_case("ConvTranspose", {"x": rand(1, 4, 7, 6)}, attrs,
+                   {"w": rand(*w), "b": rand(w[1] * attrs.get("group", 1))})
+    (conv,) = [n for n in lib.ir_mod["main"].topo() if n.op == "nn.conv2d"]
+    strided = max(attrs.get("strides", [1])) > 1 and set(attrs.get("dilations", [1])) == {1}
+    assert ("upsample" not in conv.attrs) == strided      # sub-pixel: no zeros multiplied
 
 
 @pytest.mark.parametrize("attrs", [{}, dict(transB=1), dict(transA=1, alpha=0.5, beta=2.0)])

@@ -24,7 +24,7 @@ from .fuse import Group, partition
 from .op import node_flops
 from .op.weight_layout import WeightLayout
 from .schedule import group_tensors, schedule_group
-from .strategy import CHANNELS, as_modelled, candidates, strategy_for, tiles_for
+from .strategy import CHANNELS, GROUPED, as_modelled, candidates, strategy_for, tiles_for
 from .transform import optimize
 
 log = logging.getLogger("kernelrpc.relay")
@@ -66,9 +66,10 @@ def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
 
 def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
     """The template's schedule and arguments: the layer's own, its weight argument in its
-    strategy's layout (as in the network); where the ``channels`` layout is offered, the
-    OIHW weight and its packed copy both, each configuration reading the one its layout reads
-    (a network lays the weight out at build time, so neither is timed packing it)."""
+    strategy's layout (as in the network); where the ``channels`` or ``grouped`` layout is
+    offered, the OIHW weight and its packed copy both, each configuration reading the one its
+    layout reads (a network lays the weight out at build time, so neither is timed packing
+    it)."""
     group = _anchor_group(op, data_shape, weight_shape, attrs, dtype)
     cfg, tiles = autotvm.get_config(), tiles_for(Target(target))
     node = group.anchor
@@ -77,8 +78,8 @@ def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
         group = _with_weight(node, layout.shape(weight_shape), layout)
     placeholders, out, anchor = group_tensors(group)
     s = schedule_group(group, out, anchor, tiles, cfg)
-    if _takes_packed_copy(tiles, node):
-        packed = WeightLayout.packed(tiles.lanes)
+    packed = _packed_copy(tiles, node)
+    if packed:
         other = te.placeholder(packed.shape(weight_shape) if not layout else tuple(weight_shape),
                                name="unused_weight", dtype=dtype)
         data, weight = placeholders
@@ -86,9 +87,13 @@ def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
     return s, [*placeholders, out]
 
 
-def _takes_packed_copy(tiles, node) -> bool:
-    """The task of a layer that may take the ``channels`` layout has both weights."""
-    return node.op == "nn.conv2d" and CHANNELS in candidates(tiles, node)
+def _packed_copy(tiles, node) -> WeightLayout:
+    """The task of a layer that may take the ``channels`` or ``grouped`` layout has both
+    weights, OIHW and in that layout (its layout; the OIHW one for other layers)."""
+    if node.op != "nn.conv2d":
+        return WeightLayout()
+    found = [s for s in candidates(tiles, node) if s in (CHANNELS, GROUPED)]
+    return found[0].weight_layout(tiles, as_modelled(node)) if found else WeightLayout()
 
 
 def _with_weight(node: ir.Node, shape, layout: WeightLayout) -> Group:
@@ -126,14 +131,14 @@ def task_of(wkl: tuple, flop: float) -> Task:
     task = autotvm.task.create(name, args=wkl[1:], target=target, reference=reference, flop=flop)
     task.scale_atol = strategy.scale_atol
     if task.n_inputs == 3:              # the OIHW weight and its packed copy
-        task.prepare_inputs = _pack_second
+        layout = _packed_copy(tiles, node)
+
+        def pack_second(inputs: list) -> list:
+            """The task's inputs with the packed weight made from the OIHW one."""
+            data, weight, _ = inputs
+            return [data, weight, layout.transform(weight)]
+        task.prepare_inputs = pack_second
     return task
-
-
-def _pack_second(inputs: list) -> list:
-    """The task's inputs with the packed weight made from the OIHW one."""
-    data, weight, packed = inputs
-    return [data, weight, WeightLayout.packed(packed.shape[-1]).transform(weight)]
 
 
 def extract_from_program(mod, target, params=None, ops=None) -> list[Task] | None:

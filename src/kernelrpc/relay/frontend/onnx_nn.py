@@ -244,6 +244,13 @@ def _conv_transpose(ctx, args, attrs):
     dilations = _spatial_ints(attrs, "dilations", [1] * nsp, nsp)
     out_pad = _spatial_ints(attrs, "output_padding", [0] * nsp, nsp, lo=0)
     begin, end = _transposed_pads(attrs, x, kernel, strides, dilations, out_pad)
+    if nsp < 3 and w.is_const and set(dilations) == {1} and max(strides) > 1:
+        bias = args[2] if len(args) > 2 else None
+        if nsp == 2:
+            return [_subpixel(ctx, x, w.value, groups, strides, begin, end, out_pad, bias)]
+        out = _subpixel(ctx, _unit_height(ctx, x), w.value[:, :, None], groups, (1, *strides),
+                        (0, *begin), (0, *end), (0, *out_pad), bias)
+        return [reshape(ctx, out, (*out.shape[:2], out.shape[3]))]
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     # [C, O/G, K...] -> [O, C/G, K...], the window reversed (folded for a constant weight)
     flipped = reshape(ctx, w, (groups, c // groups, ocg, *kernel))
@@ -258,6 +265,44 @@ def _conv_transpose(ctx, args, attrs):
         x, window = _upsample_depth(ctx, x, strides[0], window)
     return [_conv_nd(ctx, x, flipped, window, groups, args,
                      upsample=strides[-2:] if nsp > 1 else strides)]
+
+
+def _subpixel(ctx, x, weight: np.ndarray, groups: int, strides, begin, end, out_pad, bias):
+    """A 2-D transposed convolution of stride ``s`` (per dimension) as one convolution of the
+    input itself, with ``sh * sw`` times the output channels, and a pixel shuffle: output
+    ``s * m + p`` of a dimension sums ``x[m - j] * w[s * j + p]`` over the ``ceil(k / s)``
+    taps ``j``, a correlation of the input padded by ``ceil(k / s) - 1`` with phase ``p``'s
+    taps reversed. Upsampling with zeros first (the general path) spends ``sh * sw`` times the
+    multiply-adds on zeros. The convolution's output is ``[N, (O, sh, sw), H', W']``; the
+    shuffle interleaves the phases, the crop applies the pads and output padding (past what
+    the kernel covers the output is zero: the input is padded further on the right)."""
+    c, ocg, *kernel = weight.shape
+    taps = [-(-k // st) for k, st in zip(kernel, strides)]
+    spread = np.zeros((c, ocg, *(t * st for t, st in zip(taps, strides))), weight.dtype)
+    spread[:, :, :kernel[0], :kernel[1]] = weight
+    # [C, O/G, t, s] per dimension -> [G, O/G, sh, sw, C/G, th, tw], each tap axis reversed
+    phases = spread.reshape(groups, c // groups, ocg, taps[0], strides[0], taps[1], strides[1])
+    phases = phases.transpose(0, 2, 4, 6, 1, 3, 5)[..., ::-1, ::-1]
+    phases = np.ascontiguousarray(phases).reshape(
+        groups * ocg * strides[0] * strides[1], c // groups, *taps)
+    lengths = [st * (size - 1) + op + k - b - e for size, st, op, k, b, e in
+               zip(x.shape[2:], strides, out_pad, kernel, begin, end)]
+    covered = [st * (size + t - 1) for size, st, t in zip(x.shape[2:], strides, taps)]
+    extra = [max(0, -(-(b + n - cov) // st)) for b, n, cov, st in
+             zip(begin, lengths, covered, strides)]
+    window = Window(tuple(taps), (1, 1), (1, 1), tuple(t - 1 for t in taps),
+                    tuple(t - 1 + e for t, e in zip(taps, extra)))
+    out = _conv2d(ctx, x, ir.const(phases, "subpixel"), window, groups)
+    n, _, hp, wp = out.shape
+    o = groups * ocg
+    out = reshape(ctx, out, (n, o, strides[0], strides[1], hp, wp))
+    out = ctx.make("transpose", [out], axes=(0, 1, 4, 2, 5, 3))
+    out = reshape(ctx, out, (n, o, hp * strides[0], wp * strides[1]))
+    out = ctx.make("strided_slice", [out], slices=tuple(
+        (2 + k, b, b + length, 1) for k, (b, length) in enumerate(zip(begin, lengths))))
+    if bias is not None:
+        out = ctx.make("add", [out, reshape(ctx, bias, (1, bias.size, 1, 1))])
+    return out
 
 
 def _upsample_depth(ctx, x, stride: int, window: Window):

@@ -108,19 +108,21 @@ def _conv2d(ts, attrs, node):
     if (sh, sw) != (1, 1) and "upsample" not in attrs and min(pt, pl, pb, pr) >= 0:
         phased = phase_stage(data, [pt, pl], [pb, pr], (sh, sw))
 
-        def window(n, o, y, x):
-            return phased[n, channel(o), E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
+        def window(n, c, y, x):
+            return phased[n, c, E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
                           y + E.floordiv(ry * dh, sh), x + E.floordiv(rx * dw, sw)]
     else:
         padded = pad_stage(data, [pt, pl], [pb, pr],
                            dilation=list(attrs.get("upsample", (1, 1))))
 
-        def window(n, o, y, x):
-            return padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw]
+        def window(n, c, y, x):
+            return padded[n, c, y * sh + ry * dh, x * sw + rx * dw]
     if not lanes:
         return te.compute(node.shape, lambda n, o, y, x: te.sum(
-            window(n, o, y, x) * weight[o, rc, ry, rx], axis=[rc, ry, rx]),
+            window(n, channel(o), y, x) * weight[o, rc, ry, rx], axis=[rc, ry, rx]),
             name="conv2d", tag="conv2d")
+    if layout.kind == "grouped":
+        return _conv2d_grouped_blocks(window, weight, node, layout, (rc, ry, rx))
     if g != 1 or oc % lanes or len(weight.shape) != 5:
         raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs groups=1, "
                          f"output channels a multiple of {lanes} and the packed weight")
@@ -128,10 +130,38 @@ def _conv2d(ts, attrs, node):
     # read back as NCHW by the (inlined) output stage
     blocked = te.compute(
         (node.shape[0], oc // lanes, oh, ow, lanes), lambda n, ob, y, x, v: te.sum(
-            window(n, ob * lanes + v, y, x) * weight[ob, rc, ry, rx, v], axis=[rc, ry, rx]),
+            window(n, channel(ob * lanes + v), y, x) * weight[ob, rc, ry, rx, v],
+            axis=[rc, ry, rx]),
         name="conv2d_blocked", tag="conv2d")
     return te.compute(node.shape, lambda n, o, y, x: blocked[
         n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")
+
+
+def _conv2d_grouped_blocks(window, weight, node, layout, reduce_axes):
+    """A grouped convolution with its weight in the ``grouped`` layout: ``[n][G*B][h][w][V]``,
+    block ``b`` the ``V`` channels of group ``b // B`` from its ``(b % B) * V``-th (the last
+    block's lanes past the group's channels computed from zero weights), so that one input
+    value feeds every lane; read back as NCHW by the output stage."""
+    n_, oc, oh, ow = node.shape
+    cg = static_shape(weight)[1]
+    lanes, groups, blocks = layout.lanes, layout.groups, layout.group_blocks
+    ocg = oc // groups
+    if (groups, oc) != (node.attrs["groups"], layout.out_channels) or \
+            tuple(static_shape(weight)) != layout.shape((oc, *static_shape(weight)[1:4])):
+        raise ModelError(f"conv2d: kernel_layout {layout.attr} does not fit the layer "
+                         f"(groups={node.attrs['groups']}, {oc} output channels, weight "
+                         f"{list(static_shape(weight))})")
+    rc, ry, rx = reduce_axes
+    blocked = te.compute(
+        (n_, groups * blocks, oh, ow, lanes), lambda n, b, y, x, v: te.sum(
+            window(n, E.floordiv(b, blocks) * cg + rc, y, x) * weight[b, rc, ry, rx, v],
+            axis=[rc, ry, rx]), name="conv2d_blocked", tag="conv2d")
+
+    def unblock(n, o, y, x):
+        within = E.floormod(o, ocg)
+        return blocked[n, E.floordiv(o, ocg) * blocks + E.floordiv(within, lanes), y, x,
+                       E.floormod(within, lanes)]
+    return te.compute(node.shape, unblock, name="conv2d", tag="conv2d_unblock")
 
 
 def _conv2d_flops(node):

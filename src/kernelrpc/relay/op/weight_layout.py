@@ -17,17 +17,23 @@ from . import winograd
 
 _PACKED = re.compile(r"OIHW(\d+)o")
 _WINOGRAD = re.compile(r"winograd(\d+)_(\d+)o")
+_GROUPED = re.compile(r"OIHW(\d+)o_g(\d+)_(\d+)")
 
 
 @dataclass(frozen=True)
 class WeightLayout:
     """``kind``: ``"OIHW"`` (as the model has it), ``"packed"`` (``[O/V][I][KH][KW][V]``:
     ``lanes`` output channels in the vector) or ``"winograd"`` (``U = G g G^T`` of F(``m`` x
-    ``m``, 3 x 3), ``[a][a][O/V][I][V]`` with ``a = m + 2``)."""
+    ``m``, 3 x 3), ``[a][a][O/V][I][V]`` with ``a = m + 2``) or ``"grouped"`` (a grouped
+    convolution's ``packed``: ``[G * B][I/G][KH][KW][V]``, each of the ``groups`` groups' ``O/G``
+    output channels in ``B = ceil(O/G / V)`` vectors, the last padded with zero weights, so
+    that no vector holds two groups' channels; ``out_channels`` is ``O``)."""
 
     kind: str = "OIHW"
     lanes: int = 0
     m: int = 0
+    groups: int = 1
+    out_channels: int = 0
 
     @classmethod
     def packed(cls, lanes: int) -> "WeightLayout":
@@ -36,6 +42,15 @@ class WeightLayout:
     @classmethod
     def winograd(cls, m: int, lanes: int) -> "WeightLayout":
         return cls("winograd", lanes, m)
+
+    @classmethod
+    def grouped(cls, lanes: int, groups: int, out_channels: int) -> "WeightLayout":
+        return cls("grouped", lanes, groups=groups, out_channels=out_channels)
+
+    @property
+    def group_blocks(self) -> int:
+        """Vectors of output channels per group (``grouped``)."""
+        return -(-self.out_channels // self.groups // self.lanes)
 
     @classmethod
     def parse(cls, attr: str) -> "WeightLayout":
@@ -47,6 +62,9 @@ class WeightLayout:
         found = _WINOGRAD.fullmatch(attr)
         if found:
             return cls.winograd(int(found.group(1)), int(found.group(2)))
+        found = _GROUPED.fullmatch(attr)
+        if found:
+            return cls.grouped(*(int(g) for g in found.groups()))
         raise ModelError(f"conv2d: unknown kernel_layout {attr!r}")
 
     @classmethod
@@ -61,6 +79,8 @@ class WeightLayout:
             return f"OIHW{self.lanes}o"
         if self.kind == "winograd":
             return f"winograd{self.m}_{self.lanes}o"
+        if self.kind == "grouped":
+            return f"OIHW{self.lanes}o_g{self.groups}_{self.out_channels}"
         return "OIHW"
 
     def __bool__(self) -> bool:
@@ -75,6 +95,8 @@ class WeightLayout:
         if self.kind == "winograd":
             a = self.m + 2
             return (a, a, out_channels // self.lanes, in_channels, self.lanes)
+        if self.kind == "grouped":
+            return (self.groups * self.group_blocks, in_channels, kh, kw, self.lanes)
         return tuple(oihw)
 
     def oihw_shape(self, shape) -> list[int]:
@@ -85,6 +107,8 @@ class WeightLayout:
         if self.kind == "winograd":
             _, _, blocks, in_channels, lanes = shape
             return [blocks * lanes, in_channels, 3, 3]
+        if self.kind == "grouped":
+            return [self.out_channels, *shape[1:4]]
         return list(shape)
 
     def transform(self, weight: np.ndarray) -> np.ndarray:
@@ -95,4 +119,12 @@ class WeightLayout:
             return np.ascontiguousarray(blocked.transpose(0, 2, 3, 4, 1))
         if self.kind == "winograd":
             return winograd.transform_weight(weight, self.m, self.lanes)
+        if self.kind == "grouped":
+            o, i, kh, kw = weight.shape
+            per_group = weight.reshape(self.groups, o // self.groups, i, kh, kw)
+            padded = np.zeros((self.groups, self.group_blocks * self.lanes, i, kh, kw),
+                              weight.dtype)
+            padded[:, :o // self.groups] = per_group
+            return WeightLayout.packed(self.lanes).transform(
+                padded.reshape(-1, i, kh, kw))
         return weight

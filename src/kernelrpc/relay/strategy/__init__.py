@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from .. import ir
 from .channels import channel_tiles, channels_default
-from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, WINOGRAD, as_modelled, candidates, \
-    conv2d_strategy, define_conv_knobs
+from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, GROUPED, WINOGRAD, as_modelled, \
+    candidates, conv2d_strategy, define_conv_knobs
 from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
 from .depthwise import depthwise_tile, is_depthwise
+from .grouped import group_tiles
 from .int8 import INT8
 from .matmul import BATCH_MATMUL, matmul_tile
 from .record import Strategy
@@ -50,8 +51,9 @@ def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
 
 
 __all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE",
-           "DIRECT", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles", "WINOGRAD", "WINOGRAD_BAND_BYTES",
-           "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates", "channel_tiles",
-           "channels_default", "conv2d_strategy", "define_conv_knobs", "define_dense_knobs",
-           "define_knobs", "dense_rows_block", "depthwise_tile", "has_strategy", "is_depthwise",
-           "matmul_tile", "strategy_for", "tiles_for", "winograd_band", "winograd_plan"]
+           "DIRECT", "GROUPED", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles", "WINOGRAD",
+           "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates",
+           "channel_tiles", "channels_default", "conv2d_strategy", "define_conv_knobs",
+           "define_dense_knobs", "define_knobs", "dense_rows_block", "depthwise_tile",
+           "group_tiles", "has_strategy", "is_depthwise", "matmul_tile", "strategy_for",
+           "tiles_for", "winograd_band", "winograd_plan"]

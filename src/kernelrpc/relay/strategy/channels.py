@@ -2,7 +2,7 @@
 (``[O/V][I][KH][KW][V]``), a tile of vectors x rows x columns of outputs in registers."""
 from __future__ import annotations
 
-from .common import schedule_inputs
+from .common import divisors, schedule_inputs
 from .tiles import Tiles
 
 
@@ -31,8 +31,8 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
     for v in (1, 2, 3, 4):
         if out_channels % (v * lanes):
             continue
-        for r in _divisors(height, 8):
-            for c in _divisors(width, 28):
+        for r in divisors(height, 8):
+            for c in divisors(width, 28):
                 if c < min(width, 4):
                     continue
                 held = r * c if v > 1 else 0      # broadcasts LLVM keeps for several FMAs
@@ -41,10 +41,6 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
                     found.append((c >= 7, v * r * c, -c, -v, r))
     found.sort(reverse=True)
     return [f"{-v}x{r}x{-c}" for _, _, c, v, r in found[:8]]
-
-
-def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
 def channels_default(node, tiles_c) -> bool:

@@ -47,6 +47,11 @@ def choices(default: int, candidates, limit: int) -> list[int]:
     return out
 
 
+def divisors(n: int, limit: int) -> list[int]:
+    """The divisors of ``n`` up to ``limit``."""
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 

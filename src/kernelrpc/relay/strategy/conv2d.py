@@ -1,7 +1,8 @@
 """The convolution's strategy table, and the one rule that picks its default.
 
 ``direct`` (columns in the vector), ``channels`` (output channels in the vector, packed
-weight), ``winograd`` (F(m x m, 3 x 3), transformed weight) and ``depthwise`` (one channel's
+weight), ``grouped`` (a grouped convolution's channels by group, padded to whole vectors),
+``winograd`` (F(m x m, 3 x 3), transformed weight) and ``depthwise`` (one channel's
 rows x columns). :func:`candidates` is the default's rule; the ``layout`` knob chooses among
 the candidates, default first; once ``relay.build`` has put a layer's weight in a strategy's
 layout, the layout names the strategy.
@@ -16,6 +17,8 @@ from ..op.weight_layout import WeightLayout
 from .channels import channel_tiles, channels_default, schedule_channels
 from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
+from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped_layout, \
+    schedule_grouped
 from .record import Strategy
 from .tiles import Tiles
 from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
@@ -54,14 +57,18 @@ WINOGRAD = Strategy(
                                                            tiles.lanes),
     keeps_stage=lambda op, anchor, cfg: op.tag.startswith("wino_") or op is anchor.op,
     scale_atol=WINOGRAD_ATOL)
+GROUPED = Strategy(
+    "grouped", "nn.conv2d", applies=lambda tiles, node: bool(group_tiles(tiles, node)),
+    define_knobs=define_grouped_knobs, schedule=schedule_grouped, reference=_conv_reference,
+    weight_layout=grouped_layout)
 DEPTHWISE = Strategy(
     "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),
     define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference)
 
 
 #: the table, in the order the candidates' knobs are defined
-CONV2D = (WINOGRAD, CHANNELS, DIRECT, DEPTHWISE)
-_BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD}
+CONV2D = (WINOGRAD, CHANNELS, GROUPED, DIRECT, DEPTHWISE)
+_BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD, "grouped": GROUPED}
 
 
 def as_modelled(node: ir.Node) -> ir.Node:
@@ -82,13 +89,16 @@ def as_modelled(node: ir.Node) -> ir.Node:
 def candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
     """The strategies the ``layout`` knob offers for a convolution, the default first: a
     depthwise one has its own; Winograd where :func:`winograd_plan` has a plan (then alone:
-    its weight is the transformed one); else the direct schedule, and the ``channels`` layout
-    beside it where it is offered, first where :func:`channels_default` says."""
+    its weight is the transformed one); else the direct schedule, and the ``grouped`` or
+    ``channels`` layout beside it where it is offered, first where :func:`grouped_default` or
+    :func:`channels_default` says."""
     node = as_modelled(node)
     if DEPTHWISE.applies(tiles, node):
         return [DEPTHWISE]
     if WINOGRAD.applies(tiles, node):
         return [WINOGRAD]
+    if GROUPED.applies(tiles, node):
+        return [GROUPED, DIRECT] if grouped_default(tiles, node) else [DIRECT, GROUPED]
     if not CHANNELS.applies(tiles, node):
         return [DIRECT]
     if channels_default(node, channel_tiles(tiles, node)):

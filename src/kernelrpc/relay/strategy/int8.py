@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..op import get, quant
 from .channels import output_tiles
-from .common import schedule_inputs
+from .common import divisors, schedule_inputs
 from .dense import DENSE
 from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
@@ -60,14 +60,10 @@ def int8_tiles(tiles: Tiles, node, dot: QuadDot) -> list[str]:
     _, _, height, width = node.shape
     per_block, weights, held = dot.registers(tiles)
     free = tiles.registers - weights - held
-    found = [(c >= min(width, 4), r * c, c, r) for r in _divisors(height, 4)
-             for c in _divisors(width, 16) if r * c * per_block <= free]
+    found = [(c >= min(width, 4), r * c, c, r) for r in divisors(height, 4)
+             for c in divisors(width, 16) if r * c * per_block <= free]
     found.sort(reverse=True)
     return [f"{r}x{c}" for _, _, c, r in found[:8]] or ["1x1"]
-
-
-def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
 def _define_packed_knobs(cfg, tiles: Tiles, node, dot: QuadDot):

@@ -241,10 +241,12 @@ def _built_kernels(model, inputs):
 
 
 def test_a_conv1d_batch_norm_relu_stack_fuses_as_in_2d():
-    """Conv1d + BatchNorm + Relu three times, a residual Add in the last: the unit-height
-    reshapes between the layers cancel, each batch normalization folds into its convolution's
-    weights and bias, and each layer is one kernel with its bias, residual and activation (as
-    a 2-D stack); only the input's and the output's reshapes remain."""
+    """Conv1d + BatchNorm + Relu three times, a residual Add in the last, then global average
+    pooling and a classifier: the unit-height reshapes between the layers cancel, each batch
+    normalization folds into its convolution's weights and bias, each layer is one kernel with
+    its bias, residual and activation, the pooling reads the last layer's map (as in a 2-D
+    network); the input's reshape, the last map's (an output of the network too) and the
+    pooled vector's flattening remain."""
     nodes, inits, prev = [], {}, "x"
     for k, (cin, cout) in enumerate([(3, 8), (8, 8), (8, 8)]):
         bias = [f"b{k}"] if k != 1 else []                     # a bias-less one too
@@ -258,10 +260,14 @@ def test_a_conv1d_batch_norm_relu_stack_fuses_as_in_2d():
                       f"s{k}": rand(RNG, cout, positive=True), f"o{k}": rand(RNG, cout),
                       f"m{k}": rand(RNG, cout), f"v{k}": rand(RNG, cout, positive=True)})
         prev = f"r{k}"
+    nodes += [N("GlobalAveragePool", ["r2"], ["g"]), N("Flatten", ["g"], ["f"]),
+              N("Gemm", ["f", "wc", "bc"], ["y"], transB=1)]
+    inits.update({"wc": rand(RNG, 4, 8), "bc": rand(RNG, 4)})
     inputs = {"x": rand(RNG, 2, 3, 53)}
-    kinds = _built_kernels(graph_model(nodes, inputs, ["r2"], inits), inputs)
+    kinds = _built_kernels(graph_model(nodes, inputs, ["r2", "y"], inits), inputs)
     assert kinds == ["fused_reshape", "fused_nn_conv2d_add_relu", "fused_nn_conv2d_add_relu",
-                     "fused_nn_conv2d_add_add_relu", "fused_reshape"]
+                     "fused_nn_conv2d_add_add_relu", "fused_reshape", "fused_nn_global_pool",
+                     "fused_reshape", "fused_nn_dense_add"]
 
 
 def test_elementwise_operators_cross_unit_reshapes():

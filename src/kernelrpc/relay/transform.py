@@ -177,15 +177,37 @@ def _sinkable(node: ir.Node) -> bool:
         "axis" not in node.attrs
 
 
+#: operators reducing every dimension after the first two, whatever their number: a reshape
+#: that only inserts or removes unit dimensions among those moves past them
+_TRAILING_REDUCTIONS = ("nn.global_pool",)
+
+
+def _past_trailing_reduction(node: ir.Node) -> ir.Node | None:
+    """``reduce(reshape(y))`` -> ``reshape(reduce(y))`` when the reshape keeps the first two
+    dimensions, else None."""
+    (x,) = node.inputs
+    if not _is_unit_reshape(x) or x.inputs[0].shape[:2] != x.shape[:2] or \
+            len(x.inputs[0].shape) < 3:
+        return None
+    y = x.inputs[0]
+    inside = ir.Node(node.op, (y,), node.attrs, (*y.shape[:2], *[1] * (len(y.shape) - 2)),
+                     node.dtype, node.name, origin=node.origin)
+    return ir.Node("reshape", (inside,), {"newshape": node.shape}, node.shape, node.dtype,
+                   node.name, origin=x.origin)
+
+
 def sink_unit_reshapes(func: ir.Function) -> ir.Function:
     """``f(reshape(y), c)`` -> ``reshape(f(y, c'))`` for an elementwise ``f`` and a reshape
     that only inserts or removes unit dimensions (``c'``: the constants reshaped alike), then
     ``reshape(reshape(y))`` -> ``reshape(y)``, and a reshape to its input's shape dropped. A 1-D
     layer is imported as a 2-D one of unit height between two such reshapes: moved past its
     bias, batch normalization and activation, the reshape meets the next layer's and both
-    vanish, so that the scale folds into the convolution and the tail fuses as in 2-D."""
+    vanish, so that the scale folds into the convolution and the tail fuses as in 2-D; global
+    pooling reads the unit-height map itself too."""
     def visit(node, inputs):
         node = with_inputs(node, inputs)
+        if node.op in _TRAILING_REDUCTIONS:
+            return _past_trailing_reduction(node) or node
         if node.op == "reshape":
             source = node.inputs[0]
             while source.op == "reshape":

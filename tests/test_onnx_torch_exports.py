@@ -217,9 +217,8 @@ NETWORKS = {net.name: net for net in (
 )}
 
 def _cases():
-    for name in [name for name in NETWORKS if name != "audio"]:
-        for exporter in EXPORTERS:
-            yield pytest.param(name, exporter, id=f"{name}-{exporter}")
+    return [pytest.param(name, exporter, id=f"{name}-{exporter}")
+            for name in NETWORKS if name != "audio" for exporter in EXPORTERS]
 
 
 def exported_or_skip(name, exporter):

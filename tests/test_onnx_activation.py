@@ -72,6 +72,22 @@ def test_mod_of_floats_broadcast():
           {"fmod": 1}, opset=13)
 
 
+def test_floored_mod_of_floats_from_opset_28():
+    """``fmod=0`` of floats (opset 28) is numpy's ``mod``: zeros take the divisor's sign,
+    infinities and zero divisors as the standard says."""
+    values = np.asarray([0.0, -0.0, 5.5, -5.5, 3.0, np.inf, -np.inf, np.nan], np.float32)
+    a = np.repeat(values, len(values)).reshape(len(values), -1)
+    b = np.tile(np.asarray([3.0, -3.0, 0.0, -0.0, 2.5, np.inf, -np.inf, np.nan], np.float32),
+                (len(values), 1))
+    inputs = {"a": a, "b": b}
+    got, = kernelrpc_outputs(one_node_model("Mod", inputs, opset=28), inputs)
+    with np.errstate(all="ignore"):
+        expect = np.mod(a, b)
+    np.testing.assert_array_equal(got, expect)
+    zeros = expect == 0
+    np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(expect[zeros]))
+
+
 def test_integer_mod_by_zero_is_zero_not_a_trap():
     inputs = {"a": np.arange(-3, 3, dtype=np.int32),
               "b": np.asarray([2, 0, 3, 0, -2, 1], np.int32)}

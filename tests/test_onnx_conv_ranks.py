@@ -336,3 +336,22 @@ def test_refused_forms_are_named(op, inputs, attrs, inits, reason):
     model = one_node_model(op, inputs, attrs, inits, opset=13)
     with pytest.raises(UnsupportedOperatorError, match=reason):
         relay.frontend.from_onnx(model)
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((1, 3, 11, 9), {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "p": 3}),
+    ((2, 4, 17), {"kernel_shape": [4], "strides": [3], "p": 1}),
+    ((1, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "auto_pad": "SAME_UPPER"}),
+])
+def test_lp_pool(shape, attrs):
+    check("LpPool", {"x": rand(RNG, *shape)}, attrs, opset=18, tol=1e-4)
+
+
+def test_global_lp_pool():
+    check("GlobalLpPool", {"x": rand(RNG, 2, 3, 5, 7)}, {"p": 3}, opset=13, tol=1e-4)
+
+
+def test_lp_pool_in_ceil_mode_is_refused():
+    with pytest.raises(UnsupportedOperatorError, match="ceil_mode=1"):
+        check("LpPool", {"x": rand(RNG, 1, 2, 6, 6)}, {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                       "ceil_mode": 1}, opset=18)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from .. import ir
 from ..op.activation import FLOAT_ONLY
 from .onnx_common import Unsupported, converter, normalize_axis, reshape
 
@@ -61,13 +64,34 @@ def _celu(ctx, args, attrs):
 
 
 @converter("Mod")
+@converter("Mod", since=28)
 def _mod(ctx, args, attrs):
+    """Opset 28 defines ``fmod=0`` of floats too: the floored remainder, from the truncated one
+    moved by ``b`` where the two differ in sign, a zero taking ``b``'s sign."""
     a, b = args
     fmod = int(attrs.get("fmod", 0))
     check_dtype(ctx, a, _MOD_DTYPES)
     if a.dtype == "float32" and not fmod:
-        raise Unsupported("Mod of floats needs fmod=1 (ONNX defines fmod=0 for integers only)")
+        if ctx.opset < 28:
+            raise Unsupported("Mod of floats needs fmod=1 before opset 28 (which defines fmod=0 "
+                              "for floats)")
+        return [_floored_mod(ctx, a, b)]
     return [ctx.make("mod", [a, b], fmod=bool(fmod))]
+
+
+def _floored_mod(ctx, a, b):
+    """``a - floor(a / b) * b`` with Mod-28's rules: NaN for an infinite ``a`` or a zero ``b``
+    (the truncated remainder's), ``a`` or ``b`` for an infinite ``b``, a zero of ``b``'s sign."""
+    def const(value):
+        return ir.const(np.asarray(value, np.float32))
+    r = ctx.make("mod", [a, b], fmod=True)
+    r_neg, r_pos = ctx.make("less", [r, const(0)]), ctx.make("greater", [r, const(0)])
+    b_neg, b_pos = ctx.make("less", [b, const(0)]), ctx.make("greater", [b, const(0)])
+    differ = ctx.make("logical_or", [ctx.make("logical_and", [r_neg, b_pos]),
+                                     ctx.make("logical_and", [r_pos, b_neg])])
+    moved = ctx.make("where", [differ, ctx.make("add", [r, b]), r])
+    signed_zero = ctx.make("where", [b_neg, const(-0.0), const(0.0)])
+    return ctx.make("where", [ctx.make("equal", [r, const(0)]), signed_zero, moved])
 
 
 @converter("Hardmax")

@@ -470,6 +470,60 @@ def _avg_pool(ctx, args, attrs):
     return _pool(ctx, args, attrs, "avg")
 
 
+@converter("LpPool", since=11)
+@converter("LpPool", since=18)
+@converter("LpPool", since=22)
+def _lp_pool(ctx, args, attrs):
+    """``(sum |x|^p) ^ (1/p)`` over each window: the average of ``|x|^p`` counting the padding
+    (zeros, which add nothing) times the window's size. A ceil-mode window reaching past the
+    padding would count fewer elements, so ceil_mode=1 is refused."""
+    if int(attrs.get("ceil_mode", 0)):
+        raise Unsupported("ceil_mode=1 is not implemented")
+    x = args[0]
+    p = float(attrs.get("p", 2))
+    if p <= 0:
+        raise ModelError(f"LpPool's p {p:g} must be positive")
+    powered = _lp_power(ctx, x, p)
+    mean = _pool(ctx, [powered], _AttrsWith(attrs, count_include_pad=1), "avg")[0]
+    window = _spatial_ints(attrs, "kernel_shape", None, len(x.shape) - 2)
+    return [_lp_root(ctx, mean, math.prod(window), p)]
+
+
+@converter("GlobalLpPool", since=2)
+def _global_lp_pool(ctx, args, attrs):
+    x = args[0]
+    p = float(attrs.get("p", 2))
+    if p <= 0:
+        raise ModelError(f"GlobalLpPool's p {p:g} must be positive")
+    mean = ctx.make("nn.global_pool", [_lp_power(ctx, x, p)], kind="avg")
+    return [_lp_root(ctx, mean, math.prod(x.shape[2:]), p)]
+
+
+def _lp_power(ctx, x, p: float):
+    magnitude = ctx.make("abs", [x])
+    return magnitude if p == 1 else ctx.make(
+        "power", [magnitude, ir.const(np.asarray(p, x.dtype))])
+
+
+def _lp_root(ctx, mean, count: int, p: float):
+    total = ctx.make("multiply", [mean, ir.const(np.asarray(count, mean.dtype))])
+    return total if p == 1 else ctx.make(
+        "power", [total, ir.const(np.asarray(1 / p, mean.dtype))])
+
+
+class _AttrsWith:
+    """A node's attributes with some replaced (LpPool read as an AveragePool)."""
+
+    def __init__(self, attrs, **values):
+        self._attrs, self._values = attrs, values
+
+    def get(self, name, default=None):
+        return self._values[name] if name in self._values else self._attrs.get(name, default)
+
+    def ints(self, name, default=None):
+        return self._attrs.ints(name, default)
+
+
 def _global_pool(ctx, args, attrs, kind):
     return [ctx.make("nn.global_pool", [args[0]], kind=kind)]
 

@@ -68,6 +68,7 @@ def _instance_norm(ctx, args, attrs):
 
 
 @converter("GroupNormalization")
+@converter("GroupNormalization", since=21)
 def _group_norm(ctx, args, attrs):
     """Opset 18's scale and bias have one entry per group, opset 21's one per channel."""
     x, scale, bias = args

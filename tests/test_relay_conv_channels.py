@@ -136,18 +136,21 @@ def test_channels_layout_on_fewer_lanes():
                                    atol=1e-4 * np.abs(expect).max(), err_msg=tile)
 
 
-@pytest.mark.parametrize("data, weight, attrs, target", [
-    ((1, 16, 7, 7), (18, 8, 3, 3), dict(groups=2), "llvm -mcpu=haswell"),   # grouped, 9 a group
-    ((1, 16, 7, 7), (24, 16, 1, 1), {}, "llvm -mcpu=skylake-avx512"),  # 24 channels, 16 lanes
-    ((1, 16, 7, 7), (32, 16, 1, 1), {}, "llvm -mtriple=riscv64-linux-gnu"),   # scalar target
+@pytest.mark.parametrize("data, weight, attrs, target, layouts", [
+    ((1, 16, 7, 7), (18, 8, 3, 3), dict(groups=2), "llvm -mcpu=haswell",   # grouped, 9 a group
+     ["columns"]),
+    ((1, 16, 7, 7), (24, 16, 1, 1), {}, "llvm -mcpu=skylake-avx512",       # 24 channels, 16
+     ["columns", "grouped"]),                        # lanes: one group padded to 32 instead
+    ((1, 16, 7, 7), (32, 16, 1, 1), {}, "llvm -mtriple=riscv64-linux-gnu",  # scalar target
+     ["columns"]),
 ])
-def test_channels_layout_not_offered(data, weight, attrs, target):
+def test_channels_layout_not_offered(data, weight, attrs, target, layouts):
     node = conv_node(data, weight, **attrs)
     tiles = strategy.tiles_for(Target(target))
     assert strategy.channel_tiles(tiles, node) == []
     space = autotvm.ConfigSpace()
     strategy.define_conv_knobs(space, tiles, node, padded=True)
-    assert [e.val for e in space.space_map["layout"].entities] == ["columns"]
+    assert [e.val for e in space.space_map["layout"].entities] == layouts
     assert "channel_tile" not in space.space_map
 
 

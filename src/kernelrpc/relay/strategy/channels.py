@@ -2,7 +2,7 @@
 (``[O/V][I][KH][KW][V]``), a tile of vectors x rows x columns of outputs in registers."""
 from __future__ import annotations
 
-from .common import divisors, schedule_inputs
+from .common import accumulate_tile, divisors, schedule_inputs
 from .tiles import Tiles
 
 
@@ -79,15 +79,5 @@ def schedule_channels(s, blocked, out, tiles: Tiles, cfg, node):
     the group's tail."""
     vectors, rows, cols = (int(v) for v in cfg["channel_tile"].val.split("x"))
     s[blocked].compute_at(s[out], output_tiles(s[out], vectors * tiles.lanes, rows, cols))
-    _, cb, cy, cx, cv = s[blocked].op.axis
-    rc, ry, rx = s[blocked].op.reduce_axis
-    if cfg["reduce_order"].val == "channels_outer":
-        s[blocked].reorder(rc, ry, rx, cb, cy, cx, cv)
-    else:
-        s[blocked].reorder(ry, rx, rc, cb, cy, cx, cv)
-    if cfg["unroll_kw"].val:
-        s[blocked].unroll(rx)
-    for axis in (cb, cy, cx):
-        s[blocked].unroll(axis)
-    s[blocked].vectorize(cv)
+    accumulate_tile(s, blocked, cfg, blocks_in_tile=True)
     schedule_inputs(s, tiles)

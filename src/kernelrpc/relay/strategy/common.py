@@ -56,6 +56,26 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def accumulate_tile(s, blocked, cfg, blocks_in_tile: bool):
+    """The register tile of a ``[n][B][h][w][V]`` stage accumulated over its reduction: the
+    ``reduce_order`` knob's loop order, the window's columns unrolled by ``unroll_kw``, the
+    tile's rows and columns unrolled, its lanes a vector; its vectors of channels unrolled
+    inside the tile (``blocks_in_tile``, the ``channels`` layout) or one after another around
+    it (the ``grouped`` layout)."""
+    _, cb, cy, cx, cv = s[blocked].op.axis
+    rc, ry, rx = s[blocked].op.reduce_axis
+    window = (rc, ry, rx) if cfg["reduce_order"].val == "channels_outer" else (ry, rx, rc)
+    if blocks_in_tile:
+        s[blocked].reorder(*window, cb, cy, cx, cv)
+    else:
+        s[blocked].reorder(cb, *window, cy, cx, cv)
+    if cfg["unroll_kw"].val:
+        s[blocked].unroll(rx)
+    for axis in (cb, cy, cx) if blocks_in_tile else (cy, cx):
+        s[blocked].unroll(axis)
+    s[blocked].vectorize(cv)
+
+
 def schedule_inputs(s, tiles: Tiles):
     """The padded input at the root: parallel, vectorized."""
     for st in s.stages:

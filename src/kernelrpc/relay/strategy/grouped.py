@@ -11,7 +11,7 @@ AVX-512 code, 1.66 -> 1.44 ms (columns -> one group padded to 1008); the network
 from __future__ import annotations
 
 from ..op.weight_layout import WeightLayout
-from .common import divisors, schedule_inputs
+from .common import accumulate_tile, divisors, schedule_inputs
 from .tiles import Tiles
 
 
@@ -87,15 +87,5 @@ def schedule_grouped(s, blocked, out, tiles: Tiles, cfg, node):
     if cols > 1:
         stage.vectorize(xi)
     s[blocked].compute_at(stage, xo)
-    _, cb, cy, cx, cv = s[blocked].op.axis
-    rc, ry, rx = s[blocked].op.reduce_axis
-    if cfg["reduce_order"].val == "channels_outer":
-        s[blocked].reorder(cb, rc, ry, rx, cy, cx, cv)
-    else:
-        s[blocked].reorder(cb, ry, rx, rc, cy, cx, cv)
-    if cfg["unroll_kw"].val:
-        s[blocked].unroll(rx)
-    s[blocked].unroll(cy)
-    s[blocked].unroll(cx)
-    s[blocked].vectorize(cv)
+    accumulate_tile(s, blocked, cfg, blocks_in_tile=False)
     schedule_inputs(s, tiles)

@@ -10,7 +10,8 @@ at both ends of the range, uint8 and int8 inputs, odd shapes, channels past the 
 block, weights at the pair bound), and quantized networks are within one quantization step of
 onnxruntime's (tests/test_onnx_quant.py's rule). The instruction is the one the hottest inner
 loop of the built layer runs (its assembly, kernelrpc.compiler.inner_loop), for aarch64's
-``sdot`` too (the code runs on the emulated Cortex-A76, tests/test_onnx_quant_emulated.py).
+``sdot`` and ``smull`` and armv7's ``vmlal`` too (the code runs on the emulated Cortex-A76,
+A72 and A7, tests/test_onnx_quant_emulated.py).
 """
 import re
 
@@ -230,12 +231,17 @@ def test_quantized_cnn_against_onnxruntime(tmp_path, target, case):
 
 #: the integer multiplies of each architecture's inner loops
 MULTIPLIES = {"x86_64": re.compile(r"^(vpdpbusd|vpmaddubsw|vpmaddwd|vpmulld)\b"),
-              "aarch64": re.compile(r"^(sdot|sadalp|smlal2?|smull2?|mla|mul)\b")}
+              "aarch64": re.compile(r"^(sdot|sadalp|smlal2?|smull2?|mla|mul)\b"),
+              "arm": re.compile(r"^(vmull|vmlal|vpadal|vmla|vmul)\.[sui]\d+$")}
+
+
+def family(arch: str) -> str:
+    return "arm" if arch.startswith(("arm", "thumb")) else arch
 
 
 def loop_bodies(asm: str, arch: str) -> dict:
     """Each inner loop's instructions (kernelrpc.compiler.inner_loop's loops), by label."""
-    comment = "//" if arch == "aarch64" else "#"
+    comment = {"aarch64": "//", "arm": "@"}.get(family(arch), "#")
     lines = [line.split(comment)[0].strip() for line in asm.splitlines()]
     bodies = {}
     for loop in inner_loops(asm, arch):
@@ -249,7 +255,7 @@ def loop_bodies(asm: str, arch: str) -> dict:
 def hottest_int8_loop(asm: str, arch: str) -> list:
     """The inner loop with the most integer multiplies."""
     return max(loop_bodies(asm, arch).values(),
-               key=lambda body: sum(1 for op in body if MULTIPLIES[arch].match(op)))
+               key=lambda body: sum(1 for op in body if MULTIPLIES[family(arch)].match(op)))
 
 
 @pytest.mark.parametrize("spec,instruction,others", [
@@ -258,19 +264,21 @@ def hottest_int8_loop(asm: str, arch: str) -> list:
     ("llvm -mcpu=cascadelake", "vpdpbusd", set()),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", "sdot", set()),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", "sadalp", {"smull", "smull2", "mul"}),
+    ("llvm -mtriple=armv7-linux-gnueabihf -mcpu=cortex-a7 -mattr=+neon,+vfp4", "vmlal.s8",
+     {"vmull.s8", "vpadal.s16"}),
 ])
 def test_the_hottest_loop_of_an_int8_conv_runs_the_instruction(spec, instruction, others):
     """ResNet-18's 3x3 layer of 64 channels on 14x14 (7-bit weights), compiled here: its
     hottest loop is a loop of the instruction, one a block of 16 outputs per column (two on
-    AVX2's ymm, four on aarch64), with no multiply but its own (aarch64 without the dot
-    product: its int8 products, ``smull`` or ``mul`` on widened weights, summed by ``addp``
-    and ``sadalp``)."""
+    AVX2's ymm, four on aarch64 and armv7), with no multiply but its own (aarch64 without the
+    dot product: its int8 products, ``smull`` or ``mul`` on widened weights, summed by
+    ``addp`` and ``sadalp``; armv7: ``vmull.s8`` and ``vmlal.s8`` summed by ``vpadal.s16``)."""
     target = Target(spec)
     node = packed_conv_case("uint8", 0, 64, 64, (1, 1), SEVEN_BITS)[0]
     node = make("qnn.conv2d", [ir.Node("input", (), {}, (1, 64, 14, 14), "uint8", "x"),
                                *node.inputs[1:]], **dict(node.attrs, padding=(1, 1, 1, 1)))
     lib = relay.build(ir.IRModule(ir.Function([node.inputs[0]], [node])), target=target)
     body = hottest_int8_loop(lib.get_source("asm"), target.arch)
-    multiplies = {op for op in body if MULTIPLIES[target.arch].match(op)}
+    multiplies = {op for op in body if MULTIPLIES[family(target.arch)].match(op)}
     assert instruction in multiplies and multiplies <= {instruction, *others}, body
     assert body.count(instruction) >= 8

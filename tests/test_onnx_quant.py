@@ -275,7 +275,9 @@ def test_qdense_against_numpy(data_dtype, x_zero, out_dtype):
     ("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod", "dotprod"),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76", "dotprod"),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", "asimd"),
-    ("llvm -mtriple=armv7a-linux-gnueabihf -mattr=+neon,+vfp4", "")])
+    ("llvm -mtriple=armv7a-linux-gnueabihf -mattr=+neon,+vfp4", "neon"),
+    ("llvm -mtriple=armv7-linux-gnueabihf -mattr=+vfp3d16,-neon", ""),
+    ("llvm -mtriple=riscv64-linux-gnu -mattr=+m,+a,+f,+d,+c,+v", "")])
 def test_int8_dot_is_the_targets_not_the_hosts(target, expected):
     from kernelrpc.compiler.target import Target
     from kernelrpc.compiler.vector_isa import int8_dot

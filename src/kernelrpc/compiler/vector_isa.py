@@ -87,10 +87,14 @@ def int8_dot(target) -> str:
       sixteen int8 products compiles to it;
     - ``"asimd"``: aarch64 without the dot product (Advanced SIMD's widening multiplies,
       ``smull``, and pairwise additions, ``addp`` and ``sadalp``);
-    - ``""``: none of these (SSE, AVX without AVX2, 32-bit Arm, RISC-V)."""
+    - ``"neon"``: 32-bit Arm with NEON (its widening multiplies, ``vmull.s8`` and
+      ``vmlal.s8``, and ``vpadal.s16``), where :func:`vector_isa` finds NEON;
+    - ``""``: none of these (SSE, AVX without AVX2, 32-bit Arm without NEON, RISC-V)."""
     probe = functools.partial(_probe, target.llvm_triple, target.cpu, target.features)
     if target.arch == "aarch64":
         return "dotprod" if re.search(r"\bsdot\b", probe("sdot")) else "asimd"
+    if target.arch.startswith(("arm", "thumb")):
+        return "neon" if vector_isa(target).name == "neon" else ""
     if target.arch != "x86_64":
         return ""
     if vector_isa(target).lanes == 16 and re.search(r"\bvpdpwssd\b.*%zmm", probe("vnni")):

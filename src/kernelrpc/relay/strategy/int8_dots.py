@@ -12,8 +12,10 @@ record whose target family and weights allow it is taken:
 - ``sdot``: aarch64 with the dot product (ARMv8.2: Cortex-A55/A76 and later);
 - ``smull``: aarch64 without it (Cortex-A53/A72), int8 products in int16 summed by ``addp``
   and ``sadalp``, where no weight is -128;
-- ``vectors``: the quad unrolled over vectors of the 16 outputs (SSE, 32-bit Arm, RISC-V, and
-  the weights the records above refuse), as LLVM widens it for the target.
+- ``vmlal``: 32-bit Arm with NEON (armv7), ``vmull.s8`` and ``vmlal.s8`` (two int8 products
+  of an output in an int16 lane) then ``vpadal.s16``, where no weight is -128;
+- ``vectors``: the quad unrolled over vectors of the 16 outputs (SSE, 32-bit Arm without
+  NEON, RISC-V, and the weights the records above refuse), as LLVM widens it for the target.
 
 Every record computes the exact int32 sum, as onnxruntime does on a VNNI, AMX or Arm host;
 none saturates. ``vpmaddubsw`` adds a pair of uint8 x int8 products in int16 with saturation
@@ -22,7 +24,7 @@ none saturates. ``vpmaddubsw`` adds a pair of uint8 x int8 products in int16 wit
 layer's weights can leave int16 for any input, ``255 * (sum of the pair's positive weights)
 <= 32767`` and likewise for the negative ones (``reduce_range``'s 7-bit weights always;
 of weights quantized over the full int8 range about one pair in 70 could, so nearly every
-such layer takes the halves). The aarch64 records take int8 by int8 products, so they
+such layer takes the halves). The Arm records take int8 by int8 products, so they
 multiply the quad shifted by 128 and start the accumulators from 128 times the block's
 weight sums.
 """
@@ -232,6 +234,29 @@ def no_minimum_weight(weight: np.ndarray) -> bool:
     return bool((quant.packed_quads(weight) != -128).all()) and sums_fit(weight)
 
 
+def _vmlal(tiles, node):
+    """32-bit Arm with NEON (ARMv7-A: Cortex-A7, A9, A15; ARMv8 in AArch32), per 4 outputs:
+    their 16 weights read as 8 int16 lanes, whose low bytes (``vmovn``) are each quad's bytes
+    0 and 2 and whose high bytes (``vshrn``) its bytes 1 and 3, likewise the quad shifted by
+    128 (as for ``sdot``); ``vmull.s8`` of the low bytes, ``vmlal.s8`` of the high ones (an
+    int16 lane holds two products of one output: no weight is -128, so it stays within
+    2 x 128 x 127) and ``vpadal.s16`` (an output's two lanes added to its int32
+    accumulator), from :func:`_sums_start`."""
+    def chunk(ins, acc, channel):
+        shifted = _quad_words(ins[0], 4) + tir.Broadcast(te.const(-128, "int8"), 16)
+        quad = E.reinterpret("int16x8", shifted)
+        weights = E.reinterpret("int16x8", _load(ins[1], (channel, 0), 16))
+        byte = tir.Broadcast(te.const(256, "int16"), 8)
+        products = [E.call_llvm_pure_intrin("int16x8", "llvm.arm.neon.vmulls.v8i16",
+                                            E.cast(half(weights), "int8x8"),
+                                            E.cast(half(quad), "int8x8"))
+                    for half in (lambda v: v, lambda v: E.floordiv(v, byte))]
+        pairs = products[0] + products[1]
+        return E.call_llvm_pure_intrin("int32x4", "llvm.arm.neon.vpadals.v4i32.v8i16", acc,
+                                       pairs)
+    return _declare("vmlal", _chunks(chunk, 16, _sums_start(node)))
+
+
 def _vector_registers(tiles: Tiles) -> tuple[int, int, int]:
     return -(-quant.BLOCK_O // max(tiles.lanes, 1)), 0, 4
 
@@ -244,7 +269,12 @@ HALVES = QuadDot("vpmaddubsw_halves", ("avx512bw", "avx2"), _halves,
 SDOT = QuadDot("sdot", ("dotprod",), _sdot, fits=sums_fit, registers=lambda tiles: (4, 4, 2))
 WIDENING = QuadDot("smull", ("asimd",), _widening, fits=no_minimum_weight,
                    registers=lambda tiles: (4, 4, 4))
+#: of armv7's 16 q registers, the quad's halves, the 0x80 of its shift and two products take
+#: 4 besides a block's 4 accumulators and 4 of narrowed weights, but LLVM spills a tile of two
+#: columns (12 accumulators and weights) on every step: one more keeps the tile to one column
+VMLAL = QuadDot("vmlal", ("neon",), _vmlal, fits=no_minimum_weight,
+                registers=lambda tiles: (4, 4, 5))
 VECTORS = QuadDot("vectors", (), None, registers=_vector_registers)
 
 #: the records in the order tried: the first whose target family and weights allow it
-QUAD_DOTS = (VNNI, PAIRS, HALVES, SDOT, WIDENING, VECTORS)
+QUAD_DOTS = (VNNI, PAIRS, HALVES, SDOT, WIDENING, VMLAL, VECTORS)

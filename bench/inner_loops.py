@@ -3,20 +3,35 @@ schedule, for x86 (AVX-512, AVX2, SSE), aarch64 and 32-bit Arm NEON: what a boar
 per step where its timings under emulation mean nothing.
 
     python bench/inner_loops.py [--targets "llvm -mcpu=skylake-avx512;llvm -mtriple=..."]
+    python bench/inner_loops.py --int8 [--targets ...]      # 32-bit Arm NEON by default
 
 For each layer (a one-layer network built with ``relay.build``, the group's tail included)
 and target: the hottest inner loop's instructions, vector multiply-adds, memory reads, the
 multiply-adds' share of the instructions and multiply-adds per read
 (``kernelrpc.compiler.inner_loop``). Nothing runs; everything is compiled here.
+
+``--int8``: ResNet-18's layers as packed int8 convolutions (uint8 input, weights in
+[-127, 127], the layer's record) and with a weight of -128 (which the smull and vmlal records
+refuse: the plain vectors), against float32: instructions of the hottest loop per
+multiply-add it does (its int8 products, counted on 32-bit Arm, or its float multiply-adds
+times the lanes; ``winograd`` where float32 runs Winograd, whose loop is not comparable).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+INT8_TARGETS = ("llvm -mtriple=armv7-linux-gnueabihf -mcpu=cortex-a7 -mattr=+neon,+vfp4;"
+                "llvm -mtriple=armv7a-linux-gnueabihf -mattr=+neon,+vfp4")
+#: int8 products of one instruction of 32-bit Arm NEON's integer multiplies (q registers)
+ARM_PRODUCTS = {"vmull.s8": 8, "vmlal.s8": 8, "vmull.s16": 4, "vmlal.s16": 4, "vmla.i32": 4,
+                "vmul.i32": 4, "vmla.i16": 8, "vmul.i16": 8}
+#: a float32 multiply (or multiply-add) of a q register: Cortex-A7 code multiplies and adds
+FLOAT_MULTIPLY = re.compile(r"^v(fma|mla|mul)\.f32$")
 TARGETS = ("llvm -mcpu=skylake-avx512;llvm -mcpu=haswell;llvm -mcpu=x86-64;"
            "llvm -mtriple=aarch64-linux-gnu;"
            "llvm -mtriple=armv7a-linux-gnueabihf -mattr=+neon,+vfp4")
@@ -57,13 +72,86 @@ def layers():
     del testing
 
 
+#: ResNet-18's layers: input, weight, strides, padding
+INT8_LAYERS = {"3x3 64->64, 56x56": ((1, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1)),
+               "3x3 256->256, 14x14": ((1, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1, 1, 1)),
+               "3x3 512->512, 7x7": ((1, 512, 7, 7), (512, 512, 3, 3), (1, 1), (1, 1, 1, 1)),
+               "3x3/2 64->128, 56x56": ((1, 64, 56, 56), (128, 64, 3, 3), (2, 2), (1, 1, 1, 1)),
+               "1x1/2 128->256, 28x28": ((1, 128, 28, 28), (256, 128, 1, 1), (2, 2), (0, 0, 0, 0))}
+
+
+def int8_conv(x, w, strides, pads, lowest):
+    """A packed int8 convolution (uint8 input, seeded weights in [``lowest``, 127])."""
+    import numpy as np
+
+    from kernelrpc.relay import ir
+    from kernelrpc.relay.op import get, quant
+
+    rng = np.random.default_rng(0)
+    weight = rng.integers(lowest, 128, w).astype(np.int8)
+    weight.flat[0] = lowest
+    data = ir.Node("input", (), {}, x, "uint8", "x")
+    attrs = dict(strides=strides, dilation=(1, 1), padding=pads, groups=1, out_zero=7,
+                 out_min=0, out_max=255, out_dtype="uint8", kernel_layout=quant.PACKED)
+    bias = rng.integers(-3000, 3000, w[0]).astype(np.int32)
+    inputs = (data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(0, np.int32)),
+              ir.const(quant.packed_bias(bias, weight, "uint8", 0)),
+              ir.const(np.full(w[0], 1e-3, np.float32)))
+    shape, dtype = get("qnn.conv2d").infer(list(inputs), attrs)
+    return ir.IRModule(ir.Function([data], [ir.Node("qnn.conv2d", inputs, attrs, tuple(shape),
+                                                    dtype, "y")]))
+
+
+def per_multiply_add(body: list) -> str:
+    """Instructions of a 32-bit Arm loop per int8 product it computes."""
+    products = sum(ARM_PRODUCTS.get(op, 0) for op in body)
+    return f"{len(body) / products:.3f}" if products else "-"
+
+
+def int8_main(targets) -> int:
+    from test_int8_dots import hottest_int8_loop, loop_bodies
+    from test_relay_conv_channels import conv_model
+
+    from kernelrpc import relay
+    from kernelrpc.compiler.vector_isa import vector_isa
+
+    print(f"{'layer':<24} {'target':<28} {'int8 record':>12} {'vectors':>8} {'float32':>9}")
+    for name, (x, w, strides, pads) in INT8_LAYERS.items():
+        for target in targets:
+            figures = []
+            for lowest in (-127, -128):
+                lib = relay.build(int8_conv(x, w, strides, pads, lowest), target=target)
+                figures.append(per_multiply_add(hottest_int8_loop(lib.get_source("asm"),
+                                                                  target.arch)))
+            model = conv_model(x=x, w=w, strides=strides, pads=pads)[0]
+            mod, params = relay.frontend.from_onnx(model)
+            lib = relay.build(mod, target=target, params=params)
+            if "winograd" in str(lib.ir_mod):
+                figures.append("winograd")
+            else:
+                bodies = loop_bodies(lib.get_source("asm"), target.arch).values()
+                body = max(bodies, key=lambda b: sum(1 for op in b if FLOAT_MULTIPLY.match(op)))
+                lanes = vector_isa(target).lanes
+                multiplies = sum(1 for op in body if FLOAT_MULTIPLY.match(op)) * lanes
+                figures.append(f"{len(body) / multiplies:.3f}")
+            print(f"{name:<24} {str(target)[:28]:<28} {figures[0]:>12} {figures[1]:>8} "
+                  f"{figures[2]:>9}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--targets", default=TARGETS, help="semicolon-separated target strings")
+    parser.add_argument("--targets", default=None, help="semicolon-separated target strings")
+    parser.add_argument("--int8", action="store_true",
+                        help="int8 records against float32 (32-bit Arm's int8 products)")
     opts = parser.parse_args()
+    from kernelrpc.compiler.target import Target
+
+    if opts.int8:
+        return int8_main([Target(t) for t in (opts.targets or INT8_TARGETS).split(";")])
+    opts.targets = opts.targets or TARGETS
     from kernelrpc import relay
     from kernelrpc.compiler.inner_loop import hottest_loop
-    from kernelrpc.compiler.target import Target
     from kernelrpc.compiler.vector_isa import vector_isa
 
     targets = [Target(t) for t in opts.targets.split(";")]

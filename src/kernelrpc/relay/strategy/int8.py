@@ -8,11 +8,11 @@ int32 channels, over the input's quads of channels; a packed ``qnn.dense`` (``in
 tile of rows x blocks of 16 outputs likewise. Each has one record per instruction of a quad
 step (:mod:`.int8_dots`: ``vpdpbusd`` with AVX512-VNNI, ``vpmaddubsw`` and ``vpmaddwd``
 with AVX2 or AVX512BW, on the weights or, where they could saturate it, on their halves,
-aarch64's ``sdot`` or, without the dot product, ``smull``, plain vectors elsewhere), the
-first that applies taken, each computing the exact int32 sum. Depthwise convolutions and the
-rest (a centered uint8 weight, a run-time zero point) run the float layers' schedules
-(depthwise, direct, the dense layer's orders) on the int32 accumulation. The requantizing
-output stage works on the tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's
+aarch64's ``sdot`` or, without the dot product, ``smull``, armv7 NEON's ``vmlal``, plain
+vectors elsewhere), the first that applies taken, each computing the exact int32 sum.
+Depthwise convolutions and the rest (a centered uint8 weight, a run-time zero point) run the
+float layers' schedules (depthwise, direct, the dense layer's orders) on the int32
+accumulation. The requantizing output stage works on the tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's
 range) has its columns in vectors."""
 from __future__ import annotations
 

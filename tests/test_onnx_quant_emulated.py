@@ -1,12 +1,13 @@
-"""Quantized networks built on this host for an emulated aarch64 board, run there, and
+"""Quantized networks built on this host for emulated aarch64 and armv7 boards, run there, and
 checked against onnxruntime here by the rule of tests/test_onnx_quant.py (a quantized output
 within one quantization step, a float one within 1e-4 of its largest magnitude): the CNN in
 QDQ form (per-channel, uint8 activations, int8 weights) on a Cortex-A72 (no dot product: the
 packed layers' ``smull``/``addp``/``sadalp``) and on a Cortex-A76 (``sdot``), both on the
 input shifted by 128 from the weight sums the packed weight carries, and the encoder block
 quantized dynamically; on each board the packed convolution's kernel with int8 and uint8
-inputs at both ends of their range against numpy (on the A72 with a weight of -128 too,
-which the plain vectors take)."""
+inputs at both ends of their range against numpy (on the A72 and the armv7 board with a
+weight of -128 too, which the plain vectors take); the CNN and the kernels on the armv7 board
+(Cortex-A7, NEON: ``vmull.s8``/``vmlal.s8``/``vpadal.s16``), with int16 lanes at their bound."""
 import contextlib
 import re
 

@@ -205,10 +205,17 @@ def _host_feeds(args, model, feeds) -> dict:
                                           "float32")}
 
 
-def _reference(args, model, feeds):
-    """onnxruntime's outputs and latency on this host."""
-    return model_check.onnxruntime_reference(model, _host_feeds(args, model, feeds),
-                                             args.threads or 0)
+def _host_outputs(args, model, feeds) -> tuple:
+    """``(expect, floats)``: onnxruntime's outputs and latency on this host (None with
+    --no-check) and, with --reference, the float network's outputs, both on the host's inputs
+    computed once."""
+    if args.no_check and args.reference is None:
+        return None, None
+    host, threads = _host_feeds(args, model, feeds), args.threads or 0
+    expect = None if args.no_check else model_check.onnxruntime_reference(model, host, threads)
+    floats = None if args.reference is None else model_check.float_outputs(args.reference, host,
+                                                                           threads)
+    return expect, floats
 
 
 def _checks(args, model, outputs, feeds, expect, floats) -> tuple[dict, list[str]]:
@@ -223,11 +230,6 @@ def _checks(args, model, outputs, feeds, expect, floats) -> tuple[dict, list[str
                                                                 expect)
         lines += model_check.quantization_lines(report["quantization"])
     return report, lines
-
-
-def _float_outputs(args, model, feeds):
-    return None if args.reference is None else model_check.float_outputs(
-        args.reference, _host_feeds(args, model, feeds), args.threads or 0)
 
 
 def run(args) -> dict:
@@ -462,9 +464,8 @@ def _run_on_device(args, model, mod, params, tracker, result, steps, say):
         result["device"] = where
         for line in lines:
             say(line)
-        expect = None if args.no_check else _reference(args, model, feeds)
-        checks, lines = _checks(args, model, outputs, feeds, expect,
-                                _float_outputs(args, model, feeds))
+        expect, floats = _host_outputs(args, model, feeds)
+        checks, lines = _checks(args, model, outputs, feeds, expect, floats)
         board.update(checks)
         for line in lines:
             say(line)
@@ -490,8 +491,7 @@ def _run_on_all_devices(args, model, mod, params, tracker, result, say):
         raise SystemExit("error: --all-devices measures; tune first, then measure with --log")
     keys = farm.keys_of(args.key)
     feeds = _feeds(result["summary"])
-    expect = None if args.no_check else _reference(args, model, feeds)
-    floats = _float_outputs(args, model, feeds)
+    expect, floats = _host_outputs(args, model, feeds)
     built: dict = {}
 
     def build(target, index, count):

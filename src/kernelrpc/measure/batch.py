@@ -283,11 +283,15 @@ class MeasureBatch:
             thread.start()
             self._threads.append(thread)
 
-    def _device_count(self) -> int:
+    def _registered_servers(self) -> int:
+        """How many servers of the key the tracker has registered now."""
         from ..rpc.tracker_client import TrackerSession, count_servers
 
         with TrackerSession(self.tracker_addr) as tracker:
-            servers = count_servers(tracker.summary()).get(self.key, 0)
+            return count_servers(tracker.summary()).get(self.key, 0)
+
+    def _device_count(self) -> int:
+        servers = self._registered_servers()
         if not servers:
             log.warning("no server with key %r at tracker %s:%s yet; waiting for one", self.key,
                         *self.tracker_addr)
@@ -329,7 +333,7 @@ class MeasureBatch:
         wait ends with an error once no server of the key has been registered for
         ``board_wait`` seconds. ``_finish`` breaks the wait by shutting the tracker connection."""
         from ..rpc.client import connect
-        from ..rpc.tracker_client import TrackerSession, count_servers
+        from ..rpc.tracker_client import TrackerSession
 
         failing_since = absent_since = None
         poll = min(QUEUE_POLL, self.board_wait)
@@ -349,8 +353,7 @@ class MeasureBatch:
                     return None
                 now = time.monotonic()
                 try:
-                    with TrackerSession(self.tracker_addr) as query:
-                        registered = count_servers(query.summary()).get(self.key, 0)
+                    registered = self._registered_servers()
                 except (TrackerError, OSError, RPCError):
                     continue                          # the next request says what became of it
                 absent_since = None if registered else absent_since or now - poll

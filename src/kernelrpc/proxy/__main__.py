@@ -37,7 +37,7 @@ def _seconds(text: str) -> float:
 
 def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
     p = cli.parser("python -m kernelrpc.proxy", __doc__)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for every interface")
+    cli.add_host(p)
     cli.add_port_range(p, 9090, "the proxy")
     p.add_argument("--tracker", type=_host_port, help="register the devices' keys with this tracker")
     p.add_argument("--custom-addr", default=None,
@@ -72,8 +72,7 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
                    help="native relay: keep polling this many microseconds after traffic before "
                         "sleeping; saves two wake-ups per round trip, costs CPU while a session "
                         "is busy (default 50; 0 never polls)")
-    cli.add_auth_flags(p)
-    cli.add_tls_flags(p)
+    cli.add_security_flags(p)
     a = p.parse_args(argv)
     if not 0 <= a.port < 65536:
         p.error("--port must be in [0, 65535]")

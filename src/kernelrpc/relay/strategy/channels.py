@@ -2,7 +2,7 @@
 (``[O/V][I][KH][KW][V]``), a tile of vectors x rows x columns of outputs in registers."""
 from __future__ import annotations
 
-from .common import accumulate_tile, divisors, schedule_inputs
+from .common import accumulate_tile, divisors, output_tiles, schedule_inputs
 from .tiles import Tiles
 
 
@@ -53,22 +53,6 @@ def channels_default(node, tiles_c) -> bool:
     _, inputs, kh, kw = node.inputs[1].shape[:4]
     reduction, width = inputs * kh * kw, node.shape[3]
     return bool(tiles_c) and reduction >= (96 if width <= 28 else 256)
-
-
-def output_tiles(stage, channels: int, rows: int, cols: int):
-    """An NCHW output stage by tiles of ``channels`` x ``rows`` x ``cols``, parallel over the
-    batch, the channel tiles and the row tiles, the columns in a vector; returns the loop
-    inside which a tile's accumulation is computed."""
-    n, f, y, x = stage.op.axis
-    fo, fi = stage.split(f, factor=channels)
-    yo, yi = stage.split(y, factor=rows)
-    xo, xi = stage.split(x, factor=cols)
-    stage.reorder(n, fo, yo, xo, fi, yi, xi)
-    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
-    stage.unroll(yi)
-    if cols > 1:
-        stage.vectorize(xi)
-    return xo
 
 
 def schedule_channels(s, blocked, out, tiles: Tiles, cfg, node):

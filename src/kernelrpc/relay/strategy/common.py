@@ -56,6 +56,23 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def output_tiles(stage, channels: int, rows: int, cols: int):
+    """An NCHW output stage by tiles of ``channels`` (a vector layout's blocks, a group's
+    channels) x ``rows`` x ``cols``, parallel over the batch, the channel tiles and the row
+    tiles, the columns in a vector; returns the loop inside which a tile's accumulation is
+    computed."""
+    n, f, y, x = stage.op.axis
+    fo, fi = stage.split(f, factor=channels)
+    yo, yi = stage.split(y, factor=rows)
+    xo, xi = stage.split(x, factor=cols)
+    stage.reorder(n, fo, yo, xo, fi, yi, xi)
+    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
+    stage.unroll(yi)
+    if cols > 1:
+        stage.vectorize(xi)
+    return xo
+
+
 def accumulate_tile(s, blocked, cfg, blocks_in_tile: bool):
     """The register tile of a ``[n][B][h][w][V]`` stage accumulated over its reduction: the
     ``reduce_order`` knob's loop order, the window's columns unrolled by ``unroll_kw``, the

@@ -11,7 +11,7 @@ AVX-512 code, 1.66 -> 1.44 ms (columns -> one group padded to 1008); the network
 from __future__ import annotations
 
 from ..op.weight_layout import WeightLayout
-from .common import accumulate_tile, divisors, schedule_inputs
+from .common import accumulate_tile, divisors, output_tiles, schedule_inputs
 from .tiles import Tiles
 
 
@@ -76,16 +76,7 @@ def schedule_grouped(s, blocked, out, tiles: Tiles, cfg, node):
     registers over the reduction; the output stage writes the group's tile back as NCHW with
     the group's tail, parallel over the batch, the groups and the row tiles."""
     rows, cols = (int(v) for v in cfg["group_tile"].val.split("x"))
-    stage = s[out]
-    n, f, y, x = stage.op.axis
-    go, gi = stage.split(f, factor=node.shape[1] // node.attrs["groups"])
-    yo, yi = stage.split(y, factor=rows)
-    xo, xi = stage.split(x, factor=cols)
-    stage.reorder(n, go, yo, xo, gi, yi, xi)
-    stage.parallel(stage.fuse(stage.fuse(n, go), yo))
-    stage.unroll(yi)
-    if cols > 1:
-        stage.vectorize(xi)
-    s[blocked].compute_at(stage, xo)
+    group = node.shape[1] // node.attrs["groups"]
+    s[blocked].compute_at(s[out], output_tiles(s[out], group, rows, cols))
     accumulate_tile(s, blocked, cfg, blocks_in_tile=False)
     schedule_inputs(s, tiles)

@@ -17,8 +17,7 @@ range) has its columns in vectors."""
 from __future__ import annotations
 
 from ..op import get, quant
-from .channels import output_tiles
-from .common import divisors, schedule_inputs
+from .common import divisors, output_tiles, schedule_inputs
 from .dense import DENSE
 from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct

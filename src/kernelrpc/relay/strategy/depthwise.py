@@ -38,10 +38,10 @@ def depthwise_pad(tiles: Tiles, node) -> str:
     """Where the default schedule puts the padded input (:data:`PAD_PLACES`): one channel's
     plane staged in its loop on AVX2 (8 lanes) for a stride-1 layer of rows at least 7 vectors
     wide, where reading it in place cost a mask computed and a masked load (``vmaskmovps``)
-    per load in the inner loop (MobileNet-v2's 144 x 56 x 56 layer 181 -> 147 us, 32 x 112 x 112
-    163 -> 136; 28 x 28 maps lost 10%); else in place (AVX-512's masked loads take a mask
-    register and cost nothing more). Measurements: docs/performance.md, "Depthwise
-    convolutions"."""
+    per load in the inner loop (MobileNet-v2's 144 x 56 x 56 layer 166 -> 136 us, 32 x 112 x 112
+    160 -> 133; 28 x 28 maps lost 10%); else in place (AVX-512's masked loads take a mask
+    register and cost nothing more). Measurements: docs/performance.md, "Every vector width",
+    the depthwise note under the per-class table."""
     width = node.inputs[0].shape[3]
     stride_one = tuple(node.attrs["strides"]) == (1, 1)
     return "channel" if tiles.lanes == 8 and stride_one and width >= 7 * tiles.lanes \

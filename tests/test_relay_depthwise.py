@@ -1,7 +1,8 @@
 """Depthwise convolutions' schedule (one channel's rows x columns in registers, the window
-unrolled): every tile its knobs offer computes the convolution with the group's tail, on
-shapes whose rows and columns the tiles do not divide, strided, dilated, unpadded and with a
-channel multiplier, against numpy."""
+unrolled): every tile its knobs offer, with the default padded input and with every other
+place of it (read in place, staged per channel, staged at the root), computes the convolution
+with the group's tail, on shapes whose rows and columns the tiles do not divide, strided,
+dilated, unpadded and with a channel multiplier, against numpy."""
 import pytest
 
 pytest.importorskip("onnx")
@@ -23,6 +24,8 @@ CASES = {
     "5x5 dilated": dict(x=(1, 8, 12, 11), w=(8, 1, 5, 5), dilations=(2, 2),
                         pads=(4, 4, 4, 4), group=8),
     "3x3 unpadded, multiplier 2": dict(x=(2, 6, 9, 33), w=(12, 1, 3, 3), group=6),
+    "3x3 rows 7 AVX2 vectors wide (its plane staged per channel)":
+        dict(x=(1, 5, 9, 61), w=(5, 1, 3, 3), pads=(1, 1, 1, 1), group=5),
     "stride 2 asymmetric padding": dict(x=(1, 32, 14, 14), w=(32, 1, 3, 3), strides=(2, 2),
                                         pads=(0, 0, 1, 1), group=32),
 }
@@ -35,7 +38,8 @@ def test_every_depthwise_tile_computes_the_convolution(case, target):
     mod, params = relay.frontend.from_onnx(model)
     conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
     space = autotvm.ConfigSpace()
-    strategy.define_conv_knobs(space, strategy.tiles_for(target), conv, padded=True)
+    strategy.define_conv_knobs(space, strategy.tiles_for(target), conv,
+                               padded=any(CASES[case].get("pads", ())))
     values = {name: [e.val for e in knob.entities] for name, knob in space.space_map.items()}
     configs = [dict(tile_y=y, tile_x=x) for y in values["tile_y"] for x in values["tile_x"]]
     configs += [dict(pad=p) for p in values["pad"][1:]]

@@ -15,7 +15,8 @@ from ..op import winograd as winograd_op
 from ..op.reference import conv2d_reference
 from ..op.weight_layout import WeightLayout
 from .channels import channel_tiles, channels_default, schedule_channels
-from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
+from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input, \
+    schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
 from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped_layout, \
     schedule_grouped
@@ -63,7 +64,8 @@ GROUPED = Strategy(
     weight_layout=grouped_layout)
 DEPTHWISE = Strategy(
     "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),
-    define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference)
+    define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference,
+    keeps_stage=keeps_padded_input)
 
 
 #: the table, in the order the candidates' knobs are defined

@@ -1,8 +1,13 @@
 """Depthwise convolutions: one channel's rows x columns in registers, the window unrolled."""
 from __future__ import annotations
 
+from ...compiler.tensor import ComputeOp
 from .common import accumulator, choices, round_up, schedule_inputs
 from .tiles import Tiles
+
+#: where the padded input is: read in place through its bounds checks, one channel's plane
+#: staged inside the channel's loop, or a stage of its own at the root
+PAD_PLACES = ("inline", "channel", "stage")
 
 
 def is_depthwise(node) -> bool:
@@ -29,31 +34,55 @@ def depthwise_tile(tiles: Tiles, node) -> tuple[int, int]:
     return max(1, min(rows, budget // (columns // lanes), height)), columns
 
 
+def depthwise_pad(tiles: Tiles, node) -> str:
+    """Where the default schedule puts the padded input (:data:`PAD_PLACES`): one channel's
+    plane staged in its loop on AVX2 (8 lanes) for a stride-1 layer of rows at least 7 vectors
+    wide, where reading it in place cost a mask computed and a masked load (``vmaskmovps``)
+    per load in the inner loop (MobileNet-v2's 144 x 56 x 56 layer 166 -> 136 us, 32 x 112 x 112
+    160 -> 133; 28 x 28 maps lost 10%); else in place (AVX-512's masked loads take a mask
+    register and cost nothing more). Measurements: docs/performance.md, "Every vector width",
+    the depthwise note under the per-class table."""
+    width = node.inputs[0].shape[3]
+    stride_one = tuple(node.attrs["strides"]) == (1, 1)
+    return "channel" if tiles.lanes == 8 and stride_one and width >= 7 * tiles.lanes \
+        else "inline"
+
+
 def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool):
     """A depthwise convolution's knobs: the output rows (``tile_y``) and columns (``tile_x``,
-    whole vectors) of one channel's register tile (:func:`depthwise_tile`), and the padded
-    input read in place (the default: each padded value is read by one output channel only)
-    or a stage of its own."""
+    whole vectors) of one channel's register tile (:func:`depthwise_tile`), and where the
+    padded input is (``pad``, :func:`depthwise_pad`'s default first)."""
     _, _, out_height, out_width = node.shape
     lanes = max(tiles.lanes, 2)
     rows, columns = depthwise_tile(tiles, node)
     cfg.define_knob("tile_y", choices(rows, (1, 2, 4, 7, 8), out_height))
     cfg.define_knob("tile_x", choices(columns, (lanes // 2, lanes, 2 * lanes),
                                        round_up(out_width, lanes)))
-    cfg.define_knob("pad", ["inline", "stage"] if padded else ["stage"])
+    default = depthwise_pad(tiles, node)
+    cfg.define_knob("pad", [default, *(p for p in PAD_PLACES if p != default)] if padded
+                    else ["stage"])
+
+
+def keeps_padded_input(op, anchor, cfg) -> bool:
+    """The padded input is a stage (in the channel's loop or at the root) unless the ``pad``
+    knob reads it in place."""
+    return op.tag == "pad" and cfg["pad"].val != "inline"
 
 
 def schedule_depthwise(s, conv, out, tiles: Tiles, cfg, node):
     """One channel's tile of ``tile_y`` rows x ``tile_x`` columns in registers, its window
     unrolled: the rows' and the window's loads of one input row are the same load, so an
-    input vector feeds up to ``KH`` rows' FMAs, and the channel's weights stay in registers."""
+    input vector feeds up to ``KH`` rows' FMAs, and the channel's weights stay in registers.
+    With ``pad`` ``channel`` the channel's padded plane is computed in the channel's loop
+    (in cache when its rows are read) and the tile's loads have no bounds checks."""
     cc = accumulator(s, conv, out)
     stage = s[out]
     n, f, y, x = stage.op.axis
     yo, yi = stage.split(y, factor=cfg["tile_y"].val)
     xo, xi = stage.split(x, factor=cfg["tile_x"].val)
     stage.reorder(n, f, yo, xo, yi, xi)
-    stage.parallel(stage.fuse(n, f))
+    channel = stage.fuse(n, f)
+    stage.parallel(channel)
     stage.unroll(yi)
     stage.vectorize(xi)
     s[cc].compute_at(stage, xo)
@@ -63,4 +92,16 @@ def schedule_depthwise(s, conv, out, tiles: Tiles, cfg, node):
     for axis in (ry, rx, cy):
         s[cc].unroll(axis)
     s[cc].vectorize(cx)
+    if cfg["pad"].val == "channel":
+        _stage_in_channel(s, stage, channel, tiles)
     schedule_inputs(s, tiles)
+
+
+def _stage_in_channel(s, stage, channel, tiles: Tiles):
+    """The padded input computed one channel's plane at a time inside ``channel``, its rows in
+    vectors."""
+    for st in s.stages:
+        if isinstance(st.op, ComputeOp) and st.op.tag == "pad":
+            st.compute_at(stage, channel)
+            if tiles.lanes > 1:
+                st.vectorize(st.split(st.op.axis[-1], factor=tiles.lanes)[1])

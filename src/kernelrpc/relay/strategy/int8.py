@@ -19,7 +19,8 @@ from __future__ import annotations
 from ..op import get, quant
 from .common import divisors, output_tiles, schedule_inputs
 from .dense import DENSE
-from .depthwise import define_depthwise_knobs, is_depthwise, schedule_depthwise
+from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input, \
+    schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
 from .int8_dots import QUAD_DOTS, QuadDot
 from .record import Strategy
@@ -101,7 +102,7 @@ QDEPTHWISE = Strategy(
     define_knobs=define_depthwise_knobs,
     schedule=lambda s, anchor, out, tiles, cfg, node: schedule_depthwise(
         s, accumulation(anchor), out, tiles, cfg, node),
-    reference=_reference(quant.np_qconv2d))
+    reference=_reference(quant.np_qconv2d), keeps_stage=keeps_padded_input)
 QCONV2D = Strategy(
     "int8_direct", "qnn.conv2d", applies=lambda tiles, node: not is_packed(node),
     define_knobs=define_direct_knobs,

@@ -234,6 +234,13 @@ def test_unreachable_tracker_is_a_clear_error():
         batch.wait()
 
 
+def test_a_tracker_address_it_cannot_take_is_refused_before_any_build():
+    with pytest.raises(ValueError, match=r"tracker: ':9190': the host is empty"):
+        kernelrpc.measure([addone(4)], key="board", tracker=":9190", inputs=[])
+    batch = kernelrpc.measure([addone(4)], key="board", tracker="[::1]:9190", inputs=[])
+    assert batch.tracker_addr == ("::1", 9190)
+
+
 def test_candidates_must_be_callable():
     with pytest.raises(TypeError, match="returns \\(schedule, args\\)"):
         kernelrpc.measure([42], key="board", tracker="127.0.0.1:1", inputs=[])

@@ -28,6 +28,7 @@ import numpy as np
 
 import kernelrpc
 from kernelrpc import autotvm, te
+from kernelrpc.cli import host_port
 from kernelrpc.deploy.fleet import connect_or_start
 
 
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=512, help="M = N = K")
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--tuner", choices=["ga", "model", "random"], default="ga")
-    parser.add_argument("--tracker", metavar="HOST:PORT",
+    parser.add_argument("--tracker", type=host_port, metavar="HOST:PORT",
                         default=os.environ.get("KERNELRPC_TRACKER", "127.0.0.1:9190"),
                         help="the tracker; when none listens there, a local one is started "
                              "(default: $KERNELRPC_TRACKER or 127.0.0.1:9190)")
@@ -138,10 +139,7 @@ def main(argv=None) -> int:
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     M = N = K = opts.size
-    host, _, port = opts.tracker.rpartition(":")
-    if not host or not port.isdigit():
-        parser.error(f"--tracker takes HOST:PORT, got {opts.tracker!r}")
-    with contextlib.closing(connect_or_start(host, int(port), opts.key, devices=opts.devices)) as tracker:
+    with contextlib.closing(connect_or_start(*opts.tracker, opts.key, devices=opts.devices)) as tracker:
         (host, port), key = tracker.addr, opts.key
 
         def progress(tuner, config, result):

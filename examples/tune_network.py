@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kernelrpc import autotvm, relay
+from kernelrpc.cli import host_port
 from kernelrpc.contrib import graph_executor
 from kernelrpc.deploy.fleet import connect_or_start
 
@@ -76,7 +77,8 @@ def evaluate(remote, lib, feeds, name):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tracker", default=os.environ.get("KERNELRPC_TRACKER", "127.0.0.1:9190"))
+    p.add_argument("--tracker", type=host_port, metavar="HOST:PORT",
+                   default=os.environ.get("KERNELRPC_TRACKER", "127.0.0.1:9190"))
     p.add_argument("--key", default="tune-network")
     p.add_argument("--model", default=None, help="an ONNX file (default: ResNet-18 built in code)")
     p.add_argument("--size", type=int, default=224, help="input size of the built-in ResNet-18")
@@ -88,12 +90,11 @@ def main(argv=None) -> int:
     p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                    help="give up waiting for a board of --key after this long")
     args = p.parse_args(argv)
-    host, _, port = args.tracker.rpartition(":")
 
     model, mod, params = get_network(args)
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.standard_normal(i.shape).astype(i.dtype) for i in mod["main"].inputs}
-    with connect_or_start(host or "127.0.0.1", int(port), args.key) as tracker:
+    with connect_or_start(*args.tracker, args.key) as tracker:
         with tracker.request(args.key, timeout=args.request_timeout) as remote:
             target = remote.target()
         print("Extract tasks...")

@@ -149,3 +149,27 @@ def test_deploy_bundle_says_where_it_wrote_and_how_to_rebuild(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == (
         f"kernelrpc.deploy bundle: wrote the device bundle to {tmp_path / 'dev.pyz'}; rerun: python -m "
         f"kernelrpc.deploy bundle --out {tmp_path / 'dev.pyz'}")
+
+
+def _tracker_of(command: str, argv: list[str]):
+    """What ``command`` makes of its ``--tracker`` flag (its argument parser, in this process)."""
+    if command == "kernelrpc.server":
+        from kernelrpc.server.__main__ import parse_args
+        return parse_args([*argv, "--key", "board"])[0].tracker_addr
+    if command == "kernelrpc.proxy":
+        from kernelrpc.proxy.__main__ import parse_args
+        return parse_args(argv)[0].tracker
+    from kernelrpc.model import build_parser
+    return build_parser().parse_args(["net.onnx", *argv]).tracker
+
+
+@pytest.mark.parametrize("command", ["kernelrpc.server", "kernelrpc.proxy", "kernelrpc.model"])
+def test_tracker_flag_takes_host_port_or_bracketed_ipv6_and_names_what_is_wrong(command, capsys):
+    assert _tracker_of(command, ["--tracker", "tracker-host:9190"]) == ("tracker-host", 9190)
+    assert _tracker_of(command, ["--tracker", "[::1]:9190"]) == ("::1", 9190)
+    for text, why in ((":9190", "the host is empty"), ("host:0", "1..65535"), ("host", "expected HOST:PORT"),
+                      ("::1:9190", "IPv6 address in brackets")):
+        with pytest.raises(SystemExit) as info:
+            _tracker_of(command, ["--tracker", text])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"argument --tracker: {text!r}: " in err and why in err, err

@@ -1,7 +1,6 @@
 """kernelrpc.measure against a real tracker and device servers started as users start them."""
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -119,32 +118,45 @@ def test_when_every_board_vanishes_the_batch_ends_after_board_wait(fleet):
     assert "no server with key 'board' registered" in results["endless"].error
 
 
-def slow():
-    """Near a second per call on a desktop core: 2**23 ordered additions per element, whose
-    sum (2**22, exact in float32) makes it ``A + 1``."""
-    A = te.placeholder((N,), name="A")
-    k = te.reduce_axis((0, 1 << 23), "k")
-    S = te.compute((N,), lambda i: te.sum(te.indexmod(k, 2).astype("float32"), axis=k), name="S")
-    B = te.compute((N,), lambda i: A[i] + S[i] / float(1 << 22), name="B")
-    return te.create_schedule(B.op), [A, B]
+HELD_ONCE = r"""
+#include <fcntl.h>
+#include <unistd.h>
+
+/* x + 1; the first call on any board creates MARK and sleeps there until its board is
+   killed (60 s at most); every later call, on any board, returns at once. */
+float held_once(float x) {
+    int fd = open(MARK, O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd >= 0) {
+        close(fd);
+        for (int i = 0; i < 600; i++)
+            usleep(100000);
+    }
+    return x + 1.0f;
+}
+"""
 
 
 def test_a_board_that_goes_away_mid_candidate_costs_nothing_and_a_new_one_joins(
-        start_service, tracker):
+        start_service, tracker, tmp_path):
     """The board running the first candidate is killed; the batch waits, a board registered
-    under the key afterwards (a rebooted one) takes the candidate in flight and the rest."""
+    under the key afterwards (a rebooted one) takes the candidate in flight and the rest.
+
+    The candidate's kernel marks a file when it starts and holds its first board until the
+    kill, so the kill always lands mid-candidate."""
+    mark = tmp_path / "held.started"
+    source = tmp_path / "held_once.c"
+    source.write_text(f'#define MARK "{mark}"\n' + HELD_ONCE)
     first = start_server(start_service, tracker)
     wait_until(lambda: queue(tracker)["free"] == 1, what="the board registered")
-    candidates = {"slow": slow, **{f"split{f}": addone(f) for f in (4, 8)}}
-    batch = run(tracker, candidates, number=1, repeat=1, board_wait=60)
+    candidates = {"held": calls_c("held_once"), **{f"split{f}": addone(f) for f in (4, 8)}}
+    batch = run(tracker, candidates, number=1, repeat=1, board_wait=60, sources=[source])
     batch._start()
-    wait_until(lambda: queue(tracker)["free"] == 0, what="the batch holds the board")
-    time.sleep(0.5)                                 # uploading or running "slow"
+    wait_until(mark.exists, timeout=60, what="the held candidate running on the first board")
     first.stop(signal.SIGKILL)
     second = start_server(start_service, tracker)
     results = {r.name: r for r in batch.wait()}
     assert all(r.status == OK for r in results.values()), results
-    assert results["slow"].device.endswith(f":{second.port}")
+    assert results["held"].device.endswith(f":{second.port}")
     addresses = [d["address"] for d in batch.stats()["devices"]]
     assert len(addresses) == 2 and addresses[1].endswith(f":{second.port}")
 
@@ -220,6 +232,13 @@ def test_unreachable_tracker_is_a_clear_error():
                               inputs=[np.zeros(N, "float32")])
     with pytest.raises(TrackerUnreachable, match="127.0.0.1:1"):
         batch.wait()
+
+
+def test_a_tracker_address_it_cannot_take_is_refused_before_any_build():
+    with pytest.raises(ValueError, match=r"tracker: ':9190': the host is empty"):
+        kernelrpc.measure([addone(4)], key="board", tracker=":9190", inputs=[])
+    batch = kernelrpc.measure([addone(4)], key="board", tracker="[::1]:9190", inputs=[])
+    assert batch.tracker_addr == ("::1", 9190)
 
 
 def test_candidates_must_be_callable():

@@ -1,4 +1,5 @@
 import errno
+import re
 import socket
 
 import pytest
@@ -72,3 +73,41 @@ def test_keepalive_is_enabled():
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         if hasattr(socket, "TCP_KEEPIDLE"):
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+
+
+@pytest.mark.parametrize("text, address", [
+    ("127.0.0.1:9190", ("127.0.0.1", 9190)),
+    ("tracker-host:1", ("tracker-host", 1)),
+    ("laptop.local:65535", ("laptop.local", 65535)),
+    ("[::1]:9190", ("::1", 9190)),
+    ("[fe80::1%eth0]:9190", ("fe80::1%eth0", 9190)),
+])
+def test_parse_host_port_takes_a_host_or_a_bracketed_ipv6_address(text, address):
+    from kernelrpc.netutil import parse_host_port
+
+    assert parse_host_port(text) == address
+
+
+@pytest.mark.parametrize("text, why", [
+    ("127.0.0.1", "expected HOST:PORT"),
+    ("127.0.0.1:", "expected HOST:PORT"),
+    ("[::1]", "expected HOST:PORT"),
+    (":9190", "the host is empty"),
+    ("[]:9190", "the host is empty"),
+    ("::1:9190", "IPv6 address in brackets"),
+    ("[::1:9190", "']' is missing"),
+    ("[::1]9190", "expected HOST:PORT"),
+    ("[tracker]:9190", "not an IPv6 address"),
+    ("host:0", "1..65535"),
+    ("host:65536", "1..65535"),
+    ("host:-1", "1..65535"),
+    ("host:+9190", "1..65535"),
+    ("host:9190x", "1..65535"),
+    ("host:\u0669", "1..65535"),     # an Arabic-Indic digit: str.isdigit, not a port
+])
+def test_parse_host_port_refuses_naming_the_problem(text, why):
+    from kernelrpc.netutil import parse_host_port
+
+    with pytest.raises(ValueError, match=re.escape(why)) as info:
+        parse_host_port(text)
+    assert repr(text) in str(info.value)

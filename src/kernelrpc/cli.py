@@ -189,6 +189,16 @@ def tls_config(args: argparse.Namespace, service: str):
         raise SystemExit(f"{service}: {exc}") from None
 
 
+def host_port(text: str) -> tuple[str, int]:
+    """The argparse type of a HOST:PORT flag (``--tracker``): see ``netutil.parse_host_port``."""
+    from .netutil import parse_host_port
+
+    try:
+        return parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (as given to --host) is reachable from this machine only."""
     import ipaddress

@@ -58,18 +58,11 @@ def _const_spec(text: str):
     return name, numbers[0] if len(numbers) == 1 else numbers
 
 
-def _tracker_address(text: str):
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise cli.argparse.ArgumentTypeError(f"--tracker {text!r}: write HOST:PORT")
-    return host or "127.0.0.1", int(port)
-
-
 def build_parser():
     p = cli.parser("python -m kernelrpc.model", __doc__, silent=False)
     p.add_argument("model", help="the .onnx file")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--tracker", type=_tracker_address, metavar="HOST:PORT",
+    where.add_argument("--tracker", type=cli.host_port, metavar="HOST:PORT",
                        help="request a device of --key from this tracker")
     where.add_argument("--local", action="store_true", help="run here (the default)")
     p.add_argument("--key", default="", help="the device key to request from the tracker")

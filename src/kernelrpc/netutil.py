@@ -39,6 +39,42 @@ KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
 """Probe after 30 s idle, every 10 s, give up after 3: a vanished peer is noticed in about a minute."""
 
 
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``(host, port)`` of ``"HOST:PORT"`` or ``"[IPV6]:PORT"`` (the brackets dropped), the port in
+    1..65535: the address of a service to connect to (a tracker, a proxy).
+
+    Raises:
+        ValueError: no port, an empty host, an IPv6 address without brackets (``::1:9190``
+            could be either) or a port outside the range; the message says which.
+    """
+    if text.startswith("["):
+        host, closed, rest = text[1:].partition("]")
+        if not closed:
+            raise ValueError(f"{text!r}: the IPv6 address's ']' is missing, as in [::1]:9190")
+        if host and not _is_ipv6(host):
+            raise ValueError(f"{text!r}: {host!r} in brackets is not an IPv6 address")
+        sep, port = rest[:1], rest[1:]
+    else:
+        host, sep, port = text.rpartition(":")
+        if ":" in host or "]" in host:
+            raise ValueError(f"{text!r}: write an IPv6 address in brackets, as [::1]:9190")
+    if sep != ":" or not port:
+        raise ValueError(f"{text!r}: expected HOST:PORT (an IPv6 address as [::1]:9190)")
+    if not host:
+        raise ValueError(f"{text!r}: the host is empty (expected HOST:PORT, e.g. 127.0.0.1:9190)")
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: the port must be a number in 1..65535")
+    return host, int(port)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6, host.partition("%")[0])   # a zone (%eth0) is the OS's to check
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def enable_keepalive(sock: socket.socket) -> None:
     """TCP keepalive with :data:`KEEPALIVE`: notices peers that vanish without closing (a NAT box
     rebooted) and keeps NAT mappings open while a connection waits."""

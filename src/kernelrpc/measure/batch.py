@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from ..errors import QueueTimeout, RPCError, TrackerError
+from ..netutil import parse_host_port
 from . import result as R
 from .build import BuildOutput, LinkFiles, build_candidate, dumps_candidate
 from .cache import BuildCache
@@ -143,10 +144,10 @@ def _normalize(candidates) -> list[tuple[str, object]]:
 
 def _tracker_address(tracker) -> tuple[str, int]:
     if isinstance(tracker, str):
-        host, _, port = tracker.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"tracker must be 'HOST:PORT', got {tracker!r}")
-        return host.strip("[]"), int(port)
+        try:
+            return parse_host_port(tracker)
+        except ValueError as exc:
+            raise ValueError(f"tracker: {exc}") from None
     if hasattr(tracker, "addr"):
         return tuple(tracker.addr)
     host, port = tracker
@@ -556,7 +557,8 @@ def measure(candidates, *, key: str, tracker, inputs, reference=None, **options)
         candidates: functions returning ``(schedule, args)`` (a list, a list of ``(name, fn)``
             pairs or a dict of name to function); closures and lambdas are fine (cloudpickle).
         key: the device key at the tracker.
-        tracker: ``"host:port"``, a ``(host, port)`` pair or a ``TrackerSession``.
+        tracker: ``"host:port"`` (``"[::1]:9190"`` for an IPv6 address), a ``(host, port)`` pair
+            or a ``TrackerSession``.
         inputs: arrays for the leading arguments; the remaining ones are outputs, allocated from
             the built function's signature.
         reference: the expected outputs (an array or a list of them), or a function of the inputs

@@ -18,13 +18,6 @@ from .relays import RELAYS, RelayUnavailable
 from .service import ProxyConfig, ProxyService
 
 
-def _host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -39,7 +32,7 @@ def parse_args(argv=None) -> tuple[ProxyConfig, argparse.Namespace]:
     p = cli.parser("python -m kernelrpc.proxy", __doc__)
     cli.add_host(p)
     cli.add_port_range(p, 9090, "the proxy")
-    p.add_argument("--tracker", type=_host_port, help="register the devices' keys with this tracker")
+    p.add_argument("--tracker", type=cli.host_port, help="register the devices' keys with this tracker")
     p.add_argument("--custom-addr", default=None,
                    help="address the tracker hands to clients for this proxy (default: this host "
                         "as the tracker sees it; set it behind NAT or a port forward)")

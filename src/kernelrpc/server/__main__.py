@@ -53,7 +53,7 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
                         help="fork each session's child when its client arrives, instead of handing it "
                              "to a spare child forked and warmed up ahead (whose first request is faster)")
     parser.add_argument("--workspace-root", default=None, help="parent directory of session workspaces")
-    parser.add_argument("--tracker", default=None, metavar="HOST:PORT",
+    parser.add_argument("--tracker", type=cli.host_port, default=None, metavar="HOST:PORT",
                         help="register with this tracker under --key (re-registers after every session)")
     parser.add_argument("--custom-addr", default=None,
                         help="address the tracker hands to clients, when the one it sees is not theirs to reach "
@@ -80,12 +80,8 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
         parser.error(str(exc))
     if args.through_proxy and args.tracker:
         parser.error("--through-proxy and --tracker exclude each other: run the proxy with --tracker")
-    tracker_addr = None
-    if args.tracker:
-        host, _, port = args.tracker.rpartition(":")
-        if not host or not port.isdigit() or not args.key:
-            parser.error("--tracker takes HOST:PORT and needs --key")
-        tracker_addr = (host.strip("[]"), int(port))
+    if args.tracker and not args.key:
+        parser.error("--tracker needs --key")
     from ..wire.protocol import MIN_MAX_FRAME_BYTES
     if args.max_frame_bytes < MIN_MAX_FRAME_BYTES:
         parser.error(f"--max-frame-bytes must be at least {MIN_MAX_FRAME_BYTES}")
@@ -101,7 +97,7 @@ def parse_args(argv=None) -> tuple[ServerConfig, argparse.Namespace]:
         idle_timeout=args.idle_timeout, io_timeout=args.io_timeout, checked_tensors=args.checked_tensors,
         min_transfer_rate=args.min_transfer_rate,
         **({} if args.max_session_bytes is None else {"max_session_bytes": args.max_session_bytes}),
-        workspace_root=args.workspace_root, tracker_addr=tracker_addr,
+        workspace_root=args.workspace_root, tracker_addr=args.tracker,
         custom_addr=args.custom_addr, through_proxy=args.through_proxy, cpus=cpus), args
 
 

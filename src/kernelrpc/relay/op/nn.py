@@ -96,6 +96,8 @@ def _conv2d(ts, attrs, node):
     if layout.kind == "winograd":
         return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
                                node, layout.m, layout.lanes)
+    if layout.kind == "pointwise":
+        return _conv2d_pixels(data, weight, node)
     lanes = layout.lanes
     _, cg, kh, kw = static_shape(weight)[:4]
     rc = te.reduce_axis((0, cg), "rc")
@@ -135,6 +137,25 @@ def _conv2d(ts, attrs, node):
         name="conv2d_blocked", tag="conv2d")
     return te.compute(node.shape, lambda n, o, y, x: blocked[
         n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")
+
+
+def _conv2d_pixels(data, weight, node):
+    """A pointwise convolution as the product of its ``[O][I]`` weight and its input's
+    ``[I][H*W]`` pixels (``[n][O][H*W]``: each channel's rows are one contiguous run), read
+    back as NCHW by the (inlined) output stage."""
+    n_, oc, oh, ow = node.shape
+    attrs = node.attrs
+    if tuple(static_shape(weight)[2:]) != (1, 1) or tuple(attrs["strides"]) != (1, 1) or \
+            any(attrs["padding"]) or attrs["groups"] != 1 or "upsample" in attrs:
+        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs a 1x1 kernel, "
+                         f"stride 1, no padding and one group")
+    rc = te.reduce_axis((0, static_shape(weight)[1]), "rc")
+    pixels = te.compute(
+        (n_, oc, oh * ow), lambda n, o, p: te.sum(
+            data[n, rc, E.floordiv(p, ow), E.floormod(p, ow)] * weight[o, rc, 0, 0], axis=rc),
+        name="conv2d_pixels", tag="conv2d")
+    return te.compute(node.shape, lambda n, o, y, x: pixels[n, o, y * ow + x], name="conv2d",
+                      tag="conv2d_unblock")
 
 
 def _conv2d_grouped_blocks(window, weight, node, layout, reduce_axes):

@@ -12,7 +12,7 @@ from kernelrpc import autotvm, nd, relay, te  # noqa: E402
 from kernelrpc.compiler import expr as E  # noqa: E402
 from kernelrpc.compiler.lower import arith  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
-from kernelrpc.relay import strategy, tuning  # noqa: E402
+from kernelrpc.relay import ir, strategy, tuning  # noqa: E402
 
 from target_families import family_params  # noqa: E402
 from test_relay_conv_channels import RNG, Knobs, conv_model, conv_node, run  # noqa: E402
@@ -21,6 +21,8 @@ CASES = {
     "13x13, a tail of pixels and of channels": dict(x=(1, 24, 13, 13), w=(20, 24, 1, 1)),
     "batch 2, residual": dict(x=(2, 16, 7, 9), w=(40, 16, 1, 1), residual=True),
     "narrowing, one row": dict(x=(1, 72, 1, 37), w=(8, 72, 1, 1)),
+    "stride 2, odd sizes": dict(x=(1, 16, 27, 31), w=(24, 16, 1, 1), strides=(2, 2)),
+    "stride (2, 1)": dict(x=(2, 8, 14, 11), w=(16, 8, 1, 1), strides=(2, 1), residual=True),
 }
 
 
@@ -60,17 +62,20 @@ def test_pixels_is_the_default_from_13x13_and_on_7x7_with_16_registers():
     assert first(avx512, (1, 512, 13, 13), (1000, 512, 1, 1)) == "pixels"
     assert first(avx512, (1, 512, 7, 7), (2048, 512, 1, 1)) == "channels"
     assert first(avx2, (1, 512, 7, 7), (2048, 512, 1, 1)) == "pixels"
+    assert first(avx512, (1, 256, 56, 56), (512, 256, 1, 1), strides=(2, 2)) == "pixels"
 
 
-@pytest.mark.parametrize("data, weight, attrs", [
-    ((1, 16, 14, 14), (32, 16, 1, 1), dict(strides=(2, 2))),
-    ((1, 16, 14, 14), (32, 16, 3, 3), {}),
-    ((1, 16, 14, 14), (32, 8, 1, 1), dict(groups=2)),
+@pytest.mark.parametrize("weight, attrs", [
+    ((32, 16, 3, 3), {}),
+    ((32, 8, 1, 1), {"groups": 2}),
+    ((32, 16, 1, 1), {"padding": (1, 1, 1, 1)}),
 ])
-def test_pixels_only_for_pointwise_convolutions(data, weight, attrs):
+def test_pixels_only_for_pointwise_convolutions(weight, attrs):
     tiles = strategy.tiles_for(Target("llvm -mcpu=haswell"))
-    names = [s.name for s in strategy.candidates(tiles, conv_node(data, weight, **attrs))]
-    assert "pixels" not in names
+    node = conv_node((1, 16, 14, 14), weight, groups=attrs.get("groups", 1))
+    node = ir.Node(node.op, node.inputs, {**node.attrs, **attrs}, node.shape, node.dtype,
+                   node.name)
+    assert "pixels" not in [s.name for s in strategy.candidates(tiles, node)]
 
 
 def test_the_order_walks_the_larger_side_outside():

@@ -142,13 +142,19 @@ def _conv2d(ts, attrs, node):
 def _conv2d_pixels(data, weight, node):
     """A pointwise convolution as the product of its ``[O][I]`` weight and its input's
     ``[I][H*W]`` pixels (``[n][O][H*W]``: each channel's rows are one contiguous run), read
-    back as NCHW by the (inlined) output stage."""
+    back as NCHW by the (inlined) output stage. A strided one reads the pixels it keeps from
+    a stage of their own (tagged ``pad``, as a strided convolution's phases)."""
     n_, oc, oh, ow = node.shape
     attrs = node.attrs
-    if tuple(static_shape(weight)[2:]) != (1, 1) or tuple(attrs["strides"]) != (1, 1) or \
-            any(attrs["padding"]) or attrs["groups"] != 1 or "upsample" in attrs:
+    if tuple(static_shape(weight)[2:]) != (1, 1) or any(attrs["padding"]) or \
+            attrs["groups"] != 1 or "upsample" in attrs:
         raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs a 1x1 kernel, "
-                         f"stride 1, no padding and one group")
+                         f"no padding and one group")
+    sh, sw = attrs["strides"]
+    if (sh, sw) != (1, 1):
+        data = te.compute((n_, static_shape(data)[1], oh, ow),
+                          lambda n, c, y, x: data[n, c, y * sh, x * sw], name="subsample",
+                          tag="pad")
     rc = te.reduce_axis((0, static_shape(weight)[1]), "rc")
     pixels = te.compute(
         (n_, oc, oh * ow), lambda n, o, p: te.sum(

@@ -1,27 +1,33 @@
-"""The ``pixels`` strategy of a pointwise convolution (1x1 kernel, stride 1, no padding, one
-group): the product of the ``[O][I]`` weight and the input's ``[I][H*W]`` pixels, as the
+"""The ``pixels`` strategy of a pointwise convolution (1x1 kernel, no padding, one group):
+the product of the ``[O][I]`` weight and the input's ``[I][H*W]`` pixels, as the
 batched MatMul's register tile computes it (:mod:`.matmul`): ``tile_m`` output channels x
 ``tile_n`` pixels (whole vectors) over the whole reduction, one broadcast weight per channel
 and one vector load per pixel vector a step. A channel's pixels are one contiguous run in
 NCHW, so the tile runs along them across rows: a 13x13 or 28x28 map has no row tail inside
-the tile and no lanes of a vector wasted on it, and no transpose writes the tile back."""
+the tile and no lanes of a vector wasted on it, and no transpose writes the tile back. A
+strided one (ResNet's downsampling shortcuts) first copies the pixels it keeps into a stage of
+their own, a quarter of its input at stride 2."""
 from __future__ import annotations
 
 from ..op.weight_layout import WeightLayout
-from .common import accumulator
+from .common import accumulator, schedule_inputs
 from .matmul import define_matmul_knobs
 from .tiles import Tiles
 
 #: fewest pixels for which the ``pixels`` strategy is the default
 PIXELS_DEFAULT_MIN = 128
 def is_pointwise(node) -> bool:
-    """A float32 1x1 convolution of stride 1, unpadded, of one group."""
+    """A float32 1x1 convolution, unpadded, of one group."""
     weight = node.inputs[1]
     attrs = node.attrs
     return len(weight.shape) == 4 and tuple(weight.shape[2:]) == (1, 1) and \
         weight.dtype == "float32" and attrs["groups"] == 1 and \
-        tuple(attrs["strides"]) == (1, 1) and not any(attrs["padding"]) and \
-        "upsample" not in attrs
+        not any(attrs["padding"]) and "upsample" not in attrs
+
+
+def keeps_subsample(op, anchor, cfg) -> bool:
+    """A strided layer's kept pixels are a stage of their own."""
+    return op.tag == "pad"
 
 
 def pixels_default(tiles: Tiles, node) -> bool:
@@ -74,6 +80,7 @@ def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
     s[cc].unroll(cf)
     s[cc].unroll(cv)
     s[cc].vectorize(cl)
+    schedule_inputs(s, tiles)
 
 
 def pixels_layout(tiles: Tiles, node) -> WeightLayout:

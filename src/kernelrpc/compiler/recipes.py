@@ -103,28 +103,49 @@ def gemm_tile(target=None) -> tuple[int, int, int]:
     return 4, 2 * isa.lanes, isa.lanes
 
 
-def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False, target=None):
+#: bytes of A a row block may hold: rows of A that every panel of packed B passes while they
+#: stay in one core's L2 (1 MiB: half of a 2 MiB L2, a 1 MiB L2 whole; a smaller L2 is no
+#: worse off than without row blocks, where A comes from L3 for every panel)
+ROW_BLOCK_BYTES = 1 << 20
+
+
+def row_block(K, mr, dtype_bytes=4) -> int:
+    """Rows of A in one row block of :func:`register_blocked`: whole tiles of ``mr`` rows whose
+    ``K`` columns fit ``ROW_BLOCK_BYTES``, at least one tile."""
+    return mr * max(1, ROW_BLOCK_BYTES // (dtype_bytes * K * mr))
+
+
+def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False, target=None,
+                     mc=None):
     """Register-blocked GEMM: an ``mr x nr`` tile of C in vector registers for the whole K loop.
 
-    Threads split the ``nr``-wide panels of packed B (each panel stays in one core's L2); inside
-    a panel, the ``mr`` rows and ``nr / lanes`` vectors of the accumulator tile are unrolled, so
-    every access to it has a constant offset and LLVM keeps it in registers. ``pack_per_panel``
-    packs each panel inside the parallel loop that uses it instead of in a pass of its own.
+    A block of ``mc`` rows of A (default :func:`row_block`: what stays in L2) meets every
+    ``nr``-wide panel of packed B before the next block starts, so A is read from memory
+    once, not once a panel; threads split the panels (each panel stays in one core's L2).
+    Inside a panel, the ``mr`` rows and ``nr / lanes`` vectors of the accumulator tile are
+    unrolled, so every access to it has a constant offset and LLVM keeps it in registers.
+    ``pack_per_panel`` packs each panel inside the parallel loop that uses it instead of in a
+    pass of its own (and then the rows are one block: a panel is packed once).
     The tile not given is the target's (:func:`gemm_tile`; ``target`` default: this host).
     """
     default_mr, default_nr, default_lanes = gemm_tile(target)
     mr, nr, lanes = mr or default_mr, nr or default_nr, lanes or default_lanes
+    mc = M if pack_per_panel else mc or row_block(K, mr)
     A, B, packedB, C = packed_matmul(M, N, K, nr)
     s = create_schedule(C.op)
     CC = s.cache_write(C, "global")
     mo, no, mi, ni = s[C].tile(C.op.axis[0], C.op.axis[1], mr, nr)
-    s[C].reorder(no, mo, mi, ni)
+    if mc < M:
+        blocks, mo = s[C].split(mo, factor=max(1, mc // mr))
+        s[C].reorder(blocks, no, mo, mi, ni)
+    else:
+        s[C].reorder(no, mo, mi, ni)
     s[CC].compute_at(s[C], mo)
-    mc, nc = s[CC].op.axis
+    rows, columns = s[CC].op.axis
     (k,) = s[CC].op.reduce_axis
-    nco, nci = s[CC].split(nc, factor=lanes)
-    s[CC].reorder(k, mc, nco, nci)
-    s[CC].unroll(mc)
+    nco, nci = s[CC].split(columns, factor=lanes)
+    s[CC].reorder(k, rows, nco, nci)
+    s[CC].unroll(rows)
     s[CC].unroll(nco)
     s[CC].vectorize(nci)
     s[C].vectorize(ni)

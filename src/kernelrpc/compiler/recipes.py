@@ -204,11 +204,25 @@ def conv2d_register_tile(s, conv, out, accumulator, tile_f, tile_x,
     s[accumulator].vectorize(cx)
 
 
-def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=8, xr=16):
+def conv_tile(target=None) -> tuple[int, int]:
+    """``(fr, xr)`` of :func:`conv2d_nchw` for ``target`` (default: this host): the tile of
+    relay's direct convolutions (``relay.strategy.tiles``), ``fr`` output channels x ``xr``
+    output columns (whole vectors): AVX-512 16 x 16 (16 of 32 zmm), AVX2 and SSE 6 x 2
+    vectors, aarch64 12 x 2, armv7 NEON 4 x 2, scalar 4 x 4."""
+    from ..relay.strategy.tiles import tiles_for
+    from .target import Target
+
+    tiles = tiles_for(Target(target))
+    return tiles.conv_channels, tiles.conv_columns
+
+
+def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=None, xr=None, target=None):
     """Direct 3x3-style convolution in NCHW, stride 1: ``fr`` output channels x ``xr`` output
-    columns (one vector) of accumulators stay in registers over the whole reduction
-    (:func:`conv2d_register_tile`); the padded input is a stage of its own. Returns
-    ``(s, [data, kernel, out])``."""
+    columns (whole vectors) of accumulators stay in registers over the whole reduction
+    (:func:`conv2d_register_tile`); the padded input is a stage of its own. The tile not
+    given is the target's (:func:`conv_tile`). Returns ``(s, [data, kernel, out])``."""
+    default_fr, default_xr = conv_tile(target)
+    fr, xr = fr or default_fr, xr or default_xr
     data = _t.placeholder((n, c, h, w), name="data")
     kernel = _t.placeholder((f, c, kh, kw), name="kernel")
     padded = _padded(data, pad)
@@ -226,12 +240,35 @@ def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=8, xr=16):
     return s, [data, kernel, out]
 
 
-def conv2d_nchwc(n, c, h, w, f, kh=3, kw=3, pad=1, cb=16, fb=16, xr=8):
+def nchwc_tile(target=None) -> tuple[int, int, int]:
+    """``(cb, fb, xr)`` of :func:`conv2d_nchwc` for ``target`` (default: this host): channel
+    blocks of one vector (``lanes``) and ``xr`` output columns of one vector each, four
+    registers short of all and at most 12 where multiply-adds fuse on a 64-bit target (x86-64
+    with FMA, aarch64), at most 6 elsewhere (SSE's separate multiplies and armv7's registers
+    spill from 8 and 10 on): AVX-512 16, 16, 12; AVX2 8, 8, 12; aarch64 4, 4, 12; SSE and
+    armv7 NEON 4, 4, 6; x87 scalar code (8 registers) 1, 1, 4."""
+    from .target import Target
+    from .vector_isa import vector_isa
+
+    target = Target(target)
+    isa = vector_isa(target)
+    most = 12 if isa.fma and target.arch in ("x86_64", "aarch64") else 6
+    return isa.lanes, isa.lanes, max(1, min(most, isa.registers - 4))
+
+
+def conv2d_nchwc(n, c, h, w, f, kh=3, kw=3, pad=1, cb=None, fb=None, xr=None, target=None):
     """Convolution in the blocked NCHW[x]c layout (TVM's conv2d_NCHWc): data
     ``[n, c/cb, h, w, cb]``, kernel ``[f/fb, c/cb, kh, kw, cb, fb]``, out ``[n, f/fb, oh, ow, fb]``.
     ``xr`` output columns x one ``fb``-wide vector of output channels are the register tile:
     each step loads one kernel vector and broadcasts ``xr`` inputs into ``xr`` FMAs.
-    Returns ``(s, [data, kernel, out])``."""
+    The blocks and the tile not given are the target's (:func:`nchwc_tile`): read ``cb`` and
+    ``fb`` back from the shapes of the returned data (last axis) and kernel (last axis).
+    ``c`` and ``f`` must be multiples of their blocks. Returns ``(s, [data, kernel, out])``."""
+    default_cb, default_fb, default_xr = nchwc_tile(target)
+    cb, fb, xr = cb or default_cb, fb or default_fb, xr or default_xr
+    if c % cb or f % fb:
+        raise ValueError(f"conv2d_nchwc: {c} input and {f} output channels must be multiples "
+                         f"of their blocks ({cb} and {fb})")
     data = _t.placeholder((n, c // cb, h, w, cb), name="data")
     kernel = _t.placeholder((f // fb, c // cb, kh, kw, cb, fb), name="kernel")
     padded = _padded(data, pad)

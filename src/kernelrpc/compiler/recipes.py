@@ -109,10 +109,10 @@ def gemm_tile(target=None) -> tuple[int, int, int]:
 ROW_BLOCK_BYTES = 1 << 20
 
 
-def row_block(K, mr, dtype_bytes=4) -> int:
+def row_block(K, mr) -> int:
     """Rows of A in one row block of :func:`register_blocked`: whole tiles of ``mr`` rows whose
-    ``K`` columns fit ``ROW_BLOCK_BYTES``, at least one tile."""
-    return mr * max(1, ROW_BLOCK_BYTES // (dtype_bytes * K * mr))
+    ``K`` float32 columns fit ``ROW_BLOCK_BYTES``, at least one tile."""
+    return mr * max(1, ROW_BLOCK_BYTES // (4 * K * mr))
 
 
 def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False, target=None,
@@ -244,9 +244,9 @@ def nchwc_tile(target=None) -> tuple[int, int, int]:
     """``(cb, fb, xr)`` of :func:`conv2d_nchwc` for ``target`` (default: this host): channel
     blocks of one vector (``lanes``) and ``xr`` output columns of one vector each, four
     registers short of all and at most 12 where multiply-adds fuse on a 64-bit target (x86-64
-    with FMA, aarch64), at most 6 elsewhere (SSE's separate multiplies and armv7's registers
-    spill from 8 and 10 on): AVX-512 16, 16, 12; AVX2 8, 8, 12; aarch64 4, 4, 12; SSE and
-    armv7 NEON 4, 4, 6; x87 scalar code (8 registers) 1, 1, 4."""
+    with FMA, aarch64), at most 6 elsewhere (SSE code, whose multiplies and adds are separate,
+    spills from 10 columns on, armv7 NEON code from 8): AVX-512 16, 16, 12; AVX2 8, 8, 12;
+    aarch64 4, 4, 12; SSE and armv7 NEON 4, 4, 6; x87 scalar code (8 registers) 1, 1, 4."""
     from .target import Target
     from .vector_isa import vector_isa
 

@@ -2,11 +2,17 @@
 
     PYTHONPATH=src python bench/gemm.py [--shapes 1024,2048,1000x999x1001] [--rounds 5]
                                         [--steps a,b,...] [--threads N] [--target T]
+                                        [--blas-core CORE]
 
 A shape is ``S`` (S x S x S) or ``MxKxN``; every shape gets its own table, each measured
 side by side with numpy in the same run. ``--target`` builds the kernels for another target
 that runs here (``"llvm -mcpu=haswell"``: AVX2 code on an AVX-512 host); the register step's
-tile is that target's (``recipes.gemm_tile``). numpy runs its own kernels for this host.
+tile is that target's (``recipes.gemm_tile``). numpy runs OpenBLAS's kernels for this host
+unless ``--blas-core`` names others (``OPENBLAS_CORETYPE``: ``--blas-core Haswell`` runs its
+AVX2 kernels, the reference for AVX2 code on an AVX-512 host); the table names the core
+OpenBLAS ran. The last column is each rate's share of the target's multiply-add peak
+(``kernelrpc.compiler.peak``: one thread's times the threads, the higher of its measurements
+before and after the rounds).
 
 numpy.dot and the kernels are measured in the same process, interleaved round by
 round (numpy, then every step, then numpy again...), so that a noisy neighbour on
@@ -25,7 +31,8 @@ import os
 import sys
 import time
 
-from kernel_timing import Rounds, add_arguments, calls_per_round, limit_threads, seconds_per_call
+from kernel_timing import (Rounds, add_arguments, blas_core, calls_per_round, limit_blas_core,
+                           limit_threads, seconds_per_call)
 
 
 def _parse(argv=None):
@@ -36,18 +43,23 @@ def _parse(argv=None):
     parser.add_argument("--steps", default=None, help="comma-separated (default: all)")
     parser.add_argument("--slow-seconds", type=float, default=0.5)
     parser.add_argument("--target", default="llvm", help="build for this target (default: host)")
+    parser.add_argument("--blas-core", default="",
+                        help="OPENBLAS_CORETYPE for numpy (Haswell: AVX2 kernels; default: host's)")
     return add_arguments(parser).parse_args(argv)
 
 
 OPTIONS = _parse() if __name__ == "__main__" else None
 if OPTIONS is not None:
     limit_threads(OPTIONS.threads)
+    limit_blas_core(OPTIONS.blas_core)
 
 import numpy as np  # noqa: E402
 
 import kernelrpc  # noqa: E402
 from kernelrpc import nd  # noqa: E402
 from kernelrpc.compiler import recipes  # noqa: E402
+from kernelrpc.compiler.peak import fma_peak_gflops  # noqa: E402
+from kernelrpc.runtime.threads import default_num_threads  # noqa: E402
 
 # The recipes are the tutorial's schedules with padded packing, so odd shapes are right too.
 STEPS = (*recipes.TUTORIAL_STEPS, "register")
@@ -75,6 +87,12 @@ def main(opts) -> int:
     for M, K, N in _shapes(opts):
         run_shape(opts, M, K, N)
     return 0
+
+
+def peak_gflops(opts) -> float:
+    """The target's multiply-add peak for the threads of the run: one thread's times the
+    threads (cores at their one-core clock: an upper bound)."""
+    return fma_peak_gflops(opts.target) * (opts.threads or default_num_threads())
 
 
 def run_shape(opts, M: int, K: int, N: int) -> None:
@@ -106,9 +124,11 @@ def run_shape(opts, M: int, K: int, N: int) -> None:
         print(f"built {step:<18} in {compile_s:5.2f} s, checked against numpy, "
               f"one call {call_s * 1e3:8.1f} ms", flush=True)
     np.dot(a, b)
+    peak = peak_gflops(opts)
     np_number = calls_per_round(seconds_per_call(lambda: np.dot(a, b), 1))
     rounds = Rounds(lambda: seconds_per_call(lambda: np.dot(a, b), np_number),
                     evaluators, once=slow).run(opts.rounds, flop)
+    peak = max(peak, peak_gflops(opts))   # the clock follows the other cores' load
 
     target = modules[steps[0]].target if steps else kernelrpc.Target("llvm")
     print()
@@ -116,7 +136,9 @@ def run_shape(opts, M: int, K: int, N: int) -> None:
     threads = opts.threads or "all cores"
     print(f"threads: {threads} (kernels: module pool; numpy: "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
-    rounds.print_table("numpy.dot", heading="step")
+    print(f"numpy: OpenBLAS {blas_core() or '(core not known)'} kernels; peak: {peak:.1f} GFLOP/s "
+          f"(the target's multiply-add peak, one thread's times the threads)")
+    rounds.print_table("numpy.dot", heading="step", peak=peak)
     print(flush=True)
 
 

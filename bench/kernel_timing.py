@@ -7,6 +7,7 @@ how many calls make one round, the reference's clock, the interleaved rounds and
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import statistics
 import time
@@ -32,6 +33,34 @@ def limit_threads(threads: int) -> None:
     if threads > 0:
         for var in THREAD_VARIABLES:
             os.environ[var] = str(threads)
+
+
+def limit_blas_core(core: str) -> None:
+    """Make numpy's OpenBLAS run the kernels of ``core`` (``OPENBLAS_CORETYPE``: ``Haswell``
+    for its AVX2 kernels on an AVX-512 host), so that code built for a narrower target than
+    this host's is compared with numpy at the same width. Before numpy is imported, as
+    :func:`limit_threads`."""
+    if core:
+        os.environ["OPENBLAS_CORETYPE"] = core
+
+
+def blas_core() -> str:
+    """The kernels numpy's OpenBLAS runs (its core name, ``Haswell``, ``SkylakeX``...), asked
+    of the library this process loaded; "" when numpy's BLAS is not an OpenBLAS that says."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return ""
+    for path in sorted(paths):
+        library = ctypes.CDLL(path)
+        for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
+                       "openblas_get_corename64_", "openblas_get_corename"):
+            function = getattr(library, symbol, None)
+            if function is not None:
+                function.restype = ctypes.c_char_p
+                return function().decode()
+    return ""
 
 
 def seconds_per_call(fn, number: int) -> float:
@@ -74,13 +103,17 @@ class Rounds:
         return self
 
     def print_table(self, reference_name: str, heading: str = "kernel",
-                    label=lambda name: name, width: int = 20) -> None:
-        """GFLOP/s median, min and max, and the median ratio, one row a kernel."""
-        print(f"{heading:<{width}}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}")
+                    label=lambda name: name, width: int = 20, peak: float = 0.0) -> None:
+        """GFLOP/s median, min and max, and the median ratio, one row a kernel; with ``peak``
+        (GFLOP/s) the median's share of it too."""
+        share = (lambda rate: f"{rate / peak:>9.0%}") if peak else (lambda rate: "")
+        print(f"{heading:<{width}}{'GFLOP/s':>10}{'min':>9}{'max':>9}{'x numpy':>10}"
+              + (f"{'of peak':>9}" if peak else ""))
         ref = self.reference_rates
         print(f"{reference_name:<{width}}{statistics.median(ref):>10.1f}{min(ref):>9.1f}"
-              f"{max(ref):>9.1f}{1.0:>10.2f}")
+              f"{max(ref):>9.1f}{1.0:>10.2f}{share(statistics.median(ref))}")
         for name, values in self.rates.items():
             note = "  (1 round: slow)" if name in self.once else ""
-            print(f"{label(name):<{width}}{statistics.median(values):>10.1f}{min(values):>9.1f}"
-                  f"{max(values):>9.1f}{statistics.median(self.ratios[name]):>10.2f}{note}")
+            median = statistics.median(values)
+            print(f"{label(name):<{width}}{median:>10.1f}{min(values):>9.1f}{max(values):>9.1f}"
+                  f"{statistics.median(self.ratios[name]):>10.2f}{share(median)}{note}")

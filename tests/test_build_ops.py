@@ -42,10 +42,12 @@ def test_gemm_tiled_vectorized_parallel_with_tails(M, K, N):
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
 
 
-def test_gemm_register_blocked_with_packing_odd_shape():
-    """The register-blocked recipe on a shape that leaves tails everywhere."""
+@pytest.mark.parametrize("mc", [None, 8])
+def test_gemm_register_blocked_with_packing_odd_shape(mc):
+    """The register-blocked recipe on a shape that leaves tails everywhere (``mc=8``: in row
+    blocks, the last one short)."""
     M, K, N = 23, 19, 40
-    s, (A, B, C) = W.microkernel(M, N, K, mr=4, nr=16)
+    s, (A, B, C) = W.microkernel(M, N, K, mr=4, nr=16, mc=mc)
     module = kernelrpc.build(s, [A, B, C], name="gemm")
     a, b = rand(M, K), rand(K, N)
     (c,) = run(module, a, b, out_shapes=[(M, N)])

@@ -47,6 +47,14 @@ def test_register_blocked_microkernel(shape, pack_per_panel):
     check_gemm(s, args, M, N, K)
 
 
+@pytest.mark.parametrize("mc", [4, 6, 5])
+def test_register_blocked_row_blocks(mc):
+    """Blocks of rows that divide the tiles, leave a short last block, or are not whole tiles."""
+    M, N, K = 19, 40, 7
+    s, args = W.microkernel(M, N, K, mr=2, nr=16, lanes=8, mc=mc)
+    check_gemm(s, args, M, N, K)
+
+
 def test_batch_matmul():
     A, B, C = W.batch_matmul(3, 5, 6, 7)
     s = te.create_schedule(C.op)

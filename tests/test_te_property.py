@@ -154,9 +154,10 @@ def test_nested_splits_visit_each_reduction_element_once(n, m, f1, f2, f3):
 @SETTINGS
 @given(M=dims, N=st.integers(1, 40), K=dims, mr=st.integers(1, 4),
        nr=st.sampled_from([4, 8, 16]), lanes=st.sampled_from([2, 4]),
-       pack_per_panel=st.booleans())
-def test_random_register_blocked_microkernels(M, N, K, mr, nr, lanes, pack_per_panel):
-    s, args = W.microkernel(M, N, K, mr, nr, lanes, pack_per_panel)
+       pack_per_panel=st.booleans(), mc=st.one_of(st.none(), st.integers(1, 12)))
+def test_random_register_blocked_microkernels(M, N, K, mr, nr, lanes, pack_per_panel, mc):
+    """Any tile, and row blocks of any size (``mc``: not whole tiles, not dividing M)."""
+    s, args = W.microkernel(M, N, K, mr, nr, lanes, pack_per_panel, mc=mc)
     rng = np.random.default_rng(M + N + K)
     a = rng.standard_normal((M, K)).astype("float32")
     b = rng.standard_normal((K, N)).astype("float32")

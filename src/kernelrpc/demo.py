@@ -17,7 +17,7 @@ from . import cli
 from .deploy.launch import Service
 
 
-def run(size: int, key: str, repeat: int, output: str = "gemm.so") -> int:
+def run(size: int, key: str, repeat: int, output: str = "gemm.so", target: str = "llvm") -> int:
     import numpy as np
 
     import kernelrpc
@@ -35,8 +35,8 @@ def run(size: int, key: str, repeat: int, output: str = "gemm.so") -> int:
         print(f"device       {server.host}:{server.port} registered as key {key!r}")
 
         t = time.perf_counter()
-        s, args = recipes.register_blocked(size, size, size, target="llvm")
-        module = kernelrpc.build(s, args, target="llvm", name="gemm")
+        s, args = recipes.register_blocked(size, size, size, target=target)
+        module = kernelrpc.build(s, args, target=target, name="gemm")
         lib = module.export_library(Path(output).resolve())
         print(f"compiled     gemm {size}x{size}x{size} float32 for {module.metadata['target']['string']}"
               f" in {time.perf_counter() - t:.2f}s -> {lib} ({lib.stat().st_size} bytes)")
@@ -72,7 +72,8 @@ def run(size: int, key: str, repeat: int, output: str = "gemm.so") -> int:
         print(f"{'numpy.dot (local)':<24}{numpy_median * 1e3:>10.3f}{flops / numpy_median / 1e9:>10.1f}")
         print(f"ratio to numpy: {numpy_median / result.median:.2f}x")
         cli.report_output("kernelrpc demo", f"timings above, compiled library at {lib}", "kernelrpc demo",
-                          ["--size", size, "--key", key, "--repeat", repeat, "--output", lib])
+                          ["--size", size, "--key", key, "--repeat", repeat, "--output", lib,
+                           "--target", target])
         return 0
     finally:
         if server is not None:
@@ -95,6 +96,17 @@ def main(argv=None) -> int:
     parser.add_argument("--key", default="demo", help="device key the server registers")
     parser.add_argument("--repeat", type=int, default=5, help="time_evaluator repeats")
     parser.add_argument("--output", default="gemm.so", help="where the compiled library is left")
+    parser.add_argument("--target", default="llvm",
+                        help="compile for this target, one this machine runs (default: its own; "
+                             "'llvm -mcpu=haswell': AVX2 code, its tile from the target)")
     opts = parser.parse_args(argv)
+    from .compiler.target import Target, TargetError
+    try:
+        runs_here = Target(opts.target).is_host
+    except TargetError as err:
+        parser.error(f"--target: {err}")
+    if not runs_here:
+        parser.error(f"--target {opts.target!r}: the demo's device is this machine, which does "
+                     "not run that target's code")
     cli.setup_logging(opts)
-    return run(opts.size, opts.key, opts.repeat, opts.output)
+    return run(opts.size, opts.key, opts.repeat, opts.output, opts.target)

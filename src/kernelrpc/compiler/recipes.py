@@ -103,28 +103,49 @@ def gemm_tile(target=None) -> tuple[int, int, int]:
     return 4, 2 * isa.lanes, isa.lanes
 
 
-def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False, target=None):
+#: bytes of A a row block may hold: rows of A that every panel of packed B passes while they
+#: stay in one core's L2 (1 MiB: half of a 2 MiB L2, a 1 MiB L2 whole; a smaller L2 is no
+#: worse off than without row blocks, where A comes from L3 for every panel)
+ROW_BLOCK_BYTES = 1 << 20
+
+
+def row_block(K, mr) -> int:
+    """Rows of A in one row block of :func:`register_blocked`: whole tiles of ``mr`` rows whose
+    ``K`` float32 columns fit ``ROW_BLOCK_BYTES``, at least one tile."""
+    return mr * max(1, ROW_BLOCK_BYTES // (4 * K * mr))
+
+
+def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False, target=None,
+                     mc=None):
     """Register-blocked GEMM: an ``mr x nr`` tile of C in vector registers for the whole K loop.
 
-    Threads split the ``nr``-wide panels of packed B (each panel stays in one core's L2); inside
-    a panel, the ``mr`` rows and ``nr / lanes`` vectors of the accumulator tile are unrolled, so
-    every access to it has a constant offset and LLVM keeps it in registers. ``pack_per_panel``
-    packs each panel inside the parallel loop that uses it instead of in a pass of its own.
+    A block of ``mc`` rows of A (default :func:`row_block`: what stays in L2) meets every
+    ``nr``-wide panel of packed B before the next block starts, so A is read from memory
+    once, not once a panel; threads split the panels (each panel stays in one core's L2).
+    Inside a panel, the ``mr`` rows and ``nr / lanes`` vectors of the accumulator tile are
+    unrolled, so every access to it has a constant offset and LLVM keeps it in registers.
+    ``pack_per_panel`` packs each panel inside the parallel loop that uses it instead of in a
+    pass of its own (and then the rows are one block: a panel is packed once).
     The tile not given is the target's (:func:`gemm_tile`; ``target`` default: this host).
     """
     default_mr, default_nr, default_lanes = gemm_tile(target)
     mr, nr, lanes = mr or default_mr, nr or default_nr, lanes or default_lanes
+    mc = M if pack_per_panel else mc or row_block(K, mr)
     A, B, packedB, C = packed_matmul(M, N, K, nr)
     s = create_schedule(C.op)
     CC = s.cache_write(C, "global")
     mo, no, mi, ni = s[C].tile(C.op.axis[0], C.op.axis[1], mr, nr)
-    s[C].reorder(no, mo, mi, ni)
+    if mc < M:
+        blocks, mo = s[C].split(mo, factor=max(1, mc // mr))
+        s[C].reorder(blocks, no, mo, mi, ni)
+    else:
+        s[C].reorder(no, mo, mi, ni)
     s[CC].compute_at(s[C], mo)
-    mc, nc = s[CC].op.axis
+    rows, columns = s[CC].op.axis
     (k,) = s[CC].op.reduce_axis
-    nco, nci = s[CC].split(nc, factor=lanes)
-    s[CC].reorder(k, mc, nco, nci)
-    s[CC].unroll(mc)
+    nco, nci = s[CC].split(columns, factor=lanes)
+    s[CC].reorder(k, rows, nco, nci)
+    s[CC].unroll(rows)
     s[CC].unroll(nco)
     s[CC].vectorize(nci)
     s[C].vectorize(ni)
@@ -183,11 +204,25 @@ def conv2d_register_tile(s, conv, out, accumulator, tile_f, tile_x,
     s[accumulator].vectorize(cx)
 
 
-def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=8, xr=16):
+def conv_tile(target=None) -> tuple[int, int]:
+    """``(fr, xr)`` of :func:`conv2d_nchw` for ``target`` (default: this host): the tile of
+    relay's direct convolutions (``relay.strategy.tiles``), ``fr`` output channels x ``xr``
+    output columns (whole vectors): AVX-512 16 x 16 (16 of 32 zmm), AVX2 and SSE 6 x 2
+    vectors, aarch64 12 x 2, armv7 NEON 4 x 2, scalar 4 x 4."""
+    from ..relay.strategy.tiles import tiles_for
+    from .target import Target
+
+    tiles = tiles_for(Target(target))
+    return tiles.conv_channels, tiles.conv_columns
+
+
+def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=None, xr=None, target=None):
     """Direct 3x3-style convolution in NCHW, stride 1: ``fr`` output channels x ``xr`` output
-    columns (one vector) of accumulators stay in registers over the whole reduction
-    (:func:`conv2d_register_tile`); the padded input is a stage of its own. Returns
-    ``(s, [data, kernel, out])``."""
+    columns (whole vectors) of accumulators stay in registers over the whole reduction
+    (:func:`conv2d_register_tile`); the padded input is a stage of its own. The tile not
+    given is the target's (:func:`conv_tile`). Returns ``(s, [data, kernel, out])``."""
+    default_fr, default_xr = conv_tile(target)
+    fr, xr = fr or default_fr, xr or default_xr
     data = _t.placeholder((n, c, h, w), name="data")
     kernel = _t.placeholder((f, c, kh, kw), name="kernel")
     padded = _padded(data, pad)
@@ -205,12 +240,35 @@ def conv2d_nchw(n, c, h, w, f, kh=3, kw=3, pad=1, fr=8, xr=16):
     return s, [data, kernel, out]
 
 
-def conv2d_nchwc(n, c, h, w, f, kh=3, kw=3, pad=1, cb=16, fb=16, xr=8):
+def nchwc_tile(target=None) -> tuple[int, int, int]:
+    """``(cb, fb, xr)`` of :func:`conv2d_nchwc` for ``target`` (default: this host): channel
+    blocks of one vector (``lanes``) and ``xr`` output columns of one vector each, four
+    registers short of all and at most 12 where multiply-adds fuse on a 64-bit target (x86-64
+    with FMA, aarch64), at most 6 elsewhere (SSE code, whose multiplies and adds are separate,
+    spills from 10 columns on, armv7 NEON code from 8): AVX-512 16, 16, 12; AVX2 8, 8, 12;
+    aarch64 4, 4, 12; SSE and armv7 NEON 4, 4, 6; x87 scalar code (8 registers) 1, 1, 4."""
+    from .target import Target
+    from .vector_isa import vector_isa
+
+    target = Target(target)
+    isa = vector_isa(target)
+    most = 12 if isa.fma and target.arch in ("x86_64", "aarch64") else 6
+    return isa.lanes, isa.lanes, max(1, min(most, isa.registers - 4))
+
+
+def conv2d_nchwc(n, c, h, w, f, kh=3, kw=3, pad=1, cb=None, fb=None, xr=None, target=None):
     """Convolution in the blocked NCHW[x]c layout (TVM's conv2d_NCHWc): data
     ``[n, c/cb, h, w, cb]``, kernel ``[f/fb, c/cb, kh, kw, cb, fb]``, out ``[n, f/fb, oh, ow, fb]``.
     ``xr`` output columns x one ``fb``-wide vector of output channels are the register tile:
     each step loads one kernel vector and broadcasts ``xr`` inputs into ``xr`` FMAs.
-    Returns ``(s, [data, kernel, out])``."""
+    The blocks and the tile not given are the target's (:func:`nchwc_tile`): read ``cb`` and
+    ``fb`` back from the shapes of the returned data (last axis) and kernel (last axis).
+    ``c`` and ``f`` must be multiples of their blocks. Returns ``(s, [data, kernel, out])``."""
+    default_cb, default_fb, default_xr = nchwc_tile(target)
+    cb, fb, xr = cb or default_cb, fb or default_fb, xr or default_xr
+    if c % cb or f % fb:
+        raise ValueError(f"conv2d_nchwc: {c} input and {f} output channels must be multiples "
+                         f"of their blocks ({cb} and {fb})")
     data = _t.placeholder((n, c // cb, h, w, cb), name="data")
     kernel = _t.placeholder((f // fb, c // cb, kh, kw, cb, fb), name="kernel")
     padded = _padded(data, pad)

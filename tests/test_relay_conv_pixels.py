@@ -78,14 +78,17 @@ def test_pixels_only_for_pointwise_convolutions(weight, attrs):
     assert "pixels" not in [s.name for s in strategy.candidates(tiles, node)]
 
 
-def test_the_order_walks_the_larger_side_outside():
-    """A layer that widens its channels walks the channel tiles outside, one that narrows
-    them the pixel tiles."""
+def test_the_order_by_default():
+    """The channel tiles outside for a layer widening its channels on a large map and for a
+    large weight, the pixel tiles outside otherwise."""
     target = Target("llvm -mcpu=skylake-avx512")
-    assert _space(target, conv_node((1, 64, 56, 56), (256, 64, 1, 1)))["pixel_order"][0] == \
-        "channels_outer"
-    assert _space(target, conv_node((1, 256, 56, 56), (64, 256, 1, 1)))["pixel_order"][0] == \
-        "pixels_outer"
+
+    def order(data, weight):
+        return _space(target, conv_node(data, weight))["pixel_order"][0]
+    assert order((1, 64, 56, 56), (256, 64, 1, 1)) == "channels_outer"
+    assert order((1, 256, 56, 56), (64, 256, 1, 1)) == "pixels_outer"
+    assert order((1, 64, 14, 14), (384, 64, 1, 1)) == "pixels_outer"
+    assert order((1, 512, 13, 13), (1000, 512, 1, 1)) == "channels_outer"
 
 
 def test_the_build_keeps_the_models_weight_array():

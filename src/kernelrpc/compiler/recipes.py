@@ -141,13 +141,7 @@ def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False
     else:
         s[C].reorder(no, mo, mi, ni)
     s[CC].compute_at(s[C], mo)
-    rows, columns = s[CC].op.axis
-    (k,) = s[CC].op.reduce_axis
-    nco, nci = s[CC].split(columns, factor=lanes)
-    s[CC].reorder(k, rows, nco, nci)
-    s[CC].unroll(rows)
-    s[CC].unroll(nco)
-    s[CC].vectorize(nci)
+    register_tile(s[CC], lanes)
     s[C].vectorize(ni)
     s[C].parallel(no)
     x, _, z = s[packedB].op.axis
@@ -157,6 +151,20 @@ def register_blocked(M, N, K, mr=None, nr=None, lanes=None, pack_per_panel=False
     else:
         s[packedB].parallel(x)
     return s, [A, B, C]
+
+
+def register_tile(stage, lanes: int) -> None:
+    """An accumulator tile (its last two axes rows x columns) kept in registers over its one
+    reduction: the reduction outside, the rows and the vectors of columns unrolled (every
+    access at a constant offset), each vector ``lanes`` wide (a last tile's tail a shorter
+    vector, not a wider one)."""
+    *_, rows, columns = stage.op.axis
+    (k,) = stage.op.reduce_axis
+    vectors, lane = stage.split(columns, factor=lanes)
+    stage.reorder(k, rows, vectors, lane)
+    stage.unroll(rows)
+    stage.unroll(vectors)
+    stage.vectorize(lane)
 
 
 def _padded(data, pad, name="pad"):

@@ -9,6 +9,7 @@ strided one (ResNet's downsampling shortcuts) first copies the pixels it keeps i
 their own, a quarter of its input at stride 2."""
 from __future__ import annotations
 
+from ...compiler.recipes import register_tile
 from ..op.weight_layout import WeightLayout
 from .common import accumulator, schedule_inputs
 from .matmul import define_matmul_knobs
@@ -16,6 +17,11 @@ from .tiles import Tiles
 
 #: fewest pixels for which the ``pixels`` strategy is the default
 PIXELS_DEFAULT_MIN = 128
+#: fewest pixels of a layer that widens its channels for the channel tiles to go outside
+CHANNELS_OUTER_MIN_PIXELS = 27 * 27
+#: a larger weight goes outside whatever the layer (read again for every tile of pixels,
+#: it would come from beyond a core's L2)
+CHANNELS_OUTER_WEIGHT_BYTES = 1 << 20
 def is_pointwise(node) -> bool:
     """A float32 1x1 convolution, unpadded, of one group."""
     weight = node.inputs[1]
@@ -43,14 +49,20 @@ def define_pixels_knobs(cfg, tiles: Tiles, node, padded: bool):
     """The register tile (``tile_m`` output channels x ``tile_n`` pixels) and which tiles
     the outer loop walks (``pixel_order``): ``channels_outer`` reads the whole input again
     for every tile of output channels, ``pixels_outer`` the whole weight for every tile of
-    pixels. By default a layer that widens its channels (MobileNet's expansions, ResNet's
-    1x1 to four times the width) walks the channels outside, one that narrows them the
-    pixels."""
+    pixels. The channels go outside by default for a layer that widens its channels on a map
+    of :data:`CHANNELS_OUTER_MIN_PIXELS` or more (MobileNet's expansions, ResNet's 1x1 to
+    four times the width on 56x56 and 28x28: pixels outside, each tile wrote its rows a page
+    apart) and for a weight past :data:`CHANNELS_OUTER_WEIGHT_BYTES` (SqueezeNet's 512 -> 1000);
+    else the pixels (a narrowing layer's input, the 14x14 maps).
+    Measurements: docs/performance.md, "Why the defaults are what they are"."""
     _, out_channels, height, width = node.shape
-    define_matmul_knobs(cfg, tiles, out_channels, height * width)
+    in_channels = node.inputs[1].shape[1]
+    pixels = height * width
+    define_matmul_knobs(cfg, tiles, out_channels, pixels)
+    widens = out_channels > in_channels and pixels >= CHANNELS_OUTER_MIN_PIXELS
+    large = 4 * out_channels * in_channels > CHANNELS_OUTER_WEIGHT_BYTES
     orders = ["channels_outer", "pixels_outer"]
-    widens = out_channels > node.inputs[1].shape[1]
-    cfg.define_knob("pixel_order", orders if widens else orders[::-1])
+    cfg.define_knob("pixel_order", orders if widens or large else orders[::-1])
 
 
 def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
@@ -73,13 +85,7 @@ def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
     stage.vectorize(pl)
     s[cc].compute_at(stage, inner)
     stage.parallel(stage.fuse(n, outer))
-    _, cf, cp = s[cc].op.axis
-    (k,) = s[cc].op.reduce_axis
-    cv, cl = s[cc].split(cp, factor=lanes)
-    s[cc].reorder(k, cf, cv, cl)
-    s[cc].unroll(cf)
-    s[cc].unroll(cv)
-    s[cc].vectorize(cl)
+    register_tile(s[cc], lanes)
     schedule_inputs(s, tiles)
 
 

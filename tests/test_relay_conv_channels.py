@@ -140,9 +140,9 @@ def test_channels_layout_on_fewer_lanes():
     ((1, 16, 7, 7), (18, 8, 3, 3), dict(groups=2), "llvm -mcpu=haswell",   # grouped, 9 a group
      ["columns"]),
     ((1, 16, 7, 7), (24, 16, 1, 1), {}, "llvm -mcpu=skylake-avx512",       # 24 channels, 16
-     ["columns", "grouped"]),                        # lanes: one group padded to 32 instead
+     ["columns", "grouped", "pixels"]),              # lanes: one group padded to 32 instead
     ((1, 16, 7, 7), (32, 16, 1, 1), {}, "llvm -mtriple=riscv64-linux-gnu",  # scalar target
-     ["columns"]),
+     ["columns", "pixels"]),
 ])
 def test_channels_layout_not_offered(data, weight, attrs, target, layouts):
     node = conv_node(data, weight, **attrs)
@@ -166,13 +166,14 @@ def test_depthwise_convolutions_have_their_own_tiles():
 
 def test_default_layout_follows_the_reduction():
     """Channels by default for a long reduction (input channels x window), columns for a
-    short one, a longer one counting as short on a wide map."""
+    short one, a longer one counting as short on a wide map (among the strategies other than
+    a pointwise layer's ``pixels``, which is first where it is the default)."""
     tiles = strategy.tiles_for(Target("llvm -mcpu=znver4"))
 
     def default(data, weight, **attrs):
         space = autotvm.ConfigSpace()
         strategy.define_conv_knobs(space, tiles, conv_node(data, weight, **attrs), padded=False)
-        return space["layout"].val
+        return next(e.val for e in space.space_map["layout"].entities if e.val != "pixels")
     assert default((1, 512, 7, 7), (512, 512, 1, 1)) == "channels"
     assert default((1, 64, 56, 56), (256, 64, 1, 1)) == "columns"
     assert default((1, 256, 28, 28), (512, 256, 1, 1), strides=(2, 2)) == "channels"

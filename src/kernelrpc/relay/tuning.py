@@ -80,10 +80,11 @@ def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
     s = schedule_group(group, out, anchor, tiles, cfg)
     packed = _packed_copy(tiles, node)
     if packed:
-        other = te.placeholder(packed.shape(weight_shape) if not layout else tuple(weight_shape),
+        model_array = layout.is_model_array
+        other = te.placeholder(packed.shape(weight_shape) if model_array else tuple(weight_shape),
                                name="unused_weight", dtype=dtype)
         data, weight = placeholders
-        placeholders = [data, weight, other] if not layout else [data, other, weight]
+        placeholders = [data, weight, other] if model_array else [data, other, weight]
     return s, [*placeholders, out]
 
 

@@ -72,6 +72,27 @@ def linear(e: PrimExpr):
     return {k: v for k, v in terms.items() if v[1] != 0}, const
 
 
+def merge_div_mod(terms: dict, const: int):
+    """``c*a*(x // c) + a*(x % c)`` -> ``a*x`` (floor division by a positive constant, exact
+    for every integer): the index of a fused axis, ``y*W + x`` with ``y = p // W`` and
+    ``x = p % W``, is ``p`` again, so a vector along ``p`` is a contiguous ``Ramp``."""
+    for key, (atom, coeff) in list(terms.items()):
+        if not (isinstance(atom, FloorMod) and isinstance(atom.b, IntImm) and atom.b.value > 0):
+            continue
+        div = terms.get(skey(FloorDiv(atom.a, atom.b)))
+        if key not in terms or div is None or div[1] != coeff * atom.b.value:
+            continue
+        del terms[key], terms[skey(div[0])]
+        inner, inner_const = linear(atom.a)
+        const += coeff * inner_const
+        for k, (a, c) in inner.items():
+            merged = terms.setdefault(k, [a, 0])
+            merged[1] += coeff * c
+            if merged[1] == 0:
+                del terms[k]
+    return terms, const
+
+
 def from_linear(terms: dict, const: int, dtype: str) -> PrimExpr:
     items = sorted(terms.values(), key=lambda t: -abs(t[1]))
     out = None
@@ -353,7 +374,7 @@ def rewrite(e: PrimExpr, ranges: dict) -> PrimExpr:
                 return e
             return IntImm(_INT_FOLD[type(e)](a.value, b.value), e.dtype)
         if isinstance(e, (Add, Sub, Mul)):
-            return from_linear(*linear(e), e.dtype)
+            return from_linear(*merge_div_mod(*linear(e)), e.dtype)
         if isinstance(e, (Div, Mod, FloorDiv, FloorMod)):
             if isinstance(b, IntImm) and b.value > 0:
                 return _div_mod(e, ranges)

@@ -96,6 +96,8 @@ def _conv2d(ts, attrs, node):
     if layout.kind == "winograd":
         return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
                                node, layout.m, layout.lanes)
+    if layout.kind == "pointwise":
+        return _conv2d_pixels(data, weight, node)
     lanes = layout.lanes
     _, cg, kh, kw = static_shape(weight)[:4]
     rc = te.reduce_axis((0, cg), "rc")
@@ -135,6 +137,31 @@ def _conv2d(ts, attrs, node):
         name="conv2d_blocked", tag="conv2d")
     return te.compute(node.shape, lambda n, o, y, x: blocked[
         n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")
+
+
+def _conv2d_pixels(data, weight, node):
+    """A pointwise convolution as the product of its ``[O][I]`` weight and its input's
+    ``[I][H*W]`` pixels (``[n][O][H*W]``: each channel's rows are one contiguous run), read
+    back as NCHW by the (inlined) output stage. A strided one reads the pixels it keeps from
+    a stage of their own (tagged ``pad``, as a strided convolution's phases)."""
+    n_, oc, oh, ow = node.shape
+    attrs = node.attrs
+    if tuple(static_shape(weight)[2:]) != (1, 1) or any(attrs["padding"]) or \
+            attrs["groups"] != 1 or "upsample" in attrs:
+        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs a 1x1 kernel, "
+                         f"no padding and one group")
+    sh, sw = attrs["strides"]
+    if (sh, sw) != (1, 1):
+        data = te.compute((n_, static_shape(data)[1], oh, ow),
+                          lambda n, c, y, x: data[n, c, y * sh, x * sw], name="subsample",
+                          tag="pad")
+    rc = te.reduce_axis((0, static_shape(weight)[1]), "rc")
+    pixels = te.compute(
+        (n_, oc, oh * ow), lambda n, o, p: te.sum(
+            data[n, rc, E.floordiv(p, ow), E.floormod(p, ow)] * weight[o, rc, 0, 0], axis=rc),
+        name="conv2d_pixels", tag="conv2d")
+    return te.compute(node.shape, lambda n, o, y, x: pixels[n, o, y * ow + x], name="conv2d",
+                      tag="conv2d_unblock")
 
 
 def _conv2d_grouped_blocks(window, weight, node, layout, reduce_axes):

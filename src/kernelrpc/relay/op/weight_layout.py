@@ -18,6 +18,8 @@ from . import winograd
 _PACKED = re.compile(r"OIHW(\d+)o")
 _WINOGRAD = re.compile(r"winograd(\d+)_(\d+)o")
 _GROUPED = re.compile(r"OIHW(\d+)o_g(\d+)_(\d+)")
+#: the ``pointwise`` layout's attribute
+_POINTWISE = "OIHW_pixels"
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,9 @@ class WeightLayout:
     ``m``, 3 x 3), ``[a][a][O/V][I][V]`` with ``a = m + 2``) or ``"grouped"`` (a grouped
     convolution's ``packed``: ``[G * B][I/G][KH][KW][V]``, each of the ``groups`` groups' ``O/G``
     output channels in ``B = ceil(O/G / V)`` vectors, the last padded with zero weights, so
-    that no vector holds two groups' channels; ``out_channels`` is ``O``)."""
+    that no vector holds two groups' channels; ``out_channels`` is ``O``) or ``"pointwise"``
+    (a 1x1 convolution's OIHW weight as it is, read as the ``[O][I]`` matrix of a product
+    over the flattened pixels: the array is the model's, the layout names the computation)."""
 
     kind: str = "OIHW"
     lanes: int = 0
@@ -47,6 +51,15 @@ class WeightLayout:
     def grouped(cls, lanes: int, groups: int, out_channels: int) -> "WeightLayout":
         return cls("grouped", lanes, groups=groups, out_channels=out_channels)
 
+    @classmethod
+    def pointwise(cls) -> "WeightLayout":
+        return cls("pointwise")
+
+    @property
+    def is_model_array(self) -> bool:
+        """Whether the weight's array is the model's own (OIHW, ``pointwise``)."""
+        return self.kind in ("OIHW", "pointwise")
+
     @property
     def group_blocks(self) -> int:
         """Vectors of output channels per group (``grouped``)."""
@@ -56,6 +69,8 @@ class WeightLayout:
     def parse(cls, attr: str) -> "WeightLayout":
         if attr == "OIHW":
             return cls()
+        if attr == _POINTWISE:
+            return cls.pointwise()
         found = _PACKED.fullmatch(attr)
         if found:
             return cls.packed(int(found.group(1)))
@@ -81,6 +96,8 @@ class WeightLayout:
             return f"winograd{self.m}_{self.lanes}o"
         if self.kind == "grouped":
             return f"OIHW{self.lanes}o_g{self.groups}_{self.out_channels}"
+        if self.kind == "pointwise":
+            return _POINTWISE
         return "OIHW"
 
     def __bool__(self) -> bool:

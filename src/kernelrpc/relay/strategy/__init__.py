@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .. import ir
 from .channels import channel_tiles, channels_default
-from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, GROUPED, WINOGRAD, as_modelled, \
-    candidates, conv2d_strategy, define_conv_knobs
+from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, GROUPED, PIXELS, WINOGRAD, \
+    as_modelled, candidates, conv2d_strategy, define_conv_knobs
 from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
 from .depthwise import depthwise_tile, is_depthwise
 from .grouped import group_tiles
@@ -52,8 +52,8 @@ def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
 
 
 __all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE",
-           "DIRECT", "GROUPED", "POOL", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles", "WINOGRAD",
-           "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates",
+           "DIRECT", "GROUPED", "PIXELS", "POOL", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles",
+           "WINOGRAD", "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates",
            "channel_tiles", "channels_default", "conv2d_strategy", "define_conv_knobs",
            "define_dense_knobs", "define_knobs", "dense_rows_block", "depthwise_tile",
            "group_tiles", "has_strategy", "is_depthwise", "matmul_tile", "strategy_for",

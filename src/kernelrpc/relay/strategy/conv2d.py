@@ -2,8 +2,8 @@
 
 ``direct`` (columns in the vector), ``channels`` (output channels in the vector, packed
 weight), ``grouped`` (a grouped convolution's channels by group, padded to whole vectors),
-``winograd`` (F(m x m, 3 x 3), transformed weight) and ``depthwise`` (one channel's
-rows x columns). :func:`candidates` is the default's rule; the ``layout`` knob chooses among
+``winograd`` (F(m x m, 3 x 3), transformed weight), ``pixels`` (a pointwise convolution as a
+matrix product over the flattened pixels) and ``depthwise`` (one channel's rows x columns). :func:`candidates` is the default's rule; the ``layout`` knob chooses among
 the candidates, default first; once ``relay.build`` has put a layer's weight in a strategy's
 layout, the layout names the strategy.
 """
@@ -20,6 +20,8 @@ from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input,
 from .direct import define_direct_knobs, schedule_direct
 from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped_layout, \
     schedule_grouped
+from .pointwise import define_pixels_knobs, is_pointwise, keeps_subsample, pixels_default, \
+    pixels_layout, schedule_pixels
 from .record import Strategy
 from .tiles import Tiles
 from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
@@ -62,6 +64,10 @@ GROUPED = Strategy(
     "grouped", "nn.conv2d", applies=lambda tiles, node: bool(group_tiles(tiles, node)),
     define_knobs=define_grouped_knobs, schedule=schedule_grouped, reference=_conv_reference,
     weight_layout=grouped_layout)
+PIXELS = Strategy(
+    "pixels", "nn.conv2d", applies=lambda tiles, node: is_pointwise(node),
+    define_knobs=define_pixels_knobs, schedule=schedule_pixels, reference=_conv_reference,
+    weight_layout=pixels_layout, keeps_stage=keeps_subsample)
 DEPTHWISE = Strategy(
     "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),
     define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference,
@@ -69,8 +75,8 @@ DEPTHWISE = Strategy(
 
 
 #: the table, in the order the candidates' knobs are defined
-CONV2D = (WINOGRAD, CHANNELS, GROUPED, DIRECT, DEPTHWISE)
-_BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD, "grouped": GROUPED}
+CONV2D = (WINOGRAD, CHANNELS, GROUPED, DIRECT, PIXELS, DEPTHWISE)
+_BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD, "grouped": GROUPED, "pointwise": PIXELS}
 
 
 def as_modelled(node: ir.Node) -> ir.Node:
@@ -93,8 +99,16 @@ def candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
     depthwise one has its own; Winograd where :func:`winograd_plan` has a plan (then alone:
     its weight is the transformed one); else the direct schedule, and the ``grouped`` or
     ``channels`` layout beside it where it is offered, first where :func:`grouped_default` or
-    :func:`channels_default` says."""
+    :func:`channels_default` says; a pointwise one the ``pixels`` strategy besides, first
+    where :func:`pixels_default` says."""
     node = as_modelled(node)
+    found = _candidates(tiles, node)
+    if not PIXELS.applies(tiles, node):
+        return found
+    return [PIXELS, *found] if pixels_default(tiles, node) else [*found, PIXELS]
+
+
+def _candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
     if DEPTHWISE.applies(tiles, node):
         return [DEPTHWISE]
     if WINOGRAD.applies(tiles, node):

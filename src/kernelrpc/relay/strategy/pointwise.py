@@ -1,0 +1,87 @@
+"""The ``pixels`` strategy of a pointwise convolution (1x1 kernel, no padding, one group):
+the product of the ``[O][I]`` weight and the input's ``[I][H*W]`` pixels, as the
+batched MatMul's register tile computes it (:mod:`.matmul`): ``tile_m`` output channels x
+``tile_n`` pixels (whole vectors) over the whole reduction, one broadcast weight per channel
+and one vector load per pixel vector a step. A channel's pixels are one contiguous run in
+NCHW, so the tile runs along them across rows: a 13x13 or 28x28 map has no row tail inside
+the tile and no lanes of a vector wasted on it, and no transpose writes the tile back. A
+strided one (ResNet's downsampling shortcuts) first copies the pixels it keeps into a stage of
+their own, a quarter of its input at stride 2."""
+from __future__ import annotations
+
+from ..op.weight_layout import WeightLayout
+from .common import accumulator, schedule_inputs
+from .matmul import define_matmul_knobs
+from .tiles import Tiles
+
+#: fewest pixels for which the ``pixels`` strategy is the default
+PIXELS_DEFAULT_MIN = 128
+def is_pointwise(node) -> bool:
+    """A float32 1x1 convolution, unpadded, of one group."""
+    weight = node.inputs[1]
+    attrs = node.attrs
+    return len(weight.shape) == 4 and tuple(weight.shape[2:]) == (1, 1) and \
+        weight.dtype == "float32" and attrs["groups"] == 1 and \
+        not any(attrs["padding"]) and "upsample" not in attrs
+
+
+def keeps_subsample(op, anchor, cfg) -> bool:
+    """A strided layer's kept pixels are a stage of their own."""
+    return op.tag == "pad"
+
+
+def pixels_default(tiles: Tiles, node) -> bool:
+    """The ``pixels`` strategy is the default from :data:`PIXELS_DEFAULT_MIN` pixels (13x13
+    maps and larger), and on smaller maps where the target has 16 vector registers or fewer;
+    on 7x7 maps AVX-512's ``channels`` tiles (32 registers) are faster.
+    Measurements: docs/performance.md, "Why the defaults are what they are"."""
+    _, _, height, width = node.shape
+    return height * width >= PIXELS_DEFAULT_MIN or tiles.registers <= 16
+
+
+def define_pixels_knobs(cfg, tiles: Tiles, node, padded: bool):
+    """The register tile (``tile_m`` output channels x ``tile_n`` pixels) and which tiles
+    the outer loop walks (``pixel_order``): ``channels_outer`` reads the whole input again
+    for every tile of output channels, ``pixels_outer`` the whole weight for every tile of
+    pixels. By default a layer that widens its channels (MobileNet's expansions, ResNet's
+    1x1 to four times the width) walks the channels outside, one that narrows them the
+    pixels."""
+    _, out_channels, height, width = node.shape
+    define_matmul_knobs(cfg, tiles, out_channels, height * width)
+    orders = ["channels_outer", "pixels_outer"]
+    widens = out_channels > node.inputs[1].shape[1]
+    cfg.define_knob("pixel_order", orders if widens else orders[::-1])
+
+
+def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
+    """``pixels`` (``[n][O][H*W]``) accumulated in the output stage's tile: the output's rows
+    and columns fused into one pixel axis, tiled by ``tile_m`` x ``tile_n`` with the tile's
+    vectors of pixels one after another (a last tile's tail is a shorter vector, not a
+    wider one), parallel over the outer tiles."""
+    cc = accumulator(s, pixels, out)
+    lanes = max(tiles.lanes, 1)
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    p = stage.fuse(y, x)
+    fo, fi = stage.split(f, factor=cfg["tile_m"].val)
+    po, pi = stage.split(p, factor=cfg["tile_n"].val)
+    outer, inner = (po, fo) if cfg["pixel_order"].val == "pixels_outer" else (fo, po)
+    stage.reorder(n, outer, inner, fi, pi)
+    pv, pl = stage.split(pi, factor=lanes)
+    stage.unroll(fi)
+    stage.unroll(pv)
+    stage.vectorize(pl)
+    s[cc].compute_at(stage, inner)
+    stage.parallel(stage.fuse(n, outer))
+    _, cf, cp = s[cc].op.axis
+    (k,) = s[cc].op.reduce_axis
+    cv, cl = s[cc].split(cp, factor=lanes)
+    s[cc].reorder(k, cf, cv, cl)
+    s[cc].unroll(cf)
+    s[cc].unroll(cv)
+    s[cc].vectorize(cl)
+    schedule_inputs(s, tiles)
+
+
+def pixels_layout(tiles: Tiles, node) -> WeightLayout:
+    return WeightLayout.pointwise()

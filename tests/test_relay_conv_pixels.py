@@ -1,0 +1,147 @@
+"""The ``pixels`` strategy of pointwise convolutions (a matrix product over the flattened
+pixels): where it is offered and the default, every tile and order its knobs offer computing
+the convolution with the group's tail (bias, relu, a residual input) on every vector width,
+on shapes whose pixels and channels the tiles do not divide, and its tuning task."""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import kernelrpc  # noqa: E402
+from kernelrpc import autotvm, nd, relay, te  # noqa: E402
+from kernelrpc.compiler import expr as E  # noqa: E402
+from kernelrpc.compiler.lower import arith  # noqa: E402
+from kernelrpc.compiler.target import Target  # noqa: E402
+from kernelrpc.relay import ir, strategy, tuning  # noqa: E402
+
+from target_families import family_params  # noqa: E402
+from test_relay_conv_channels import RNG, Knobs, conv_model, conv_node, run  # noqa: E402
+
+CASES = {
+    "13x13, a tail of pixels and of channels": dict(x=(1, 24, 13, 13), w=(20, 24, 1, 1)),
+    "batch 2, residual": dict(x=(2, 16, 7, 9), w=(40, 16, 1, 1), residual=True),
+    "narrowing, one row": dict(x=(1, 72, 1, 37), w=(8, 72, 1, 1)),
+    "stride 2, odd sizes": dict(x=(1, 16, 27, 31), w=(24, 16, 1, 1), strides=(2, 2)),
+    "stride (2, 1)": dict(x=(2, 8, 14, 11), w=(16, 8, 1, 1), strides=(2, 1), residual=True),
+}
+
+
+def _space(target, conv):
+    space = autotvm.ConfigSpace()
+    strategy.define_conv_knobs(space, strategy.tiles_for(target), conv, padded=False)
+    return {name: [e.val for e in knob.entities] for name, knob in space.space_map.items()}
+
+
+@pytest.mark.parametrize("target", family_params())
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_pixels_tile_computes_the_convolution(case, target):
+    model, feeds, expect = conv_model(**CASES[case])
+    mod, params = relay.frontend.from_onnx(model)
+    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    values = _space(target, conv)
+    assert "pixels" in values["layout"]
+    configs = [dict(tile_m=m, tile_n=n) for m in values["tile_m"] for n in values["tile_n"]]
+    configs += [dict(pixel_order=order) for order in values["pixel_order"]]
+    for knobs in configs:
+        with Knobs(layout="pixels", **knobs):
+            lib = relay.build(mod, target=target, params=params)
+        (record,) = lib.executor["kernels"]
+        assert {k: record["config"][k] for k in knobs} == knobs
+        np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                                   atol=1e-4 * np.abs(expect).max(),
+                                   err_msg=f"{case} {knobs} {target}")
+
+
+def test_pixels_is_the_default_from_13x13_and_on_7x7_with_16_registers():
+    avx512, avx2 = (strategy.tiles_for(Target(t)) for t in ("llvm -mcpu=skylake-avx512",
+                                                             "llvm -mcpu=haswell"))
+
+    def first(tiles, data, weight, **attrs):
+        return strategy.candidates(tiles, conv_node(data, weight, **attrs))[0].name
+    assert first(avx512, (1, 64, 56, 56), (256, 64, 1, 1)) == "pixels"
+    assert first(avx512, (1, 512, 13, 13), (1000, 512, 1, 1)) == "pixels"
+    assert first(avx512, (1, 512, 7, 7), (2048, 512, 1, 1)) == "channels"
+    assert first(avx2, (1, 512, 7, 7), (2048, 512, 1, 1)) == "pixels"
+    assert first(avx512, (1, 256, 56, 56), (512, 256, 1, 1), strides=(2, 2)) == "pixels"
+
+
+@pytest.mark.parametrize("weight, attrs", [
+    ((32, 16, 3, 3), {}),
+    ((32, 8, 1, 1), {"groups": 2}),
+    ((32, 16, 1, 1), {"padding": (1, 1, 1, 1)}),
+])
+def test_pixels_only_for_pointwise_convolutions(weight, attrs):
+    tiles = strategy.tiles_for(Target("llvm -mcpu=haswell"))
+    node = conv_node((1, 16, 14, 14), weight, groups=attrs.get("groups", 1))
+    node = ir.Node(node.op, node.inputs, {**node.attrs, **attrs}, node.shape, node.dtype,
+                   node.name)
+    assert "pixels" not in [s.name for s in strategy.candidates(tiles, node)]
+
+
+def test_the_order_walks_the_larger_side_outside():
+    """A layer that widens its channels walks the channel tiles outside, one that narrows
+    them the pixel tiles."""
+    target = Target("llvm -mcpu=skylake-avx512")
+    assert _space(target, conv_node((1, 64, 56, 56), (256, 64, 1, 1)))["pixel_order"][0] == \
+        "channels_outer"
+    assert _space(target, conv_node((1, 256, 56, 56), (64, 256, 1, 1)))["pixel_order"][0] == \
+        "pixels_outer"
+
+
+def test_the_build_keeps_the_models_weight_array():
+    target = Target("llvm -mcpu=skylake-avx512")
+    model, feeds, expect = conv_model(x=(1, 24, 13, 13), w=(32, 24, 1, 1))
+    mod, params = relay.frontend.from_onnx(model)
+    with Knobs():                         # the default configuration, recorded
+        lib = relay.build(mod, target=target, params=params)
+    (record,) = lib.executor["kernels"]
+    assert record["config"]["layout"] == "pixels"
+    shapes = [p.shape for p in lib.get_params().values()]
+    assert (32, 24, 1, 1) in shapes and all(len(shape) <= 4 for shape in shapes)
+    np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                               atol=1e-4 * np.abs(expect).max())
+
+
+def test_fused_row_and_column_fold_back_into_one_index():
+    p = E.Var("p", "int32")
+    q = E.Var("q", "int32")
+    ranges = {p: (0, 168), q: (0, 7)}
+    flat = arith.simplify(E.floordiv(p, 13) * 13 + E.floormod(p, 13) + q * 169, ranges)
+    assert "floordiv" not in str(flat) and "floormod" not in str(flat)
+    assert arith.simplify(flat - p - q * 169, ranges).value == 0
+    twice = arith.simplify(E.floordiv(p, 13) * 26 + E.floormod(p, 13) * 2, ranges)
+    assert "floordiv" not in str(twice) and arith.simplify(twice - p * 2, ranges).value == 0
+    kept = arith.simplify(E.floordiv(p, 13) * 12 + E.floormod(p, 13), ranges)
+    assert "floordiv" in str(kept)
+
+
+def test_tuning_task_of_a_pointwise_layer_runs_each_strategy():
+    """A pointwise layer's task: a ``pixels`` configuration reads the OIHW weight argument
+    (its array is the model's), a ``channels`` one the packed copy; the ``pixels`` kernel
+    indexes the input by flattened pixel (a vector runs across a row's end: 14 columns are
+    not a vector's width), no division left."""
+    target = Target("llvm -mcpu=haswell")
+    data, weight = [1, 16, 14, 14], [32, 16, 1, 1]
+    attrs = {"dilation": [1, 1], "groups": 1, "padding": [0, 0, 0, 0], "strides": [1, 1]}
+    wkl = ("conv2d_nchw", data, weight, [[k, v] for k, v in sorted(attrs.items())], "float32",
+           str(target))
+    task = tuning.task_of(wkl, flop=1.0)
+    inputs = task.prepare_inputs([RNG.standard_normal(shape).astype(dtype)
+                                  for shape, dtype in task.arg_specs[:-1]])
+    expect = task.reference(*inputs)
+    space = task.config_space
+    names = list(space.space_map)
+    layouts = [e.val for e in space.space_map["layout"].entities]
+    assert layouts[0] == "pixels" and "channels" in layouts
+    for layout in layouts:
+        indices = [0] * len(names)
+        indices[names.index("layout")] = layouts.index(layout)
+        config = space.get(space.index_of(indices))
+        s, args = task.instantiate(config)
+        if layout == "pixels":
+            lowered = str(te.lower(s, args))
+            assert "floordiv" not in lowered and "floormod" not in lowered
+        lib = kernelrpc.build(s, args, target=target)
+        out = nd.empty(task.arg_specs[-1][0], "float32")
+        lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
+        np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4, err_msg=layout)

@@ -77,8 +77,8 @@ def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     its reduction over the window, then the quads (two a step where they are even), then each
     quad's 4 bytes, the 16 channels in the vector. The quads innermost: LLVM unrolls a loop
     of the window's 3 columns whole and shares the broadcast input words of neighbouring
-    columns between its copies, more than the registers hold (a vpdpbusd tile spilled 38 of
-    them to every 84 steps)."""
+    columns between its copies, more than the registers hold (a vpdpbusd tile's loop of 84
+    steps moved them to the stack and back 77 times)."""
     acc = accumulation(anchor)
     rows, cols = (int(v) for v in cfg["int8_tile"].val.split("x"))
     s[acc].compute_at(s[out], output_tiles(s[out], quant.BLOCK_O, rows, cols))

@@ -13,7 +13,7 @@ from kernelrpc.te import ir_builder
 M, L = 16, 64          # the intrinsic: c[m] = sum_k a[k] * b[m, k]
 
 
-def gemv(m=M, l=L, with_update=True, combine=lambda x, y: x * y):
+def gemv(m=M, l=L, with_update=True, combine=lambda x, y: x * y, with_reset=False):
     a = te.placeholder((l,), name="a")
     b = te.placeholder((m, l), name="b")
     k = te.reduce_axis((0, l), name="k")
@@ -29,8 +29,15 @@ def gemv(m=M, l=L, with_update=True, combine=lambda x, y: x * y):
                 with ib.for_range(0, l, name="gemv_k") as kk:
                     pc[i] = pc[i] + pa[kk] * pb[i, kk]
             return ib.get()
+        def zeros():
+            ib = ir_builder.create()
+            pc = ib.buffer_ptr(outs[0])
+            with ib.for_range(0, m, name="gemv_zero") as i:
+                pc[i] = 0.0
+            return ib.get()
         body = nest(reset=True)
-        return (body, None, nest(reset=False)) if with_update else body
+        reset = zeros() if with_reset else None
+        return (body, reset, nest(reset=False)) if with_update else body
 
     return te.decl_tensor_intrin(c.op, fcompute, name="gemv")
 
@@ -65,6 +72,24 @@ def test_gemv_replaces_the_inner_loops_with_the_reduction_split_outside():
     assert "gemv_i" in lowered and "gemv_k" in lowered
     assert "ji" not in lowered and "ri" not in lowered.replace("primfn", "")
     assert "(r.outer == 0)" in lowered           # body on the first pass, update after
+    run(s, A, B, C)
+
+
+def test_a_reset_runs_once_before_the_outer_reduction_loops():
+    """With ``reset``, the accumulators start before the reduction loops outside the
+    intrinsic, over copies of the spatial loops between (here the column blocks inside the
+    reduction), and every iteration accumulates: no branch on the first one."""
+    A, B, C = matmul(n=3, mm=48, k=3 * L)
+    s = te.create_schedule(C.op)
+    i, j = C.op.axis
+    jo, ji = s[C].split(j, factor=M)
+    ro, ri = s[C].split(C.op.reduce_axis[0], factor=L)
+    s[C].reorder(i, ro, jo, ji, ri)
+    s[C].tensorize(ji, gemv(with_reset=True))
+    lowered = str(tvm.lower(s, [A, B, C], simple_mode=True))
+    assert "(r.outer == 0)" not in lowered and "if " not in lowered
+    assert lowered.index("gemv_zero") < lowered.index("r.outer") < lowered.index("gemv_k")
+    assert "j.outer.init" in lowered
     run(s, A, B, C)
 
 

@@ -274,11 +274,33 @@ def test_the_hottest_loop_of_an_int8_conv_runs_the_instruction(spec, instruction
     dot product: its int8 products, ``smull`` or ``mul`` on widened weights, summed by
     ``addp`` and ``sadalp``; armv7: ``vmull.s8`` and ``vmlal.s8`` summed by ``vpadal.s16``)."""
     target = Target(spec)
-    node = packed_conv_case("uint8", 0, 64, 64, (1, 1), SEVEN_BITS)[0]
-    node = make("qnn.conv2d", [ir.Node("input", (), {}, (1, 64, 14, 14), "uint8", "x"),
-                               *node.inputs[1:]], **dict(node.attrs, padding=(1, 1, 1, 1)))
-    lib = relay.build(ir.IRModule(ir.Function([node.inputs[0]], [node])), target=target)
-    body = hottest_int8_loop(lib.get_source("asm"), target.arch)
+    body = hottest_int8_loop(_resnet_layer_asm(target), target.arch)
     multiplies = {op for op in body if MULTIPLIES[family(target.arch)].match(op)}
     assert instruction in multiplies and multiplies <= {instruction, *others}, body
     assert body.count(instruction) >= 8
+
+
+def _resnet_layer_asm(target) -> str:
+    """The assembly of ResNet-18's 3x3 layer of 64 channels on 14x14 (7-bit weights)."""
+    node = packed_conv_case("uint8", 0, 64, 64, (1, 1), SEVEN_BITS)[0]
+    node = make("qnn.conv2d", [ir.Node("input", (), {}, (1, 64, 14, 14), "uint8", "x"),
+                               *node.inputs[1:]], **dict(node.attrs, padding=(1, 1, 1, 1)))
+    return relay.build(ir.IRModule(ir.Function([node.inputs[0]], [node])),
+                       target=target).get_source("asm")
+
+
+@pytest.mark.parametrize("spec", ["llvm -mcpu=cascadelake", "llvm -mcpu=skylake-avx512",
+                                  "llvm -mcpu=haswell",
+                                  "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76"])
+def test_the_accumulators_stay_in_registers_across_the_reduction(spec):
+    """The intrinsic's accumulators start before the reduction's loops, so its hottest loop
+    (the input's quads, one block step per column) stores nothing: it kept a vpdpbusd
+    tile's 28 accumulators in zmm registers but stored them at every step (26 stores in a
+    loop of 97 instructions)."""
+    target = Target(spec)
+    asm = _resnet_layer_asm(target)
+    bodies = loop_bodies(asm, target.arch)
+    multiplies = MULTIPLIES[family(target.arch)]
+    label = max(bodies, key=lambda label: sum(1 for op in bodies[label] if multiplies.match(op)))
+    mix = next(loop for loop in inner_loops(asm, target.arch) if loop.label == label)
+    assert mix.stores == 0, bodies[label]

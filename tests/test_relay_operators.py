@@ -3,6 +3,8 @@
 Each case is a one-node (or few-node) model built with ``onnx.helper``, seeded random inputs
 of odd shapes, weights as initializers; the output must match onnxruntime's within 1e-4 of its
 scale (1e-3 for transcendental functions)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -192,6 +194,40 @@ def test_batch_normalization_alone_and_after_a_convolution():
 ])
 def test_pooling(op, attrs):
     run_case(op, {"x": rand(2, 3, 11, 10)}, attrs)
+
+
+@pytest.mark.parametrize("op,dtype,tail,attrs", [
+    ("MaxPool", np.uint8, "Cast", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", np.float32, None, dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", np.int8, "Cast", dict(kernel_shape=[2, 2], strides=[1, 1], pads=[0, 1, 1, 0])),
+    ("AveragePool", np.float32, "Relu", dict(kernel_shape=[3, 3], strides=[1, 1],
+                                             pads=[1, 1, 1, 1])),
+])
+def test_pooling_in_vectors_of_columns(op, dtype, tail, attrs):
+    """The pooling record: vectors of 16 or 32 output columns, the taps unrolled around them
+    (the padding tests of the border taps per lane), an elementwise tail computed in the
+    same vectors; against onnxruntime, 8-bit maps included."""
+    x = (RNG.integers(-128, 128, (1, 5, 31, 32)) if dtype == np.int8 else
+         RNG.integers(0, 256, (1, 5, 31, 32)) if dtype == np.uint8 else rand(1, 5, 31, 32))
+    x = np.asarray(x, dtype)
+    nodes = [helper.make_node(op, ["x"], ["p" if tail else "y"], **attrs)]
+    if tail:
+        nodes.append(helper.make_node(tail, ["p"], ["y"], **(
+            {"to": TensorProto.FLOAT} if tail == "Cast" else {})))
+    graph = helper.make_graph(
+        nodes, "pool", [helper.make_tensor_value_info(
+            "x", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    mod, params = relay.frontend.from_onnx(model)
+    lib = relay.build(mod, target="llvm", params=params)
+    assert re.search(r"(max_pool2d|avg_pool2d_sum)\[ramp\(", lib.lib.get_source("lowered"))
+    m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+    m.set_input("x", x)
+    m.run()
+    np.testing.assert_allclose(m.get_output(0).numpy(), onnxruntime_outputs(model, {"x": x})[0],
+                               rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])

@@ -140,14 +140,17 @@ def _seconds(text: str) -> float:
     return _number(float, text, 1e-3, 1e6, "a number of seconds in [0.001, 1e6]")
 
 
+#: the operators counted as a network's layers: its convolutions and dense layers
+LAYER_OPS = ("nn.conv2d", "nn.dense", "nn.batch_matmul", "qnn.conv2d", "qnn.dense")
+
+
 def summarize(mod, params) -> dict:
     from .relay.op import node_flops
-    from .relay.strategy import STRATEGIES
 
     func = mod["main"]
     nodes = func.topo()
     origins = collections.Counter(o for n in nodes for o in n.origin)
-    layers = collections.Counter(n.op for n in nodes if n.op in STRATEGIES)
+    layers = collections.Counter(n.op for n in nodes if n.op in LAYER_OPS)
     return {"inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
                        for i in func.inputs],
             "outputs": [{"shape": list(o.shape), "dtype": o.dtype} for o in func.outputs],

@@ -11,9 +11,11 @@ body reads and writes the real buffers through :class:`~.ir_builder.BufferView`\
 (offset and strides of the region the replaced loops cover).
 
 For a reduction split so that some of its loops stay outside the intrinsic,
-``fcompute`` returns ``(body, reset, update)`` as in TVM: ``body`` computes the region from
-scratch and runs on the first iteration of those outer reduction loops, ``update``
-accumulates on the others (``reset`` is accepted and unused, as ``body`` includes it).
+``fcompute`` returns ``(body, reset, update)`` as in TVM: ``reset`` (a statement) starts the
+region's accumulators, once before those outer reduction loops, and ``update`` accumulates on
+every iteration, so that the loops hold no branch and a compiler can keep the accumulators in
+registers across them; without ``reset`` (None), ``body`` computes the region from scratch
+on their first iteration and ``update`` accumulates on the others.
 """
 from __future__ import annotations
 
@@ -62,7 +64,9 @@ def decl_tensor_intrin(op, fcompute, name: str = "tensor_intrin", binds=None,
 
 def tensorize_stmt(lowering, info, values, out_index, error):
     """The intrinsic's statement in place of ``info``'s loops from the tensorized leaf
-    inward. Returns (leaf position, statement). ``error(msg)`` builds the exception."""
+    inward. Returns (leaf position, statement, reset): ``reset`` (or None) is the statement
+    starting the accumulators, to run before the reduction loops outside the intrinsic (with
+    their variables at 0). ``error(msg)`` builds the exception."""
     from .lower.arith import const_int, from_linear, linear, simplify
 
     stage = info.stage
@@ -142,16 +146,18 @@ def tensorize_stmt(lowering, info, values, out_index, error):
     parts = tuple(Evaluate(p) if isinstance(p, PrimExpr) else p for p in parts)
     if len(parts) != 3 or not isinstance(parts[0], Stmt):
         raise error(f"{where}: fcompute must return a statement or (body, reset, update)")
-    stmt, _, update = parts
+    stmt, reset, update = parts
     outer_reduce = [leaf for leaf in leaves[:pos] if leaf.kind == IterVar.REDUCE]
-    if outer_reduce and isinstance(body, Reduce):
-        if not isinstance(update, Stmt):
-            raise error(f"{where}: the reduction loops {[v.var.name for v in outer_reduce]} "
-                        "stay outside the intrinsic, so fcompute must return "
-                        "(body, reset, update)")
-        first = all_of(*[leaf.var == 0 for leaf in outer_reduce])
-        stmt = IfThenElse(first, stmt, update)
-    return pos, stmt
+    if not outer_reduce or not isinstance(body, Reduce):
+        return pos, stmt, None
+    if not isinstance(update, Stmt):
+        raise error(f"{where}: the reduction loops {[v.var.name for v in outer_reduce]} "
+                    "stay outside the intrinsic, so fcompute must return "
+                    "(body, reset, update)")
+    if isinstance(reset, Stmt):
+        return pos, update, reset
+    first = all_of(*[leaf.var == 0 for leaf in outer_reduce])
+    return pos, IfThenElse(first, stmt, update), None
 
 
 def _same(a, b, pairs: list) -> bool:

@@ -490,8 +490,9 @@ class ScheduleLowering:
             by_level.setdefault(_level(cond, positions), []).append(cond)
         innermost = len(leaves) - 1
         if stage.tensorized is not None:
-            innermost, stmt = self._tensorized(info, values, out_index, by_level)
-            init = None
+            innermost, stmt, reset = self._tensorized(info, values, out_index, by_level)
+            init = None if reset is None else \
+                self._reset_nest(info, first_reduce, innermost + 1, checks, reset)
         for pos in range(innermost, -2, -1):
             if pos + 1 == first_reduce and init is not None:
                 stmt = seq(init, stmt)
@@ -520,7 +521,7 @@ class ScheduleLowering:
         """(position, statement) of the tensor intrinsic replacing the innermost loops."""
         from ..tensorize import tensorize_stmt
 
-        pos, stmt = tensorize_stmt(self, info, values, out_index, LowerError)
+        pos, stmt, reset = tensorize_stmt(self, info, values, out_index, LowerError)
         stage = info.stage
         name = f"tensorize {stage.op.name} at {info.leaves[pos].var.name}"
         # Guards inside the intrinsic: a compute_at region's bounds often hold for every
@@ -552,7 +553,7 @@ class ScheduleLowering:
                              f"it: attach it {outer}")
         if any(var in info.leaves[pos:] for _, var, _ in info.stage.prefetches):
             raise LowerError(f"{name}: a prefetch is on a loop inside it")
-        return pos - 1, stmt
+        return pos - 1, stmt, reset
 
     def _loop_ranges(self) -> dict:
         """Loop variable -> (0, extent - 1) for the constant-extent loops of every stage."""
@@ -599,15 +600,36 @@ class ScheduleLowering:
 
     def _init_nest(self, info, first_reduce, checks, buffers, start):
         stage = info.stage
-        leaves = info.leaves
-        copies = [leaf for leaf in leaves[first_reduce + 1:] if leaf.kind != IterVar.REDUCE]
-        vmap = {leaf.var: Var(f"{leaf.var.name}.init", leaf.var.dtype) for leaf in copies}
+        copies, vmap = self._init_copies(info, first_reduce, len(info.leaves))
         values = [info.root_value(iv) for iv in stage.op.axis]
         index = simplify(substitute(self._flat(info.buffer, info.offsets, values), vmap))
         axis_values = {iv.var: substitute(v, vmap) for iv, v in zip(stage.op.axis, values)}
         start = [self._to_load(substitute(v, axis_values)) for v in start]
         stmt = seq(*[Store(buf, v, index) for buf, v in zip(buffers, start)])
-        reduce_vars = {leaf.var for leaf in leaves if leaf.kind == IterVar.REDUCE}
+        return self._copy_nest(info, copies, vmap, checks, stmt)
+
+    def _reset_nest(self, info, first_reduce, pos, checks, reset):
+        """A tensor intrinsic's ``reset`` before the reduction loops outside it: over copies
+        of the spatial loops between them and the intrinsic, the reduction variables at 0."""
+        copies, vmap = self._init_copies(info, first_reduce, pos)
+        zeros = {leaf.var: convert(0) for leaf in info.leaves[:pos]
+                 if leaf.kind == IterVar.REDUCE}
+        return self._copy_nest(info, copies, vmap, checks, substitute(reset, {**vmap, **zeros}))
+
+    @staticmethod
+    def _init_copies(info, first_reduce, end):
+        """The spatial loops among ``leaves[first_reduce + 1:end]``, and a fresh variable for
+        each, which an accumulation's start runs over before its reduction loops."""
+        copies = [leaf for leaf in info.leaves[first_reduce + 1:end]
+                  if leaf.kind != IterVar.REDUCE]
+        return copies, {leaf.var: Var(f"{leaf.var.name}.init", leaf.var.dtype)
+                        for leaf in copies}
+
+    def _copy_nest(self, info, copies, vmap, checks, stmt):
+        """``stmt`` in the loops ``copies`` (their variables renamed by ``vmap``) under the
+        checks that read them and no reduction variable."""
+        stage = info.stage
+        reduce_vars = {leaf.var for leaf in info.leaves if leaf.kind == IterVar.REDUCE}
         positions = {leaf.var: k for k, leaf in enumerate(copies)}
         by_level: dict = {}
         for cond in checks:

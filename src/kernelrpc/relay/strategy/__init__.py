@@ -17,6 +17,7 @@ from .depthwise import depthwise_tile, is_depthwise
 from .grouped import group_tiles
 from .int8 import INT8
 from .matmul import BATCH_MATMUL, matmul_tile
+from .pool import POOL
 from .record import Strategy
 from .softmax import SOFTMAX
 from .tiles import Tiles, tiles_for
@@ -25,7 +26,7 @@ from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band,
 
 #: each tunable operator's implementations
 STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BATCH_MATMUL,),
-              "nn.softmax": (SOFTMAX,), **INT8}
+              "nn.softmax": (SOFTMAX,), "nn.pool2d": (POOL,), **INT8}
 
 
 def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
@@ -51,8 +52,8 @@ def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
 
 
 __all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE",
-           "DIRECT", "GROUPED", "PIXELS", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles", "WINOGRAD",
-           "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates",
+           "DIRECT", "GROUPED", "PIXELS", "POOL", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles",
+           "WINOGRAD", "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates",
            "channel_tiles", "channels_default", "conv2d_strategy", "define_conv_knobs",
            "define_dense_knobs", "define_knobs", "dense_rows_block", "depthwise_tile",
            "group_tiles", "has_strategy", "is_depthwise", "matmul_tile", "strategy_for",

@@ -74,14 +74,19 @@ def _define_packed_knobs(cfg, tiles: Tiles, node, dot: QuadDot):
 def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     """The output stage by blocks of 16 channels x ``R`` rows x ``C`` columns, parallel over
     the batch, the channel blocks and the row tiles; the accumulation of the tile inside it,
-    its reduction over the quads, the window and each quad's 4 bytes, the 16 channels in the
-    vector."""
+    its reduction over the window, then the quads (two a step where they are even), then each
+    quad's 4 bytes, the 16 channels in the vector. The quads innermost: LLVM unrolls a loop
+    of the window's 3 columns whole and shares the broadcast input words of neighbouring
+    columns between its copies, more than the registers hold (a vpdpbusd tile's loop of 84
+    steps moved them to the stack and back 77 times)."""
     acc = accumulation(anchor)
     rows, cols = (int(v) for v in cfg["int8_tile"].val.split("x"))
     s[acc].compute_at(s[out], output_tiles(s[out], quant.BLOCK_O, rows, cols))
     _, cb, cy, cx, cv = s[acc].op.axis
     rc, ry, rx, ri = s[acc].op.reduce_axis
-    _quad_loops(s[acc], (rc, ry, rx), (cb, cy, cx), cv, ri, dot, tiles, node)
+    rco, rci = s[acc].split(rc, factor=max(divisors(rc.extent.value, 2)))
+    s[acc].unroll(rci)
+    _quad_loops(s[acc], (ry, rx, rco, rci), (cb, cy, cx), cv, ri, dot, tiles, node)
     schedule_inputs(s, tiles)
 
 

@@ -66,16 +66,18 @@ class QuadDot:
         return self.fits is None or weight is not None and self.fits(weight)
 
 
-def _declare(name: str, step):
+def _declare(name: str, step, reset):
     """The intrinsic of one block step, ``step(ins, outs, first)`` its statement (``first``:
-    the accumulators start from the step's products)."""
+    the accumulators start from the step's products), ``reset(ins, outs)`` the accumulators'
+    start, stored once before the reduction (then every step accumulates, and LLVM keeps the
+    accumulators in registers across the reduction's loops)."""
     quad = te.placeholder((quant.BLOCK_I,), name="quad", dtype="uint8")
     weight = te.placeholder((quant.BLOCK_O, quant.BLOCK_I), name="weight", dtype="int8")
     k = te.reduce_axis((0, quant.BLOCK_I), "k")
     dot = te.compute((quant.BLOCK_O,), lambda v: te.sum(
         E.cast(quad[k], "int32") * E.cast(weight[v, k], "int32"), axis=k), name="quad_dot")
     return te.decl_tensor_intrin(dot.op, lambda ins, outs: (
-        step(ins, outs, True), None, step(ins, outs, False)), name=name)
+        step(ins, outs, True), reset(ins, outs), step(ins, outs, False)), name=name)
 
 
 def _lanes(view, start: tuple, count: int):
@@ -93,25 +95,30 @@ def _quad_words(quad_view, count: int):
     return E.reinterpret(f"int8x{4 * count}", tir.Broadcast(word, count))
 
 
-def _chunks(step_chunk, width: int, start=None):
-    """A block step as ``64 / width`` chunks of ``width`` weight bytes (``width / 4``
-    outputs): ``step_chunk(ins, acc, channel)`` is the chunk's accumulators after the step,
-    from ``acc``: their values, or on the first step ``start(ins, channel, lanes)`` (zeros)."""
+def _chunks(name: str, step_chunk, width: int, start=None):
+    """The intrinsic of a block step as ``64 / width`` chunks of ``width`` weight bytes
+    (``width / 4`` outputs): ``step_chunk(ins, acc, channel)`` is the chunk's accumulators
+    after the step, from ``acc``: their values, or at the start ``start(ins, channel,
+    lanes)`` (zeros)."""
     lanes = width // quant.BLOCK_I
 
-    def step(ins, outs, first):
+    def begin(ins, channel):
+        if start is None:
+            return tir.Broadcast(te.const(0, "int32"), lanes)
+        return start(ins, channel, lanes)
+
+    def stores(outs, chunk_value):
         ib = ir_builder()
         for channel in range(0, quant.BLOCK_O, lanes):
-            if not first:
-                acc = _load(outs[0], (channel,), lanes)
-            elif start is not None:
-                acc = start(ins, channel, lanes)
-            else:
-                acc = tir.Broadcast(te.const(0, "int32"), lanes)
-            ib.emit(tir.Store(outs[0].data, step_chunk(ins, acc, channel),
+            ib.emit(tir.Store(outs[0].data, chunk_value(channel),
                               _lanes(outs[0], (channel,), lanes)))
         return ib.get()
-    return step
+
+    def step(ins, outs, first):
+        return stores(outs, lambda channel: step_chunk(
+            ins, begin(ins, channel) if first else _load(outs[0], (channel,), lanes), channel))
+    return _declare(name, step, lambda ins, outs: stores(
+        outs, lambda channel: begin(ins, channel)))
 
 
 def _vnni(tiles, node):
@@ -119,7 +126,7 @@ def _vnni(tiles, node):
     def chunk(ins, acc, channel):
         return E.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc,
                                        _quad_words(ins[0], 16), _load(ins[1], (0, 0), 64))
-    return _declare("vpdpbusd", _chunks(chunk, 64))
+    return _chunks("vpdpbusd", chunk, 64)
 
 
 #: ``vpmaddubsw`` and ``vpmaddwd`` of 256 and 512 bits
@@ -140,7 +147,7 @@ def _pairs(tiles, node):
                                         _quad_words(ins[0], width // 4),
                                         _load(ins[1], (channel, 0), width))
         return acc + E.call_llvm_pure_intrin(f"int32x{width // 4}", words, pairs, ones)
-    return _declare("vpmaddubsw", _chunks(chunk, width))
+    return _chunks("vpmaddubsw", chunk, width)
 
 
 def _halves(tiles, node):
@@ -164,7 +171,7 @@ def _halves(tiles, node):
             acc = acc + E.call_llvm_pure_intrin(f"int32x{width // 4}", words, pairs,
                                                 constant(factor))
         return acc
-    return _declare("vpmaddubsw_halves", _chunks(chunk, width))
+    return _chunks("vpmaddubsw_halves", chunk, width)
 
 
 def pairs_fit(weight: np.ndarray) -> bool:
@@ -179,8 +186,8 @@ def pairs_fit(weight: np.ndarray) -> bool:
 def _sums_start(node):
     """The accumulators' start for a record that multiplies the quad shifted by 128: 128 times
     the block's weight sums (:func:`kernelrpc.relay.op.quant.weight_sums`, in the block's last
-    quad, read on the first step, when the view is at the block's start), so that they end at
-    ``sum x * w`` as the declared computation says."""
+    quad, read where the view is at the block's start: before the reduction), so that they
+    end at ``sum x * w`` as the declared computation says."""
     shape = node.inputs[1].shape
     sums_at = (shape[1] - 1) * int(np.prod(shape[2:]))    # the last quad, from the first
 
@@ -200,7 +207,7 @@ def _sdot(tiles, node):
         shifted = _quad_words(ins[0], 4) + tir.Broadcast(te.const(-128, "int8"), 16)
         return E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sdot.v4i32.v16i8", acc,
                                        shifted, _load(ins[1], (channel, 0), 16))
-    return _declare("sdot", _chunks(chunk, 16, _sums_start(node)))
+    return _chunks("sdot", chunk, 16, _sums_start(node))
 
 
 def sums_fit(weight: np.ndarray) -> bool:
@@ -225,7 +232,7 @@ def _widening(tiles, node):
         pairs = E.call_llvm_pure_intrin("int16x8", "llvm.aarch64.neon.addp.v8i16", *halves)
         return acc + E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.saddlp.v4i32.v8i16",
                                              pairs)
-    return _declare("smull", _chunks(chunk, 16, _sums_start(node)))
+    return _chunks("smull", chunk, 16, _sums_start(node))
 
 
 def no_minimum_weight(weight: np.ndarray) -> bool:
@@ -254,7 +261,7 @@ def _vmlal(tiles, node):
         pairs = products[0] + products[1]
         return E.call_llvm_pure_intrin("int32x4", "llvm.arm.neon.vpadals.v4i32.v8i16", acc,
                                        pairs)
-    return _declare("vmlal", _chunks(chunk, 16, _sums_start(node)))
+    return _chunks("vmlal", chunk, 16, _sums_start(node))
 
 
 def _vector_registers(tiles: Tiles) -> tuple[int, int, int]:

@@ -202,11 +202,14 @@ def test_pooling(op, attrs):
     ("MaxPool", np.int8, "Cast", dict(kernel_shape=[2, 2], strides=[1, 1], pads=[0, 1, 1, 0])),
     ("AveragePool", np.float32, "Relu", dict(kernel_shape=[3, 3], strides=[1, 1],
                                              pads=[1, 1, 1, 1])),
+    ("MaxPool", np.float32, None, dict(kernel_shape=[3, 3], strides=[2, 2])),   # 15 columns
+    ("MaxPool", np.uint8, "Cast", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
 ])
 def test_pooling_in_vectors_of_columns(op, dtype, tail, attrs):
-    """The pooling record: vectors of 16 or 32 output columns, the taps unrolled around them
-    (the padding tests of the border taps per lane), an elementwise tail computed in the
-    same vectors; against onnxruntime, 8-bit maps included."""
+    """The pooling record: vectors of 16 or 32 output columns (a row they do not divide ends
+    in a shorter vector), the taps unrolled around them (the padding tests of the border taps
+    per lane), an elementwise tail computed in the same vectors; against onnxruntime, 8-bit
+    maps included."""
     x = (RNG.integers(-128, 128, (1, 5, 31, 32)) if dtype == np.int8 else
          RNG.integers(0, 256, (1, 5, 31, 32)) if dtype == np.uint8 else rand(1, 5, 31, 32))
     x = np.asarray(x, dtype)

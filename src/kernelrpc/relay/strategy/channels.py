@@ -16,10 +16,13 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
     GFLOP/s against 1x2x14's 113; 2x1x13 on 13x13 55 against 1x1x13's 70-99). AVX2's 16
     registers then hold 1x1x13 and 1x2x7 (13 and 14 accumulators), which "less 3" refused:
     SqueezeNet's 512->1000 on 13x13, AVX2 code on an emeraldrapids core, 59 -> 77 GFLOP/s
-    (direct columns -> 1x1x13), DenseNet's 992->128 on 14x14 59 -> 69 (1x1x7 -> 1x2x7). Best first: rows of at least 7 columns (LLVM unrolls a 3-wide
-    window and keeps the inputs the columns share in registers: 1x5x5 on 55x55 3x3 48-58,
-    1x1x11 86-101), then most accumulators, then the shorter rows (28x28 512->128 1x1: 1x4x7
-    111, 1x2x14 and 1x1x28 88). Empty where the layout is not offered: grouped or depthwise
+    (direct columns -> 1x1x13), DenseNet's 992->128 on 14x14 59 -> 69 (1x1x7 -> 1x2x7).
+    Best first: rows of at least 7 columns (LLVM unrolls a 3-wide window and keeps the inputs
+    the columns share in registers: 1x5x5 on 55x55 3x3 48-58, 1x1x11 86-101), then two or
+    more vectors of channels (each broadcast input feeds as many FMAs: AVX-512 code, ResNet-50's
+    3x3/2 layers 2x1x7 against 1x4x7 or 1x2x14, 128 channels to 28x28 155 against 121, 256 to
+    14x14 177 against 160), then most accumulators, then the shorter rows (28x28 512->128 1x1:
+    1x4x7 111, 1x2x14 and 1x1x28 88). Empty where the layout is not offered: grouped or depthwise
     convolutions (their input channel would vary across the vector), output channels not a
     multiple of the lanes, a scalar target, other than float32 (the lanes are float32 lanes)."""
     lanes = tiles.lanes
@@ -38,9 +41,9 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
                 held = r * c if v > 1 else 0      # broadcasts LLVM keeps for several FMAs
                 spare = 1 if v == 1 else 3         # one vector: one broadcast at a time
                 if 4 <= v * r * c and v * r * c + v + held <= tiles.registers - spare:
-                    found.append((c >= 7, v * r * c, -c, -v, r))
+                    found.append((c >= 7, v > 1, v * r * c, -c, -v, r))
     found.sort(reverse=True)
-    return [f"{-v}x{r}x{-c}" for _, _, c, v, r in found[:8]]
+    return [f"{-v}x{r}x{-c}" for *_, c, v, r in found[:8]]
 
 
 def channels_default(node, tiles_c) -> bool:

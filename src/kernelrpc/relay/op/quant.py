@@ -217,7 +217,7 @@ def _output(acc, ts, attrs, node, channel_axis: int, tag: str):
         return acc
     bias, multiplier = ts[3:5]
     return te.compute(node.shape, lambda *i: requantized(
-        acc[i], bias[i[channel_axis]], multiplier[i[channel_axis]], attrs, node.dtype),
+        _i32(acc[i]), bias[i[channel_axis]], multiplier[i[channel_axis]], attrs, node.dtype),
         name=tag, tag=tag)
 
 
@@ -245,10 +245,37 @@ def _qconv2d_infer(inputs, attrs):
     return shape, attrs["out_dtype"]
 
 
+#: float32's integers are exact up to this magnitude
+FLOAT_EXACT = 2 ** 24
+
+
+def sums_exact_in_float(node) -> bool:
+    """Whether every partial sum of a plain (OIHW) layer's products is an integer of magnitude
+    below :data:`FLOAT_EXACT`, so that float32 computes them exactly, whatever their order:
+    a requantized output, a constant weight and a zero point whose centered input stays
+    within 255 (a constant one, or one of the input's type), and for each output the sum of
+    its weights' magnitudes times that reach below the bound."""
+    weight, zero = node.inputs[1].value, node.inputs[2]
+    if weight is None or node.attrs["out_dtype"] == "int32":
+        return False
+    lo, hi = qrange(node.inputs[0].dtype)
+    if zero.value is not None:
+        z = int(np.asarray(zero.value).reshape(()))
+        reach = max(abs(lo - z), abs(hi - z))
+    elif zero.dtype in QUANTIZED:
+        reach = 255
+    else:
+        return False
+    magnitudes = np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
+    return int(magnitudes.max(initial=0)) * reach < FLOAT_EXACT
+
+
 def _qconv2d(ts, attrs, node):
-    """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window in int32, the input
-    centered and zero-padded in one stage (its padding is the zero point), then the
-    requantizing output stage."""
+    """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window, the input centered and
+    zero-padded in one stage (its padding is the zero point), then the requantizing output
+    stage. The sums are int32, or float32 where they are exact in it
+    (:func:`sums_exact_in_float`: a depthwise layer's 9 products always are), which the
+    targets multiply and add in one instruction and in vectors of the float layers' width."""
     if attrs.get("kernel_layout") == PACKED:
         return _qconv2d_packed(ts, attrs, node)
     if attrs.get("kernel_layout") == PACKED_PIXELS:
@@ -259,11 +286,12 @@ def _qconv2d(ts, attrs, node):
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     ocg = node.shape[1] // attrs["groups"]
     x_zero = _i32(_scalar(zero))
+    dtype = "float32" if sums_exact_in_float(node) else "int32"
 
     def centered(n, c, y, x):
         inside = te.all(y >= pt, y < height + pt, x >= pl, x < width + pl)
-        return E.if_then_else(inside, _i32(data[n, c, y - pt, x - pl]) - x_zero,
-                              te.const(0, "int32"))
+        return E.if_then_else(inside, E.cast(_i32(data[n, c, y - pt, x - pl]) - x_zero, dtype),
+                              te.const(0, dtype))
     padded = te.compute((node.shape[0], channels, height + pt + pb, width + pl + pr), centered,
                         name="qpad", tag="pad")
     rc, ry, rx = (te.reduce_axis((0, e), name) for e, name in ((cg, "rc"), (kh, "ry"),
@@ -272,8 +300,9 @@ def _qconv2d(ts, attrs, node):
     def channel(o):
         return rc if attrs["groups"] == 1 else E.floordiv(o, ocg) * cg + rc
     acc = te.compute(node.shape, lambda n, o, y, x: te.sum(
-        padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] * _i32(weight[o, rc, ry, rx]),
-        axis=[rc, ry, rx]), name="qconv2d_acc", tag="qconv2d")
+        padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] *
+        E.cast(weight[o, rc, ry, rx], dtype), axis=[rc, ry, rx]), name="qconv2d_acc",
+        tag="qconv2d")
     return _output(acc, ts, attrs, node, 1, "qconv2d")
 
 

@@ -108,11 +108,13 @@ def _words(view, count: int):
 def _operands(ins, pixels: bool):
     """The two sides of a step's products for ``count`` of its outputs from output ``first``,
     each ``4 * count`` bytes: ``data(first, count)`` the uint8 input's, ``weights(first,
-    count)`` the int8 weight's. Of 16 channels of a pixel, the quad repeated and each
-    channel's 4 weights; of 16 pixels of a channel, each pixel's quad and the 4 weights
-    repeated."""
+    count)`` the int8 weight's, both typed int8 (as the instructions take them, and so that
+    a record widening the input shifted by 128 extends its sign). Of 16 channels of a pixel,
+    the quad repeated and each channel's 4 weights; of 16 pixels of a channel, each pixel's
+    quad and the 4 weights repeated."""
     if pixels:
-        return (lambda first, count: _load(ins[0], (first, 0), 4 * count),
+        return (lambda first, count: E.reinterpret(f"int8x{4 * count}",
+                                                   _load(ins[0], (first, 0), 4 * count)),
                 lambda first, count: _words(ins[1], count))
     return (lambda first, count: _words(ins[0], count),
             lambda first, count: _load(ins[1], (first, 0), 4 * count))

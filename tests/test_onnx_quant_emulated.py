@@ -68,8 +68,9 @@ def check_network(remote, tmp_path, name):
 
 def check_kernels(remote, tmp_path, instruction, fallback):
     """The packed convolution (and a pointwise one in the ``pixels`` form) on the board
-    equals numpy's, the record's ``instruction`` in its code; a weight of -128 (outside the smull and vmlal records' bound) takes the plain
-    vectors, their ``fallback`` instruction (the same for sdot, which takes any weight)."""
+    equals numpy's, the record's ``instruction`` in its code; a weight of -128 (outside the
+    smull and vmlal records' bound) takes the plain vectors, their ``fallback`` instruction
+    (the same for sdot, which takes any weight)."""
     from test_int8_dots import packed_conv_case
 
     cases = [("int8", 127, (-127, 127), instruction, False),

@@ -312,7 +312,7 @@ def np_qconv2d(xs, attrs):
     data, weight, zero = xs[:3]
     pt, pl, pb, pr = attrs["padding"]
     zero = int(np.asarray(zero).reshape(()))
-    if attrs.get("kernel_layout") in (PACKED, PACKED_PIXELS):      # raw quads padded with the zero point
+    if attrs.get("kernel_layout") in (PACKED, PACKED_PIXELS):   # raw quads padded with its zero
         weight = unpack_weight(weight, xs[3].size, data.shape[1])
         raw = data.astype(np.int64) + (128 if data.dtype == np.int8 else 0)
         padded = np.pad(raw, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=zero)
@@ -434,8 +434,8 @@ def _qconv2d_packed(ts, attrs, node):
 
 def _qconv2d_pixels(ts, attrs, node):
     """The ``pixels`` form of a pointwise layer: the input's quads of channels over its
-    flattened pixels (``[n][C/4][H*W][4]`` uint8), ``acc[n][O][H*W/16][16] = sum x' * w`` over the
-    quads and each quad's 4 bytes, as a matrix product whose vectors run along a channel's
+    flattened pixels (``[n][C/4][H*W][4]`` uint8), ``acc[n][O][H*W/16][16] = sum x' * w``
+    over the quads and each quad's 4 bytes, as a matrix product whose vectors run along a channel's
     pixels, then the requantizing output stage on those vectors: a channel's pixels are one
     contiguous run of the NCHW output, so the tile is written back as it is (the packed form's
     tile holds 16 channels of a pixel, which the output reads back by columns)."""

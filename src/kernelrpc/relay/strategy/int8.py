@@ -15,8 +15,9 @@ pointwise layer of whole vectors of 16 pixels (``int8_pixels``, the importer's c
 round: 16 pixels of a channel in the vector, the channel's 4 weights broadcast, so that the
 output stage requantizes and stores each vector as it is.
 Depthwise convolutions and the rest (a centered uint8 weight, a run-time zero point) run the
-float layers' schedules (depthwise, direct, the dense layer's orders) on the int32
-accumulation. The requantizing output stage works on the tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's
+float layers' schedules (depthwise, direct, the dense layer's orders) on the accumulation,
+float32 where its sums are exact in it (:func:`~kernelrpc.relay.op.quant.sums_exact_in_float`),
+else int32. The requantizing output stage works on the tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's
 range) has its columns in vectors."""
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def is_pixels(node) -> bool:
 
 
 def is_plain(node) -> bool:
-    """An OIHW weight (the float layers' schedules on the int32 accumulation)."""
+    """An OIHW weight (the float layers' schedules on the accumulation)."""
     return not is_packed(node) and not is_pixels(node)
 
 
@@ -299,5 +300,6 @@ COLUMN_REDUCE = Strategy(
     reference=lambda data, weight, node: get(node.op).fold([data], node.attrs))
 
 #: the integer layers' tables, by operator
-INT8 = {"qnn.conv2d": (*QCONV2D_PACKED, *QCONV2D_PIXELS, QDEPTHWISE, QCONV2D), "qnn.dense": (*QDENSE_PACKED, QDENSE),
+INT8 = {"qnn.conv2d": (*QCONV2D_PACKED, *QCONV2D_PIXELS, QDEPTHWISE, QCONV2D),
+        "qnn.dense": (*QDENSE_PACKED, QDENSE),
         "qnn.column_reduce": (COLUMN_REDUCE,)}

@@ -78,20 +78,24 @@ def weights(weight_range, *shape):
     return RNG.integers(weight_range[0], weight_range[1] + 1, shape).astype(np.int8)
 
 
-def packed_conv_case(data_dtype, x_zero, channels, out_channels, strides, weight_range):
+def packed_conv_case(data_dtype, x_zero, channels, out_channels, strides, weight_range,
+                     pixels=False):
     """A packed convolution node (one input ``x``, its weight packed as the importer packs
-    it), an input and numpy's answer of the unpacked layer."""
-    data = ir.Node("input", (), {}, (1, channels, 7, 10), data_dtype, "x")
-    weight = weights(weight_range, out_channels, channels, 3, 3)
+    it), an input and numpy's answer of the unpacked layer; with ``pixels`` a pointwise
+    layer of 48 pixels (3 vectors of 16) in the ``pixels`` form."""
+    size, kernel, padding = ((4, 12), 1, (0, 0, 0, 0)) if pixels else ((7, 10), 3, (1, 2, 1, 0))
+    data = ir.Node("input", (), {}, (1, channels, *size), data_dtype, "x")
+    weight = weights(weight_range, out_channels, channels, kernel, kernel)
     bias = RNG.integers(-3000, 3000, out_channels).astype(np.int32)
     lo, hi = quant.qrange("uint8")
-    attrs = dict(strides=strides, dilation=(1, 1), padding=(1, 2, 1, 0), groups=1, out_zero=7,
-                 out_min=lo, out_max=hi, out_dtype="uint8", kernel_layout=quant.PACKED)
+    attrs = dict(strides=strides, dilation=(1, 1), padding=padding, groups=1, out_zero=7,
+                 out_min=lo, out_max=hi, out_dtype="uint8",
+                 kernel_layout=quant.PACKED_PIXELS if pixels else quant.PACKED)
     multiplier = np.asarray(RNG.random(out_channels) * 2e-3 + 1e-4, np.float32)
     inputs = [data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(x_zero, np.int32)),
               ir.const(quant.packed_bias(bias, weight, data_dtype, x_zero)),
               ir.const(multiplier)]
-    x = integers(data_dtype, 1, channels, 7, 10)
+    x = integers(data_dtype, 1, channels, *size)
     expected = quant.np_qconv2d([x, weight, np.asarray(x_zero), bias, multiplier],
                                 dict(attrs, kernel_layout="OIHW"))
     return make("qnn.conv2d", inputs, **attrs), data, x, expected
@@ -134,6 +138,23 @@ def test_packed_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, 
     np.testing.assert_array_equal(got, expected)
     check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
     assert node_flops(node) == 2 * expected.size * channels * 3 * 3
+
+
+@pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,channels,out_channels,strides",
+                         combinations([
+                             ("uint8", 255, 6, 21, (1, 1)),  # channels past a quad and a block
+                             ("int8", -128, 8, 24, (1, 1))]))
+def test_pixels_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, channels,
+                                      out_channels, strides):
+    """A pointwise layer in the ``pixels`` form (16 pixels of a channel a vector, the
+    weight's quad broadcast) equals numpy's, with the record of its target."""
+    node, data, x, expected = packed_conv_case(data_dtype, x_zero, channels, out_channels,
+                                               strides, weight_range, pixels=True)
+    got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
+    np.testing.assert_array_equal(got, expected)
+    taken = strategy_for(tiles_for(Target(TARGETS[target])), node)
+    assert taken.name.startswith("int8_pixels_"), taken.name
+    check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
 
 
 @pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,out_dtype,shape", combinations([

@@ -238,6 +238,31 @@ def test_qconv2d_against_numpy(data_dtype, x_zero, weight_dtype, out_dtype, out_
         assert {quant.qrange(out_dtype)[0], quant.qrange(out_dtype)[1]} <= set(got.ravel())
 
 
+@pytest.mark.parametrize("channels,in_float", [(200, True), (300, False)])
+def test_qconv2d_float_sums_at_their_bound(channels, in_float):
+    """A plain layer's sums are float32 only where every partial sum is an exact integer
+    (255 x 255 x 200 = 13.0 M < 2**24), else int32 (300 channels: 19.5 M, whose odd sums
+    float32 would round); each equals numpy's with the products at their largest and a bias
+    that leaves the sum's last unit in the output."""
+    data = ir.Node("input", (), {}, (1, channels, 2, 3), "uint8", "x")
+    weight = np.full((2, channels, 1, 1), 255, np.int16)
+    weight[1] = -255
+    total = 255 * 255 * channels - 255             # x[0, 0, 0, 0] is 254: an odd sum
+    inputs = [data, ir.const(weight), ir.const(np.asarray(0, np.uint8)),
+              ir.const(np.asarray([5 - total, total - 9], np.int32)),
+              ir.const(np.ones(2, np.float32))]
+    attrs = dict(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0), groups=1,
+                 out_zero=0, out_min=-128, out_max=127, out_dtype="int8")
+    node = make("qnn.conv2d", inputs, **attrs)
+    assert quant.sums_exact_in_float(node) == in_float
+    x = np.full((1, channels, 2, 3), 255, np.uint8)
+    x[0, 0, 0, 0] = 254
+    got, _ = build_run(node, [data], {"x": x})
+    expected = quant.np_qconv2d([x] + [i.value for i in inputs[1:]], attrs)
+    np.testing.assert_array_equal(got, expected)
+    assert expected[0, :, 0, 0].tolist() == [5, -9]
+
+
 def requantized_operands(columns, out_dtype):
     """A dense layer's bias and multiplier inputs and output attributes (none for int32)."""
     if out_dtype == "int32":

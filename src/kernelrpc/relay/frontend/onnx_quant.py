@@ -319,7 +319,10 @@ def _conv(ctx, y, out: Output | None):
             source.zero_point is not None:
         extra[0] = ir.const(quant.packed_bias(extra[0].value, integers, source.value.dtype,
                                               source.zero_point))
-        integers, attrs["kernel_layout"] = quant.pack_weight(integers), quant.PACKED
+        pixels = quant.is_pixels_layer(conv.attrs, integers.shape[2:],
+                                       conv.shape[2] * conv.shape[3])
+        attrs["kernel_layout"] = quant.PACKED_PIXELS if pixels else quant.PACKED
+        integers = quant.pack_weight(integers)
     return _like(ctx, conv, "qnn.conv2d", [source.value, ir.const(integers), source.zero, *extra],
                  **attrs)
 

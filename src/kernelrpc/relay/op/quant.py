@@ -217,16 +217,20 @@ def _output(acc, ts, attrs, node, channel_axis: int, tag: str):
         return acc
     bias, multiplier = ts[3:5]
     return te.compute(node.shape, lambda *i: requantized(
-        acc[i], bias[i[channel_axis]], multiplier[i[channel_axis]], attrs, node.dtype),
+        _i32(acc[i]), bias[i[channel_axis]], multiplier[i[channel_axis]], attrs, node.dtype),
         name=tag, tag=tag)
 
 
 def _qconv2d_infer(inputs, attrs):
     data, weight, zero = inputs[:3]
     _check_integer_inputs(data, weight, zero)
-    if attrs.get("kernel_layout", "OIHW") not in ("OIHW", PACKED):
+    if attrs.get("kernel_layout", "OIHW") not in ("OIHW", PACKED, PACKED_PIXELS):
         raise ModelError(f"qnn.conv2d: unknown kernel_layout {attrs['kernel_layout']!r}")
-    if attrs.get("kernel_layout") == PACKED:
+    if attrs.get("kernel_layout") == PACKED_PIXELS and not is_pixels_layer(
+            attrs, inputs[1].shape[2:4]):
+        raise ModelError("qnn.conv2d: the pixels form needs a 1x1 kernel, stride 1 and no "
+                         "padding")
+    if attrs.get("kernel_layout") in (PACKED, PACKED_PIXELS):
         if len(inputs) != 5 or len(weight.shape) != 6 or attrs["groups"] != 1:
             raise ModelError("qnn.conv2d: a packed weight needs groups=1, a bias and a "
                              "multiplier")
@@ -241,23 +245,53 @@ def _qconv2d_infer(inputs, attrs):
     return shape, attrs["out_dtype"]
 
 
+#: float32's integers are exact up to this magnitude
+FLOAT_EXACT = 2 ** 24
+
+
+def sums_exact_in_float(node) -> bool:
+    """Whether every partial sum of a plain (OIHW) layer's products is an integer of magnitude
+    below :data:`FLOAT_EXACT`, so that float32 computes them exactly, whatever their order:
+    a requantized output, a constant weight and a zero point whose centered input stays
+    within 255 (a constant one, or one of the input's type), and for each output the sum of
+    its weights' magnitudes times that reach below the bound."""
+    weight, zero = node.inputs[1].value, node.inputs[2]
+    if weight is None or node.attrs["out_dtype"] == "int32":
+        return False
+    lo, hi = qrange(node.inputs[0].dtype)
+    if zero.value is not None:
+        z = int(np.asarray(zero.value).reshape(()))
+        reach = max(abs(lo - z), abs(hi - z))
+    elif zero.dtype in QUANTIZED:
+        reach = 255
+    else:
+        return False
+    magnitudes = np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
+    return int(magnitudes.max(initial=0)) * reach < FLOAT_EXACT
+
+
 def _qconv2d(ts, attrs, node):
-    """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window in int32, the input
-    centered and zero-padded in one stage (its padding is the zero point), then the
-    requantizing output stage."""
+    """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window, the input centered and
+    zero-padded in one stage (its padding is the zero point), then the requantizing output
+    stage. The sums are int32, or float32 where they are exact in it
+    (:func:`sums_exact_in_float`: a depthwise layer's 9 products always are), which the
+    targets multiply and add in one instruction and in vectors of the float layers' width."""
     if attrs.get("kernel_layout") == PACKED:
         return _qconv2d_packed(ts, attrs, node)
+    if attrs.get("kernel_layout") == PACKED_PIXELS:
+        return _qconv2d_pixels(ts, attrs, node)
     data, weight, zero = ts[:3]
     _, channels, height, width = static_shape(data)
     _, cg, kh, kw = static_shape(weight)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     ocg = node.shape[1] // attrs["groups"]
     x_zero = _i32(_scalar(zero))
+    dtype = "float32" if sums_exact_in_float(node) else "int32"
 
     def centered(n, c, y, x):
         inside = te.all(y >= pt, y < height + pt, x >= pl, x < width + pl)
-        return E.if_then_else(inside, _i32(data[n, c, y - pt, x - pl]) - x_zero,
-                              te.const(0, "int32"))
+        return E.if_then_else(inside, E.cast(_i32(data[n, c, y - pt, x - pl]) - x_zero, dtype),
+                              te.const(0, dtype))
     padded = te.compute((node.shape[0], channels, height + pt + pb, width + pl + pr), centered,
                         name="qpad", tag="pad")
     rc, ry, rx = (te.reduce_axis((0, e), name) for e, name in ((cg, "rc"), (kh, "ry"),
@@ -266,8 +300,9 @@ def _qconv2d(ts, attrs, node):
     def channel(o):
         return rc if attrs["groups"] == 1 else E.floordiv(o, ocg) * cg + rc
     acc = te.compute(node.shape, lambda n, o, y, x: te.sum(
-        padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] * _i32(weight[o, rc, ry, rx]),
-        axis=[rc, ry, rx]), name="qconv2d_acc", tag="qconv2d")
+        padded[n, channel(o), y * sh + ry * dh, x * sw + rx * dw] *
+        E.cast(weight[o, rc, ry, rx], dtype), axis=[rc, ry, rx]), name="qconv2d_acc",
+        tag="qconv2d")
     return _output(acc, ts, attrs, node, 1, "qconv2d")
 
 
@@ -277,7 +312,7 @@ def np_qconv2d(xs, attrs):
     data, weight, zero = xs[:3]
     pt, pl, pb, pr = attrs["padding"]
     zero = int(np.asarray(zero).reshape(()))
-    if attrs.get("kernel_layout") == PACKED:      # raw quads padded with the zero point
+    if attrs.get("kernel_layout") in (PACKED, PACKED_PIXELS):   # raw quads padded with its zero
         weight = unpack_weight(weight, xs[3].size, data.shape[1])
         raw = data.astype(np.int64) + (128 if data.dtype == np.int8 else 0)
         padded = np.pad(raw, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=zero)
@@ -301,6 +336,16 @@ def np_qconv2d(xs, attrs):
 #: into each accumulator; a block's last quad holds its weight sums (:func:`weight_sums`)
 BLOCK_O, BLOCK_I = 16, 4
 PACKED = "OIHW16o4i"
+#: the same weight read by the ``pixels`` form of a pointwise layer (:func:`_qconv2d_pixels`)
+PACKED_PIXELS = "OIHW16o4i_pixels"
+
+
+def is_pixels_layer(attrs, kernel, pixels: int | None = None) -> bool:
+    """A layer the ``pixels`` form computes: a 1x1 kernel, stride 1, no padding, one group
+    (and, given its output's ``pixels``, whole vectors of 16 of them)."""
+    return tuple(kernel) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and \
+        not any(attrs["padding"]) and attrs["groups"] == 1 and \
+        (pixels is None or pixels % BLOCK_O == 0)
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -385,6 +430,39 @@ def _qconv2d_packed(ts, attrs, node):
     return te.compute(node.shape, lambda n, o, y, x: requantized(
         acc[n, E.floordiv(o, BLOCK_O), y, x, E.floormod(o, BLOCK_O)], bias[o], multiplier[o],
         attrs, node.dtype), name="qconv2d", tag="qconv2d")
+
+
+def _qconv2d_pixels(ts, attrs, node):
+    """The ``pixels`` form of a pointwise layer: the input's quads of channels over its
+    flattened pixels (``[n][C/4][H*W][4]`` uint8), ``acc[n][O][H*W/16][16] = sum x' * w``
+    over the quads and each quad's 4 bytes, as a matrix product whose vectors run along a channel's
+    pixels, then the requantizing output stage on those vectors: a channel's pixels are one
+    contiguous run of the NCHW output, so the tile is written back as it is (the packed form's
+    tile holds 16 channels of a pixel, which the output reads back by columns)."""
+    data, weight, zero, bias, multiplier = ts
+    n_, channels, height, width = static_shape(data)
+    quads = static_shape(weight)[1] - 1           # the last holds the sums
+    shift = 128 if data.dtype == "int8" else 0
+    pad_value = E.cast(_i32(_scalar(zero)) + te.const(shift, "int32"), "uint8")
+
+    def quad(n, c4, p, i):
+        c = c4 * BLOCK_I + i
+        raw = E.cast(_i32(data[n, E.minimum(c, channels - 1), E.floordiv(p, width),
+                               E.floormod(p, width)]) + te.const(shift, "int32"), "uint8")
+        return E.if_then_else(c < channels, raw, pad_value)
+    padded = te.compute((n_, quads, height * width, BLOCK_I), quad, name="qquads", tag="pad")
+    rc, ri = te.reduce_axis((0, quads), "rc"), te.reduce_axis((0, BLOCK_I), "ri")
+    acc = te.compute((n_, node.shape[1], height * width // BLOCK_O, BLOCK_O),
+                     lambda n, o, pb, v: te.sum(
+        _i32(padded[n, rc, pb * BLOCK_O + v, ri]) *
+        _i32(weight[E.floordiv(o, BLOCK_O), rc, 0, 0, E.floormod(o, BLOCK_O), ri]),
+        axis=[rc, ri]), name="qconv2d_pixels", tag="qconv2d")
+
+    def output(n, o, y, x):
+        p = y * width + x
+        return requantized(acc[n, o, E.floordiv(p, BLOCK_O), E.floormod(p, BLOCK_O)], bias[o],
+                           multiplier[o], attrs, node.dtype)
+    return te.compute(node.shape, output, name="qconv2d", tag="qconv2d")
 
 
 register("qnn.conv2d", "anchor", _qconv2d_infer, _qconv2d, np_qconv2d,

@@ -48,17 +48,17 @@ def depthwise_pad(tiles: Tiles, node) -> str:
         else "inline"
 
 
-def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool):
+def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool, pad: str | None = None):
     """A depthwise convolution's knobs: the output rows (``tile_y``) and columns (``tile_x``,
     whole vectors) of one channel's register tile (:func:`depthwise_tile`), and where the
-    padded input is (``pad``, :func:`depthwise_pad`'s default first)."""
+    padded input is (``pad``: ``pad`` first, else :func:`depthwise_pad`'s default)."""
     _, _, out_height, out_width = node.shape
     lanes = max(tiles.lanes, 2)
     rows, columns = depthwise_tile(tiles, node)
     cfg.define_knob("tile_y", choices(rows, (1, 2, 4, 7, 8), out_height))
     cfg.define_knob("tile_x", choices(columns, (lanes // 2, lanes, 2 * lanes),
                                        round_up(out_width, lanes)))
-    default = depthwise_pad(tiles, node)
+    default = pad or depthwise_pad(tiles, node)
     cfg.define_knob("pad", [default, *(p for p in PAD_PLACES if p != default)] if padded
                     else ["stage"])
 

@@ -9,10 +9,15 @@ tile of rows x blocks of 16 outputs likewise. Each has one record per instructio
 step (:mod:`.int8_dots`: ``vpdpbusd`` with AVX512-VNNI, ``vpmaddubsw`` and ``vpmaddwd``
 with AVX2 or AVX512BW, on the weights or, where they could saturate it, on their halves,
 aarch64's ``sdot`` or, without the dot product, ``smull``, armv7 NEON's ``vmlal``, plain
-vectors elsewhere), the first that applies taken, each computing the exact int32 sum.
+vectors elsewhere), the first that applies taken, each computing the exact int32 sum. A
+pointwise layer of whole vectors of 16 pixels (``int8_pixels``, the importer's choice:
+:func:`~kernelrpc.relay.op.quant.is_pixels_layer`) takes the same records the other way
+round: 16 pixels of a channel in the vector, the channel's 4 weights broadcast, so that the
+output stage requantizes and stores each vector as it is.
 Depthwise convolutions and the rest (a centered uint8 weight, a run-time zero point) run the
-float layers' schedules (depthwise, direct, the dense layer's orders) on the int32
-accumulation. The requantizing output stage works on the tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's
+float layers' schedules (depthwise, direct, the dense layer's orders) on the accumulation,
+float32 where its sums are exact in it (:func:`~kernelrpc.relay.op.quant.sums_exact_in_float`),
+else int32. The requantizing output stage works on the tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's
 range) has its columns in vectors."""
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input,
     schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
 from .int8_dots import QUAD_DOTS, QuadDot
+from .pointwise import CHANNELS_OUTER_MIN_PIXELS
 from .record import Strategy
 from .tiles import Tiles
 
@@ -49,6 +55,15 @@ def _reference(fold):
 
 def is_packed(node) -> bool:
     return node.attrs.get("kernel_layout") in (quant.PACKED, quant.PACKED_DENSE)
+
+
+def is_pixels(node) -> bool:
+    return node.attrs.get("kernel_layout") == quant.PACKED_PIXELS
+
+
+def is_plain(node) -> bool:
+    """An OIHW weight (the float layers' schedules on the accumulation)."""
+    return not is_packed(node) and not is_pixels(node)
 
 
 def int8_tiles(tiles: Tiles, node, dot: QuadDot) -> list[str]:
@@ -90,6 +105,60 @@ def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     schedule_inputs(s, tiles)
 
 
+def _define_pixels_knobs(cfg, tiles: Tiles, node, dot: QuadDot):
+    """``tile_m`` channels x ``tile_n`` vectors of 16 pixels in registers, dividing the
+    layer: by default the most accumulators within the vector registers less a vector of
+    pixels' input bytes for each of the ``tile_n`` and what a step of ``dot`` holds besides,
+    then the most vectors of pixels (each channel's weights are one broadcast word a step,
+    each vector's inputs one load); ``pixel_order`` as the float ``pixels`` strategy's
+    (:func:`.pointwise.define_pixels_knobs`)."""
+    _, channels, height, width = node.shape
+    vectors = height * width // quant.BLOCK_O
+    per_block, inputs, held = dot.registers(tiles)
+    fits = sorted(((m * n, n, m) for m in divisors(channels, 16) for n in divisors(vectors, 8)
+                   if (m * n * per_block + n * inputs + held) <= tiles.registers),
+                  reverse=True)
+    _, n, m = fits[0] if fits else (1, 1, 1)
+    cfg.define_knob("tile_m", [m] + [v for v in divisors(channels, 16) if v != m])
+    cfg.define_knob("tile_n", [n] + [v for v in divisors(vectors, 8) if v != n])
+    orders = ["channels_outer", "pixels_outer"]
+    widens = channels > node.inputs[0].shape[1] and \
+        height * width >= CHANNELS_OUTER_MIN_PIXELS
+    cfg.define_knob("pixel_order", orders if widens else orders[::-1])
+    cfg.define_knob("pad", ["stage"])
+
+
+def schedule_pixels(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
+    """The output stage's rows and columns fused into one pixel axis, by tiles of
+    ``tile_m`` channels x ``tile_n`` vectors of 16 pixels (each a contiguous run of the
+    output, requantized and stored as it is), parallel over the outer tiles; the tile's
+    accumulation inside, the reduction's quads (two a step where they are even) outside the
+    tile, each step the record's intrinsic over a vector's 16 pixels x 4 bytes."""
+    acc = accumulation(anchor)
+    stage = s[out]
+    n, f, y, x = stage.op.axis
+    p = stage.fuse(y, x)
+    fo, fi = stage.split(f, factor=cfg["tile_m"].val)
+    po, pi = stage.split(p, factor=cfg["tile_n"].val * quant.BLOCK_O)
+    outer, inner = (po, fo) if cfg["pixel_order"].val == "pixels_outer" else (fo, po)
+    stage.reorder(n, outer, inner, fi, pi)
+    pv, pl = stage.split(pi, factor=quant.BLOCK_O)
+    stage.unroll(fi)
+    stage.unroll(pv)
+    stage.vectorize(pl)
+    s[acc].compute_at(stage, inner)
+    stage.parallel(stage.fuse(n, outer))
+    _, co, cpv, cpl = s[acc].op.axis
+    rc, ri = s[acc].op.reduce_axis
+    rco, rci = s[acc].split(rc, factor=max(divisors(rc.extent.value, 2)))
+    s[acc].unroll(rci)
+    _quad_loops(s[acc], (rco, rci), (co, cpv), cpl, ri, dot, tiles, node, pixels=True)
+    quads = s[s[acc].op.input_tensors[0].op]
+    n, c4, p, _ = quads.op.axis
+    quads.split(p, factor=node.shape[3])      # rows and columns: no division per byte
+    quads.parallel(quads.fuse(n, c4))
+
+
 def _packed_conv(dot: QuadDot) -> Strategy:
     return Strategy(
         f"int8_channels_{dot.name}", "qnn.conv2d",
@@ -100,16 +169,38 @@ def _packed_conv(dot: QuadDot) -> Strategy:
         reference=_reference(quant.np_qconv2d))
 
 
+def _pixels_conv(dot: QuadDot) -> Strategy:
+    return Strategy(
+        f"int8_pixels_{dot.name}", "qnn.conv2d",
+        applies=lambda tiles, node: is_pixels(node) and dot.applies(tiles, node),
+        define_knobs=lambda cfg, tiles, node, padded: _define_pixels_knobs(cfg, tiles, node, dot),
+        schedule=lambda s, anchor, out, tiles, cfg, node: schedule_pixels(
+            s, anchor, out, tiles, cfg, node, dot),
+        reference=_reference(quant.np_qconv2d))
+
+
 QCONV2D_PACKED = tuple(_packed_conv(dot) for dot in QUAD_DOTS)
+QCONV2D_PIXELS = tuple(_pixels_conv(dot) for dot in QUAD_DOTS)
+def _depthwise_pad(node) -> str | None:
+    """An integer depthwise layer of stride 1 stages each channel's padded plane in the
+    channel's loop: the stage centers and converts each input byte once, where read in place
+    each of the window's taps did (MobileNet-v2's 144 channels at 56x56, one thread: host code
+    241 -> 130 us, AVX2 code 1278 -> 483); a strided one takes the float layers' rule (its
+    taps' loads are strided, which a plane does not make contiguous: the 96 channels
+    112 -> 56 as AVX2 code 783 us read in place, 1007 staged)."""
+    return "channel" if tuple(node.attrs["strides"]) == (1, 1) else None
+
+
 QDEPTHWISE = Strategy(
     "int8_depthwise", "qnn.conv2d",
-    applies=lambda tiles, node: not is_packed(node) and is_depthwise(node),
-    define_knobs=define_depthwise_knobs,
+    applies=lambda tiles, node: is_plain(node) and is_depthwise(node),
+    define_knobs=lambda cfg, tiles, node, padded: define_depthwise_knobs(
+        cfg, tiles, node, padded, _depthwise_pad(node)),
     schedule=lambda s, anchor, out, tiles, cfg, node: schedule_depthwise(
         s, accumulation(anchor), out, tiles, cfg, node),
     reference=_reference(quant.np_qconv2d), keeps_stage=keeps_padded_input)
 QCONV2D = Strategy(
-    "int8_direct", "qnn.conv2d", applies=lambda tiles, node: not is_packed(node),
+    "int8_direct", "qnn.conv2d", applies=lambda tiles, node: is_plain(node),
     define_knobs=define_direct_knobs,
     schedule=lambda s, anchor, out, tiles, cfg, node: schedule_direct(
         s, accumulation(anchor), out, tiles, cfg, node),
@@ -157,15 +248,16 @@ def schedule_packed_dense(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot)
     schedule_inputs(s, tiles)
 
 
-def _quad_loops(stage, reduction, tile, vector, quad, dot: QuadDot, tiles: Tiles, node):
+def _quad_loops(stage, reduction, tile, vector, quad, dot: QuadDot, tiles: Tiles, node,
+                pixels: bool = False):
     """The accumulation's loops: the reduction outside, the register tile unrolled, then a
-    block's 16 outputs x a quad's 4 bytes as the record's intrinsic or, without one, the quad
-    unrolled over vectors of the 16 outputs."""
+    block's 16 outputs (channels, or with ``pixels`` pixels) x a quad's 4 bytes as the
+    record's intrinsic or, without one, the quad unrolled over vectors of the 16 outputs."""
     for axis in tile:
         stage.unroll(axis)
     if dot.intrinsic is not None:
         stage.reorder(*reduction, *tile, vector, quad)
-        stage.tensorize(vector, dot.intrinsic(tiles, node))
+        stage.tensorize(vector, dot.intrinsic(tiles, node)(pixels))
     else:
         stage.reorder(*reduction, *tile, quad, vector)
         stage.unroll(quad)
@@ -208,5 +300,6 @@ COLUMN_REDUCE = Strategy(
     reference=lambda data, weight, node: get(node.op).fold([data], node.attrs))
 
 #: the integer layers' tables, by operator
-INT8 = {"qnn.conv2d": (*QCONV2D_PACKED, QDEPTHWISE, QCONV2D), "qnn.dense": (*QDENSE_PACKED, QDENSE),
+INT8 = {"qnn.conv2d": (*QCONV2D_PACKED, *QCONV2D_PIXELS, QDEPTHWISE, QCONV2D),
+        "qnn.dense": (*QDENSE_PACKED, QDENSE),
         "qnn.column_reduce": (COLUMN_REDUCE,)}

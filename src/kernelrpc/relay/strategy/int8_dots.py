@@ -47,9 +47,10 @@ from .tiles import Tiles
 class QuadDot:
     """``name``; ``isa``: the :func:`~kernelrpc.compiler.vector_isa.int8_dot` answers of the
     targets that have it (empty: every target); ``fits(weight)``: the packed weight's values
-    let it compute the exact sum (None: any weight does); ``intrinsic(tiles, node)``: the
-    tensor intrinsic of one block step (None: the quad unrolled over vectors of the 16
-    outputs, which LLVM widens as the target allows); ``registers(tiles)``: the vector
+    let it compute the exact sum (None: any weight does); ``intrinsic(tiles, node)(pixels)``:
+    the tensor intrinsic of one block step, 16 channels of a pixel or 16 pixels of a channel
+    (None: the quad unrolled over vectors of the 16 outputs, which LLVM widens as the target
+    allows); ``registers(tiles)``: the vector
     registers of a block's accumulators and of its weights, and those a step holds besides
     (the quad, constants), which bound the register tile."""
 
@@ -66,18 +67,27 @@ class QuadDot:
         return self.fits is None or weight is not None and self.fits(weight)
 
 
-def _declare(name: str, step, reset):
+def _declare(name: str, step, reset, pixels: bool):
     """The intrinsic of one block step, ``step(ins, outs, first)`` its statement (``first``:
     the accumulators start from the step's products), ``reset(ins, outs)`` the accumulators'
     start, stored once before the reduction (then every step accumulates, and LLVM keeps the
-    accumulators in registers across the reduction's loops)."""
-    quad = te.placeholder((quant.BLOCK_I,), name="quad", dtype="uint8")
-    weight = te.placeholder((quant.BLOCK_O, quant.BLOCK_I), name="weight", dtype="int8")
+    accumulators in registers across the reduction's loops). Its 16 outputs are 16 channels
+    of a pixel (a quad of input bytes times 16 x 4 weights), or with ``pixels`` 16 pixels of
+    a channel (16 quads of input bytes times the channel's 4 weights)."""
     k = te.reduce_axis((0, quant.BLOCK_I), "k")
-    dot = te.compute((quant.BLOCK_O,), lambda v: te.sum(
-        E.cast(quad[k], "int32") * E.cast(weight[v, k], "int32"), axis=k), name="quad_dot")
+    if pixels:
+        data = te.placeholder((quant.BLOCK_O, quant.BLOCK_I), name="quads", dtype="uint8")
+        weight = te.placeholder((quant.BLOCK_I,), name="weight", dtype="int8")
+        dot = te.compute((quant.BLOCK_O,), lambda v: te.sum(
+            E.cast(data[v, k], "int32") * E.cast(weight[k], "int32"), axis=k), name="quad_dot")
+    else:
+        quad = te.placeholder((quant.BLOCK_I,), name="quad", dtype="uint8")
+        weight = te.placeholder((quant.BLOCK_O, quant.BLOCK_I), name="weight", dtype="int8")
+        dot = te.compute((quant.BLOCK_O,), lambda v: te.sum(
+            E.cast(quad[k], "int32") * E.cast(weight[v, k], "int32"), axis=k), name="quad_dot")
     return te.decl_tensor_intrin(dot.op, lambda ins, outs: (
-        step(ins, outs, True), reset(ins, outs), step(ins, outs, False)), name=name)
+        step(ins, outs, True), reset(ins, outs), step(ins, outs, False)),
+        name=f"{name}_pixels" if pixels else name)
 
 
 def _lanes(view, start: tuple, count: int):
@@ -89,43 +99,64 @@ def _load(view, start: tuple, count: int):
     return tir.Load(view.data, _lanes(view, start, count))
 
 
-def _quad_words(quad_view, count: int):
-    """The quad's 4 bytes repeated ``count`` times, as ``count * 4`` int8 lanes."""
-    word = E.reinterpret("int32", _load(quad_view, (0,), quant.BLOCK_I))
+def _words(view, count: int):
+    """A view's first 4 bytes repeated ``count`` times, as ``count * 4`` int8 lanes."""
+    word = E.reinterpret("int32", _load(view, (0,), quant.BLOCK_I))
     return E.reinterpret(f"int8x{4 * count}", tir.Broadcast(word, count))
 
 
+def _operands(ins, pixels: bool):
+    """The two sides of a step's products for ``count`` of its outputs from output ``first``,
+    each ``4 * count`` bytes: ``data(first, count)`` the uint8 input's, ``weights(first,
+    count)`` the int8 weight's, both typed int8 (as the instructions take them, and so that
+    a record widening the input shifted by 128 extends its sign). Of 16 channels of a pixel,
+    the quad repeated and each channel's 4 weights; of 16 pixels of a channel, each pixel's
+    quad and the 4 weights repeated."""
+    if pixels:
+        return (lambda first, count: E.reinterpret(f"int8x{4 * count}",
+                                                   _load(ins[0], (first, 0), 4 * count)),
+                lambda first, count: _words(ins[1], count))
+    return (lambda first, count: _words(ins[0], count),
+            lambda first, count: _load(ins[1], (first, 0), 4 * count))
+
+
 def _chunks(name: str, step_chunk, width: int, start=None):
-    """The intrinsic of a block step as ``64 / width`` chunks of ``width`` weight bytes
-    (``width / 4`` outputs): ``step_chunk(ins, acc, channel)`` is the chunk's accumulators
-    after the step, from ``acc``: their values, or at the start ``start(ins, channel,
-    lanes)`` (zeros)."""
+    """``make(pixels)``: the intrinsic of a block step, of channels or of pixels, as
+    ``64 / width`` chunks of ``width`` bytes of each side (``width / 4`` outputs):
+    ``step_chunk(acc, data, weights, first)`` is the chunk's accumulators after the step
+    (:func:`_operands`' sides), from ``acc``: their values, or at the start ``start(ins,
+    first, lanes, pixels)`` (zeros)."""
     lanes = width // quant.BLOCK_I
 
-    def begin(ins, channel):
-        if start is None:
-            return tir.Broadcast(te.const(0, "int32"), lanes)
-        return start(ins, channel, lanes)
+    def make(pixels: bool):
+        def begin(ins, first):
+            if start is None:
+                return tir.Broadcast(te.const(0, "int32"), lanes)
+            return start(ins, first, lanes, pixels)
 
-    def stores(outs, chunk_value):
-        ib = ir_builder()
-        for channel in range(0, quant.BLOCK_O, lanes):
-            ib.emit(tir.Store(outs[0].data, chunk_value(channel),
-                              _lanes(outs[0], (channel,), lanes)))
-        return ib.get()
+        def stores(outs, chunk_value):
+            ib = ir_builder()
+            for first in range(0, quant.BLOCK_O, lanes):
+                ib.emit(tir.Store(outs[0].data, chunk_value(first),
+                                  _lanes(outs[0], (first,), lanes)))
+            return ib.get()
 
-    def step(ins, outs, first):
-        return stores(outs, lambda channel: step_chunk(
-            ins, begin(ins, channel) if first else _load(outs[0], (channel,), lanes), channel))
-    return _declare(name, step, lambda ins, outs: stores(
-        outs, lambda channel: begin(ins, channel)))
+        def step(ins, outs, first_step):
+            data, weights = _operands(ins, pixels)
+            return stores(outs, lambda first: step_chunk(
+                begin(ins, first) if first_step else _load(outs[0], (first,), lanes), data,
+                weights, first))
+        return _declare(name, step, lambda ins, outs: stores(
+            outs, lambda first: begin(ins, first)), pixels)
+    return make
 
 
 def _vnni(tiles, node):
-    """``vpdpbusd``: the 16 accumulators += each one's 4 weights times the quad."""
-    def chunk(ins, acc, channel):
+    """``vpdpbusd``: the 16 accumulators += the dot products of their 4 input bytes and 4
+    weights."""
+    def chunk(acc, data, weights, first):
         return E.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc,
-                                       _quad_words(ins[0], 16), _load(ins[1], (0, 0), 64))
+                                       data(0, 16), weights(0, 16))
     return _chunks("vpdpbusd", chunk, 64)
 
 
@@ -135,17 +166,17 @@ _PAIRS = {32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
 
 
 def _pairs(tiles, node):
-    """``vpmaddubsw`` (each pair of the quad's bytes times a pair of weights, summed in
-    int16), then ``vpmaddwd`` with ones (the two pairs of a quad summed in int32), on 512 bits
-    where the target has AVX512BW, else on 256 (two chunks of 8 outputs)."""
+    """``vpmaddubsw`` (each pair of an output's input bytes times its pair of weights, summed
+    in int16), then ``vpmaddwd`` with ones (the two pairs of a quad summed in int32), on 512
+    bits where the target has AVX512BW, else on 256 (two chunks of 8 outputs)."""
     width = 64 if tiles.int8_dot == "avx512bw" else 32
     bytes_pairs, words = _PAIRS[width]
     ones = tir.Broadcast(te.const(1, "int16"), width // 2)
 
-    def chunk(ins, acc, channel):
-        pairs = E.call_llvm_pure_intrin(f"int16x{width // 2}", bytes_pairs,
-                                        _quad_words(ins[0], width // 4),
-                                        _load(ins[1], (channel, 0), width))
+    def chunk(acc, data, weights, first):
+        count = width // 4
+        pairs = E.call_llvm_pure_intrin(f"int16x{width // 2}", bytes_pairs, data(first, count),
+                                        weights(first, count))
         return acc + E.call_llvm_pure_intrin(f"int32x{width // 4}", words, pairs, ones)
     return _chunks("vpmaddubsw", chunk, width)
 
@@ -161,11 +192,11 @@ def _halves(tiles, node):
     def constant(value):
         return tir.Broadcast(te.const(value, "int16"), width // 2)
 
-    def chunk(ins, acc, channel):
-        quad = _quad_words(ins[0], width // 4)
-        weights = _load(ins[1], (channel, 0), width)
-        high = E.floordiv(weights, tir.Broadcast(te.const(2, "int8"), width))
-        low = weights - high - high
+    def chunk(acc, data, weights, first):
+        count = width // 4
+        quad, weight = data(first, count), weights(first, count)
+        high = E.floordiv(weight, tir.Broadcast(te.const(2, "int8"), width))
+        low = weight - high - high
         for part, factor in ((high, 2), (low, 1)):
             pairs = E.call_llvm_pure_intrin(f"int16x{width // 2}", bytes_pairs, quad, part)
             acc = acc + E.call_llvm_pure_intrin(f"int32x{width // 4}", words, pairs,
@@ -184,29 +215,36 @@ def pairs_fit(weight: np.ndarray) -> bool:
 
 
 def _sums_start(node):
-    """The accumulators' start for a record that multiplies the quad shifted by 128: 128 times
-    the block's weight sums (:func:`kernelrpc.relay.op.quant.weight_sums`, in the block's last
-    quad, read where the view is at the block's start: before the reduction), so that they
-    end at ``sum x * w`` as the declared computation says."""
+    """The accumulators' start for a record that multiplies the input shifted by 128: 128
+    times their channels' weight sums (:func:`kernelrpc.relay.op.quant.weight_sums`, in the
+    block's last quad, read where the weight's view is at the block's start: before the
+    reduction; of 16 pixels, their channel's one sum), so that they end at ``sum x * w`` as
+    the declared computation says."""
     shape = node.inputs[1].shape
     sums_at = (shape[1] - 1) * int(np.prod(shape[2:]))    # the last quad, from the first
 
-    def start(ins, channel, lanes):
-        first = ins[1].flat_index((channel, 0))
-        sums = tir.Load(ins[1].data, tir.Ramp(first + sums_at, te.const(1, "int32"),
-                                              lanes * quant.BLOCK_I))
-        return E.reinterpret(f"int32x{lanes}", sums) * tir.Broadcast(te.const(128, "int32"),
-                                                                      lanes)
+    def start(ins, first, lanes, pixels):
+        at = ins[1].flat_index((0,) if pixels else (first, 0)) + sums_at
+        count = 1 if pixels else lanes
+        sums = E.reinterpret(f"int32x{count}" if count > 1 else "int32", tir.Load(
+            ins[1].data, tir.Ramp(at, te.const(1, "int32"), count * quant.BLOCK_I)))
+        if pixels:
+            sums = tir.Broadcast(sums, lanes)
+        return sums * tir.Broadcast(te.const(128, "int32"), lanes)
     return start
 
 
+def _shifted(data, first, count):
+    """The input bytes of ``count`` outputs less 128 (their top bit flipped), as int8."""
+    return data(first, count) + tir.Broadcast(te.const(-128, "int8"), 4 * count)
+
+
 def _sdot(tiles, node):
-    """aarch64's ``sdot`` (int8 x int8) on the quad shifted by 128 (its bytes' top bit
-    flipped: ``x - 128``), four chunks of 4 outputs, from :func:`_sums_start`."""
-    def chunk(ins, acc, channel):
-        shifted = _quad_words(ins[0], 4) + tir.Broadcast(te.const(-128, "int8"), 16)
+    """aarch64's ``sdot`` (int8 x int8) on the input shifted by 128, four chunks of 4
+    outputs, from :func:`_sums_start`."""
+    def chunk(acc, data, weights, first):
         return E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sdot.v4i32.v16i8", acc,
-                                       shifted, _load(ins[1], (channel, 0), 16))
+                                       _shifted(data, first, 4), weights(first, 4))
     return _chunks("sdot", chunk, 16, _sums_start(node))
 
 
@@ -219,16 +257,14 @@ def sums_fit(weight: np.ndarray) -> bool:
 
 
 def _widening(tiles, node):
-    """aarch64 without the dot product: per 4 outputs, ``smull`` and ``smull2`` (the quad
-    shifted by 128, as for ``sdot``, times the outputs' 16 weights: int8 products in int16),
-    ``addp`` (a quad's products summed in pairs, in int16: no weight is -128, so a pair stays
-    within 2 x 128 x 127) and ``sadalp`` (the two pairs added to the int32 accumulators),
-    which start from 128 times the block's weight sums."""
-    def chunk(ins, acc, channel):
-        shifted = E.cast(_quad_words(ins[0], 2) + tir.Broadcast(te.const(-128, "int8"), 8),
-                         "int16x8")
-        halves = [E.cast(_load(ins[1], (channel + c, 0), 8), "int16x8") * shifted
-                  for c in (0, 2)]
+    """aarch64 without the dot product: per 4 outputs, ``smull`` and ``smull2`` (the input
+    shifted by 128, as for ``sdot``, times the weights: int8 products in int16), ``addp`` (a
+    quad's products summed in pairs, in int16: no weight is -128, so a pair stays within
+    2 x 128 x 127) and ``sadalp`` (the two pairs added to the int32 accumulators), which
+    start from 128 times the weight sums."""
+    def chunk(acc, data, weights, first):
+        halves = [E.cast(weights(first + c, 2), "int16x8") *
+                  E.cast(_shifted(data, first + c, 2), "int16x8") for c in (0, 2)]
         pairs = E.call_llvm_pure_intrin("int16x8", "llvm.aarch64.neon.addp.v8i16", *halves)
         return acc + E.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.saddlp.v4i32.v8i16",
                                              pairs)
@@ -244,18 +280,17 @@ def no_minimum_weight(weight: np.ndarray) -> bool:
 def _vmlal(tiles, node):
     """32-bit Arm with NEON (ARMv7-A: Cortex-A7, A9, A15; ARMv8 in AArch32), per 4 outputs:
     their 16 weights read as 8 int16 lanes, whose low bytes (``vmovn``) are each quad's bytes
-    0 and 2 and whose high bytes (``vshrn``) its bytes 1 and 3, likewise the quad shifted by
+    0 and 2 and whose high bytes (``vshrn``) its bytes 1 and 3, likewise the input shifted by
     128 (as for ``sdot``); ``vmull.s8`` of the low bytes, ``vmlal.s8`` of the high ones (an
     int16 lane holds two products of one output: no weight is -128, so it stays within
     2 x 128 x 127) and ``vpadal.s16`` (an output's two lanes added to its int32
     accumulator), from :func:`_sums_start`."""
-    def chunk(ins, acc, channel):
-        shifted = _quad_words(ins[0], 4) + tir.Broadcast(te.const(-128, "int8"), 16)
-        quad = E.reinterpret("int16x8", shifted)
-        weights = E.reinterpret("int16x8", _load(ins[1], (channel, 0), 16))
+    def chunk(acc, data, weights, first):
+        quad = E.reinterpret("int16x8", _shifted(data, first, 4))
+        weight = E.reinterpret("int16x8", weights(first, 4))
         byte = tir.Broadcast(te.const(256, "int16"), 8)
         products = [E.call_llvm_pure_intrin("int16x8", "llvm.arm.neon.vmulls.v8i16",
-                                            E.cast(half(weights), "int8x8"),
+                                            E.cast(half(weight), "int8x8"),
                                             E.cast(half(quad), "int8x8"))
                     for half in (lambda v: v, lambda v: E.floordiv(v, byte))]
         pairs = products[0] + products[1]

@@ -28,7 +28,7 @@ from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input,
     schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
 from .int8_dots import QUAD_DOTS, QuadDot
-from .pointwise import CHANNELS_OUTER_MIN_PIXELS
+from .pointwise import pixel_orders, pixel_tiles
 from .record import Strategy
 from .tiles import Tiles
 
@@ -121,10 +121,9 @@ def _define_pixels_knobs(cfg, tiles: Tiles, node, dot: QuadDot):
     _, n, m = fits[0] if fits else (1, 1, 1)
     cfg.define_knob("tile_m", [m] + [v for v in divisors(channels, 16) if v != m])
     cfg.define_knob("tile_n", [n] + [v for v in divisors(vectors, 8) if v != n])
-    orders = ["channels_outer", "pixels_outer"]
-    widens = channels > node.inputs[0].shape[1] and \
-        height * width >= CHANNELS_OUTER_MIN_PIXELS
-    cfg.define_knob("pixel_order", orders if widens else orders[::-1])
+    in_channels = node.inputs[0].shape[1]
+    cfg.define_knob("pixel_order", pixel_orders(channels, in_channels, height * width,
+                                                channels * in_channels))
     cfg.define_knob("pad", ["stage"])
 
 
@@ -135,19 +134,8 @@ def schedule_pixels(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     accumulation inside, the reduction's quads (two a step where they are even) outside the
     tile, each step the record's intrinsic over a vector's 16 pixels x 4 bytes."""
     acc = accumulation(anchor)
-    stage = s[out]
-    n, f, y, x = stage.op.axis
-    p = stage.fuse(y, x)
-    fo, fi = stage.split(f, factor=cfg["tile_m"].val)
-    po, pi = stage.split(p, factor=cfg["tile_n"].val * quant.BLOCK_O)
-    outer, inner = (po, fo) if cfg["pixel_order"].val == "pixels_outer" else (fo, po)
-    stage.reorder(n, outer, inner, fi, pi)
-    pv, pl = stage.split(pi, factor=quant.BLOCK_O)
-    stage.unroll(fi)
-    stage.unroll(pv)
-    stage.vectorize(pl)
-    s[acc].compute_at(stage, inner)
-    stage.parallel(stage.fuse(n, outer))
+    tile = pixel_tiles(s, out, cfg, cfg["tile_n"].val * quant.BLOCK_O, quant.BLOCK_O)
+    s[acc].compute_at(s[out], tile)
     _, co, cpv, cpl = s[acc].op.axis
     rc, ri = s[acc].op.reduce_axis
     rco, rci = s[acc].split(rc, factor=max(divisors(rc.extent.value, 2)))
@@ -159,28 +147,22 @@ def schedule_pixels(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     quads.parallel(quads.fuse(n, c4))
 
 
-def _packed_conv(dot: QuadDot) -> Strategy:
+def _quad_conv(dot: QuadDot, form: str, is_form, define_knobs, schedule) -> Strategy:
+    """The record of a packed convolution's ``form`` (``channels`` or ``pixels``) with the
+    quad step ``dot``."""
     return Strategy(
-        f"int8_channels_{dot.name}", "qnn.conv2d",
-        applies=lambda tiles, node: is_packed(node) and dot.applies(tiles, node),
-        define_knobs=lambda cfg, tiles, node, padded: _define_packed_knobs(cfg, tiles, node, dot),
-        schedule=lambda s, anchor, out, tiles, cfg, node: schedule_packed(
+        f"int8_{form}_{dot.name}", "qnn.conv2d",
+        applies=lambda tiles, node: is_form(node) and dot.applies(tiles, node),
+        define_knobs=lambda cfg, tiles, node, padded: define_knobs(cfg, tiles, node, dot),
+        schedule=lambda s, anchor, out, tiles, cfg, node: schedule(
             s, anchor, out, tiles, cfg, node, dot),
         reference=_reference(quant.np_qconv2d))
 
 
-def _pixels_conv(dot: QuadDot) -> Strategy:
-    return Strategy(
-        f"int8_pixels_{dot.name}", "qnn.conv2d",
-        applies=lambda tiles, node: is_pixels(node) and dot.applies(tiles, node),
-        define_knobs=lambda cfg, tiles, node, padded: _define_pixels_knobs(cfg, tiles, node, dot),
-        schedule=lambda s, anchor, out, tiles, cfg, node: schedule_pixels(
-            s, anchor, out, tiles, cfg, node, dot),
-        reference=_reference(quant.np_qconv2d))
-
-
-QCONV2D_PACKED = tuple(_packed_conv(dot) for dot in QUAD_DOTS)
-QCONV2D_PIXELS = tuple(_pixels_conv(dot) for dot in QUAD_DOTS)
+QCONV2D_PACKED = tuple(_quad_conv(dot, "channels", is_packed, _define_packed_knobs,
+                                  schedule_packed) for dot in QUAD_DOTS)
+QCONV2D_PIXELS = tuple(_quad_conv(dot, "pixels", is_pixels, _define_pixels_knobs,
+                                  schedule_pixels) for dot in QUAD_DOTS)
 def _depthwise_pad(node) -> str | None:
     """An integer depthwise layer of stride 1 stages each channel's padded plane in the
     channel's loop: the stage centers and converts each input byte once, where read in place

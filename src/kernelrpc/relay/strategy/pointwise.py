@@ -45,46 +45,56 @@ def pixels_default(tiles: Tiles, node) -> bool:
     return height * width >= PIXELS_DEFAULT_MIN or tiles.registers <= 16
 
 
+def pixel_orders(out_channels: int, in_channels: int, pixels: int,
+                 weight_bytes: int) -> list[str]:
+    """The ``pixel_order`` knob's values, the default first: ``channels_outer`` reads the
+    whole input again for every tile of output channels, ``pixels_outer`` the whole weight for
+    every tile of pixels. The channels go outside by default for a layer that widens its
+    channels on a map of :data:`CHANNELS_OUTER_MIN_PIXELS` or more (MobileNet's expansions,
+    ResNet's 1x1 to four times the width on 56x56 and 28x28: pixels outside, each tile wrote
+    its rows a page apart) and for a weight past :data:`CHANNELS_OUTER_WEIGHT_BYTES`
+    (SqueezeNet's 512 -> 1000); else the pixels (a narrowing layer's input, the 14x14 maps).
+    Measurements: docs/performance.md, "Why the defaults are what they are"."""
+    widens = out_channels > in_channels and pixels >= CHANNELS_OUTER_MIN_PIXELS
+    orders = ["channels_outer", "pixels_outer"]
+    return orders if widens or weight_bytes > CHANNELS_OUTER_WEIGHT_BYTES else orders[::-1]
+
+
 def define_pixels_knobs(cfg, tiles: Tiles, node, padded: bool):
     """The register tile (``tile_m`` output channels x ``tile_n`` pixels) and which tiles
-    the outer loop walks (``pixel_order``): ``channels_outer`` reads the whole input again
-    for every tile of output channels, ``pixels_outer`` the whole weight for every tile of
-    pixels. The channels go outside by default for a layer that widens its channels on a map
-    of :data:`CHANNELS_OUTER_MIN_PIXELS` or more (MobileNet's expansions, ResNet's 1x1 to
-    four times the width on 56x56 and 28x28: pixels outside, each tile wrote its rows a page
-    apart) and for a weight past :data:`CHANNELS_OUTER_WEIGHT_BYTES` (SqueezeNet's 512 -> 1000);
-    else the pixels (a narrowing layer's input, the 14x14 maps).
-    Measurements: docs/performance.md, "Why the defaults are what they are"."""
+    the outer loop walks (:func:`pixel_orders`)."""
     _, out_channels, height, width = node.shape
     in_channels = node.inputs[1].shape[1]
-    pixels = height * width
-    define_matmul_knobs(cfg, tiles, out_channels, pixels)
-    widens = out_channels > in_channels and pixels >= CHANNELS_OUTER_MIN_PIXELS
-    large = 4 * out_channels * in_channels > CHANNELS_OUTER_WEIGHT_BYTES
-    orders = ["channels_outer", "pixels_outer"]
-    cfg.define_knob("pixel_order", orders if widens or large else orders[::-1])
+    define_matmul_knobs(cfg, tiles, out_channels, height * width)
+    cfg.define_knob("pixel_order", pixel_orders(out_channels, in_channels, height * width,
+                                                4 * out_channels * in_channels))
 
 
-def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
-    """``pixels`` (``[n][O][H*W]``) accumulated in the output stage's tile: the output's rows
-    and columns fused into one pixel axis, tiled by ``tile_m`` x ``tile_n`` with the tile's
-    vectors of pixels one after another (a last tile's tail is a shorter vector, not a
-    wider one), parallel over the outer tiles."""
-    cc = accumulator(s, pixels, out)
-    lanes = max(tiles.lanes, 1)
+def pixel_tiles(s, out, cfg, pixels_per_tile: int, lanes: int):
+    """The output stage (NCHW) by tiles of ``tile_m`` channels x ``pixels_per_tile`` pixels,
+    its rows and columns fused into one pixel axis, the tile's vectors of ``lanes`` pixels one
+    after another (a last tile's tail is a shorter vector, not a wider one), parallel over the
+    outer tiles in ``pixel_order``; returns the loop inside which a tile is accumulated."""
     stage = s[out]
     n, f, y, x = stage.op.axis
-    p = stage.fuse(y, x)
     fo, fi = stage.split(f, factor=cfg["tile_m"].val)
-    po, pi = stage.split(p, factor=cfg["tile_n"].val)
+    po, pi = stage.split(stage.fuse(y, x), factor=pixels_per_tile)
     outer, inner = (po, fo) if cfg["pixel_order"].val == "pixels_outer" else (fo, po)
     stage.reorder(n, outer, inner, fi, pi)
     pv, pl = stage.split(pi, factor=lanes)
     stage.unroll(fi)
     stage.unroll(pv)
     stage.vectorize(pl)
-    s[cc].compute_at(stage, inner)
     stage.parallel(stage.fuse(n, outer))
+    return inner
+
+
+def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
+    """``pixels`` (``[n][O][H*W]``) accumulated in the output stage's tile
+    (:func:`pixel_tiles`), the accumulators in registers over the reduction."""
+    cc = accumulator(s, pixels, out)
+    lanes = max(tiles.lanes, 1)
+    s[cc].compute_at(s[out], pixel_tiles(s, out, cfg, cfg["tile_n"].val, lanes))
     register_tile(s[cc], lanes)
     schedule_inputs(s, tiles)
 

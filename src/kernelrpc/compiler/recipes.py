@@ -214,11 +214,11 @@ def conv2d_register_tile(s, conv, out, accumulator, tile_f, tile_x,
 
 def conv_tile(target=None) -> tuple[int, int]:
     """``(fr, xr)`` of :func:`conv2d_nchw` for ``target`` (default: this host): the tile of
-    relay's direct convolutions (``relay.strategy.tiles``), ``fr`` output channels x ``xr``
+    relay's direct convolutions (:mod:`kernelrpc.compiler.tiles`), ``fr`` output channels x ``xr``
     output columns (whole vectors): AVX-512 16 x 16 (16 of 32 zmm), AVX2 and SSE 6 x 2
     vectors, aarch64 12 x 2, armv7 NEON 4 x 2, scalar 4 x 4."""
-    from ..relay.strategy.tiles import tiles_for
     from .target import Target
+    from .tiles import tiles_for
 
     tiles = tiles_for(Target(target))
     return tiles.conv_channels, tiles.conv_columns

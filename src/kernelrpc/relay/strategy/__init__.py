@@ -20,7 +20,7 @@ from .matmul import BATCH_MATMUL, matmul_tile
 from .pool import POOL
 from .record import Strategy
 from .softmax import SOFTMAX
-from .tiles import Tiles, tiles_for
+from ...compiler.tiles import Tiles, tiles_for
 from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band, winograd_plan
 
 

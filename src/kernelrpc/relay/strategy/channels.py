@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .common import accumulate_tile, divisors, output_tiles, schedule_inputs
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def channel_tiles(tiles: Tiles, node) -> list[str]:

@@ -3,7 +3,7 @@ accumulator stage, the padded input's stage."""
 from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def extent(axis) -> int:

@@ -23,7 +23,7 @@ from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped
 from .pointwise import define_pixels_knobs, is_pointwise, keeps_subsample, pixels_default, \
     pixels_layout, schedule_pixels
 from .record import Strategy
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
 
 

@@ -7,7 +7,7 @@ from ..op.reference import dense_reference
 from .common import accumulator, choices, extents, round_up
 from .matmul import define_matmul_knobs, schedule_matmul
 from .record import Strategy
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 #: most outputs of a ``rows`` dense layer's block (its accumulators, in L1)

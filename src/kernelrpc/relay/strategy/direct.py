@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...compiler.recipes import conv2d_register_tile
 from .common import accumulator, choices, round_up, schedule_inputs
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def schedule_direct(s, conv, out, tiles: Tiles, cfg, node):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..op.weight_layout import WeightLayout
 from .common import accumulate_tile, divisors, output_tiles, schedule_inputs
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def is_grouped(node) -> bool:

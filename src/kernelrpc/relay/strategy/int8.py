@@ -30,7 +30,7 @@ from .direct import define_direct_knobs, schedule_direct
 from .int8_dots import QUAD_DOTS, QuadDot
 from .pointwise import pixel_orders, pixel_tiles
 from .record import Strategy
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def accumulation(tensor):

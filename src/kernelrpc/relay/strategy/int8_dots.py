@@ -40,7 +40,7 @@ from ...compiler import expr as E
 from ...compiler import ir as tir
 from ...compiler.ir_builder import create as ir_builder
 from ..op import quant
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .common import accumulator, choices, round_up
 from .record import Strategy
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def matmul_tile(tiles: Tiles) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from ...compiler.recipes import register_tile
 from ..op.weight_layout import WeightLayout
 from .common import accumulator, schedule_inputs
 from .matmul import define_matmul_knobs
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 #: fewest pixels for which the ``pixels`` strategy is the default
 PIXELS_DEFAULT_MIN = 128

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...compiler.expr import dtype_bits
 from ...compiler.tensor import ComputeOp
 from .record import Strategy
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def pool_lanes(tiles: Tiles, node) -> list[int]:

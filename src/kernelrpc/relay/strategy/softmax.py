@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...compiler.tensor import ComputeOp
 from ..op.nn import SOFTMAX_PARTS
 from .record import Strategy
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 def row_softmax(tiles: Tiles, node) -> bool:

@@ -6,7 +6,7 @@ from ...compiler.tensor import ComputeOp
 from ..op import winograd
 from ..op.weight_layout import WeightLayout
 from .common import extent
-from .tiles import Tiles
+from ...compiler.tiles import Tiles
 
 
 #: most bytes of a Winograd layer's transformed input (and of its products) for one band of

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...compiler.vector_isa import int8_dot, vector_isa
+from .vector_isa import int8_dot, vector_isa
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ its class's rule says when it is the default. Target facts come from :func:`tile
 """
 from __future__ import annotations
 
+from ...compiler.tiles import Tiles, tiles_for
 from .. import ir
 from .channels import channel_tiles, channels_default
 from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, GROUPED, PIXELS, WINOGRAD, \
@@ -20,7 +21,6 @@ from .matmul import BATCH_MATMUL, matmul_tile
 from .pool import POOL
 from .record import Strategy
 from .softmax import SOFTMAX
-from ...compiler.tiles import Tiles, tiles_for
 from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band, winograd_plan
 
 

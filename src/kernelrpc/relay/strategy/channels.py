@@ -2,8 +2,8 @@
 (``[O/V][I][KH][KW][V]``), a tile of vectors x rows x columns of outputs in registers."""
 from __future__ import annotations
 
-from .common import accumulate_tile, divisors, output_tiles, schedule_inputs
 from ...compiler.tiles import Tiles
+from .common import accumulate_tile, divisors, output_tiles, schedule_inputs
 
 
 def channel_tiles(tiles: Tiles, node) -> list[str]:

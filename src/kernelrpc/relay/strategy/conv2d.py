@@ -9,6 +9,7 @@ layout, the layout names the strategy.
 """
 from __future__ import annotations
 
+from ...compiler.tiles import Tiles
 from ...autotvm.space import ConfigSpace
 from .. import ir
 from ..op import winograd as winograd_op
@@ -23,7 +24,6 @@ from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped
 from .pointwise import define_pixels_knobs, is_pointwise, keeps_subsample, pixels_default, \
     pixels_layout, schedule_pixels
 from .record import Strategy
-from ...compiler.tiles import Tiles
 from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
 
 

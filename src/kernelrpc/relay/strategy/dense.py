@@ -3,11 +3,11 @@ tile of outputs over the whole reduction (``columns``), or, for many rows (a seq
 tokens), a register tile of rows x outputs (``tile``, :mod:`.matmul`)."""
 from __future__ import annotations
 
+from ...compiler.tiles import Tiles
 from ..op.reference import dense_reference
 from .common import accumulator, choices, extents, round_up
 from .matmul import define_matmul_knobs, schedule_matmul
 from .record import Strategy
-from ...compiler.tiles import Tiles
 
 
 #: most outputs of a ``rows`` dense layer's block (its accumulators, in L1)

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
-from .common import accumulator, choices, round_up, schedule_inputs
 from ...compiler.tiles import Tiles
+from .common import accumulator, choices, round_up, schedule_inputs
 
 #: where the padded input is: read in place through its bounds checks, one channel's plane
 #: staged inside the channel's loop, or a stage of its own at the root

@@ -3,8 +3,8 @@ vectors of columns) over the reduction, the group's tail on the tile in register
 from __future__ import annotations
 
 from ...compiler.recipes import conv2d_register_tile
-from .common import accumulator, choices, round_up, schedule_inputs
 from ...compiler.tiles import Tiles
+from .common import accumulator, choices, round_up, schedule_inputs
 
 
 def schedule_direct(s, conv, out, tiles: Tiles, cfg, node):

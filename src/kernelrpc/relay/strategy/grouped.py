@@ -10,9 +10,9 @@ AVX-512 code, 1.66 -> 1.44 ms (columns -> one group padded to 1008); the network
 4.91 ms, Inception-v1 23.2 -> 22.3 (A/B in one run)."""
 from __future__ import annotations
 
+from ...compiler.tiles import Tiles
 from ..op.weight_layout import WeightLayout
 from .common import accumulate_tile, divisors, output_tiles, schedule_inputs
-from ...compiler.tiles import Tiles
 
 
 def is_grouped(node) -> bool:

@@ -21,6 +21,7 @@ else int32. The requantizing output stage works on the tile in registers. ``qnn.
 range) has its columns in vectors."""
 from __future__ import annotations
 
+from ...compiler.tiles import Tiles
 from ..op import get, quant
 from .common import divisors, output_tiles, schedule_inputs
 from .dense import DENSE
@@ -30,7 +31,6 @@ from .direct import define_direct_knobs, schedule_direct
 from .int8_dots import QUAD_DOTS, QuadDot
 from .pointwise import pixel_orders, pixel_tiles
 from .record import Strategy
-from ...compiler.tiles import Tiles
 
 
 def accumulation(tensor):

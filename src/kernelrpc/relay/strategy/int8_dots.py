@@ -39,8 +39,8 @@ from ... import te
 from ...compiler import expr as E
 from ...compiler import ir as tir
 from ...compiler.ir_builder import create as ir_builder
-from ..op import quant
 from ...compiler.tiles import Tiles
+from ..op import quant
 
 
 @dataclass(frozen=True)

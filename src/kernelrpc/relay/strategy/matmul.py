@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...compiler.tiles import Tiles
 from .common import accumulator, choices, round_up
 from .record import Strategy
-from ...compiler.tiles import Tiles
 
 
 def matmul_tile(tiles: Tiles) -> tuple[int, int]:

@@ -10,10 +10,10 @@ their own, a quarter of its input at stride 2."""
 from __future__ import annotations
 
 from ...compiler.recipes import register_tile
+from ...compiler.tiles import Tiles
 from ..op.weight_layout import WeightLayout
 from .common import accumulator, schedule_inputs
 from .matmul import define_matmul_knobs
-from ...compiler.tiles import Tiles
 
 #: fewest pixels for which the ``pixels`` strategy is the default
 PIXELS_DEFAULT_MIN = 128
@@ -22,6 +22,8 @@ CHANNELS_OUTER_MIN_PIXELS = 27 * 27
 #: a larger weight goes outside whatever the layer (read again for every tile of pixels,
 #: it would come from beyond a core's L2)
 CHANNELS_OUTER_WEIGHT_BYTES = 1 << 20
+
+
 def is_pointwise(node) -> bool:
     """A float32 1x1 convolution, unpadded, of one group."""
     weight = node.inputs[1]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ...compiler.expr import dtype_bits
 from ...compiler.tensor import ComputeOp
-from .record import Strategy
 from ...compiler.tiles import Tiles
+from .record import Strategy
 
 
 def pool_lanes(tiles: Tiles, node) -> list[int]:

@@ -4,9 +4,9 @@ while the row is in cache; rows in parallel."""
 from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
+from ...compiler.tiles import Tiles
 from ..op.nn import SOFTMAX_PARTS
 from .record import Strategy
-from ...compiler.tiles import Tiles
 
 
 def row_softmax(tiles: Tiles, node) -> bool:

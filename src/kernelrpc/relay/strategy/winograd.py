@@ -3,10 +3,10 @@ transformed weight's size, bands of tile rows, the matrix products' register til
 from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
+from ...compiler.tiles import Tiles
 from ..op import winograd
 from ..op.weight_layout import WeightLayout
 from .common import extent
-from ...compiler.tiles import Tiles
 
 
 #: most bytes of a Winograd layer's transformed input (and of its products) for one band of

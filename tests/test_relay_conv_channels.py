@@ -64,6 +64,15 @@ def conv_model(x, w, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=
     return model, feeds, expect
 
 
+def conv_layer(*args, **kwargs):
+    """:func:`conv_model`'s network imported: ``(mod, params, feeds, expect, conv)``, ``conv``
+    its convolution node."""
+    model, feeds, expect = conv_model(*args, **kwargs)
+    mod, params = relay.frontend.from_onnx(model)
+    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    return mod, params, feeds, expect, conv
+
+
 def run(lib, feeds):
     m = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
     m.set_input(**feeds)
@@ -92,9 +101,7 @@ CASES = {
 @pytest.mark.parametrize("target", family_params())
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_channel_tile_computes_the_convolution_in_a_network(case, target):
-    model, feeds, expect = conv_model(**CASES[case])
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer(**CASES[case])
     tiles = strategy.channel_tiles(strategy.tiles_for(target), conv)
     if strategy.tiles_for(target).lanes == 1:
         assert tiles == []
@@ -123,9 +130,7 @@ def test_channels_layout_on_fewer_lanes():
     target = Target("llvm -mcpu=haswell")
     tiles = strategy.tiles_for(target)
     assert tiles.lanes == 8
-    model, feeds, expect = conv_model(**CASES["3x3 padded"])
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer(**CASES["3x3 padded"])
     choices = strategy.channel_tiles(tiles, conv)
     assert choices and all(int(v) * int(r) * int(c) + int(v) + (1 if v == "1" else 3 + int(r) * int(c))
                            <= 16 for v, r, c in (t.split("x") for t in choices))
@@ -183,15 +188,39 @@ def test_default_layout_follows_the_reduction():
     assert default((1, 3, 229, 229), (64, 3, 7, 7), strides=(2, 2)) == "columns"
 
 
+def conv_task(data, weight, attrs, target):
+    """The tuning task of a network's convolution (``attrs`` as the workload lists them)."""
+    wkl = ("conv2d_nchw", list(data), list(weight),
+           [[k, v] for k, v in sorted(attrs.items())], "float32", str(target))
+    return tuning.task_of(wkl, flop=1.0)
+
+
+def config_of(space, **values):
+    """The configuration of ``space`` with ``values`` for those knobs, the first entity of
+    every other."""
+    names = list(space.space_map)
+    indices = [0] * len(names)
+    for name, value in values.items():
+        indices[names.index(name)] = space.space_map[name].index_of(value)
+    return space.get(space.index_of(indices))
+
+
+def run_task(task, config, inputs, target):
+    """The output of ``task``'s kernel in ``config`` on ``inputs``, built for ``target``."""
+    s, args = task.instantiate(config)
+    lib = kernelrpc.build(s, args, target=target)
+    out = nd.empty(task.arg_specs[-1][0], "float32")
+    lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
+    return out.numpy()
+
+
 def test_tuning_task_takes_the_weight_and_its_packed_copy():
     """Where the channels layout is offered, the task's arguments are the OIHW weight and its
     packed copy (made from it on the host): a columns configuration reads the one, a channels
     one the other, and neither packs inside the kernel it is timed by."""
     data, weight = [1, 4, 7, 7], [32, 4, 3, 3]
     attrs = {"dilation": [1, 1], "groups": 1, "padding": [1, 1, 1, 1], "strides": [1, 1]}
-    wkl = ("conv2d_nchw", data, weight, [[k, v] for k, v in sorted(attrs.items())], "float32",
-           str(TARGET))
-    task = tuning.task_of(wkl, flop=1.0)
+    task = conv_task(data, weight, attrs, TARGET)
     lanes = strategy.tiles_for(TARGET).lanes
     assert [spec[0] for spec in task.arg_specs[:3]] == [
         tuple(data), tuple(weight), (32 // lanes, 4, 3, 3, lanes)]
@@ -201,19 +230,11 @@ def test_tuning_task_takes_the_weight_and_its_packed_copy():
     np.testing.assert_array_equal(inputs[2], WeightLayout.packed(lanes).transform(inputs[1]))
     expect = task.reference(*inputs)
     space = task.config_space
-    names = list(space.space_map)
-    layouts = [e.val for e in space.space_map["layout"].entities]
-    configs = [space.get(0)]
-    for tile in space.space_map["channel_tile"].entities:
-        indices = [0] * len(names)
-        indices[names.index("layout")] = layouts.index("channels")
-        indices[names.index("channel_tile")] = space.space_map["channel_tile"].index_of(tile.val)
-        configs.append(space.get(space.index_of(indices)))
+    configs = [space.get(0)] + [config_of(space, layout="channels", channel_tile=tile.val)
+                                for tile in space.space_map["channel_tile"].entities]
     assert {c["layout"].val for c in configs} == {"columns", "channels"}
     for config in configs:
-        s, args = task.instantiate(config)
+        s, _ = task.instantiate(config)
         assert not any(getattr(st.op, "tag", "") == "weight_pack" for st in s.stages)
-        lib = kernelrpc.build(s, args, target=TARGET)
-        out = nd.empty(task.arg_specs[-1][0], "float32")
-        lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
-        np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4, err_msg=str(config))
+        np.testing.assert_allclose(run_task(task, config, inputs, TARGET), expect, rtol=1e-4,
+                                   atol=1e-4, err_msg=str(config))

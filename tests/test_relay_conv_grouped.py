@@ -8,16 +8,16 @@ import pytest
 
 pytest.importorskip("onnx")
 
-import kernelrpc  # noqa: E402
-from kernelrpc import autotvm, nd, relay, te  # noqa: E402
+from kernelrpc import autotvm, relay, te  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
-from kernelrpc.relay import ir, strategy, tuning  # noqa: E402
+from kernelrpc.relay import ir, strategy  # noqa: E402
 from kernelrpc.relay.errors import ModelError  # noqa: E402
 from kernelrpc.relay.op import OPS  # noqa: E402
 from kernelrpc.relay.op.reference import conv2d_reference  # noqa: E402
 from kernelrpc.relay.op.weight_layout import WeightLayout  # noqa: E402
 from target_families import family_params  # noqa: E402
-from test_relay_conv_channels import Knobs, conv_model, conv_node, run  # noqa: E402
+from test_relay_conv_channels import Knobs, config_of, conv_layer, conv_node, conv_task, run, \
+    run_task  # noqa: E402
 
 RNG = np.random.default_rng(5)
 
@@ -28,13 +28,6 @@ CASES = {
     "3x3 strided": dict(x=(1, 24, 15, 13), w=(36, 8, 3, 3), group=3, strides=(2, 2),
                         pads=(1, 1, 1, 1)),
 }
-
-
-def _layer(case):
-    model, feeds, expect = conv_model(**CASES[case])
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
-    return mod, params, feeds, expect, conv
 
 
 def _check(mod, params, feeds, expect, target, knobs):
@@ -52,12 +45,12 @@ def test_every_grouped_knob_computes_the_convolution(target):
     """Every register tile on the 1x1 layer; every value of the knobs it shares with the
     direct strategy (reduction order, window columns unrolled, padded input's stage) on the
     3x3 one."""
-    mod, params, feeds, expect, conv = _layer("1x1 shufflenet")
+    mod, params, feeds, expect, conv = conv_layer(**CASES["1x1 shufflenet"])
     tiles = strategy.group_tiles(strategy.tiles_for(target), conv)
     assert tiles
     for tile in tiles:
         _check(mod, params, feeds, expect, target, {"group_tile": tile})
-    mod, params, feeds, expect, conv = _layer("3x3 strided")
+    mod, params, feeds, expect, conv = conv_layer(**CASES["3x3 strided"])
     tile = strategy.group_tiles(strategy.tiles_for(target), conv)[0]
     for knobs in ({"reduce_order": "window_outer"}, {"unroll_kw": True}, {"pad": "inline"},
                   {"reduce_order": "channels_outer", "unroll_kw": False, "pad": "stage"}):
@@ -70,9 +63,7 @@ def test_one_group_of_channels_that_vectors_do_not_fill(target):
     targets the ``grouped`` layout with one group, its last vector padded, is offered and the
     default after the pointwise ``pixels`` strategy, and every tile computes the convolution;
     elsewhere the ``channels`` layout has it."""
-    model, feeds, expect = conv_model(x=(1, 40, 13, 13), w=(1000, 40, 1, 1))
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer(x=(1, 40, 13, 13), w=(1000, 40, 1, 1))
     tiles = strategy.tiles_for(target)
     found = strategy.group_tiles(tiles, conv)
     if tiles.lanes == 16:
@@ -136,9 +127,7 @@ def test_tuning_task_takes_the_weight_and_its_grouped_copy():
     target = Target("llvm -mcpu=haswell")
     data, weight = [1, 12, 9, 9], [36, 4, 3, 3]
     attrs = {"dilation": [1, 1], "groups": 3, "padding": [1, 1, 1, 1], "strides": [1, 1]}
-    wkl = ("conv2d_nchw", data, weight, [[k, v] for k, v in sorted(attrs.items())], "float32",
-           str(target))
-    task = tuning.task_of(wkl, flop=1.0)
+    task = conv_task(data, weight, attrs, target)
     layout = WeightLayout.grouped(8, 3, 36)
     assert [spec[0] for spec in task.arg_specs[:3]] == [
         tuple(data), tuple(weight), layout.shape(weight)]
@@ -148,23 +137,13 @@ def test_tuning_task_takes_the_weight_and_its_grouped_copy():
     expect = conv2d_reference(inputs[0], inputs[1], strides=(1, 1), padding=(1, 1, 1, 1),
                               dilation=(1, 1), groups=3)
     space = task.config_space
-    names = list(space.space_map)
-    layouts = [e.val for e in space.space_map["layout"].entities]
-    columns = [0] * len(names)
-    columns[names.index("layout")] = layouts.index("columns")
-    configs = [space.get(space.index_of(columns))]
-    for tile in space.space_map["group_tile"].entities:
-        indices = [0] * len(names)
-        indices[names.index("layout")] = layouts.index("grouped")
-        indices[names.index("group_tile")] = space.space_map["group_tile"].index_of(tile.val)
-        configs.append(space.get(space.index_of(indices)))
+    configs = [config_of(space, layout="columns")]
+    configs += [config_of(space, layout="grouped", group_tile=tile.val)
+                for tile in space.space_map["group_tile"].entities]
     assert {c["layout"].val for c in configs} == {"columns", "grouped"}
     for config in configs:
-        s, args = task.instantiate(config)
-        lib = kernelrpc.build(s, args, target=target)
-        out = nd.empty(task.arg_specs[-1][0], "float32")
-        lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
-        np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4, err_msg=str(config))
+        np.testing.assert_allclose(run_task(task, config, inputs, target), expect, rtol=1e-4,
+                                   atol=1e-4, err_msg=str(config))
         np.testing.assert_allclose(task.reference(*inputs), expect, rtol=1e-5, atol=1e-5)
 
 
@@ -180,7 +159,7 @@ def test_grouped_layers_on_an_emulated_aarch64_board(tmp_path):
         with board_session(tracker, "aarch64") as remote:
             target = remote.target()
             for case in CASES:
-                mod, params, feeds, expect, _ = _layer(case)
+                mod, params, feeds, expect, _ = conv_layer(**CASES[case])
                 lib = relay.build(mod, target=target, params=params)
                 assert [p.ndim for p in lib.get_params().values()].count(5) == 1, case
                 run_checked(remote, lib, tmp_path / f"grouped{len(case)}.so", feeds, expect,

@@ -7,15 +7,15 @@ import pytest
 
 pytest.importorskip("onnx")
 
-import kernelrpc  # noqa: E402
-from kernelrpc import autotvm, nd, relay, te  # noqa: E402
+from kernelrpc import autotvm, relay, te  # noqa: E402
 from kernelrpc.compiler import expr as E  # noqa: E402
 from kernelrpc.compiler.lower import arith  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
-from kernelrpc.relay import ir, strategy, tuning  # noqa: E402
+from kernelrpc.relay import ir, strategy  # noqa: E402
 
 from target_families import family_params  # noqa: E402
-from test_relay_conv_channels import RNG, Knobs, conv_model, conv_node, run  # noqa: E402
+from test_relay_conv_channels import RNG, Knobs, config_of, conv_layer, conv_model, conv_node, \
+    conv_task, run, run_task  # noqa: E402
 
 CASES = {
     "13x13, a tail of pixels and of channels": dict(x=(1, 24, 13, 13), w=(20, 24, 1, 1)),
@@ -35,9 +35,7 @@ def _space(target, conv):
 @pytest.mark.parametrize("target", family_params())
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_pixels_tile_computes_the_convolution(case, target):
-    model, feeds, expect = conv_model(**CASES[case])
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer(**CASES[case])
     values = _space(target, conv)
     assert "pixels" in values["layout"]
     configs = [dict(tile_m=m, tile_n=n) for m in values["tile_m"] for n in values["tile_n"]]
@@ -126,25 +124,17 @@ def test_tuning_task_of_a_pointwise_layer_runs_each_strategy():
     target = Target("llvm -mcpu=haswell")
     data, weight = [1, 16, 14, 14], [32, 16, 1, 1]
     attrs = {"dilation": [1, 1], "groups": 1, "padding": [0, 0, 0, 0], "strides": [1, 1]}
-    wkl = ("conv2d_nchw", data, weight, [[k, v] for k, v in sorted(attrs.items())], "float32",
-           str(target))
-    task = tuning.task_of(wkl, flop=1.0)
+    task = conv_task(data, weight, attrs, target)
     inputs = task.prepare_inputs([RNG.standard_normal(shape).astype(dtype)
                                   for shape, dtype in task.arg_specs[:-1]])
     expect = task.reference(*inputs)
     space = task.config_space
-    names = list(space.space_map)
     layouts = [e.val for e in space.space_map["layout"].entities]
     assert layouts[0] == "pixels" and "channels" in layouts
     for layout in layouts:
-        indices = [0] * len(names)
-        indices[names.index("layout")] = layouts.index(layout)
-        config = space.get(space.index_of(indices))
-        s, args = task.instantiate(config)
+        config = config_of(space, layout=layout)
         if layout == "pixels":
-            lowered = str(te.lower(s, args))
+            lowered = str(te.lower(*task.instantiate(config)))
             assert "floordiv" not in lowered and "floormod" not in lowered
-        lib = kernelrpc.build(s, args, target=target)
-        out = nd.empty(task.arg_specs[-1][0], "float32")
-        lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
-        np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4, err_msg=layout)
+        np.testing.assert_allclose(run_task(task, config, inputs, target), expect, rtol=1e-4,
+                                   atol=1e-4, err_msg=layout)

@@ -15,7 +15,7 @@ from kernelrpc.relay import strategy  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 
 from target_families import family_params  # noqa: E402
-from test_relay_conv_channels import Knobs, conv_model, conv_node, run  # noqa: E402
+from test_relay_conv_channels import Knobs, conv_layer, conv_node, run  # noqa: E402
 
 CASES = {
     "3x3 padded": dict(x=(1, 24, 13, 19), w=(24, 1, 3, 3), pads=(1, 1, 1, 1), group=24),
@@ -34,9 +34,7 @@ CASES = {
 @pytest.mark.parametrize("target", family_params())
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_depthwise_tile_computes_the_convolution(case, target):
-    model, feeds, expect = conv_model(**CASES[case])
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer(**CASES[case])
     space = autotvm.ConfigSpace()
     strategy.define_conv_knobs(space, strategy.tiles_for(target), conv,
                                padded=any(CASES[case].get("pads", ())))

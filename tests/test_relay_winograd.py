@@ -16,7 +16,7 @@ from kernelrpc.relay import strategy, tuning  # noqa: E402
 from kernelrpc.relay.op import winograd  # noqa: E402
 from kernelrpc.relay.op.reference import conv2d_reference  # noqa: E402
 from target_families import family_params  # noqa: E402
-from test_relay_conv_channels import Knobs, conv_model, conv_node, run  # noqa: E402
+from test_relay_conv_channels import Knobs, conv_layer, conv_model, conv_node, run  # noqa: E402
 
 TARGET = Target(None)
 RNG = np.random.default_rng(5)
@@ -50,9 +50,7 @@ CASES = {
 @pytest.mark.parametrize("target", family_params())
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_register_tile_computes_the_convolution_in_a_network(case, target):
-    model, feeds, expect = conv_model(**CASES[case])
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer(**CASES[case])
     tiles = strategy.tiles_for(target)
     if tiles.lanes == 1:
         assert strategy.winograd_plan(tiles, conv) is None
@@ -92,10 +90,8 @@ def test_large_maps_run_band_by_band(data, weight, band):
 
 def test_a_banded_layer_computes_the_convolution():
     """Bands of 19 of the map's 38 tile rows, the last one's tiles past the map's edge."""
-    model, feeds, expect = conv_model((1, 64, 150, 38), (64, 64, 3, 3), pads=(1, 1, 1, 1),
-                                      residual=True)
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer((1, 64, 150, 38), (64, 64, 3, 3),
+                                                   pads=(1, 1, 1, 1), residual=True)
     m, _ = strategy.winograd_plan(strategy.tiles_for(TARGET), conv)
     assert m == 4 and strategy.winograd_band(m, conv) < winograd.tiles(m, 150, 38)[0]
     lib = relay.build(mod, target=TARGET, params=params)
@@ -105,9 +101,7 @@ def test_a_banded_layer_computes_the_convolution():
 def test_avx2_tiles_fit_its_registers():
     target = Target("llvm -mcpu=haswell")
     tiles = strategy.tiles_for(target)
-    model, feeds, expect = conv_model(**CASES["56x56"])
-    mod, params = relay.frontend.from_onnx(model)
-    conv = next(n for n in mod["main"].topo() if n.op == "nn.conv2d")
+    mod, params, feeds, expect, conv = conv_layer(**CASES["56x56"])
     space = autotvm.ConfigSpace()
     strategy.define_conv_knobs(space, tiles, conv, padded=True)
     assert max(e.val for e in space.space_map["gemm_rows"].entities) <= tiles.registers - 4

@@ -234,14 +234,26 @@ def test_allocas_stay_in_the_entry_block():
                 assert "alloca" not in block
 
 
-def test_parallel_loop_with_tail_covers_every_iteration(tmp_path):
-    """Extent 37 over the pool's tasks: each iteration runs exactly once."""
-    A = ir.Buffer("A", (37, 8))
+@pytest.mark.parametrize("extent", [1, 2, 5, 37, 1001])
+def test_parallel_loop_covers_every_iteration_once_at_any_thread_count(tmp_path, extent):
+    """Each task runs its own share, then helps with the others' (shares of one iteration,
+    of none, more tasks than iterations): every iteration still runs exactly once."""
+    A = ir.Buffer("A", (extent, 8))
     i = E.Var("i")
     body = ir.Store(A, ir.Load(A, vec(i * 8, 8)) + ir.Broadcast(c(1.0), 8), vec(i * 8, 8))
-    f = ir.PrimFunc("par", [A], ir.For(i, c(0), c(37), "parallel", body))
-    (out,) = run(f, np.zeros((37, 8)), tmp_path=tmp_path)
-    np.testing.assert_array_equal(out, np.ones((37, 8)))
+    f = ir.PrimFunc("par", [A], ir.For(i, c(0), c(extent), "parallel", body))
+    module = build(f)
+    lib = ctypes.CDLL(str(module.export_library(tmp_path / "par.so")), mode=os.RTLD_LOCAL)
+    lib.__kernelrpc_set_num_threads.restype = ctypes.c_int32
+    fn = lib.__kernelrpc_fn_par
+    fn.restype = ctypes.c_int32
+    for threads in (1, 2, 3, 7):
+        assert lib.__kernelrpc_set_num_threads(threads) == threads
+        for _ in range(20):
+            array = aligned_copy(np.zeros((extent, 8), np.float32))
+            argv = (ctypes.c_void_p * 1)(array.ctypes.data)
+            assert fn(argv) == 0
+            np.testing.assert_array_equal(array, np.ones((extent, 8)))
 
 
 def test_nested_parallel_runs_inner_serially(tmp_path):

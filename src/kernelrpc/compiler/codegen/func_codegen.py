@@ -6,12 +6,16 @@ Each PrimFunc becomes
   of docs/module-format.md, which unpacks ``args`` and calls the body.
 
 A ``parallel`` loop is outlined into ``i32 @<name>.par<k>(ptr ctx, i32 task,
-i32 ntasks)``, which unpacks the captured values from a context struct, claims
-chunks of the iteration space from an atomic counter in that struct (dynamic
-scheduling) and calls, for each, a chunk function whose
-pointer parameters are again ``noalias`` (so LLVM keeps the alias facts after
-inlining). The body runs on the module's thread pool through
-``__kernelrpc_parallel_launch``.
+i32 ntasks)``, which unpacks the captured values from a context struct and runs
+chunks of the iteration space, calling for each a chunk function whose pointer
+parameters are again ``noalias`` (so LLVM keeps the alias facts after inlining).
+Task ``t`` of ``n`` owns the ``t``-th contiguous ``n``-th of the iterations and runs
+its chunks first, in order; then it helps the others, claiming their chunks from
+their counters in the struct. Owning the same share of every loop keeps a core on
+the part of a tensor it wrote in the layer before (its own cache), where chunks
+claimed from one shared counter went to whichever core came first: a 1x1 layer
+after another ran at the same speed on two threads as on one. The body runs on
+the module's thread pool through ``__kernelrpc_parallel_launch``.
 
 Small constant-size allocations live in the entry block (``alloca ... align 64``)
 so SROA turns accumulator tiles indexed with constants into registers; larger
@@ -27,13 +31,16 @@ from ..expr import Var, dtype_lanes
 from .emitter import CodegenError, FunctionBuilder, ModuleBuilder, Value
 from .expr_codegen import ExprCodegen
 from .llvm_types import element_bytes, llvm_type, memory_type
-from .runtime_ir import LAUNCH_SYMBOL, WORKSPACE_ALLOC, WORKSPACE_FREE
+from .runtime_ir import LAUNCH_SYMBOL, MAX_WORKERS, WORKSPACE_ALLOC, WORKSPACE_FREE
 
 #: Allocations up to this many bytes go on the stack (and may become registers).
 STACK_ALLOC_LIMIT = 64 * 1024
-#: A parallel loop is cut into about this many chunks per thread; threads claim chunks
-#: with an atomic counter, so a thread slowed by a noisy neighbour simply takes fewer.
+#: A task's share of a parallel loop is cut into this many chunks, claimed one by one
+#: from the share's counter, so a thread slowed by a noisy neighbour simply does fewer
+#: and the others take the rest.
 CHUNKS_PER_THREAD = 4
+#: Tasks a parallel loop has counters for: the pool's threads (KRPC_MAX_WORKERS + 1).
+MAX_TASKS = MAX_WORKERS + 1
 #: Error code a kernel returns when a heap allocation fails.
 ERR_OUT_OF_MEMORY = 2
 
@@ -190,7 +197,8 @@ class StmtCodegen(ExprCodegen):
         captured = _captures(node.body, self.env)
         lo, extent = self(node.min), self(node.extent)
         index_ty = llvm_type(node.var.dtype)
-        counter = Value("i64", "0")  # next unclaimed iteration, reset before every launch
+        # each task's next unclaimed iteration of its share, reset before every launch
+        counter = Value(f"[{MAX_TASKS} x i64]", "zeroinitializer")
         fields = [self.env[key] for key in captured] + [lo, extent, counter]
         struct = "{ " + ", ".join(v.type for v in fields) + " }"
         ctx = self.fn.alloca(struct, align=8, hint="ctx")
@@ -250,25 +258,45 @@ def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: 
     for k, ty in enumerate(types[:-1]):
         slot = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, i32 {k}")
         args.append(task.assign(ty, f"load {ty}, ptr {slot.ref}"))
-    counter = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, "
-                                 f"i32 {len(types) - 1}")
+    counters = task.assign("ptr", f"getelementptr inbounds {struct}, ptr %ctx, i32 0, "
+                                  f"i32 {len(types) - 1}")
     *values, lo, extent = args
     ext = task.assign("i64", f"sext {extent} to i64") if index_ty != "i64" else extent
     tasks = task.assign("i64", "sext i32 %ntasks to i64")
-    pieces = task.assign("i64", f"mul i64 {tasks.ref}, {CHUNKS_PER_THREAD}")
-    grain0 = task.assign("i64", f"sdiv i64 {ext.ref}, {pieces.ref}")
-    grain = task.assign("i64", f"call i64 @llvm.smax.i64(i64 {grain0.ref}, i64 1)")
+    me = task.assign("i64", "sext i32 %task to i64")
     module.declare("llvm.smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
     module.declare("llvm.smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
-    claim, run, done = (task.label(h) for h in ("claim", "run", "done"))
+    entry, share, claim, run, next_share, done = (
+        task.label(h) for h in ("entry", "share", "claim", "run", "next", "done"))
+    task.branch(entry)
+    task.start_block(entry)
+    task.branch(share)
+    # share: the `visited`-th share after this task's own (its own first)
+    task.start_block(share)
+    visited = task.tmp("visited")
+    step = task.tmp("visited.next")
+    task.emit(f"{visited} = phi i64 [0, %{entry}], [{step}, %{next_share}]")
+    owner0 = task.assign("i64", f"add i64 {me.ref}, {visited}")
+    owner = task.assign("i64", f"urem i64 {owner0.ref}, {tasks.ref}")
+    first0 = task.assign("i64", f"mul i64 {ext.ref}, {owner.ref}")
+    first = task.assign("i64", f"udiv i64 {first0.ref}, {tasks.ref}")
+    after = task.assign("i64", f"add i64 {owner.ref}, 1")
+    end0 = task.assign("i64", f"mul i64 {ext.ref}, {after.ref}")
+    end = task.assign("i64", f"udiv i64 {end0.ref}, {tasks.ref}")
+    size = task.assign("i64", f"sub i64 {end.ref}, {first.ref}")
+    grain0 = task.assign("i64", f"udiv i64 {size.ref}, {CHUNKS_PER_THREAD}")
+    grain = task.assign("i64", f"call i64 @llvm.smax.i64(i64 {grain0.ref}, i64 1)")
+    counter = task.assign("ptr", f"getelementptr inbounds [{MAX_TASKS} x i64], "
+                                 f"ptr {counters.ref}, i64 0, i64 {owner.ref}")
     task.branch(claim)
     task.start_block(claim)
-    start = task.assign("i64", f"atomicrmw add ptr {counter.ref}, i64 {grain.ref} monotonic")
-    finished = task.assign("i1", f"icmp sge i64 {start.ref}, {ext.ref}")
-    task.emit(f"br {finished}, label %{done}, label %{run}")
+    offset = task.assign("i64", f"atomicrmw add ptr {counter.ref}, i64 {grain.ref} monotonic")
+    start = task.assign("i64", f"add i64 {first.ref}, {offset.ref}")
+    finished = task.assign("i1", f"icmp sge i64 {start.ref}, {end.ref}")
+    task.emit(f"br {finished}, label %{next_share}, label %{run}")
     task.start_block(run)
     stop0 = task.assign("i64", f"add i64 {start.ref}, {grain.ref}")
-    stop = task.assign("i64", f"call i64 @llvm.smin.i64(i64 {stop0.ref}, i64 {ext.ref})")
+    stop = task.assign("i64", f"call i64 @llvm.smin.i64(i64 {stop0.ref}, i64 {end.ref})")
     if index_ty != "i64":
         start = task.assign(index_ty, f"trunc {start} to {index_ty}")
         stop = task.assign(index_ty, f"trunc {stop} to {index_ty}")
@@ -279,6 +307,10 @@ def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: 
     task.emit(f"br {failed}, label %{fail}, label %{claim}")
     task.start_block(fail)
     task.emit(f"ret {rc}")
+    task.start_block(next_share)
+    task.emit(f"{step} = add i64 {visited}, 1")
+    more = task.assign("i1", f"icmp ult i64 {step}, {tasks.ref}")
+    task.emit(f"br {more}, label %{share}, label %{done}")
     task.start_block(done)
     task.emit("ret i32 0")
     module.functions.append(task.text())

@@ -138,3 +138,22 @@ def test_tuning_task_of_a_pointwise_layer_runs_each_strategy():
             assert "floordiv" not in lowered and "floormod" not in lowered
         np.testing.assert_allclose(run_task(task, config, inputs, target), expect, rtol=1e-4,
                                    atol=1e-4, err_msg=layout)
+
+
+@pytest.mark.parametrize("side, padded", [(13, True), (16, False), (27, False), (7, False)])
+def test_small_maps_read_rows_padded_to_a_cache_line(side, padded):
+    """A 13x13 layer's product runs over its input's rows padded with zeros to 176 pixels
+    (its last tile a whole vector); a 16x16 map's rows are already whole lines, and 27x27
+    and 7x7 maps read the input as it is. The answer is the convolution's either way."""
+    target = Target("llvm -mcpu=skylake-avx512")
+    model, feeds, expect = conv_model(x=(1, 24, side, side), w=(32, 24, 1, 1))
+    mod, params = relay.frontend.from_onnx(model)
+    with Knobs(layout="pixels"):
+        lib = relay.build(mod, target=target, params=params)
+    lowered = lib.lib.get_source("lowered")
+    row = -(-side * side // 16) * 16
+    assert ("pixel_rows" in lowered) == padded
+    if padded:
+        assert f"[1, 24, {row}]" in lowered
+    np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                               atol=1e-4 * np.abs(expect).max())

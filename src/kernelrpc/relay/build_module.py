@@ -34,7 +34,7 @@ from .executor_codegen import entry_source, params_source
 from . import transform
 from .fuse import Group, partition
 from .graph_json import graph_json
-from .memory_plan import plan_memory
+from .memory_plan import concats_in_place, plan_memory
 from .op import OPS
 from .schedule import group_tensors, schedule_group
 from .strategy import strategy_for, tiles_for
@@ -42,6 +42,8 @@ from .transform import optimize
 from .tuning import layer_config
 
 log = logging.getLogger("kernelrpc.relay")
+#: the graph JSON's kernel of a node that runs nothing (TVM's graph executor's name for it)
+NOP = "__nop"
 
 
 def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "default"):
@@ -61,10 +63,14 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
     tiles = tiles_for(target)
     func, configs = _pack_weights(func, target, tiles)
     groups = partition(func)
-    plan = plan_memory(groups, func.inputs, func.outputs)
+    in_place = concats_in_place(groups, func.outputs)
+    plan = plan_memory(groups, func.inputs, func.outputs, in_place)
     kernels, names, calls, records = {}, [], [], []
     primfuncs = []
     for group in groups:
+        if id(group) in in_place:
+            names.append(NOP)          # its producers wrote it: no call, TVM's "__nop" node
+            continue
         key = _signature(group)
         cfg, how, workload = configs.get(id(group.anchor)) or layer_config(group, target)
         if key not in kernels:

@@ -146,7 +146,7 @@ PIXEL_ROW_ALIGN = 16
 #: one, is then a whole vector (a tail of 9 pixels summed as a vector of 8 and a column
 #: whose 8 channels' weights LLVM gathered, took as long as 2.3 full tiles) and every
 #: row starts on a line. AVX-512 code, one thread: 512 -> 1000 channels on 13x13 1057 ->
-#: 866 us, 512 -> 64 on 13x13 73.7 -> 60.0, 256 -> 1024 on 14x14 528 -> 503; on 27x27 and
+#: 836 us, 512 -> 64 on 13x13 73.7 -> 60.0, 256 -> 1024 on 14x14 528 -> 503; on 27x27 and
 #: larger maps the copy costs more than the last tile (128 -> 16 on 55x55: 74 -> 155 us)
 PIXEL_ROWS_MAX_PIXELS = 256
 #: ... and this many or more (a 7x7 map's rows would grow by a third)

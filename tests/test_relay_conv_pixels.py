@@ -140,20 +140,37 @@ def test_tuning_task_of_a_pointwise_layer_runs_each_strategy():
                                    atol=1e-4, err_msg=layout)
 
 
-@pytest.mark.parametrize("side, padded", [(13, True), (16, False), (27, False), (7, False)])
-def test_small_maps_read_rows_padded_to_a_cache_line(side, padded):
-    """A 13x13 layer's product runs over its input's rows padded with zeros to 176 pixels
-    (its last tile a whole vector); a 16x16 map's rows are already whole lines, and 27x27
-    and 7x7 maps read the input as it is. The answer is the convolution's either way."""
-    target = Target("llvm -mcpu=skylake-avx512")
+@pytest.mark.parametrize("target, side, row", [
+    ("llvm -mcpu=skylake-avx512", 13, 176), ("llvm -mcpu=skylake-avx512", 14, 208),
+    ("llvm -mcpu=skylake-avx512", 16, 0), ("llvm -mcpu=skylake-avx512", 27, 0),
+    ("llvm -mcpu=skylake-avx512", 7, 0), ("llvm -mcpu=haswell", 13, 0)])
+def test_small_maps_read_rows_padded_to_whole_vectors(target, side, row):
+    """On 16-lane code a 13x13 or 14x14 layer's product runs over its input's rows padded
+    with zeros to whole vectors (its last tile whole vectors), which its layout records; a
+    16x16 map's rows are whole vectors already, 27x27 and 7x7 maps and 8-lane code read the
+    input as it is. The answer is the convolution's either way."""
     model, feeds, expect = conv_model(x=(1, 24, side, side), w=(32, 24, 1, 1))
     mod, params = relay.frontend.from_onnx(model)
     with Knobs(layout="pixels"):
-        lib = relay.build(mod, target=target, params=params)
+        lib = relay.build(mod, target=Target(target), params=params)
     lowered = lib.lib.get_source("lowered")
-    row = -(-side * side // 16) * 16
-    assert ("pixel_rows" in lowered) == padded
-    if padded:
+    assert ("pixel_rows" in lowered) == bool(row)
+    if row:
         assert f"[1, 24, {row}]" in lowered
+        layout = next(n.attrs["kernel_layout"] for n in lib.ir_mod["main"].topo()
+                      if n.op == "nn.conv2d")
+        assert layout == "OIHW_pixels_rows16"
     np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
                                atol=1e-4 * np.abs(expect).max())
+
+
+def test_the_padded_rows_are_part_of_the_layout_value():
+    from kernelrpc.relay.errors import ModelError
+    from kernelrpc.relay.op.weight_layout import WeightLayout
+
+    for layout in (WeightLayout.pointwise(), WeightLayout.pointwise(16)):
+        assert WeightLayout.parse(layout.attr) == layout and layout.is_model_array
+    assert WeightLayout.pointwise(16).attr == "OIHW_pixels_rows16"
+    for bad in ("OIHW_pixels_rows0", "OIHW_pixels_rows1", "OIHW_pixels_rows4096"):
+        with pytest.raises(ModelError, match="unknown kernel_layout"):
+            WeightLayout.parse(bad)

@@ -97,7 +97,7 @@ def _conv2d(ts, attrs, node):
         return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
                                node, layout.m, layout.lanes)
     if layout.kind == "pointwise":
-        return _conv2d_pixels(data, weight, node)
+        return _conv2d_pixels(data, weight, node, layout.lanes)
     lanes = layout.lanes
     _, cg, kh, kw = static_shape(weight)[:4]
     rc = te.reduce_axis((0, cg), "rc")
@@ -139,28 +139,14 @@ def _conv2d(ts, attrs, node):
         n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")
 
 
-#: a small map's pointwise layer reads its pixels from rows padded to a multiple of this
-#: many elements (a 64-byte line of float32) ...
-PIXEL_ROW_ALIGN = 16
-#: ... where the map has this many pixels or fewer: its last tile of pixels, a short
-#: one, is then a whole vector (a tail of 9 pixels summed as a vector of 8 and a column
-#: whose 8 channels' weights LLVM gathered, took as long as 2.3 full tiles) and every
-#: row starts on a line. AVX-512 code, one thread: 512 -> 1000 channels on 13x13 1057 ->
-#: 836 us, 512 -> 64 on 13x13 73.7 -> 60.0, 256 -> 1024 on 14x14 528 -> 503; on 27x27 and
-#: larger maps the copy costs more than the last tile (128 -> 16 on 55x55: 74 -> 155 us)
-PIXEL_ROWS_MAX_PIXELS = 256
-#: ... and this many or more (a 7x7 map's rows would grow by a third)
-PIXEL_ROWS_MIN_PIXELS = 128
-
-
-def _conv2d_pixels(data, weight, node):
+def _conv2d_pixels(data, weight, node, row_align: int):
     """A pointwise convolution as the product of its ``[O][I]`` weight and its input's
     ``[I][H*W]`` pixels (``[n][O][H*W]``: each channel's rows are one contiguous run), read
     back as NCHW by the (inlined) output stage. A strided one reads the pixels it keeps
     from a stage of their own (tagged ``pad``, as a strided convolution's phases); so does
-    one of stride 1 on a small map (:data:`PIXEL_ROWS_MAX_PIXELS`), its rows padded with
-    zeros to a multiple of :data:`PIXEL_ROW_ALIGN` pixels, the product computed over the
-    padded rows."""
+    one whose layout pads its input's rows with zeros to a multiple of ``row_align`` pixels
+    (``OIHW_pixels_rows16``: :func:`..strategy.pointwise.row_align`), the product then
+    computed over the padded rows."""
     n_, oc, oh, ow = node.shape
     attrs = node.attrs
     if tuple(static_shape(weight)[2:]) != (1, 1) or any(attrs["padding"]) or \
@@ -177,9 +163,10 @@ def _conv2d_pixels(data, weight, node):
 
     def pixel(n, c, p):
         return data[n, c, E.floordiv(p, ow), E.floormod(p, ow)]
-    if (sh, sw) == (1, 1) and count % PIXEL_ROW_ALIGN and \
-            PIXEL_ROWS_MIN_PIXELS <= count <= PIXEL_ROWS_MAX_PIXELS:
-        row = -(-count // PIXEL_ROW_ALIGN) * PIXEL_ROW_ALIGN
+    if row_align and (sh, sw) != (1, 1):
+        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs stride 1")
+    if row_align:
+        row = -(-count // row_align) * row_align
         rows = te.compute((n_, static_shape(data)[1], row), lambda n, c, p: E.if_then_else(
             p < count, pixel(n, c, p), te.const(0, data.dtype)), name="pixel_rows", tag="pad")
 

@@ -18,8 +18,9 @@ from . import winograd
 _PACKED = re.compile(r"OIHW(\d+)o")
 _WINOGRAD = re.compile(r"winograd(\d+)_(\d+)o")
 _GROUPED = re.compile(r"OIHW(\d+)o_g(\d+)_(\d+)")
-#: the ``pointwise`` layout's attribute
+#: the ``pointwise`` layout's attribute (``_rows<N>``: its input's rows padded to N pixels)
 _POINTWISE = "OIHW_pixels"
+_POINTWISE_ROWS = re.compile(r"OIHW_pixels_rows(\d+)")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class WeightLayout:
     output channels in ``B = ceil(O/G / V)`` vectors, the last padded with zero weights, so
     that no vector holds two groups' channels; ``out_channels`` is ``O``) or ``"pointwise"``
     (a 1x1 convolution's OIHW weight as it is, read as the ``[O][I]`` matrix of a product
-    over the flattened pixels: the array is the model's, the layout names the computation)."""
+    over the flattened pixels: the array is the model's, the layout names the computation;
+    ``lanes``, where not 0, the multiple of pixels its input's rows are padded to)."""
 
     kind: str = "OIHW"
     lanes: int = 0
@@ -52,8 +54,8 @@ class WeightLayout:
         return cls("grouped", lanes, groups=groups, out_channels=out_channels)
 
     @classmethod
-    def pointwise(cls) -> "WeightLayout":
-        return cls("pointwise")
+    def pointwise(cls, row_align: int = 0) -> "WeightLayout":
+        return cls("pointwise", row_align)
 
     @property
     def is_model_array(self) -> bool:
@@ -71,6 +73,9 @@ class WeightLayout:
             return cls()
         if attr == _POINTWISE:
             return cls.pointwise()
+        found = _POINTWISE_ROWS.fullmatch(attr)
+        if found and 1 < int(found.group(1)) <= 64:
+            return cls.pointwise(int(found.group(1)))
         found = _PACKED.fullmatch(attr)
         if found:
             return cls.packed(int(found.group(1)))
@@ -97,7 +102,7 @@ class WeightLayout:
         if self.kind == "grouped":
             return f"OIHW{self.lanes}o_g{self.groups}_{self.out_channels}"
         if self.kind == "pointwise":
-            return _POINTWISE
+            return f"{_POINTWISE}_rows{self.lanes}" if self.lanes else _POINTWISE
         return "OIHW"
 
     def __bool__(self) -> bool:

@@ -22,6 +22,17 @@ CHANNELS_OUTER_MIN_PIXELS = 27 * 27
 #: a larger weight goes outside whatever the layer (read again for every tile of pixels,
 #: it would come from beyond a core's L2)
 CHANNELS_OUTER_WEIGHT_BYTES = 1 << 20
+#: AVX-512 code reads a small map's input from rows padded to whole vectors
+#: (:func:`row_align`): a 13x13 layer's last tile of 9 pixels, summed as a vector of 8 and a
+#: column whose 8 channels' weights LLVM gathered, took as long as 2.3 full tiles, and rows
+#: starting off a line made nearly every load span two. One thread: 512 -> 1000 channels on
+#: 13x13 1057 -> 836 us, 512 -> 64 on 13x13 73.7 -> 60.0, 256 -> 1024 on 14x14 528 -> 503;
+#: on 27x27 and larger maps the copy costs more than the last tile (128 -> 16 on 55x55: 74 ->
+#: 155 us); AVX2 code (8 lanes) gained nothing (0-4% slower)
+ROWS_MIN_LANES = 16
+ROWS_MAX_PIXELS = 256
+#: ... and a 7x7 map's rows would grow by a third
+ROWS_MIN_PIXELS = 128
 #: with fewer outer tiles than this the threads share out each outer tile's inner tiles
 #: instead (a 13x13 map has 6 tiles of 32 pixels, the last one short): 64 -> 256 channels
 #: on 13x13, two threads, 31.5 -> 24.6 us; 1024 -> 256 on 14x14 313.9 -> 284.8 us; one
@@ -113,5 +124,17 @@ def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
     schedule_inputs(s, tiles)
 
 
+def row_align(tiles: Tiles, node) -> int:
+    """The multiple of pixels the input's rows are padded to (0: as they are): a vector of
+    :data:`ROWS_MIN_LANES` lanes or more, on a map of :data:`ROWS_MIN_PIXELS` to
+    :data:`ROWS_MAX_PIXELS` pixels that whole vectors do not fill, stride 1. The last, short
+    tile of pixels is then whole vectors and every row starts on a vector's boundary."""
+    _, _, height, width = node.shape
+    pixels = height * width
+    pads = tiles.lanes >= ROWS_MIN_LANES and ROWS_MIN_PIXELS <= pixels <= ROWS_MAX_PIXELS and \
+        pixels % tiles.lanes != 0 and tuple(node.attrs["strides"]) == (1, 1)
+    return tiles.lanes if pads else 0
+
+
 def pixels_layout(tiles: Tiles, node) -> WeightLayout:
-    return WeightLayout.pointwise()
+    return WeightLayout.pointwise(row_align(tiles, node))

@@ -240,13 +240,9 @@ class Session:
     """onnxruntime's session of a model with ``threads`` intra-op threads."""
 
     def __init__(self, model, feeds, threads):
-        import onnxruntime as ort
+        from kernelrpc.relay.testing import onnxruntime_session
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = onnxruntime_session(model, threads)
         self.feeds = feeds
 
     def output(self):

@@ -204,13 +204,9 @@ class OrtSession:
     time."""
 
     def __init__(self, model, feeds, threads):
-        import onnxruntime as ort
+        from kernelrpc.relay.testing import onnxruntime_session
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = onnxruntime_session(model, threads)
         self.feeds = feeds
         self.output = self.session.run(None, feeds)[0]
 

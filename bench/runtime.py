@@ -105,10 +105,12 @@ def math_kernel(body, target: str, lanes: int):
 def ort_math(op: str, exponent):
     """An onnxruntime session (1 thread) of the one operator, or None without onnxruntime."""
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
         return None
+    from kernelrpc.relay.testing import onnxruntime_session
+
     inputs, inits = ["x"], []
     if exponent is not None:
         inputs.append("p")
@@ -116,11 +118,8 @@ def ort_math(op: str, exponent):
     info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, MATH_SHAPE) for n in "xy"]
     graph = helper.make_graph([helper.make_node(op, inputs, ["y"])], op, info[:1], info[1:],
                               inits)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return onnxruntime_session(helper.make_model(graph,
+                                                 opset_imports=[helper.make_opsetid("", 13)]))
 
 
 def elementwise_math() -> list[tuple[str, str]]:

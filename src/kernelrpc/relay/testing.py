@@ -81,15 +81,20 @@ def set_batch(model, batch: int):
     return model
 
 
-def onnxruntime_outputs(model, feeds: dict, threads: int = 1) -> list:
+def onnxruntime_session(model, threads: int = 1):
+    """onnxruntime's CPU session of ``model`` with ``threads`` intra-op threads (one
+    inter-op thread), as the benches and tests compare against it."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_outputs(model, feeds: dict, threads: int = 1) -> list:
+    return onnxruntime_session(model, threads).run(None, feeds)
 
 
 # ---------------------------------------------------------------------- networks built in code

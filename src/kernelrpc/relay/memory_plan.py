@@ -107,10 +107,7 @@ def plan_memory(groups, inputs, outputs, in_place=None) -> MemoryPlan:
     """Every value's location; ``in_place`` (:func:`concats_in_place`) puts those
     concatenations' inputs in their output, which takes its block when the first of them
     is written."""
-    slices = {}
-    for group in groups:
-        for value, offset in zip(group.output.inputs, (in_place or {}).get(id(group), ())):
-            slices[id(value)] = (group.output, offset)
+    in_place = in_place or {}
     locations = {id(n): Location("input", k) for k, n in enumerate(inputs)}
     for k, n in enumerate(outputs):
         locations[id(n)] = Location("output", k)
@@ -123,9 +120,13 @@ def plan_memory(groups, inputs, outputs, in_place=None) -> MemoryPlan:
                 locations[id(node)] = Location("param", offset)
                 params.append(node)
                 offset += aligned(node.nbytes)
-    for index, group in enumerate(groups):      # a concatenation's block lives until it ran
-        if id(group) in (in_place or {}):
-            last_use[id(group.output)] = max(last_use.get(id(group.output), index), index)
+    slices = {}
+    for index, group in enumerate(groups):
+        if id(group) in in_place:
+            whole = group.output
+            for value, start in zip(whole.inputs, in_place[id(group)]):
+                slices[id(value)] = (whole, start)
+            last_use[id(whole)] = max(last_use.get(id(whole), index), index)  # until it ran
     arena, naive, live = Arena(), 0, []
     for index, group in enumerate(groups):
         for node in [n for n in live if last_use.get(id(n), -1) < index]:

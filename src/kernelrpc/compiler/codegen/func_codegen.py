@@ -266,10 +266,9 @@ def emit_parallel_body(module: ModuleBuilder, name: str, struct: str, captured: 
     me = task.assign("i64", "sext i32 %task to i64")
     module.declare("llvm.smax.i64", "declare i64 @llvm.smax.i64(i64, i64)")
     module.declare("llvm.smin.i64", "declare i64 @llvm.smin.i64(i64, i64)")
-    entry, share, claim, run, next_share, done = (
-        task.label(h) for h in ("entry", "share", "claim", "run", "next", "done"))
-    task.branch(entry)
-    task.start_block(entry)
+    share, claim, run, next_share, done = (
+        task.label(h) for h in ("share", "claim", "run", "next", "done"))
+    entry = task.block
     task.branch(share)
     # share: the `visited`-th share after this task's own (its own first)
     task.start_block(share)

@@ -163,9 +163,9 @@ def _conv2d_pixels(data, weight, node, row_align: int):
 
     def pixel(n, c, p):
         return data[n, c, E.floordiv(p, ow), E.floormod(p, ow)]
-    if row_align and (sh, sw) != (1, 1):
-        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs stride 1")
     if row_align:
+        if (sh, sw) != (1, 1):
+            raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs stride 1")
         row = -(-count // row_align) * row_align
         rows = te.compute((n_, static_shape(data)[1], row), lambda n, c, p: E.if_then_else(
             p < count, pixel(n, c, p), te.const(0, data.dtype)), name="pixel_rows", tag="pad")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...compiler.recipes import register_tile
 from ...compiler.tiles import Tiles
 from ..op.weight_layout import WeightLayout
-from .common import accumulator, schedule_inputs
+from .common import accumulator, extents, schedule_inputs
 from .matmul import define_matmul_knobs
 
 #: fewest pixels for which the ``pixels`` strategy is the default
@@ -104,7 +104,7 @@ def pixel_tiles(s, out, cfg, pixels_per_tile: int, lanes: int):
     stage.unroll(fi)
     stage.unroll(pv)
     stage.vectorize(pl)
-    batch, channels, height, width = (int(d.value) for d in out.shape)
+    batch, channels, height, width = extents(stage)
     outer_tiles = -(-channels // cfg["tile_m"].val) if outer is fo else \
         -(-height * width // pixels_per_tile)
     if batch * outer_tiles < MIN_PARALLEL_TILES:

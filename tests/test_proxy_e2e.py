@@ -118,8 +118,9 @@ def test_connect_tracker_request_reaches_our_device_behind_our_proxy(our_tracker
     device(p.host, p.port, "behind")
     wait_for_matches(p, r"offered behind:\S+ to the tracker", 2)
     session = connect_tracker(tracker.host, tracker.port)
-    queue = session.summary()["queue_info"]["behind"]
-    assert queue["free"] == 2
+    # the proxy logs an offer when it sends it; the tracker's queue shows it once it read it
+    wait_until(lambda: session.summary()["queue_info"].get("behind", {}).get("free") == 2,
+               what="both devices free in the tracker's queue")
     with session.request("behind", session_timeout=60) as a, \
             session.request("behind", session_timeout=60) as b:
         check_session(a)

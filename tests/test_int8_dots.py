@@ -34,7 +34,7 @@ from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import ir  # noqa: E402
 from kernelrpc.relay.op import node_flops, quant  # noqa: E402
 from kernelrpc.relay.strategy import strategy_for, tiles_for  # noqa: E402
-from kernelrpc.relay.strategy.int8_dots import pairs_fit  # noqa: E402
+from kernelrpc.relay.strategy.int8_dots import QUAD_DOTS, pairs_fit  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
 RNG = np.random.default_rng(34)
@@ -79,11 +79,11 @@ def weights(weight_range, *shape):
 
 
 def packed_conv_case(data_dtype, x_zero, channels, out_channels, strides, weight_range,
-                     pixels=False):
-    """A packed convolution node (one input ``x``, its weight packed as the importer packs
-    it), an input and numpy's answer of the unpacked layer; with ``pixels`` a pointwise
-    layer of 48 pixels (3 vectors of 16) in the ``pixels`` form."""
-    size, kernel, padding = ((4, 12), 1, (0, 0, 0, 0)) if pixels else ((7, 10), 3, (1, 2, 1, 0))
+                     pixels=False, size=(7, 10)):
+    """A packed convolution node (one input ``x`` of ``size`` pixels, its weight packed as
+    the importer packs it), an input and numpy's answer of the unpacked layer; with
+    ``pixels`` a pointwise layer of 48 pixels (3 vectors of 16) in the ``pixels`` form."""
+    size, kernel, padding = ((4, 12), 1, (0, 0, 0, 0)) if pixels else (size, 3, (1, 2, 1, 0))
     data = ir.Node("input", (), {}, (1, channels, *size), data_dtype, "x")
     weight = weights(weight_range, out_channels, channels, kernel, kernel)
     bias = RNG.integers(-3000, 3000, out_channels).astype(np.int32)
@@ -138,6 +138,24 @@ def test_packed_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, 
     np.testing.assert_array_equal(got, expected)
     check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
     assert node_flops(node) == 2 * expected.size * channels * 3 * 3
+
+
+@pytest.mark.parametrize("target", on("vnni", "avx512", "avx2"))
+def test_every_packed_tile_of_the_space_computes_the_layer(target, monkeypatch):
+    """Each register tile the packed convolution's space offers (rows x columns x blocks of
+    16 channels, :func:`~kernelrpc.relay.strategy.int8.int8_tiles`) on a 7 x 7 map of 64
+    channels (four blocks: tiles of one, two and four) equals numpy's answer."""
+    from kernelrpc.relay.strategy import int8
+
+    node, data, x, expected = packed_conv_case("uint8", 3, 12, 64, (1, 1), SEVEN_BITS,
+                                               size=(7, 7))
+    tiles = tiles_for(Target(TARGETS[target]))
+    space = int8.int8_tiles(tiles, node, next(d for d in QUAD_DOTS if d.applies(tiles, node)))
+    assert any(t.count("x") == 2 for t in space), space
+    for tile in space:
+        monkeypatch.setattr(int8, "int8_tiles", lambda *args, tile=tile: [tile])
+        got, _ = build_run(node, [data], {"x": x}, TARGETS[target])
+        np.testing.assert_array_equal(got, expected, err_msg=tile)
 
 
 @pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,channels,out_channels,strides",

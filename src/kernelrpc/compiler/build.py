@@ -28,6 +28,7 @@ from .codegen.emitter import CodegenError, ModuleBuilder
 from .expr import Var, dtype_element
 from .libc_floor import glibc_floor
 from .target import Target
+from .vector_isa import masked_load_bits
 from ..deploy.toolchain import ToolchainError
 
 __all__ = ["BuiltModule", "UndefinedSymbolError", "build", "build_library", "module_metadata"]
@@ -67,7 +68,8 @@ def build(s, args=None, target=None, name: str = "main",
 def _emit(s, args, target: Target, name: str) -> tuple[list, str]:
     """The PrimFuncs of ``s`` and their LLVM IR text, before LLVM sees it."""
     funcs = _as_primfuncs(s, args, name)
-    module = ModuleBuilder(size_type=f"i{target.pointer_bits}")
+    module = ModuleBuilder(size_type=f"i{target.pointer_bits}",
+                           masked_loads=masked_load_bits(target))
     for func in funcs:
         emit_primfunc(module, func)
     return funcs, module.text()

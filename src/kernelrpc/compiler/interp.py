@@ -191,6 +191,8 @@ class _PyGen:
             args = [self.expr(a) for a in e.args]
             if e.op == "all_lanes":
                 return f"bool(np.all({args[0]}))"
+            if e.op == "interleave":
+                return f"np.stack([{', '.join(args)}], axis=-1).reshape(-1)"
             if e.op == "fma":
                 return f"({args[0]} * {args[1]} + {args[2]})"
             return f"{_MATH[e.op]}({', '.join(args)})"

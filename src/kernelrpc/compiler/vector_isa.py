@@ -105,6 +105,20 @@ def int8_dot(target) -> str:
     return ""
 
 
+def masked_load_bits(target) -> frozenset:
+    """The element widths (bits) of which the target loads a vector under a mask in one
+    instruction: AVX-512's ``vmovups``/``vmovdqu8`` with a mask register (bytes and words
+    with AVX512BW), AVX's ``vmaskmovps``/``vmaskmovpd``; none elsewhere (LLVM loads such a
+    vector lane by lane, a branch a lane)."""
+    isa = vector_isa(target)
+    if isa.name == "avx512":
+        wide = frozenset({32, 64})
+        return wide | {8, 16} if int8_dot(target) in ("avx512_vnni", "avx512bw") else wide
+    if isa.name in ("avx", "avx2"):
+        return frozenset({32, 64})
+    return frozenset()
+
+
 @functools.lru_cache(maxsize=256)
 def _probe(triple: str, cpu: str, features: str, kind: str) -> str:
     """The assembly of one of the patterns :func:`int8_dot` asks about."""

@@ -97,11 +97,13 @@ class ModuleBuilder:
     """Declarations and functions of one LLVM module.
 
     ``size_type`` is the target's ``size_t`` / pointer-sized integer (``i32`` on 32-bit
-    targets), for C library calls and pointer-slot alignment.
+    targets), for C library calls and pointer-slot alignment; ``masked_loads`` the element
+    widths (bits) the target loads under a mask in one instruction (None: every width).
     """
 
-    def __init__(self, size_type: str = "i64"):
+    def __init__(self, size_type: str = "i64", masked_loads: frozenset | None = None):
         self.size_type = size_type
+        self.masked_loads = masked_loads
         self.pointer_bytes = int(size_type[1:]) // 8
         self.declarations: dict[str, str] = {}
         self.functions: list[str] = []

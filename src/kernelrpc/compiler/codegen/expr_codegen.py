@@ -434,6 +434,8 @@ class ExprCodegen(MemoryCodegen):
             self.module.declare(full, f"declare {ty} @{full}({ty}{extra})")
             flag = ", i1 false" if op == "clz" else ""
             return self.fn.assign(ty, f"call {ty} @{full}({args[0]}{flag})")
+        if op == "interleave":
+            return self.interleave(node.dtype, args)
         if op == "all_lanes":
             lanes = dtype_lanes(node.args[0].dtype)
             full = f"llvm.vector.reduce.and.v{lanes}i1"
@@ -541,6 +543,25 @@ class ExprCodegen(MemoryCodegen):
         one = self.fn.assign(vty, f"insertelement {vty} poison, {value}, i32 0")
         return self.fn.assign(vty, f"shufflevector {one}, {vty} poison, "
                                    f"<{lanes} x i32> zeroinitializer")
+
+    def interleave(self, dtype: str, parts: list) -> Value:
+        """Lane ``k*l + j`` of the result is lane ``l`` of ``parts[j]`` (``k`` parts of ``L``
+        lanes each): the parts concatenated pairwise, then one shuffle."""
+        ways, lanes = len(parts), dtype_lanes(dtype) // len(parts)
+        element = llvm_type(dtype_element(dtype))
+        width = lanes
+        while len(parts) > 1:
+            if len(parts) % 2:
+                parts = [*parts, Value(f"<{width} x {element}>", "poison")]
+            order = ", ".join(f"i32 {k}" for k in range(2 * width))
+            parts = [self.fn.assign(f"<{2 * width} x {element}>",
+                                    f"shufflevector {a}, {b}, <{2 * width} x i32> <{order}>")
+                     for a, b in zip(parts[::2], parts[1::2])]
+            width *= 2
+        order = ", ".join(f"i32 {j * lanes + l}" for l in range(lanes) for j in range(ways))
+        return self.fn.assign(llvm_type(dtype), f"shufflevector {parts[0]}, <{width} x "
+                                                f"{element}> poison, <{ways * lanes} x i32> "
+                                                f"<{order}>")
 
     def visit_Broadcast(self, node):
         return self.splat(self(node.value), node.lanes)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .bounds import check_static_bounds, instrument_bound_checkers
+from .interleave import interleave_func
 from .parallel import normalize_parallel_func
 from .partition import partition_func
 from ..tensor import ComputeOp
@@ -22,6 +23,7 @@ PASSES = [
     Pass("VectorizeLoop", lambda f, ctx: vectorize_func(f, not ctx.get("disable_vectorize"))),
     Pass("UnrollLoop", lambda f, ctx: unroll_func(f, ctx.get("unroll_max_extent"))),
     Pass("RemoveNoOp", lambda f, ctx: simplify_func(f), opt_level=1),
+    Pass("InterleaveStores", lambda f, ctx: interleave_func(f), opt_level=1),
     Pass("VerifyVars", lambda f, ctx: verify_vars(f)),
 ]
 

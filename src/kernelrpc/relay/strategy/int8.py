@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ...compiler.tiles import Tiles
 from ..op import get, quant
-from .common import divisors, output_tiles, schedule_inputs
+from .common import divisors, extents, output_tiles, schedule_inputs
 from .dense import DENSE
 from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input, \
     schedule_depthwise
@@ -66,19 +66,42 @@ def is_plain(node) -> bool:
     return not is_packed(node) and not is_pixels(node)
 
 
+#: accumulator registers that hide the latency of a quad step's chain (``vpdpbusd``: 5
+#: cycles, two a cycle)
+LATENCY_REGISTERS = 12
+
+
 def int8_tiles(tiles: Tiles, node, dot: QuadDot) -> list[str]:
-    """The register tiles of the packed convolution, ``"RxC"``: ``R`` rows x ``C`` columns
-    of outputs dividing the map, each a block of 16 int32 channels (one AVX-512 register,
-    two AVX2 ones, four NEON ones), the accumulators at most the vector registers less those
-    a step of ``dot`` holds. Best first: rows of at least 4 columns (or the whole row), then
-    the most accumulators."""
-    _, _, height, width = node.shape
+    """The register tiles of the packed convolution, ``"RxC"`` or ``"RxCxB"``: ``R`` rows x
+    ``C`` columns of outputs dividing the map, each ``B`` blocks of 16 int32 channels (a
+    block one AVX-512 register, two AVX2 ones, four NEON ones) dividing the layer's, the
+    accumulators at most the vector registers less the blocks' weights and what a step of
+    ``dot`` holds besides. Best first: rows of at least 4 columns (or the whole row), then
+    enough accumulators to hide a step's latency (:data:`LATENCY_REGISTERS`), one block, the
+    most accumulators. A map whose rows' divisors leave too few accumulators takes more
+    blocks: 512 channels on 7 x 7 (ResNet-18's last 3 x 3 layers, one emeraldrapids thread):
+    1 x 7 (7 accumulators) 475 us, 1 x 7 x 2 306; on 56 x 56 and 14 x 14 maps 2 x 14 of one
+    block stays (2 x 14 x 1 306 and 257 us; 1 x 4 x 4 340, 1 x 14 x 2 356)."""
+    _, channels, height, width = node.shape
     per_block, weights, held = dot.registers(tiles)
-    free = tiles.registers - weights - held
-    found = [(c >= min(width, 4), r * c, c, r) for r in divisors(height, 4)
-             for c in divisors(width, 16) if r * c * per_block <= free]
+    layer_blocks = -(-channels // quant.BLOCK_O)
+    found = []
+    for b in (1, 2, 4):
+        if layer_blocks % b:
+            continue
+        free = tiles.registers - b * weights - held
+        found += [(c >= min(width, 4), min(r * c * b * per_block, LATENCY_REGISTERS), b == 1,
+                   r * c * b, c, r, b) for r in divisors(height, 4)
+                  for c in divisors(width, 16) if r * c * b * per_block <= free]
     found.sort(reverse=True)
-    return [f"{r}x{c}" for _, _, c, r in found[:8]] or ["1x1"]
+    return [f"{r}x{c}" if b == 1 else f"{r}x{c}x{b}" for *_, c, r, b in found[:8]] or ["1x1"]
+
+
+def packed_tile(value: str) -> tuple[int, int, int]:
+    """``(rows, columns, blocks)`` of an ``int8_tile`` knob's value, ``"RxC"`` (one block of
+    16 channels) or ``"RxCxB"``."""
+    parts = [int(v) for v in value.split("x")]
+    return parts[0], parts[1], parts[2] if len(parts) > 2 else 1
 
 
 def _define_packed_knobs(cfg, tiles: Tiles, node, dot: QuadDot):
@@ -95,14 +118,34 @@ def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     columns between its copies, more than the registers hold (a vpdpbusd tile's loop of 84
     steps moved them to the stack and back 77 times)."""
     acc = accumulation(anchor)
-    rows, cols = (int(v) for v in cfg["int8_tile"].val.split("x"))
-    s[acc].compute_at(s[out], output_tiles(s[out], quant.BLOCK_O, rows, cols))
+    rows, cols, blocks = packed_tile(cfg["int8_tile"].val)
+    s[acc].compute_at(s[out], output_tiles(s[out], quant.BLOCK_O * blocks, rows, cols))
     _, cb, cy, cx, cv = s[acc].op.axis
     rc, ry, rx, ri = s[acc].op.reduce_axis
     rco, rci = s[acc].split(rc, factor=max(divisors(rc.extent.value, 2)))
     s[acc].unroll(rci)
     _quad_loops(s[acc], (ry, rx, rco, rci), (cb, cy, cx), cv, ri, dot, tiles, node)
-    schedule_inputs(s, tiles)
+    schedule_quads(s, acc)
+
+
+def schedule_quads(s, acc):
+    """The packed forms' input stage (``qquads``: each pixel's quads of 4 channels' bytes):
+    parallel over its outer axes, vectors of 16 pixels along a row, a quad's 4 bytes
+    unrolled, which :mod:`~kernelrpc.compiler.lower.interleave` makes one contiguous store of
+    the 4 channels' vectors interleaved (byte by byte, it was most of a small layer's time:
+    32 -> 16 channels on 112 x 112, one thread, host code, 121 -> 56 us)."""
+    quads = s[s[acc].op.input_tensors[0].op]
+    *outer, row, byte = quads.op.axis
+    sizes = extents(quads)
+    quads.vectorize(quads.split(row, factor=min(quant.BLOCK_O, sizes[-2]))[1])
+    quads.unroll(byte)
+    fused, size = outer[0], sizes[0]
+    for axis, extent in zip(outer[1:], sizes[1:-2]):
+        if size >= 16:
+            break
+        fused, size = quads.fuse(fused, axis), size * extent
+    if size > 1:
+        quads.parallel(fused)
 
 
 def _define_pixels_knobs(cfg, tiles: Tiles, node, dot: QuadDot):
@@ -141,10 +184,7 @@ def schedule_pixels(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     rco, rci = s[acc].split(rc, factor=max(divisors(rc.extent.value, 2)))
     s[acc].unroll(rci)
     _quad_loops(s[acc], (rco, rci), (co, cpv), cpl, ri, dot, tiles, node, pixels=True)
-    quads = s[s[acc].op.input_tensors[0].op]
-    n, c4, p, _ = quads.op.axis
-    quads.split(p, factor=node.shape[3])      # rows and columns: no division per byte
-    quads.parallel(quads.fuse(n, c4))
+    schedule_quads(s, acc)
 
 
 def _quad_conv(dot: QuadDot, form: str, is_form, define_knobs, schedule) -> Strategy:
@@ -163,21 +203,32 @@ QCONV2D_PACKED = tuple(_quad_conv(dot, "channels", is_packed, _define_packed_kno
                                   schedule_packed) for dot in QUAD_DOTS)
 QCONV2D_PIXELS = tuple(_quad_conv(dot, "pixels", is_pixels, _define_pixels_knobs,
                                   schedule_pixels) for dot in QUAD_DOTS)
-def _depthwise_pad(node) -> str | None:
-    """An integer depthwise layer of stride 1 stages each channel's padded plane in the
-    channel's loop: the stage centers and converts each input byte once, where read in place
-    each of the window's taps did (MobileNet-v2's 144 channels at 56x56, one thread: host code
-    241 -> 130 us, AVX2 code 1278 -> 483); a strided one takes the float layers' rule (its
-    taps' loads are strided, which a plane does not make contiguous: the 96 channels
-    112 -> 56 as AVX2 code 783 us read in place, 1007 staged)."""
-    return "channel" if tuple(node.attrs["strides"]) == (1, 1) else None
+def _depthwise_pad(tiles: Tiles, node) -> str:
+    """Where an integer depthwise layer reads its padded input (:data:`.depthwise.PAD_PLACES`):
+    one channel's plane staged in the channel's loop (which centers and converts each input
+    byte once, where read in place each of the window's taps did), but in place where the
+    staged plane's short rows cost more than the conversions: on 16-lane targets (AVX-512,
+    whose masked byte loads are one instruction each) a map of 7 pixels, or a strided layer
+    from fewer than 56; elsewhere a strided layer from fewer than 28.
+
+    One thread, MobileNet-v2's layers, in place -> staged, us; stride 1 on 112, 56, 28, 14, 7
+    pixels, stride 2 from 112, 56, 28, 14. AVX-512 code: 132 -> 105, 240 -> 129, 64 -> 54,
+    33 -> 29, 30 -> 49; 229 -> 206, 84 -> 69, 29 -> 42, 27 -> 52. AVX2 code (masked byte loads
+    lane by lane but where the vector lies in the buffer, :mod:`~kernelrpc.compiler.codegen.
+    memory_codegen`): 438 -> 224, 487 -> 253, 109 -> 97, 163 -> 45, 98 -> 41; 782 -> 425, 274
+    -> 162, 67 -> 62, 47 -> 92."""
+    width = node.inputs[0].shape[3]
+    strided = tuple(node.attrs["strides"]) != (1, 1)
+    if tiles.lanes >= 16:
+        return "channel" if width >= (56 if strided else 14) else "inline"
+    return "channel" if not strided or width >= 28 else "inline"
 
 
 QDEPTHWISE = Strategy(
     "int8_depthwise", "qnn.conv2d",
     applies=lambda tiles, node: is_plain(node) and is_depthwise(node),
     define_knobs=lambda cfg, tiles, node, padded: define_depthwise_knobs(
-        cfg, tiles, node, padded, _depthwise_pad(node)),
+        cfg, tiles, node, padded, _depthwise_pad(tiles, node)),
     schedule=lambda s, anchor, out, tiles, cfg, node: schedule_depthwise(
         s, accumulation(anchor), out, tiles, cfg, node),
     reference=_reference(quant.np_qconv2d), keeps_stage=keeps_padded_input)

@@ -359,28 +359,30 @@ def test_guarded_loads_never_touch_memory_past_the_end(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0, "the kernel read past the end of A"
 
 
+@pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("target, dtype, fast", [
     ("llvm -mcpu=x86-64", "uint8", True), ("llvm -mcpu=x86-64", "float32", True),
     ("llvm -mcpu=haswell", "int16", True), ("llvm -mcpu=haswell", "float32", False),
     ("llvm -mtriple=aarch64-linux-gnu", "uint8", True)])
-def test_in_bounds_loads_match_the_masked_loads(tmp_path, monkeypatch, target, dtype, fast):
-    """A contiguous load under a mask, on a target without a masked load of its elements:
-    one plain load where the vector lies inside the buffer, the masked load at its ends (the
-    first vector starts before the buffer, the last ends past it); either way the lanes the
-    mask keeps, as the masked loads alone read them. AVX2's masked float loads are one
-    instruction: no fast path there."""
+def test_in_bounds_loads_match_the_masked_loads(tmp_path, monkeypatch, target, dtype, fast,
+                                                stride):
+    """A contiguous (or strided: its contiguous parts) load under a mask, on a target without
+    a masked load of its elements: one plain load where the vector lies inside the buffer, the
+    masked load at its ends (the first vector starts before the buffer, the last ends past
+    it); either way the lanes the mask keeps, as the masked loads alone read them. AVX2's
+    masked float loads are one instruction: no fast path there."""
     from kernelrpc.compiler.codegen import memory_codegen
 
     n, lanes, vectors = 100, 16, 9
     A, B = ir.Buffer("A", (n,), dtype), ir.Buffer("B", (vectors * lanes,), dtype)
     x = E.Var("x")
-    index = ir.Ramp(x * 12 - 8, c(1), lanes)
+    index = ir.Ramp(x * 12 - 8, c(stride), lanes)
     inside = E.logical_and(index >= ir.Broadcast(c(0), lanes), index < ir.Broadcast(c(n), lanes))
     body = ir.For(x, c(0), c(vectors), "serial", ir.Store(B, E.Select(
         inside, ir.Load(A, index), ir.Broadcast(c(200, dtype), lanes)), vec(x * lanes, lanes)))
     f = ir.PrimFunc("windows", [A, B], body)
     a = (np.arange(n) % 120 + 1).astype(dtype)
-    at = np.arange(vectors)[:, None] * 12 - 8 + np.arange(lanes)
+    at = np.arange(vectors)[:, None] * 12 - 8 + np.arange(lanes) * stride
     expect = np.where((at >= 0) & (at < n), a[np.clip(at, 0, n - 1)], 200).astype(dtype).ravel()
     for enabled in (True, False):
         monkeypatch.setattr(memory_codegen, "IN_BOUNDS_LOADS", enabled)
@@ -389,7 +391,7 @@ def test_in_bounds_loads_match_the_masked_loads(tmp_path, monkeypatch, target, d
         if target.endswith("aarch64-linux-gnu"):
             continue            # the emulated boards' tests run aarch64 code
         _, got = run(f, a, np.zeros(vectors * lanes, dtype), tmp_path=tmp_path,
-                     name=f"windows_{enabled}")
+                     name=f"windows_{enabled}_{stride}")
         np.testing.assert_array_equal(got, expect)
 
 

@@ -23,7 +23,7 @@ from .llvm_types import element_bytes, llvm_type, memory_type, scalar_type
 #: stride-2 depthwise layers on one znver4 core, lane by lane -> fast path: 96x112x112
 #: 802-1102 -> 152-165 us, 144x56x56 325-473 -> 64-66, 192x28x28 102-148 -> 27-32.
 STRIDED_LOADS = True
-#: the in-bounds loads' fast path on (:meth:`MemoryCodegen._in_bounds_load`; its differential
+#: the in-bounds loads' fast path on (:meth:`MemoryCodegen._inside`; its differential
 #: test turns it off to compare). MobileNet-v2's int8 depthwise layers as AVX2 code (each
 #: channel's padded plane staged from masked byte loads), one thread, emeraldrapids: 32 x 112
 #: x 112 413 -> 224 us, 96 x 112 x 112 stride 2 999 -> 425, 960 x 7 x 7 113 -> 41.
@@ -106,10 +106,8 @@ class MemoryCodegen:
             align = alignment(base.div, nbytes)
             if self.mask is None:
                 raw = self.fn.assign(vty, f"load {vty}, ptr {ptr.ref}, align {align}")
-            elif self._loads_lanes_in_bounds(buffer):
-                raw = self._in_bounds_load(buffer, base, vty, ptr, align)
             else:
-                raw = self._masked("load", vty, ptr, align)
+                raw = self._masked_load(buffer, base, vty, ptr, align)
             return self._from_memory(raw, node.dtype)
         stride = self._load_stride(node.index, lanes)
         if stride:
@@ -136,35 +134,41 @@ class MemoryCodegen:
             result = self.fn.assign(vty, f"insertelement {result}, {lane}, i32 {k}")
         return result
 
-    def _loads_lanes_in_bounds(self, buffer) -> bool:
-        """Whether a contiguous load under a mask takes :meth:`_in_bounds_load`: the target has
-        no masked load of the buffer's elements (``module.masked_loads``), and the buffer's
-        size is known."""
+    def _masked_load(self, buffer, base: Value, vty: str, pointer: Value, align: int) -> Value:
+        """A contiguous load from ``base`` under ``self.mask``: where the target has no masked
+        load of the buffer's elements (``module.masked_loads``), one plain load if the vector
+        lies inside the buffer (:meth:`_inside`; the select around it drops the lanes the
+        mask rules out), else the masked load, lane by lane."""
         native = self.module.masked_loads
-        return IN_BOUNDS_LOADS and native is not None and \
-            element_bytes(buffer.dtype) * 8 not in native and _static_size(buffer) is not None
-
-    def _in_bounds_load(self, buffer, base: Value, vty: str, pointer: Value,
-                        align: int) -> Value:
-        """A contiguous load under a mask on a target without masked loads of its elements:
-        where every lane lies inside the buffer, one plain load (the select around it drops
-        the lanes the mask rules out); at the buffer's ends the masked load, lane by lane."""
+        masked = lambda: self._masked("load", vty, pointer, align)   # noqa: E731
+        if native is None or element_bytes(buffer.dtype) * 8 in native:
+            return masked()
         lanes = int(vty[1:].split(" x ")[0])
+        return self._inside(buffer, base, lanes, vty, lambda: self.fn.assign(
+            vty, f"load {vty}, ptr {pointer.ref}, align {align}"), masked)
+
+    def _inside(self, buffer, base: Value, span: int, vty: str, whole, part) -> Value:
+        """``whole()`` where the ``span`` elements from ``base`` lie inside ``buffer``, else
+        ``part()`` (the in-bounds loads' fast path: :data:`IN_BOUNDS_LOADS`, a buffer of known
+        size); each emits its load and returns its value."""
         size = _static_size(buffer)
+        if not IN_BOUNDS_LOADS or size is None or span > size:
+            return part()
         first = self.fn.assign("i1", f"icmp sge {base}, 0")
-        last = self.fn.assign("i1", f"icmp sle {base}, {size - lanes}")
+        last = self.fn.assign("i1", f"icmp sle {base}, {size - span}")
         inside = self.fn.assign("i1", f"and i1 {first.ref}, {last.ref}")
-        whole, part, join = (self.fn.label(h) for h in ("ld.whole", "ld.part", "ld.end"))
-        self.fn.emit(f"br {inside}, label %{whole}, label %{part}")
-        self.fn.start_block(whole)
-        plain = self.fn.assign(vty, f"load {vty}, ptr {pointer.ref}, align {align}")
+        whole_l, part_l, join = (self.fn.label(h) for h in ("ld.whole", "ld.part", "ld.end"))
+        self.fn.emit(f"br {inside}, label %{whole_l}, label %{part_l}")
+        self.fn.start_block(whole_l)
+        plain = whole()
+        whole_end = self.fn.block
         self.fn.branch(join)
-        self.fn.start_block(part)
-        masked = self._masked("load", vty, pointer, align)
+        self.fn.start_block(part_l)
+        masked = part()
         part_end = self.fn.block
         self.fn.branch(join)
         self.fn.start_block(join)
-        return self.fn.assign(vty, f"phi {vty} [ {plain.ref}, %{whole} ], "
+        return self.fn.assign(vty, f"phi {vty} [ {plain.ref}, %{whole_end} ], "
                                    f"[ {masked.ref}, %{part_end} ]")
 
     def _masked(self, kind: str, vty: str, pointer: Value, align: int) -> Value:
@@ -210,8 +214,26 @@ class MemoryCodegen:
         """Lanes ``base + k * stride``: contiguous ``lanes``-wide loads covering the span from
         the first lane's element to the last one's (the last load ends on the last lane, so no
         element outside the lanes' span is read), concatenated, then one shuffle picks the
-        lanes. Under a mask the loads are masked loads reading only the elements of the lanes
-        the mask keeps."""
+        lanes. Under a mask, masked loads reading only the elements of the lanes the mask
+        keeps; on a target without masked loads of the buffer's elements, the plain loads
+        where the span lies inside the buffer (:meth:`_inside`)."""
+        native = self.module.masked_loads
+        if self.mask is None or native is None or element_bytes(buffer.dtype) * 8 in native:
+            return self._strided_parts(buffer, ramp, lanes)
+        outer = self.mask
+
+        def unmasked():
+            self.mask = None
+            try:
+                return self._strided_parts(buffer, ramp, lanes)
+            finally:
+                self.mask = outer
+        vty = f"<{lanes} x {memory_type(buffer.dtype)}>"
+        span = (lanes - 1) * ramp.stride.value + 1
+        return self._inside(buffer, self.index(ramp.base), span, vty, unmasked,
+                            lambda: self._strided_parts(buffer, ramp, lanes))
+
+    def _strided_parts(self, buffer, ramp, lanes: int) -> Value:
         mty = memory_type(buffer.dtype)
         nbytes = element_bytes(buffer.dtype)
         stride = ramp.stride.value

@@ -148,7 +148,12 @@ def main() -> int:
     from kernelrpc.compiler.target import Target
 
     if opts.int8:
-        return int8_main([Target(t) for t in (opts.targets or INT8_TARGETS).split(";")])
+        targets = [Target(t) for t in (opts.targets or INT8_TARGETS).split(";")]
+        others = [str(t) for t in targets if not t.arch.startswith(("arm", "thumb"))]
+        if others:
+            parser.error(f"--int8 counts 32-bit Arm's int8 products; not a 32-bit Arm target: "
+                         f"{', '.join(others)} (aarch64's loops: tests/test_int8_dots.py)")
+        return int8_main(targets)
     opts.targets = opts.targets or TARGETS
     from kernelrpc import relay
     from kernelrpc.compiler.inner_loop import hottest_loop

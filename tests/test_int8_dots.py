@@ -79,25 +79,30 @@ def weights(weight_range, *shape):
 
 
 def packed_conv_case(data_dtype, x_zero, channels, out_channels, strides, weight_range,
-                     pixels=False, size=(7, 10)):
+                     pixels=False, size=(7, 10), window=False):
     """A packed convolution node (one input ``x`` of ``size`` pixels, its weight packed as
     the importer packs it), an input and numpy's answer of the unpacked layer; with
-    ``pixels`` a pointwise layer of 48 pixels (3 vectors of 16) in the ``pixels`` form."""
+    ``pixels`` a pointwise layer of 48 pixels (3 vectors of 16) in the ``pixels`` form, with
+    ``window`` the 3x3 layer in the ``pixels`` form over its taps."""
     size, kernel, padding = ((4, 12), 1, (0, 0, 0, 0)) if pixels else (size, 3, (1, 2, 1, 0))
     data = ir.Node("input", (), {}, (1, channels, *size), data_dtype, "x")
     weight = weights(weight_range, out_channels, channels, kernel, kernel)
     bias = RNG.integers(-3000, 3000, out_channels).astype(np.int32)
     lo, hi = quant.qrange("uint8")
+    layout = quant.PACKED_PIXELS if pixels else quant.PACKED_WINDOW if window else quant.PACKED
     attrs = dict(strides=strides, dilation=(1, 1), padding=padding, groups=1, out_zero=7,
-                 out_min=lo, out_max=hi, out_dtype="uint8",
-                 kernel_layout=quant.PACKED_PIXELS if pixels else quant.PACKED)
+                 out_min=lo, out_max=hi, out_dtype="uint8", kernel_layout=layout)
+    packed = quant.pack_weight(weight)
+    if window:
+        attrs["window"] = (kernel, kernel)
+        packed = quant.pack_weight(quant.window_weight(weight))
     multiplier = np.asarray(RNG.random(out_channels) * 2e-3 + 1e-4, np.float32)
-    inputs = [data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(x_zero, np.int32)),
+    inputs = [data, ir.const(packed), ir.const(np.asarray(x_zero, np.int32)),
               ir.const(quant.packed_bias(bias, weight, data_dtype, x_zero)),
               ir.const(multiplier)]
     x = integers(data_dtype, 1, channels, *size)
     expected = quant.np_qconv2d([x, weight, np.asarray(x_zero), bias, multiplier],
-                                dict(attrs, kernel_layout="OIHW"))
+                                dict(attrs, kernel_layout="OIHW", window=None))
     return make("qnn.conv2d", inputs, **attrs), data, x, expected
 
 
@@ -136,8 +141,50 @@ def test_packed_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, 
                                                strides, weight_range)
     got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
     np.testing.assert_array_equal(got, expected)
+    # the packed node's numpy form (the tuner's reference): int8 data pads with its shifted zero
+    inputs = [x, *(i.value for i in node.inputs[1:])]
+    np.testing.assert_array_equal(quant.np_qconv2d(inputs, node.attrs), expected)
     check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
     assert node_flops(node) == 2 * expected.size * channels * 3 * 3
+
+
+@pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,channels,out_channels,strides",
+                         combinations([
+                             ("uint8", 255, 3, 21, (2, 2)),  # a first layer: 27 taps, 7 quads
+                             ("int8", -128, 2, 32, (1, 1)),
+                             ("uint8", 0, 4, 16, (2, 2))]))
+def test_window_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, channels,
+                                      out_channels, strides):
+    """A 3x3 layer of few input channels in the ``pixels`` form over its taps (the quads run
+    over (channel, row, column), the zero point outside the map and past the last tap)
+    equals numpy's, with the record of its target; so does the numpy form of the packed
+    weight, and the flops count the window."""
+    node, data, x, expected = packed_conv_case(data_dtype, x_zero, channels, out_channels,
+                                               strides, weight_range, size=(8, 16), window=True)
+    got, lib = build_run(node, [data], {"x": x}, TARGETS[target])
+    np.testing.assert_array_equal(got, expected)
+    inputs = [x, *(i.value for i in node.inputs[1:])]
+    np.testing.assert_array_equal(quant.np_qconv2d(inputs, node.attrs), expected)
+    taken = strategy_for(tiles_for(Target(TARGETS[target])), node)
+    assert taken.name.startswith("int8_pixels_"), taken.name
+    check_record(target, node, lib, RECORD[target][weight_range == EIGHT_BITS])
+    assert node_flops(node) == 2 * expected.size * channels * 3 * 3
+
+
+def test_window_form_is_the_importers_for_few_channels_and_a_small_window():
+    """3 input channels and a 3x3 window (27 taps) take the window form; a 7x7 one (147
+    taps), 5 channels, or output pixels short of whole vectors keep the packed form; a window
+    form whose window or weight disagree is refused by name."""
+    attrs = {"groups": 1}
+    assert quant.is_window_layer(attrs, (3, 3), 3, 112 * 112)
+    assert not quant.is_window_layer(attrs, (7, 7), 3, 112 * 112)
+    assert not quant.is_window_layer(attrs, (3, 3), 5, 112 * 112)
+    assert not quant.is_window_layer(attrs, (3, 3), 3, 7 * 7)
+    assert not quant.is_window_layer(attrs, (1, 1), 3, 112 * 112)
+    node = packed_conv_case("uint8", 3, 3, 16, (1, 1), SEVEN_BITS, size=(8, 16), window=True)[0]
+    for window in (None, (3,), (3, 0), (5, 5), ("3", 3)):
+        with pytest.raises(quant.ModelError, match="window"):
+            make("qnn.conv2d", list(node.inputs), **dict(node.attrs, window=window))
 
 
 @pytest.mark.parametrize("target", on("vnni", "avx512", "avx2"))

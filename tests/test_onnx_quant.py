@@ -63,6 +63,22 @@ def cnn_model():
     return _model(nodes, inits, {"x": [1, 3, 11, 13]}, {"y": [1, 10]})
 
 
+def stem_model():
+    """A network's first layer as the window form takes it: Conv 3 -> 16, 3x3, stride 2 on
+    32x32 (16x16 outputs, whole vectors of 16), ReLU, GlobalAveragePool, Gemm."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("GlobalAveragePool", ["r1"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1),
+    ]
+    inits = [_init(rng, "w1", 16, 3, 3, 3), _init(rng, "b1", 16, scale=0.1),
+             _init(rng, "w2", 10, 16), _init(rng, "b2", 10, scale=0.1)]
+    return _model(nodes, inits, {"x": [1, 3, 32, 32]}, {"y": [1, 10]})
+
+
 def encoder_model():
     """A transformer block's dense layers on 7 tokens: MatMul+bias, ReLU, MatMul+bias, the
     residual Add, and the tokens' products with each other (two activations)."""
@@ -172,6 +188,19 @@ def test_quantized_cnn_against_onnxruntime(tmp_path, case):
     ops = operators(check_against_onnxruntime(model, feeds))
     assert {"qnn.conv2d", "qnn.dense", "qnn.binary", "qnn.global_avg_pool"} <= ops
     assert not ops & {"nn.conv2d", "nn.dense", "nn.global_pool"}, "a float layer is left"
+
+
+@pytest.mark.parametrize("case", ["qdq-u8s8-per-channel", "qdq-s8s8-symmetric",
+                                  "qoperator-u8s8-per-channel"])
+def test_quantized_stem_against_onnxruntime(tmp_path, case):
+    """A first layer of 3 channels and a 3x3 window runs in the window form (the pixels form
+    over its 27 taps) and agrees with onnxruntime."""
+    model = quantized(tmp_path, stem_model(), (1, 3, 32, 32), **CNN_CASES[case])
+    feeds = {"x": np.asarray(np.random.default_rng(12).standard_normal((1, 3, 32, 32)),
+                             np.float32)}
+    mod = check_against_onnxruntime(model, feeds)
+    layouts = [n.attrs.get("kernel_layout") for n in mod["main"].topo() if n.op == "qnn.conv2d"]
+    assert layouts == [quant.PACKED_WINDOW]
 
 
 @pytest.mark.parametrize("case", ["qdq", "qoperator", "dynamic"])

@@ -67,19 +67,26 @@ def check_network(remote, tmp_path, name):
 
 
 def check_kernels(remote, tmp_path, instruction, fallback):
-    """The packed convolution (and a pointwise one in the ``pixels`` form) on the board
-    equals numpy's, the record's ``instruction`` in its code; a weight of -128 (outside the
-    smull and vmlal records' bound) takes the plain vectors, their ``fallback`` instruction
-    (the same for sdot, which takes any weight)."""
+    """The packed convolution (and a pointwise one in the ``pixels`` form, and a 3x3 one of 3
+    input channels in that form over its taps) on the board equals numpy's, the record's
+    ``instruction`` in its code; a weight of -128 (outside the smull and vmlal records'
+    bound) takes the plain vectors, their ``fallback`` instruction (the same for sdot, which
+    takes any weight)."""
     from test_int8_dots import packed_conv_case
 
-    cases = [("int8", 127, (-127, 127), instruction, False),
-             ("uint8", 255, (-127, 127), instruction, False),
-             ("int8", -128, (-128, 127), fallback, False),
-             ("uint8", 0, (-127, 127), instruction, True)]    # the pixels form
-    for k, (data_dtype, x_zero, weight_range, expected, pixels) in enumerate(cases):
-        node, data, x, numpy_answer = packed_conv_case(
-            data_dtype, x_zero, 6, 21, (1, 1) if pixels else (2, 1), weight_range, pixels)
+    cases = [("int8", 127, (-127, 127), instruction, None),
+             ("uint8", 255, (-127, 127), instruction, None),
+             ("int8", -128, (-128, 127), fallback, None),
+             ("uint8", 0, (-127, 127), instruction, "pixels"),
+             ("int8", 3, (-127, 127), instruction, "window")]
+    for k, (data_dtype, x_zero, weight_range, expected, form) in enumerate(cases):
+        if form == "window":
+            case = packed_conv_case(data_dtype, x_zero, 3, 21, (2, 2), weight_range,
+                                    size=(8, 16), window=True)
+        else:
+            case = packed_conv_case(data_dtype, x_zero, 6, 21, (1, 1) if form else (2, 1),
+                                    weight_range, form == "pixels")
+        node, data, x, numpy_answer = case
         lib = relay.build(ir.IRModule(ir.Function([data], [node])), target=remote.target())
         asm = lib.get_source("asm")
         assert re.search(rf"\b{re.escape(expected)}\b", asm)

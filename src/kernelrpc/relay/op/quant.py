@@ -224,21 +224,33 @@ def _output(acc, ts, attrs, node, channel_axis: int, tag: str):
 def _qconv2d_infer(inputs, attrs):
     data, weight, zero = inputs[:3]
     _check_integer_inputs(data, weight, zero)
-    if attrs.get("kernel_layout", "OIHW") not in ("OIHW", PACKED, PACKED_PIXELS):
+    layout = attrs.get("kernel_layout", "OIHW")
+    if layout not in ("OIHW", PACKED, PACKED_PIXELS, PACKED_WINDOW):
         raise ModelError(f"qnn.conv2d: unknown kernel_layout {attrs['kernel_layout']!r}")
-    if attrs.get("kernel_layout") == PACKED_PIXELS and not is_pixels_layer(
-            attrs, inputs[1].shape[2:4]):
+    if layout == PACKED_PIXELS and not is_pixels_layer(attrs, inputs[1].shape[2:4]):
         raise ModelError("qnn.conv2d: the pixels form needs a 1x1 kernel, stride 1 and no "
                          "padding")
-    if attrs.get("kernel_layout") in (PACKED, PACKED_PIXELS):
+    if layout in (PACKED, PACKED_PIXELS, PACKED_WINDOW):
         if len(inputs) != 5 or len(weight.shape) != 6 or attrs["groups"] != 1:
             raise ModelError("qnn.conv2d: a packed weight needs groups=1, a bias and a "
                              "multiplier")
         channels = inputs[3].shape[0]
         blocks, quads, kh, kw = weight.shape[:4]
-        if blocks != -(-channels // BLOCK_O) or quads != -(-data.shape[1] // BLOCK_I) + 1:
+        reduction = data.shape[1]
+        if layout == PACKED_WINDOW:
+            window = attrs.get("window")
+            if not (isinstance(window, (tuple, list)) and len(window) == 2 and
+                    all(isinstance(v, int) and 1 <= v <= 64 for v in window)) or \
+                    (kh, kw) != (1, 1):
+                raise ModelError(f"qnn.conv2d: the window form needs a window of two sizes "
+                                 f"1..64 and a pointwise packed weight, got window {window!r}, "
+                                 f"weight {list(weight.shape)}")
+            kh, kw = window
+            reduction *= kh * kw
+        if blocks != -(-channels // BLOCK_O) or quads != -(-reduction // BLOCK_I) + 1:
+            window = f" and a {kh}x{kw} window" if layout == PACKED_WINDOW else ""
             raise ModelError(f"qnn.conv2d: packed weight {list(weight.shape)} does not match "
-                             f"{channels} output and {data.shape[1]} input channels")
+                             f"{channels} output and {data.shape[1]} input channels{window}")
         weight = SimpleNamespace(shape=(channels, data.shape[1], kh, kw))     # as OIHW
     shape, _ = get("nn.conv2d").infer([data, weight], attrs)
     _check_requantize(inputs, attrs, shape[1], 3)
@@ -280,6 +292,8 @@ def _qconv2d(ts, attrs, node):
         return _qconv2d_packed(ts, attrs, node)
     if attrs.get("kernel_layout") == PACKED_PIXELS:
         return _qconv2d_pixels(ts, attrs, node)
+    if attrs.get("kernel_layout") == PACKED_WINDOW:
+        return _qconv2d_window(ts, attrs, node)
     data, weight, zero = ts[:3]
     _, channels, height, width = static_shape(data)
     _, cg, kh, kw = static_shape(weight)
@@ -312,10 +326,17 @@ def np_qconv2d(xs, attrs):
     data, weight, zero = xs[:3]
     pt, pl, pb, pr = attrs["padding"]
     zero = int(np.asarray(zero).reshape(()))
-    if attrs.get("kernel_layout") in (PACKED, PACKED_PIXELS):   # raw quads padded with its zero
-        weight = unpack_weight(weight, xs[3].size, data.shape[1])
-        raw = data.astype(np.int64) + (128 if data.dtype == np.int8 else 0)
-        padded = np.pad(raw, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=zero)
+    layout = attrs.get("kernel_layout")
+    if layout in (PACKED, PACKED_PIXELS, PACKED_WINDOW):   # raw quads padded with its zero
+        if layout == PACKED_WINDOW:
+            kh, kw = attrs["window"]
+            weight = unpack_weight(weight, xs[3].size, data.shape[1] * kh * kw).reshape(
+                xs[3].size, data.shape[1], kh, kw)
+        else:
+            weight = unpack_weight(weight, xs[3].size, data.shape[1])
+        shift = 128 if data.dtype == np.int8 else 0
+        raw = data.astype(np.int64) + shift
+        padded = np.pad(raw, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=zero + shift)
     else:
         padded = np.pad(data.astype(np.int64) - zero, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     acc = conv2d_reference(padded.astype(np.float64), weight.astype(np.float64),
@@ -338,6 +359,10 @@ BLOCK_O, BLOCK_I = 16, 4
 PACKED = "OIHW16o4i"
 #: the same weight read by the ``pixels`` form of a pointwise layer (:func:`_qconv2d_pixels`)
 PACKED_PIXELS = "OIHW16o4i_pixels"
+#: the ``pixels`` form of a layer of few input channels with a window
+#: (:func:`_qconv2d_window`): its weight packed as a pointwise one's over the reduction's
+#: (channel, row, column) triples, ``attrs["window"]`` the kernel's height and width
+PACKED_WINDOW = "OIHW16o4i_window"
 
 
 def is_pixels_layer(attrs, kernel, pixels: int | None = None) -> bool:
@@ -346,6 +371,28 @@ def is_pixels_layer(attrs, kernel, pixels: int | None = None) -> bool:
     return tuple(kernel) == (1, 1) and tuple(attrs["strides"]) == (1, 1) and \
         not any(attrs["padding"]) and attrs["groups"] == 1 and \
         (pixels is None or pixels % BLOCK_O == 0)
+
+
+#: the most (channel, row, column) triples of a window form's reduction: its staged quads
+#: take ``triples / 4`` times the output's pixels in bytes
+WINDOW_TRIPLES = 32
+
+
+def is_window_layer(attrs, kernel, channels: int, pixels: int) -> bool:
+    """A layer the ``pixels`` form computes over its window's taps (:data:`PACKED_WINDOW`):
+    one group, a kernel larger than 1x1, input channels that fill at most one quad (a
+    network's first layer: 3 channels, where the packed form's quads are a quarter padding
+    and its tile's reduction a few steps) and at most :data:`WINDOW_TRIPLES` taps in all,
+    output pixels in whole vectors of 16. One emeraldrapids thread, host code: MobileNet-v2's
+    3x3/2 3 -> 32 layer 174 -> 123 us; ResNet-18's 7x7/2 3 -> 64 (147 taps) 579 -> 676, so it
+    stays packed."""
+    return attrs["groups"] == 1 and tuple(kernel) != (1, 1) and channels <= BLOCK_I and \
+        channels * math.prod(kernel) <= WINDOW_TRIPLES and pixels % BLOCK_O == 0
+
+
+def window_weight(weight: np.ndarray) -> np.ndarray:
+    """An OIHW weight as the window form's pointwise one, ``[O][C*KH*KW][1][1]``."""
+    return weight.reshape(weight.shape[0], -1, 1, 1)
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -439,7 +486,7 @@ def _qconv2d_pixels(ts, attrs, node):
     pixels, then the requantizing output stage on those vectors: a channel's pixels are one
     contiguous run of the NCHW output, so the tile is written back as it is (the packed form's
     tile holds 16 channels of a pixel, which the output reads back by columns)."""
-    data, weight, zero, bias, multiplier = ts
+    data, weight, zero = ts[:3]
     n_, channels, height, width = static_shape(data)
     quads = static_shape(weight)[1] - 1           # the last holds the sums
     shift = 128 if data.dtype == "int8" else 0
@@ -451,8 +498,18 @@ def _qconv2d_pixels(ts, attrs, node):
                                E.floormod(p, width)]) + te.const(shift, "int32"), "uint8")
         return E.if_then_else(c < channels, raw, pad_value)
     padded = te.compute((n_, quads, height * width, BLOCK_I), quad, name="qquads", tag="pad")
+    return _pixels_product(padded, ts, attrs, node)
+
+
+def _pixels_product(padded, ts, attrs, node):
+    """``acc[n][O][P/16][16] = sum x' * w`` over the quads of ``padded`` (``[n][Q][P][4]``,
+    ``P`` the output's pixels) and each quad's 4 bytes, then the requantizing output stage on
+    those vectors."""
+    weight, bias, multiplier = ts[1], ts[3], ts[4]
+    n_, quads, pixels, _ = static_shape(padded)
+    width = node.shape[3]
     rc, ri = te.reduce_axis((0, quads), "rc"), te.reduce_axis((0, BLOCK_I), "ri")
-    acc = te.compute((n_, node.shape[1], height * width // BLOCK_O, BLOCK_O),
+    acc = te.compute((n_, node.shape[1], pixels // BLOCK_O, BLOCK_O),
                      lambda n, o, pb, v: te.sum(
         _i32(padded[n, rc, pb * BLOCK_O + v, ri]) *
         _i32(weight[E.floordiv(o, BLOCK_O), rc, 0, 0, E.floormod(o, BLOCK_O), ri]),
@@ -465,9 +522,39 @@ def _qconv2d_pixels(ts, attrs, node):
     return te.compute(node.shape, output, name="qconv2d", tag="qconv2d")
 
 
+def _qconv2d_window(ts, attrs, node):
+    """The ``pixels`` form over a window (:data:`PACKED_WINDOW`): the quads run over the
+    reduction's (channel, row, column) triples, each pixel's quad the 4 taps' input bytes
+    (the zero point outside the map and past the last triple), so that a layer of 3 input
+    channels and a 3x3 window is a pointwise layer of 27 (7 quads, where the packed form
+    fills 1 quad of 4 channels per tap); then the pixels form's product and output stage."""
+    data, weight, zero = ts[:3]
+    n_, channels, height, width = static_shape(data)
+    kh, kw = attrs["window"]
+    (sh, sw), (dh, dw), (pt, pl, _, _) = attrs["strides"], attrs["dilation"], attrs["padding"]
+    _, _, _, out_width = node.shape
+    reduction = channels * kh * kw
+    shift = 128 if data.dtype == "int8" else 0
+    pad_value = E.cast(_i32(_scalar(zero)) + te.const(shift, "int32"), "uint8")
+
+    def tap(n, q, p, i):
+        k = q * BLOCK_I + i
+        c, ry, rx = E.floordiv(k, kh * kw), E.floormod(E.floordiv(k, kw), kh), E.floormod(k, kw)
+        y = E.floordiv(p, out_width) * sh + ry * dh - pt
+        x = E.floormod(p, out_width) * sw + rx * dw - pl
+        inside = te.all(k < reduction, y >= 0, y < height, x >= 0, x < width)
+        raw = E.cast(_i32(data[n, E.minimum(c, channels - 1), y, x]) +
+                     te.const(shift, "int32"), "uint8")
+        return E.if_then_else(inside, raw, pad_value)
+    quads = static_shape(weight)[1] - 1
+    padded = te.compute((n_, quads, node.shape[2] * out_width, BLOCK_I), tap, name="qquads",
+                        tag="pad")
+    return _pixels_product(padded, ts, attrs, node)
+
+
 register("qnn.conv2d", "anchor", _qconv2d_infer, _qconv2d, np_qconv2d,
          flops=lambda node: 2 * node.size * node.inputs[0].shape[1] // node.attrs["groups"] *
-         math.prod(node.inputs[1].shape[2:4]))      # KH x KW in OIHW and packed weights
+         math.prod(node.attrs.get("window") or node.inputs[1].shape[2:4]))
 
 
 def _qdense_infer(inputs, attrs):

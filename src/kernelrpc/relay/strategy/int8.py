@@ -21,6 +21,8 @@ else int32. The requantizing output stage works on the tile in registers. ``qnn.
 range) has its columns in vectors."""
 from __future__ import annotations
 
+import math
+
 from ...compiler.tiles import Tiles
 from ..op import get, quant
 from .common import divisors, extents, output_tiles, schedule_inputs
@@ -58,7 +60,8 @@ def is_packed(node) -> bool:
 
 
 def is_pixels(node) -> bool:
-    return node.attrs.get("kernel_layout") == quant.PACKED_PIXELS
+    """A weight the ``pixels`` form reads: a pointwise layer's, or a window's over its taps."""
+    return node.attrs.get("kernel_layout") in (quant.PACKED_PIXELS, quant.PACKED_WINDOW)
 
 
 def is_plain(node) -> bool:
@@ -164,7 +167,7 @@ def _define_pixels_knobs(cfg, tiles: Tiles, node, dot: QuadDot):
     _, n, m = fits[0] if fits else (1, 1, 1)
     cfg.define_knob("tile_m", [m] + [v for v in divisors(channels, 16) if v != m])
     cfg.define_knob("tile_n", [n] + [v for v in divisors(vectors, 8) if v != n])
-    in_channels = node.inputs[0].shape[1]
+    in_channels = node.inputs[0].shape[1] * math.prod(node.attrs.get("window", (1, 1)))
     cfg.define_knob("pixel_order", pixel_orders(channels, in_channels, height * width,
                                                 channels * in_channels))
     cfg.define_knob("pad", ["stage"])

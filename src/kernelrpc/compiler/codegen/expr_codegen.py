@@ -558,7 +558,8 @@ class ExprCodegen(MemoryCodegen):
                                     f"shufflevector {a}, {b}, <{2 * width} x i32> <{order}>")
                      for a, b in zip(parts[::2], parts[1::2])]
             width *= 2
-        order = ", ".join(f"i32 {j * lanes + l}" for l in range(lanes) for j in range(ways))
+        order = ", ".join(f"i32 {j * lanes + lane}" for lane in range(lanes)
+                          for j in range(ways))
         return self.fn.assign(llvm_type(dtype), f"shufflevector {parts[0]}, <{width} x "
                                                 f"{element}> poison, <{ways * lanes} x i32> "
                                                 f"<{order}>")

@@ -26,7 +26,8 @@ STRIDED_LOADS = True
 #: the in-bounds loads' fast path on (:meth:`MemoryCodegen._inside`; its differential
 #: test turns it off to compare). MobileNet-v2's int8 depthwise layers as AVX2 code (each
 #: channel's padded plane staged from masked byte loads), one thread, emeraldrapids: 32 x 112
-#: x 112 413 -> 224 us, 96 x 112 x 112 stride 2 999 -> 425, 960 x 7 x 7 113 -> 41.
+#: x 112 413 -> 224 us, 960 x 7 x 7 113 -> 41, 96 x 112 x 112 stride 2 read in place 782 -> 336;
+#: ResNet-18's int8 max pool 581 -> 103.
 IN_BOUNDS_LOADS = True
 _MAX_LOAD_STRIDE = 4
 
@@ -149,12 +150,14 @@ class MemoryCodegen:
         """A contiguous load from ``base`` under ``self.mask``: where :meth:`_loads_whole`,
         one plain load if the vector lies inside the buffer (:meth:`_inside`; the select
         around it drops the lanes the mask rules out), else the masked load."""
-        masked = lambda: self._masked("load", vty, pointer, align)   # noqa: E731
+        def masked():
+            return self._masked("load", vty, pointer, align)
+
+        def whole():
+            return self.fn.assign(vty, f"load {vty}, ptr {pointer.ref}, align {align}")
         if not self._loads_whole(buffer):
             return masked()
-        lanes = int(vty[1:].split(" x ")[0])
-        return self._inside(buffer, base, lanes, vty, lambda: self.fn.assign(
-            vty, f"load {vty}, ptr {pointer.ref}, align {align}"), masked)
+        return self._inside(buffer, base, int(vty[1:].split(" x ")[0]), vty, whole, masked)
 
     def _inside(self, buffer, base: Value, span: int, vty: str, whole, part) -> Value:
         """``whole()`` where the ``span`` elements from ``base`` lie inside ``buffer``, else

@@ -11,7 +11,7 @@ are one store of ``interleave(v_0, ..., v_{k-1})`` (lane ``k*l + j`` is ``v_j``'
 from __future__ import annotations
 
 from ..expr import Call, IntImm, with_lanes
-from ..ir import Load, Mutator, Ramp, SeqStmt, Store, post_order_visit, seq
+from ..ir import Load, Mutator, Ramp, Store, post_order_visit, seq
 from .arith import simplify
 
 #: the most stores merged into one (4: an int8 quad; wider groups are not produced)

@@ -13,12 +13,13 @@ vectors elsewhere), the first that applies taken, each computing the exact int32
 pointwise layer of whole vectors of 16 pixels (``int8_pixels``, the importer's choice:
 :func:`~kernelrpc.relay.op.quant.is_pixels_layer`) takes the same records the other way
 round: 16 pixels of a channel in the vector, the channel's 4 weights broadcast, so that the
-output stage requantizes and stores each vector as it is.
+output stage requantizes and stores each vector as it is; so does a layer of few input
+channels over its window's taps (:func:`~kernelrpc.relay.op.quant.is_window_layer`).
 Depthwise convolutions and the rest (a centered uint8 weight, a run-time zero point) run the
 float layers' schedules (depthwise, direct, the dense layer's orders) on the accumulation,
 float32 where its sums are exact in it (:func:`~kernelrpc.relay.op.quant.sums_exact_in_float`),
-else int32. The requantizing output stage works on the tile in registers. ``qnn.column_reduce`` (DynamicQuantizeLinear's
-range) has its columns in vectors."""
+else int32. The requantizing output stage works on the tile in registers.
+``qnn.column_reduce`` (DynamicQuantizeLinear's range) has its columns in vectors."""
 from __future__ import annotations
 
 import math
@@ -133,10 +134,11 @@ def schedule_packed(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
 
 def schedule_quads(s, acc):
     """The packed forms' input stage (``qquads``: each pixel's quads of 4 channels' bytes):
-    parallel over its outer axes, vectors of 16 pixels along a row, a quad's 4 bytes
-    unrolled, which :mod:`~kernelrpc.compiler.lower.interleave` makes one contiguous store of
-    the 4 channels' vectors interleaved (byte by byte, it was most of a small layer's time:
-    32 -> 16 channels on 112 x 112, one thread, host code, 121 -> 56 us)."""
+    parallel over its outer axes, vectors of 16 pixels along its last pixel axis (a row, or
+    the pixels form's flattened pixels), a quad's 4 bytes unrolled, which
+    :mod:`~kernelrpc.compiler.lower.interleave` makes one contiguous store of the 4 channels'
+    vectors interleaved (byte by byte, it was most of a small layer's time: 32 -> 16 channels
+    on 112 x 112, one thread, host code, 121 -> 56 us)."""
     quads = s[s[acc].op.input_tensors[0].op]
     *outer, row, byte = quads.op.axis
     sizes = extents(quads)
@@ -206,6 +208,8 @@ QCONV2D_PACKED = tuple(_quad_conv(dot, "channels", is_packed, _define_packed_kno
                                   schedule_packed) for dot in QUAD_DOTS)
 QCONV2D_PIXELS = tuple(_quad_conv(dot, "pixels", is_pixels, _define_pixels_knobs,
                                   schedule_pixels) for dot in QUAD_DOTS)
+
+
 def _depthwise_pad(tiles: Tiles, node) -> str:
     """Where an integer depthwise layer reads its padded input (:data:`.depthwise.PAD_PLACES`):
     one channel's plane staged in the channel's loop (which centers and converts each input

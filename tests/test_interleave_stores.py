@@ -70,7 +70,8 @@ def test_interpreter_runs_the_interleave():
 
 def test_stores_that_read_their_buffer_or_leave_gaps_stay_apart():
     """A store whose value reads the buffer it stores to (a later store would see the earlier
-    one's result), and stores whose offsets do not fill the run, are not merged."""
+    one's result) or calls a C function, and stores whose offsets do not fill the run, are
+    not merged."""
     buf, src = ir.Buffer("buf", (64,)), ir.Buffer("src", (64,))
 
     def store(buffer, base, value):
@@ -82,6 +83,8 @@ def test_stores_that_read_their_buffer_or_leave_gaps_stay_apart():
     cases = {
         "reads itself": [store(buf, 0, load(src, 0)), store(buf, 1, load(buf, 0))],
         "gap": [store(buf, 0, load(src, 0)), store(buf, 3, load(src, 8))],
+        "calls C": [store(buf, 0, load(src, 0)),
+                    store(buf, 1, ir.Broadcast(ir.call_extern("float32", "next_value"), 8))],
         "merged": [store(buf, 0, load(src, 0)), store(buf, 1, load(src, 8))],
     }
     for name, stmts in cases.items():

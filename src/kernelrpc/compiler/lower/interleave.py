@@ -11,7 +11,7 @@ are one store of ``interleave(v_0, ..., v_{k-1})`` (lane ``k*l + j`` is ``v_j``'
 from __future__ import annotations
 
 from ..expr import Call, IntImm, with_lanes
-from ..ir import Load, Mutator, Ramp, Store, post_order_visit, seq
+from ..ir import ExternCall, Load, Mutator, Ramp, Store, post_order_visit, seq
 from .arith import simplify
 
 #: the most stores merged into one (4: an int8 quad; wider groups are not produced)
@@ -19,9 +19,11 @@ MAX_WAYS = 4
 
 
 def _reads(value, buffer) -> bool:
+    """Whether evaluating ``value`` could see a store to ``buffer``: it loads from it, or
+    calls a C function (which may read or write anything)."""
     found = []
-    post_order_visit(value, lambda n: found.append(n) if isinstance(n, Load)
-                     and n.buffer is buffer else None)
+    post_order_visit(value, lambda n: found.append(n) if isinstance(n, ExternCall) or (
+        isinstance(n, Load) and n.buffer is buffer) else None)
     return bool(found)
 
 

@@ -187,6 +187,23 @@ def test_casts_selects_bools_and_math(tmp_path):
     np.testing.assert_allclose(y, expect, rtol=1e-6)
 
 
+@pytest.mark.parametrize("lanes", [1, 16])
+def test_rounding_to_int32_is_one_step_and_rounds_ties_to_even(tmp_path, lanes):
+    """``int32(nearbyint(x))`` is ``llvm.lrint`` (x86: ``cvtps2dq``, not a rounding then a
+    truncation): ties go to the even integer, as numpy's ``rint``; vectors and scalars."""
+    n = 32
+    X, I = ir.Buffer("X", (n,), "float32"), ir.Buffer("I", (n,), "int32")
+    x = E.Var("x")
+    index = vec(x * lanes, lanes) if lanes > 1 else x
+    body = ir.Store(I, E.cast(E.call_math("nearbyint", ir.Load(X, index)), "int32"), index)
+    f = ir.PrimFunc("rint", [X, I], ir.For(x, c(0), c(n // lanes), "serial", body))
+    assert "llvm.lrint" in build(f).get_source("ll")
+    xs = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, -0.50000006, 254.5, -255.5,
+                   1e6 + 0.5, -3.7, 3.7, 0.0, -0.0, 7.5] * 2, "float32")
+    _, got = run(f, xs, np.zeros(n), tmp_path=tmp_path, name=f"rint{lanes}")
+    np.testing.assert_array_equal(got, np.rint(xs).astype("int32"))
+
+
 def test_vector_math_and_min_max(tmp_path):
     X, Y = ir.Buffer("X", (32,)), ir.Buffer("Y", (32,))
     x = E.Var("x")

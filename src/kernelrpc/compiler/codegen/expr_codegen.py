@@ -362,6 +362,11 @@ class ExprCodegen(MemoryCodegen):
     # ------------------------------------------------------------------ casts and calls
 
     def visit_Cast(self, node):
+        rounded = node.value
+        if isinstance(rounded, E.Call) and rounded.op in ("nearbyint", "round") and \
+                dtype_element(node.dtype) == "int32" and \
+                dtype_element(rounded.dtype) in ("float32", "float64"):
+            return self._rounded_to_int(node.dtype, self(rounded.args[0]))
         value = self(node.value)
         src, dst = node.value.dtype, node.dtype
         if value.const is not None:
@@ -372,6 +377,20 @@ class ExprCodegen(MemoryCodegen):
             if not is_float(src):
                 return self.const(int(value.const), dst)
         return self.cast(value, src, dst)
+
+    def _rounded_to_int(self, dtype: str, value: Value) -> Value:
+        """``int32(nearbyint(x))`` in one step, ``llvm.lrint`` (both round to nearest in the
+        current mode, ties to even): x86's ``cvtps2dq`` where ``nearbyint`` then the cast took
+        ``vrndscaleps`` and ``cvttps2dq``, RISC-V's ``fcvt.l.s`` where it called ``nearbyintf``
+        lane by lane (every int8 layer's output stage rounds so)."""
+        ty = llvm_type(dtype)
+        lanes = dtype_lanes(dtype)
+        source = value.type
+        suffix = (f"v{lanes}i32.v{lanes}{'f32' if 'float' in source else 'f64'}" if lanes > 1
+                  else f"i32.{'f32' if source == 'float' else 'f64'}")
+        name = f"llvm.lrint.{suffix}"
+        self.module.declare(name, f"declare {ty} @{name}({source})")
+        return self.fn.assign(ty, f"call {ty} @{name}({value})")
 
     def cast(self, value: Value, src: str, dst: str) -> Value:
         if src == dst:

@@ -175,9 +175,11 @@ def requantized(acc, bias, multiplier, attrs, dtype):
     """The output stage's value: ``acc + bias`` (int32) scaled to the output's zero point and
     clamped to ``[out_min, out_max]`` (the output type's range, or a fused ReLU/Clip's)."""
     zero = attrs["out_zero"]
-    v = te.nearbyint(E.cast(acc + bias, "float32") * multiplier)
+    v = E.cast(acc + bias, "float32") * multiplier
     v = E.minimum(E.maximum(v, _f32(attrs["out_min"] - zero)), _f32(attrs["out_max"] - zero))
-    return E.cast(_i32(v) + te.const(zero, "int32"), dtype)
+    # clamped to integers then rounded: the same as rounded then clamped, and one
+    # instruction where the target rounds to an integer in one (the code generator's lrint)
+    return E.cast(_i32(te.nearbyint(v)) + te.const(zero, "int32"), dtype)
 
 
 def np_requantized(acc, bias, multiplier, attrs, dtype):

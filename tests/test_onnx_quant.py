@@ -267,12 +267,16 @@ def test_qconv2d_against_numpy(data_dtype, x_zero, weight_dtype, out_dtype, out_
         assert {quant.qrange(out_dtype)[0], quant.qrange(out_dtype)[1]} <= set(got.ravel())
 
 
-@pytest.mark.parametrize("channels,in_float", [(200, True), (300, False)])
-def test_qconv2d_float_sums_at_their_bound(channels, in_float):
+@pytest.mark.parametrize("channels,in_float,bias_in_float", [(100, True, True),
+                                                              (200, True, False),
+                                                              (300, False, False)])
+def test_qconv2d_float_sums_at_their_bound(channels, in_float, bias_in_float):
     """A plain layer's sums are float32 only where every partial sum is an exact integer
     (255 x 255 x 200 = 13.0 M < 2**24), else int32 (300 channels: 19.5 M, whose odd sums
-    float32 would round); each equals numpy's with the products at their largest and a bias
-    that leaves the sum's last unit in the output."""
+    float32 would round); the output stage adds the bias in float32 only where every sum plus
+    the bias is exact too (100 channels: 6.5 M + 6.5 M), else in int32 (200: 13.0 M + 13.0 M);
+    each equals numpy's with the products at their largest and a bias that leaves the sum's
+    last unit in the output."""
     data = ir.Node("input", (), {}, (1, channels, 2, 3), "uint8", "x")
     weight = np.full((2, channels, 1, 1), 255, np.int16)
     weight[1] = -255
@@ -284,6 +288,7 @@ def test_qconv2d_float_sums_at_their_bound(channels, in_float):
                  out_zero=0, out_min=-128, out_max=127, out_dtype="int8")
     node = make("qnn.conv2d", inputs, **attrs)
     assert quant.sums_exact_in_float(node) == in_float
+    assert quant.bias_exact_in_float(node) == bias_in_float
     x = np.full((1, channels, 2, 3), 255, np.uint8)
     x[0, 0, 0, 0] = 254
     got, _ = build_run(node, [data], {"x": x})

@@ -172,10 +172,14 @@ register("qnn.binary", "broadcast",
 
 
 def requantized(acc, bias, multiplier, attrs, dtype):
-    """The output stage's value: ``acc + bias`` (int32) scaled to the output's zero point and
-    clamped to ``[out_min, out_max]`` (the output type's range, or a fused ReLU/Clip's)."""
+    """The output stage's value: ``acc + bias`` (int32; or in float32, ``acc`` float32,
+    where the caller knows the sum exact) scaled to the output's zero point and clamped to
+    ``[out_min, out_max]`` (the output type's range, or a fused ReLU/Clip's)."""
     zero = attrs["out_zero"]
-    v = E.cast(acc + bias, "float32") * multiplier
+    if acc.dtype == "float32":
+        v = (acc + E.cast(bias, "float32")) * multiplier
+    else:
+        v = E.cast(acc + bias, "float32") * multiplier
     v = E.minimum(E.maximum(v, _f32(attrs["out_min"] - zero)), _f32(attrs["out_max"] - zero))
     # clamped to integers then rounded: the same as rounded then clamped, and one
     # instruction where the target rounds to an integer in one (the code generator's lrint)
@@ -218,9 +222,10 @@ def _output(acc, ts, attrs, node, channel_axis: int, tag: str):
     if attrs["out_dtype"] == "int32":
         return acc
     bias, multiplier = ts[3:5]
+    in_float = acc.dtype == "float32" and bias_exact_in_float(node)
     return te.compute(node.shape, lambda *i: requantized(
-        _i32(acc[i]), bias[i[channel_axis]], multiplier[i[channel_axis]], attrs, node.dtype),
-        name=tag, tag=tag)
+        acc[i] if in_float else _i32(acc[i]), bias[i[channel_axis]],
+        multiplier[i[channel_axis]], attrs, node.dtype), name=tag, tag=tag)
 
 
 def _qconv2d_infer(inputs, attrs):
@@ -280,8 +285,27 @@ def sums_exact_in_float(node) -> bool:
         reach = 255
     else:
         return False
+    return _float_reach(node, reach) < FLOAT_EXACT
+
+
+def _float_reach(node, reach: int) -> int:
+    """The largest magnitude a plain layer's sum of products can take: the sum of an
+    output's weights' magnitudes times the centered input's ``reach``."""
+    weight = node.inputs[1].value
     magnitudes = np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
-    return int(magnitudes.max(initial=0)) * reach < FLOAT_EXACT
+    return int(magnitudes.max(initial=0)) * reach
+
+
+def bias_exact_in_float(node) -> bool:
+    """Whether a layer whose sums are exact in float32 (:func:`sums_exact_in_float`) also
+    adds its constant bias exactly in float32: every ``sum + bias`` below
+    :data:`FLOAT_EXACT` in magnitude (then the output stage adds in float, without a
+    conversion to int32 and back)."""
+    bias = node.inputs[3].value if len(node.inputs) > 3 else None
+    if bias is None or not sums_exact_in_float(node):
+        return False
+    return _float_reach(node, 255) + int(np.abs(bias.astype(np.int64)).max(initial=0)) < \
+        FLOAT_EXACT
 
 
 def _qconv2d(ts, attrs, node):

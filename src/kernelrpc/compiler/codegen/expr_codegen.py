@@ -366,7 +366,7 @@ class ExprCodegen(MemoryCodegen):
         if isinstance(rounded, E.Call) and rounded.op in ("nearbyint", "round") and \
                 dtype_element(node.dtype) == "int32" and \
                 dtype_element(rounded.dtype) in ("float32", "float64"):
-            return self._rounded_to_int(node.dtype, self(rounded.args[0]))
+            return self._rounded_to_int(node.dtype, self(rounded.args[0]), rounded.dtype)
         value = self(node.value)
         src, dst = node.value.dtype, node.dtype
         if value.const is not None:
@@ -378,18 +378,14 @@ class ExprCodegen(MemoryCodegen):
                 return self.const(int(value.const), dst)
         return self.cast(value, src, dst)
 
-    def _rounded_to_int(self, dtype: str, value: Value) -> Value:
+    def _rounded_to_int(self, dtype: str, value: Value, source_dtype: str) -> Value:
         """``int32(nearbyint(x))`` in one step, ``llvm.lrint`` (both round to nearest in the
         current mode, ties to even): x86's ``cvtps2dq`` where ``nearbyint`` then the cast took
         ``vrndscaleps`` and ``cvttps2dq``, RISC-V's ``fcvt.l.s`` where it called ``nearbyintf``
         lane by lane (every int8 layer's output stage rounds so)."""
         ty = llvm_type(dtype)
-        lanes = dtype_lanes(dtype)
-        source = value.type
-        suffix = (f"v{lanes}i32.v{lanes}{'f32' if 'float' in source else 'f64'}" if lanes > 1
-                  else f"i32.{'f32' if source == 'float' else 'f64'}")
-        name = f"llvm.lrint.{suffix}"
-        self.module.declare(name, f"declare {ty} @{name}({source})")
+        name = f"llvm.lrint.{_intrinsic_suffix(dtype)}.{_intrinsic_suffix(source_dtype)}"
+        self.module.declare(name, f"declare {ty} @{name}({value.type})")
         return self.fn.assign(ty, f"call {ty} @{name}({value})")
 
     def cast(self, value: Value, src: str, dst: str) -> Value:
@@ -568,20 +564,11 @@ class ExprCodegen(MemoryCodegen):
         lanes each): the parts concatenated pairwise, then one shuffle."""
         ways, lanes = len(parts), dtype_lanes(dtype) // len(parts)
         element = llvm_type(dtype_element(dtype))
-        width = lanes
-        while len(parts) > 1:
-            if len(parts) % 2:
-                parts = [*parts, Value(f"<{width} x {element}>", "poison")]
-            order = ", ".join(f"i32 {k}" for k in range(2 * width))
-            parts = [self.fn.assign(f"<{2 * width} x {element}>",
-                                    f"shufflevector {a}, {b}, <{2 * width} x i32> <{order}>")
-                     for a, b in zip(parts[::2], parts[1::2])]
-            width *= 2
+        whole, width = self.concatenated(parts, element)
         order = ", ".join(f"i32 {j * lanes + lane}" for lane in range(lanes)
                           for j in range(ways))
-        return self.fn.assign(llvm_type(dtype), f"shufflevector {parts[0]}, <{width} x "
-                                                f"{element}> poison, <{ways * lanes} x i32> "
-                                                f"<{order}>")
+        return self.fn.assign(llvm_type(dtype), f"shufflevector {whole}, <{width} x {element}> "
+                                                f"poison, <{ways * lanes} x i32> <{order}>")
 
     def visit_Broadcast(self, node):
         return self.splat(self(node.value), node.lanes)

@@ -10,8 +10,6 @@ that lanes the condition rules out are never read.
 """
 from __future__ import annotations
 
-import math
-
 from .. import ir
 from .. import expr as E
 from ..expr import dtype_element, dtype_lanes, parse_dtype
@@ -30,12 +28,6 @@ STRIDED_LOADS = True
 #: ResNet-18's int8 max pool 581 -> 103.
 IN_BOUNDS_LOADS = True
 _MAX_LOAD_STRIDE = 4
-
-
-def _static_size(buffer) -> int | None:
-    """A buffer's element count where its shape is constant."""
-    dims = [d.value if isinstance(d, E.IntImm) else d for d in buffer.shape]
-    return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
 
 
 def _mangle(llvm_scalar: str) -> str:
@@ -163,8 +155,8 @@ class MemoryCodegen:
         """``whole()`` where the ``span`` elements from ``base`` lie inside ``buffer``, else
         ``part()`` (the in-bounds loads' fast path: :data:`IN_BOUNDS_LOADS`, a buffer of known
         size); each emits its load and returns its value."""
-        size = _static_size(buffer)
-        if not IN_BOUNDS_LOADS or size is None or span > size:
+        size = buffer.size
+        if not IN_BOUNDS_LOADS or not isinstance(size, int) or span > size:
             return part()
         first = self.fn.assign("i1", f"icmp sge {base}, 0")
         last = self.fn.assign("i1", f"icmp sle {base}, {size - span}")
@@ -271,18 +263,25 @@ class MemoryCodegen:
                 parts.append(self._masked("load", vty, ptr, nbytes))
             finally:
                 self.mask = outer
-        width = lanes
+        whole, width = self.concatenated(parts, mty)
+        order = ", ".join(f"i32 {k}" for k in picks)
+        return self.fn.assign(vty, f"shufflevector {whole}, <{width} x {mty}> poison, "
+                                   f"<{lanes} x i32> <{order}>")
+
+    def concatenated(self, parts: list, element: str) -> tuple[Value, int]:
+        """Vectors of the same width, of ``element``s, one after another in one vector (pairs
+        joined by a shuffle, poison past the last where their count is not a power of two);
+        returns it and its width."""
+        width = int(parts[0].type[1:].split(" x ")[0])
         while len(parts) > 1:
             if len(parts) % 2:
-                parts.append(Value(f"<{width} x {mty}>", "poison"))
-            wide = f"<{2 * width} x {mty}>"
+                parts = [*parts, Value(f"<{width} x {element}>", "poison")]
             order = ", ".join(f"i32 {k}" for k in range(2 * width))
-            parts = [self.fn.assign(wide, f"shufflevector {a}, {b}, <{2 * width} x i32> <{order}>")
+            parts = [self.fn.assign(f"<{2 * width} x {element}>",
+                                    f"shufflevector {a}, {b}, <{2 * width} x i32> <{order}>")
                      for a, b in zip(parts[::2], parts[1::2])]
             width *= 2
-        order = ", ".join(f"i32 {k}" for k in picks)
-        return self.fn.assign(vty, f"shufflevector {parts[0]}, <{width} x {mty}> poison, "
-                                   f"<{lanes} x i32> <{order}>")
+        return parts[0], width
 
     @staticmethod
     def _contiguous_base(index_node):

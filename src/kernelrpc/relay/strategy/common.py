@@ -14,9 +14,10 @@ def extents(stage):
     return [extent(iv) for iv in stage.op.axis]
 
 
-def parallel_outer(s, stage, lanes: int = 1):
-    """Parallel over the leading axes (fused while they are short); with ``lanes`` > 1 the
-    last axis in vectors of that many lanes (a stage without a reduction of its own)."""
+def parallel_outer(s, stage, lanes: int = 1, kept: int = 1):
+    """Parallel over the leading axes (fused while they are short, never the last ``kept``
+    of them); with ``lanes`` > 1 the last axis in vectors of that many lanes (a stage without
+    a reduction of its own)."""
     axes = list(stage.op.axis)
     if not axes:
         return
@@ -26,7 +27,7 @@ def parallel_outer(s, stage, lanes: int = 1):
         stage.vectorize(inner)
         axes[-1], sizes[-1] = last, -(-sizes[-1] // lanes)
     outer, size, k = axes[0], sizes[0], 1
-    while size < 16 and k < len(axes) - 1:
+    while size < 16 and k < len(axes) - kept:
         outer = stage.fuse(outer, axes[k])
         size *= sizes[k]
         k += 1

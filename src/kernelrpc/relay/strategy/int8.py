@@ -26,7 +26,7 @@ import math
 
 from ...compiler.tiles import Tiles
 from ..op import get, quant
-from .common import divisors, extents, output_tiles, schedule_inputs
+from .common import divisors, extents, output_tiles, parallel_outer, schedule_inputs
 from .dense import DENSE
 from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input, \
     schedule_depthwise
@@ -140,17 +140,10 @@ def schedule_quads(s, acc):
     vectors interleaved (byte by byte, it was most of a small layer's time: 32 -> 16 channels
     on 112 x 112, one thread, host code, 121 -> 56 us)."""
     quads = s[s[acc].op.input_tensors[0].op]
-    *outer, row, byte = quads.op.axis
-    sizes = extents(quads)
-    quads.vectorize(quads.split(row, factor=min(quant.BLOCK_O, sizes[-2]))[1])
+    *_, row, byte = quads.op.axis
+    quads.vectorize(quads.split(row, factor=min(quant.BLOCK_O, extents(quads)[-2]))[1])
     quads.unroll(byte)
-    fused, size = outer[0], sizes[0]
-    for axis, extent in zip(outer[1:], sizes[1:-2]):
-        if size >= 16:
-            break
-        fused, size = quads.fuse(fused, axis), size * extent
-    if size > 1:
-        quads.parallel(fused)
+    parallel_outer(s, quads, kept=2)
 
 
 def _define_pixels_knobs(cfg, tiles: Tiles, node, dot: QuadDot):

@@ -129,6 +129,53 @@ def combinations(cases):
     return params
 
 
+#: integer depthwise layers: (input size, stride, padding); odd maps whose rows and columns
+#: the tiles do not divide
+DEPTHWISE_CASES = {"stride 1": ((9, 23), (1, 1), (1, 1, 1, 1)),
+                   "stride 2, asymmetric padding": ((15, 58), (2, 2), (0, 0, 1, 1))}
+
+
+@pytest.mark.parametrize("case", sorted(DEPTHWISE_CASES))
+@pytest.mark.parametrize("target", on("avx512", "avx2", "sse"))
+def test_every_depthwise_tile_and_pad_place_computes_the_layer(target, case, monkeypatch):
+    """Each row and column tile and each place of the padded input (in place, in the
+    channel's loop, at the root, by bands of rows) the integer depthwise schedule's space
+    offers equals numpy's answer, the uint8 input's zero point near the top of its range."""
+    from kernelrpc.autotvm import ConfigSpace
+    from kernelrpc.relay.strategy import depthwise, int8
+
+    size, strides, padding = DEPTHWISE_CASES[case]
+    data = ir.Node("input", (), {}, (1, 5, *size), "uint8", "x")
+    weight = weights(EIGHT_BITS, 5, 1, 3, 3)
+    bias = RNG.integers(-3000, 3000, 5).astype(np.int32)
+    multiplier = np.asarray(RNG.random(5) * 2e-2 + 1e-3, np.float32)
+    attrs = dict(strides=strides, dilation=(1, 1), padding=padding, groups=5, out_zero=3,
+                 out_min=0, out_max=255, out_dtype="uint8")
+    inputs = [data, ir.const(weight), ir.const(np.asarray(251, np.uint8)), ir.const(bias),
+              ir.const(multiplier)]
+    node = make("qnn.conv2d", inputs, **attrs)
+    x = integers("uint8", 1, 5, *size)
+    x[..., ::7] = 0
+    expected = quant.np_qconv2d([x, weight, np.asarray(251), bias, multiplier], attrs)
+    tiles = tiles_for(Target(TARGETS[target]))
+
+    def space():
+        cfg = ConfigSpace()
+        strategy_for(tiles, node).define_knobs(cfg, tiles, node, True)
+        return {name: [e.val for e in knob.entities] for name, knob in cfg.space_map.items()}
+    values = space()
+    assert sorted(values["pad"]) == sorted(depthwise.PAD_PLACES)
+    configs = [(y, x, values["pad"][0]) for y in values["tile_y"] for x in values["tile_x"]]
+    configs += [(values["tile_y"][0], values["tile_x"][0], p) for p in values["pad"][1:]]
+    for tile_y, tile_x, pad in configs:      # each one the default schedule in turn
+        monkeypatch.setattr(depthwise, "depthwise_tile", lambda *_, t=(tile_y, tile_x): t)
+        monkeypatch.setattr(int8, "_depthwise_pad", lambda *_, p=pad: p)
+        chosen = space()
+        assert [chosen[k][0] for k in ("tile_y", "tile_x", "pad")] == [tile_y, tile_x, pad]
+        got, _ = build_run(node, [data], {"x": x}, TARGETS[target])
+        np.testing.assert_array_equal(got, expected, err_msg=f"{case} {tile_y} {tile_x} {pad}")
+
+
 @pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,channels,out_channels,strides",
                          combinations([
                              ("uint8", 255, 6, 21, (1, 1)),  # channels past a quad and a block

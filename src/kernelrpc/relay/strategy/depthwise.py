@@ -6,8 +6,10 @@ from ...compiler.tiles import Tiles
 from .common import accumulator, choices, round_up, schedule_inputs
 
 #: where the padded input is: read in place through its bounds checks, one channel's plane
-#: staged inside the channel's loop, or a stage of its own at the root
-PAD_PLACES = ("inline", "channel", "stage")
+#: staged inside the channel's loop, a stage of its own at the root, or the rows one band of
+#: output rows reads staged inside the band's loop (a channel's plane of 112 x 112 floats
+#: is past a core's L1; the band's stays in it)
+PAD_PLACES = ("inline", "channel", "stage", "band")
 
 
 def is_depthwise(node) -> bool:
@@ -22,8 +24,6 @@ def depthwise_tile(tiles: Tiles, node) -> tuple[int, int]:
     second vector's shifted loads spilled the tile, aarch64's 7 x 8 inner loop 126 FMAs in
     522 instructions with 30 stores, 7 x 4 63 in 125), 7 rows on maps of 7, 14 or 28 rows, else
     4, fewer where the accumulators and the window's weights would not fit the registers.
-
-   
     Measurements: docs/performance.md, "Why the defaults are what they are"."""
     _, _, height, width = node.shape
     kernel_height, kernel_width = node.inputs[1].shape[2:4]
@@ -74,7 +74,8 @@ def schedule_depthwise(s, conv, out, tiles: Tiles, cfg, node):
     unrolled: the rows' and the window's loads of one input row are the same load, so an
     input vector feeds up to ``KH`` rows' FMAs, and the channel's weights stay in registers.
     With ``pad`` ``channel`` the channel's padded plane is computed in the channel's loop
-    (in cache when its rows are read) and the tile's loads have no bounds checks."""
+    (in cache when its rows are read) and the tile's loads have no bounds checks; with
+    ``band`` the rows of one band of ``tile_y`` output rows, in the band's loop."""
     cc = accumulator(s, conv, out)
     stage = s[out]
     n, f, y, x = stage.op.axis
@@ -92,16 +93,16 @@ def schedule_depthwise(s, conv, out, tiles: Tiles, cfg, node):
     for axis in (ry, rx, cy):
         s[cc].unroll(axis)
     s[cc].vectorize(cx)
-    if cfg["pad"].val == "channel":
-        _stage_in_channel(s, stage, channel, tiles)
+    if cfg["pad"].val in ("channel", "band"):
+        _stage_inside(s, stage, channel if cfg["pad"].val == "channel" else yo, tiles)
     schedule_inputs(s, tiles)
 
 
-def _stage_in_channel(s, stage, channel, tiles: Tiles):
-    """The padded input computed one channel's plane at a time inside ``channel``, its rows in
-    vectors."""
+def _stage_inside(s, stage, loop, tiles: Tiles):
+    """The padded input computed inside ``loop`` (the part of a channel's plane it reads), its
+    rows in vectors."""
     for st in s.stages:
         if isinstance(st.op, ComputeOp) and st.op.tag == "pad":
-            st.compute_at(stage, channel)
+            st.compute_at(stage, loop)
             if tiles.lanes > 1:
                 st.vectorize(st.split(st.op.axis[-1], factor=tiles.lanes)[1])

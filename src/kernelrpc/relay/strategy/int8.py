@@ -209,18 +209,24 @@ def _depthwise_pad(tiles: Tiles, node) -> str:
     byte once, where read in place each of the window's taps did), but in place where the
     staged plane's short or strided rows cost more than the conversions: on 16-lane targets
     (AVX-512, whose masked byte loads are one instruction each) a map of 7 pixels and a
-    strided layer from fewer than 56; elsewhere (masked byte loads lane by lane, but where the
-    vector lies in the buffer: :mod:`~kernelrpc.compiler.codegen.memory_codegen`) a strided
-    layer from 56 pixels or more, the others of stride 2 staged whole at the root.
+    strided layer from fewer than 56, and a strided layer from 56 or more staged by bands
+    of output rows (its float plane, 4 x 114 x 114 bytes from 112, is past L1); elsewhere
+    (masked byte loads lane by lane, but where the vector lies in the buffer:
+    :mod:`~kernelrpc.compiler.codegen.memory_codegen`) a strided layer from 56 pixels or more,
+    the others of stride 2 staged whole at the root.
 
     One thread, MobileNet-v2's layers, us, in place / in the channel's loop / at the root;
     stride 1 on 112, 56, 28, 14, 7 pixels, then stride 2 from 112, 56, 28, 14. AVX-512 code:
-    132/105, 240/129, 64/54, 33/29, 30/49; 229/206, 84/69, 29/42, 27/52. AVX2 code: 443/230,
-    509/258, 111/100, 173/47, 105/44; 336/428/504, 141/171/188, 88/68/71, 97/100/71."""
+    132/105, 240/129, 64/54, 33/29, 30/49; 229/206, 84/69, 29/42, 27/52 (by bands of 4 rows,
+    a later, slower hour of the host: from 112 242 -> 189 in the channel's loop, from 56 79 ->
+    71; stride 1 on 56 127 -> 149). AVX2 code: 443/230, 509/258, 111/100, 173/47, 105/44;
+    336/428/504, 141/171/188, 88/68/71, 97/100/71 (by bands: from 112 511, from 56 207)."""
     width = node.inputs[0].shape[3]
     strided = tuple(node.attrs["strides"]) != (1, 1)
     if tiles.lanes >= 16:
-        return "channel" if width >= (56 if strided else 14) else "inline"
+        if strided:
+            return "band" if width >= 56 else "inline"
+        return "channel" if width >= 14 else "inline"
     if not strided:
         return "channel"
     return "inline" if width >= 56 else "stage"

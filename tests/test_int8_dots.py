@@ -139,8 +139,9 @@ DEPTHWISE_CASES = {"stride 1": ((9, 23), (1, 1), (1, 1, 1, 1)),
 @pytest.mark.parametrize("target", on("avx512", "avx2", "sse"))
 def test_every_depthwise_tile_and_pad_place_computes_the_layer(target, case, monkeypatch):
     """Each row and column tile and each place of the padded input (in place, in the
-    channel's loop, at the root, by bands of rows) the integer depthwise schedule's space
-    offers equals numpy's answer, the uint8 input's zero point near the top of its range."""
+    channel's loop, at the root, by bands of rows, the centered input converted at the root)
+    the integer depthwise schedule's space offers equals numpy's answer, the uint8 input's
+    zero point near the top of its range."""
     from kernelrpc.autotvm import ConfigSpace
     from kernelrpc.relay.strategy import depthwise, int8
 
@@ -164,7 +165,7 @@ def test_every_depthwise_tile_and_pad_place_computes_the_layer(target, case, mon
         strategy_for(tiles, node).define_knobs(cfg, tiles, node, True)
         return {name: [e.val for e in knob.entities] for name, knob in cfg.space_map.items()}
     values = space()
-    assert sorted(values["pad"]) == sorted(depthwise.PAD_PLACES)
+    assert sorted(values["pad"]) == sorted(int8.QPAD_PLACES)
     configs = [(y, x, values["pad"][0]) for y in values["tile_y"] for x in values["tile_x"]]
     configs += [(values["tile_y"][0], values["tile_x"][0], p) for p in values["pad"][1:]]
     for tile_y, tile_x, pad in configs:      # each one the default schedule in turn

@@ -309,9 +309,9 @@ def bias_exact_in_float(node) -> bool:
 
 
 def _qconv2d(ts, attrs, node):
-    """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window, the input centered and
-    zero-padded in one stage (its padding is the zero point), then the requantizing output
-    stage. The sums are int32, or float32 where they are exact in it
+    """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window, the input centered
+    (``qcenter``) and zero-padded (``pad``: its padding is the zero point), then the
+    requantizing output stage. The sums are int32, or float32 where they are exact in it
     (:func:`sums_exact_in_float`: a depthwise layer's 9 products always are), which the
     targets multiply and add in one instruction and in vectors of the float layers' width."""
     if attrs.get("kernel_layout") == PACKED:
@@ -328,11 +328,13 @@ def _qconv2d(ts, attrs, node):
     x_zero = _i32(_scalar(zero))
     dtype = "float32" if sums_exact_in_float(node) else "int32"
 
-    def centered(n, c, y, x):
+    centered = te.compute(data.shape, lambda *i: E.cast(_i32(data[i]) - x_zero, dtype),
+                          name="qcenter", tag="qcenter")
+
+    def padding(n, c, y, x):
         inside = te.all(y >= pt, y < height + pt, x >= pl, x < width + pl)
-        return E.if_then_else(inside, E.cast(_i32(data[n, c, y - pt, x - pl]) - x_zero, dtype),
-                              te.const(0, dtype))
-    padded = te.compute((node.shape[0], channels, height + pt + pb, width + pl + pr), centered,
+        return E.if_then_else(inside, centered[n, c, y - pt, x - pl], te.const(0, dtype))
+    padded = te.compute((node.shape[0], channels, height + pt + pb, width + pl + pr), padding,
                         name="qpad", tag="pad")
     rc, ry, rx = (te.reduce_axis((0, e), name) for e, name in ((cg, "rc"), (kh, "ry"),
                                                               (kw, "rx")))

@@ -48,10 +48,12 @@ def depthwise_pad(tiles: Tiles, node) -> str:
         else "inline"
 
 
-def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool, pad: str | None = None):
+def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool, pad: str | None = None,
+                           places: tuple[str, ...] = PAD_PLACES):
     """A depthwise convolution's knobs: the output rows (``tile_y``) and columns (``tile_x``,
     whole vectors) of one channel's register tile (:func:`depthwise_tile`), and where the
-    padded input is (``pad``: ``pad`` first, else :func:`depthwise_pad`'s default)."""
+    padded input is (``pad``, one of ``places``: ``pad`` first, else :func:`depthwise_pad`'s
+    default)."""
     _, _, out_height, out_width = node.shape
     lanes = max(tiles.lanes, 2)
     rows, columns = depthwise_tile(tiles, node)
@@ -59,7 +61,7 @@ def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool, pad: str | Non
     cfg.define_knob("tile_x", choices(columns, (lanes // 2, lanes, 2 * lanes),
                                        round_up(out_width, lanes)))
     default = pad or depthwise_pad(tiles, node)
-    cfg.define_knob("pad", [default, *(p for p in PAD_PLACES if p != default)] if padded
+    cfg.define_knob("pad", [default, *(p for p in places if p != default)] if padded
                     else ["stage"])
 
 

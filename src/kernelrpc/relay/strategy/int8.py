@@ -28,7 +28,7 @@ from ...compiler.tiles import Tiles
 from ..op import get, quant
 from .common import divisors, extents, output_tiles, parallel_outer, schedule_inputs
 from .dense import DENSE
-from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input, \
+from .depthwise import PAD_PLACES, define_depthwise_knobs, is_depthwise, keeps_padded_input, \
     schedule_depthwise
 from .direct import define_direct_knobs, schedule_direct
 from .int8_dots import QUAD_DOTS, QuadDot
@@ -212,34 +212,67 @@ def _depthwise_pad(tiles: Tiles, node) -> str:
     strided layer from fewer than 56, and a strided layer from 56 or more staged by bands
     of output rows (its float plane, 4 x 114 x 114 bytes from 112, is past L1); elsewhere
     (masked byte loads lane by lane, but where the vector lies in the buffer:
-    :mod:`~kernelrpc.compiler.codegen.memory_codegen`) a strided layer from 56 pixels or more,
-    the others of stride 2 staged whole at the root.
+    :mod:`~kernelrpc.compiler.codegen.memory_codegen`) a map of 28 pixels or fewer centered
+    and converted whole at the root (``convert``: then read as a float layer reads its
+    input, its bounds checks a masked float load each), a strided layer from 56 pixels or
+    more in place, the others of stride 2 staged whole at the root.
 
     One thread, MobileNet-v2's layers, us, in place / in the channel's loop / at the root;
     stride 1 on 112, 56, 28, 14, 7 pixels, then stride 2 from 112, 56, 28, 14. AVX-512 code:
     132/105, 240/129, 64/54, 33/29, 30/49; 229/206, 84/69, 29/42, 27/52 (by bands of 4 rows,
     a later, slower hour of the host: from 112 242 -> 189 in the channel's loop, from 56 79 ->
     71; stride 1 on 56 127 -> 149). AVX2 code: 443/230, 509/258, 111/100, 173/47, 105/44;
-    336/428/504, 141/171/188, 88/68/71, 97/100/71 (by bands: from 112 511, from 56 207)."""
+    336/428/504, 141/171/188, 88/68/71, 97/100/71 (by bands: from 112 511, from 56 207).
+    Converted at the root, the same later hour, against the place each took before, AVX2
+    code: stride 1 on 28, 14, 7: 103 -> 87, 44 -> 43, 44 -> 35; stride 2 from 28, 14: 81 ->
+    54, 79 -> 42 (from 56: 159 -> 168, on 56 272 -> 322); AVX-512 code within 10% of before
+    either way (960 x 7 x 7 36 -> 34, 192 x 28 x 28 51 -> 59)."""
     width = node.inputs[0].shape[3]
     strided = tuple(node.attrs["strides"]) != (1, 1)
     if tiles.lanes >= 16:
         if strided:
             return "band" if width >= 56 else "inline"
         return "channel" if width >= 14 else "inline"
+    if width <= 28:
+        return "convert"
     if not strided:
         return "channel"
     return "inline" if width >= 56 else "stage"
+
+
+#: an integer depthwise layer's input places: :data:`.depthwise.PAD_PLACES`, and ``convert``:
+#: the whole input centered and converted to float at the root (in one pass of whole
+#: vectors), then read in place as a float layer's
+QPAD_PLACES = (*PAD_PLACES, "convert")
+
+
+def _keeps_depthwise_stage(op, anchor, cfg) -> bool:
+    """The padded input where the ``pad`` knob stages it; the centered input for ``convert``."""
+    converts = "pad" in cfg and cfg["pad"].val == "convert"
+    if op.tag == "qcenter":
+        return converts
+    return keeps_padded_input(op, anchor, cfg) and not converts
+
+
+def schedule_qdepthwise(s, anchor, out, tiles: Tiles, cfg, node):
+    """The float depthwise schedule on the accumulation; with ``pad`` ``convert`` the centered
+    input a stage at the root: each channel's plane one run of vectors, parallel over the
+    channels."""
+    schedule_depthwise(s, accumulation(anchor), out, tiles, cfg, node)
+    for stage in s.stages:
+        if getattr(stage.op, "tag", None) == "qcenter" and stage.attach_type == "root":
+            n, c, y, x = stage.op.axis
+            stage.parallel(stage.fuse(n, c))
+            stage.vectorize(stage.split(stage.fuse(y, x), factor=max(tiles.lanes, 1))[1])
 
 
 QDEPTHWISE = Strategy(
     "int8_depthwise", "qnn.conv2d",
     applies=lambda tiles, node: is_plain(node) and is_depthwise(node),
     define_knobs=lambda cfg, tiles, node, padded: define_depthwise_knobs(
-        cfg, tiles, node, padded, _depthwise_pad(tiles, node)),
-    schedule=lambda s, anchor, out, tiles, cfg, node: schedule_depthwise(
-        s, accumulation(anchor), out, tiles, cfg, node),
-    reference=_reference(quant.np_qconv2d), keeps_stage=keeps_padded_input)
+        cfg, tiles, node, padded, _depthwise_pad(tiles, node), QPAD_PLACES),
+    schedule=schedule_qdepthwise, reference=_reference(quant.np_qconv2d),
+    keeps_stage=_keeps_depthwise_stage)
 QCONV2D = Strategy(
     "int8_direct", "qnn.conv2d", applies=lambda tiles, node: is_plain(node),
     define_knobs=define_direct_knobs,

@@ -166,7 +166,8 @@ def test_every_depthwise_tile_and_pad_place_computes_the_layer(target, case, mon
         return {name: [e.val for e in knob.entities] for name, knob in cfg.space_map.items()}
     values = space()
     assert sorted(values["pad"]) == sorted(int8.QPAD_PLACES)
-    configs = [(y, x, values["pad"][0]) for y in values["tile_y"] for x in values["tile_x"]]
+    configs = [(rows, columns, values["pad"][0]) for rows in values["tile_y"]
+               for columns in values["tile_x"]]
     configs += [(values["tile_y"][0], values["tile_x"][0], p) for p in values["pad"][1:]]
     for tile_y, tile_x, pad in configs:      # each one the default schedule in turn
         monkeypatch.setattr(depthwise, "depthwise_tile", lambda *_, t=(tile_y, tile_x): t)

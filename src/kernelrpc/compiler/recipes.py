@@ -184,21 +184,23 @@ def _padded(data, pad, name="pad"):
 
 
 def conv2d_register_tile(s, conv, out, accumulator, tile_f, tile_x,
-                         reduce_order="channels_outer", unroll_kw=False):
+                         reduce_order="channels_outer", unroll_kw=False, rows_outer=False):
     """The direct NCHW convolution's schedule: ``tile_f`` output channels x ``tile_x`` output
     columns (whole vectors) of ``accumulator`` (the stage that sums ``conv``'s reduction) stay
     in registers over the whole reduction, computed inside the output stage ``out``'s tile, so
-    the output's tail (bias, activation) runs on the tile in registers; rows and channel
-    blocks in parallel. ``reduce_order``: input channels outside the kernel window
+    the output's tail (bias, activation) runs on the tile in registers; channel blocks and
+    rows in parallel (rows outside with ``rows_outer``: each core's share is a band of rows of
+    every channel). ``reduce_order``: input channels outside the kernel window
     (``"channels_outer"``) or inside it; ``unroll_kw`` unrolls the kernel row's columns.
     Relay's direct convolutions use it (``relay.strategy.direct``)."""
     stage = s[out]
     n, f, y, x = stage.op.axis
     fo, fi = stage.split(f, factor=tile_f)
     xo, xi = stage.split(x, factor=tile_x)
-    stage.reorder(n, fo, y, xo, fi, xi)
+    outer = (y, fo) if rows_outer else (fo, y)
+    stage.reorder(n, *outer, xo, fi, xi)
     stage.vectorize(xi)
-    stage.parallel(stage.fuse(stage.fuse(n, fo), y))
+    stage.parallel(stage.fuse(stage.fuse(n, outer[0]), outer[1]))
     s[accumulator].compute_at(stage, xo)
     _, cf, _, cx = s[accumulator].op.axis
     rc, ry, rx = s[accumulator].op.reduce_axis

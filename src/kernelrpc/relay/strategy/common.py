@@ -94,12 +94,20 @@ def accumulate_tile(s, blocked, cfg, blocks_in_tile: bool):
     s[blocked].vectorize(cv)
 
 
-def schedule_inputs(s, tiles: Tiles):
-    """The padded input at the root: parallel, vectorized."""
+def schedule_inputs(s, tiles: Tiles, by_rows: bool = False):
+    """The padded input at the root: parallel, vectorized; with ``by_rows`` parallel over its
+    rows, each row's channels (and phases) inside, so that each core writes the rows its own
+    share of the output reads, where the output is split by rows (else the padded input is
+    split by channels and each core reads half of its rows from the other core's cache)."""
     for st in s.stages:
         if isinstance(st.op, ComputeOp) and st.op.tag == "pad" and \
                 st.attach_type == "root":
-            parallel_outer(s, st)
-            inner = st.op.axis[-1]
+            axes = list(st.op.axis)
+            if by_rows and len(axes) >= 4:
+                st.reorder(axes[0], axes[-2], *axes[1:-2], axes[-1])
+                st.parallel(st.fuse(axes[0], axes[-2]))
+            else:
+                parallel_outer(s, st)
+            inner = axes[-1]
             if extents(st)[-1] >= tiles.lanes > 1:
                 st.vectorize(st.split(inner, factor=tiles.lanes)[1])

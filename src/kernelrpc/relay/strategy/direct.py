@@ -8,9 +8,15 @@ from .common import accumulator, choices, round_up, schedule_inputs
 
 
 def schedule_direct(s, conv, out, tiles: Tiles, cfg, node):
+    """The register tile (:func:`~kernelrpc.compiler.recipes.conv2d_register_tile`), the
+    cores' shares bands of rows of the output and of the padded input alike: split by channel
+    blocks, each core read half of its input from the other core's cache (MobileNet-v2's
+    3 -> 32 3x3/2 layer, two threads, 157 -> 67 us, one thread 139 -> 141; ResNet-50's 7x7/2
+    873 -> 721, one thread 1460 -> 1398, AVX-512 code)."""
     conv2d_register_tile(s, conv, out, accumulator(s, conv, out), cfg["tile_f"].val,
-                         cfg["tile_x"].val, cfg["reduce_order"].val, cfg["unroll_kw"].val)
-    schedule_inputs(s, tiles)
+                         cfg["tile_x"].val, cfg["reduce_order"].val, cfg["unroll_kw"].val,
+                         rows_outer=True)
+    schedule_inputs(s, tiles, by_rows=True)
 
 
 def define_direct_knobs(cfg, tiles: Tiles, node, padded: bool):

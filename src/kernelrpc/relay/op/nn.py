@@ -395,7 +395,12 @@ def _softmax(ts, attrs, node):
     Along the last axis of rows of at least ``2 * SOFTMAX_PARTS``, the maximum and the sum are
     first taken per lane of ``SOFTMAX_PARTS`` (``softmax_partial`` stages: element ``k`` of
     the row in lane ``k % SOFTMAX_PARTS``), so that a schedule can run them in vectors, and
-    then over the lanes."""
+    then over the lanes; the row's ``exp(x - max)`` is a stage of its own (``softmax_exp``),
+    which the sum and the quotient read, and the quotient multiplies by the sum's reciprocal
+    (one division a row, as onnxruntime's; within an ulp of the division). A row of 197, one
+    thread, AVX-512 code: 156 -> 88 us with the stage (an exp an element, and vector loads
+    where the lanes' clamped index had made gathers), 76 with the reciprocal; AVX2 code 333
+    -> 99."""
     x = ts[0]
     dims = static_shape(x)
     axis = attrs["axis"]
@@ -411,30 +416,32 @@ def _softmax(ts, attrs, node):
     parts = SOFTMAX_PARTS if axis == len(dims) - 1 and length >= 2 * SOFTMAX_PARTS else 0
     if parts:
         part_shape = tuple(parts if k == axis else d for k, d in enumerate(dims))
-        chunk = te.reduce_axis((0, -(-length // parts)), "rk")
 
-        def lane_terms(i, value, empty):
+        def lane_terms(i, chunk, value, empty):
+            """Element ``chunk * parts + lane`` of the row; past its end ``empty`` (the load
+            under the condition is never made: masked, or a branch)."""
             position = chunk * parts + i[axis]
-            inside = position < length
-            return E.if_then_else(inside, value(at(i, E.minimum(position, length - 1))),
+            return E.if_then_else(position < length, value(at(i, position)),
                                   te.const(empty, dt))
+        chunk = te.reduce_axis((0, -(-length // parts)), "rk")
         mxp = te.compute(part_shape, lambda *i: te.max(lane_terms(
-            i, lambda j: x[j], float("-inf")), axis=chunk), name="softmax_max_part",
+            i, chunk, lambda j: x[j], float("-inf")), axis=chunk), name="softmax_max_part",
             tag="softmax_partial")
         r1 = te.reduce_axis((0, parts), "r1")
         mx = te.compute(red_shape, lambda *i: te.max(mxp[at(i, r1)], axis=r1),
                         name="softmax_max", tag="reduce")
+        exps = te.compute(dims, lambda *i: te.exp(x[i] - mx[keep(i)]), name="softmax_exp",
+                          tag="softmax_exp")
         chunk2 = te.reduce_axis((0, -(-length // parts)), "rk2")
-
-        def shifted(i):
-            position = chunk2 * parts + i[axis]
-            return E.if_then_else(position < length, te.exp(
-                x[at(i, E.minimum(position, length - 1))] - mx[keep(i)]), te.const(0.0, dt))
-        sp = te.compute(part_shape, lambda *i: te.sum(shifted(i), axis=chunk2),
-                        name="softmax_sum_part", tag="softmax_partial")
+        sp = te.compute(part_shape, lambda *i: te.sum(lane_terms(
+            i, chunk2, lambda j: exps[j], 0.0), axis=chunk2), name="softmax_sum_part",
+            tag="softmax_partial")
         r2 = te.reduce_axis((0, parts), "r2")
         total = te.compute(red_shape, lambda *i: te.sum(sp[at(i, r2)], axis=r2),
                            name="softmax_sum", tag="reduce")
+        if not attrs.get("log"):
+            return te.compute(node.shape, lambda *i: exps[i] * (
+                te.const(1.0, dt) / total[keep(i)]), name="softmax")
     else:
         r1 = te.reduce_axis((0, length), "r1")
         mx = te.compute(red_shape, lambda *i: te.max(x[at(i, r1)], axis=r1),

@@ -33,9 +33,14 @@ def schedule_softmax(s, softmax, out, tiles: Tiles, cfg, node):
             st.reorder(*st.op.reduce_axis, lane)
             if tiles.lanes > 1:
                 st.vectorize(lane)
+        elif st.op.tag == "softmax_exp":
+            st.compute_at(stage, row)
+            if tiles.lanes > 1:
+                st.vectorize(st.split(st.op.axis[-1], factor=tiles.lanes)[1])
         elif st.op.reduce_axis:
             st.compute_at(stage, row)
 
 
 SOFTMAX = Strategy("rows", "nn.softmax", applies=row_softmax, define_knobs=lambda *args: None,
-                   schedule=schedule_softmax, reference=None)
+                   schedule=schedule_softmax, reference=None,
+                   keeps_stage=lambda op, anchor, cfg: op.tag == "softmax_exp")

@@ -14,6 +14,7 @@ from ...compiler import expr as E
 from ..errors import ModelError
 from . import winograd
 from .registry import register, static_shape
+from .rows import is_long_row, lane_reduce
 from .weight_layout import WeightLayout
 
 
@@ -386,18 +387,13 @@ register("nn.lrn", "anchor", lambda inputs, attrs: (inputs[0].shape, inputs[0].d
          flops=lambda node: node.size * (2 * node.attrs["size"] + 4))
 
 
-#: lanes of a long softmax row's partial maxima and sums (the schedule's vector)
-SOFTMAX_PARTS = 16
-
-
 def _softmax(ts, attrs, node):
     """Softmax along ``axis``: the row's maximum, the sum of ``exp(x - max)``, the quotient.
-    Along the last axis of rows of at least ``2 * SOFTMAX_PARTS``, the maximum and the sum are
-    first taken per lane of ``SOFTMAX_PARTS`` (``softmax_partial`` stages: element ``k`` of
-    the row in lane ``k % SOFTMAX_PARTS``), so that a schedule can run them in vectors, and
-    then over the lanes; the row's ``exp(x - max)`` is a stage of its own (``softmax_exp``),
-    which the sum and the quotient read, and the quotient multiplies by the sum's reciprocal
-    (one division a row, as onnxruntime's; within an ulp of the division). A row of 197, one
+    Along the last axis of a long row (:func:`.rows.is_long_row`), the maximum and the sum
+    are taken in partial lanes (:func:`.rows.lane_reduce`); the row's ``exp(x - max)`` is a
+    stage of its own (``softmax_exp``), which the sum and the quotient read, and the quotient
+    multiplies by the sum's reciprocal (one division a row, as onnxruntime's; within an ulp of
+    the division). A row of 197, one
     thread, AVX-512 code: 156 -> 88 us with the stage (an exp an element, and vector loads
     where the lanes' clamped index had made gathers), 76 with the reciprocal; AVX2 code 333
     -> 99."""
@@ -413,32 +409,11 @@ def _softmax(ts, attrs, node):
 
     def keep(i):
         return tuple(0 if k == axis else i[k] for k in range(len(dims)))
-    parts = SOFTMAX_PARTS if axis == len(dims) - 1 and length >= 2 * SOFTMAX_PARTS else 0
-    if parts:
-        part_shape = tuple(parts if k == axis else d for k, d in enumerate(dims))
-
-        def lane_terms(i, chunk, value, empty):
-            """Element ``chunk * parts + lane`` of the row; past its end ``empty`` (the load
-            under the condition is never made: masked, or a branch)."""
-            position = chunk * parts + i[axis]
-            return E.if_then_else(position < length, value(at(i, position)),
-                                  te.const(empty, dt))
-        chunk = te.reduce_axis((0, -(-length // parts)), "rk")
-        mxp = te.compute(part_shape, lambda *i: te.max(lane_terms(
-            i, chunk, lambda j: x[j], float("-inf")), axis=chunk), name="softmax_max_part",
-            tag="softmax_partial")
-        r1 = te.reduce_axis((0, parts), "r1")
-        mx = te.compute(red_shape, lambda *i: te.max(mxp[at(i, r1)], axis=r1),
-                        name="softmax_max", tag="reduce")
+    if is_long_row(dims, axis):
+        mx = lane_reduce(te.max, x, lambda j: x[j], float("-inf"), "softmax_max")
         exps = te.compute(dims, lambda *i: te.exp(x[i] - mx[keep(i)]), name="softmax_exp",
                           tag="softmax_exp")
-        chunk2 = te.reduce_axis((0, -(-length // parts)), "rk2")
-        sp = te.compute(part_shape, lambda *i: te.sum(lane_terms(
-            i, chunk2, lambda j: exps[j], 0.0), axis=chunk2), name="softmax_sum_part",
-            tag="softmax_partial")
-        r2 = te.reduce_axis((0, parts), "r2")
-        total = te.compute(red_shape, lambda *i: te.sum(sp[at(i, r2)], axis=r2),
-                           name="softmax_sum", tag="reduce")
+        total = lane_reduce(te.sum, x, lambda j: exps[j], 0.0, "softmax_sum")
         if not attrs.get("log"):
             return te.compute(node.shape, lambda *i: exps[i] * (
                 te.const(1.0, dt) / total[keep(i)]), name="softmax")

@@ -1,21 +1,20 @@
-"""Softmax along the last axis of long rows: one row at a time, its partial maxima and sums
-(:data:`kernelrpc.relay.op.nn.SOFTMAX_PARTS` lanes) in vectors, the quotient in vectors, all
-while the row is in cache; rows in parallel."""
+"""Reductions along the last axis of long rows (softmax, LayerNormalization): one row at a
+time, its partial reductions (:data:`kernelrpc.relay.op.rows.ROW_PARTS` lanes) in vectors,
+the row's output in vectors, all while the row is in cache; rows in parallel."""
 from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
 from ...compiler.tiles import Tiles
-from ..op.nn import SOFTMAX_PARTS
+from ..op.rows import is_long_row
 from .record import Strategy
 
 
-def row_softmax(tiles: Tiles, node) -> bool:
+def long_row(tiles: Tiles, node) -> bool:
     """The operator's compute took its partial stages (a long row along the last axis)."""
-    axis, dims = node.attrs["axis"], node.inputs[0].shape
-    return axis == len(dims) - 1 and dims[axis] >= 2 * SOFTMAX_PARTS
+    return is_long_row(node.inputs[0].shape, node.attrs["axis"])
 
 
-def schedule_softmax(s, softmax, out, tiles: Tiles, cfg, node):
+def schedule_rows(s, anchor, out, tiles: Tiles, cfg, node):
     stage = s[out]
     *lead, last = stage.op.axis
     row = lead[0]
@@ -27,7 +26,7 @@ def schedule_softmax(s, softmax, out, tiles: Tiles, cfg, node):
     for st in s.stages:
         if not isinstance(st.op, ComputeOp) or st.op is out.op or st.attach_type != "root":
             continue
-        if st.op.tag == "softmax_partial":
+        if st.op.tag == "row_partial":
             st.compute_at(stage, row)
             *_, lane = st.op.axis
             st.reorder(*st.op.reduce_axis, lane)
@@ -41,6 +40,8 @@ def schedule_softmax(s, softmax, out, tiles: Tiles, cfg, node):
             st.compute_at(stage, row)
 
 
-SOFTMAX = Strategy("rows", "nn.softmax", applies=row_softmax, define_knobs=lambda *args: None,
-                   schedule=schedule_softmax, reference=None,
+SOFTMAX = Strategy("rows", "nn.softmax", applies=long_row, define_knobs=lambda *args: None,
+                   schedule=schedule_rows, reference=None,
                    keeps_stage=lambda op, anchor, cfg: op.tag == "softmax_exp")
+NORMALIZE = Strategy("rows", "nn.normalize", applies=long_row,
+                     define_knobs=lambda *args: None, schedule=schedule_rows, reference=None)

@@ -1,6 +1,8 @@
 """The normalizations of frontend/onnx_norm.py against onnxruntime: LayerNormalization as torch
 exports it (opset 17, last axis) and over several axes, InstanceNormalization,
-GroupNormalization (opset 18's per-group and 21's per-channel scale), LpNormalization."""
+GroupNormalization (opset 18's per-group and 21's per-channel scale), LpNormalization; rows of
+32 elements or more (their sums in partial lanes, relay/op/rows.py) whose last vector is
+short, over one axis and several."""
 import numpy as np
 import pytest
 
@@ -39,7 +41,7 @@ def test_layer_norm_epsilon():
 
 
 @pytest.mark.parametrize("opset", opsets("InstanceNormalization"))
-@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 4, 9), (2, 2, 3, 3, 3)])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 4, 9), (2, 2, 3, 3, 3), (1, 3, 10, 11)])
 def test_instance_norm(shape, opset):
     c = shape[1]
     check("InstanceNormalization", {"x": rand(RNG, *shape) + np.float32(2)},
@@ -49,7 +51,7 @@ def test_instance_norm(shape, opset):
 
 @pytest.mark.parametrize("opset", opsets("GroupNormalization"))
 @pytest.mark.parametrize("shape,groups", [((2, 6, 5, 3), 3), ((1, 8, 7), 2), ((2, 4, 3, 3), 4),
-                                          ((1, 5, 3, 2), 1)])
+                                          ((1, 5, 3, 2), 1), ((1, 8, 6, 7), 2)])
 def test_group_norm(shape, groups, opset):
     size = shape[1] if opset >= 21 else groups
     check("GroupNormalization", {"x": rand(RNG, *shape) * np.float32(3)},

@@ -409,11 +409,11 @@ def _softmax(ts, attrs, node):
 
     def keep(i):
         return tuple(0 if k == axis else i[k] for k in range(len(dims)))
-    if is_long_row(dims, axis):
-        mx = lane_reduce(te.max, x, lambda j: x[j], float("-inf"), "softmax_max")
+    if axis == len(dims) - 1 and is_long_row(dims, axis):
+        mx = lane_reduce(te.max, x, axis, lambda j: x[j], float("-inf"), "softmax_max")
         exps = te.compute(dims, lambda *i: te.exp(x[i] - mx[keep(i)]), name="softmax_exp",
                           tag="softmax_exp")
-        total = lane_reduce(te.sum, x, lambda j: exps[j], 0.0, "softmax_sum")
+        total = lane_reduce(te.sum, x, axis, lambda j: exps[j], 0.0, "softmax_sum")
         if not attrs.get("log"):
             return te.compute(node.shape, lambda *i: exps[i] * (
                 te.const(1.0, dt) / total[keep(i)]), name="softmax")

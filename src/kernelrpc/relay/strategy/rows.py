@@ -1,6 +1,6 @@
-"""Reductions along the last axis of long rows (softmax, LayerNormalization): one row at a
-time, its partial reductions (:data:`kernelrpc.relay.op.rows.ROW_PARTS` lanes) in vectors,
-the row's output in vectors, all while the row is in cache; rows in parallel."""
+"""Reductions over long rows (softmax's last axis, the normalizations' trailing axes): one
+row at a time, its partial reductions (:data:`kernelrpc.relay.op.rows.ROW_PARTS` lanes) in
+vectors, the row's output in vectors, all while the row is in cache; rows in parallel."""
 from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
@@ -10,18 +10,29 @@ from .record import Strategy
 
 
 def long_row(tiles: Tiles, node) -> bool:
-    """The operator's compute took its partial stages (a long row along the last axis)."""
+    """The operator's compute took its partial stages (a long row)."""
     return is_long_row(node.inputs[0].shape, node.attrs["axis"])
 
 
+def last_long_row(tiles: Tiles, node) -> bool:
+    """... along the last axis only (a softmax's)."""
+    return node.attrs["axis"] == len(node.inputs[0].shape) - 1 and long_row(tiles, node)
+
+
 def schedule_rows(s, anchor, out, tiles: Tiles, cfg, node):
+    """One row at a time (the axes before the operator's ``axis`` fused, parallel), its
+    stages inside the row's loop, its elements (the axes from ``axis`` fused) in vectors."""
     stage = s[out]
-    *lead, last = stage.op.axis
-    row = lead[0]
-    for axis in lead[1:]:
-        row = stage.fuse(row, axis)
+    axis = node.attrs["axis"]
+    axes = list(stage.op.axis)
+    row = axes[0]
+    for other in axes[1:axis]:
+        row = stage.fuse(row, other)
+    elements = axes[axis]
+    for other in axes[axis + 1:]:
+        elements = stage.fuse(elements, other)
     if tiles.lanes > 1:
-        stage.vectorize(stage.split(last, factor=tiles.lanes)[1])
+        stage.vectorize(stage.split(elements, factor=tiles.lanes)[1])
     stage.parallel(row)
     for st in s.stages:
         if not isinstance(st.op, ComputeOp) or st.op is out.op or st.attach_type != "root":
@@ -40,7 +51,8 @@ def schedule_rows(s, anchor, out, tiles: Tiles, cfg, node):
             st.compute_at(stage, row)
 
 
-SOFTMAX = Strategy("rows", "nn.softmax", applies=long_row, define_knobs=lambda *args: None,
+SOFTMAX = Strategy("rows", "nn.softmax", applies=last_long_row,
+                   define_knobs=lambda *args: None,
                    schedule=schedule_rows, reference=None,
                    keeps_stage=lambda op, anchor, cfg: op.tag == "softmax_exp")
 NORMALIZE = Strategy("rows", "nn.normalize", applies=long_row,

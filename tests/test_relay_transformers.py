@@ -1,5 +1,5 @@
-"""Transformer layers as exporters write them: a long row's softmax in vectors, batched
-MatMul, GELU by Erf and by Tanh, LayerNormalization; whole encoders (BERT-style, ViT-style,
+"""Transformer layers as exporters write them: a long row's softmax and reductions in vectors,
+batched MatMul, GELU by Erf and by Tanh, LayerNormalization; whole encoders (BERT-style, ViT-style,
 GPT-2-style) against onnxruntime, on every vector width the host runs."""
 import numpy as np
 import pytest
@@ -36,6 +36,30 @@ def test_a_long_row_s_softmax_is_onnxruntime_s(shape, axis, log, target):
     lib = relay.build(mod, target=target, params=params)
     (expect,) = testing.onnxruntime_outputs(model, {"x": x})
     np.testing.assert_allclose(run(lib, {"x": x}), expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", family_params())
+@pytest.mark.parametrize("op, shape, axes, keepdims", [
+    ("ReduceMean", (3, 37), [-1], 1), ("ReduceMax", (2, 3, 37), [2], 0),
+    ("ReduceMin", (2, 3, 5, 7), [2, 3], 1), ("ReduceSum", (4, 2, 3, 8), [1, 2, 3], 0)])
+def test_a_long_row_s_reduction_is_onnxruntime_s(op, shape, axes, keepdims, target):
+    """Reductions over the trailing axes of rows of 32 or more (their partial lanes,
+    relay/op/rows.py), the last vector short, one axis and several, the reduced axes kept
+    and dropped."""
+    if op == "ReduceSum":                    # opset 13's axes are an input
+        node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
+        inits = [onnx.numpy_helper.from_array(np.array(axes, np.int64), "axes")]
+    else:
+        node, inits = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims), []
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                         None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = (np.random.default_rng(1).standard_normal(shape) * 30 + 50).astype("float32")
+    mod, params = relay.frontend.from_onnx(model)
+    lib = relay.build(mod, target=target, params=params)
+    (expect,) = testing.onnxruntime_outputs(model, {"x": x})
+    np.testing.assert_allclose(run(lib, {"x": x}), expect, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("target", family_params())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
 from ...compiler.tiles import Tiles
+from ..op.nn import is_row_reduce
 from ..op.rows import is_long_row
 from .record import Strategy
 
@@ -34,6 +35,11 @@ def schedule_rows(s, anchor, out, tiles: Tiles, cfg, node):
     if tiles.lanes > 1:
         stage.vectorize(stage.split(elements, factor=tiles.lanes)[1])
     stage.parallel(row)
+    _rows_stages(s, stage, row, out, tiles)
+
+
+def _rows_stages(s, stage, row, out, tiles: Tiles):
+    """The row's partial reductions, lane reductions and kept stages inside its loop."""
     for st in s.stages:
         if not isinstance(st.op, ComputeOp) or st.op is out.op or st.attach_type != "root":
             continue
@@ -57,3 +63,19 @@ SOFTMAX = Strategy("rows", "nn.softmax", applies=last_long_row,
                    keeps_stage=lambda op, anchor, cfg: op.tag == "softmax_exp")
 NORMALIZE = Strategy("rows", "nn.normalize", applies=long_row,
                      define_knobs=lambda *args: None, schedule=schedule_rows, reference=None)
+
+
+def schedule_reduce_rows(s, anchor, out, tiles: Tiles, cfg, node):
+    """A reduction's rows (its output's axes fused) in parallel, each row's partial lanes in a
+    vector inside the row's loop."""
+    stage = s[out]
+    row = stage.op.axis[0]
+    for other in stage.op.axis[1:]:
+        row = stage.fuse(row, other)
+    stage.parallel(row)
+    _rows_stages(s, stage, row, out, tiles)
+
+
+REDUCE = Strategy("rows", "reduce", applies=lambda tiles, node: is_row_reduce(node),
+                  define_knobs=lambda *args: None, schedule=schedule_reduce_rows,
+                  reference=None)

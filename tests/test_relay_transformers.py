@@ -41,14 +41,18 @@ def test_a_long_row_s_softmax_is_onnxruntime_s(shape, axis, log, target):
 @pytest.mark.parametrize("target", family_params())
 @pytest.mark.parametrize("op, shape, axes, keepdims", [
     ("ReduceMean", (3, 37), [-1], 1), ("ReduceMax", (2, 3, 37), [2], 0),
-    ("ReduceMin", (2, 3, 5, 7), [2, 3], 1), ("ReduceSum", (4, 2, 3, 8), [1, 2, 3], 0)])
+    ("ReduceMin", (2, 3, 5, 7), [2, 3], 1), ("ReduceSum", (4, 2, 3, 8), [1, 2, 3], 0),
+    ("GlobalAveragePool", (2, 3, 7, 9), None, None), ("GlobalMaxPool", (1, 5, 13, 13), None,
+                                                      None)])
 def test_a_long_row_s_reduction_is_onnxruntime_s(op, shape, axes, keepdims, target):
     """Reductions over the trailing axes of rows of 32 or more (their partial lanes,
     relay/op/rows.py), the last vector short, one axis and several, the reduced axes kept
-    and dropped."""
+    and dropped; global pooling of maps of 32 pixels or more."""
     if op == "ReduceSum":                    # opset 13's axes are an input
         node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
         inits = [onnx.numpy_helper.from_array(np.array(axes, np.int64), "axes")]
+    elif op.startswith("Global"):
+        node, inits = helper.make_node(op, ["x"], ["y"]), []
     else:
         node, inits = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims), []
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(

@@ -344,16 +344,33 @@ def _global_pool_infer(inputs, attrs):
     return (*x.shape[:2], *([1] * (len(x.shape) - 2))), x.dtype
 
 
+def is_row_global_pool(node) -> bool:
+    """A float global pooling of maps of 32 pixels or more: :func:`_global_pool` sums them in
+    partial lanes."""
+    return node.dtype.startswith("float") and is_long_row(node.inputs[0].shape, 2)
+
+
 def _global_pool(ts, attrs, node):
+    """Each map's maximum or mean; a map of 32 pixels or more in partial lanes
+    (:func:`.rows.lane_reduce`; one thread, AVX-512 code: SqueezeNet's 1000 maps of 13 x 13
+    50.7 -> 7.6 us, 256 maps of 56 x 56 396 -> 88, each map one serial add a pixel before)."""
     x = ts[0]
     dims = static_shape(x)
+    scale = 1.0 / math.prod(dims[2:])
+    if is_row_global_pool(node):
+        kind = attrs["kind"]
+        pooled = lane_reduce(te.max if kind == "max" else te.sum, x, 2, lambda j: x[j],
+                             float("-inf") if kind == "max" else 0.0, f"global_{kind}_pool")
+        if kind == "max":
+            return pooled
+        return te.compute(node.shape, lambda *i: pooled[i] * te.const(scale, x.dtype),
+                          name="global_avg_pool")
     axes = [te.reduce_axis((0, d), f"r{k}") for k, d in enumerate(dims[2:])]
     if attrs["kind"] == "max":
         return te.compute(node.shape, lambda *i: te.max(x[(i[0], i[1], *axes)], axis=axes),
                           name="global_max_pool", tag="reduce")
     total = te.compute(node.shape, lambda *i: te.sum(x[(i[0], i[1], *axes)], axis=axes),
                        name="global_avg_pool_sum", tag="reduce")
-    scale = 1.0 / math.prod(dims[2:])
     return te.compute(node.shape, lambda *i: total[i] * te.const(scale, x.dtype),
                       name="global_avg_pool")
 

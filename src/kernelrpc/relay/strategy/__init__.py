@@ -20,14 +20,14 @@ from .int8 import INT8
 from .matmul import BATCH_MATMUL, matmul_tile
 from .pool import POOL
 from .record import Strategy
-from .rows import NORMALIZE, REDUCE, SOFTMAX
+from .rows import GLOBAL_POOL, NORMALIZE, REDUCE, SOFTMAX
 from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band, winograd_plan
 
 
 #: each tunable operator's implementations
 STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BATCH_MATMUL,),
               "nn.softmax": (SOFTMAX,), "nn.normalize": (NORMALIZE,), "reduce": (REDUCE,),
-              "nn.pool2d": (POOL,), **INT8}
+              "nn.global_pool": (GLOBAL_POOL,), "nn.pool2d": (POOL,), **INT8}
 
 
 def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:

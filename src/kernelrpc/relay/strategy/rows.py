@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp
 from ...compiler.tiles import Tiles
-from ..op.nn import is_row_reduce
+from ..op.nn import is_row_global_pool, is_row_reduce
 from ..op.rows import is_long_row
 from .record import Strategy
 
@@ -79,3 +79,7 @@ def schedule_reduce_rows(s, anchor, out, tiles: Tiles, cfg, node):
 REDUCE = Strategy("rows", "reduce", applies=lambda tiles, node: is_row_reduce(node),
                   define_knobs=lambda *args: None, schedule=schedule_reduce_rows,
                   reference=None)
+GLOBAL_POOL = Strategy("rows", "nn.global_pool",
+                       applies=lambda tiles, node: is_row_global_pool(node),
+                       define_knobs=lambda *args: None, schedule=schedule_reduce_rows,
+                       reference=None)

@@ -410,10 +410,9 @@ def _softmax(ts, attrs, node):
     are taken in partial lanes (:func:`.rows.lane_reduce`); the row's ``exp(x - max)`` is a
     stage of its own (``softmax_exp``), which the sum and the quotient read, and the quotient
     multiplies by the sum's reciprocal (one division a row, as onnxruntime's; within an ulp of
-    the division). A row of 197, one
-    thread, AVX-512 code: 156 -> 88 us with the stage (an exp an element, and vector loads
-    where the lanes' clamped index had made gathers), 76 with the reciprocal; AVX2 code 333
-    -> 99."""
+    the division). Rows of 197, one thread, AVX-512 code: 156 -> 88 us with the stage (an
+    exp an element, and vector loads where the lanes' clamped index had made gathers), 76
+    with the reciprocal; AVX2 code 333 -> 99."""
     x = ts[0]
     dims = static_shape(x)
     axis = attrs["axis"]

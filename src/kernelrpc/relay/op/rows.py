@@ -1,10 +1,11 @@
-"""Reductions of long rows (the trailing axes from one on, contiguous) in partial lanes:
-element ``k`` of a row goes
-to lane ``k % ROW_PARTS`` (a ``row_partial`` stage, which a schedule runs in vectors of that
-many lanes, the whole row a loop of vector steps), then the lanes are reduced (a ``reduce``
-stage). A serial sum of a row is one dependent add an element (4 cycles each on x86); the
-lanes make it one vector add each ``ROW_PARTS`` elements. Softmax and LayerNormalization
-use it (:mod:`.nn`, :mod:`.norm`; the schedule is :mod:`..strategy.rows`)."""
+"""Reductions of long rows (each index's trailing axes from one on: one contiguous run) in
+partial lanes: element ``k`` of a row goes to lane ``k % ROW_PARTS`` (a ``row_partial``
+stage, which a schedule runs in vectors of that many lanes, the whole row a loop of vector
+steps), then the lanes are reduced (a ``reduce`` stage). A serial sum of a row is one
+dependent add an element (4 cycles each on x86); the lanes make it one vector add each
+``ROW_PARTS`` elements. Softmax, the normalizations, the float reductions over trailing axes
+and global pooling use it (:mod:`.nn`, :mod:`.norm`; the schedule is
+:mod:`..strategy.rows`)."""
 from __future__ import annotations
 
 import math

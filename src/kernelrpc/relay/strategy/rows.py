@@ -1,6 +1,7 @@
-"""Reductions over long rows (softmax's last axis, the normalizations' trailing axes): one
-row at a time, its partial reductions (:data:`kernelrpc.relay.op.rows.ROW_PARTS` lanes) in
-vectors, the row's output in vectors, all while the row is in cache; rows in parallel."""
+"""Reductions over long rows (softmax's last axis, the normalizations', the float reductions'
+and global pooling's trailing axes): one row at a time, its partial reductions
+(:data:`kernelrpc.relay.op.rows.ROW_PARTS` lanes) in vectors, the row's output in vectors, all
+while the row is in cache; rows in parallel."""
 from __future__ import annotations
 
 from ...compiler.tensor import ComputeOp

@@ -19,7 +19,7 @@ from ... import te
 from ...compiler import expr as E
 from ..errors import ModelError
 from .elemwise import broadcast_index, broadcast_shape
-from .registry import get, register, static_shape
+from .registry import get, register, static_shape, unravel
 
 #: the activation types of a quantized tensor
 QUANTIZED = ("int8", "uint8")
@@ -474,6 +474,17 @@ def packed_bias(bias: np.ndarray, weight: np.ndarray, data_dtype: str, zero: int
     return folded.astype(np.int32)
 
 
+def _shift(data) -> int:
+    """What the packed forms add to their input's bytes: int8 data moves by 128 into uint8
+    (the quad instructions' unsigned operand), uint8 stays as it is."""
+    return 128 if data.dtype == "int8" else 0
+
+
+def _raw(value, shift: int):
+    """An input byte (or the zero point that pads the input) as the packed forms read it."""
+    return E.cast(_i32(value) + te.const(shift, "int32"), "uint8")
+
+
 def _qconv2d_packed(ts, attrs, node):
     """The packed form: the input as quads of channels (``[n][C/4][h][w][4]`` uint8, padded
     with its zero point), ``acc[n][O/16][y][x][16] = sum x' * w`` over the quads, the window
@@ -484,15 +495,13 @@ def _qconv2d_packed(ts, attrs, node):
     blocks, quads, kh, kw = static_shape(weight)[:4]
     quads -= 1                                    # the last holds the sums
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
-    shift = 128 if data.dtype == "int8" else 0
-    pad_value = E.cast(_i32(_scalar(zero)) + te.const(shift, "int32"), "uint8")
+    shift = _shift(data)
 
     def quad(n, c4, y, x, i):
         c = c4 * BLOCK_I + i
         inside = te.all(y >= pt, y < height + pt, x >= pl, x < width + pl, c < channels)
-        raw = E.cast(_i32(data[n, E.minimum(c, channels - 1), y - pt, x - pl]) +
-                     te.const(shift, "int32"), "uint8")
-        return E.if_then_else(inside, raw, pad_value)
+        raw = _raw(data[n, E.minimum(c, channels - 1), y - pt, x - pl], shift)
+        return E.if_then_else(inside, raw, _raw(_scalar(zero), shift))
     padded = te.compute((node.shape[0], quads, height + pt + pb, width + pl + pr, BLOCK_I), quad,
                         name="qquads", tag="pad")
     rc, ry, rx, ri = (te.reduce_axis((0, e), name) for e, name in (
@@ -517,14 +526,13 @@ def _qconv2d_pixels(ts, attrs, node):
     data, weight, zero = ts[:3]
     n_, channels, height, width = static_shape(data)
     quads = static_shape(weight)[1] - 1           # the last holds the sums
-    shift = 128 if data.dtype == "int8" else 0
-    pad_value = E.cast(_i32(_scalar(zero)) + te.const(shift, "int32"), "uint8")
+    shift = _shift(data)
 
     def quad(n, c4, p, i):
         c = c4 * BLOCK_I + i
-        raw = E.cast(_i32(data[n, E.minimum(c, channels - 1), E.floordiv(p, width),
-                               E.floormod(p, width)]) + te.const(shift, "int32"), "uint8")
-        return E.if_then_else(c < channels, raw, pad_value)
+        raw = _raw(data[n, E.minimum(c, channels - 1), E.floordiv(p, width),
+                        E.floormod(p, width)], shift)
+        return E.if_then_else(c < channels, raw, _raw(_scalar(zero), shift))
     padded = te.compute((n_, quads, height * width, BLOCK_I), quad, name="qquads", tag="pad")
     return _pixels_product(padded, ts, attrs, node)
 
@@ -562,8 +570,7 @@ def _qconv2d_window(ts, attrs, node):
     (sh, sw), (dh, dw), (pt, pl, _, _) = attrs["strides"], attrs["dilation"], attrs["padding"]
     _, _, _, out_width = node.shape
     reduction = channels * kh * kw
-    shift = 128 if data.dtype == "int8" else 0
-    pad_value = E.cast(_i32(_scalar(zero)) + te.const(shift, "int32"), "uint8")
+    shift = _shift(data)
 
     def tap(n, q, p, i):
         k = q * BLOCK_I + i
@@ -571,9 +578,8 @@ def _qconv2d_window(ts, attrs, node):
         y = E.floordiv(p, out_width) * sh + ry * dh - pt
         x = E.floormod(p, out_width) * sw + rx * dw - pl
         inside = te.all(k < reduction, y >= 0, y < height, x >= 0, x < width)
-        raw = E.cast(_i32(data[n, E.minimum(c, channels - 1), y, x]) +
-                     te.const(shift, "int32"), "uint8")
-        return E.if_then_else(inside, raw, pad_value)
+        raw = _raw(data[n, E.minimum(c, channels - 1), y, x], shift)
+        return E.if_then_else(inside, raw, _raw(_scalar(zero), shift))
     quads = static_shape(weight)[1] - 1
     padded = te.compute((n_, quads, node.shape[2] * out_width, BLOCK_I), tap, name="qquads",
                         tag="pad")
@@ -663,19 +669,10 @@ def _qdense_packed(ts, attrs, node):
     *lead, depth = static_shape(data)
     blocks, quads = static_shape(weight)[:2]
     quads -= 1                                    # the last holds the sums
-    shift = 128 if data.dtype == "int8" else 0
+    shift = _shift(data)
 
-    def row(i):
-        """The index of flat row ``i`` in N-D data (its leading dimensions flattened)."""
-        index = []
-        for extent in reversed(lead[1:]):
-            index.append(E.floormod(i, extent))
-            i = E.floordiv(i, extent)
-        return [i, *reversed(index)]
-
-    def element(i, c):
-        raw = E.cast(_i32(data[(*row(i), E.minimum(c, depth - 1))]) + te.const(shift, "int32"),
-                     "uint8")
+    def element(i, c):             # flat row ``i`` of N-D data, its leading dimensions taken apart
+        raw = _raw(data[(*unravel(i, lead), E.minimum(c, depth - 1))], shift)
         return E.if_then_else(c < depth, raw, te.const(0, "uint8"))
     rows = math.prod(lead)
     padded = te.compute((rows, quads * BLOCK_I), element, name="qrows", tag="pad")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ...compiler import expr as E
 from ..errors import ModelError
 
 PATTERNS = ("elemwise", "broadcast", "injective", "anchor", "opaque")
@@ -50,6 +51,16 @@ def get(name: str) -> OpDef:
 def static_shape(tensor) -> list[int]:
     """A tensor expression's static shape as ints."""
     return [int(d.value) if hasattr(d, "value") else int(d) for d in tensor.shape]
+
+
+def unravel(flat, dims) -> list:
+    """The index of element ``flat`` of a row-major array of shape ``dims`` (the first
+    dimension's index unbounded): the flattened index of several axes taken apart."""
+    index = []
+    for extent in reversed(list(dims)[1:]):
+        index.append(E.floormod(flat, extent))
+        flat = E.floordiv(flat, extent)
+    return [flat, *reversed(index)]
 
 
 def node_flops(node) -> int:

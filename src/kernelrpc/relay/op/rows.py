@@ -12,7 +12,7 @@ import math
 
 from ... import te
 from ...compiler import expr as E
-from .registry import static_shape
+from .registry import static_shape, unravel
 
 #: lanes of a long row's partial reductions (the schedule's vector)
 ROW_PARTS = 16
@@ -22,16 +22,6 @@ def is_long_row(dims, axis: int) -> bool:
     """A reduction over the trailing axes from ``axis`` (one contiguous row of each index
     before it, at least one axis before it) of at least ``2 * ROW_PARTS`` elements."""
     return 1 <= axis < len(dims) and math.prod(dims[axis:]) >= 2 * ROW_PARTS
-
-
-def row_index(dims, axis: int, lead, position):
-    """The index of element ``position`` of the row at ``lead`` (the indices before
-    ``axis``), the trailing axes flattened."""
-    tail = []
-    for size in reversed(dims[axis + 1:]):
-        tail.append(E.floormod(position, size))
-        position = E.floordiv(position, size)
-    return tuple(lead) + (position, *reversed(tail))
 
 
 def lane_reduce(reducer, x, axis: int, value, empty: float, name: str):
@@ -46,8 +36,8 @@ def lane_reduce(reducer, x, axis: int, value, empty: float, name: str):
     def term(*i):
         position = chunk * ROW_PARTS + i[axis]
         # past the row's end the load is never made (masked, or a branch): no clamp needed
-        return E.if_then_else(position < length, value(row_index(dims, axis, i[:axis],
-                                                                 position)),
+        return E.if_then_else(position < length,
+                              value((*i[:axis], *unravel(position, dims[axis:]))),
                               te.const(empty, x.dtype))
     parts = te.compute(tuple(dims[:axis]) + (ROW_PARTS,), lambda *i: reducer(
         term(*i), axis=chunk), name=f"{name}_part", tag="row_partial")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from ...compiler.tensor import ComputeOp
 from ...compiler.tiles import Tiles
 from ..op import get, quant
 from .common import divisors, extents, output_tiles, parallel_outer, schedule_inputs
@@ -248,7 +249,7 @@ QPAD_PLACES = (*PAD_PLACES, "convert")
 
 def _keeps_depthwise_stage(op, anchor, cfg) -> bool:
     """The padded input where the ``pad`` knob stages it; the centered input for ``convert``."""
-    converts = "pad" in cfg and cfg["pad"].val == "convert"
+    converts = cfg["pad"].val == "convert"
     if op.tag == "qcenter":
         return converts
     return keeps_padded_input(op, anchor, cfg) and not converts
@@ -260,7 +261,8 @@ def schedule_qdepthwise(s, anchor, out, tiles: Tiles, cfg, node):
     channels."""
     schedule_depthwise(s, accumulation(anchor), out, tiles, cfg, node)
     for stage in s.stages:
-        if getattr(stage.op, "tag", None) == "qcenter" and stage.attach_type == "root":
+        if isinstance(stage.op, ComputeOp) and stage.op.tag == "qcenter" and \
+                stage.attach_type == "root":
             n, c, y, x = stage.op.axis
             stage.parallel(stage.fuse(n, c))
             stage.vectorize(stage.split(stage.fuse(y, x), factor=max(tiles.lanes, 1))[1])

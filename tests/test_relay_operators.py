@@ -16,6 +16,7 @@ import kernelrpc  # noqa: E402
 from kernelrpc import relay  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
+from target_families import family_params  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
@@ -241,6 +242,40 @@ def test_global_pooling(op):
 def test_lrn():
     run_case("LRN", {"x": rand(1, 7, 5, 4)}, dict(size=5, alpha=1e-2, beta=0.75, bias=2.0), tol=1e-3)
     run_case("LRN", {"x": rand(1, 6, 3, 3)}, dict(size=3), tol=1e-3)
+
+
+@pytest.mark.parametrize("target", family_params())
+@pytest.mark.parametrize("shape, attrs", [
+    ((1, 12, 9, 23), dict(size=5, alpha=1e-2, beta=0.75, bias=1.0)),
+    ((2, 7, 5, 37), dict(size=3, alpha=3e-2, beta=1.3, bias=2.5)),
+    ((1, 20, 3, 17), dict(size=17, alpha=1e-1, beta=0.5, bias=1.0))])
+def test_lrn_on_every_width_is_onnxruntime_s(shape, attrs, target):
+    """LRN as ``x * exp(-beta * log(base))`` in vectors (relay/op/nn.py): windows written out
+    (the edge channels' windows cut) and one past ``LRN_WRITTEN_OUT`` (its own sum stage);
+    rows of whole vectors and a short last one; bases far from 1. Each element within
+    ``(|beta ln base| + 4) 2^-23`` of the float64 result (onnxruntime's own pow is less
+    exact: 3.7e-6 in the second case), and within 5e-6 of onnxruntime's."""
+    x = (np.random.default_rng(3).standard_normal(shape) * 30).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("LRN", ["x"], ["y"], **attrs)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    (expect,) = onnxruntime_outputs(model, {"x": x})
+    mod, params = relay.frontend.from_onnx(model)
+    m = graph_executor.GraphModule(
+        relay.build(mod, target=target, params=params)["default"](kernelrpc.cpu(0)))
+    m.set_input(x=x)
+    m.run()
+    got = m.get_output(0).numpy().astype(np.float64)
+    squares = np.pad(x.astype(np.float64) ** 2,
+                     [(0, 0), ((attrs["size"] - 1) // 2, attrs["size"] // 2), (0, 0), (0, 0)])
+    window = sum(squares[:, k:k + shape[1]] for k in range(attrs["size"]))
+    base = attrs["bias"] + attrs["alpha"] / attrs["size"] * window
+    exact = x / base ** attrs["beta"]
+    bound = (np.abs(attrs["beta"] * np.log(base)) + 4) * 2.0 ** -23
+    assert np.all(np.abs(got - exact) <= bound * np.abs(exact))
+    np.testing.assert_allclose(got, expect, rtol=5e-6, atol=1e-30)
 
 
 @pytest.mark.parametrize("op,attrs,opset", [

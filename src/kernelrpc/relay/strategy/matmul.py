@@ -21,10 +21,11 @@ def matmul_tile(tiles: Tiles) -> tuple[int, int]:
     return min(8, (tiles.registers - 4) // 2), 2 * tiles.lanes
 
 
-def define_matmul_knobs(cfg, tiles: Tiles, rows: int, columns: int):
-    """``tile_m`` rows and ``tile_n`` columns of the register tile."""
+def define_matmul_knobs(cfg, tiles: Tiles, rows: int, columns: int, tile=None):
+    """``tile_m`` rows and ``tile_n`` columns of the register tile, ``tile`` (default
+    :func:`matmul_tile`) the default."""
     lanes = max(tiles.lanes, 2)
-    mr, nr = matmul_tile(tiles)
+    mr, nr = tile or matmul_tile(tiles)
     cfg.define_knob("tile_m", choices(min(mr, rows), (1, 2, 4, 6, 8), rows))
     cfg.define_knob("tile_n", choices(nr, (lanes, 2 * lanes, 3 * lanes, 4 * lanes),
                                       round_up(columns, lanes)))

@@ -145,8 +145,8 @@ def row_align(tiles: Tiles, node) -> int:
     """The multiple of pixels the input's rows are padded to (0: as they are): a vector of
     :data:`ROWS_MIN_LANES` lanes or more, on a map of :data:`ROWS_MIN_PIXELS` to
     :data:`ROWS_MAX_PIXELS` pixels whose last vector is not 4 or 8 pixels (a vector of
-    their own), stride 1. The last, short tile of pixels is then whole vectors and every row starts on a
-    vector's boundary."""
+    their own), stride 1. The last, short tile of pixels is then whole vectors and every row
+    starts on a vector's boundary."""
     _, _, height, width = node.shape
     pixels = height * width
     tail = pixels % max(tiles.lanes, 1)

@@ -45,7 +45,9 @@ def _winograd_reference(data, weight, node):
 
 DIRECT = Strategy(
     "columns", "nn.conv2d", applies=lambda tiles, node: not is_depthwise(node),
-    define_knobs=define_direct_knobs, schedule=schedule_direct, reference=_conv_reference)
+    define_knobs=lambda cfg, tiles, node, padded: define_direct_knobs(
+        cfg, tiles, node, padded, unrolled_row=_unrolls_row(tiles, node)),
+    schedule=schedule_direct, reference=_conv_reference)
 CHANNELS = Strategy(
     "channels", "nn.conv2d", applies=lambda tiles, node: bool(channel_tiles(tiles, node)),
     define_knobs=lambda cfg, tiles, node, padded: cfg.define_knob(
@@ -72,6 +74,13 @@ DEPTHWISE = Strategy(
     "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),
     define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference,
     keeps_stage=keeps_padded_input)
+
+
+def _unrolls_row(tiles: Tiles, node: ir.Node) -> bool:
+    """A direct convolution of a kernel row of 5 or more (ResNet's and Inception's 7x7/2
+    stems, Inception's 5x5 layers) unrolls it by default (:func:`.direct.define_direct_knobs`);
+    3x3 ones gained nothing (MobileNet-v2, ShuffleNet, SqueezeNet: within 1%)."""
+    return node.inputs[1].shape[3] >= 5 and candidates(tiles, node)[0] is DIRECT
 
 
 #: the table, in the order the candidates' knobs are defined

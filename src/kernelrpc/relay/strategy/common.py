@@ -57,17 +57,19 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def output_tiles(stage, channels: int, rows: int, cols: int):
+def output_tiles(stage, channels: int, rows: int, cols: int, rows_outer: bool = False):
     """An NCHW output stage by tiles of ``channels`` (a vector layout's blocks, a group's
     channels) x ``rows`` x ``cols``, parallel over the batch, the channel tiles and the row
-    tiles, the columns in a vector; returns the loop inside which a tile's accumulation is
-    computed."""
+    tiles (the row tiles outside with ``rows_outer``: each core's share a band of rows of
+    every channel), the columns in a vector; returns the loop inside which a tile's
+    accumulation is computed."""
     n, f, y, x = stage.op.axis
     fo, fi = stage.split(f, factor=channels)
     yo, yi = stage.split(y, factor=rows)
     xo, xi = stage.split(x, factor=cols)
-    stage.reorder(n, fo, yo, xo, fi, yi, xi)
-    stage.parallel(stage.fuse(stage.fuse(n, fo), yo))
+    outer = (yo, fo) if rows_outer else (fo, yo)
+    stage.reorder(n, *outer, xo, fi, yi, xi)
+    stage.parallel(stage.fuse(stage.fuse(n, outer[0]), outer[1]))
     stage.unroll(yi)
     if cols > 1:
         stage.vectorize(xi)

@@ -188,6 +188,27 @@ def test_default_layout_follows_the_reduction():
     assert default((1, 3, 229, 229), (64, 3, 7, 7), strides=(2, 2)) == "columns"
 
 
+@pytest.mark.parametrize("target, data, weight, strides, unrolled", [
+    ("llvm -mcpu=skylake-avx512", (1, 64, 56, 56), (128, 64, 3, 3), (2, 2), True),
+    ("llvm -mtriple=aarch64-linux-gnu", (1, 64, 56, 56), (128, 64, 3, 3), (2, 2), True),
+    ("llvm -mcpu=haswell", (1, 64, 56, 56), (128, 64, 3, 3), (2, 2), False),
+    ("llvm -mcpu=skylake-avx512", (1, 512, 7, 7), (512, 512, 3, 3), (1, 1), False),
+    ("llvm -mcpu=skylake-avx512", (1, 3, 229, 229), (64, 3, 7, 7), (2, 2), True),
+    ("llvm -mcpu=haswell", (1, 3, 229, 229), (64, 3, 7, 7), (2, 2), True),
+    ("llvm -mcpu=haswell", (1, 3, 225, 225), (32, 3, 3, 3), (2, 2), False)])
+def test_the_kernel_row_is_unrolled_by_default_where_it_gains(target, data, weight, strides,
+                                                               unrolled):
+    """The ``unroll_kw`` knob's default (``conv2d._unrolls_row``): a strided ``channels``
+    layer on a target of 32 vector registers (AVX-512, aarch64; not AVX2's 16), a direct
+    layer of a row of 5 or more (the 7x7 stems) on every target; not a stride-1 layer nor a
+    3x3 direct one."""
+    tiles = strategy.tiles_for(Target(target))
+    space = autotvm.ConfigSpace()
+    strategy.define_conv_knobs(space, tiles, conv_node(data, weight, strides=strides),
+                               padded=True)
+    assert space.space_map["unroll_kw"].entities[0].val is unrolled
+
+
 def conv_task(data, weight, attrs, target):
     """The tuning task of a network's convolution (``attrs`` as the workload lists them)."""
     wkl = ("conv2d_nchw", list(data), list(weight),

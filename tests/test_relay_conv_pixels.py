@@ -13,7 +13,7 @@ from kernelrpc.compiler.lower import arith  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.relay import ir, strategy  # noqa: E402
 
-from target_families import family_params  # noqa: E402
+from target_families import family_params, runs_here  # noqa: E402
 from test_relay_conv_channels import RNG, Knobs, config_of, conv_layer, conv_model, conv_node, \
     conv_task, run, run_task  # noqa: E402
 
@@ -162,8 +162,9 @@ def test_small_maps_read_rows_padded_to_whole_vectors(target, side, row):
         layout = next(n.attrs["kernel_layout"] for n in lib.ir_mod["main"].topo()
                       if n.op == "nn.conv2d")
         assert layout == "OIHW_pixels_rows16"
-    np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
-                               atol=1e-4 * np.abs(expect).max())
+    if runs_here(Target(target)):          # the lowering above holds on any host
+        np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                                   atol=1e-4 * np.abs(expect).max())
 
 
 def test_the_padded_rows_are_part_of_the_layout_value():

@@ -49,22 +49,25 @@ def _normalize(ts, attrs, node):
     dims = static_shape(x)
     count = te.const(1.0 / math.prod(dims[axis:]), dt)
     eps = te.const(attrs["epsilon"], dt)
-    if is_long_row(dims, axis):
-        total = lane_reduce(te.sum, x, axis, lambda j: x[j], 0.0, "normalize_sum")
-        mean = te.compute(total.shape, lambda *i: total[i] * count, name="normalize_mean")
+    long_row = is_long_row(dims, axis)
 
-        def centered(j):
-            return x[j] - mean[_row(j, axis)]
-        squares = lane_reduce(te.sum, x, axis, lambda j: centered(j) * centered(j), 0.0,
-                              "normalize_sqsum")
-        return te.compute(node.shape, lambda *i: centered(i) * (te.const(1.0, dt) / te.sqrt(
-            squares[_row(i, axis)] * count + eps)), name="normalize")
-    total = _row_reduce(x, axis, lambda at: x[at], "normalize_sum")
+    def row_sum(body, name):
+        if long_row:
+            return lane_reduce(te.sum, x, axis, body, 0.0, name)
+        return _row_reduce(x, axis, body, name)
+
+    def centered(j):
+        return x[j] - mean[_row(j, axis)]
+    total = row_sum(lambda j: x[j], "normalize_sum")
     mean = te.compute(total.shape, lambda *i: total[i] * count, name="normalize_mean")
-    squares = _row_reduce(x, axis, lambda at: (x[at] - mean[_row(at, axis)]) *
-                          (x[at] - mean[_row(at, axis)]), "normalize_sqsum")
-    return te.compute(node.shape, lambda *i: (x[i] - mean[_row(i, axis)]) / te.sqrt(
-        squares[_row(i, axis)] * count + eps), name="normalize")
+    squares = row_sum(lambda j: centered(j) * centered(j), "normalize_sqsum")
+
+    def deviation(i):
+        return te.sqrt(squares[_row(i, axis)] * count + eps)
+    if long_row:
+        return te.compute(node.shape, lambda *i: centered(i) * (
+            te.const(1.0, dt) / deviation(i)), name="normalize")
+    return te.compute(node.shape, lambda *i: centered(i) / deviation(i), name="normalize")
 
 
 def _normalize_fold(xs, attrs):

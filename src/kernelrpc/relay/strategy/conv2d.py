@@ -78,16 +78,19 @@ DEPTHWISE = Strategy(
 
 def _unrolls_row(tiles: Tiles, node: ir.Node) -> bool:
     """Whether a layer unrolls its kernel row by default (:func:`.direct.define_direct_knobs`,
-    the knob the ``channels`` layout shares): a direct convolution of a row of 5 or more
-    (ResNet's and Inception's 7x7/2 stems, Inception's 5x5 layers; 3x3 ones gained nothing:
-    MobileNet-v2, ShuffleNet, SqueezeNet within 1%), and a strided ``channels`` layer where
-    the target has 32 vector registers. The strided ones, AVX-512 code, one | two threads:
-    ResNet's 64 -> 128 3x3/2 671 -> 621 | 375 -> 358 us, 128 -> 128 1346 -> 1245 | 713 ->
-    668, 256 -> 256 1206 -> 1127 | 720 -> 694, 128 -> 256 570 -> 551 | 331 -> 321, 256 ->
-    512 and 512 -> 512 unchanged (ResNet-18 and ResNet-50 whole within 1.6%, a noisy hour);
-    aarch64 code of the first 80 -> 70 instructions a step for the same 42 multiply-adds (21
-    -> 17 reads); AVX2 code (16 registers) 5-10% slower that way; stride 1 unchanged (512 ->
-    512 on 7x7)."""
+    the knob the ``channels`` layout shares; each tap's input then a load at a constant
+    offset from the row's): a direct convolution of a row of 5 or more (ResNet's and
+    Inception's 7x7/2 stems, Inception's 5x5 layers; 3x3 ones gained nothing: MobileNet-v2,
+    ShuffleNet, SqueezeNet within 1%), and a strided ``channels`` layer where the target has
+    32 vector registers. The stem: 1.40 -> 1.05 ms, two threads 0.70 -> 0.53 (AVX-512 code;
+    AVX2 code 2.55 -> 2.35, 1.28 -> 1.19); ResNet-18 12.80 -> 12.49 ms, Inception-v1 12.49
+    -> 12.08 | 7.98 -> 7.61 on two threads, DenseNet-121 27.8 -> 27.5 (A/B in one process).
+    The strided ones, AVX-512 code, one | two threads: ResNet's 64 -> 128 3x3/2 671 -> 621 |
+    375 -> 358 us, 128 -> 128 1346 -> 1245 | 713 -> 668, 256 -> 256 1206 -> 1127 | 720 ->
+    694, 128 -> 256 570 -> 551 | 331 -> 321, 256 -> 512 and 512 -> 512 unchanged (ResNet-18
+    and ResNet-50 whole within 1.6%, a noisy hour); aarch64 code of the first 80 -> 70
+    instructions a step for the same 42 multiply-adds (21 -> 17 reads); AVX2 code (16
+    registers) 5-10% slower that way; stride 1 unchanged (512 -> 512 on 7x7)."""
     default = candidates(tiles, node)[0]
     if default is CHANNELS:
         return tuple(node.attrs["strides"]) != (1, 1) and tiles.registers >= 32

@@ -22,16 +22,10 @@ def schedule_direct(s, conv, out, tiles: Tiles, cfg, node):
 def define_direct_knobs(cfg, tiles: Tiles, node, padded: bool, unrolled_row: bool = False):
     """The register tile's output channels (``tile_f``) and columns (``tile_x``), the order of
     the reduction (input channels outside or inside the kernel window), the kernel row's
-    columns unrolled or not (unrolled first with ``unrolled_row``: the default of the wide
-    kernels whose default is this strategy, ``conv2d._unrolls_row``), and the padded input a
-    stage of its own (the default: each padded value is read by many output channels) or read
-    in place through its bounds checks. The ``channels`` layout shares the last three.
-
-    With the kernel row unrolled, each tap's input vector is a load at a constant offset
-    from the row's: ResNet's 7x7/2 stem 1.40 -> 1.05 ms, two threads 0.70 -> 0.53 (AVX-512
-    code; AVX2 code 2.55 -> 2.35, 1.28 -> 1.19); ResNet-18 12.80 -> 12.49 ms, Inception-v1
-    12.49 -> 12.08 | 7.98 -> 7.61 on two threads, DenseNet-121 27.8 -> 27.5 (A/B in one
-    process)."""
+    columns unrolled or not (unrolled first with ``unrolled_row``: the layers
+    ``conv2d._unrolls_row`` names, with its measurements), and the padded input a stage of
+    its own (the default: each padded value is read by many output channels) or read in place
+    through its bounds checks. The ``channels`` layout shares the last three."""
     _, out_channels, _, out_width = node.shape
     kernel_width = node.inputs[1].shape[3]
     lanes = tiles.lanes

@@ -361,6 +361,24 @@ def test_dynamic_quantize_linear_against_onnxruntime():
             np.testing.assert_array_equal(g.reshape(e.shape), e)
 
 
+def test_the_reference_sums_are_exact():
+    """The onnxruntime run the tests compare against sums uint8 x int8 products exactly on
+    every host, as kernelrpc does: its default kernels on x86 without VNNI saturate each pair
+    of products in int16 (255 x 127 twice is 64770)."""
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+    b = np.stack([np.full(8, 127), np.full(8, -128)], axis=1).astype(np.int8)
+    graph = helper.make_graph(
+        [node], "mmi", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 2])],
+        [numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    feeds = {"a": np.full((1, 8), 255, np.uint8)}
+    exact = np.array([[8 * 255 * 127, 8 * 255 * -128]], np.int32)
+    np.testing.assert_array_equal(onnxruntime_outputs(model, feeds)[0], exact)
+    np.testing.assert_array_equal(run(model, feeds)[1][0], exact)
+
+
 def test_model_command_marks_the_int8_layers(tmp_path):
     from test_model_command import run_model
 

@@ -13,7 +13,7 @@ from kernelrpc.compiler.lower import arith  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.relay import ir, strategy  # noqa: E402
 
-from target_families import family_params, runs_here  # noqa: E402
+from target_families import FAMILIES, family_params, runs_here  # noqa: E402
 from test_relay_conv_channels import RNG, Knobs, config_of, conv_layer, conv_model, conv_node, \
     conv_task, run, run_task  # noqa: E402
 
@@ -89,8 +89,9 @@ def test_the_order_by_default():
     assert order((1, 512, 13, 13), (1000, 512, 1, 1)) == "channels_outer"
 
 
-def test_the_build_keeps_the_models_weight_array():
-    target = Target("llvm -mcpu=skylake-avx512")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_build_keeps_the_models_weight_array(family):
+    target = Target(FAMILIES[family])
     model, feeds, expect = conv_model(x=(1, 24, 13, 13), w=(32, 24, 1, 1))
     mod, params = relay.frontend.from_onnx(model)
     with Knobs():                         # the default configuration, recorded
@@ -99,8 +100,9 @@ def test_the_build_keeps_the_models_weight_array():
     assert record["config"]["layout"] == "pixels"
     shapes = [p.shape for p in lib.get_params().values()]
     assert (32, 24, 1, 1) in shapes and all(len(shape) <= 4 for shape in shapes)
-    np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
-                               atol=1e-4 * np.abs(expect).max())
+    if runs_here(target):
+        np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
+                                   atol=1e-4 * np.abs(expect).max())
 
 
 def test_fused_row_and_column_fold_back_into_one_index():

@@ -14,12 +14,9 @@ REFERENCE_RUNS = 10
 
 
 def _session(model, threads: int):
-    import onnxruntime as ort
+    from .relay.testing import onnxruntime_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = max(threads, 1) if threads else 0
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return onnxruntime_session(model, max(threads, 0))
 
 
 def onnxruntime_reference(model, feeds: dict, threads: int):

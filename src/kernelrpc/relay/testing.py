@@ -6,6 +6,7 @@ width and input size), or the small networks the onnx wheel ships for its own te
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from .frontend.onnx_model import require_onnx
 
 onnx = require_onnx()
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -81,16 +84,35 @@ def set_batch(model, batch: int):
     return model
 
 
+#: onnxruntime's session option for exact uint8 x int8 sums on x86 hosts without VNNI, where its
+#: default kernels (``vpmaddubsw``) saturate each pair of products in int16 and its results
+#: depend on the host; kernelrpc's int8 layers compute the exact sums on every target, as
+#: onnxruntime does on VNNI, AMX and Arm hosts, where the option changes nothing
+EXACT_INT8_OPTION = ("session.x64quantprecision", "1")
+
+
 def onnxruntime_session(model, threads: int = 1):
-    """onnxruntime's CPU session of ``model`` with ``threads`` intra-op threads (one
-    inter-op thread), as the benches and tests compare against it."""
+    """onnxruntime's CPU session of ``model`` with ``threads`` intra-op threads (0: its
+    default, every core; one inter-op thread) and exact int8 sums (:data:`EXACT_INT8_OPTION`),
+    as the benches, the tests and the model command compare against it. Where onnxruntime
+    cannot build the exact form (its uint8 weights for a QLinearMatMul of uint8 x int8 have no
+    kernel), its default session, with a warning."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    def session(exact: bool):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        if exact:
+            options.add_session_config_entry(*EXACT_INT8_OPTION)
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
+    try:
+        return session(exact=True)
+    except ort.capi.onnxruntime_pybind11_state.NotImplemented as e:
+        log.warning("onnxruntime's default int8 sums (it cannot build %s=%s: %s)",
+                    *EXACT_INT8_OPTION, str(e).splitlines()[0])
+        return session(exact=False)
 
 
 def onnxruntime_outputs(model, feeds: dict, threads: int = 1) -> list:

@@ -56,10 +56,12 @@ def test_every_batched_matmul_tile_computes_the_product(a_shape, b_shape, target
 
 @pytest.mark.parametrize("target", family_params())
 def test_every_dense_tile_over_many_rows_computes_the_product(target):
-    """Rows enough for the ``tile`` order (its default), a ragged row and column count."""
+    """Rows enough for the ``tile`` order (its default, reading the weight's panels copied
+    by default), a ragged row and column count."""
     task = tuning.task_of(("dense", [19, 24], [24, 45], [], "float32", str(target)), flop=1.0)
     space = task.config_space
     assert space.space_map["order"].entities[0].val == "tile"
+    assert [e.val for e in space.space_map["weight_panel"].entities] == [True, False]
     rng = np.random.default_rng(1)
     x = rng.standard_normal((19, 24)).astype("float32")
     w = rng.standard_normal((24, 45)).astype("float32")

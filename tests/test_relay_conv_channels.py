@@ -159,6 +159,27 @@ def test_channels_layout_not_offered(data, weight, attrs, target, layouts):
     assert "channel_tile" not in space.space_map
 
 
+@pytest.mark.parametrize("target, data, weight, strides, first", [
+    ("llvm -mcpu=haswell", (1, 128, 57, 57), (128, 128, 3, 3), (2, 2), "2x1x4"),
+    ("llvm -mcpu=haswell", (1, 256, 29, 29), (256, 256, 3, 3), (2, 2), "2x2x2"),
+    ("llvm -mcpu=haswell", (1, 512, 15, 15), (512, 512, 3, 3), (2, 2), "1x1x7"),
+    ("llvm -mcpu=haswell", (1, 3, 224, 224), (256, 3, 16, 16), (16, 16), "1x2x7"),
+    ("llvm -mcpu=haswell", (1, 256, 16, 16), (256, 256, 3, 3), (1, 1), "1x2x7"),
+    ("llvm -mcpu=skylake-avx512", (1, 256, 29, 29), (256, 256, 3, 3), (2, 2), "2x1x7"),
+])
+def test_strided_layers_on_16_registers_take_tiles_of_two_vectors(target, data, weight,
+                                                                   strides, first):
+    """On 16 vector registers a 3x3/2 layer's default tile is two vectors of channels by a
+    few pixels (``channels._strided_few_registers``); a stride-1 layer, a wider window and
+    targets of 32 registers keep the longest rows; every tile fits the registers."""
+    tiles = strategy.tiles_for(Target(target))
+    found = strategy.channel_tiles(tiles, conv_node(data, weight, strides=strides))
+    assert found[0] == first
+    for tile in found:
+        v, r, c = (int(k) for k in tile.split("x"))
+        assert v * r * c + v + (r * c if v > 1 else 0) <= tiles.registers - 1, tile
+
+
 def test_depthwise_convolutions_have_their_own_tiles():
     """A depthwise convolution is never packed: its knobs are one channel's rows and columns."""
     node = conv_node((1, 16, 7, 7), (16, 1, 3, 3), groups=16)

@@ -16,14 +16,15 @@ DENSE_ROWS_BLOCK = 1024
 TILE_ROWS = 4
 
 
-def define_dense_knobs(cfg, tiles: Tiles, rows: int, out_features: int, reduction: int):
+def define_dense_knobs(cfg, tiles: Tiles, rows: int, out_features: int, reduction: int,
+                       panel: bool = True):
     """The dense layer's knobs: the order of the weight's reads (``order``), outputs per
     vector tile, the reduction unrolled by a factor, and with ``tile`` the tile's rows.
 
     ``"tile"`` (the default for :data:`TILE_ROWS` rows or more): ``tile_m`` rows x ``tile_n``
     outputs in registers, each weight vector read once for all the tile's rows; with
-    ``weight_panel`` (the default) from a contiguous copy of the column tile's panel
-    (:func:`~.matmul.schedule_matmul`).
+    ``weight_panel`` (the default; offered with ``panel``: a float weight) from a contiguous
+    copy of the column tile's panel (:func:`~.matmul.schedule_matmul`).
     ``"rows"`` (the default where :func:`dense_rows_block` finds a block): a block of outputs
     accumulates in memory (L1) while the reduction streams the weight's rows, each a
     contiguous slice. ``"columns"``: a vector tile of ``tile_n`` outputs in registers over
@@ -35,7 +36,8 @@ def define_dense_knobs(cfg, tiles: Tiles, rows: int, out_features: int, reductio
     cfg.define_knob("order", ["tile"] + orders if many else orders)
     if many:
         define_matmul_knobs(cfg, tiles, rows, out_features)
-        cfg.define_knob("weight_panel", [True, False])
+        if panel:
+            cfg.define_knob("weight_panel", [True, False])
     else:
         lanes = max(tiles.lanes, 2)
         cfg.define_knob("tile_n", choices(tiles.dense_lanes, (lanes, 2 * lanes, 4 * lanes),
@@ -62,7 +64,7 @@ def dense_rows_block(tiles: Tiles, out_features: int) -> tuple[int, int] | None:
 def schedule_dense(s, dense, out, tiles: Tiles, cfg, node):
     if cfg["order"].val == "tile":
         schedule_matmul(s, dense, out, tiles, cfg, node, columns_outer=True,
-                        weight_panel=cfg["weight_panel"].val)
+                        weight_panel="weight_panel" in cfg and cfg["weight_panel"].val)
         return
     _, features = extents(s[out])
     cc = accumulator(s, dense, out)
@@ -101,7 +103,8 @@ def schedule_dense(s, dense, out, tiles: Tiles, cfg, node):
 
 
 def _define_knobs(cfg, tiles: Tiles, node, padded: bool):
-    define_dense_knobs(cfg, tiles, node.shape[0], node.shape[1], node.inputs[0].shape[1])
+    define_dense_knobs(cfg, tiles, node.shape[0], node.shape[1], node.inputs[0].shape[1],
+                       panel=node.op == "nn.dense")
 
 
 DENSE = Strategy("dense", "nn.dense", applies=lambda tiles, node: True,

@@ -53,15 +53,15 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
 
 def _strided_few_registers(tiles: Tiles, out_channels: int, height: int,
                            width: int) -> list[str]:
-    """A strided layer's tiles (a window up to 3 wide) on a target of 16 vector registers
-    (AVX2, SSE, armv7 NEON): two or more vectors of channels first, so that each broadcast
-    input feeds as many FMAs, in tiles of as few as 2 columns (a stride's columns share few inputs, so the long rows
-    the stride-1 layers prefer gain little), with the broadcast inputs held besides and one
-    register spare; then the one-vector tiles. AVX2 code on a Zen 2 core, ResNet-50's 3x3/2
-    layers: 128 -> 128 on 56x56 1x2x7 56.5 -> 2x1x4 74.2 GFLOP/s, 256 -> 256 on 28x28 1x2x7
-    54.5 -> 2x2x2 72.0 (4x1x2 65.6, 2x1x7 spilling 49.5); 512 -> 512 on 14x14 keeps 1x1x7 (68,
-    2x1x7 52); ResNet-50 91.9 against 93.7 ms, ResNet-18 34.2 against 34.8 (one thread). ViT's
-    16x16/16 patches were 2.7% slower in 2x2x2 tiles and keep the others' rule."""
+    """A strided layer's tiles (a window up to 3 wide) on a target of 16 vector registers (AVX2,
+    SSE, armv7 NEON): two or more vectors of channels first, so that each broadcast input feeds as
+    many FMAs, in tiles of as few as 2 columns (a stride's columns share few inputs, so the long
+    rows the stride-1 layers prefer gain little), with the broadcast inputs held besides and one
+    register spare; then the one-vector tiles. AVX2 code on a Zen 2 core, ResNet-50's 3x3/2 layers:
+    128 -> 128 on 56x56 1x2x7 56.5 -> 2x1x4 74.2 GFLOP/s, 256 -> 256 on 28x28 1x2x7 54.5 -> 2x2x2
+    72.0 (4x1x2 65.6, 2x1x7 spilling 49.5); 512 -> 512 on 14x14 keeps 1x1x7 (68, 2x1x7 52);
+    ResNet-50 91.9 against 93.7 ms, ResNet-18 34.2 against 34.8 (one thread). ViT's 16x16/16 patches
+    were 2.7% slower in 2x2x2 tiles and keep the others' rule."""
     found = []
     for v in (1, 2, 3, 4):
         if out_channels % (v * tiles.lanes):

@@ -170,7 +170,7 @@ def test_channels_layout_not_offered(data, weight, attrs, target, layouts):
 def test_strided_layers_on_16_registers_take_tiles_of_two_vectors(target, data, weight,
                                                                    strides, first):
     """On 16 vector registers a 3x3/2 layer's default tile is two vectors of channels by a
-    few pixels (``channels._strided_few_registers``); a stride-1 layer, a wider window and
+    few pixels (``channels.channel_tiles``); a stride-1 layer, a wider window and
     targets of 32 registers keep the longest rows; every tile fits the registers."""
     tiles = strategy.tiles_for(Target(target))
     found = strategy.channel_tiles(tiles, conv_node(data, weight, strides=strides))

@@ -24,7 +24,19 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
     more vectors of channels (each broadcast input feeds as many FMAs: AVX-512 code, ResNet-50's
     3x3/2 layers 2x1x7 against 1x4x7 or 1x2x14, 128 channels to 28x28 155 against 121, 256 to
     14x14 177 against 160), then most accumulators, then the shorter rows (28x28 512->128 1x1:
-    1x4x7 111, 1x2x14 and 1x1x28 88). Empty where the layout is not offered: grouped or depthwise
+    1x4x7 111, 1x2x14 and 1x1x28 88).
+
+    A strided layer of a window up to 3 wide on a target of 16 vector registers (AVX2, SSE,
+    armv7 NEON) ranks two or more vectors of channels first, in tiles of as few as 2 columns
+    (a stride's columns share few inputs, so the long rows gain little), the broadcast inputs
+    held besides and one register spare, then most accumulators: AVX2 code on a Zen 2 core,
+    ResNet-50's 3x3/2 layers, 128 -> 128 on 56x56 1x2x7 56.5 -> 2x1x4 74.2 GFLOP/s, 256 -> 256
+    on 28x28 1x2x7 54.5 -> 2x2x2 72.0 (4x1x2 65.6, 2x1x7 spilling 49.5), 512 -> 512 on 14x14
+    keeps 1x1x7 (68, 2x1x7 52); SSE code (`-mcpu=x86-64`) of the first two 18.0 -> 24.2 and
+    16.7 -> 25.6; ResNet-50 93.7 -> 91.9 ms, ResNet-18 34.8 -> 34.2 (AVX2, one thread). ViT's
+    16x16/16 patches were 2.7% slower in 2x2x2 tiles and keep the general rule.
+
+    Empty where the layout is not offered: grouped or depthwise
     convolutions (their input channel would vary across the vector), output channels not a
     multiple of the lanes, a scalar target, other than float32 (the lanes are float32 lanes)."""
     lanes = tiles.lanes
@@ -32,48 +44,25 @@ def channel_tiles(tiles: Tiles, node) -> list[str]:
     if lanes < 2 or node.attrs["groups"] != 1 or out_channels % lanes or \
             node.inputs[1].dtype != "float32":
         return []
-    if tuple(node.attrs["strides"]) != (1, 1) and node.inputs[1].shape[3] <= 3 and \
-            tiles.registers <= 16:
-        return _strided_few_registers(tiles, out_channels, height, width)
+    few_registers_strided = tuple(node.attrs["strides"]) != (1, 1) and \
+        node.inputs[1].shape[3] <= 3 and tiles.registers <= 16
     found = []
     for v in (1, 2, 3, 4):
         if out_channels % (v * lanes):
             continue
+        narrow = v > 1 and few_registers_strided   # several vectors by a few pixels
         for r in divisors(height, 8):
             for c in divisors(width, 28):
-                if c < min(width, 4):
+                if c < min(width, 2 if narrow else 4):
                     continue
                 held = r * c if v > 1 else 0      # broadcasts LLVM keeps for several FMAs
-                spare = 1 if v == 1 else 3         # one vector: one broadcast at a time
+                spare = 1 if v == 1 or narrow else 3   # one vector: one broadcast at a time
                 if 4 <= v * r * c and v * r * c + v + held <= tiles.registers - spare:
-                    found.append((c >= 7, v > 1, v * r * c, -c, -v, r))
+                    rank = (v > 1, v * r * c, -v, c if v > 1 else c >= 7) \
+                        if few_registers_strided else (c >= 7, v > 1, v * r * c)
+                    found.append((*rank, -c, -v, r))
     found.sort(reverse=True)
     return [f"{-v}x{r}x{-c}" for *_, c, v, r in found[:8]]
-
-
-def _strided_few_registers(tiles: Tiles, out_channels: int, height: int,
-                           width: int) -> list[str]:
-    """A strided layer's tiles (a window up to 3 wide) on a target of 16 vector registers (AVX2,
-    SSE, armv7 NEON): two or more vectors of channels first, so that each broadcast input feeds as
-    many FMAs, in tiles of as few as 2 columns (a stride's columns share few inputs, so the long
-    rows the stride-1 layers prefer gain little), with the broadcast inputs held besides and one
-    register spare; then the one-vector tiles. AVX2 code on a Zen 2 core, ResNet-50's 3x3/2 layers:
-    128 -> 128 on 56x56 1x2x7 56.5 -> 2x1x4 74.2 GFLOP/s, 256 -> 256 on 28x28 1x2x7 54.5 -> 2x2x2
-    72.0 (4x1x2 65.6, 2x1x7 spilling 49.5); 512 -> 512 on 14x14 keeps 1x1x7 (68, 2x1x7 52);
-    ResNet-50 91.9 against 93.7 ms, ResNet-18 34.2 against 34.8 (one thread). ViT's 16x16/16 patches
-    were 2.7% slower in 2x2x2 tiles and keep the others' rule."""
-    found = []
-    for v in (1, 2, 3, 4):
-        if out_channels % (v * tiles.lanes):
-            continue
-        for r in divisors(height, 8):
-            for c in divisors(width, 28):
-                held = r * c if v > 1 else 0
-                if c >= min(width, 4 if v == 1 else 2) and 4 <= v * r * c and \
-                        v * r * c + v + held <= tiles.registers - 1:
-                    found.append((v > 1, v * r * c, -v, c if v > 1 else c >= 7, -c, r))
-    found.sort(reverse=True)
-    return [f"{-v}x{r}x{-c}" for *_, v, _, c, r in found[:8]]
 
 
 def channels_default(node, tiles_c) -> bool:

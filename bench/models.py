@@ -88,7 +88,7 @@ def op_class(record) -> str:
     fused = record.get("fused", [])
     if workload:
         name, data, weight, attrs = workload[:4]
-        if name == "dense":
+        if name in ("dense", "qnn_dense"):
             return "dense 1 row" if data[0] == 1 else "dense rows"
         attrs = dict(attrs)
         groups = attrs.get("groups", 1)
@@ -96,7 +96,8 @@ def op_class(record) -> str:
             return "conv depthwise" if weight[1] == 1 else "conv grouped"
         if list(attrs.get("strides", [1, 1])) != [1, 1]:
             return "conv strided"
-        return {(1, 1): "conv 1x1", (3, 3): "conv 3x3"}.get(tuple(weight[2:]), "conv other")
+        kernel = tuple(attrs.get("window") or weight[2:4])    # a packed int8 weight: 6-D
+        return {(1, 1): "conv 1x1", (3, 3): "conv 3x3"}.get(kernel, "conv other")
     anchors = {"nn.batch_matmul": "batch matmul", "nn.pool2d": "pooling",
                "nn.global_pool": "pooling", "nn.softmax": "softmax", "nn.normalize": "normalization",
                "nn.lp_normalize": "normalization", "nn.lrn": "normalization"}

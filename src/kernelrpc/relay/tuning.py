@@ -1,8 +1,12 @@
 """A network's tunable layers as AutoTVM tasks, and their tuned configurations in ``relay.build``.
 
-Each convolution and dense layer is a task of the template of its operator
-(``conv2d_nchw``, ``dense``); its workload is what the schedule depends on: the input and
-weight shapes, the operator's attributes, the dtype and the target. Layers of the same
+Each convolution and dense layer, float or integer, is a task of the template of its
+operator (``conv2d_nchw``, ``dense``, ``qnn_conv2d_nchw``, ``qnn_dense``); its workload is
+what the schedule depends on: the input and weight shapes, the operator's attributes, the
+dtype and the target. An integer layer's workload also records its operands' shapes and types
+and what its constants decided (the sums' type, the strategy whose instruction the weight
+fits: :func:`_integer_facts`), so that its task computes what the network's layer does with
+operands of its own (:func:`~kernelrpc.relay.op.quant.sample_operands`). Layers of the same
 workload share a task (``extract_from_program`` returns each once). The template is the
 anchor alone, scheduled by the same code as the network's layer (:mod:`.schedule`), so a
 configuration measured on the task is the configuration the layer gets: inside
@@ -21,7 +25,7 @@ from ..autotvm.task import Task, current_context
 from ..compiler.target import Target
 from . import ir
 from .fuse import Group, partition
-from .op import node_flops
+from .op import node_flops, quant
 from .op.weight_layout import WeightLayout
 from .schedule import group_tensors, schedule_group
 from .strategy import CHANNELS, GROUPED, as_modelled, candidates, strategy_for, tiles_for
@@ -30,7 +34,11 @@ from .transform import optimize
 log = logging.getLogger("kernelrpc.relay")
 
 #: the template of each tunable operator
-TEMPLATES = {"nn.conv2d": "conv2d_nchw", "nn.dense": "dense"}
+TEMPLATES = {"nn.conv2d": "conv2d_nchw", "nn.dense": "dense",
+             "qnn.conv2d": "qnn_conv2d_nchw", "qnn.dense": "qnn_dense"}
+INTEGER_OPS = ("qnn.conv2d", "qnn.dense")
+#: an integer layer's workload attribute: its operands' ``[shape, dtype]``
+OPERANDS = "operands"
 
 
 def _jsonable(value):
@@ -48,19 +56,36 @@ def workload(anchor: ir.Node, target) -> tuple | None:
         return None
     anchor = as_modelled(anchor) if anchor.op == "nn.conv2d" else anchor   # laid out by build
     data, weight = anchor.inputs[:2]
-    attrs = [[k, _jsonable(v)] for k, v in sorted(anchor.attrs.items())]
+    attrs = dict(anchor.attrs)
+    if anchor.op in INTEGER_OPS:
+        attrs.update(_integer_facts(anchor, target))
+    attrs = [[k, _jsonable(v)] for k, v in sorted(attrs.items())]
     shape = list(weight.shape)
     return (name, list(data.shape), shape, attrs, anchor.dtype, str(target))
+
+
+def _integer_facts(anchor: ir.Node, target) -> dict:
+    """What an integer layer's schedule and computation take from its constants' values (the
+    strategy whose instruction its weight fits, :func:`~kernelrpc.relay.op.quant.value_facts`),
+    and its operands' shapes and types."""
+    tiles = tiles_for(Target(str(target)))
+    return {**quant.value_facts(anchor), "strategy": strategy_for(tiles, anchor).name,
+            OPERANDS: [[list(i.shape), i.dtype] for i in anchor.inputs]}
 
 
 def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
     from .op import OPS
 
-    data = ir.Node("input", (), {}, tuple(data_shape), dtype, "data")
-    weight = ir.Node("input", (), {}, tuple(weight_shape), dtype, "weight")
-    attrs = {k: tuple(v) if isinstance(v, list) else v for k, v in attrs}
-    shape, out_dtype = OPS[op].infer([data, weight], attrs)
-    node = ir.Node(op, (data, weight), attrs, tuple(shape), out_dtype, op)
+    attrs = dict(attrs)
+    operands = attrs.pop(OPERANDS, None)
+    if operands is None:
+        operands = [(data_shape, dtype), (weight_shape, dtype)]
+    names = ("data", "weight", *(f"operand{i}" for i in range(2, len(operands))))
+    inputs = tuple(ir.Node("input", (), {}, tuple(shape), operand_dtype, name)
+                   for (shape, operand_dtype), name in zip(operands, names))
+    attrs = {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
+    shape, out_dtype = OPS[op].infer(list(inputs), attrs)
+    node = ir.Node(op, inputs, attrs, tuple(shape), out_dtype, op)
     return Group(nodes=[node], anchor=node)
 
 
@@ -117,20 +142,41 @@ def dense(data_shape, weight_shape, attrs, dtype, target):
     return _instantiate("nn.dense", data_shape, weight_shape, attrs, dtype, target)
 
 
+@autotvm.template("qnn_conv2d_nchw")
+def qnn_conv2d_nchw(data_shape, weight_shape, attrs, dtype, target):
+    """A network's integer convolution (its operands and what its constants decided in
+    ``attrs``: :func:`_integer_facts`) with its strategy's knobs."""
+    return _instantiate("qnn.conv2d", data_shape, weight_shape, attrs, dtype, target)
+
+
+@autotvm.template("qnn_dense")
+def qnn_dense(data_shape, weight_shape, attrs, dtype, target):
+    """A network's integer dense layer, as :func:`qnn_conv2d_nchw`."""
+    return _instantiate("qnn.dense", data_shape, weight_shape, attrs, dtype, target)
+
+
 def task_of(wkl: tuple, flop: float) -> Task:
     """The tuning task of a workload, its candidates checked against its default strategy's
     numpy reference (a Winograd layer's task, whose weight argument is the transformed
-    weight, against numpy's Winograd)."""
+    weight, against numpy's Winograd); an integer layer's against the operator's numpy form,
+    on operands its computation takes exactly (:func:`.op.quant.sample_operands`)."""
+    from .op import OPS
+
     name, data_shape, weight_shape, attrs, dtype, target = wkl
     op = next(op for op, template in TEMPLATES.items() if template == name)
     node = _anchor_group(op, data_shape, weight_shape, attrs, dtype).anchor
     tiles = tiles_for(Target(target))
     strategy = strategy_for(tiles, node)
-
-    def reference(data, weight, *packed):
-        return strategy.reference(data, weight, node)
+    if op in INTEGER_OPS:
+        def reference(*operands):
+            return OPS[op].fold(list(operands), node.attrs)
+    else:
+        def reference(data, weight, *packed):
+            return strategy.reference(data, weight, node)
     task = autotvm.task.create(name, args=wkl[1:], target=target, reference=reference, flop=flop)
     task.scale_atol = strategy.scale_atol
+    if op in INTEGER_OPS:
+        task.prepare_inputs = lambda inputs: quant.sample_operands(node)
     if task.n_inputs == 3:              # the OIHW weight and its packed copy
         layout = _packed_copy(tiles, node)
 

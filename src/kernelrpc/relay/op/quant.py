@@ -273,7 +273,10 @@ def sums_exact_in_float(node) -> bool:
     below :data:`FLOAT_EXACT`, so that float32 computes them exactly, whatever their order:
     a requantized output, a constant weight and a zero point whose centered input stays
     within 255 (a constant one, or one of the input's type), and for each output the sum of
-    its weights' magnitudes times that reach below the bound."""
+    its weights' magnitudes times that reach below the bound. A layer whose ``accumulate``
+    attribute records the answer (:func:`value_facts`) takes it from there."""
+    if "accumulate" in node.attrs:
+        return node.attrs["accumulate"] == "float32"
     weight, zero = node.inputs[1].value, node.inputs[2]
     if weight is None or node.attrs["out_dtype"] == "int32":
         return False
@@ -300,12 +303,66 @@ def bias_exact_in_float(node) -> bool:
     """Whether a layer whose sums are exact in float32 (:func:`sums_exact_in_float`) also
     adds its constant bias exactly in float32: every ``sum + bias`` below
     :data:`FLOAT_EXACT` in magnitude (then the output stage adds in float, without a
-    conversion to int32 and back)."""
+    conversion to int32 and back). Its ``bias_in_float`` attribute, where recorded, is the
+    answer."""
+    if "bias_in_float" in node.attrs:
+        return bool(node.attrs["bias_in_float"])
     bias = node.inputs[3].value if len(node.inputs) > 3 else None
     if bias is None or not sums_exact_in_float(node):
         return False
     return _float_reach(node, 255) + int(np.abs(bias.astype(np.int64)).max(initial=0)) < \
         FLOAT_EXACT
+
+
+def value_facts(node) -> dict:
+    """What an integer layer's computation takes from its constants' values, as attributes
+    (``accumulate``: the sums' type, ``bias_in_float``): a layer that has them computes the
+    same whatever its operands are (a tuning task's layer, whose operands are arguments)."""
+    return {"accumulate": "float32" if sums_exact_in_float(node) else "int32",
+            "bias_in_float": bias_exact_in_float(node)}
+
+
+def sample_operands(node, seed: int = 0) -> list:
+    """Operands of an integer layer (``qnn.conv2d``, ``qnn.dense``) that its computation, as
+    :func:`value_facts` recorded it, takes exactly, seeded: data over its type's range, a
+    zero point inside it, weights of magnitude 7 at most (fewer where a long reduction
+    accumulated in float32 needs it to stay exact), packed with their sums as the importer
+    packs them, a small bias (a packed convolution's folded with the zero point's share, as
+    the importer folds it) and multipliers that spread the outputs over their range."""
+    rng = np.random.default_rng(seed)
+    data, weight, zero, *rest = node.inputs
+    layout = node.attrs.get("kernel_layout")
+    lo, hi = qrange(data.dtype)
+    depth = data.shape[1] if node.op == "qnn.conv2d" else data.shape[-1]
+    if layout == PACKED_WINDOW:
+        depth *= math.prod(node.attrs["window"])
+    elif node.op == "qnn.conv2d" and layout not in (PACKED, PACKED_PIXELS):
+        depth = math.prod(weight.shape[1:])
+    kernel = math.prod(weight.shape[2:4]) if layout == PACKED else 1
+    bound = max(1, min(7, (FLOAT_EXACT - 1 - 1000) // (depth * kernel * 255)))
+    wlo, whi = (0, bound) if weight.dtype == "uint8" else (-bound, bound)
+
+    def weights(shape):
+        return rng.integers(wlo, whi + 1, shape).astype(weight.dtype)
+    zero_point = int(rng.integers(lo, hi + 1))
+    bias = rng.integers(-1000, 1001, rest[-2].shape[0]) if len(rest) >= 2 else None
+    extra = []
+    if layout in (PACKED, PACKED_PIXELS, PACKED_WINDOW):
+        oihw = weights((rest[0].shape[0], depth, *weight.shape[2:4]))
+        w = pack_weight(oihw)
+        bias = packed_bias(bias, oihw, data.dtype, zero_point)
+    elif layout == PACKED_DENSE:
+        plain = weights((depth, rest[0].shape[0]))
+        w = pack_dense_weight(plain)
+        extra.append(plain.astype(np.int64).sum(axis=0).astype(rest[0].dtype))
+    else:
+        w = weights(weight.shape)
+    operands = [rng.integers(lo, hi + 1, data.shape).astype(data.dtype), w,
+                np.full(zero.shape, zero_point, zero.dtype), *extra]
+    if bias is not None:
+        spread = rng.uniform(0.5, 2.0, len(bias)) / (8.0 * math.sqrt(depth * kernel))
+        operands += [bias.astype(rest[-2].dtype), spread.astype(rest[-1].dtype)]
+    return operands
 
 
 def _qconv2d(ts, attrs, node):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ...compiler.tiles import Tiles, tiles_for
 from .. import ir
+from ..errors import ModelError
 from .channels import channel_tiles, channels_default
 from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, GROUPED, PIXELS, WINOGRAD, \
     as_modelled, candidates, conv2d_strategy, define_conv_knobs
@@ -32,16 +33,25 @@ STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BAT
 
 def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
     """The implementation of a tunable layer (see :func:`conv2d_strategy`); of another
-    operator, the first record of its table that applies."""
+    operator, the record its ``strategy`` attribute names (a tuning task's integer layer,
+    whose choice depended on its constant weight: :func:`kernelrpc.relay.tuning.workload`),
+    else the first record of its table that applies."""
     if node.op == "nn.conv2d":
         return conv2d_strategy(tiles, node, cfg)
+    named = node.attrs.get("strategy")
+    if named is not None:
+        found = [s for s in STRATEGIES[node.op] if s.name == named]
+        if not found:
+            raise ModelError(f"{node.op}: no strategy {named!r} (the table has "
+                             f"{', '.join(s.name for s in STRATEGIES[node.op])})")
+        return found[0]
     return next(s for s in STRATEGIES[node.op] if s.applies(tiles, node))
 
 
 def has_strategy(tiles: Tiles, node: ir.Node | None) -> bool:
     """Whether a group's anchor is scheduled by a strategy (else at the root)."""
-    return node is not None and node.op in STRATEGIES and \
-        any(s.applies(tiles, node) for s in STRATEGIES[node.op])
+    return node is not None and node.op in STRATEGIES and (
+        "strategy" in node.attrs or any(s.applies(tiles, node) for s in STRATEGIES[node.op]))
 
 
 def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):

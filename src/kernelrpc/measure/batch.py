@@ -216,7 +216,7 @@ class MeasureBatch:
         self.key = key
         self.tracker_addr = _tracker_address(tracker)
         self.target = None if target is None else str(target)
-        inputs = [np.asarray(a, order="C") for a in inputs]  # ascontiguousarray: 0-d -> 1-d
+        inputs = [np.require(a, requirements="C") for a in inputs]  # ascontiguousarray: 0-d -> 1-d
         if timeout <= 0:
             raise ValueError("timeout must be positive (seconds per candidate on the device)")
         if session_timeout and session_timeout < timeout:

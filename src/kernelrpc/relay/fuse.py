@@ -3,8 +3,11 @@
 A group is an anchor (convolution, dense, pooling, reduction, softmax) or an injective
 operator, followed by the elementwise operators that consume only it (bias, activation,
 residual add, batch normalization's affine when it could not be folded): the tail runs in
-the anchor's loops and its intermediate values never reach memory. Chains of injective
-operators (reshape, transpose, pad...) fuse among themselves.
+the anchor's loops and its intermediate values never reach memory. So does a diamond of
+elementwise operators that read a value several times and meet again in one node (GELU's
+``x * 0.5 * (1 + erf(x / sqrt 2))``, SiLU's ``x * sigmoid(x)``, HardSwish's
+``x * clip(x + 3, 0, 6) / 6``, ``x * x``): :func:`_diamond`. Chains of injective operators
+(reshape, transpose, pad...) fuse among themselves.
 """
 from __future__ import annotations
 
@@ -61,27 +64,74 @@ class Group:
         return sum(node_flops(n) for n in self.nodes)
 
 
+def _elementwise_like(node: ir.Node, source: ir.Node) -> bool:
+    """An elementwise operator that can run in the loops of ``source``'s group: its shape and
+    dtype."""
+    return OPS[node.op].pattern in ("elemwise", "broadcast") and node.shape == source.shape \
+        and node.dtype == source.dtype
+
+
+def _diamond(source: ir.Node, consumers: dict, outputs: set, order: dict, placed,
+             room: int) -> list | None:
+    """The elementwise nodes from ``source`` (read by several, or twice by one) to the one
+    node where they all meet, in order, that one last: every consumer of ``source`` and of
+    each node but the last is among them, none of those is a graph output or ``placed(node)``
+    (in a group already), at most ``room`` of them; else None."""
+    region: dict = {}
+
+    def admit(nodes) -> bool:
+        for n in nodes:
+            if id(n) not in region:
+                if not _elementwise_like(n, source) or len(region) >= room or placed(n):
+                    return False
+                region[id(n)] = n
+        return True
+    if not admit(consumers[id(source)]):
+        return None
+    while True:
+        exits = [n for n in region.values() if id(n) in outputs or
+                 any(id(c) not in region for c in consumers.get(id(n), ()))]
+        if len(exits) == 1:
+            return sorted(region.values(), key=lambda n: order[id(n)])
+        first = min(exits, key=lambda n: order[id(n)], default=None)
+        if first is None or id(first) in outputs or not admit(consumers[id(first)]):
+            return None
+
+
 def partition(func: ir.Function) -> list[Group]:
     """The groups in an order that runs every producer before its consumers."""
+    topo = func.topo()
     uses: dict = {}
-    for node in func.topo():
+    consumers: dict = {}
+    for node in topo:
         for i in node.inputs:
             uses[id(i)] = uses.get(id(i), 0) + 1
+            readers = consumers.setdefault(id(i), [])
+            if node not in readers:
+                readers.append(node)
     outputs = {id(o) for o in func.outputs}
     group_of: dict = {}
     groups: list[Group] = []
-    order = {id(n): k for k, n in enumerate(func.topo())}
-    for node in func.topo():
+    order = {id(n): k for k, n in enumerate(topo)}
+    planned: dict = {}          # the nodes of a diamond, by id, to the group they join
+
+    def placed(node) -> bool:
+        return id(node) in group_of or id(node) in planned
+    for node in topo:
         if node.op in ("input", "param", "const"):
             continue
         pattern = OPS[node.op].pattern
-        joined = None
-        for i in node.inputs:
+        joined = planned.pop(id(node), None)
+        for i in () if joined is not None else node.inputs:
             g = group_of.get(id(i))
-            if g is None or g.output is not i or uses.get(id(i), 0) != 1 or id(i) in outputs \
-                    or len(g.nodes) >= MAX_GROUP:
+            if g is None or g.output is not i or id(i) in outputs or len(g.nodes) >= MAX_GROUP:
                 continue
-            if pattern in ("elemwise", "broadcast") and node.shape == i.shape and \
+            if uses.get(id(i), 0) != 1:
+                region = _diamond(i, consumers, outputs, order, placed, MAX_GROUP - len(g.nodes))
+                if region is not None:
+                    planned.update((id(n), g) for n in region if n is not node)
+                    joined = g
+            elif pattern in ("elemwise", "broadcast") and node.shape == i.shape and \
                     node.dtype == i.dtype:
                 joined = g
             elif pattern == "injective" and g.anchor is None:

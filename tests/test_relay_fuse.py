@@ -89,11 +89,8 @@ def square():
 CONSTANTS = [scalar("three", 3), scalar("zero", 0), scalar("six", 6), scalar("one", 1),
              scalar("half", 0.5), scalar("sqrt2", np.sqrt(2)), scalar("k", 0.044715),
              scalar("s2pi", np.sqrt(2 / np.pi))]
-CASES = {
-    "conv SiLU": (silu, "conv"), "conv HardSwish": (hardswish, "conv"),
-    "dense GELU": (gelu, "dense"), "dense GELU tanh": (gelu_tanh, "dense"),
-    "conv x*x": (square, "conv"),
-}
+CASES = {"SiLU": silu, "HardSwish": hardswish, "GELU": gelu, "GELU tanh": gelu_tanh,
+         "x*x": square}
 
 
 def build_and_run(m, x):
@@ -110,19 +107,33 @@ def used(nodes):
     return [c for c in CONSTANTS if c.name in names]
 
 
+def check(m, x, lib, got):
+    for g, w in zip(got, onnxruntime_outputs(m, {"x": x})):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_an_elementwise_diamond_runs_in_its_producers_kernel(case):
-    make, anchor = CASES[case]
-    nodes = make()
-    x_shape = [1, 8, 9, 11] if anchor == "conv" else [5, 16]
-    m = model(nodes, used(nodes), x_shape, anchor)
-    x = RNG.standard_normal(x_shape).astype("float32")
-    lib, (got,) = build_and_run(m, x)
+def test_an_elementwise_diamond_runs_in_its_dense_layers_kernel(case):
+    nodes = CASES[case]()
+    m = model(nodes, used(nodes), [5, 16], "dense")
+    x = RNG.standard_normal((5, 16)).astype("float32")
+    lib, got = build_and_run(m, x)
     kernels = lib.executor["kernels"]
-    assert len(kernels) == 1, [k["kind"] for k in kernels]
-    assert kernels[0]["fused"][0] in ("nn.conv2d", "nn.dense")
-    (want,) = onnxruntime_outputs(m, {"x": x})
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert [k["fused"][0] for k in kernels] == ["nn.dense"], [k["kind"] for k in kernels]
+    check(m, x, lib, got)
+
+
+@pytest.mark.parametrize("case", ["SiLU", "x*x"])
+def test_a_convolutions_diamond_is_a_kernel_of_its_own(case):
+    """A convolution's output stages write tiles narrower than a vector (Winograd's m
+    columns): its diamond runs as an elementwise kernel, in whole vectors."""
+    nodes = CASES[case]()
+    m = model(nodes, used(nodes), [1, 8, 9, 11], "conv")
+    x = RNG.standard_normal((1, 8, 9, 11)).astype("float32")
+    lib, got = build_and_run(m, x)
+    kinds = [k["fused"] for k in lib.executor["kernels"]]
+    assert len(kinds) == 2 and kinds[0][0] == "nn.conv2d" and "multiply" in kinds[1], kinds
+    check(m, x, lib, got)
 
 
 def groups_of(m):
@@ -135,46 +146,46 @@ def optimized(m):
 
 
 def test_a_value_read_by_branches_that_do_not_meet_is_its_groups_output():
-    """Two graph outputs from one convolution: the branches never meet, so the convolution's
-    output is materialized and each branch is a kernel of its own."""
+    """Two graph outputs from one dense layer: the branches never meet, so its output is
+    materialized and each branch is a kernel of its own."""
     nodes = [helper.make_node("Sigmoid", ["c"], ["y"]), helper.make_node("Tanh", ["c"], ["z"])]
-    groups = groups_of(model(nodes, [], [1, 8, 9, 11]))
+    groups = groups_of(model(nodes, [], [5, 16], "dense"))
     assert len(groups) == 3 and [g.output.op for g in groups[1:]] == ["sigmoid", "tanh"]
-    assert groups[0].anchor.op == "nn.conv2d" and len(groups[1].nodes) == len(groups[2].nodes) == 1
+    assert groups[0].anchor.op == "nn.dense" and len(groups[1].nodes) == len(groups[2].nodes) == 1
 
 
 def test_a_diamond_whose_inner_value_is_a_graph_output_is_not_fused():
     nodes = [helper.make_node("Sigmoid", ["c"], ["z"]), helper.make_node("Mul", ["c", "z"], ["y"])]
-    m = model(nodes, [], [1, 8, 9, 11])
+    m = model(nodes, [], [5, 16], "dense")
     groups = groups_of(m)
     assert [g.output.op for g in groups[1:]] == ["sigmoid", "multiply"]
     assert [n.op for n in groups[0].nodes if n.op in ("sigmoid", "multiply")] == []
-    x = RNG.standard_normal((1, 8, 9, 11)).astype("float32")
-    _, got = build_and_run(m, x)
-    for g, w in zip(got, onnxruntime_outputs(m, {"x": x})):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+    x = RNG.standard_normal((5, 16)).astype("float32")
+    lib, got = build_and_run(m, x)
+    check(m, x, lib, got)
 
 
 def test_a_diamond_through_a_reduction_is_not_fused():
     """Softmax normalizes each row with all its values: its branch leaves the loops of the
-    convolution's output, so the diamond stays cut."""
-    nodes = [helper.make_node("Softmax", ["c"], ["s"], axis=1),
+    dense layer's output, so the diamond stays cut."""
+    nodes = [helper.make_node("Softmax", ["c"], ["s"], axis=-1),
              helper.make_node("Mul", ["c", "s"], ["y"])]
-    groups = groups_of(model(nodes, [], [1, 8, 9, 11]))
+    groups = groups_of(model(nodes, [], [5, 16], "dense"))
     assert any("nn.softmax" in [n.op for n in g.nodes] for g in groups)
-    assert not any(g.anchor is not None and g.anchor.op == "nn.conv2d" and
+    assert not any(g.anchor is not None and g.anchor.op == "nn.dense" and
                    "multiply" in [n.op for n in g.nodes] for g in groups)
 
 
-def test_a_diamond_past_the_largest_group_is_not_fused():
+@pytest.mark.parametrize("length, fused", [(MAX_GROUP - 4, True), (MAX_GROUP, False)])
+def test_a_diamond_past_the_largest_group_is_not_fused(length, fused):
     branch = [helper.make_node("Sigmoid", ["c"], ["t0"])]
-    for k in range(MAX_GROUP):
+    for k in range(length):
         branch.append(helper.make_node("Sigmoid", [f"t{k}"], [f"t{k + 1}"]))
-    branch.append(helper.make_node("Mul", ["c", f"t{MAX_GROUP}"], ["y"]))
-    groups = groups_of(model(branch, [], [1, 8, 9, 11]))
+    branch.append(helper.make_node("Mul", ["c", f"t{length}"], ["y"]))
+    groups = groups_of(model(branch, [], [5, 16], "dense"))
     assert all(len(g.nodes) <= MAX_GROUP for g in groups)
-    assert not any("multiply" in [n.op for n in g.nodes] and g.anchor is not None
-                   for g in groups)
+    assert any("multiply" in [n.op for n in g.nodes] and g.anchor is not None
+               for g in groups) == fused
 
 
 UNARY = ["Sigmoid", "Tanh", "Relu", "Neg", "Abs"]

@@ -80,19 +80,30 @@ def test_every_integer_layer_is_a_task_whose_configurations_compute_it(network):
                                           err_msg=f"{task.workload[:3]} {config}")
 
 
-def test_the_workload_records_what_the_weight_decided(network):
-    """The strategy whose instruction the weight fits and the sums' type are the network's,
-    so that a task's layer, whose weight is an argument, computes what the network's does."""
+def test_a_task_computes_its_layer_with_the_networks_own_constants(network):
+    """The strategy whose instruction the weight fits and the sums' type are recorded in the
+    workload, so that the task's layer computes what the network's does: its default
+    configuration on the layer's own weight, zero point, bias and multipliers equals the
+    operator's numpy form."""
+    from kernelrpc.relay.fuse import partition
+    from kernelrpc.relay.op import OPS
+    from kernelrpc.relay.transform import optimize
+
     _, mod, params = network
-    for task in autotvm.task.extract_from_program(mod, target=TARGET, params=params):
+    tasks = {json.dumps(t.workload[:4]): t for t in
+             autotvm.task.extract_from_program(mod, target=TARGET, params=params)}
+    anchors = [g.anchor for g in partition(optimize(mod["main"], params))
+               if g.anchor is not None and g.anchor.op in tuning.INTEGER_OPS]
+    assert anchors
+    for anchor in anchors:
+        task = tasks[json.dumps(list(tuning.workload(anchor, TARGET)[:4]))]
         attrs = dict(task.args[2])
-        assert attrs["strategy"] and attrs["accumulate"] in ("float32", "int32")
-        op = next(op for op, name in tuning.TEMPLATES.items() if name == task.name)
-        node = tuning._anchor_group(op, *task.args[:4]).anchor
-        assert quant.sums_exact_in_float(node) == (attrs["accumulate"] == "float32")
-        operands = quant.sample_operands(node)
-        assert [(list(a.shape), str(a.dtype)) for a in operands] == \
-            [(list(s), d) for s, d in attrs["operands"]]
+        assert attrs["operands"] == [[list(i.shape), i.dtype] for i in anchor.inputs]
+        sampled = quant.sample_operands(anchor)     # data, and a zero point computed at run time
+        operands = [v if i.value is None else i.value for i, v in zip(anchor.inputs, sampled)]
+        assert all(i.value is not None for i in anchor.inputs[1:2])
+        np.testing.assert_array_equal(run_config(task, task.config_space.get(0), operands),
+                                      OPS[anchor.op].fold(operands, anchor.attrs))
 
 
 def record(task, index, mean):

@@ -15,16 +15,13 @@ pytest.importorskip("onnxruntime.quantization")
 pytest.importorskip("cloudpickle")
 
 import kernelrpc  # noqa: E402
-from kernelrpc import autotvm, nd, relay  # noqa: E402
-from kernelrpc.autotvm.record import VERSION  # noqa: E402
-from kernelrpc.compiler.target import Target  # noqa: E402
+from kernelrpc import autotvm, relay  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import tuning  # noqa: E402
 from kernelrpc.relay.op import quant  # noqa: E402
 from servicectl import child_env  # noqa: E402
 from test_onnx_quant import QuantFormat, cnn_model, encoder_model, quantized, stem_model  # noqa: E402
-
-TARGET = Target(None)
+from test_relay_tuning import TARGET, record, run_config  # noqa: E402
 
 #: quantized networks whose layers take every integer form: packed, pixels over a window,
 #: depthwise on the float schedules, packed dense; plain dense with a run-time zero point
@@ -47,14 +44,6 @@ def network(request, tmp_path_factory):
 def integer_layers(mod, params) -> list:
     lib = relay.build(mod, target=TARGET, params=params)
     return [r for r in lib.executor["kernels"] if r["fused"][0] in tuning.INTEGER_OPS]
-
-
-def run_config(task, config, inputs):
-    s, args = task.instantiate(config)
-    lib = kernelrpc.build(s, args, target=TARGET)
-    out = nd.empty(task.arg_specs[-1][0], task.arg_specs[-1][1])
-    lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
-    return out.numpy()
 
 
 def test_every_integer_layer_is_a_task_whose_configurations_compute_it(network):
@@ -104,13 +93,6 @@ def test_a_task_computes_its_layer_with_the_networks_own_constants(network):
         assert all(i.value is not None for i in anchor.inputs[1:2])
         np.testing.assert_array_equal(run_config(task, task.config_space.get(0), operands),
                                       OPS[anchor.op].fold(operands, anchor.attrs))
-
-
-def record(task, index, mean):
-    config = task.config_space.get(index)
-    return {"version": VERSION, "workload": [task.name, *task.args], "target": task.target,
-            "config": {"index": index, "knobs": config.to_dict()},
-            "result": {"status": "ok", "costs": [mean], "mean": mean}}
 
 
 def outputs(lib, model):

@@ -114,7 +114,7 @@ def partition(func: ir.Function) -> list[Group]:
         for i in node.inputs:
             uses[id(i)] = uses.get(id(i), 0) + 1
             readers = consumers.setdefault(id(i), [])
-            if node not in readers:
+            if not readers or readers[-1] is not node:      # x * x reads x twice
                 readers.append(node)
     outputs = {id(o) for o in func.outputs}
     group_of: dict = {}

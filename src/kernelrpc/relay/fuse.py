@@ -140,8 +140,7 @@ def partition(func: ir.Function) -> list[Group]:
                 if region is not None:
                     planned.update((id(n), g) for n in region if n is not node)
                     joined = g
-            elif pattern in ("elemwise", "broadcast") and node.shape == i.shape and \
-                    node.dtype == i.dtype:
+            elif _elementwise_like(node, i):
                 joined = g
             elif pattern == "injective" and g.anchor is None:
                 joined = g

@@ -338,8 +338,8 @@ def sample_operands(node, seed: int = 0) -> list:
         depth *= math.prod(node.attrs["window"])
     elif node.op == "qnn.conv2d" and layout not in (PACKED, PACKED_PIXELS):
         depth = math.prod(weight.shape[1:])
-    kernel = math.prod(weight.shape[2:4]) if layout == PACKED else 1
-    bound = max(1, min(7, (FLOAT_EXACT - 1 - 1000) // (depth * kernel * 255)))
+    reduction = depth * (math.prod(weight.shape[2:4]) if layout == PACKED else 1)
+    bound = max(1, min(7, (FLOAT_EXACT - 1 - 1000) // (reduction * 255)))
     wlo, whi = (0, bound) if weight.dtype == "uint8" else (-bound, bound)
 
     def weights(shape):
@@ -360,7 +360,7 @@ def sample_operands(node, seed: int = 0) -> list:
     operands = [rng.integers(lo, hi + 1, data.shape).astype(data.dtype), w,
                 np.full(zero.shape, zero_point, zero.dtype), *extra]
     if bias is not None:
-        spread = rng.uniform(0.5, 2.0, len(bias)) / (8.0 * math.sqrt(depth * kernel))
+        spread = rng.uniform(0.5, 2.0, len(bias)) / (8.0 * math.sqrt(reduction))
         operands += [bias.astype(rest[-2].dtype), spread.astype(rest[-1].dtype)]
     return operands
 

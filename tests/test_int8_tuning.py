@@ -20,6 +20,7 @@ from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import tuning  # noqa: E402
 from kernelrpc.relay.op import quant  # noqa: E402
 from servicectl import child_env  # noqa: E402
+from target_families import family_params  # noqa: E402
 from test_onnx_quant import QuantFormat, cnn_model, encoder_model, quantized, stem_model  # noqa: E402
 from test_relay_tuning import TARGET, record, run_config  # noqa: E402
 
@@ -56,6 +57,12 @@ def test_every_integer_layer_is_a_task_whose_configurations_compute_it(network):
     assert sum(t.layers for t in tasks) == len(layers)
     assert sorted(json.dumps(r["workload"]) for r in layers) == \
         sorted(json.dumps(t.workload[:4]) for t in tasks for _ in range(t.layers))
+    check_configurations(tasks)
+
+
+def check_configurations(tasks):
+    """Each task's default, last and four sampled configurations against numpy, on its sampled
+    operands."""
     for task in tasks:
         inputs = task.prepare_inputs(None)
         expect = task.reference(*inputs)
@@ -67,6 +74,17 @@ def test_every_integer_layer_is_a_task_whose_configurations_compute_it(network):
             config = space.get(index)
             np.testing.assert_array_equal(run_config(task, config, inputs), expect,
                                           err_msg=f"{task.workload[:3]} {config}")
+
+
+@pytest.mark.parametrize("target", family_params())
+def test_integer_tasks_on_every_x86_width(target, tmp_path):
+    """The tasks of each x86 family's build (AVX-512's and AVX2's `vpmaddubsw` records,
+    SSE's plain vectors), run where this host can run their code."""
+    model = quantized(tmp_path, cnn_model(), [1, 3, 11, 13], per_channel=True)
+    mod, params = relay.frontend.from_onnx(model)
+    tasks = autotvm.task.extract_from_program(mod, target=target, params=params)
+    assert tasks and all(t.target == str(target) for t in tasks)
+    check_configurations(tasks)
 
 
 def test_a_task_computes_its_layer_with_the_networks_own_constants(network):

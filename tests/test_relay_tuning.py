@@ -41,7 +41,7 @@ def conv_workload(data, weight, **attrs):
 
 def run_config(task, config, inputs):
     s, args = task.instantiate(config)
-    lib = kernelrpc.build(s, args, target=TARGET)
+    lib = kernelrpc.build(s, args, target=task.target)
     out = nd.empty(task.arg_specs[-1][0], task.arg_specs[-1][1])
     lib[lib.metadata["functions"][0]["name"]](*(nd.array(a) for a in inputs), out)
     return out.numpy()

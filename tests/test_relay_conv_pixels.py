@@ -12,6 +12,7 @@ from kernelrpc.compiler import expr as E  # noqa: E402
 from kernelrpc.compiler.lower import arith  # noqa: E402
 from kernelrpc.compiler.target import Target  # noqa: E402
 from kernelrpc.relay import ir, strategy  # noqa: E402
+from kernelrpc.relay.strategy import pointwise  # noqa: E402
 
 from target_families import FAMILIES, family_params, runs_here  # noqa: E402
 from test_relay_conv_channels import RNG, Knobs, config_of, conv_layer, conv_model, conv_node, \
@@ -23,6 +24,11 @@ CASES = {
     "narrowing, one row": dict(x=(1, 72, 1, 37), w=(8, 72, 1, 1)),
     "stride 2, odd sizes": dict(x=(1, 16, 27, 31), w=(24, 16, 1, 1), strides=(2, 2)),
     "stride (2, 1)": dict(x=(2, 8, 14, 11), w=(16, 8, 1, 1), strides=(2, 1), residual=True),
+    "panels, tails of pixels and of channels": dict(x=(1, 128, 13, 13), w=(136, 128, 1, 1)),
+    "panels, stride 2, batch 2": dict(x=(2, 128, 13, 15), w=(128, 128, 1, 1), strides=(2, 2),
+                                      residual=True),
+    "panels, strided rows across a panel": dict(x=(1, 128, 25, 23), w=(128, 128, 1, 1),
+                                                strides=(2, 2)),
 }
 
 
@@ -38,6 +44,7 @@ def test_every_pixels_tile_computes_the_convolution(case, target):
     mod, params, feeds, expect, conv = conv_layer(**CASES[case])
     values = _space(target, conv)
     assert "pixels" in values["layout"]
+    panels = pointwise.reads_panels(strategy.tiles_for(target), conv)
     configs = [dict(tile_m=m, tile_n=n) for m in values["tile_m"] for n in values["tile_n"]]
     configs += [dict(pixel_order=order) for order in values["pixel_order"]]
     for knobs in configs:
@@ -45,9 +52,38 @@ def test_every_pixels_tile_computes_the_convolution(case, target):
             lib = relay.build(mod, target=target, params=params)
         (record,) = lib.executor["kernels"]
         assert {k: record["config"][k] for k in knobs} == knobs
+        assert ("pixel_panels" in lib.lib.get_source("lowered")) == panels
         np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
                                    atol=1e-4 * np.abs(expect).max(),
                                    err_msg=f"{case} {knobs} {target}")
+
+
+def test_the_panel_cases_read_panels_on_8_lanes():
+    """The cases named for panels exercise them on AVX2 code, which runs on any CI host."""
+    tiles = strategy.tiles_for(Target("llvm -mcpu=haswell"))
+    for case in (c for c in CASES if c.startswith("panels")):
+        *_, conv = conv_layer(**CASES[case])
+        assert pointwise.reads_panels(tiles, conv), case
+
+
+def test_panels_where_many_channels_share_each_one():
+    """AVX2 code: ResNet-50's wide layers read panels (7x7, 14x14, the strided shortcuts);
+    a layer of few channels reads its input in place, as does MobileNet-v2's 960 -> 160 on
+    7x7, whose threads share out each tile of pixels' channel tiles; SSE and scalar code
+    never."""
+    avx2, sse, scalar = (strategy.tiles_for(Target(t)) for t in (
+        "llvm -mcpu=haswell", "llvm -mcpu=x86-64", "llvm -mtriple=riscv64-linux-gnu"))
+
+    def panels(tiles, data, weight, **attrs):
+        return pointwise.reads_panels(tiles, conv_node(data, weight, **attrs))
+    assert panels(avx2, (1, 2048, 7, 7), (512, 2048, 1, 1))
+    assert panels(avx2, (1, 1024, 14, 14), (512, 1024, 1, 1))
+    assert panels(avx2, (1, 256, 56, 56), (512, 256, 1, 1), strides=(2, 2))
+    assert not panels(avx2, (1, 16, 112, 112), (96, 16, 1, 1))
+    assert not panels(avx2, (1, 256, 56, 56), (64, 256, 1, 1))
+    assert not panels(avx2, (1, 960, 7, 7), (160, 960, 1, 1))
+    assert not panels(sse, (1, 2048, 7, 7), (512, 2048, 1, 1))
+    assert not panels(scalar, (1, 2048, 7, 7), (512, 2048, 1, 1))
 
 
 def test_pixels_is_the_default_from_13x13_and_on_7x7_with_16_registers():
@@ -147,35 +183,42 @@ def test_tuning_task_of_a_pointwise_layer_runs_each_strategy():
     ("llvm -mcpu=skylake-avx512", 14, 0), ("llvm -mcpu=skylake-avx512", 16, 0),
     ("llvm -mcpu=skylake-avx512", 27, 0), ("llvm -mcpu=skylake-avx512", 7, 0),
     ("llvm -mcpu=haswell", 13, 0)])
-def test_small_maps_read_rows_padded_to_whole_vectors(target, side, row):
-    """On 16-lane code a 13x13 or 15x15 layer's product runs over its input's rows padded
+def test_small_maps_run_over_whole_panels(target, side, row):
+    """On 16-lane code a 13x13 or 15x15 layer's product runs over its input's panels padded
     with zeros to whole vectors (its last tile whole vectors), which its layout records; a
-    16x16 map's rows are whole vectors already, a 14x14 map's last vector is 4 pixels (a
-    short vector), 27x27 and 7x7 maps and 8-lane code read the input as it is. The answer is
-    the convolution's either way."""
+    16x16 map's pixels are whole vectors already, a 14x14 map's last vector is 4 pixels (a
+    short vector), 27x27 and 7x7 maps and 8-lane code keep the map's pixel count (and with
+    24 input channels no panels). The answer is the convolution's either way."""
     model, feeds, expect = conv_model(x=(1, 24, side, side), w=(32, 24, 1, 1))
     mod, params = relay.frontend.from_onnx(model)
     with Knobs(layout="pixels"):
         lib = relay.build(mod, target=Target(target), params=params)
     lowered = lib.lib.get_source("lowered")
-    assert ("pixel_rows" in lowered) == bool(row)
+    assert ("pixel_panels" in lowered) == bool(row)
+    layout = next(n.attrs["kernel_layout"] for n in lib.ir_mod["main"].topo()
+                  if n.op == "nn.conv2d")
     if row:
-        assert f"[1, 24, {row}]" in lowered
-        layout = next(n.attrs["kernel_layout"] for n in lib.ir_mod["main"].topo()
-                      if n.op == "nn.conv2d")
-        assert layout == "OIHW_pixels_rows16"
+        assert f"[1, {row // 16}, 24, 16]" in lowered      # the panels
+        assert layout == "OIHW_pixels16_padded"
+    else:
+        assert layout == "OIHW_pixels"
     if runs_here(Target(target)):          # the lowering above holds on any host
         np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
                                    atol=1e-4 * np.abs(expect).max())
 
 
-def test_the_padded_rows_are_part_of_the_layout_value():
+def test_the_panels_are_part_of_the_layout_value():
     from kernelrpc.relay.errors import ModelError
     from kernelrpc.relay.op.weight_layout import WeightLayout
 
-    for layout in (WeightLayout.pointwise(), WeightLayout.pointwise(16)):
+    layouts = (WeightLayout.pointwise(), WeightLayout.pointwise(8),
+               WeightLayout.pointwise(16, padded=True))
+    for layout in layouts:
         assert WeightLayout.parse(layout.attr) == layout and layout.is_model_array
-    assert WeightLayout.pointwise(16).attr == "OIHW_pixels_rows16"
-    for bad in ("OIHW_pixels_rows0", "OIHW_pixels_rows1", "OIHW_pixels_rows4096"):
+    assert [layout.attr for layout in layouts] == \
+        ["OIHW_pixels", "OIHW_pixels8", "OIHW_pixels16_padded"]
+    assert WeightLayout.pointwise(0, padded=True) == WeightLayout.pointwise()
+    for bad in ("OIHW_pixels0", "OIHW_pixels1", "OIHW_pixels4096", "OIHW_pixels_rows16",
+                "OIHW_pixels8_rows"):
         with pytest.raises(ModelError, match="unknown kernel_layout"):
             WeightLayout.parse(bad)

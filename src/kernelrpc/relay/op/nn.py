@@ -98,7 +98,7 @@ def _conv2d(ts, attrs, node):
         return winograd.conv2d(lambda before, after: pad_stage(data, before, after), weight,
                                node, layout.m, layout.lanes)
     if layout.kind == "pointwise":
-        return _conv2d_pixels(data, weight, node, layout.lanes)
+        return _conv2d_pixels(data, weight, node, layout)
     lanes = layout.lanes
     _, cg, kh, kw = static_shape(weight)[:4]
     rc = te.reduce_axis((0, cg), "rc")
@@ -140,14 +140,19 @@ def _conv2d(ts, attrs, node):
         n, E.floordiv(o, lanes), y, x, E.floormod(o, lanes)], name="conv2d", tag="conv2d_unblock")
 
 
-def _conv2d_pixels(data, weight, node, row_align: int):
+def _conv2d_pixels(data, weight, node, layout: WeightLayout):
     """A pointwise convolution as the product of its ``[O][I]`` weight and its input's
     ``[I][H*W]`` pixels (``[n][O][H*W]``: each channel's rows are one contiguous run), read
-    back as NCHW by the (inlined) output stage. A strided one reads the pixels it keeps
-    from a stage of their own (tagged ``pad``, as a strided convolution's phases); so does
-    one whose layout pads its input's rows with zeros to a multiple of ``row_align`` pixels
-    (``OIHW_pixels_rows16``: :func:`..strategy.pointwise.row_align`), the product then
-    computed over the padded rows."""
+    back as NCHW by the (inlined) output stage.
+
+    With panels (``layout.lanes`` pixels, a vector's width) the product reads its input from
+    a stage of its own (tagged ``pad``), ``[n][P/V][I][V]``: a tile's pixels, channel after
+    channel, one contiguous run, the last panel's pixels past the map zeros. Read in place, a
+    tile's pixels of each channel lie a whole map apart (196 bytes on 7x7) and most of its
+    vector loads span two cache lines (:func:`..strategy.pointwise.pixels_layout`). With
+    ``layout.padded`` the product runs over whole panels (its last tile whole vectors).
+    Without panels (a scalar target) a strided layer reads the pixels it keeps from a stage
+    of their own."""
     n_, oc, oh, ow = node.shape
     attrs = node.attrs
     if tuple(static_shape(weight)[2:]) != (1, 1) or any(attrs["padding"]) or \
@@ -155,24 +160,31 @@ def _conv2d_pixels(data, weight, node, row_align: int):
         raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs a 1x1 kernel, "
                          f"no padding and one group")
     sh, sw = attrs["strides"]
-    if (sh, sw) != (1, 1):
-        data = te.compute((n_, static_shape(data)[1], oh, ow),
-                          lambda n, c, y, x: data[n, c, y * sh, x * sw], name="subsample",
-                          tag="pad")
+    channels = static_shape(data)[1]
     count = oh * ow
-    row = count
 
-    def pixel(n, c, p):
-        return data[n, c, E.floordiv(p, ow), E.floormod(p, ow)]
-    if row_align:
-        if (sh, sw) != (1, 1):
-            raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs stride 1")
-        row = -(-count // row_align) * row_align
-        rows = te.compute((n_, static_shape(data)[1], row), lambda n, c, p: E.if_then_else(
-            p < count, pixel(n, c, p), te.const(0, data.dtype)), name="pixel_rows", tag="pad")
+    def kept(n, c, p):
+        return data[n, c, E.floordiv(p, ow) * sh, E.floormod(p, ow) * sw]
+    width = layout.lanes
+    if width:
+        panels = te.compute(
+            (n_, -(-count // width), channels, width),
+            lambda n, t, c, v: E.if_then_else(t * width + v < count, kept(n, c, t * width + v),
+                                              te.const(0, data.dtype)),
+            name="pixel_panels", tag="pad")
 
-        def pixel(n, c, p):  # noqa: F811 (from the padded rows)
-            return rows[n, c, p]
+        def pixel(n, c, p):
+            return panels[n, E.floordiv(p, width), c, E.floormod(p, width)]
+    elif (sh, sw) != (1, 1):
+        kept_stage = te.compute((n_, channels, oh, ow),
+                                lambda n, c, y, x: data[n, c, y * sh, x * sw],
+                                name="subsample", tag="pad")
+
+        def pixel(n, c, p):
+            return kept_stage[n, c, E.floordiv(p, ow), E.floormod(p, ow)]
+    else:
+        pixel = kept
+    row = -(-count // width) * width if layout.padded else count
     rc = te.reduce_axis((0, static_shape(weight)[1]), "rc")
     pixels = te.compute(
         (n_, oc, row), lambda n, o, p: te.sum(pixel(n, rc, p) * weight[o, rc, 0, 0], axis=rc),

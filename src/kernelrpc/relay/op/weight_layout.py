@@ -18,9 +18,10 @@ from . import winograd
 _PACKED = re.compile(r"OIHW(\d+)o")
 _WINOGRAD = re.compile(r"winograd(\d+)_(\d+)o")
 _GROUPED = re.compile(r"OIHW(\d+)o_g(\d+)_(\d+)")
-#: the ``pointwise`` layout's attribute (``_rows<N>``: its input's rows padded to N pixels)
+#: the ``pointwise`` layout's attribute (``<V>``: its input read in panels of V pixels,
+#: ``_padded``: the product over whole panels)
 _POINTWISE = "OIHW_pixels"
-_POINTWISE_ROWS = re.compile(r"OIHW_pixels_rows(\d+)")
+_POINTWISE_PANELS = re.compile(r"OIHW_pixels(\d+)(_padded)?")
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,15 @@ class WeightLayout:
     that no vector holds two groups' channels; ``out_channels`` is ``O``) or ``"pointwise"``
     (a 1x1 convolution's OIHW weight as it is, read as the ``[O][I]`` matrix of a product
     over the flattened pixels: the array is the model's, the layout names the computation;
-    ``lanes``, where not 0, the multiple of pixels its input's rows are padded to)."""
+    ``lanes``, where not 0, the width of the panels the product reads its input from, and
+    ``padded`` whether the product runs over whole panels: :func:`..op.nn._conv2d_pixels`)."""
 
     kind: str = "OIHW"
     lanes: int = 0
     m: int = 0
     groups: int = 1
     out_channels: int = 0
+    padded: bool = False
 
     @classmethod
     def packed(cls, lanes: int) -> "WeightLayout":
@@ -54,8 +57,8 @@ class WeightLayout:
         return cls("grouped", lanes, groups=groups, out_channels=out_channels)
 
     @classmethod
-    def pointwise(cls, row_align: int = 0) -> "WeightLayout":
-        return cls("pointwise", row_align)
+    def pointwise(cls, panel: int = 0, padded: bool = False) -> "WeightLayout":
+        return cls("pointwise", panel, padded=padded and panel > 0)
 
     @property
     def is_model_array(self) -> bool:
@@ -73,9 +76,9 @@ class WeightLayout:
             return cls()
         if attr == _POINTWISE:
             return cls.pointwise()
-        found = _POINTWISE_ROWS.fullmatch(attr)
+        found = _POINTWISE_PANELS.fullmatch(attr)
         if found and 1 < int(found.group(1)) <= 64:
-            return cls.pointwise(int(found.group(1)))
+            return cls.pointwise(int(found.group(1)), padded=bool(found.group(2)))
         found = _PACKED.fullmatch(attr)
         if found:
             return cls.packed(int(found.group(1)))
@@ -102,7 +105,8 @@ class WeightLayout:
         if self.kind == "grouped":
             return f"OIHW{self.lanes}o_g{self.groups}_{self.out_channels}"
         if self.kind == "pointwise":
-            return f"{_POINTWISE}_rows{self.lanes}" if self.lanes else _POINTWISE
+            padded = "_padded" if self.padded else ""
+            return f"{_POINTWISE}{self.lanes}{padded}" if self.lanes else _POINTWISE
         return "OIHW"
 
     def __bool__(self) -> bool:

@@ -21,7 +21,7 @@ from .depthwise import define_depthwise_knobs, is_depthwise, keeps_padded_input,
 from .direct import define_direct_knobs, schedule_direct
 from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped_layout, \
     schedule_grouped
-from .pointwise import define_pixels_knobs, is_pointwise, keeps_subsample, pixels_default, \
+from .pointwise import define_pixels_knobs, is_pointwise, keeps_input_stage, pixels_default, \
     pixels_layout, schedule_pixels
 from .record import Strategy
 from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
@@ -69,7 +69,7 @@ GROUPED = Strategy(
 PIXELS = Strategy(
     "pixels", "nn.conv2d", applies=lambda tiles, node: is_pointwise(node),
     define_knobs=define_pixels_knobs, schedule=schedule_pixels, reference=_conv_reference,
-    weight_layout=pixels_layout, keeps_stage=keeps_subsample)
+    weight_layout=pixels_layout, keeps_stage=keeps_input_stage)
 DEPTHWISE = Strategy(
     "depthwise", "nn.conv2d", applies=lambda tiles, node: is_depthwise(node),
     define_knobs=define_depthwise_knobs, schedule=schedule_depthwise, reference=_conv_reference,

@@ -176,7 +176,7 @@ def schedule_pixels(s, anchor, out, tiles: Tiles, cfg, node, dot: QuadDot):
     accumulation inside, the reduction's quads (two a step where they are even) outside the
     tile, each step the record's intrinsic over a vector's 16 pixels x 4 bytes."""
     acc = accumulation(anchor)
-    tile = pixel_tiles(s, out, cfg, cfg["tile_n"].val * quant.BLOCK_O, quant.BLOCK_O)
+    _, tile = pixel_tiles(s, out, cfg, cfg["tile_n"].val * quant.BLOCK_O, quant.BLOCK_O)
     s[acc].compute_at(s[out], tile)
     _, co, cpv, cpl = s[acc].op.axis
     rc, ri = s[acc].op.reduce_axis

@@ -4,9 +4,10 @@ batched MatMul's register tile computes it (:mod:`.matmul`): ``tile_m`` output c
 ``tile_n`` pixels (whole vectors) over the whole reduction, one broadcast weight per channel
 and one vector load per pixel vector a step. A channel's pixels are one contiguous run in
 NCHW, so the tile runs along them across rows: a 13x13 or 28x28 map has no row tail inside
-the tile and no lanes of a vector wasted on it, and no transpose writes the tile back. A
-strided one (ResNet's downsampling shortcuts) first copies the pixels it keeps into a stage of
-their own, a quarter of its input at stride 2."""
+the tile and no lanes of a vector wasted on it, and no transpose writes the tile back. The
+input is first copied into panels of a vector's pixels (:func:`pixels_layout`), a strided
+layer's (ResNet's downsampling shortcuts) only the pixels it keeps, a quarter of its input
+at stride 2."""
 from __future__ import annotations
 
 from ...compiler.recipes import register_tile
@@ -22,19 +23,19 @@ CHANNELS_OUTER_MIN_PIXELS = 27 * 27
 #: a larger weight goes outside whatever the layer (read again for every tile of pixels,
 #: it would come from beyond a core's L2)
 CHANNELS_OUTER_WEIGHT_BYTES = 1 << 20
-#: AVX-512 code reads a small map's input from rows padded to whole vectors
-#: (:func:`row_align`): a 13x13 layer's last tile of 9 pixels, summed as a vector of 8 and a
-#: column whose 8 channels' weights LLVM gathered, took as long as 2.3 full tiles, and rows
-#: starting off a line made nearly every load span two. One thread: 512 -> 1000 channels on
-#: 13x13 1057 -> 836 us, 512 -> 64 on 13x13 73.7 -> 60.0, 256 -> 1024 on 14x14 528 -> 503;
-#: on 27x27 and larger maps the copy costs more than the last tile (128 -> 16 on 55x55: 74 ->
-#: 155 us); AVX2 code (8 lanes) gained nothing (0-4% slower). A tail of 4 or 8 pixels is
-#: one short vector, not a gather: with tiles of three vectors (:func:`pixel_tile`) a 14x14
-#: map reads its input as it is (DenseNet-121 28.8 -> 27.9 ms with both, one thread)
-ROWS_MIN_LANES = 16
-ROWS_MAX_PIXELS = 256
-#: ... and a 7x7 map's rows would grow by a third
-ROWS_MIN_PIXELS = 128
+#: AVX-512 code's product runs over whole panels (:func:`pads_last_panel`) on small maps: a
+#: 13x13 layer's last tile of 9 pixels, summed as a vector of 8 and a column whose 8 channels'
+#: weights LLVM gathered, took as long as 2.3 full tiles. One thread, measured with the input
+#: rows padded in place (before the panels): 512 -> 1000 channels on 13x13 1057 -> 836 us,
+#: 512 -> 64 on 13x13 73.7 -> 60.0, 256 -> 1024 on 14x14 528 -> 503; on 27x27 and larger
+#: maps the copy cost more than the last tile (128 -> 16 on 55x55: 74 -> 155 us); AVX2 code
+#: (8 lanes) gained nothing (0-4% slower). A tail of 4 or 8 pixels is one short vector, not a
+#: gather: with tiles of three vectors (:func:`pixel_tile`) a 14x14 map keeps its last tile
+#: (DenseNet-121 28.8 -> 27.9 ms with both, one thread)
+PADDED_MIN_LANES = 16
+PADDED_MAX_PIXELS = 256
+#: ... and a 7x7 map's product would grow by a third
+PADDED_MIN_PIXELS = 128
 #: with fewer outer tiles than this the threads share out each outer tile's inner tiles
 #: instead (a 13x13 map has 6 tiles of 32 pixels, the last one short): 64 -> 256 channels
 #: on 13x13, two threads, 31.5 -> 24.6 us; 1024 -> 256 on 14x14 313.9 -> 284.8 us; one
@@ -51,8 +52,9 @@ def is_pointwise(node) -> bool:
         not any(attrs["padding"]) and "upsample" not in attrs
 
 
-def keeps_subsample(op, anchor, cfg) -> bool:
-    """A strided layer's kept pixels are a stage of their own."""
+def keeps_input_stage(op, anchor, cfg) -> bool:
+    """The input's panels (without panels, a strided layer's kept pixels) are a stage of
+    their own."""
     return op.tag == "pad"
 
 
@@ -110,7 +112,9 @@ def pixel_tiles(s, out, cfg, pixels_per_tile: int, lanes: int):
     its rows and columns fused into one pixel axis, the tile's vectors of ``lanes`` pixels one
     after another (a last tile's tail is a shorter vector, not a wider one), parallel over the
     outer tiles in ``pixel_order`` (over the inner ones where the outer ones are few:
-    :data:`MIN_PARALLEL_TILES`); returns the loop inside which a tile is accumulated."""
+    :data:`MIN_PARALLEL_TILES`); returns the loop over the outer tiles (fused with the batch)
+    where it is the parallel one, else None, and the loop inside which a tile is
+    accumulated."""
     stage = s[out]
     n, f, y, x = stage.op.axis
     fo, fi = stage.split(f, factor=cfg["tile_m"].val)
@@ -126,34 +130,89 @@ def pixel_tiles(s, out, cfg, pixels_per_tile: int, lanes: int):
         -(-height * width // pixels_per_tile)
     if batch * outer_tiles < MIN_PARALLEL_TILES:
         stage.parallel(inner)
-    else:
-        stage.parallel(stage.fuse(n, outer))
-    return inner
+        return None, inner
+    outer = stage.fuse(n, outer)
+    stage.parallel(outer)
+    return outer, inner
 
 
 def schedule_pixels(s, pixels, out, tiles: Tiles, cfg, node):
     """``pixels`` (``[n][O][H*W]``) accumulated in the output stage's tile
-    (:func:`pixel_tiles`), the accumulators in registers over the reduction."""
+    (:func:`pixel_tiles`), the accumulators in registers over the reduction; the input's
+    panels (:func:`..op.nn._conv2d_pixels`) written at the root, or where the pixel tiles
+    are the outer, parallel loop, each one's panel inside it (the channel tiles then read it
+    from L1 or L2, just written; where the threads share out the channel tiles instead, one
+    thread alone would write it)."""
     cc = accumulator(s, pixels, out)
     lanes = max(tiles.lanes, 1)
-    s[cc].compute_at(s[out], pixel_tiles(s, out, cfg, cfg["tile_n"].val, lanes))
+    outer, inner = pixel_tiles(s, out, cfg, cfg["tile_n"].val, lanes)
+    s[cc].compute_at(s[out], inner)
     register_tile(s[cc], lanes)
+    panels = [st for st in s.stages if st.op.name == "pixel_panels"]
+    if panels and outer is not None and cfg["pixel_order"].val == "pixels_outer":
+        panels[0].compute_at(s[out], outer)
+        panels[0].vectorize(panels[0].op.axis[-1])
     schedule_inputs(s, tiles)
 
 
-def row_align(tiles: Tiles, node) -> int:
-    """The multiple of pixels the input's rows are padded to (0: as they are): a vector of
-    :data:`ROWS_MIN_LANES` lanes or more, on a map of :data:`ROWS_MIN_PIXELS` to
-    :data:`ROWS_MAX_PIXELS` pixels whose last vector is not 4 or 8 pixels (a vector of
-    their own), stride 1. The last, short tile of pixels is then whole vectors and every row
-    starts on a vector's boundary."""
+def pads_last_panel(tiles: Tiles, node) -> bool:
+    """Whether the product runs over whole panels: a vector of :data:`PADDED_MIN_LANES`
+    lanes or more, on a map of :data:`PADDED_MIN_PIXELS` to :data:`PADDED_MAX_PIXELS` pixels
+    whose last vector is not 4 or 8 pixels (a vector of their own), stride 1. The last,
+    short tile of pixels is then whole vectors."""
     _, _, height, width = node.shape
     pixels = height * width
     tail = pixels % max(tiles.lanes, 1)
-    pads = tiles.lanes >= ROWS_MIN_LANES and ROWS_MIN_PIXELS <= pixels <= ROWS_MAX_PIXELS and \
-        tail not in (0, 4, 8) and tuple(node.attrs["strides"]) == (1, 1)
-    return tiles.lanes if pads else 0
+    return tiles.lanes >= PADDED_MIN_LANES and \
+        PADDED_MIN_PIXELS <= pixels <= PADDED_MAX_PIXELS and tail not in (0, 4, 8) and \
+        tuple(node.attrs["strides"]) == (1, 1)
+
+
+#: fewest input and output channels of a layer that reads its input from panels
+PANELS_MIN_CHANNELS = 128
+#: fewest lanes of a target whose layers read panels (SSE code's 4 lanes gained nothing)
+PANELS_MIN_LANES = 8
+
+
+def _outer_tiles(tiles: Tiles, node) -> int:
+    """How many outer tiles the default configuration's loop walks."""
+    _, out_channels, height, width = node.shape
+    in_channels = node.inputs[1].shape[1]
+    rows, columns = pixel_tile(tiles)
+    order = pixel_orders(out_channels, in_channels, height * width,
+                         4 * out_channels * in_channels)[0]
+    return -(-out_channels // min(rows, out_channels)) if order == "channels_outer" else \
+        -(-height * width // columns)
+
+
+def reads_panels(tiles: Tiles, node) -> bool:
+    """Whether the product reads its input from panels of a vector's pixels: on a target of
+    :data:`PANELS_MIN_LANES` lanes or more, where the layer has :data:`PANELS_MIN_CHANNELS` input and output channels or
+    more and its threads share out the outer tiles by default (:func:`pixel_tiles`), or its
+    product runs over whole panels (:func:`pads_last_panel`).
+
+    Read in place, a tile's pixels of each input channel lie a whole map apart, each step's
+    vectors spanning two cache lines, one run of the input for every channel, more than the
+    hardware's prefetchers follow; a panel is one run. The copy pays where the reduction is
+    long and many channel tiles read each panel. AVX2 code on a Zen 2 core, one thread, in
+    place -> panels: ResNet-50's 2048 -> 512 on 7x7 1568 -> 1269 us, 1024 -> 512 on 14x14
+    2768 -> 2130, 512 -> 2048 on 7x7 1392 -> 1239, 256 -> 512 /2 2466 -> 2193, 128 -> 512
+    on 28x28 1131 -> 1040, 64 -> 256 on 56x56 1134 -> 1043 (but 607 -> 677 on two threads);
+    MobileNet-v2's 960 -> 320 on 7x7 408 -> 382; few channels lost: 16 -> 96 on 112x112 436
+    -> 515, 144 -> 24 on 56x56 221 -> 252, 384 -> 64 on 14x14 105 -> 110, ResNet-18's 64 ->
+    128 /2 144 -> 164; MobileNet-v2's 960 -> 160 on 7x7 (4 tiles of pixels outside, the
+    threads sharing each one's channel tiles) gained at one thread, 209 -> 196, lost at two,
+    117 -> 137, and the network with it (2.9%). SSE code (4 lanes, no FMA): ResNet-50 and
+    SqueezeNet within 0.3% either way. Not measured on 16 lanes (AVX-512), where a vector
+    of 16 pixels in place spans two cache lines unless it starts on one."""
+    _, in_channels = node.inputs[1].shape[:2]
+    out_channels = node.shape[1]
+    wide = min(in_channels, out_channels) >= PANELS_MIN_CHANNELS and \
+        node.shape[0] * _outer_tiles(tiles, node) >= MIN_PARALLEL_TILES
+    return tiles.lanes >= PANELS_MIN_LANES and (wide or pads_last_panel(tiles, node))
 
 
 def pixels_layout(tiles: Tiles, node) -> WeightLayout:
-    return WeightLayout.pointwise(row_align(tiles, node))
+    """The ``pointwise`` layout, its panels where :func:`reads_panels`."""
+    panel = tiles.lanes if reads_panels(tiles, node) else 0
+    return WeightLayout.pointwise(panel, padded=pads_last_panel(tiles, node))

@@ -187,9 +187,10 @@ def _outer_tiles(tiles: Tiles, node) -> int:
 
 def reads_panels(tiles: Tiles, node) -> bool:
     """Whether the product reads its input from panels of a vector's pixels: on a target of
-    :data:`PANELS_MIN_LANES` lanes or more, where the layer has :data:`PANELS_MIN_CHANNELS` input and output channels or
-    more and its threads share out the outer tiles by default (:func:`pixel_tiles`), or its
-    product runs over whole panels (:func:`pads_last_panel`).
+    :data:`PANELS_MIN_LANES` lanes or more, where the layer has :data:`PANELS_MIN_CHANNELS`
+    input and output channels or more and its threads share out the outer tiles by default
+    (:func:`pixel_tiles`), or where its product runs over whole panels
+    (:func:`pads_last_panel`).
 
     Read in place, a tile's pixels of each input channel lie a whole map apart, each step's
     vectors spanning two cache lines, one run of the input for every channel, more than the

@@ -1,7 +1,10 @@
 """The device bundle: one zipapp with the standard-library-only server, run as users run it."""
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import zipfile
 
 import numpy as np
@@ -17,7 +20,8 @@ BLOCKED = ("numpy", "llvmlite", "tornado", "cloudpickle", "prometheus_client")
 # Runs the bundle with the host's heavy packages made unimportable and kernelrpc's source
 # tree off the path: everything the server uses must come from the zip.
 RUN_BLOCKED = textwrap.dedent("""
-    import importlib.abc, runpy, sys
+    import faulthandler, importlib.abc, runpy, signal, sys
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     class Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in {blocked!r}:
@@ -55,7 +59,7 @@ def test_bundle_serves_sessions_without_numpy_or_the_source_tree(pyz, fixture_mo
                              f"127.0.0.1:{tracker.port}", "--key", "bundled"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        line = proc.stdout.readline()
+        line = _ready_line(proc, timeout=60)
         assert READY.search(line), line + proc.stdout.read()
         with rpc.connect_tracker("127.0.0.1", tracker.port).request("bundled", session_timeout=60) as remote:
             remote.upload(fixture_module, "kernels.so")
@@ -72,6 +76,22 @@ def test_bundle_serves_sessions_without_numpy_or_the_source_tree(pyz, fixture_mo
     finally:
         proc.terminate()
         assert proc.wait(20) == 0
+
+
+def _ready_line(proc, timeout: float) -> str:
+    """The server's first line, or a failure with where each of its threads waits: a server
+    that hung before its ready line dumps its stacks (the SIGUSR1 handler of RUN_BLOCKED)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if lines:
+        return lines[0]
+    os.kill(proc.pid, signal.SIGUSR1)
+    reader.join(5)
+    proc.kill()
+    pytest.fail(f"the bundled server printed no ready line in {timeout} s; its output:\n"
+                + "".join(lines) + proc.stdout.read())
 
 
 def test_bundle_help_is_the_servers(pyz):

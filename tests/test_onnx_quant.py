@@ -23,8 +23,10 @@ import kernelrpc  # noqa: E402
 from kernelrpc import relay  # noqa: E402
 from kernelrpc.contrib import graph_executor  # noqa: E402
 from kernelrpc.relay import ir  # noqa: E402
+from kernelrpc.relay.fuse import partition  # noqa: E402
 from kernelrpc.relay.op import get, quant  # noqa: E402
 from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
+from kernelrpc.relay.transform import optimize  # noqa: E402
 
 QuantFormat, QuantType = quantization.QuantFormat, quantization.QuantType
 
@@ -188,6 +190,23 @@ def test_quantized_cnn_against_onnxruntime(tmp_path, case):
     ops = operators(check_against_onnxruntime(model, feeds))
     assert {"qnn.conv2d", "qnn.dense", "qnn.binary", "qnn.global_avg_pool"} <= ops
     assert not ops & {"nn.conv2d", "nn.dense", "nn.global_pool"}, "a float layer is left"
+
+
+@pytest.mark.parametrize("case", ["qdq-u8s8-per-channel", "qoperator-u8s8-per-channel"])
+def test_a_quantized_residual_add_is_a_kernel_of_its_own(tmp_path, case):
+    """``relay.fuse.KEPT_APART``: an integer convolution's group ends before the quantized add
+    of its residual (the convolution's tile writes back in vectors of its columns, the add of
+    its own runs in whole vectors); the float network's add joins its convolution."""
+    float_model = cnn_model()
+    model = quantized(tmp_path, float_model, (1, 3, 11, 13), **CNN_CASES[case])
+
+    def groups(m):
+        mod, params = relay.frontend.from_onnx(m)
+        return [[n.op for n in g.nodes] for g in partition(optimize(mod["main"], params))]
+    quantized_groups = groups(model)
+    assert ["qnn.binary"] in quantized_groups
+    assert not any("qnn.conv2d" in g and "qnn.binary" in g for g in quantized_groups)
+    assert ["nn.conv2d", "add", "add"] in groups(float_model)     # its bias and the residual
 
 
 @pytest.mark.parametrize("case", ["qdq-u8s8-per-channel", "qdq-s8s8-symmetric",

@@ -1,10 +1,12 @@
 """The device bundle: one zipapp with the standard-library-only server, run as users run it."""
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 import zipfile
 
 import numpy as np
@@ -59,8 +61,9 @@ def test_bundle_serves_sessions_without_numpy_or_the_source_tree(pyz, fixture_mo
                              f"127.0.0.1:{tracker.port}", "--key", "bundled"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        line = _ready_line(proc, timeout=60)
-        assert READY.search(line), line + proc.stdout.read()
+        before = _ready_line(proc, timeout=60)
+        if before:      # the server serves anyway; what it said is kept in the test's report
+            warnings.warn(f"the bundled server before its ready line: {before}")
         with rpc.connect_tracker("127.0.0.1", tracker.port).request("bundled", session_timeout=60) as remote:
             remote.upload(fixture_module, "kernels.so")
             module = remote.load_module("kernels.so")
@@ -79,19 +82,28 @@ def test_bundle_serves_sessions_without_numpy_or_the_source_tree(pyz, fixture_mo
 
 
 def _ready_line(proc, timeout: float) -> str:
-    """The server's first line, or a failure with where each of its threads waits: a server
-    that hung before its ready line dumps its stacks (the SIGUSR1 handler of RUN_BLOCKED)."""
+    """Once the server's ready line is out, what it printed before it (a warning of its
+    warm-up on a loaded host, seen in CI), else a failure with its output and where each of
+    its threads waits (RUN_BLOCKED's SIGUSR1 handler dumps the stacks)."""
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    ready = threading.Event()
+
+    def read():             # to the end, so that the server never waits on a full pipe
+        for line in proc.stdout:
+            lines.append(line)
+            if READY.search(line):
+                ready.set()
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    reader.join(timeout)
-    if lines:
-        return lines[0]
-    os.kill(proc.pid, signal.SIGUSR1)
+    if ready.wait(timeout):
+        return "".join(itertools.takewhile(lambda line: not READY.search(line), lines))
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGUSR1)
+        reader.join(5)
+        proc.kill()
     reader.join(5)
-    proc.kill()
     pytest.fail(f"the bundled server printed no ready line in {timeout} s; its output:\n"
-                + "".join(lines) + proc.stdout.read())
+                + "".join(lines))
 
 
 def test_bundle_help_is_the_servers(pyz):

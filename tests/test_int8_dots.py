@@ -178,6 +178,28 @@ def test_every_depthwise_tile_and_pad_place_computes_the_layer(target, case, mon
         np.testing.assert_array_equal(got, expected, err_msg=f"{case} {tile_y} {tile_x} {pad}")
 
 
+def test_integer_depthwise_input_place_follows_the_target():
+    """Under 16 lanes every integer depthwise layer converts its channel's plane (a strided
+    layer's phases) once in the channel's loop; AVX-512 keeps its in-place and band rules."""
+    from kernelrpc.relay.strategy import int8
+
+    def layer(size, stride):
+        data = ir.Node("input", (), {}, (1, 8, size, size), "uint8", "x")
+        attrs = dict(strides=(stride, stride), dilation=(1, 1), padding=(1, 1, 1, 1),
+                     groups=8, out_zero=3, out_min=0, out_max=255, out_dtype="uint8")
+        return make("qnn.conv2d", [data, ir.const(weights(EIGHT_BITS, 8, 1, 3, 3)),
+                                   ir.const(np.asarray(128, np.uint8)),
+                                   ir.const(np.zeros(8, np.int32)),
+                                   ir.const(np.full(8, 1e-2, np.float32))], **attrs)
+    shapes = [(112, 1), (56, 1), (28, 1), (7, 1), (112, 2), (56, 2), (28, 2), (14, 2)]
+    for name in ("avx2", "sse"):
+        tiles = tiles_for(Target(TARGETS[name]))
+        assert {int8._depthwise_pad(tiles, layer(*shape)) for shape in shapes} == {"channel"}
+    avx512 = tiles_for(Target(TARGETS["avx512"]))
+    assert [int8._depthwise_pad(avx512, layer(*shape)) for shape in shapes] == \
+        ["channel", "channel", "channel", "inline", "band", "band", "inline", "inline"]
+
+
 @pytest.mark.parametrize("target,weight_range,data_dtype,x_zero,channels,out_channels,strides",
                          combinations([
                              ("uint8", 255, 6, 21, (1, 1)),  # channels past a quad and a block

@@ -24,7 +24,7 @@ CASES = {
     "5x5 dilated": dict(x=(1, 8, 12, 11), w=(8, 1, 5, 5), dilations=(2, 2),
                         pads=(4, 4, 4, 4), group=8),
     "3x3 unpadded, multiplier 2": dict(x=(2, 6, 9, 33), w=(12, 1, 3, 3), group=6),
-    "3x3 rows 7 AVX2 vectors wide (its plane staged per channel)":
+    "3x3 rows 7 AVX2 vectors wide":
         dict(x=(1, 5, 9, 61), w=(5, 1, 3, 3), pads=(1, 1, 1, 1), group=5),
     "stride 2 asymmetric padding": dict(x=(1, 32, 14, 14), w=(32, 1, 3, 3), strides=(2, 2),
                                         pads=(0, 0, 1, 1), group=32),
@@ -61,3 +61,21 @@ def test_depthwise_tile_fits_the_registers():
         (4, 32)
     assert strategy.depthwise_tile(avx2, conv_node((1, 8, 30, 30), (8, 1, 3, 3), 8)) == (5, 8)
     assert strategy.depthwise_tile(avx2, conv_node((1, 8, 32, 32), (8, 1, 5, 5), 8)) == (1, 8)
+
+
+def test_default_pad_place_follows_the_target():
+    """In place (the padded reads' selects left to the edge tiles by loop partitioning), but
+    a strided layer from 28 pixels or fewer stages its channel's phases on targets of 4 and 8
+    lanes; AVX-512 reads in place everywhere."""
+    avx512, avx2, sse = (strategy.tiles_for(Target(t)) for t in (
+        "llvm -mcpu=znver4", "llvm -mcpu=haswell", "llvm -mcpu=x86-64"))
+
+    def layer(size, stride):
+        return conv_node((1, 8, size, size), (8, 1, 3, 3), 8, (stride, stride))
+    for tiles in (avx2, sse):
+        assert strategy.depthwise_pad(tiles, layer(28, 2)) == "channel"
+        assert strategy.depthwise_pad(tiles, layer(14, 2)) == "channel"
+        assert strategy.depthwise_pad(tiles, layer(56, 2)) == "inline"
+        assert strategy.depthwise_pad(tiles, layer(112, 1)) == "inline"
+        assert strategy.depthwise_pad(tiles, layer(14, 1)) == "inline"
+    assert strategy.depthwise_pad(avx512, layer(14, 2)) == "inline"

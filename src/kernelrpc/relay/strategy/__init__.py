@@ -15,7 +15,7 @@ from .channels import channel_tiles, channels_default
 from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, GROUPED, PIXELS, WINOGRAD, \
     as_modelled, candidates, conv2d_strategy, define_conv_knobs
 from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
-from .depthwise import depthwise_tile, is_depthwise
+from .depthwise import depthwise_pad, depthwise_tile, is_depthwise
 from .grouped import group_tiles
 from .int8 import INT8
 from .matmul import BATCH_MATMUL, matmul_tile
@@ -66,6 +66,6 @@ __all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "D
            "DIRECT", "GROUPED", "PIXELS", "POOL", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles",
            "WINOGRAD", "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates",
            "channel_tiles", "channels_default", "conv2d_strategy", "define_conv_knobs",
-           "define_dense_knobs", "define_knobs", "dense_rows_block", "depthwise_tile",
-           "group_tiles", "has_strategy", "is_depthwise", "matmul_tile", "strategy_for",
-           "tiles_for", "winograd_band", "winograd_plan"]
+           "define_dense_knobs", "define_knobs", "dense_rows_block", "depthwise_pad",
+           "depthwise_tile", "group_tiles", "has_strategy", "is_depthwise", "matmul_tile",
+           "strategy_for", "tiles_for", "winograd_band", "winograd_plan"]

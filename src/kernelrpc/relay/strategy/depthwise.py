@@ -35,17 +35,21 @@ def depthwise_tile(tiles: Tiles, node) -> tuple[int, int]:
 
 
 def depthwise_pad(tiles: Tiles, node) -> str:
-    """Where the default schedule puts the padded input (:data:`PAD_PLACES`): one channel's
-    plane staged in its loop on AVX2 (8 lanes) for a stride-1 layer of rows at least 7 vectors
-    wide, where reading it in place cost a mask computed and a masked load (``vmaskmovps``)
-    per load in the inner loop (MobileNet-v2's 144 x 56 x 56 layer 166 -> 136 us, 32 x 112 x 112
-    160 -> 133; 28 x 28 maps lost 10%); else in place (AVX-512's masked loads take a mask
-    register and cost nothing more). Measurements: docs/performance.md, "Every vector width",
-    the depthwise note under the per-class table."""
+    """Where the default schedule puts the padded input (:data:`PAD_PLACES`): in place, the
+    padded reads' selects left to the tiles at the map's edges (loop partitioning,
+    :mod:`~kernelrpc.compiler.lower.partition`); but one channel's phases staged in its loop
+    for a strided layer from 28 pixels or fewer on targets under 16 lanes, whose few tiles
+    a row the partitioning leaves with the selects. One thread, MobileNet-v2's layers, us, in
+    place / in the channel's loop, AVX2 code: stride 1 on 112, 56, 28 171/203, 157/191,
+    61/72; stride 2 from 112, 56, 28, 14 268/319, 102/101, 56/54, 39/31; SSE code
+    (``-mcpu=x86-64``): stride 1 on 112, 56 340/347, 315/350; stride 2 from 28, 14 111/60,
+    78/45. (Before the partitioning AVX2 code staged stride-1 layers of 56 pixels or more: a
+    mask computed and a ``vmaskmovps`` per load in place.) AVX-512 code keeps its input in
+    place (its masked loads take a mask register and cost nothing more; not measured since
+    the partitioning)."""
     width = node.inputs[0].shape[3]
-    stride_one = tuple(node.attrs["strides"]) == (1, 1)
-    return "channel" if tiles.lanes == 8 and stride_one and width >= 7 * tiles.lanes \
-        else "inline"
+    strided = tuple(node.attrs["strides"]) != (1, 1)
+    return "channel" if strided and width <= 28 and 1 < tiles.lanes < 16 else "inline"
 
 
 def define_depthwise_knobs(cfg, tiles: Tiles, node, padded: bool, pad: str | None = None,

@@ -206,39 +206,30 @@ QCONV2D_PIXELS = tuple(_quad_conv(dot, "pixels", is_pixels, _define_pixels_knobs
 
 def _depthwise_pad(tiles: Tiles, node) -> str:
     """Where an integer depthwise layer reads its padded input (:data:`.depthwise.PAD_PLACES`):
-    one channel's plane staged in the channel's loop (which centers and converts each input
-    byte once, where read in place each of the window's taps did), but in place where the
-    staged plane's short or strided rows cost more than the conversions: on 16-lane targets
-    (AVX-512, whose masked byte loads are one instruction each) a map of 7 pixels and a
-    strided layer from fewer than 56, and a strided layer from 56 or more staged by bands
-    of output rows (its float plane, 4 x 114 x 114 bytes from 112, is past L1); elsewhere
-    (masked byte loads lane by lane, but where the vector lies in the buffer:
-    :mod:`~kernelrpc.compiler.codegen.memory_codegen`) a map of 28 pixels or fewer centered
-    and converted whole at the root (``convert``: then read as a float layer reads its
-    input, its bounds checks a masked float load each), a strided layer from 56 pixels or
-    more in place, the others of stride 2 staged whole at the root.
+    one channel's plane (a strided layer's phases) centered and converted to float once in
+    the channel's loop, where read in place each of the window's taps converted its input
+    again; but in place where the staged plane's short or strided rows cost more than the
+    conversions, on 16-lane targets (AVX-512, whose masked byte loads are one instruction
+    each) a map of 7 pixels and a strided layer from fewer than 56, and a strided layer from
+    56 or more staged by bands of output rows (its float plane, 4 x 114 x 114 bytes from 112,
+    is past L1).
 
-    One thread, MobileNet-v2's layers, us, in place / in the channel's loop / at the root;
-    stride 1 on 112, 56, 28, 14, 7 pixels, then stride 2 from 112, 56, 28, 14. AVX-512 code:
-    132/105, 240/129, 64/54, 33/29, 30/49; 229/206, 84/69, 29/42, 27/52 (by bands of 4 rows,
-    a later, slower hour of the host: from 112 242 -> 189 in the channel's loop, from 56 79 ->
-    71; stride 1 on 56 127 -> 149). AVX2 code: 443/230, 509/258, 111/100, 173/47, 105/44;
-    336/428/504, 141/171/188, 88/68/71, 97/100/71 (by bands: from 112 511, from 56 207).
-    Converted at the root, the same later hour, against the place each took before, AVX2
-    code: stride 1 on 28, 14, 7: 103 -> 87, 44 -> 43, 44 -> 35; stride 2 from 28, 14: 81 ->
-    54, 79 -> 42 (from 56: 159 -> 168, on 56 272 -> 322); AVX-512 code within 10% of before
-    either way (960 x 7 x 7 36 -> 34, 192 x 28 x 28 51 -> 59)."""
+    One thread, MobileNet-v2's layers, us, in place / in the channel's loop / converted whole
+    at the root, since the padded reads' selects are left to the map's edges (loop
+    partitioning) and strided layers stage their phases: AVX2 code, stride 1 on 112, 56, 28,
+    14, 7 276/245/308, 324/277/347, 117/102/100, 162/57/60, 140/48/55; stride 2 from 112, 56,
+    28, 14 347/302/585, 166/125/161, 77/70/75, 149/41/58; SSE code (``-mcpu=x86-64``) 539/423/
+    479, 618/474/524, 214/154/156, 130/90/91, 133/67/66; 882/628/687, 367/226/218, 171/96/106,
+    145/79/101. AVX-512 code before (its rule's measurements, not repeated since): 132/105,
+    240/129, 64/54, 33/29, 30/49; 229/206, 84/69, 29/42, 27/52 (by bands of 4 rows: from
+    112 242 -> 189, from 56 79 -> 71)."""
     width = node.inputs[0].shape[3]
     strided = tuple(node.attrs["strides"]) != (1, 1)
     if tiles.lanes >= 16:
         if strided:
             return "band" if width >= 56 else "inline"
         return "channel" if width >= 14 else "inline"
-    if width <= 28:
-        return "convert"
-    if not strided:
-        return "channel"
-    return "inline" if width >= 56 else "stage"
+    return "channel"
 
 
 #: an integer depthwise layer's input places: :data:`.depthwise.PAD_PLACES`, and ``convert``:

@@ -126,9 +126,8 @@ def pixel_tiles(s, out, cfg, pixels_per_tile: int, lanes: int):
     stage.unroll(pv)
     stage.vectorize(pl)
     batch, channels, height, width = extents(stage)
-    outer_tiles = -(-channels // cfg["tile_m"].val) if outer is fo else \
-        -(-height * width // pixels_per_tile)
-    if batch * outer_tiles < MIN_PARALLEL_TILES:
+    if batch * _outer_tile_count(channels, height * width, cfg["tile_m"].val, pixels_per_tile,
+                                 outer is fo) < MIN_PARALLEL_TILES:
         stage.parallel(inner)
         return None, inner
     outer = stage.fuse(n, outer)
@@ -181,8 +180,15 @@ def _outer_tiles(tiles: Tiles, node) -> int:
     rows, columns = pixel_tile(tiles)
     order = pixel_orders(out_channels, in_channels, height * width,
                          4 * out_channels * in_channels)[0]
-    return -(-out_channels // min(rows, out_channels)) if order == "channels_outer" else \
-        -(-height * width // columns)
+    return _outer_tile_count(out_channels, height * width, min(rows, out_channels), columns,
+                             order == "channels_outer")
+
+
+def _outer_tile_count(channels: int, pixels: int, rows: int, columns: int,
+                      channels_outer: bool) -> int:
+    """The tiles of the outer loop: of ``rows`` channels where they are outer, else of
+    ``columns`` pixels."""
+    return -(-channels // rows) if channels_outer else -(-pixels // columns)
 
 
 def reads_panels(tiles: Tiles, node) -> bool:

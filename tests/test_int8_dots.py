@@ -242,16 +242,63 @@ def test_window_qconv2d_against_numpy(target, weight_range, data_dtype, x_zero, 
     assert node_flops(node) == 2 * expected.size * channels * 3 * 3
 
 
-def test_window_form_is_the_importers_for_few_channels_and_a_small_window():
-    """3 input channels and a 3x3 window (27 taps) take the window form; a 7x7 one (147
-    taps), 5 channels, or output pixels short of whole vectors keep the packed form; a window
-    form whose window or weight disagree is refused by name."""
+def _stem(kernel: int, stride: int = 2):
+    """A network's first layer as the importer packs it: 3 uint8 channels -> 16, a ``kernel``
+    window, 16 x 16 input, its output pixels whole vectors of 16; the node, its input, an
+    input and numpy's answer."""
+    data = ir.Node("input", (), {}, (1, 3, 16, 16), "uint8", "x")
+    weight = weights(SEVEN_BITS, 16, 3, kernel, kernel)
+    bias = RNG.integers(-3000, 3000, 16).astype(np.int32)
+    pad = kernel // 2
+    attrs = dict(strides=(stride, stride), dilation=(1, 1), padding=(pad,) * 4, groups=1,
+                 out_zero=7, out_min=0, out_max=255, out_dtype="uint8",
+                 kernel_layout=quant.PACKED)
+    multiplier = np.asarray(RNG.random(16) * 2e-3 + 1e-4, np.float32)
+    inputs = [data, ir.const(quant.pack_weight(weight)), ir.const(np.asarray(9, np.int32)),
+              ir.const(quant.packed_bias(bias, weight, "uint8", 9)), ir.const(multiplier)]
+    x = integers("uint8", 1, 3, 16, 16)
+    expected = quant.np_qconv2d([x, weight, np.asarray(9), bias, multiplier],
+                                dict(attrs, kernel_layout="OIHW", window=None))
+    return make("qnn.conv2d", inputs, **attrs), data, x, expected
+
+
+def test_window_form_is_the_targets_for_few_channels_and_a_small_window():
+    """The build, not the importer, chooses the form, for its target: 3 input channels and a
+    3x3 window (27 taps) take the window form everywhere, a 7x7 one (147) where a quad step is
+    a ``vpmaddubsw`` pair (AVX2, AVX512BW) and not with ``vpdpbusd`` or plain vectors; 5
+    channels, or output pixels short of whole vectors, keep the packed form; the repacked
+    layer computes what the packed one does; a window form whose window or weight disagree
+    is refused by name."""
+    from kernelrpc.relay.strategy import int8
+    from kernelrpc.relay.tuning import int8_forms
+
     attrs = {"groups": 1}
     assert quant.is_window_layer(attrs, (3, 3), 3, 112 * 112)
     assert not quant.is_window_layer(attrs, (7, 7), 3, 112 * 112)
+    assert quant.is_window_layer(attrs, (7, 7), 3, 112 * 112, int8.WINDOW_TRIPLES_PAIRS)
     assert not quant.is_window_layer(attrs, (3, 3), 5, 112 * 112)
     assert not quant.is_window_layer(attrs, (3, 3), 3, 7 * 7)
     assert not quant.is_window_layer(attrs, (1, 1), 3, 112 * 112)
+    pairs = {"avx2": True, "avx512": True, "sse": False, "vnni": False}
+    for name, target in (("avx2", TARGETS["avx2"]), ("avx512", TARGETS["avx512"]),
+                         ("sse", TARGETS["sse"]), ("vnni", "llvm -mcpu=icelake-server")):
+        tiles = tiles_for(Target(target))
+        for kernel, window in ((3, True), (7, pairs[name])):
+            node, data, x, expected = _stem(kernel)
+            (built,) = int8_forms(ir.Function([data], [node]), tiles).outputs
+            form = quant.PACKED_WINDOW if window else quant.PACKED
+            assert built.attrs["kernel_layout"] == form, (name, kernel)
+            if window:
+                assert built.attrs["window"] == (kernel, kernel)
+                inputs = [x, *(i.value for i in built.inputs[1:])]
+                np.testing.assert_array_equal(quant.np_qconv2d(inputs, built.attrs), expected)
+    for name in ("avx2", "sse"):                 # the build repacks and runs it
+        if runs_here(Target(TARGETS[name])):
+            node, data, x, expected = _stem(7)
+            got, lib = build_run(node, [data], {"x": x}, TARGETS[name])
+            np.testing.assert_array_equal(got, expected)
+            weight_shape = lib.executor["kernels"][0]["workload"][2]
+            assert (weight_shape[2:4] == [1, 1]) == pairs[name], weight_shape
     node = packed_conv_case("uint8", 3, 3, 16, (1, 1), SEVEN_BITS, size=(8, 16), window=True)[0]
     for window in (None, (3,), (3, 0), (5, 5), ("3", 3)):
         with pytest.raises(quant.ModelError, match="window"):

@@ -92,14 +92,17 @@ def test_a_task_computes_its_layer_with_the_networks_own_constants(network):
     workload, so that the task's layer computes what the network's does: its default
     configuration on the layer's own weight, zero point, bias and multipliers equals the
     operator's numpy form."""
+    from kernelrpc.compiler.target import Target
     from kernelrpc.relay.fuse import partition
     from kernelrpc.relay.op import OPS
+    from kernelrpc.relay.strategy import tiles_for
     from kernelrpc.relay.transform import optimize
 
     _, mod, params = network
     tasks = {json.dumps(t.workload[:4]): t for t in
              autotvm.task.extract_from_program(mod, target=TARGET, params=params)}
-    anchors = [g.anchor for g in partition(optimize(mod["main"], params))
+    func = tuning.int8_forms(optimize(mod["main"], params), tiles_for(Target(TARGET)))
+    anchors = [g.anchor for g in partition(func)
                if g.anchor is not None and g.anchor.op in tuning.INTEGER_OPS]
     assert anchors
     for anchor in anchors:

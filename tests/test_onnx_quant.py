@@ -213,13 +213,24 @@ def test_a_quantized_residual_add_is_a_kernel_of_its_own(tmp_path, case):
                                   "qoperator-u8s8-per-channel"])
 def test_quantized_stem_against_onnxruntime(tmp_path, case):
     """A first layer of 3 channels and a 3x3 window runs in the window form (the pixels form
-    over its 27 taps) and agrees with onnxruntime."""
+    over its 27 taps: the build's choice on every target, the importer packs it plainly) and
+    agrees with onnxruntime."""
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.relay.strategy import tiles_for
+    from kernelrpc.relay.tuning import int8_forms
+
     model = quantized(tmp_path, stem_model(), (1, 3, 32, 32), **CNN_CASES[case])
     feeds = {"x": np.asarray(np.random.default_rng(12).standard_normal((1, 3, 32, 32)),
                              np.float32)}
     mod = check_against_onnxruntime(model, feeds)
-    layouts = [n.attrs.get("kernel_layout") for n in mod["main"].topo() if n.op == "qnn.conv2d"]
-    assert layouts == [quant.PACKED_WINDOW]
+
+    def layouts(func):
+        return [n.attrs.get("kernel_layout") for n in func.topo() if n.op == "qnn.conv2d"]
+    assert layouts(mod["main"]) == [quant.PACKED]
+    for target in ("llvm", "llvm -mcpu=x86-64", "llvm -mcpu=icelake-server",
+                   "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"):
+        assert layouts(int8_forms(mod["main"], tiles_for(Target(target)))) == \
+            [quant.PACKED_WINDOW], target
 
 
 @pytest.mark.parametrize("case", ["qdq", "qoperator", "dynamic"])

@@ -39,7 +39,7 @@ from .op import OPS
 from .schedule import group_tensors, schedule_group
 from .strategy import strategy_for, tiles_for
 from .transform import optimize
-from .tuning import layer_config
+from .tuning import int8_forms, layer_config
 
 log = logging.getLogger("kernelrpc.relay")
 #: the graph JSON's kernel of a node that runs nothing (TVM's graph executor's name for it)
@@ -58,9 +58,8 @@ def build(mod, target=None, params=None, *, target_host=None, mod_name: str = "d
                         f"{type(mod).__name__}")
     target = Target(target if target is not None else target_host)
     started = time.perf_counter()
-    func = optimize(func, params)
-    func = _outputs_computed(func)
     tiles = tiles_for(target)
+    func = _outputs_computed(int8_forms(optimize(func, params), tiles))
     func, configs = _pack_weights(func, target, tiles)
     groups = partition(func)
     in_place = concats_in_place(groups, func.outputs)

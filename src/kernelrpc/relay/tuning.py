@@ -29,7 +29,8 @@ from .op import node_flops, quant
 from .op.weight_layout import WeightLayout
 from .schedule import group_tensors, schedule_group
 from .strategy import CHANNELS, GROUPED, as_modelled, candidates, strategy_for, tiles_for
-from .transform import optimize
+from .strategy.int8 import window_triples
+from .transform import optimize, rewrite, with_inputs
 
 log = logging.getLogger("kernelrpc.relay")
 
@@ -215,7 +216,7 @@ autotvm.task.PROGRAM_EXTRACTORS.append(extract_from_program)
 def extract_tasks(func: ir.Function, target, params=None) -> list[Task]:
     """The tunable layers of a network, one task per workload (see extract_from_program)."""
     target = Target(target)
-    func = optimize(func, params)
+    func = int8_forms(optimize(func, params), tiles_for(target))
     found: dict[tuple, list] = {}
     for group in partition(func):
         if group.anchor is None:
@@ -234,6 +235,32 @@ def extract_tasks(func: ir.Function, target, params=None) -> list[Task]:
         task.layers = layers
         tasks.append(task)
     return tasks
+
+
+def int8_forms(func: ir.Function, tiles) -> ir.Function:
+    """Each packed integer convolution in the form its target computes it in: the window
+    form (:data:`~kernelrpc.relay.op.quant.PACKED_WINDOW`) where
+    :func:`~kernelrpc.relay.op.quant.is_window_layer` holds with the target's
+    :func:`~kernelrpc.relay.strategy.int8.window_triples`, its weight packed again over the
+    window's taps; else as the importer packed it. The build and the tasks of a network
+    (:func:`extract_tasks`) both ask here, so that a tuned record's workload is the built
+    layer's."""
+    def visit(node, inputs):
+        node = with_inputs(node, inputs)
+        if node.op != "qnn.conv2d" or node.attrs.get("kernel_layout") != quant.PACKED:
+            return node
+        data, weight = node.inputs[:2]
+        kernel, channels = weight.shape[2:4], data.shape[1]
+        if not quant.is_window_layer(node.attrs, kernel, channels, node.shape[2] * node.shape[3],
+                                     window_triples(tiles)):
+            return node
+        integers = quant.unpack_weight(weight.value, node.shape[1], channels)
+        packed = ir.const(quant.pack_weight(quant.window_weight(integers)), weight.name)
+        return ir.Node(node.op, (data, packed, *node.inputs[2:]),
+                       {**node.attrs, "kernel_layout": quant.PACKED_WINDOW,
+                        "window": tuple(kernel)}, node.shape, node.dtype, node.name,
+                       origin=node.origin)
+    return rewrite(func, visit)
 
 
 def layer_config(group: Group, target):

@@ -320,13 +320,8 @@ def _conv(ctx, y, out: Output | None):
         extra[0] = ir.const(quant.packed_bias(extra[0].value, integers, source.value.dtype,
                                               source.zero_point))
         kernel, pixels = integers.shape[2:], conv.shape[2] * conv.shape[3]
-        if quant.is_pixels_layer(conv.attrs, kernel, pixels):
-            attrs["kernel_layout"] = quant.PACKED_PIXELS
-        elif quant.is_window_layer(conv.attrs, kernel, integers.shape[1], pixels):
-            attrs["kernel_layout"], attrs["window"] = quant.PACKED_WINDOW, tuple(kernel)
-            integers = quant.window_weight(integers)
-        else:
-            attrs["kernel_layout"] = quant.PACKED
+        attrs["kernel_layout"] = quant.PACKED_PIXELS \
+            if quant.is_pixels_layer(conv.attrs, kernel, pixels) else quant.PACKED
         integers = quant.pack_weight(integers)
     return _like(ctx, conv, "qnn.conv2d", [source.value, ir.const(integers), source.zero, *extra],
                  **attrs)

@@ -474,16 +474,17 @@ def is_pixels_layer(attrs, kernel, pixels: int | None = None) -> bool:
 WINDOW_TRIPLES = 32
 
 
-def is_window_layer(attrs, kernel, channels: int, pixels: int) -> bool:
+def is_window_layer(attrs, kernel, channels: int, pixels: int,
+                    triples: int = WINDOW_TRIPLES) -> bool:
     """A layer the ``pixels`` form computes over its window's taps (:data:`PACKED_WINDOW`):
     one group, a kernel larger than 1x1, input channels that fill at most one quad (a
     network's first layer: 3 channels, where the packed form's quads are a quarter padding
-    and its tile's reduction a few steps) and at most :data:`WINDOW_TRIPLES` taps in all,
-    output pixels in whole vectors of 16. One emeraldrapids thread, host code: MobileNet-v2's
-    3x3/2 3 -> 32 layer 174 -> 123 us; ResNet-18's 7x7/2 3 -> 64 (147 taps) 579 -> 676, so it
-    stays packed."""
+    and its tile's reduction a few steps) and at most ``triples`` taps in all, output pixels
+    in whole vectors of 16. Which layers take it is the target's (the build's choice,
+    :func:`kernelrpc.relay.tuning.int8_forms`, ``triples`` from
+    :func:`kernelrpc.relay.strategy.int8.window_triples`)."""
     return attrs["groups"] == 1 and tuple(kernel) != (1, 1) and channels <= BLOCK_I and \
-        channels * math.prod(kernel) <= WINDOW_TRIPLES and pixels % BLOCK_O == 0
+        channels * math.prod(kernel) <= triples and pixels % BLOCK_O == 0
 
 
 def window_weight(weight: np.ndarray) -> np.ndarray:

@@ -14,7 +14,8 @@ pointwise layer of whole vectors of 16 pixels (``int8_pixels``, the importer's c
 :func:`~kernelrpc.relay.op.quant.is_pixels_layer`) takes the same records the other way
 round: 16 pixels of a channel in the vector, the channel's 4 weights broadcast, so that the
 output stage requantizes and stores each vector as it is; so does a layer of few input
-channels over its window's taps (:func:`~kernelrpc.relay.op.quant.is_window_layer`).
+channels over its window's taps (:func:`~kernelrpc.relay.op.quant.is_window_layer`, the
+build's choice for the target: :func:`window_triples`).
 Depthwise convolutions and the rest (a centered uint8 weight, a run-time zero point) run the
 float layers' schedules (depthwise, direct, the dense layer's orders) on the accumulation,
 float32 where its sums are exact in it (:func:`~kernelrpc.relay.op.quant.sums_exact_in_float`),
@@ -55,6 +56,24 @@ def _reference(fold):
                              "multiplier")
         return fold([data, weight, *rest], node.attrs)
     return reference
+
+
+#: the most taps of a window form's reduction where a quad step is a ``vpmaddubsw`` and
+#: ``vpmaddwd`` pair (AVX2, AVX512BW): a 7x7 window of 3 channels (147)
+WINDOW_TRIPLES_PAIRS = 160
+
+
+def window_triples(tiles: Tiles) -> int:
+    """The most taps of a layer the window form computes on this target
+    (:func:`~kernelrpc.relay.op.quant.is_window_layer`): a 7x7 stem's 147 where a quad step
+    is a ``vpmaddubsw`` pair, whose quads the packed form pads from 3 channels to 4 and steps
+    through 49 at a time (ResNet-18's 7x7/2 3 -> 64, one Zen 2 thread, AVX2 code, packed ->
+    window 3400 -> 2850 us, onnxruntime's int8 3233; SSE code 27.2 -> 26.7 ms); else
+    :data:`~kernelrpc.relay.op.quant.WINDOW_TRIPLES`, a 3x3 stem's 27 (one emeraldrapids
+    thread, ``vpdpbusd``: MobileNet-v2's 3x3/2 3 -> 32 174 -> 123 us, ResNet-18's 7x7/2
+    579 -> 676, so the 7x7 stays packed there; the Arm targets' not measured)."""
+    return WINDOW_TRIPLES_PAIRS if tiles.int8_dot in ("avx2", "avx512bw") else \
+        quant.WINDOW_TRIPLES
 
 
 def is_packed(node) -> bool:

@@ -370,9 +370,10 @@ def _qconv2d(ts, attrs, node):
     """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window, the input centered
     (``qcenter``) and zero-padded (``pad``: its padding is the zero point; a strided layer's
     split into its phases, :func:`~.nn.phase_stage`, which a stage holds in consecutive
-    vectors), then the requantizing output stage. The sums are int32, or float32 where they are exact in it
-    (:func:`sums_exact_in_float`: a depthwise layer's 9 products always are), which the
-    targets multiply and add in one instruction and in vectors of the float layers' width."""
+    vectors), then the requantizing output stage. The sums are int32, or float32 where they
+    are exact in it (:func:`sums_exact_in_float`: a depthwise layer's 9 products always
+    are), which the targets multiply and add in one instruction and in vectors of the float
+    layers' width."""
     if attrs.get("kernel_layout") == PACKED:
         return _qconv2d_packed(ts, attrs, node)
     if attrs.get("kernel_layout") == PACKED_PIXELS:

@@ -88,10 +88,32 @@ def phase_stage(data, before, after, strides, name="pad"):
     return te.compute(shape, body, name=name, tag="pad")
 
 
+def conv_window(data, attrs, ry, rx, pad=None, name="pad"):
+    """``window(n, c, y, x)``: what a convolution's tap ``(ry, rx)`` reads for output
+    ``(n, c, y, x)``; a strided layer's input from its phases (:func:`phase_stage`, read in
+    consecutive vectors), else from ``pad(before, after)``'s padded input (by default
+    :func:`pad_stage`, spread by ``attrs["upsample"]``)."""
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
+    if (sh, sw) != (1, 1) and "upsample" not in attrs and min(pt, pl, pb, pr) >= 0:
+        phased = phase_stage(data, [pt, pl], [pb, pr], (sh, sw), name=name)
+
+        def window(n, c, y, x):
+            return phased[n, c, E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
+                          y + E.floordiv(ry * dh, sh), x + E.floordiv(rx * dw, sw)]
+        return window
+    if pad is None:
+        def pad(before, after):
+            return pad_stage(data, before, after, dilation=list(attrs.get("upsample", (1, 1))))
+    padded = pad([pt, pl], [pb, pr])
+
+    def window(n, c, y, x):
+        return padded[n, c, y * sh + ry * dh, x * sw + rx * dw]
+    return window
+
+
 def _conv2d(ts, attrs, node):
     data, weight = ts[:2]
     _, oc, oh, ow = node.shape
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     g = attrs["groups"]
     layout = WeightLayout.of(attrs)
     if layout.kind == "winograd":
@@ -108,18 +130,7 @@ def _conv2d(ts, attrs, node):
 
     def channel(o):
         return rc if g == 1 else E.floordiv(o, ocg) * cg + rc
-    if (sh, sw) != (1, 1) and "upsample" not in attrs and min(pt, pl, pb, pr) >= 0:
-        phased = phase_stage(data, [pt, pl], [pb, pr], (sh, sw))
-
-        def window(n, c, y, x):
-            return phased[n, c, E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
-                          y + E.floordiv(ry * dh, sh), x + E.floordiv(rx * dw, sw)]
-    else:
-        padded = pad_stage(data, [pt, pl], [pb, pr],
-                           dilation=list(attrs.get("upsample", (1, 1))))
-
-        def window(n, c, y, x):
-            return padded[n, c, y * sh + ry * dh, x * sw + rx * dw]
+    window = conv_window(data, attrs, ry, rx)
     if not lanes:
         return te.compute(node.shape, lambda n, o, y, x: te.sum(
             window(n, channel(o), y, x) * weight[o, rc, ry, rx], axis=[rc, ry, rx]),

@@ -19,7 +19,7 @@ from ... import te
 from ...compiler import expr as E
 from ..errors import ModelError
 from .elemwise import broadcast_index, broadcast_shape
-from .nn import phase_stage
+from .nn import conv_window
 from .registry import get, register, static_shape, unravel
 
 #: the activation types of a quantized tensor
@@ -369,7 +369,7 @@ def sample_operands(node, seed: int = 0) -> list:
 def _qconv2d(ts, attrs, node):
     """``acc[n, o, y, x] = sum (x - x_zero) * w`` over the window, the input centered
     (``qcenter``) and zero-padded (``pad``: its padding is the zero point; a strided layer's
-    split into its phases, :func:`~.nn.phase_stage`, which a stage holds in consecutive
+    split into its phases, :func:`~.nn.conv_window`, which a stage holds in consecutive
     vectors), then the requantizing output stage. The sums are int32, or float32 where they
     are exact in it (:func:`sums_exact_in_float`: a depthwise layer's 9 products always
     are), which the targets multiply and add in one instruction and in vectors of the float
@@ -383,7 +383,6 @@ def _qconv2d(ts, attrs, node):
     data, weight, zero = ts[:3]
     _, channels, height, width = static_shape(data)
     _, cg, kh, kw = static_shape(weight)
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     ocg = node.shape[1] // attrs["groups"]
     x_zero = _i32(_scalar(zero))
     dtype = "float32" if sums_exact_in_float(node) else "int32"
@@ -393,21 +392,16 @@ def _qconv2d(ts, attrs, node):
 
     rc, ry, rx = (te.reduce_axis((0, e), name) for e, name in ((cg, "rc"), (kh, "ry"),
                                                               (kw, "rx")))
-    if (sh, sw) != (1, 1):
-        phased = phase_stage(centered, [pt, pl], [pb, pr], (sh, sw), name="qpad")
 
-        def window(n, c, y, x):
-            return phased[n, c, E.floormod(ry * dh, sh), E.floormod(rx * dw, sw),
-                          y + E.floordiv(ry * dh, sh), x + E.floordiv(rx * dw, sw)]
-    else:
+    def padded(before, after):       # a stage even where nothing is padded
+        (pt, pl), (pb, pr) = before, after
+
         def padding(n, c, y, x):
             inside = te.all(y >= pt, y < height + pt, x >= pl, x < width + pl)
             return E.if_then_else(inside, centered[n, c, y - pt, x - pl], te.const(0, dtype))
-        padded = te.compute((node.shape[0], channels, height + pt + pb, width + pl + pr),
-                            padding, name="qpad", tag="pad")
-
-        def window(n, c, y, x):
-            return padded[n, c, y * sh + ry * dh, x * sw + rx * dw]
+        return te.compute((node.shape[0], channels, height + pt + pb, width + pl + pr),
+                          padding, name="qpad", tag="pad")
+    window = conv_window(centered, attrs, ry, rx, padded, name="qpad")
 
     def channel(o):
         return rc if attrs["groups"] == 1 else E.floordiv(o, ocg) * cg + rc

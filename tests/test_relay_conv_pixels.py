@@ -126,16 +126,21 @@ def test_the_order_by_default():
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_build_keeps_the_models_weight_array(family):
+def test_the_build_lays_the_weight_out_by_blocks_of_the_tiles_rows(family):
+    """The weight the build keeps is ``[O/m][I][m]``, ``m`` the default tile's rows, the
+    last block padded with zero rows (32 channels by 6 on AVX2 code: 6 blocks)."""
     target = Target(FAMILIES[family])
+    tiles = strategy.tiles_for(target)
     model, feeds, expect = conv_model(x=(1, 24, 13, 13), w=(32, 24, 1, 1))
     mod, params = relay.frontend.from_onnx(model)
     with Knobs():                         # the default configuration, recorded
         lib = relay.build(mod, target=target, params=params)
     (record,) = lib.executor["kernels"]
     assert record["config"]["layout"] == "pixels"
-    shapes = [p.shape for p in lib.get_params().values()]
-    assert (32, 24, 1, 1) in shapes and all(len(shape) <= 4 for shape in shapes)
+    rows = min(pointwise.pixel_tile(tiles)[0], 32)
+    (weight,) = [p for p in lib.get_params().values() if p.shape[1:] == (24, rows)]
+    assert weight.shape == (-(-32 // rows), 24, rows)
+    assert not weight.transpose(0, 2, 1).reshape(-1, 24)[32:].any()
     if runs_here(target):
         np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
                                    atol=1e-4 * np.abs(expect).max())
@@ -155,27 +160,37 @@ def test_fused_row_and_column_fold_back_into_one_index():
 
 
 def test_tuning_task_of_a_pointwise_layer_runs_each_strategy():
-    """A pointwise layer's task: a ``pixels`` configuration reads the OIHW weight argument
-    (its array is the model's), a ``channels`` one the packed copy; the ``pixels`` kernel
-    indexes the input by flattened pixel (a vector runs across a row's end: 14 columns are
-    not a vector's width), no division left."""
+    """A pointwise layer's task: its arguments the OIHW weight (which the direct strategy
+    reads) and its two copies, made from it, by blocks of 6 rows (``pixels``) and packed
+    (``channels``); each configuration reads its own, every ``tile_m`` the blocks of 6; the
+    ``pixels`` kernel indexes the input by flattened pixel (a vector runs across a row's
+    end: 14 columns are not a vector's width), no division left."""
+    from kernelrpc.relay.op.weight_layout import WeightLayout
+
     target = Target("llvm -mcpu=haswell")
     data, weight = [1, 16, 14, 14], [32, 16, 1, 1]
     attrs = {"dilation": [1, 1], "groups": 1, "padding": [0, 0, 0, 0], "strides": [1, 1]}
     task = conv_task(data, weight, attrs, target)
+    assert [spec[0] for spec in task.arg_specs[:-1]] == [
+        tuple(data), tuple(weight), (6, 16, 6), (4, 16, 1, 1, 8)]
     inputs = task.prepare_inputs([RNG.standard_normal(shape).astype(dtype)
                                   for shape, dtype in task.arg_specs[:-1]])
+    np.testing.assert_array_equal(
+        inputs[2], WeightLayout.pointwise(rows=6, out_channels=32).transform(inputs[1]))
     expect = task.reference(*inputs)
     space = task.config_space
     layouts = [e.val for e in space.space_map["layout"].entities]
     assert layouts[0] == "pixels" and "channels" in layouts
     for layout in layouts:
-        config = config_of(space, layout=layout)
+        configs = [config_of(space, layout=layout)]
         if layout == "pixels":
-            lowered = str(te.lower(*task.instantiate(config)))
+            lowered = str(te.lower(*task.instantiate(configs[0])))
             assert "floordiv" not in lowered and "floormod" not in lowered
-        np.testing.assert_allclose(run_task(task, config, inputs, target), expect, rtol=1e-4,
-                                   atol=1e-4, err_msg=layout)
+            configs += [config_of(space, layout=layout, tile_m=e.val)
+                        for e in space.space_map["tile_m"].entities[1:]]
+        for config in configs:
+            np.testing.assert_allclose(run_task(task, config, inputs, target), expect,
+                                       rtol=1e-4, atol=1e-4, err_msg=str(config))
 
 
 @pytest.mark.parametrize("target, side, row", [
@@ -197,17 +212,18 @@ def test_small_maps_run_over_whole_panels(target, side, row):
     assert ("pixel_panels" in lowered) == bool(row)
     layout = next(n.attrs["kernel_layout"] for n in lib.ir_mod["main"].topo()
                   if n.op == "nn.conv2d")
+    rows = f"_r{pointwise.pixel_tile(strategy.tiles_for(Target(target)))[0]}_32o"
     if row:
         assert f"[1, {row // 16}, 24, 16]" in lowered      # the panels
-        assert layout == "OIHW_pixels16_padded"
+        assert layout == "OIHW_pixels16_padded" + rows
     else:
-        assert layout == "OIHW_pixels"
+        assert layout == "OIHW_pixels" + rows
     if runs_here(Target(target)):          # the lowering above holds on any host
         np.testing.assert_allclose(run(lib, feeds), expect, rtol=1e-4,
                                    atol=1e-4 * np.abs(expect).max())
 
 
-def test_the_panels_are_part_of_the_layout_value():
+def test_the_panels_and_the_blocks_are_part_of_the_layout_value():
     from kernelrpc.relay.errors import ModelError
     from kernelrpc.relay.op.weight_layout import WeightLayout
 
@@ -218,7 +234,20 @@ def test_the_panels_are_part_of_the_layout_value():
     assert [layout.attr for layout in layouts] == \
         ["OIHW_pixels", "OIHW_pixels8", "OIHW_pixels16_padded"]
     assert WeightLayout.pointwise(0, padded=True) == WeightLayout.pointwise()
+    blocked = (WeightLayout.pointwise(rows=6, out_channels=20),
+               WeightLayout.pointwise(8, True, rows=4, out_channels=1000))
+    for layout in blocked:
+        assert WeightLayout.parse(layout.attr) == layout and not layout.is_model_array
+    assert [layout.attr for layout in blocked] == \
+        ["OIHW_pixels_r6_20o", "OIHW_pixels8_padded_r4_1000o"]
+    weight = RNG.standard_normal((20, 3, 1, 1)).astype("float32")
+    packed = blocked[0].transform(weight)
+    assert packed.shape == blocked[0].shape(weight.shape) == (4, 3, 6)
+    np.testing.assert_array_equal(packed.transpose(0, 2, 1).reshape(24, 3)[:20], weight[:, :, 0, 0])
+    assert blocked[0].oihw_shape(packed.shape) == [20, 3, 1, 1]
+    assert WeightLayout.pointwise(rows=1, out_channels=20) == WeightLayout.pointwise()
     for bad in ("OIHW_pixels0", "OIHW_pixels1", "OIHW_pixels4096", "OIHW_pixels_rows16",
-                "OIHW_pixels8_rows"):
+                "OIHW_pixels8_rows", "OIHW_pixels_padded", "OIHW_pixels_r1_20o",
+                "OIHW_pixels8_r65_20o", "OIHW_pixels_r6_0o", "OIHW_pixels_r6o"):
         with pytest.raises(ModelError, match="unknown kernel_layout"):
             WeightLayout.parse(bad)

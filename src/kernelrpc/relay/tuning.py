@@ -28,7 +28,7 @@ from .fuse import Group, partition
 from .op import node_flops, quant
 from .op.weight_layout import WeightLayout
 from .schedule import group_tensors, schedule_group
-from .strategy import CHANNELS, GROUPED, as_modelled, candidates, strategy_for, tiles_for
+from .strategy import as_modelled, candidates, strategy_for, tiles_for
 from .strategy.int8 import window_triples
 from .transform import optimize, rewrite, with_inputs
 
@@ -92,10 +92,10 @@ def _anchor_group(op: str, data_shape, weight_shape, attrs, dtype) -> Group:
 
 def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
     """The template's schedule and arguments: the layer's own, its weight argument in its
-    strategy's layout (as in the network); where the ``channels`` or ``grouped`` layout is
-    offered, the OIHW weight and its packed copy both, each configuration reading the one its
-    layout reads (a network lays the weight out at build time, so neither is timed packing
-    it)."""
+    strategy's layout (as in the network); where the candidate strategies read more than one
+    array, the OIHW weight and its laid-out copies (:func:`_weight_copies`), each
+    configuration reading the one its layout reads (a network lays the weight out at build
+    time, so none is timed laying it out)."""
     group = _anchor_group(op, data_shape, weight_shape, attrs, dtype)
     cfg, tiles = autotvm.get_config(), tiles_for(Target(target))
     node = group.anchor
@@ -104,23 +104,31 @@ def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
         group = _with_weight(node, layout.shape(weight_shape), layout)
     placeholders, out, anchor = group_tensors(group)
     s = schedule_group(group, out, anchor, tiles, cfg)
-    packed = _packed_copy(tiles, node)
-    if packed:
-        model_array = layout.is_model_array
-        other = te.placeholder(packed.shape(weight_shape) if model_array else tuple(weight_shape),
-                               name="unused_weight", dtype=dtype)
+    copies = _weight_copies(tiles, node)
+    if copies:
         data, weight = placeholders
-        placeholders = [data, weight, other] if model_array else [data, other, weight]
+        arrays = [WeightLayout(), *copies]
+        read = 0 if layout.is_model_array else arrays.index(layout)
+        placeholders = [data, *(weight if i == read else te.placeholder(
+            array.shape(weight_shape), name=f"unused_weight{i}", dtype=dtype)
+            for i, array in enumerate(arrays))]
     return s, [*placeholders, out]
 
 
-def _packed_copy(tiles, node) -> WeightLayout:
-    """The task of a layer that may take the ``channels`` or ``grouped`` layout has both
-    weights, OIHW and in that layout (its layout; the OIHW one for other layers)."""
+def _weight_copies(tiles, node) -> list[WeightLayout]:
+    """The layouts of a convolution task's weight arguments after its OIHW one: each layout
+    but the model's array that a candidate strategy reads, in the candidates' order (none
+    for a layer of one candidate, whose one weight argument is in its layout: a Winograd
+    layer's the transformed weight)."""
     if node.op != "nn.conv2d":
-        return WeightLayout()
-    found = [s for s in candidates(tiles, node) if s in (CHANNELS, GROUPED)]
-    return found[0].weight_layout(tiles, as_modelled(node)) if found else WeightLayout()
+        return []
+    found = candidates(tiles, node)
+    layouts = []
+    for strategy in found if len(found) > 1 else ():
+        layout = strategy.weight_layout(tiles, as_modelled(node))
+        if not layout.is_model_array and layout not in layouts:
+            layouts.append(layout)
+    return layouts
 
 
 def _with_weight(node: ir.Node, shape, layout: WeightLayout) -> Group:
@@ -178,14 +186,13 @@ def task_of(wkl: tuple, flop: float) -> Task:
     task.scale_atol = strategy.scale_atol
     if op in INTEGER_OPS:
         task.prepare_inputs = lambda inputs: quant.sample_operands(node)
-    if task.n_inputs == 3:              # the OIHW weight and its packed copy
-        layout = _packed_copy(tiles, node)
-
-        def pack_second(inputs: list) -> list:
-            """The task's inputs with the packed weight made from the OIHW one."""
-            data, weight, _ = inputs
-            return [data, weight, layout.transform(weight)]
-        task.prepare_inputs = pack_second
+    copies = _weight_copies(tiles, node)
+    if copies:
+        def lay_out_copies(inputs: list) -> list:
+            """The task's inputs with the weight's copies made from the OIHW one."""
+            data, weight = inputs[:2]
+            return [data, weight, *(layout.transform(weight) for layout in copies)]
+        task.prepare_inputs = lay_out_copies
     return task
 
 

@@ -152,9 +152,10 @@ def _conv2d(ts, attrs, node):
 
 
 def _conv2d_pixels(data, weight, node, layout: WeightLayout):
-    """A pointwise convolution as the product of its ``[O][I]`` weight and its input's
-    ``[I][H*W]`` pixels (``[n][O][H*W]``: each channel's rows are one contiguous run), read
-    back as NCHW by the (inlined) output stage.
+    """A pointwise convolution as the product of its ``[O][I]`` weight (with ``layout.m``,
+    its blocks of rows ``[O/m][I][m]``) and its input's ``[I][H*W]`` pixels (``[n][O][H*W]``:
+    each channel's rows are one contiguous run), read back as NCHW by the (inlined) output
+    stage.
 
     With panels (``layout.lanes`` pixels, a vector's width) the product reads its input from
     a stage of its own (tagged ``pad``), ``[n][P/V][I][V]``: a tile's pixels, channel after
@@ -166,7 +167,11 @@ def _conv2d_pixels(data, weight, node, layout: WeightLayout):
     of their own."""
     n_, oc, oh, ow = node.shape
     attrs = node.attrs
-    if tuple(static_shape(weight)[2:]) != (1, 1) or any(attrs["padding"]) or \
+    shape = tuple(static_shape(weight))
+    if layout.m and (layout.out_channels != oc or shape != layout.shape((oc, *shape[1:2], 1, 1))):
+        raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} does not fit the layer "
+                         f"({oc} output channels, weight {list(shape)})")
+    if tuple(layout.oihw_shape(shape)[2:]) != (1, 1) or any(attrs["padding"]) or \
             attrs["groups"] != 1 or "upsample" in attrs:
         raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs a 1x1 kernel, "
                          f"no padding and one group")
@@ -196,9 +201,15 @@ def _conv2d_pixels(data, weight, node, layout: WeightLayout):
     else:
         pixel = kept
     row = -(-count // width) * width if layout.padded else count
-    rc = te.reduce_axis((0, static_shape(weight)[1]), "rc")
+    rc = te.reduce_axis((0, shape[1]), "rc")
+    rows = layout.m
+
+    def weight_of(o):
+        if rows:
+            return weight[E.floordiv(o, rows), rc, E.floormod(o, rows)]
+        return weight[o, rc, 0, 0]
     pixels = te.compute(
-        (n_, oc, row), lambda n, o, p: te.sum(pixel(n, rc, p) * weight[o, rc, 0, 0], axis=rc),
+        (n_, oc, row), lambda n, o, p: te.sum(pixel(n, rc, p) * weight_of(o), axis=rc),
         name="conv2d_pixels", tag="conv2d")
     return te.compute(node.shape, lambda n, o, y, x: pixels[n, o, y * ow + x], name="conv2d",
                       tag="conv2d_unblock")

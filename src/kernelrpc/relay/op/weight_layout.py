@@ -19,9 +19,9 @@ _PACKED = re.compile(r"OIHW(\d+)o")
 _WINOGRAD = re.compile(r"winograd(\d+)_(\d+)o")
 _GROUPED = re.compile(r"OIHW(\d+)o_g(\d+)_(\d+)")
 #: the ``pointwise`` layout's attribute (``<V>``: its input read in panels of V pixels,
-#: ``_padded``: the product over whole panels)
-_POINTWISE = "OIHW_pixels"
-_POINTWISE_PANELS = re.compile(r"OIHW_pixels(\d+)(_padded)?")
+#: ``_padded``: the product over whole panels; ``_r<R>_<O>o``: the weight by blocks of R of
+#: its O output channels)
+_POINTWISE = re.compile(r"OIHW_pixels(?:(\d+)(_padded)?)?(?:_r(\d+)_(\d+)o)?")
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,13 @@ class WeightLayout:
     convolution's ``packed``: ``[G * B][I/G][KH][KW][V]``, each of the ``groups`` groups' ``O/G``
     output channels in ``B = ceil(O/G / V)`` vectors, the last padded with zero weights, so
     that no vector holds two groups' channels; ``out_channels`` is ``O``) or ``"pointwise"``
-    (a 1x1 convolution's OIHW weight as it is, read as the ``[O][I]`` matrix of a product
-    over the flattened pixels: the array is the model's, the layout names the computation;
-    ``lanes``, where not 0, the width of the panels the product reads its input from, and
-    ``padded`` whether the product runs over whole panels: :func:`..op.nn._conv2d_pixels`)."""
+    (a 1x1 convolution's weight read as the ``[O][I]`` matrix of a product over the
+    flattened pixels: where ``m`` is 0 the model's OIHW array as it is, else
+    ``[O/m][I][m]``, the rows by blocks of ``m`` of the ``out_channels``, the last block
+    padded with zero rows, so that a register tile of ``m`` output channels reads its weights
+    as one contiguous run; ``lanes``, where not 0, the width of the panels the product reads
+    its input from, and ``padded`` whether the product runs over whole panels:
+    :func:`..op.nn._conv2d_pixels`)."""
 
     kind: str = "OIHW"
     lanes: int = 0
@@ -57,13 +60,16 @@ class WeightLayout:
         return cls("grouped", lanes, groups=groups, out_channels=out_channels)
 
     @classmethod
-    def pointwise(cls, panel: int = 0, padded: bool = False) -> "WeightLayout":
-        return cls("pointwise", panel, padded=padded and panel > 0)
+    def pointwise(cls, panel: int = 0, padded: bool = False, rows: int = 0,
+                  out_channels: int = 0) -> "WeightLayout":
+        return cls("pointwise", panel, rows if rows > 1 else 0,
+                   out_channels=out_channels if rows > 1 else 0, padded=padded and panel > 0)
 
     @property
     def is_model_array(self) -> bool:
-        """Whether the weight's array is the model's own (OIHW, ``pointwise``)."""
-        return self.kind in ("OIHW", "pointwise")
+        """Whether the weight's array is the model's own (OIHW, ``pointwise`` without
+        blocks of rows)."""
+        return self.kind == "OIHW" or self.kind == "pointwise" and not self.m
 
     @property
     def group_blocks(self) -> int:
@@ -74,11 +80,13 @@ class WeightLayout:
     def parse(cls, attr: str) -> "WeightLayout":
         if attr == "OIHW":
             return cls()
-        if attr == _POINTWISE:
-            return cls.pointwise()
-        found = _POINTWISE_PANELS.fullmatch(attr)
-        if found and 1 < int(found.group(1)) <= 64:
-            return cls.pointwise(int(found.group(1)), padded=bool(found.group(2)))
+        found = _POINTWISE.fullmatch(attr)
+        if found:
+            panel, padded, rows, out_channels = found.groups()
+            if (panel is None or 1 < int(panel) <= 64) and \
+                    (rows is None or 1 < int(rows) <= 64 and int(out_channels) > 0):
+                return cls.pointwise(int(panel or 0), bool(padded), int(rows or 0),
+                                     int(out_channels or 0))
         found = _PACKED.fullmatch(attr)
         if found:
             return cls.packed(int(found.group(1)))
@@ -106,7 +114,8 @@ class WeightLayout:
             return f"OIHW{self.lanes}o_g{self.groups}_{self.out_channels}"
         if self.kind == "pointwise":
             padded = "_padded" if self.padded else ""
-            return f"{_POINTWISE}{self.lanes}{padded}" if self.lanes else _POINTWISE
+            rows = f"_r{self.m}_{self.out_channels}o" if self.m else ""
+            return f"OIHW_pixels{self.lanes or ''}{padded}{rows}"
         return "OIHW"
 
     def __bool__(self) -> bool:
@@ -123,6 +132,8 @@ class WeightLayout:
             return (a, a, out_channels // self.lanes, in_channels, self.lanes)
         if self.kind == "grouped":
             return (self.groups * self.group_blocks, in_channels, kh, kw, self.lanes)
+        if self.kind == "pointwise" and self.m:
+            return (-(-out_channels // self.m), in_channels, self.m)
         return tuple(oihw)
 
     def oihw_shape(self, shape) -> list[int]:
@@ -135,6 +146,8 @@ class WeightLayout:
             return [blocks * lanes, in_channels, 3, 3]
         if self.kind == "grouped":
             return [self.out_channels, *shape[1:4]]
+        if self.kind == "pointwise" and self.m:
+            return [self.out_channels, shape[1], 1, 1]
         return list(shape)
 
     def transform(self, weight: np.ndarray) -> np.ndarray:
@@ -153,4 +166,9 @@ class WeightLayout:
             padded[:, :o // self.groups] = per_group
             return WeightLayout.packed(self.lanes).transform(
                 padded.reshape(-1, i, kh, kw))
+        if self.kind == "pointwise" and self.m:
+            o, i = weight.shape[:2]
+            padded = np.zeros((-(-o // self.m) * self.m, i), weight.dtype)
+            padded[:o] = weight.reshape(o, i)
+            return np.ascontiguousarray(padded.reshape(-1, self.m, i).transpose(0, 2, 1))
         return weight

@@ -50,6 +50,8 @@ def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
 
 def has_strategy(tiles: Tiles, node: ir.Node | None) -> bool:
     """Whether a group's anchor is scheduled by a strategy (else at the root)."""
+    if node is not None and node.op == "nn.conv2d":
+        node = as_modelled(node)
     return node is not None and node.op in STRATEGIES and (
         "strategy" in node.attrs or any(s.applies(tiles, node) for s in STRATEGIES[node.op]))
 

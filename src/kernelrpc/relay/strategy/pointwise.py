@@ -220,6 +220,18 @@ def reads_panels(tiles: Tiles, node) -> bool:
 
 
 def pixels_layout(tiles: Tiles, node) -> WeightLayout:
-    """The ``pointwise`` layout, its panels where :func:`reads_panels`."""
+    """The ``pointwise`` layout: its panels where :func:`reads_panels`, its weight by blocks
+    of the default tile's rows (:func:`pixel_tile`), whatever the ``tile_m`` knob says (a
+    task's configurations share its arguments).
+
+    In a network a layer's weight comes from memory (ResNet-50's are 100 MB), and the model's
+    ``[O][I]`` array gave a tile of 6 channels 6 runs a row apart, each a few cache lines
+    long, which the prefetchers barely follow; in blocks a tile's weights are one run, the
+    layer's one stream. AVX2 code on a Zen 2 core, in the network, one thread: ResNet-50's 256
+    -> 1024 on 14x14 1373 -> 1183 us, 512 -> 2048 on 7x7 1544 -> 1369; ResNet-50 88.97 ->
+    86.56 ms | 52.04 -> 50.79 on two threads with blocks where the layer reads panels, and
+    0.7% less again with blocks everywhere, MobileNet-v2 2.3% less, SqueezeNet 1.3%."""
     panel = tiles.lanes if reads_panels(tiles, node) else 0
-    return WeightLayout.pointwise(panel, padded=pads_last_panel(tiles, node))
+    out_channels = node.shape[1]
+    return WeightLayout.pointwise(panel, pads_last_panel(tiles, node),
+                                  min(pixel_tile(tiles)[0], out_channels), out_channels)

@@ -146,6 +146,18 @@ def test_the_build_lays_the_weight_out_by_blocks_of_the_tiles_rows(family):
                                    atol=1e-4 * np.abs(expect).max())
 
 
+def test_the_layers_count_is_the_direct_convolutions_whatever_the_weights_layout():
+    """The operations a profile divides by: the convolution's, its bias and relu besides."""
+    model, _, _ = conv_model(x=(1, 24, 13, 13), w=(32, 24, 1, 1))
+    mod, params = relay.frontend.from_onnx(model)
+    for layout in ("pixels", "channels", "columns"):
+        with Knobs(layout=layout):
+            lib = relay.build(mod, target=Target("llvm -mcpu=haswell"), params=params)
+        (record,) = lib.executor["kernels"]
+        assert record["config"]["layout"] == layout
+        assert record["flops"] == (2 * 24 + 2) * 32 * 13 * 13, layout
+
+
 def test_fused_row_and_column_fold_back_into_one_index():
     p = E.Var("p", "int32")
     q = E.Var("q", "int32")

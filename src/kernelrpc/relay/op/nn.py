@@ -244,10 +244,8 @@ def _conv2d_grouped_blocks(window, weight, node, layout, reduce_axes):
 
 def _conv2d_flops(node):
     """The direct convolution's count, whatever the weight's layout."""
-    weight = node.inputs[1]
-    if WeightLayout.of(node.attrs).kind == "winograd":
-        return 2 * node.size * weight.shape[3] * 9
-    return 2 * node.size * math.prod(weight.shape[1:4])     # I*KH*KW, OIHW or packed
+    oihw = WeightLayout.of(node.attrs).oihw_shape(node.inputs[1].shape)
+    return 2 * node.size * math.prod(oihw[1:4])
 
 
 register("nn.conv2d", "anchor", _conv2d_infer, _conv2d, flops=_conv2d_flops)

@@ -81,6 +81,22 @@ def stem_model():
     return _model(nodes, inits, {"x": [1, 3, 32, 32]}, {"y": [1, 10]})
 
 
+def pointwise_model():
+    """A pointwise layer as the pixels form takes it: Conv 8 -> 24, 1x1 on 8x8 (64 pixels,
+    whole vectors of 16), ReLU, GlobalAveragePool, Gemm."""
+    rng = np.random.default_rng(6)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("GlobalAveragePool", ["r1"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1),
+    ]
+    inits = [_init(rng, "w1", 24, 8, 1, 1), _init(rng, "b1", 24, scale=0.1),
+             _init(rng, "w2", 10, 24), _init(rng, "b2", 10, scale=0.1)]
+    return _model(nodes, inits, {"x": [1, 8, 8, 8]}, {"y": [1, 10]})
+
+
 def encoder_model():
     """A transformer block's dense layers on 7 tokens: MatMul+bias, ReLU, MatMul+bias, the
     residual Add, and the tokens' products with each other (two activations)."""
@@ -231,6 +247,27 @@ def test_quantized_stem_against_onnxruntime(tmp_path, case):
                    "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"):
         assert layouts(int8_forms(mod["main"], tiles_for(Target(target)))) == \
             [quant.PACKED_WINDOW], target
+
+
+@pytest.mark.parametrize("case", ["qdq-u8s8-per-channel", "qoperator-u8s8-per-channel"])
+def test_quantized_pointwise_layer_against_onnxruntime(tmp_path, case):
+    """A pointwise layer of whole vectors of 16 pixels runs in the pixels form (the build's
+    choice; the importer packs it by channels, the same weight) and agrees with
+    onnxruntime."""
+    from kernelrpc.compiler.target import Target
+    from kernelrpc.relay.strategy import tiles_for
+    from kernelrpc.relay.tuning import int8_forms
+
+    model = quantized(tmp_path, pointwise_model(), (1, 8, 8, 8), **CNN_CASES[case])
+    feeds = {"x": np.asarray(np.random.default_rng(13).standard_normal((1, 8, 8, 8)),
+                             np.float32)}
+    mod = check_against_onnxruntime(model, feeds)
+    convs = [n for n in mod["main"].topo() if n.op == "qnn.conv2d"]
+    assert [n.attrs["kernel_layout"] for n in convs] == [quant.PACKED]
+    formed = [n for n in int8_forms(mod["main"], tiles_for(Target("llvm"))).topo()
+              if n.op == "qnn.conv2d"]
+    assert [n.attrs["kernel_layout"] for n in formed] == [quant.PACKED_PIXELS]
+    assert formed[0].inputs[1] is convs[0].inputs[1]
 
 
 @pytest.mark.parametrize("case", ["qdq", "qoperator", "dynamic"])

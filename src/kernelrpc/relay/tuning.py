@@ -245,11 +245,14 @@ def extract_tasks(func: ir.Function, target, params=None) -> list[Task]:
 
 
 def int8_forms(func: ir.Function, tiles) -> ir.Function:
-    """Each packed integer convolution in the form its target computes it in: the window
-    form (:data:`~kernelrpc.relay.op.quant.PACKED_WINDOW`) where
+    """Each packed integer convolution (the importer's :data:`~kernelrpc.relay.op.quant.PACKED`)
+    in the form its target computes it in: the ``pixels`` form
+    (:data:`~kernelrpc.relay.op.quant.PACKED_PIXELS`, the same weight) where
+    :func:`~kernelrpc.relay.op.quant.is_pixels_layer` holds; the window form
+    (:data:`~kernelrpc.relay.op.quant.PACKED_WINDOW`) where
     :func:`~kernelrpc.relay.op.quant.is_window_layer` holds with the target's
     :func:`~kernelrpc.relay.strategy.int8.window_triples`, its weight packed again over the
-    window's taps; else as the importer packed it. The build and the tasks of a network
+    window's taps; else packed by channels. The build and the tasks of a network
     (:func:`extract_tasks`) both ask here, so that a tuned record's workload is the built
     layer's."""
     def visit(node, inputs):
@@ -258,16 +261,21 @@ def int8_forms(func: ir.Function, tiles) -> ir.Function:
             return node
         data, weight = node.inputs[:2]
         kernel, channels = weight.shape[2:4], data.shape[1]
-        if not quant.is_window_layer(node.attrs, kernel, channels, node.shape[2] * node.shape[3],
-                                     window_triples(tiles)):
+        pixels = node.shape[2] * node.shape[3]
+        if quant.is_pixels_layer(node.attrs, kernel, pixels):
+            return _with_layout(node, node.inputs, quant.PACKED_PIXELS)
+        if not quant.is_window_layer(node.attrs, kernel, channels, pixels, window_triples(tiles)):
             return node
         integers = quant.unpack_weight(weight.value, node.shape[1], channels)
         packed = ir.const(quant.pack_weight(quant.window_weight(integers)), weight.name)
-        return ir.Node(node.op, (data, packed, *node.inputs[2:]),
-                       {**node.attrs, "kernel_layout": quant.PACKED_WINDOW,
-                        "window": tuple(kernel)}, node.shape, node.dtype, node.name,
-                       origin=node.origin)
+        return _with_layout(node, (data, packed, *node.inputs[2:]), quant.PACKED_WINDOW,
+                            window=tuple(kernel))
     return rewrite(func, visit)
+
+
+def _with_layout(node: ir.Node, inputs, layout: str, **attrs) -> ir.Node:
+    return ir.Node(node.op, tuple(inputs), {**node.attrs, "kernel_layout": layout, **attrs},
+                   node.shape, node.dtype, node.name, origin=node.origin)
 
 
 def layer_config(group: Group, target):

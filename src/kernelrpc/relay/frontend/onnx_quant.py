@@ -319,9 +319,7 @@ def _conv(ctx, y, out: Output | None):
             source.zero_point is not None:
         extra[0] = ir.const(quant.packed_bias(extra[0].value, integers, source.value.dtype,
                                               source.zero_point))
-        kernel, pixels = integers.shape[2:], conv.shape[2] * conv.shape[3]
-        attrs["kernel_layout"] = quant.PACKED_PIXELS \
-            if quant.is_pixels_layer(conv.attrs, kernel, pixels) else quant.PACKED
+        attrs["kernel_layout"] = quant.PACKED       # its form is the build's choice
         integers = quant.pack_weight(integers)
     return _like(ctx, conv, "qnn.conv2d", [source.value, ir.const(integers), source.zero, *extra],
                  **attrs)

@@ -10,7 +10,7 @@ step (:mod:`.int8_dots`: ``vpdpbusd`` with AVX512-VNNI, ``vpmaddubsw`` and ``vpm
 with AVX2 or AVX512BW, on the weights or, where they could saturate it, on their halves,
 aarch64's ``sdot`` or, without the dot product, ``smull``, armv7 NEON's ``vmlal``, plain
 vectors elsewhere), the first that applies taken, each computing the exact int32 sum. A
-pointwise layer of whole vectors of 16 pixels (``int8_pixels``, the importer's choice:
+pointwise layer of whole vectors of 16 pixels (``int8_pixels``, the build's choice:
 :func:`~kernelrpc.relay.op.quant.is_pixels_layer`) takes the same records the other way
 round: 16 pixels of a channel in the vector, the channel's 4 weights broadcast, so that the
 output stage requantizes and stores each vector as it is; so does a layer of few input

@@ -61,7 +61,8 @@ def cnn_model():
              _init(rng, "w2", 8, 1, 3, 3), _init(rng, "b2", 8, scale=0.1),
              _init(rng, "w3", 8, 8, 1, 1), _init(rng, "b3", 8, scale=0.1),
              _init(rng, "w4", 10, 16), _init(rng, "b4", 10, scale=0.1),
-             numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+             numpy_helper.from_array(np.float32(0), "lo"),
+             numpy_helper.from_array(np.float32(6), "hi")]
     return _model(nodes, inits, {"x": [1, 3, 11, 13]}, {"y": [1, 10]})
 
 

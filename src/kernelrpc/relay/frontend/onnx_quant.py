@@ -343,7 +343,7 @@ def _dense(ctx, y, out: Output | None):
     if extra is None:
         return None
     integers, attrs, rows = weight[0], dict(out.attrs() if out else _INT32), source.value
-    if integers.dtype == np.int8:       # packed (reads N-D rows), its column sums for the zero point
+    if integers.dtype == np.int8:   # packed (reads N-D rows), its column sums for the zero point
         attrs["kernel_layout"] = quant.PACKED_DENSE
         operands = [ir.const(quant.pack_dense_weight(integers)), source.zero,
                     ir.const(integers.astype(np.int32).sum(axis=0, dtype=np.int32))]

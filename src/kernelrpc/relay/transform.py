@@ -1,4 +1,5 @@
-"""Graph passes run by ``relay.build``: bind the params, fold constants, move reshapes that
+"""Graph passes run by ``relay.build``: bind the params, fold constants, merge common
+computations, move reshapes that
 only insert or remove unit dimensions past elementwise operators (so that the pair around a
 1-D layer cancels), fold per-channel scales (batch normalization) into the producing
 convolution or dense layer, merge constant additions. Each pass returns a new
@@ -239,9 +240,42 @@ def sink_unit_reshapes(func: ir.Function) -> ir.Function:
     return rewrite(func, visit)
 
 
+#: constants of at most this many elements are one node for each value (shapes, scalars, zero
+#: points: an exporter writes one for each operator that takes it)
+MERGED_CONST_SIZE = 64
+
+
+def merge_common(func: ir.Function) -> ir.Function:
+    """One node for each distinct computation: an operator of the same attributes over the
+    same inputs, a small constant of the same value. An exporter writes what a tensor's
+    readers each need once for each of them: the BERT-style encoder's dynamically quantized
+    query, key and value layers each reshape, measure and quantize the same tokens."""
+    seen = {}
+
+    def visit(node, inputs):
+        node = with_inputs(node, inputs)
+        key = _computation(node)
+        return node if key is None else seen.setdefault(key, node)
+    return rewrite(func, visit)
+
+
+def _computation(node: ir.Node):
+    """What makes ``node`` the same as another, or None where only itself is."""
+    if node.op in ("input", "param"):
+        return None
+    if node.is_const:
+        value = node.value
+        return None if value.size > MERGED_CONST_SIZE else \
+            ("const", node.dtype, node.shape, value.tobytes())
+    if any(isinstance(v, np.ndarray) for v in node.attrs.values()):
+        return None
+    return (node.op, tuple(id(i) for i in node.inputs), repr(sorted(node.attrs.items())),
+            node.shape, node.dtype)
+
+
 def optimize(func: ir.Function, params: dict | None) -> ir.Function:
     func = bind_params(func, params)
-    func = fold_constants(func)
+    func = merge_common(fold_constants(func))
     func = sink_unit_reshapes(func)
     for _ in range(3):       # BN after a bias-less conv is mul then add: two rounds reach both
         func = fold_scale_axis(func)

@@ -47,7 +47,7 @@ def bind_params(func: ir.Function, params: dict | None) -> ir.Function:
             missing.append(node.name)
             return node
         given = params[node.name]
-        value = np.asarray(given.numpy() if hasattr(given, "numpy") else given)  # a device tensor too
+        value = np.asarray(given.numpy() if hasattr(given, "numpy") else given)  # a device tensor
         if tuple(value.shape) != node.shape or value.dtype.name != node.dtype:
             raise ModelError(f"param {node.name!r} is {value.dtype}{list(value.shape)}, the model "
                              f"expects {node.dtype}{list(node.shape)}")

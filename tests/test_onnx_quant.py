@@ -66,36 +66,32 @@ def cnn_model():
     return _model(nodes, inits, {"x": [1, 3, 11, 13]}, {"y": [1, 10]})
 
 
-def stem_model():
-    """A network's first layer as the window form takes it: Conv 3 -> 16, 3x3, stride 2 on
-    32x32 (16x16 outputs, whole vectors of 16), ReLU, GlobalAveragePool, Gemm."""
-    rng = np.random.default_rng(5)
+def one_conv_model(seed, x, weight, **conv_attrs):
+    """Conv of ``weight``'s shape on ``x`` (bias, ReLU), GlobalAveragePool, Gemm to 10."""
+    rng = np.random.default_rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], **conv_attrs),
         helper.make_node("Relu", ["c1"], ["r1"]),
         helper.make_node("GlobalAveragePool", ["r1"], ["g"]),
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1),
     ]
-    inits = [_init(rng, "w1", 16, 3, 3, 3), _init(rng, "b1", 16, scale=0.1),
-             _init(rng, "w2", 10, 16), _init(rng, "b2", 10, scale=0.1)]
-    return _model(nodes, inits, {"x": [1, 3, 32, 32]}, {"y": [1, 10]})
+    channels = weight[0]
+    inits = [_init(rng, "w1", *weight), _init(rng, "b1", channels, scale=0.1),
+             _init(rng, "w2", 10, channels), _init(rng, "b2", 10, scale=0.1)]
+    return _model(nodes, inits, {"x": list(x)}, {"y": [1, 10]})
+
+
+def stem_model():
+    """A network's first layer as the window form takes it: Conv 3 -> 16, 3x3, stride 2 on
+    32x32 (16x16 outputs, whole vectors of 16)."""
+    return one_conv_model(5, (1, 3, 32, 32), (16, 3, 3, 3), pads=[1, 1, 1, 1], strides=[2, 2])
 
 
 def pointwise_model():
     """A pointwise layer as the pixels form takes it: Conv 8 -> 24, 1x1 on 8x8 (64 pixels,
-    whole vectors of 16), ReLU, GlobalAveragePool, Gemm."""
-    rng = np.random.default_rng(6)
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
-        helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("GlobalAveragePool", ["r1"], ["g"]),
-        helper.make_node("Flatten", ["g"], ["f"]),
-        helper.make_node("Gemm", ["f", "w2", "b2"], ["y"], transB=1),
-    ]
-    inits = [_init(rng, "w1", 24, 8, 1, 1), _init(rng, "b1", 24, scale=0.1),
-             _init(rng, "w2", 10, 24), _init(rng, "b2", 10, scale=0.1)]
-    return _model(nodes, inits, {"x": [1, 8, 8, 8]}, {"y": [1, 10]})
+    whole vectors of 16)."""
+    return one_conv_model(6, (1, 8, 8, 8), (24, 8, 1, 1))
 
 
 def encoder_model():

@@ -230,8 +230,9 @@ def pixels_layout(tiles: Tiles, node) -> WeightLayout:
     layer's one stream. AVX2 code on a Zen 2 core, in the network, one thread: ResNet-50's 256
     -> 1024 on 14x14 1373 -> 1183 us, 512 -> 2048 on 7x7 1544 -> 1369; ResNet-50 88.36 ->
     85.91 ms | 51.93 -> 50.32 on two threads, MobileNet-v2 5.72 -> 5.60 | 4.96 -> 4.73,
-    SqueezeNet 7.07 -> 6.89 | 5.19 -> 5.07 (blocks only where the layer reads panels gained
-    two thirds as much on ResNet-50 and nothing on MobileNet-v2); SSE code 0.4-1% faster."""
+    SqueezeNet 7.07 -> 6.89 | 5.19 -> 5.07 (in blocks only where the layer reads panels,
+    ResNet-50 2.7% faster and MobileNet-v2 unchanged: blocks everywhere gained 0.7% and 2.3%
+    more); SSE code 0.4-1% faster."""
     panel = tiles.lanes if reads_panels(tiles, node) else 0
     out_channels = node.shape[1]
     return WeightLayout.pointwise(panel, pads_last_panel(tiles, node),

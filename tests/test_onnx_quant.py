@@ -153,6 +153,14 @@ def run(model, feeds):
     return mod, [m.get_output(k).numpy() for k in range(m.get_num_outputs())]
 
 
+def convs(func) -> list:
+    return [n for n in func.topo() if n.op == "qnn.conv2d"]
+
+
+def conv_layouts(func) -> list:
+    return [n.attrs.get("kernel_layout") for n in convs(func)]
+
+
 def operators(mod) -> set:
     return {node.op for node in mod["main"].topo()}
 
@@ -236,13 +244,10 @@ def test_quantized_stem_against_onnxruntime(tmp_path, case):
     feeds = {"x": np.asarray(np.random.default_rng(12).standard_normal((1, 3, 32, 32)),
                              np.float32)}
     mod = check_against_onnxruntime(model, feeds)
-
-    def layouts(func):
-        return [n.attrs.get("kernel_layout") for n in func.topo() if n.op == "qnn.conv2d"]
-    assert layouts(mod["main"]) == [quant.PACKED]
+    assert conv_layouts(mod["main"]) == [quant.PACKED]
     for target in ("llvm", "llvm -mcpu=x86-64", "llvm -mcpu=icelake-server",
                    "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"):
-        assert layouts(int8_forms(mod["main"], tiles_for(Target(target)))) == \
+        assert conv_layouts(int8_forms(mod["main"], tiles_for(Target(target)))) == \
             [quant.PACKED_WINDOW], target
 
 
@@ -259,12 +264,11 @@ def test_quantized_pointwise_layer_against_onnxruntime(tmp_path, case):
     feeds = {"x": np.asarray(np.random.default_rng(13).standard_normal((1, 8, 8, 8)),
                              np.float32)}
     mod = check_against_onnxruntime(model, feeds)
-    convs = [n for n in mod["main"].topo() if n.op == "qnn.conv2d"]
-    assert [n.attrs["kernel_layout"] for n in convs] == [quant.PACKED]
-    formed = [n for n in int8_forms(mod["main"], tiles_for(Target("llvm"))).topo()
-              if n.op == "qnn.conv2d"]
-    assert [n.attrs["kernel_layout"] for n in formed] == [quant.PACKED_PIXELS]
-    assert formed[0].inputs[1] is convs[0].inputs[1]
+    formed = int8_forms(mod["main"], tiles_for(Target("llvm")))
+    assert conv_layouts(mod["main"]) == [quant.PACKED]
+    assert conv_layouts(formed) == [quant.PACKED_PIXELS]
+    (conv,), (built,) = (convs(f) for f in (mod["main"], formed))
+    assert built.inputs[1] is conv.inputs[1]
 
 
 @pytest.mark.parametrize("case", ["qdq", "qoperator", "dynamic"])

@@ -38,7 +38,7 @@ from .memory_plan import concats_in_place, plan_memory
 from .op import OPS
 from .schedule import group_tensors, schedule_group
 from .strategy import strategy_for, tiles_for
-from .transform import optimize
+from .transform import optimize, with_layout
 from .tuning import int8_forms, layer_config
 
 log = logging.getLogger("kernelrpc.relay")
@@ -128,10 +128,8 @@ def _pack_weights(func: ir.Function, target, tiles):
         layout = strategy_for(tiles, node, answer[0]).weight_layout(tiles, node)
         if layout:
             data, weight = node.inputs[:2]
-            node = ir.Node(node.op, (data, ir.const(layout.transform(weight.value), weight.name),
-                                     *node.inputs[2:]),
-                           {**node.attrs, "kernel_layout": layout.attr}, node.shape,
-                           node.dtype, node.name, origin=node.origin)
+            node = with_layout(node, (data, ir.const(layout.transform(weight.value), weight.name),
+                                      *node.inputs[2:]), layout.attr)
         configs[id(node)] = answer
         return node
     return transform.rewrite(func, visit), configs

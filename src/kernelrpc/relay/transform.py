@@ -36,6 +36,12 @@ def with_inputs(node: ir.Node, inputs) -> ir.Node:
                    node.origin)
 
 
+def with_layout(node: ir.Node, inputs, kernel_layout: str, **attrs) -> ir.Node:
+    """``node`` over ``inputs``, its weight in ``kernel_layout`` (and ``attrs`` besides)."""
+    return ir.Node(node.op, tuple(inputs), {**node.attrs, "kernel_layout": kernel_layout, **attrs},
+                   node.shape, node.dtype, node.name, origin=node.origin)
+
+
 def bind_params(func: ir.Function, params: dict | None) -> ir.Function:
     params = {} if params is None else dict(params)
     missing = []

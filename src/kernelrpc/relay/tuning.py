@@ -30,7 +30,7 @@ from .op.weight_layout import WeightLayout
 from .schedule import group_tensors, schedule_group
 from .strategy import as_modelled, candidates, strategy_for, tiles_for
 from .strategy.int8 import window_triples
-from .transform import optimize, rewrite, with_inputs
+from .transform import optimize, rewrite, with_inputs, with_layout
 
 log = logging.getLogger("kernelrpc.relay")
 
@@ -134,8 +134,7 @@ def _weight_copies(tiles, node) -> list[WeightLayout]:
 def _with_weight(node: ir.Node, shape, layout: WeightLayout) -> Group:
     """The layer with a weight argument of ``shape`` in ``layout``."""
     weight = ir.Node("input", (), {}, tuple(shape), node.dtype, "weight")
-    node = ir.Node(node.op, (node.inputs[0], weight), {**node.attrs, "kernel_layout": layout.attr},
-                   node.shape, node.dtype, node.op)
+    node = with_layout(node, (node.inputs[0], weight), layout.attr)
     return Group(nodes=[node], anchor=node)
 
 
@@ -263,19 +262,14 @@ def int8_forms(func: ir.Function, tiles) -> ir.Function:
         kernel, channels = weight.shape[2:4], data.shape[1]
         pixels = node.shape[2] * node.shape[3]
         if quant.is_pixels_layer(node.attrs, kernel, pixels):
-            return _with_layout(node, node.inputs, quant.PACKED_PIXELS)
+            return with_layout(node, node.inputs, quant.PACKED_PIXELS)
         if not quant.is_window_layer(node.attrs, kernel, channels, pixels, window_triples(tiles)):
             return node
         integers = quant.unpack_weight(weight.value, node.shape[1], channels)
         packed = ir.const(quant.pack_weight(quant.window_weight(integers)), weight.name)
-        return _with_layout(node, (data, packed, *node.inputs[2:]), quant.PACKED_WINDOW,
-                            window=tuple(kernel))
+        return with_layout(node, (data, packed, *node.inputs[2:]), quant.PACKED_WINDOW,
+                           window=tuple(kernel))
     return rewrite(func, visit)
-
-
-def _with_layout(node: ir.Node, inputs, layout: str, **attrs) -> ir.Node:
-    return ir.Node(node.op, tuple(inputs), {**node.attrs, "kernel_layout": layout, **attrs},
-                   node.shape, node.dtype, node.name, origin=node.origin)
 
 
 def layer_config(group: Group, target):

@@ -222,7 +222,7 @@ def test_pass_context_prints_after_each_pass_and_validates_options():
     assert names == ["# After ScheduleOps:", "# After Simplify:", "# After LoopPartition:",
                      "# After NormalizeParallel:",
                      "# After VectorizeLoop:", "# After UnrollLoop:", "# After RemoveNoOp:",
-                     "# After InterleaveStores:", "# After VerifyVars:"]
+                     "# After UnswitchLoop:", "# After InterleaveStores:", "# After VerifyVars:"]
     with pytest.raises(PassConfigError):
         te.PassContext(config={"no_such_option": 1})
     with pytest.raises(PassConfigError):

@@ -10,6 +10,7 @@ from .passes import Pass, PassConfigError, PassContext, run_passes
 from .schedule_ops import LowerError, ScheduleLowering
 from .simplify import simplify_func
 from .unroll import unroll_func
+from .unswitch import unswitch_func
 from .vectorize import vectorize_func
 from .verify import verify_vars
 
@@ -23,6 +24,7 @@ PASSES = [
     Pass("VectorizeLoop", lambda f, ctx: vectorize_func(f, not ctx.get("disable_vectorize"))),
     Pass("UnrollLoop", lambda f, ctx: unroll_func(f, ctx.get("unroll_max_extent"))),
     Pass("RemoveNoOp", lambda f, ctx: simplify_func(f), opt_level=1),
+    Pass("UnswitchLoop", lambda f, ctx: unswitch_func(f), opt_level=2),
     Pass("InterleaveStores", lambda f, ctx: interleave_func(f), opt_level=1),
     Pass("VerifyVars", lambda f, ctx: verify_vars(f)),
 ]

@@ -26,7 +26,7 @@ def _guarded_sum(condition_of):
 
 def _run(func, n):
     a = np.arange(1, 9, dtype="float32")
-    out = np.zeros(2, "float32")
+    out = np.zeros(func.params[1].shape, "float32")
     interp.run(func, a, out, n)
     return out
 
@@ -53,6 +53,24 @@ def test_an_invariant_guard_is_tested_once_outside_two_loops():
         np.testing.assert_array_equal(_run(unswitched, n), _run(func, n))
     assert _run(unswitched, 0).tolist() == [36.0, 36.0]
     assert _run(unswitched, 5).tolist() == [36.0, 0.0]
+
+
+def test_a_tiles_row_guards_are_one_condition():
+    """``n*6 < 126``, ``< 125`` and ``< 124`` hold for the same integers: one unswitch."""
+    a, out = ir.Buffer("a", (8,)), ir.Buffer("out", (3,))
+    k, n = Var("k"), Var("n")
+    rows = [ir.IfThenElse(LT(n * IntImm(6), IntImm(126 - r)),
+                          ir.Store(out, ir.Load(out, IntImm(r)) + ir.Load(a, k), IntImm(r)))
+            for r in range(3)]
+    func = ir.PrimFunc("rows", [a, out, n], ir.For(k, IntImm(0), IntImm(8), "serial",
+                                                     ir.seq(*rows)))
+    unswitched = unswitch_func(func)
+    assert isinstance(unswitched.body, ir.IfThenElse)
+    assert [len(_guards_in(loop.body)) for loop in _loops(unswitched.body)] == [0]
+    for value in (19, 20, 21):
+        np.testing.assert_array_equal(_run(unswitched, value), _run(func, value))
+    assert _run(unswitched, 20).tolist() == [36.0] * 3
+    assert _run(unswitched, 21).tolist() == [0.0] * 3
 
 
 def test_guards_the_loop_changes_or_that_read_memory_stay_inside():

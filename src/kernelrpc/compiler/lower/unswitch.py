@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..ir import (BufferPointer, ExternCall, For, IfThenElse, LetStmt, Load, Mutator,
                   expr_to_str, post_order_visit, seq, vars_in)
-from ..expr import Call, Let
+from ..expr import LT, Call, IntImm, Let, Mul
 
 #: how many distinct guards one loop is unswitched on (2**n copies of its body)
 MAX_GUARDS = 2
@@ -41,6 +41,16 @@ def _bound_inside(body) -> set:
     return bound
 
 
+def _key(cond) -> str:
+    """The printed condition, ``x*c < k`` (``c > 0``) as ``x < ceil(k/c)``: a tile's last rows
+    guard ``row*6 < 126``, ``row*6 < 125``... alike, one condition to unswitch on."""
+    if isinstance(cond, LT) and isinstance(cond.b, IntImm) and isinstance(cond.a, Mul):
+        x, c = (cond.a.a, cond.a.b) if isinstance(cond.a.b, IntImm) else (cond.a.b, cond.a.a)
+        if isinstance(c, IntImm) and c.value > 0:
+            return f"{expr_to_str(x)} < {-(-cond.b.value // c.value)}"
+    return expr_to_str(cond)
+
+
 def _invariant_guard(loop: For):
     """The condition of the first guard in ``loop``'s body that the loop does not change."""
     inner = _bound_inside(loop.body) | {loop.var}
@@ -55,13 +65,13 @@ def _invariant_guard(loop: For):
 
 
 class _Resolve(Mutator):
-    """The body with every guard on ``key`` (printed condition) taken or dropped."""
+    """The body with every guard whose :func:`_key` is ``key`` taken or dropped."""
 
     def __init__(self, key: str, holds: bool):
         self.key, self.holds = key, holds
 
     def visit_IfThenElse(self, s):
-        if s.else_case is None and expr_to_str(s.condition) == self.key:
+        if s.else_case is None and _key(s.condition) == self.key:
             return self.visit(s.then_case) if self.holds else None
         return self.generic_visit(s)
 
@@ -82,7 +92,7 @@ class LoopUnswitcher(Mutator):
         cond = _invariant_guard(loop)
         if cond is None:
             return loop
-        key = expr_to_str(cond)
+        key = _key(cond)
         copies = []
         for holds in (True, False):
             body = _Resolve(key, holds).visit(loop.body)

@@ -230,6 +230,27 @@ def test_the_kernel_row_is_unrolled_by_default_where_it_gains(target, data, weig
     assert space.space_map["unroll_kw"].entities[0].val is unrolled
 
 
+@pytest.mark.parametrize("target, data, weight, tile", [
+    ("llvm -mcpu=haswell", (1, 3, 224, 224), (64, 3, 3, 3), (8, 8)),
+    ("llvm -mcpu=haswell", (1, 3, 226, 226), (64, 3, 3, 3), (6, 16)),
+    ("llvm -mcpu=haswell", (1, 3, 224, 224), (96, 3, 3, 3), (12, 8)),
+    ("llvm -mcpu=haswell", (1, 3, 224, 224), (70, 3, 3, 3), (10, 8)),
+    ("llvm -mcpu=haswell", (1, 3, 224, 224), (67, 3, 3, 3), (6, 8)),
+    ("llvm -mcpu=x86-64", (1, 3, 224, 224), (64, 3, 3, 3), (8, 4)),
+    ("llvm -mcpu=skylake-avx512", (1, 3, 224, 224), (64, 3, 3, 3), (16, 16))])
+def test_a_direct_tile_of_fewer_columns_takes_more_channels(target, data, weight, tile):
+    """The direct layout's default tile (``tile_f``, ``tile_x``): where the row leaves fewer
+    columns than the target's tile (111 columns: one vector of 8 on AVX2, 111 % 16 = 15 left
+    to a tail), up to twice the channels, the most that divide the output channels; the
+    target's channels where none does, or where the row takes the whole tile."""
+    tiles = strategy.tiles_for(Target(target))
+    space = autotvm.ConfigSpace()
+    strategy.define_conv_knobs(space, tiles, conv_node(data, weight, strides=(2, 2)),
+                               padded=False)
+    assert (space.space_map["tile_f"].entities[0].val,
+            space.space_map["tile_x"].entities[0].val) == tile
+
+
 def conv_task(data, weight, attrs, target):
     """The tuning task of a network's convolution (``attrs`` as the workload lists them)."""
     wkl = ("conv2d_nchw", list(data), list(weight),

@@ -132,8 +132,9 @@ def test_channels_layout_on_fewer_lanes():
     assert tiles.lanes == 8
     mod, params, feeds, expect, conv = conv_layer(**CASES["3x3 padded"])
     choices = strategy.channel_tiles(tiles, conv)
-    assert choices and all(int(v) * int(r) * int(c) + int(v) + (1 if v == "1" else 3 + int(r) * int(c))
-                           <= 16 for v, r, c in (t.split("x") for t in choices))
+    assert choices and all(
+        int(v) * int(r) * int(c) + int(v) + (1 if v == "1" else 3 + int(r) * int(c)) <= 16
+        for v, r, c in (t.split("x") for t in choices))
     for tile in choices[:3]:
         with Knobs(layout="channels", channel_tile=tile):
             lib = relay.build(mod, target=target, params=params)

@@ -55,6 +55,24 @@ def test_an_invariant_guard_is_tested_once_outside_two_loops():
     assert _run(unswitched, 5).tolist() == [36.0, 0.0]
 
 
+def test_the_guard_leaves_the_whole_nest_of_serial_loops():
+    """``for j: for k: if n < 3: ...``: the guard is tested once, outside both loops."""
+    a, out = ir.Buffer("a", (8,)), ir.Buffer("out", (2,))
+    j, k, n = Var("j"), Var("k"), Var("n")
+    guarded = ir.IfThenElse(LT(n, IntImm(3)), ir.Store(
+        out, ir.Load(out, IntImm(1)) + ir.Load(a, k), IntImm(1)))
+    inner = ir.For(k, IntImm(0), IntImm(4), "serial", ir.seq(
+        ir.Store(out, ir.Load(out, IntImm(0)) + ir.Load(a, j * IntImm(4) + k), IntImm(0)),
+        guarded))
+    func = ir.PrimFunc("nest", [a, out, n], ir.For(j, IntImm(0), IntImm(2), "serial", inner))
+    unswitched = unswitch_func(func)
+    assert isinstance(unswitched.body, ir.IfThenElse)
+    assert all(isinstance(case, ir.For) and not _guards_in(case)
+               for case in (unswitched.body.then_case, unswitched.body.else_case))
+    for value in (2, 3):
+        np.testing.assert_array_equal(_run(unswitched, value), _run(func, value))
+
+
 def test_a_tiles_row_guards_are_one_condition():
     """``n*6 < 126``, ``< 125`` and ``< 124`` hold for the same integers: one unswitch."""
     a, out = ir.Buffer("a", (8,)), ir.Buffer("out", (3,))

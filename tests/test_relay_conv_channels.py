@@ -163,7 +163,7 @@ def test_channels_layout_not_offered(data, weight, attrs, target, layouts):
 @pytest.mark.parametrize("target, data, weight, strides, first", [
     ("llvm -mcpu=haswell", (1, 128, 57, 57), (128, 128, 3, 3), (2, 2), "2x1x4"),
     ("llvm -mcpu=haswell", (1, 256, 29, 29), (256, 256, 3, 3), (2, 2), "2x2x2"),
-    ("llvm -mcpu=haswell", (1, 512, 15, 15), (512, 512, 3, 3), (2, 2), "1x1x7"),
+    ("llvm -mcpu=haswell", (1, 512, 15, 15), (512, 512, 3, 3), (2, 2), "1x2x7"),
     ("llvm -mcpu=haswell", (1, 3, 224, 224), (256, 3, 16, 16), (16, 16), "1x2x7"),
     ("llvm -mcpu=haswell", (1, 256, 16, 16), (256, 256, 3, 3), (1, 1), "1x2x7"),
     ("llvm -mcpu=skylake-avx512", (1, 256, 29, 29), (256, 256, 3, 3), (2, 2), "2x1x7"),
@@ -229,6 +229,18 @@ def test_the_kernel_row_is_unrolled_by_default_where_it_gains(target, data, weig
     strategy.define_conv_knobs(space, tiles, conv_node(data, weight, strides=strides),
                                padded=True)
     assert space.space_map["unroll_kw"].entities[0].val is unrolled
+
+
+@pytest.mark.parametrize("target, pairs", [
+    ("llvm -mcpu=haswell", True), ("llvm -mcpu=x86-64", False),
+    ("llvm -mcpu=skylake-avx512", False), ("llvm -mtriple=aarch64-linux-gnu", False)])
+def test_an_odd_map_takes_rows_in_pairs_on_avx2(target, pairs):
+    """ResNet's 512 -> 512 3x3 on 7x7: on AVX2 a tile of 2 rows x 7 columns first (14
+    accumulators; the last tile a row short), elsewhere rows that divide the map's."""
+    tiles = strategy.tiles_for(Target(target))
+    found = strategy.channel_tiles(tiles, conv_node((1, 512, 9, 9), (512, 512, 3, 3)))
+    assert (found[0] == "1x2x7") is pairs
+    assert any(tile.split("x")[1] == "2" for tile in found) is pairs
 
 
 @pytest.mark.parametrize("target, data, weight, tile", [

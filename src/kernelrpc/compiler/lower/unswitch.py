@@ -84,7 +84,21 @@ class LoopUnswitcher(Mutator):
     def visit_For(self, s):
         body = self.visit(s.body)
         loop = s if body is s.body else For(s.var, s.min, s.extent, s.kind, body)
-        return self._unswitch(loop, MAX_GUARDS)
+        return self._lift(self._unswitch(loop, MAX_GUARDS))
+
+    @staticmethod
+    def _lift(loop):
+        """A serial loop whose whole body is a guard it does not change, inside the guard (so
+        an unswitched guard leaves the whole reduction: the rows' and the window's loops)."""
+        if not isinstance(loop, For) or loop.kind != "serial":
+            return loop
+        guard = loop.body
+        if not isinstance(guard, IfThenElse) or not _pure(guard.condition) or \
+                vars_in(guard.condition) & {loop.var}:
+            return loop
+        copies = [None if case is None else For(loop.var, loop.min, loop.extent, loop.kind, case)
+                  for case in (guard.then_case, guard.else_case)]
+        return IfThenElse(guard.condition, *copies)
 
     def _unswitch(self, loop: For, guards: int):
         if guards == 0 or loop.kind != "serial" or not _innermost(loop.body):

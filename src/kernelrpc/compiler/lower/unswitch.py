@@ -1,6 +1,7 @@
 """UnswitchLoop: an innermost serial loop whose body guards statements by a condition the loop
 does not change becomes two loops, one with those statements and one without, the condition
-tested once before them.
+tested once before them; each serial loop around whose whole body is then that test goes
+inside it too, so the test leaves the whole loop nest.
 
 Such a guard is a register tile's last rows where the rows' split does not divide and the
 tile loop is fused into the parallel one (a batched MatMul over 197 tokens, rows in tiles of

@@ -120,5 +120,3 @@ class LoopUnswitcher(Mutator):
 
 def unswitch_func(func):
     return func.with_body(LoopUnswitcher().visit(func.body))
-
-

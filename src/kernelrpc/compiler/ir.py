@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, PrimExpr, Var, convert, dtype_lanes,
-                   node, parse_dtype, with_lanes)
+from .expr import (BinaryOp, Call, Cast, FloatImm, IntImm, Let, PrimExpr, Var, convert,
+                   dtype_lanes, node, parse_dtype, with_lanes)
 
 FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 #: What a kernel returns when a run-time bound check (``tir.instrument_bound_checkers``) fails.
@@ -388,6 +388,21 @@ def vars_in(node) -> set:
     found: set = set()
     post_order_visit(node, lambda n: found.add(n) if isinstance(n, Var) else None)
     return found
+
+
+def bound_vars(node) -> set:
+    """Every Var a loop, a ``LetStmt`` or a ``Let`` below ``node`` binds."""
+    found: set = set()
+    post_order_visit(node, lambda n: found.add(n.var) if isinstance(n, (For, LetStmt, Let))
+                     else None)
+    return found
+
+
+def contains(node, types) -> bool:
+    """Whether a node of ``types`` occurs below ``node`` (itself included)."""
+    found = []
+    post_order_visit(node, lambda n: found.append(n) if isinstance(n, types) else None)
+    return bool(found)
 
 
 def uses_var(node, var: Var) -> bool:

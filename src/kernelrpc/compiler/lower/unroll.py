@@ -2,13 +2,7 @@
 from __future__ import annotations
 
 from ..expr import IntImm
-from ..ir import Allocate, For, Mutator, post_order_visit, seq, substitute
-
-
-def _has_allocate(stmt) -> bool:
-    found = []
-    post_order_visit(stmt, lambda n: found.append(n) if isinstance(n, Allocate) else None)
-    return bool(found)
+from ..ir import Allocate, For, Mutator, contains, seq, substitute
 
 
 class LoopUnroller(Mutator):
@@ -18,7 +12,7 @@ class LoopUnroller(Mutator):
     def visit_For(self, s):
         body = self.visit(s.body)
         if (s.kind == "unrolled" and isinstance(s.extent, IntImm) and isinstance(s.min, IntImm)
-                and s.extent.value <= self.max_extent and not _has_allocate(body)):
+                and s.extent.value <= self.max_extent and not contains(body, Allocate)):
             start = s.min.value
             return seq(*[substitute(body, {s.var: IntImm(start + i, s.var.dtype)})
                          for i in range(s.extent.value)])

@@ -13,33 +13,17 @@ a Zen 2 core, one thread: ViT's attention product (4 heads, 197 x 197 by 197 x 6
 """
 from __future__ import annotations
 
-from ..ir import (BufferPointer, ExternCall, For, IfThenElse, LetStmt, Load, Mutator,
-                  expr_to_str, post_order_visit, seq, vars_in)
-from ..expr import LT, Call, IntImm, Let, Mul
+from ..ir import (BufferPointer, ExternCall, For, IfThenElse, Load, Mutator, bound_vars,
+                  contains, expr_to_str, post_order_visit, seq, vars_in)
+from ..expr import LT, Call, IntImm, Mul
 
 #: how many distinct guards one loop is unswitched on (2**n copies of its body)
 MAX_GUARDS = 2
 
 
-def _innermost(body) -> bool:
-    found = []
-    post_order_visit(body, lambda n: found.append(n) if isinstance(n, For) else None)
-    return not found
-
-
 def _pure(cond) -> bool:
     """No memory reads or calls: the condition's value depends on its variables alone."""
-    found = []
-    post_order_visit(cond, lambda n: found.append(n) if isinstance(
-        n, (Load, BufferPointer, ExternCall, Call)) else None)
-    return not found
-
-
-def _bound_inside(body) -> set:
-    bound = set()
-    post_order_visit(body, lambda n: bound.add(n.var) if isinstance(n, (LetStmt, Let))
-                     else None)
-    return bound
+    return not contains(cond, (Load, BufferPointer, ExternCall, Call))
 
 
 def _key(cond) -> str:
@@ -54,7 +38,7 @@ def _key(cond) -> str:
 
 def _invariant_guard(loop: For):
     """The condition of the first guard in ``loop``'s body that the loop does not change."""
-    inner = _bound_inside(loop.body) | {loop.var}
+    inner = bound_vars(loop.body) | {loop.var}
     found = []
 
     def fn(node):
@@ -102,7 +86,7 @@ class LoopUnswitcher(Mutator):
         return IfThenElse(guard.condition, *copies)
 
     def _unswitch(self, loop: For, guards: int):
-        if guards == 0 or loop.kind != "serial" or not _innermost(loop.body):
+        if guards == 0 or loop.kind != "serial" or contains(loop.body, For):
             return loop
         cond = _invariant_guard(loop)
         if cond is None:

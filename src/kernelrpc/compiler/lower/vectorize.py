@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, IntImm, Mul, Not,
                     PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
-from ..ir import (Broadcast, For, IfThenElse, LetStmt, Load, Mutator, Ramp, Store,
-                  post_order_visit, substitute, uses_var, vars_in)
+from ..ir import (Broadcast, For, IfThenElse, Load, Mutator, Ramp, Store,
+                  bound_vars, contains, substitute, uses_var, vars_in)
 from .arith import and_all, conjuncts, is_index, linear, simplify
 
 
@@ -141,9 +141,7 @@ def _all_lanes(cond, var: Var, lanes: int):
     if not isinstance(cond, (LT, LE, GT, GE)) or not is_index(cond.a) \
             or not cond.a.dtype.startswith("int"):
         return None             # monotonic in the lane only where nothing wraps
-    reads: list = []
-    post_order_visit(cond, lambda n: reads.append(n) if isinstance(n, Load) else None)
-    if reads:                    # hoisting would read memory outside its guards
+    if contains(cond, Load):     # hoisting would read memory outside its guards
         return None
     terms, _ = linear(Sub(cond.a, cond.b))
     coeff = 0
@@ -158,19 +156,9 @@ def _all_lanes(cond, var: Var, lanes: int):
     return simplify(substitute(cond, {var: IntImm(at, var.dtype)}))
 
 
-def _bound_inside(stmt) -> set:
-    found = set()
-
-    def fn(n):
-        if isinstance(n, (For, LetStmt)):
-            found.add(n.var)
-    post_order_visit(stmt, fn)
-    return found
-
-
 def _split_guards(body, var: Var, lanes: int):
     """Remove lane-dependent guards; returns (new body, all-lanes condition) or None."""
-    inner_vars = _bound_inside(body)
+    inner_vars = bound_vars(body)
     conds: list = []
 
     class _Strip(Mutator):
@@ -198,10 +186,8 @@ def _split_guards(body, var: Var, lanes: int):
 def _fallback_kind(loop, body) -> str:
     """A short loop body that cannot be vectorized is unrolled instead: lane offsets become
     constants, so an accumulator tile it touches keeps constant indices."""
-    has_loop = []
-    post_order_visit(body, lambda n: has_loop.append(n) if isinstance(n, For) else None)
     short = isinstance(loop.extent, IntImm) and loop.extent.value <= 16
-    return "unrolled" if short and not has_loop else "serial"
+    return "unrolled" if short and not contains(body, For) else "serial"
 
 
 class LoopVectorizer(Mutator):

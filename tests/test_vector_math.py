@@ -141,6 +141,24 @@ def test_ieee_special_values_named_by_the_standard():
         assert np.isnan(got[name][10]), name
 
 
+@pytest.mark.parametrize("target_name", sorted(TARGETS))
+def test_exp_of_a_normal_result_is_exp_bit_for_bit(monkeypatch, target_name):
+    """tanh's and erf's exp (``exp_normal``: no clamps, one power of two) is the general exp
+    wherever 2^round(x / ln 2) is a normal float, NaN included."""
+    from kernelrpc.compiler.codegen.vector_math import VectorMath
+
+    target, lanes = _runnable(target_name)
+    bits = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([np.linspace(-87.6, 88.3, 200_003, dtype=np.float32),
+                        bits[np.abs(bits) <= 87.6], np.float32([np.nan, -0.0])])
+    general = run(build_unary(te.exp, target, lanes), x)
+    monkeypatch.setattr(VectorMath, "exp", VectorMath.exp_normal)
+    normal = run(build_unary(te.exp, target, lanes), x)
+    assert np.isnan(normal[-2]) and np.isnan(general[-2])
+    assert np.array_equal(normal[:-2].view(np.uint32), general[:-2].view(np.uint32))
+    assert np.array_equal(normal[-1:], [1.0])
+
+
 def test_vector_math_calls_no_library_function():
     """The point of the approximations: no call per lane left in the vectorized code (a
     vectorized loop's scalar tail calls the C library's expf and logf, faster in scalar code)."""

@@ -35,12 +35,15 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 #: exp's argument range: below, the result is 0 even when rounded up; above, it is inf
 _EXP_MIN, _EXP_MAX = -104.0, 89.0
 _ROUND_MAGIC = 12582912.0      # 1.5 * 2**23: adding it rounds |v| < 2**22 to an integer
+_ROUND_MAGIC_BITS = 0x4B400000  # its bits: the sum's bits less these are the integer
 _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
              1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
              3.3333331174e-1)
 _SQRT_HALF = 0.707106781186547524
 _FLT_MIN = 1.17549435082228750797e-38
 _TANH_SMALL = 0.625
+#: tanh(10) rounds to 1, and exp(20) is a normal float
+_TANH_SATURATED = 10.0
 _TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
               -3.33332819422e-1)
 #: erf below 475/512: x + x P(x^2); from there to 4: 1 - exp(-a + a Q(a)); beyond: 1
@@ -130,32 +133,41 @@ class VectorMath:
                 power = self.op("fmul", power, power)
         return terms[0]
 
-    def where_nan(self, x: Value, result: Value) -> Value:
-        """``x`` where it is NaN (the approximations' integer steps would lose it)."""
-        return self.select(self.cmp("uno", x, x), x, result)
-
     # ------------------------------------------------------------------ functions
 
     def exp(self, x: Value) -> Value:
         """Cephes expf: n = round(x / ln 2), exp(r) on |r| <= ln2/2, times 2^n in two halves
-        (each a normal float) so that results round once into the subnormals or to inf."""
-        big = self.cmp("ogt", x, self.f(_EXP_MAX))
-        clamped = self.select(big, self.f(_EXP_MAX), x)
-        in_range = self.cmp("oge", clamped, self.f(_EXP_MIN))
-        clamped = self.select(in_range, clamped, self.f(_EXP_MIN))      # NaN too: put back below
-        shifted = self.fma(clamped, self.f(_LOG2E), self.f(_ROUND_MAGIC))
-        nf = self.op("fsub", shifted, self.f(_ROUND_MAGIC))
-        r = self.fma(nf, self.f(-_EXP_LN2_HI), clamped)
-        r = self.fma(nf, self.f(-_EXP_LN2_LO), r)
-        p = self.estrin(r, _EXP_POLY)
-        y = self.fma(p, self.op("fmul", r, r), r)
-        y = self.op("fadd", y, self.f(1.0))
-        n = self.cast("fptosi", nf, self.ity)
+        (each a normal float) so that results round once into the subnormals or to inf.
+        The clamps let NaN through, and every later step keeps it."""
+        clamped = self.select(self.cmp("ogt", x, self.f(_EXP_MAX)), self.f(_EXP_MAX), x)
+        clamped = self.select(self.cmp("olt", clamped, self.f(_EXP_MIN)), self.f(_EXP_MIN),
+                              clamped)
+        y, shifted = self._exp_reduced(clamped, _ROUND_MAGIC)
+        n = self.op("sub", shifted, self.i(_ROUND_MAGIC_BITS))
         half = self.op("ashr", n, self.i(1))
         for part in (half, self.op("sub", n, half)):
             biased = self.op("shl", self.op("add", part, self.i(127)), self.i(23))
             y = self.op("fmul", y, self.cast("bitcast", biased, self.ty))
-        return self.where_nan(x, y)
+        return y
+
+    def exp_normal(self, x: Value) -> Value:
+        """:meth:`exp` of an x where 2^n is a normal float (-87.6 <= x <= 88.3, or NaN),
+        without the clamps or the second power of two: 127 added to the rounding constant
+        makes the rounded sum's low bits n + 127, which shifted left by 23 are 2^n."""
+        y, shifted = self._exp_reduced(x, _ROUND_MAGIC + 127)
+        return self.op("fmul", y, self.cast("bitcast", self.op("shl", shifted, self.i(23)),
+                                            self.ty))
+
+    def _exp_reduced(self, x: Value, magic: float) -> tuple[Value, Value]:
+        """exp(x - n ln 2) and the bits of ``x / ln 2 + magic``, whose low bits are n (plus
+        what ``magic`` adds to the rounding constant)."""
+        shifted = self.fma(x, self.f(_LOG2E), self.f(magic))
+        nf = self.op("fsub", shifted, self.f(magic))
+        r = self.fma(nf, self.f(-_EXP_LN2_HI), x)
+        r = self.fma(nf, self.f(-_EXP_LN2_LO), r)
+        p = self.estrin(r, _EXP_POLY)
+        y = self.fma(p, self.op("fmul", r, r), r)
+        return self.op("fadd", y, self.f(1.0)), self.cast("bitcast", shifted, self.ity)
 
     def log(self, x: Value) -> Value:
         """Cephes logf: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a polynomial in
@@ -187,7 +199,9 @@ class VectorMath:
         a = self.call("fabs", x)
         z = self.op("fmul", x, x)
         small = self.fma(self.op("fmul", self.horner(z, _TANH_POLY), z), x, x)
-        e = self.exp(self.op("fadd", a, a))
+        saturated = self.select(self.cmp("ogt", a, self.f(_TANH_SATURATED)),
+                                self.f(_TANH_SATURATED), a)
+        e = self.exp_normal(self.op("fadd", saturated, saturated))
         large = self.op("fsub", self.f(1.0),
                         self.op("fdiv", self.f(2.0), self.op("fadd", e, self.f(1.0))))
         result = self.select(self.cmp("olt", a, self.f(_TANH_SMALL)), small, large)
@@ -207,7 +221,7 @@ class VectorMath:
         for c in q[4:]:
             r = self.fma(r, a, self.f(c))
         r = self.fma(r, a, self.op("fsub", self.f(-0.0), a))
-        tail = self.exp(r)
+        tail = self.exp_normal(r)                  # r in [-18, -1.6]
         large = self.call("copysign", self.op("fsub", self.f(1.0), tail), x)
         return self.select(self.cmp("olt", self.call("fabs", x), self.f(_ERF_SMALL)), small, large)
 

@@ -83,7 +83,7 @@ def test_weight_layout_pads_each_group():
     packed = layout.transform(weight)
     assert packed.shape == layout.shape(weight.shape) == (4, 2, 3, 3, 4)
     assert WeightLayout.parse(layout.attr) == layout
-    assert layout.oihw_shape(packed.shape) == [12, 2, 3, 3]
+    assert layout.model_shape(packed.shape) == [12, 2, 3, 3]
     np.testing.assert_array_equal(packed[1, :, :, :, :2], weight[4:6].transpose(1, 2, 3, 0))
     np.testing.assert_array_equal(packed[1, :, :, :, 2:], 0)
     np.testing.assert_array_equal(packed[2, :, :, :, 0], weight[6])

@@ -256,7 +256,7 @@ def test_the_panels_and_the_blocks_are_part_of_the_layout_value():
     packed = blocked[0].transform(weight)
     assert packed.shape == blocked[0].shape(weight.shape) == (4, 3, 6)
     np.testing.assert_array_equal(packed.transpose(0, 2, 1).reshape(24, 3)[:20], weight[:, :, 0, 0])
-    assert blocked[0].oihw_shape(packed.shape) == [20, 3, 1, 1]
+    assert blocked[0].model_shape(packed.shape) == [20, 3, 1, 1]
     assert WeightLayout.pointwise(rows=1, out_channels=20) == WeightLayout.pointwise()
     for bad in ("OIHW_pixels0", "OIHW_pixels1", "OIHW_pixels4096", "OIHW_pixels_rows16",
                 "OIHW_pixels8_rows", "OIHW_pixels_padded", "OIHW_pixels_r1_20o",

@@ -5,10 +5,14 @@ import numpy as np
 import pytest
 
 import kernelrpc
-from kernelrpc import autotvm, nd
+from kernelrpc import autotvm, nd, relay
+from kernelrpc.contrib import graph_executor
 from kernelrpc.relay import ir, strategy, tuning
+from kernelrpc.compiler.target import Target
+from kernelrpc.relay.errors import ModelError
 from kernelrpc.relay.fuse import Group
 from kernelrpc.relay.op import OPS
+from kernelrpc.relay.op.weight_layout import WeightLayout
 from kernelrpc.relay.schedule import group_tensors, schedule_group
 from target_families import family_params
 
@@ -56,8 +60,8 @@ def test_every_batched_matmul_tile_computes_the_product(a_shape, b_shape, target
 
 @pytest.mark.parametrize("target", family_params())
 def test_every_dense_tile_over_many_rows_computes_the_product(target):
-    """Rows enough for the ``tile`` order (its default, reading the weight's panels copied
-    by default), a ragged row and column count."""
+    """Rows enough for the ``tile`` order (its default, reading the weight in panels, the
+    task's second weight argument), a ragged row and column count (the last panel padded)."""
     task = tuning.task_of(("dense", [19, 24], [24, 45], [], "float32", str(target)), flop=1.0)
     space = task.config_space
     assert space.space_map["order"].entities[0].val == "tile"
@@ -65,10 +69,55 @@ def test_every_dense_tile_over_many_rows_computes_the_product(target):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((19, 24)).astype("float32")
     w = rng.standard_normal((24, 45)).astype("float32")
+    inputs = task.prepare_inputs([x, w])
+    panel = strategy.matmul_tile(strategy.tiles_for(target))[1]
+    assert inputs[2].shape == (-(-45 // panel), 24, panel)
     for config in _configs(space):
         s, args = task.instantiate(config)
         lib = kernelrpc.build(s, args, target=target)
         out = nd.empty((19, 45), "float32")
-        lib[lib.metadata["functions"][0]["name"]](nd.array(x), nd.array(w), out)
+        lib[lib.metadata["functions"][0]["name"]](*map(nd.array, inputs), out)
         np.testing.assert_allclose(out.numpy(), task.reference(x, w), rtol=1e-4, atol=1e-4,
                                    err_msg=f"{config} {target}")
+
+
+def test_the_panels_layout_holds_the_weight_and_says_so():
+    """``[N/P][K][P]`` with the last panel padded by zero columns, its attribute read back,
+    and a dense node refuses a weight that does not fit its layout."""
+    w = np.arange(5 * 7, dtype="float32").reshape(5, 7)
+    layout = WeightLayout.panels(4, 7)
+    packed = layout.transform(w)
+    assert packed.shape == layout.shape(w.shape) == (2, 5, 4)
+    assert layout.model_shape(packed.shape) == [5, 7]
+    assert np.array_equal(packed[1, :, 3], np.zeros(5)) and packed[1, 2, 1] == w[2, 5]
+    assert WeightLayout.parse(layout.attr) == layout
+    x = ir.Node("input", (), {}, (3, 5), "float32", "x")
+    fits = ir.Node("input", (), {}, (2, 5, 4), "float32", "w")
+    assert OPS["nn.dense"].infer([x, fits], {"kernel_layout": layout.attr})[0] == (3, 7)
+    short = ir.Node("input", (), {}, (1, 5, 4), "float32", "w")
+    with pytest.raises(ModelError, match="do not multiply"):
+        OPS["nn.dense"].infer([x, short], {"kernel_layout": layout.attr})
+    with pytest.raises(ModelError, match="convolution's"):
+        OPS["nn.dense"].infer([x, fits], {"kernel_layout": "OIHW8o"})
+    with pytest.raises(ModelError, match="unknown kernel_layout"):
+        WeightLayout.parse("KN_panels999_7")
+
+
+def test_a_network_lays_the_dense_weight_out_in_panels_once():
+    """``relay.build`` puts a dense layer's constant weight in panels where its configuration
+    reads them (the default over many rows, not for one row), and the output is numpy's."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((40, 50)).astype("float32")
+    panel = strategy.matmul_tile(strategy.tiles_for(Target("llvm")))[1]
+    for rows, weight_shape in ((21, (-(-50 // panel), 40, panel)), (1, (40, 50))):
+        x = ir.Node("input", (), {}, (rows, 40), "float32", "x")
+        shape, dtype = OPS["nn.dense"].infer([x, ir.const(w, "w")], {})
+        node = ir.Node("nn.dense", (x, ir.const(w, "w")), {}, tuple(shape), dtype, "y")
+        lib = relay.build(ir.IRModule(ir.Function([x], [node])), target="llvm")
+        assert [p.shape for p in lib.get_params().values()] == [weight_shape]
+        data = rng.standard_normal((rows, 40)).astype("float32")
+        g = graph_executor.GraphModule(lib["default"](kernelrpc.cpu(0)))
+        g.set_input(x=data)
+        g.run()
+        np.testing.assert_allclose(g.get_output(0).numpy(), data.astype(np.float64) @ w,
+                                   rtol=1e-4, atol=1e-4)

@@ -39,7 +39,7 @@ from .op import OPS
 from .schedule import group_tensors, schedule_group
 from .strategy import strategy_for, tiles_for
 from .transform import optimize, with_layout
-from .tuning import int8_forms, layer_config
+from .tuning import LAID_OUT, int8_forms, layer_config
 
 log = logging.getLogger("kernelrpc.relay")
 #: the graph JSON's kernel of a node that runs nothing (TVM's graph executor's name for it)
@@ -114,15 +114,15 @@ def _bound_checks(group):
 
 
 def _pack_weights(func: ir.Function, target, tiles):
-    """Each convolution's constant weight put once, here, in the layout of the strategy its
-    configuration chooses (:class:`~kernelrpc.relay.op.weight_layout.WeightLayout`, recorded
-    as the node's ``kernel_layout``); returns the function and the layers' configurations by
-    node (``layer_config``'s answer, asked once per layer)."""
+    """Each convolution's and dense layer's constant weight put once, here, in the layout of
+    the strategy its configuration chooses (:class:`~.op.weight_layout.WeightLayout`,
+    recorded as the node's ``kernel_layout``); returns the function and the layers'
+    configurations by node (``layer_config``'s answer, asked once per layer)."""
     configs = {}
 
     def visit(node, inputs):
         node = transform.with_inputs(node, inputs)
-        if node.op != "nn.conv2d" or not node.inputs[1].is_const:
+        if node.op not in LAID_OUT or not node.inputs[1].is_const:
             return node
         answer = layer_config(Group(nodes=[node], anchor=node), target)
         layout = strategy_for(tiles, node, answer[0]).weight_layout(tiles, node)

@@ -28,7 +28,7 @@ from .fuse import Group, partition
 from .op import node_flops, quant
 from .op.weight_layout import WeightLayout
 from .schedule import group_tensors, schedule_group
-from .strategy import as_modelled, candidates, strategy_for, tiles_for
+from .strategy import as_modelled, layout_candidates, strategy_for, tiles_for
 from .strategy.int8 import window_triples
 from .transform import optimize, rewrite, with_inputs, with_layout
 
@@ -38,6 +38,8 @@ log = logging.getLogger("kernelrpc.relay")
 TEMPLATES = {"nn.conv2d": "conv2d_nchw", "nn.dense": "dense",
              "qnn.conv2d": "qnn_conv2d_nchw", "qnn.dense": "qnn_dense"}
 INTEGER_OPS = ("qnn.conv2d", "qnn.dense")
+#: the operators whose constant weight ``relay.build`` lays out (:class:`WeightLayout`)
+LAID_OUT = ("nn.conv2d", "nn.dense")
 #: an integer layer's workload attribute: its operands' ``[shape, dtype]``
 OPERANDS = "operands"
 
@@ -55,7 +57,7 @@ def workload(anchor: ir.Node, target) -> tuple | None:
     name = TEMPLATES.get(anchor.op)
     if name is None:
         return None
-    anchor = as_modelled(anchor) if anchor.op == "nn.conv2d" else anchor   # laid out by build
+    anchor = as_modelled(anchor) if anchor.op in LAID_OUT else anchor
     data, weight = anchor.inputs[:2]
     attrs = dict(anchor.attrs)
     if anchor.op in INTEGER_OPS:
@@ -116,13 +118,13 @@ def _instantiate(op: str, data_shape, weight_shape, attrs, dtype, target):
 
 
 def _weight_copies(tiles, node) -> list[WeightLayout]:
-    """The layouts of a convolution task's weight arguments after its OIHW one: each layout
-    but the model's array that a candidate strategy reads, in the candidates' order (none
-    for a layer of one candidate, whose one weight argument is in its layout: a Winograd
-    layer's the transformed weight)."""
-    if node.op != "nn.conv2d":
+    """The layouts of a convolution's or dense layer's task's weight arguments after the
+    model's one: each layout but the model's array that a candidate strategy reads, in the
+    candidates' order (none for a layer of one candidate, whose one weight argument is in its
+    layout: a Winograd layer's the transformed weight)."""
+    if node.op not in LAID_OUT:
         return []
-    found = candidates(tiles, node)
+    found = layout_candidates(tiles, node)
     layouts = []
     for strategy in found if len(found) > 1 else ():
         layout = strategy.weight_layout(tiles, as_modelled(node))

@@ -171,7 +171,7 @@ def _conv2d_pixels(data, weight, node, layout: WeightLayout):
     if layout.m and (layout.out_channels != oc or shape != layout.shape((oc, *shape[1:2], 1, 1))):
         raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} does not fit the layer "
                          f"({oc} output channels, weight {list(shape)})")
-    if tuple(layout.oihw_shape(shape)[2:]) != (1, 1) or any(attrs["padding"]) or \
+    if tuple(layout.model_shape(shape)[2:]) != (1, 1) or any(attrs["padding"]) or \
             attrs["groups"] != 1 or "upsample" in attrs:
         raise ModelError(f"conv2d: kernel_layout {attrs['kernel_layout']} needs a 1x1 kernel, "
                          f"no padding and one group")
@@ -244,7 +244,7 @@ def _conv2d_grouped_blocks(window, weight, node, layout, reduce_axes):
 
 def _conv2d_flops(node):
     """The direct convolution's count, whatever the weight's layout."""
-    oihw = WeightLayout.of(node.attrs).oihw_shape(node.inputs[1].shape)
+    oihw = WeightLayout.of(node.attrs).model_shape(node.inputs[1].shape)
     return 2 * node.size * math.prod(oihw[1:4])
 
 
@@ -256,14 +256,28 @@ register("nn.conv2d", "anchor", _conv2d_infer, _conv2d, flops=_conv2d_flops)
 
 def _dense_infer(inputs, attrs):
     x, w = inputs
-    if len(x.shape) != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[0]:
-        raise ModelError(f"dense: shapes {list(x.shape)} and {list(w.shape)} do not multiply")
-    return (x.shape[0], w.shape[1]), x.dtype
+    layout = WeightLayout.of(attrs)
+    if layout.kind not in ("OIHW", "panels"):
+        raise ModelError(f"dense: kernel_layout {layout.attr} is a convolution's")
+    fits = len(x.shape) == 2 and len(w.shape) == (3 if layout else 2)
+    kn = layout.model_shape(w.shape) if fits else None
+    if not fits or x.shape[1] != kn[0] or layout and tuple(w.shape) != layout.shape(kn):
+        raise ModelError(f"dense: shapes {list(x.shape)} and {list(w.shape)} "
+                         f"({layout.attr}) do not multiply")
+    return (x.shape[0], kn[1]), x.dtype
 
 
 def _dense(ts, attrs, node):
+    """``x @ w``; a weight in ``panels`` (:class:`WeightLayout`) read as the ``[K][N]`` it
+    holds."""
     x, w = ts
     k = te.reduce_axis((0, static_shape(x)[1]), "k")
+    layout = WeightLayout.of(attrs)
+    if layout:
+        p = layout.lanes
+        return te.compute(node.shape, lambda i, j: te.sum(
+            x[i, k] * w[E.floordiv(j, p), k, E.floormod(j, p)], axis=k), name="dense",
+            tag="dense")
     return te.compute(node.shape, lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="dense",
                       tag="dense")
 

@@ -670,7 +670,7 @@ def _qdense_infer(inputs, attrs):
                              f"{list(wsum.shape)} do not match data {list(data.shape)}")
         _check_requantize(inputs, attrs, columns, 4)
         return (*data.shape[:-1], columns), attrs["out_dtype"]
-    shape, _ = get("nn.dense").infer(inputs[:2], attrs)
+    shape, _ = get("nn.dense").infer(inputs[:2], {})
     _check_requantize(inputs, attrs, shape[1], 3)
     return shape, attrs["out_dtype"]
 

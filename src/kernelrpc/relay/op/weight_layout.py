@@ -1,6 +1,6 @@
-"""The weight layout a convolution's strategy reads, as one value.
+"""The weight layout a convolution's or a dense layer's strategy reads, as one value.
 
-``relay.build`` packs or transforms a convolution's constant weight once, at build time, into
+``relay.build`` packs or transforms a layer's constant weight once, at build time, into
 the layout its strategy reads; the graph node records it in its ``kernel_layout`` attribute
 (a string, so that nodes stay hashable and a workload stays JSON). :class:`WeightLayout` is the
 only place that string is written or read.
@@ -22,6 +22,8 @@ _GROUPED = re.compile(r"OIHW(\d+)o_g(\d+)_(\d+)")
 #: ``_padded``: the product over whole panels; ``_r<R>_<O>o``: the weight by blocks of R of
 #: its O output channels)
 _POINTWISE = re.compile(r"OIHW_pixels(?:(\d+)(_padded)?)?(?:_r(\d+)_(\d+)o)?")
+#: the ``panels`` layout's attribute: panels of ``<P>`` of a dense weight's ``<N>`` columns
+_PANELS = re.compile(r"KN_panels(\d+)_(\d+)")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,12 @@ class WeightLayout:
     padded with zero rows, so that a register tile of ``m`` output channels reads its weights
     as one contiguous run; ``lanes``, where not 0, the width of the panels the product reads
     its input from, and ``padded`` whether the product runs over whole panels:
-    :func:`..op.nn._conv2d_pixels`)."""
+    :func:`..op.nn._conv2d_pixels`); for a dense layer, whose weight the model has as ``[K][N]``
+    (the reduction by the ``out_channels`` outputs), ``"panels"``: ``[N/P][K][P]``, panels of
+    ``P = lanes`` columns each one contiguous run, the last padded with zero columns.
+
+    The model's shape of the weight (:meth:`model_shape`) is OIHW for a convolution and
+    ``[K][N]`` for a dense layer."""
 
     kind: str = "OIHW"
     lanes: int = 0
@@ -65,6 +72,10 @@ class WeightLayout:
         return cls("pointwise", panel, rows if rows > 1 else 0,
                    out_channels=out_channels if rows > 1 else 0, padded=padded and panel > 0)
 
+    @classmethod
+    def panels(cls, columns: int, out_features: int) -> "WeightLayout":
+        return cls("panels", columns, out_channels=out_features)
+
     @property
     def is_model_array(self) -> bool:
         """Whether the weight's array is the model's own (OIHW, ``pointwise`` without
@@ -90,13 +101,16 @@ class WeightLayout:
         found = _PACKED.fullmatch(attr)
         if found:
             return cls.packed(int(found.group(1)))
+        found = _PANELS.fullmatch(attr)
+        if found and 1 < int(found.group(1)) <= 64 and int(found.group(2)) > 0:
+            return cls.panels(int(found.group(1)), int(found.group(2)))
         found = _WINOGRAD.fullmatch(attr)
         if found:
             return cls.winograd(int(found.group(1)), int(found.group(2)))
         found = _GROUPED.fullmatch(attr)
         if found:
             return cls.grouped(*(int(g) for g in found.groups()))
-        raise ModelError(f"conv2d: unknown kernel_layout {attr!r}")
+        raise ModelError(f"unknown kernel_layout {attr!r}")
 
     @classmethod
     def of(cls, attrs) -> "WeightLayout":
@@ -116,6 +130,8 @@ class WeightLayout:
             padded = "_padded" if self.padded else ""
             rows = f"_r{self.m}_{self.out_channels}o" if self.m else ""
             return f"OIHW_pixels{self.lanes or ''}{padded}{rows}"
+        if self.kind == "panels":
+            return f"KN_panels{self.lanes}_{self.out_channels}"
         return "OIHW"
 
     def __bool__(self) -> bool:
@@ -123,7 +139,13 @@ class WeightLayout:
         return self.kind != "OIHW"
 
     def shape(self, oihw) -> tuple:
-        """The weight's shape in this layout, from its OIHW shape."""
+        """The weight's shape in this layout, from the model's (OIHW, or a dense layer's
+        ``[K][N]``)."""
+        if self.is_model_array:
+            return tuple(oihw)
+        if self.kind == "panels":
+            reduction, columns = oihw
+            return (-(-columns // self.lanes), reduction, self.lanes)
         out_channels, in_channels, kh, kw = oihw
         if self.kind == "packed":
             return (out_channels // self.lanes, in_channels, kh, kw, self.lanes)
@@ -132,12 +154,13 @@ class WeightLayout:
             return (a, a, out_channels // self.lanes, in_channels, self.lanes)
         if self.kind == "grouped":
             return (self.groups * self.group_blocks, in_channels, kh, kw, self.lanes)
-        if self.kind == "pointwise" and self.m:
-            return (-(-out_channels // self.m), in_channels, self.m)
-        return tuple(oihw)
+        return (-(-out_channels // self.m), in_channels, self.m)       # pointwise, by rows
 
-    def oihw_shape(self, shape) -> list[int]:
-        """The OIHW shape of a weight of ``shape`` in this layout."""
+    def model_shape(self, shape) -> list[int]:
+        """The model's shape (OIHW, or a dense layer's ``[K][N]``) of a weight of ``shape`` in
+        this layout."""
+        if self.kind == "panels":
+            return [shape[1], self.out_channels]
         if self.kind == "packed":
             blocks, in_channels, kh, kw, lanes = shape
             return [blocks * lanes, in_channels, kh, kw]
@@ -151,7 +174,14 @@ class WeightLayout:
         return list(shape)
 
     def transform(self, weight: np.ndarray) -> np.ndarray:
-        """An OIHW weight array in this layout."""
+        """A weight array as the model has it (OIHW, a dense layer's ``[K][N]``) in this
+        layout."""
+        if self.kind == "panels":
+            reduction, columns = weight.shape
+            padded = np.zeros((reduction, -(-columns // self.lanes) * self.lanes), weight.dtype)
+            padded[:, :columns] = weight
+            return np.ascontiguousarray(padded.reshape(reduction, -1, self.lanes)
+                                        .transpose(1, 0, 2))
         if self.kind == "packed":
             o, i, kh, kw = weight.shape
             blocked = weight.reshape(o // self.lanes, self.lanes, i, kh, kw)

@@ -13,20 +13,22 @@ from .. import ir
 from ..errors import ModelError
 from .channels import channel_tiles, channels_default
 from .conv2d import CONV2D, DEPTHWISE, DIRECT, CHANNELS, GROUPED, PIXELS, WINOGRAD, \
-    as_modelled, candidates, conv2d_strategy, define_conv_knobs
-from .dense import DENSE, DENSE_ROWS_BLOCK, define_dense_knobs, dense_rows_block
+    candidates, conv2d_strategy, define_conv_knobs
+from .dense import DENSE, DENSE_PANELS, DENSE_ROWS_BLOCK, define_dense_knobs, dense_candidates, \
+    dense_rows_block, dense_strategy
 from .depthwise import depthwise_pad, depthwise_tile, is_depthwise
 from .grouped import group_tiles
 from .int8 import INT8
 from .matmul import BATCH_MATMUL, matmul_tile
 from .pool import POOL
-from .record import Strategy
+from .record import Strategy, as_modelled
 from .rows import GLOBAL_POOL, NORMALIZE, REDUCE, SOFTMAX
 from .winograd import WINOGRAD_BAND_BYTES, WINOGRAD_WEIGHT_BYTES, winograd_band, winograd_plan
 
 
 #: each tunable operator's implementations
-STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE,), "nn.batch_matmul": (BATCH_MATMUL,),
+STRATEGIES = {"nn.conv2d": CONV2D, "nn.dense": (DENSE_PANELS, DENSE),
+              "nn.batch_matmul": (BATCH_MATMUL,),
               "nn.softmax": (SOFTMAX,), "nn.normalize": (NORMALIZE,), "reduce": (REDUCE,),
               "nn.global_pool": (GLOBAL_POOL,), "nn.pool2d": (POOL,), **INT8}
 
@@ -38,6 +40,8 @@ def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
     else the first record of its table that applies."""
     if node.op == "nn.conv2d":
         return conv2d_strategy(tiles, node, cfg)
+    if node.op == "nn.dense":
+        return dense_strategy(tiles, node, cfg)
     named = node.attrs.get("strategy")
     if named is not None:
         found = [s for s in STRATEGIES[node.op] if s.name == named]
@@ -46,6 +50,16 @@ def strategy_for(tiles: Tiles, node: ir.Node, cfg=None) -> Strategy:
                              f"{', '.join(s.name for s in STRATEGIES[node.op])})")
         return found[0]
     return next(s for s in STRATEGIES[node.op] if s.applies(tiles, node))
+
+
+def layout_candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
+    """The strategies a layer's configurations choose among, the default first (a
+    convolution's and a dense layer's may read their weight in different layouts)."""
+    if node.op == "nn.conv2d":
+        return candidates(tiles, node)
+    if node.op == "nn.dense":
+        return dense_candidates(tiles, as_modelled(node))
+    return [strategy_for(tiles, node)]
 
 
 def has_strategy(tiles: Tiles, node: ir.Node | None) -> bool:
@@ -64,10 +78,11 @@ def define_knobs(cfg, tiles: Tiles, node: ir.Node, padded: bool):
         strategy_for(tiles, node).define_knobs(cfg, tiles, node, padded)
 
 
-__all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_ROWS_BLOCK", "DEPTHWISE",
-           "DIRECT", "GROUPED", "PIXELS", "POOL", "SOFTMAX", "STRATEGIES", "Strategy", "Tiles",
-           "WINOGRAD", "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES", "as_modelled", "candidates",
-           "channel_tiles", "channels_default", "conv2d_strategy", "define_conv_knobs",
-           "define_dense_knobs", "define_knobs", "dense_rows_block", "depthwise_pad",
-           "depthwise_tile", "group_tiles", "has_strategy", "is_depthwise", "matmul_tile",
-           "strategy_for", "tiles_for", "winograd_band", "winograd_plan"]
+__all__ = ["BATCH_MATMUL", "CHANNELS", "CONV2D", "DENSE", "DENSE_PANELS", "DENSE_ROWS_BLOCK",
+           "DEPTHWISE", "DIRECT", "GROUPED", "PIXELS", "POOL", "SOFTMAX", "STRATEGIES",
+           "Strategy", "Tiles", "WINOGRAD", "WINOGRAD_BAND_BYTES", "WINOGRAD_WEIGHT_BYTES",
+           "as_modelled", "candidates", "channel_tiles", "channels_default", "conv2d_strategy",
+           "define_conv_knobs", "define_dense_knobs", "define_knobs", "dense_rows_block",
+           "depthwise_pad", "depthwise_tile", "group_tiles", "has_strategy", "is_depthwise",
+           "layout_candidates", "matmul_tile", "strategy_for", "tiles_for", "winograd_band",
+           "winograd_plan"]

@@ -23,7 +23,7 @@ from .grouped import define_grouped_knobs, group_tiles, grouped_default, grouped
     schedule_grouped
 from .pointwise import define_pixels_knobs, is_pointwise, keeps_input_stage, pixels_default, \
     pixels_layout, schedule_pixels
-from .record import Strategy
+from .record import Strategy, as_modelled
 from .winograd import define_winograd_knobs, schedule_winograd, winograd_plan
 
 
@@ -100,21 +100,6 @@ def _unrolls_row(tiles: Tiles, node: ir.Node) -> bool:
 #: the table, in the order the candidates' knobs are defined
 CONV2D = (WINOGRAD, CHANNELS, GROUPED, DIRECT, PIXELS, DEPTHWISE)
 _BY_LAYOUT = {"packed": CHANNELS, "winograd": WINOGRAD, "grouped": GROUPED, "pointwise": PIXELS}
-
-
-def as_modelled(node: ir.Node) -> ir.Node:
-    """The layer with the model's OIHW weight (the weight ``relay.build`` packed or transformed
-    seen in its OIHW shape): what the rule and the knobs are decided on, so that a layer's
-    space is the same before and after its weight is laid out."""
-    layout = WeightLayout.of(node.attrs)
-    if not layout:
-        return node
-    data, weight = node.inputs[:2]
-    oihw = ir.Node("input", (), {}, tuple(layout.oihw_shape(weight.shape)), weight.dtype,
-                   weight.name)
-    attrs = {k: v for k, v in node.attrs.items() if k != "kernel_layout"}
-    return ir.Node(node.op, (data, oihw, *node.inputs[2:]), attrs, node.shape, node.dtype,
-                   node.name, origin=node.origin)
 
 
 def candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:

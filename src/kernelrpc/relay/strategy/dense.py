@@ -1,12 +1,15 @@
 """Dense layers: the weight's rows streamed into a block of outputs (``rows``), a register
 tile of outputs over the whole reduction (``columns``), or, for many rows (a sequence's
-tokens), a register tile of rows x outputs (``tile``, :mod:`.matmul`)."""
+tokens), a register tile of rows x outputs (``tile``, :mod:`.matmul`), by default reading the
+weight in panels that ``relay.build`` lays out (:data:`DENSE_PANELS`)."""
 from __future__ import annotations
 
+from ...autotvm.space import ConfigSpace
 from ...compiler.tiles import Tiles
 from ..op.reference import dense_reference
+from ..op.weight_layout import WeightLayout
 from .common import accumulator, choices, extents, round_up
-from .matmul import define_matmul_knobs, schedule_matmul
+from .matmul import define_matmul_knobs, matmul_tile, schedule_matmul
 from .record import Strategy
 
 
@@ -23,8 +26,10 @@ def define_dense_knobs(cfg, tiles: Tiles, rows: int, out_features: int, reductio
 
     ``"tile"`` (the default for :data:`TILE_ROWS` rows or more): ``tile_m`` rows x ``tile_n``
     outputs in registers, each weight vector read once for all the tile's rows; with
-    ``weight_panel`` (the default; offered with ``panel``: a float weight) from a contiguous
-    copy of the column tile's panel (:func:`~.matmul.schedule_matmul`).
+    ``weight_panel`` (the default; offered with ``panel``: a float weight) from the weight in
+    panels (:func:`panels_layout`), laid out at build time where the weight is a constant,
+    else a contiguous copy of the column tile's panel made in the call
+    (:func:`~.matmul.schedule_matmul`).
     ``"rows"`` (the default where :func:`dense_rows_block` finds a block): a block of outputs
     accumulates in memory (L1) while the reduction streams the weight's rows, each a
     contiguous slice. ``"columns"``: a vector tile of ``tile_n`` outputs in registers over
@@ -61,10 +66,45 @@ def dense_rows_block(tiles: Tiles, out_features: int) -> tuple[int, int] | None:
     return None
 
 
+def reads_panels(cfg) -> bool:
+    """Whether a configuration reads the weight by panels (``tile`` with ``weight_panel``)."""
+    return cfg["order"].val == "tile" and "weight_panel" in cfg and cfg["weight_panel"].val
+
+
+def panels_layout(tiles: Tiles, node) -> WeightLayout:
+    """The ``panels`` layout: panels as wide as the default tile's columns
+    (:func:`~.matmul.matmul_tile`), whatever the ``tile_n`` knob says (a task's
+    configurations share its arguments).
+
+    Laid out once, not copied in every call: the copy cost a call a fixed time, a whole read
+    and write of the weight (a Zen 2 core, AVX2: 64 x 256 x 1024 412 -> 330 us, onnxruntime
+    363; GPT-2 10% faster; docs/performance.md)."""
+    return WeightLayout.panels(matmul_tile(tiles)[1], node.shape[1])
+
+
+def dense_strategy(tiles: Tiles, node, cfg=None) -> Strategy:
+    """:data:`DENSE_PANELS` for a weight ``relay.build`` laid out in panels, else where the
+    configuration reads panels (``cfg`` None or a space being defined: the default); else
+    :data:`DENSE`."""
+    if WeightLayout.of(node.attrs):
+        return DENSE_PANELS
+    if not DENSE_PANELS.applies(tiles, node):
+        return DENSE
+    if cfg is None or isinstance(cfg, ConfigSpace) or reads_panels(cfg):
+        return DENSE_PANELS
+    return DENSE
+
+
+def dense_candidates(tiles: Tiles, node) -> list[Strategy]:
+    """The strategies a dense layer's configurations choose among, the default first."""
+    return [DENSE_PANELS, DENSE] if DENSE_PANELS.applies(tiles, node) else [DENSE]
+
+
 def schedule_dense(s, dense, out, tiles: Tiles, cfg, node):
     if cfg["order"].val == "tile":
+        laid_out = bool(WeightLayout.of(node.attrs))
         schedule_matmul(s, dense, out, tiles, cfg, node, columns_outer=True,
-                        weight_panel="weight_panel" in cfg and cfg["weight_panel"].val)
+                        weight_panel=reads_panels(cfg) and not laid_out)
         return
     _, features = extents(s[out])
     cc = accumulator(s, dense, out)
@@ -107,6 +147,16 @@ def _define_knobs(cfg, tiles: Tiles, node, padded: bool):
                        panel=node.op == "nn.dense")
 
 
+def _reference(data, weight, node):
+    return dense_reference(data, weight)
+
+
+#: the weight as the model has it (``[K][N]``): the ``rows`` and ``columns`` orders, and
+#: ``tile`` without ``weight_panel``
 DENSE = Strategy("dense", "nn.dense", applies=lambda tiles, node: True,
-                 define_knobs=_define_knobs, schedule=schedule_dense,
-                 reference=lambda data, weight, node: dense_reference(data, weight))
+                 define_knobs=_define_knobs, schedule=schedule_dense, reference=_reference)
+#: ``tile`` with ``weight_panel``, the weight in panels (:func:`panels_layout`)
+DENSE_PANELS = Strategy("panels", "nn.dense",
+                        applies=lambda tiles, node: node.shape[0] >= TILE_ROWS,
+                        define_knobs=_define_knobs, schedule=schedule_dense,
+                        reference=_reference, weight_layout=panels_layout)

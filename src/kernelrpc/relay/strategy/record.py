@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import ir
 from ..op.weight_layout import WeightLayout
 
 
@@ -35,3 +36,19 @@ class Strategy:
     keeps_stage: Callable = keeps_pad_stage
     #: a tuning candidate's tolerance, of the reference's largest magnitude (0: the runner's)
     scale_atol: float = 0.0
+
+
+def as_modelled(node: ir.Node) -> ir.Node:
+    """The layer with the model's weight (the weight ``relay.build`` packed or transformed
+    seen in the model's shape, :meth:`WeightLayout.model_shape`): what the rule and the knobs
+    are decided on, so that a layer's space is the same before and after its weight is laid
+    out."""
+    layout = WeightLayout.of(node.attrs)
+    if not layout:
+        return node
+    data, weight = node.inputs[:2]
+    modelled = ir.Node("input", (), {}, tuple(layout.model_shape(weight.shape)), weight.dtype,
+                       weight.name)
+    attrs = {k: v for k, v in node.attrs.items() if k != "kernel_layout"}
+    return ir.Node(node.op, (data, modelled, *node.inputs[2:]), attrs, node.shape, node.dtype,
+                   node.name, origin=node.origin)

@@ -167,6 +167,51 @@ def test_vectorize_falls_back_to_scalar_when_store_does_not_depend_on_lane():
     assert x[0] == 4
 
 
+def _lowered_copy(shape, index, lanes=8):
+    """``B[i, j] = A[index(i, j)]`` with ``j`` split by ``lanes`` and vectorized, lowered."""
+    A = te.placeholder((shape[0] * shape[1],), name="A")
+    B = te.compute(shape, lambda i, j: A[index(i, j)], name="B")
+    s = te.create_schedule(B.op)
+    s[B].vectorize(s[B].split(B.op.axis[1], factor=lanes)[1])
+    return te.lower(s, [A, B])
+
+
+def test_a_reshape_index_in_one_block_of_lanes_loads_a_vector():
+    """``floormod(j, 16)`` and ``floordiv(j, 16)`` of ``j = 8 jo + lane``: a ramp and a
+    scalar (an im2col's reshape, 16-wide rows); a block the lanes cross stays a gather, a
+    copy of which is left a loop."""
+    f = _lowered_copy((4, 64), lambda i, j: (j // 16) * 64 + i * 16 + j % 16)
+    (store,) = nodes(f, ir.Store)
+    assert isinstance(store.index, ir.Ramp) and isinstance(store.value.index, ir.Ramp)
+    a = np.arange(256, dtype="float32")
+    b = np.empty((4, 64), "float32")
+    interp.run(f, a, b)
+    np.testing.assert_array_equal(b, a.reshape(4, 4, 16).transpose(1, 0, 2).reshape(4, 64))
+    crossing = _lowered_copy((4, 60), lambda i, j: (j // 12) * 48 + i * 12 + j % 12)
+    assert not any(isinstance(n.index, ir.Ramp) and n.index.lanes == 8
+                   for n in nodes(crossing, ir.Store))
+    b = np.empty((4, 60), "float32")
+    interp.run(crossing, a[:240], b)
+    np.testing.assert_array_equal(b, a[:240].reshape(5, 4, 12).transpose(1, 0, 2).reshape(4, 60))
+
+
+def test_a_transposing_copy_stays_a_loop_and_computing_keeps_the_vector():
+    """A copy whose lanes would gather (the innermost axis moved) is not vectorized; the
+    same gather feeding arithmetic is."""
+    f = _lowered_copy((8, 16), lambda i, j: j * 8 + i)
+    assert not any(isinstance(n.index, ir.Ramp) for n in nodes(f, ir.Store))
+    assert not ir.gathers(ir.Ramp(IntImm(0), IntImm(ir.MAX_STRIDED_LOAD), 8))
+    a = np.arange(128, dtype="float32")
+    b = np.empty((8, 16), "float32")
+    interp.run(f, a, b)
+    np.testing.assert_array_equal(b, a.reshape(16, 8).T)
+    A = te.placeholder((128,), name="A")
+    B = te.compute((8, 16), lambda i, j: te.exp(A[j * 8 + i]), name="B")
+    s = te.create_schedule(B.op)
+    s[B].vectorize(s[B].split(B.op.axis[1], factor=8)[1])
+    assert any(isinstance(n.index, ir.Ramp) for n in nodes(te.lower(s, [A, B]), ir.Store))
+
+
 def test_compute_at_infers_the_needed_region_and_guards_the_tail():
     n = 10
     A = te.placeholder((n + 2,), name="A")

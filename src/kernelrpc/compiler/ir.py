@@ -60,6 +60,20 @@ class Buffer:
 
 # --------------------------------------------------------------------------- vector exprs
 
+#: the largest constant stride of a ``Ramp`` index the code generator loads as contiguous
+#: vectors and a shuffle; a wider stride, or an index that is no ramp, loads lane by lane
+MAX_STRIDED_LOAD = 4
+
+
+def gathers(index) -> bool:
+    """Whether a vector load at ``index`` reads its lanes one by one (not a ramp of stride 1
+    to :data:`MAX_STRIDED_LOAD`)."""
+    if dtype_lanes(index.dtype) == 1:
+        return False
+    return not (isinstance(index, Ramp) and isinstance(index.stride, IntImm) and
+                1 <= index.stride.value <= MAX_STRIDED_LOAD)
+
+
 @node
 class Ramp(PrimExpr):
     """The int vector ``[base, base+stride, ..., base+(lanes-1)*stride]``."""

@@ -55,12 +55,18 @@ def schedule_group(group: Group, out, anchor, tiles: Tiles, cfg=None):
     return s
 
 
+#: the injective operators whose groups run their output's last axis in vectors: index
+#: remaps, whose lanes read consecutive elements where the remap keeps the innermost axis (a
+#: copy that would gather stays a loop: ``compiler/lower/vectorize.py``)
+VECTOR_REMAPS = ("reshape", "transpose", "strided_slice", "broadcast_to", "tile")
+
+
 def _vectorizable(group: Group) -> bool:
     """A group whose output's last axis runs in vectors: none of its operators is injective
-    (a concatenation's vector would evaluate every input's branch of its selects: DenseNet's
-    concatenations of up to 32 inputs ran 10x slower in AVX2 vectors; a transpose's or a
-    gather's lanes read scattered elements)."""
-    return all(OPS[n.op].pattern != "injective" for n in group.nodes)
+    but :data:`VECTOR_REMAPS` (a concatenation's vector would evaluate every input's branch
+    of its selects: DenseNet's concatenations of up to 32 inputs ran 10x slower in AVX2
+    vectors; a gather's lanes read scattered elements)."""
+    return all(OPS[n.op].pattern != "injective" or n.op in VECTOR_REMAPS for n in group.nodes)
 
 
 def _schedule_root_stages(s, out, lanes: int):

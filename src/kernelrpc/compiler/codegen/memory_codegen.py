@@ -27,7 +27,6 @@ STRIDED_LOADS = True
 #: x 112 413 -> 224 us, 960 x 7 x 7 113 -> 41, 96 x 112 x 112 stride 2 read in place 782 -> 336;
 #: ResNet-18's int8 max pool 581 -> 103.
 IN_BOUNDS_LOADS = True
-_MAX_LOAD_STRIDE = 4
 
 
 def _mangle(llvm_scalar: str) -> str:
@@ -212,7 +211,7 @@ class MemoryCodegen:
                 not isinstance(index_node.stride, E.IntImm):
             return 0
         stride = index_node.stride.value
-        return stride if 2 <= stride <= _MAX_LOAD_STRIDE else 0
+        return stride if 2 <= stride <= ir.MAX_STRIDED_LOAD else 0
 
     def _strided_load(self, buffer, ramp, lanes: int) -> Value:
         """Lanes ``base + k * stride``: contiguous ``lanes``-wide loads covering the span from

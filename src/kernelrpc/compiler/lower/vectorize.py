@@ -3,14 +3,19 @@
 A guard that depends on the loop variable (the tail of a non-dividing split) is
 handled by versioning: ``if (guard holds for every lane) {vector body} else {serial
 loop with the guard}``.  A body that cannot be vectorized safely (a store to a
-lane-invariant address, an allocation, a nested vector) stays a serial loop.
+lane-invariant address, an allocation, a nested vector) stays a serial loop, and so does a
+copy whose vector would gather its elements one by one (nothing computed to pay for it: a
+transpose that moves the innermost axis).
 """
 from __future__ import annotations
 
-from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, IntImm, Mul, Not,
-                    PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
+import math
+
+from ..expr import (GE, GT, LE, LT, Add, BinaryOp, Call, Cast, FloorDiv, FloorMod, IntImm, Mul,
+                    Not, PrimExpr, Select, Sub, Var, dtype_lanes, with_lanes)
 from ..ir import (Broadcast, For, IfThenElse, Load, Mutator, Ramp, Store,
-                  bound_vars, contains, substitute, uses_var, vars_in)
+                  bound_vars, contains, gathers, post_order_visit, substitute, uses_var,
+                  vars_in)
 from .arith import and_all, conjuncts, is_index, linear, simplify
 
 
@@ -24,6 +29,18 @@ def _lanes(e: PrimExpr) -> int:
 
 def _bcast(e: PrimExpr, lanes: int) -> PrimExpr:
     return e if _lanes(e) == lanes else Broadcast(e, lanes)
+
+
+def _in_one_block(ramp, divisor) -> bool:
+    """Whether the lanes of ``ramp`` (stride 1) lie in one block of ``divisor``: its lanes
+    divide the divisor and its base, so ``floordiv`` is the base's and ``floormod`` a ramp (a
+    reshape's index of a split axis: ``floormod(i, 16)`` with ``i = 8 io + lane``)."""
+    if not isinstance(ramp, Ramp) or not isinstance(ramp.stride, IntImm) or \
+            ramp.stride.value != 1 or not isinstance(divisor, IntImm) or divisor.value <= 0 or \
+            divisor.value % ramp.lanes or not is_index(ramp.base):
+        return False
+    terms, const = linear(ramp.base)
+    return math.gcd(const, *(c for _, c in terms.values())) % ramp.lanes == 0
 
 
 class Vectorizer(Mutator):
@@ -68,6 +85,10 @@ class Vectorizer(Mutator):
                 return Ramp(simplify(Mul(a.base, b)), simplify(Mul(a.stride, b)), n)
             if isinstance(b, Ramp) and la == 1:
                 return Ramp(simplify(Mul(a, b.base)), simplify(Mul(a, b.stride)), n)
+        if isinstance(e, (FloorDiv, FloorMod)) and _in_one_block(a, b):
+            if isinstance(e, FloorDiv):
+                return simplify(FloorDiv(a.base, b))
+            return Ramp(simplify(FloorMod(a.base, b)), a.stride, n)
         return type(e)(_bcast(a, n), _bcast(b, n))
 
     def visit_Not(self, e):
@@ -183,6 +204,27 @@ def _split_guards(body, var: Var, lanes: int):
     return new_body, (simplify(and_all(conds)) if conds else None)
 
 
+def _gathers_a_copy(vector) -> bool:
+    """Whether a vectorized body stores the values it loads as they are (converted or
+    selected at most) and one of its loads reads its lanes one by one (:func:`ir.gathers`)."""
+    found, computes = [], []
+
+    def value(e):
+        if isinstance(e, Load):
+            if gathers(e.index):
+                found.append(e)
+        elif isinstance(e, Select):
+            value(e.true_value)
+            value(e.false_value)
+        elif isinstance(e, (Cast, Broadcast)):
+            value(e.value)
+        elif isinstance(e, (BinaryOp, Call)):
+            computes.append(e)
+
+    post_order_visit(vector, lambda n: value(n.value) if isinstance(n, Store) else None)
+    return bool(found) and not computes
+
+
 def _fallback_kind(loop, body) -> str:
     """A short loop body that cannot be vectorized is unrolled instead: lane offsets become
     constants, so an accumulator tile it touches keeps constant indices."""
@@ -209,6 +251,8 @@ class LoopVectorizer(Mutator):
             stripped, guard = _split_guards(body, s.var, lanes)
             vector = Vectorizer(s.var, lanes).visit(stripped)
         except _Scalarize:
+            return serial
+        if _gathers_a_copy(vector):
             return serial
         if guard is None:
             return vector

@@ -7,7 +7,8 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper  # noqa: E402
+from onnx_check import graph_model  # noqa: E402
 
 import kernelrpc  # noqa: E402
 from kernelrpc import relay  # noqa: E402
@@ -19,22 +20,13 @@ RNG = np.random.default_rng(5)
 
 
 def conv_model(x_shape, out_channels, kernel, strides, pads=(0, 0, 0, 0), bias=True):
-    weight = RNG.standard_normal((out_channels, x_shape[1], *kernel)).astype("float32") * 0.05
-    inits = [numpy_helper.from_array(weight, "w")]
-    inputs = ["x", "w"]
+    inits = {"w": RNG.standard_normal((out_channels, x_shape[1], *kernel)).astype("float32")
+             * 0.05}
     if bias:
-        inits.append(numpy_helper.from_array(
-            RNG.standard_normal(out_channels).astype("float32"), "b"))
-        inputs.append("b")
-    node = helper.make_node("Conv", inputs, ["y"], kernel_shape=list(kernel),
+        inits["b"] = RNG.standard_normal(out_channels).astype("float32")
+    node = helper.make_node("Conv", ["x", *inits], ["y"], kernel_shape=list(kernel),
                             strides=list(strides), pads=list(pads))
-    graph = helper.make_graph([node], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    return graph_model([node], {"x": (x_shape, "float32")}, ["y"], inits)
 
 
 CASES = {

@@ -7,7 +7,8 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper  # noqa: E402
+from onnx_check import graph_model  # noqa: E402
 
 import kernelrpc  # noqa: E402
 from kernelrpc import relay  # noqa: E402
@@ -16,32 +17,22 @@ from kernelrpc.relay.testing import onnxruntime_outputs  # noqa: E402
 
 
 def _shape(name, values):
-    return numpy_helper.from_array(np.array(values, np.int64), name)
-
-
-def _model(nodes, x_shape, inits):
-    graph = helper.make_graph(nodes, "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    return {name: np.array(values, np.int64)}
 
 
 HEADS = ([helper.make_node("Reshape", ["x", "s"], ["r"]),
           helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])],
-         (1, 197, 256), [_shape("s", [1, 197, 4, 64])])
+         (1, 197, 256), _shape("s", [1, 197, 4, 64]))
 PATCHES = ([helper.make_node("Reshape", ["x", "s"], ["r"]),
             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 4, 1, 3, 5]),
             helper.make_node("Reshape", ["t", "s2"], ["y"])],
-           (1, 3, 64, 64), [_shape("s", [1, 3, 4, 16, 4, 16]), _shape("s2", [16, 768])])
+           (1, 3, 64, 64), {**_shape("s", [1, 3, 4, 16, 4, 16]), **_shape("s2", [16, 768])})
 #: 12-wide rows: a vector of 8 crosses a row, and its lanes would gather
 RAGGED_PATCHES = ([helper.make_node("Reshape", ["x", "s"], ["r"]),
                    helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]),
                    helper.make_node("Reshape", ["t", "s2"], ["y"])],
-                  (1, 4, 5, 12), [_shape("s", [1, 4, 5, 12]), _shape("s2", [5, 48])])
-SWAPPED = ([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], (1, 64, 48), [])
+                  (1, 4, 5, 12), {**_shape("s", [1, 4, 5, 12]), **_shape("s2", [5, 48])})
+SWAPPED = ([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], (1, 64, 48), {})
 
 
 @pytest.mark.parametrize("case, vectors", [(HEADS, True), (PATCHES, True),
@@ -49,7 +40,7 @@ SWAPPED = ([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], (1, 64
                          ids=["heads", "patches", "ragged patches", "swapped axes"])
 def test_a_remap_runs_in_vectors_where_it_keeps_the_innermost_axis(case, vectors):
     nodes, x_shape, inits = case
-    model = _model(nodes, x_shape, inits)
+    model = graph_model(nodes, {"x": (x_shape, "float32")}, ["y"], inits)
     x = np.random.default_rng(3).standard_normal(x_shape).astype("float32")
     mod, params = relay.frontend.from_onnx(model)
     lib = relay.build(mod, target="llvm", params=params)

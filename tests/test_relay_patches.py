@@ -31,12 +31,13 @@ def conv_model(x_shape, out_channels, kernel, strides, pads=(0, 0, 0, 0), bias=T
 
 CASES = {
     "vit 16x16/16": (conv_model((1, 3, 64, 48), 32, (16, 16), (16, 16)), True),
-    "4x4/4 of 16 channels, two images": (
-        conv_model((2, 16, 16, 20), 24, (4, 4), (4, 4), bias=False), True),
+    "8x8/8 of 4 channels, two images": (
+        conv_model((2, 4, 16, 24), 24, (8, 8), (8, 8), bias=False), True),
+    "4x4/4 of 16 channels": (conv_model((1, 16, 16, 20), 24, (4, 4), (4, 4)), False),
     "padded": (conv_model((1, 3, 64, 64), 32, (16, 16), (16, 16), pads=(1, 1, 1, 1)), False),
     "overlapping": (conv_model((1, 3, 64, 64), 32, (16, 16), (8, 8)), False),
     "a map of no whole patches": (conv_model((1, 3, 70, 64), 32, (16, 16), (16, 16)), False),
-    "a short reduction": (conv_model((1, 8, 64, 64), 32, (4, 4), (4, 4)), False),
+    "a short reduction": (conv_model((1, 2, 64, 64), 32, (8, 8), (8, 8)), False),
 }
 
 

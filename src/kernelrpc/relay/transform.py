@@ -155,26 +155,29 @@ def fold_scale_axis(func: ir.Function) -> ir.Function:
 
 
 #: fewest multiply-adds an output of a patch convolution sums (input channels x window) for
-#: :func:`patches_as_rows` to take it. Zen 2 core, AVX2, one | two threads, rows against the
-#: convolution: 3 -> 128 8x8/8 on 224x224 (192) 0.91 | 0.73, 96 -> 192 2x2/2 on 56x56 (384)
-#: 0.83 | 1.01, 64 -> 128 2x2/2 (256) 0.98 | 0.64; but 32 -> 64 2x2/2 on 112x112 (128) 1.10
-#: at one thread and Swin's and ConvNeXt's 3 -> 96 4x4/4 stem (48) 1.25 (0.80 at two)
+#: :func:`patches_as_rows` to take it, and the narrowest window: a patch's row a whole vector
+#: of 8 lanes, so that the copy into rows runs in vectors. Zen 2 core, AVX2, one | two
+#: threads, rows against the convolution: 3 -> 128 8x8/8 on 224x224 (192) 0.91 | 0.96; but
+#: windows of 2 and 4 columns, copied element by element: 96 -> 192 2x2/2 on 56x56 0.83 |
+#: 1.03, 64 -> 128 2x2/2 0.98 | 1.39, the 3 -> 96 4x4/4 stems of Swin and ConvNeXt 1.25 | 1.62
 PATCH_MIN_REDUCTION = 192
+PATCH_MIN_WIDTH = 8
 
 
 def _tiles_its_input(node: ir.Node) -> bool:
-    """A float convolution whose windows tile its input: kernel = strides (larger than one
-    pixel), no padding, dilation, upsampling or groups, a constant weight, the map a whole
-    number of windows (a ViT's, Swin's or ConvNeXt's patch embedding)."""
+    """A float convolution whose windows tile its input: kernel = strides (at least
+    :data:`PATCH_MIN_WIDTH` columns), no padding, dilation, upsampling or groups, a constant
+    weight, the map a whole number of windows (a ViT's patch embedding)."""
     if node.op != "nn.conv2d" or "kernel_layout" in node.attrs or "upsample" in node.attrs:
         return False
     data, weight = node.inputs[:2]
     _, channels, kh, kw = weight.shape
     attrs = node.attrs
     return weight.is_const and node.dtype == "float32" and attrs["groups"] == 1 and \
-        tuple(attrs["strides"]) == (kh, kw) and kh * kw > 1 and not any(attrs["padding"]) and \
-        tuple(attrs["dilation"]) == (1, 1) and data.shape[2] % kh == 0 and \
-        data.shape[3] % kw == 0 and channels * kh * kw >= PATCH_MIN_REDUCTION
+        tuple(attrs["strides"]) == (kh, kw) and kw >= PATCH_MIN_WIDTH and \
+        not any(attrs["padding"]) and tuple(attrs["dilation"]) == (1, 1) and \
+        data.shape[2] % kh == 0 and data.shape[3] % kw == 0 and \
+        channels * kh * kw >= PATCH_MIN_REDUCTION
 
 
 def _made(op: str, inputs, attrs: dict, like: ir.Node, part: str = "") -> ir.Node:
@@ -189,9 +192,9 @@ def patches_as_rows(func: ir.Function) -> ir.Function:
     product: the patches as rows (a reshape, transpose and reshape, one copy in vectors), a
     dense layer of the weight as ``[C*kh*kw][O]`` (its panels laid out at build time), the rows
     back to NCHW. The dense layer's tile reads each weight vector once for six patches where
-    the convolution's tiles broadcast an input value per output, and its threads share out
-    more tiles (ViT's 16x16/16 stem, 3 -> 256 channels on 224x224, Zen 2 core, AVX2: 926 ->
-    852 us, onnxruntime 888; two threads 944 -> 483, onnxruntime 469)."""
+    the convolution's tiles broadcast an input value per output (ViT's 16x16/16 stem, 3 ->
+    256 channels on 224x224, Zen 2 core, AVX2: 912 -> 842 us, onnxruntime 883; two threads
+    622 -> 490, onnxruntime 467)."""
     def visit(node, inputs):
         node = with_inputs(node, inputs)
         if not _tiles_its_input(node):

@@ -272,13 +272,11 @@ def _dense(ts, attrs, node):
     holds."""
     x, w = ts
     k = te.reduce_axis((0, static_shape(x)[1]), "k")
-    layout = WeightLayout.of(attrs)
-    if layout:
-        p = layout.lanes
-        return te.compute(node.shape, lambda i, j: te.sum(
-            x[i, k] * w[E.floordiv(j, p), k, E.floormod(j, p)], axis=k), name="dense",
-            tag="dense")
-    return te.compute(node.shape, lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="dense",
+    p = WeightLayout.of(attrs).lanes
+
+    def weight(j):
+        return w[E.floordiv(j, p), k, E.floormod(j, p)] if p else w[k, j]
+    return te.compute(node.shape, lambda i, j: te.sum(x[i, k] * weight(j), axis=k), name="dense",
                       tag="dense")
 
 

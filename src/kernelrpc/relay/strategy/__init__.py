@@ -58,7 +58,7 @@ def layout_candidates(tiles: Tiles, node: ir.Node) -> list[Strategy]:
     if node.op == "nn.conv2d":
         return candidates(tiles, node)
     if node.op == "nn.dense":
-        return dense_candidates(tiles, as_modelled(node))
+        return dense_candidates(tiles, node)
     return [strategy_for(tiles, node)]
 
 
